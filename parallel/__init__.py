@@ -1,0 +1,33 @@
+"""parallel: data-parallel training from scratch on Apache MXNet.
+
+The textbook calling pattern::
+
+    from parallel import get_params, init_lenet_params, train_batch, parse_devices
+    ctx_list = parse_devices("cpu:2")
+    device_params = [get_params(init_lenet_params(seed=0), ctx) for ctx in ctx_list]
+    for X, y in train_iter:
+        train_batch(X, y, device_params, ctx_list, lr=0.2)
+
+The CLI lives in ``parallel.train`` (``python -m parallel.train``) and is not imported here.
+"""
+from .comm import ALLREDUCE_ALGORITHMS, allreduce, get_params
+from .data import (DataError, Dataset, default_data_dir, iterate_batches, load_fashion_mnist,
+                   load_idx_dataset, read_idx, synthetic_dataset, write_idx)
+from .devices import parse_devices, try_all_gpus, try_gpu
+from .evaluate import evaluate_accuracy
+from .model import LENET_SHAPES, init_lenet_params, lenet, softmax_cross_entropy
+from .split import shard_sizes, split_and_load
+from .step import sgd, train_batch, train_step
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "get_params", "allreduce", "ALLREDUCE_ALGORITHMS",
+    "split_and_load", "shard_sizes",
+    "sgd", "train_batch", "train_step",
+    "init_lenet_params", "lenet", "softmax_cross_entropy", "LENET_SHAPES",
+    "evaluate_accuracy",
+    "try_gpu", "try_all_gpus", "parse_devices",
+    "DataError", "Dataset", "read_idx", "write_idx", "load_idx_dataset", "load_fashion_mnist",
+    "default_data_dir", "synthetic_dataset", "iterate_batches",
+]

@@ -1,0 +1,108 @@
+"""One synchronous data-parallel SGD step: split, forward/backward per context, allreduce, update."""
+import math
+import numbers
+
+import mxnet as mx
+from mxnet import autograd
+
+from .comm import allreduce
+from .model import lenet, softmax_cross_entropy
+from .split import split_and_load
+
+__all__ = ["sgd", "train_step", "train_batch", "check_lr"]
+
+
+def check_lr(lr):
+    """Raise ``ValueError`` unless ``lr`` is a finite number > 0."""
+    if isinstance(lr, bool) or not isinstance(lr, numbers.Real):
+        raise TypeError(f"lr must be a number, got {lr!r}")
+    if not math.isfinite(lr) or lr <= 0:
+        raise ValueError(f"learning rate must be a finite number > 0, got {lr!r}")
+
+
+def sgd(params, lr, batch_size):
+    """Minibatch SGD, in place: ``param -= lr * param.grad / batch_size`` for every param.
+
+    ``param.grad`` holds the gradient *summed* over the batch (allreduce sums), hence the division by the
+    global batch size.
+    """
+    for param in params:
+        param[:] = param - lr * param.grad / batch_size
+
+
+def _check_replicas(device_params, ctx_list):
+    if not ctx_list:
+        raise ValueError("ctx_list is empty; give at least one context")
+    if len(device_params) != len(ctx_list):
+        raise ValueError(f"device_params has {len(device_params)} replicas but ctx_list has "
+                         f"{len(ctx_list)} contexts; make one replica per context with get_params")
+    for i, (params, ctx) in enumerate(zip(device_params, ctx_list)):
+        for j, param in enumerate(params):
+            if param.context != ctx:
+                raise ValueError(f"device_params[{i}][{j}] is on {param.context} but ctx_list[{i}] is "
+                                 f"{ctx}; build device_params with get_params(params, ctx_list[i])")
+
+
+def train_step(X, y, device_params, ctx_list, lr, net=lenet, loss=softmax_cross_entropy,
+               algorithm="naive"):
+    """One SGD step on every replica; returns the batch's summed loss and number of correct predictions.
+
+    Parameters
+    ----------
+    X, y : NDArray
+        A batch of inputs and labels (any context; any batch size >= 1).
+    device_params : list of list of NDArray
+        ``device_params[i]`` is the replica on ``ctx_list[i]`` (from ``get_params``). Updated in place.
+    ctx_list : list of mxnet.Context
+    lr : float
+        Learning rate; the summed gradient is divided by the global batch size ``len(X)``.
+    net : callable
+        ``net(X, params)`` returns the outputs.
+    loss : callable
+        ``loss(outputs, y)`` returns per-example losses.
+    algorithm : str
+        Allreduce algorithm, see ``parallel.comm.allreduce``.
+
+    Returns
+    -------
+    (NDArray, NDArray)
+        Summed loss and count of correct argmax predictions, each of shape (1,) on ``ctx_list[0]``.
+        Nothing here waits for the device: the host only queues work.
+    """
+    check_lr(lr)
+    _check_replicas(device_params, ctx_list)
+    if X.shape[0] != y.shape[0]:
+        raise ValueError(f"X has {X.shape[0]} examples but y has {y.shape[0]}; give one label per example")
+    X_shards, y_shards = split_and_load(X, ctx_list), split_and_load(y, ctx_list)
+    with autograd.record():   # forward on every context that holds a shard
+        outputs = [net(X_shard, params) for X_shard, params in zip(X_shards, device_params)]
+        losses = [loss(out, y_shard) for out, y_shard in zip(outputs, y_shards)]
+    autograd.backward(losses)  # each context computes the gradient of its own shard
+    for params in device_params[len(X_shards):]:   # a batch smaller than K leaves replicas idle:
+        for param in params:                       # they contribute a zero gradient
+            param.grad[:] = 0
+    for i in range(len(device_params[0])):         # sum each gradient across contexts
+        allreduce([params[i].grad for params in device_params], algorithm)
+    for params in device_params:                   # every replica takes the same step
+        sgd(params, lr, X.shape[0])
+    ctx = ctx_list[0]
+    loss_sum = mx.nd.add_n(*[l.sum().as_in_context(ctx) for l in losses])
+    correct = mx.nd.add_n(*[(out.argmax(axis=1) == y_shard.astype(out.dtype)).sum().as_in_context(ctx)
+                            for out, y_shard in zip(outputs, y_shards)])
+    return loss_sum, correct
+
+
+def train_batch(X, y, device_params, ctx_list, lr, net=lenet, loss=softmax_cross_entropy,
+                algorithm="naive"):
+    """One synchronous SGD step on every replica (the textbook's ``train_batch``).
+
+    Splits the batch across ``ctx_list``, computes each shard's gradient on its context, sums the
+    gradients with ``allreduce`` and updates every replica in place with the same step
+    ``param -= lr * summed_grad / len(X)``.
+
+    Returns
+    -------
+    NDArray
+        The batch's summed loss, shape (1,) on ``ctx_list[0]``, not yet computed: reading it syncs.
+    """
+    return train_step(X, y, device_params, ctx_list, lr, net, loss, algorithm)[0]

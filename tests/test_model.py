@@ -1,0 +1,42 @@
+import mxnet as mx
+import numpy as np
+import pytest
+
+from parallel import LENET_SHAPES, init_lenet_params, lenet, softmax_cross_entropy
+
+
+def test_init_shapes_and_distribution():
+    params = init_lenet_params(seed=0)
+    assert [p.shape for p in params] == LENET_SHAPES
+    weights = np.concatenate([p.asnumpy().ravel() for p in params[0::2]])
+    assert abs(weights.std() - 0.01) < 0.001 and abs(weights.mean()) < 0.001
+    for bias in params[1::2]:
+        assert not bias.asnumpy().any()
+
+
+def test_init_is_seeded():
+    a, b, c = init_lenet_params(1), init_lenet_params(1), init_lenet_params(2)
+    np.testing.assert_array_equal(a[0].asnumpy(), b[0].asnumpy())
+    assert not np.array_equal(a[0].asnumpy(), c[0].asnumpy())
+    with pytest.raises(TypeError, match="seed"):
+        init_lenet_params(seed=1.5)
+
+
+def test_forward_shape_and_loss():
+    X = mx.nd.random.uniform(shape=(3, 1, 28, 28))
+    out = lenet(X, init_lenet_params())
+    assert out.shape == (3, 10)
+    loss = softmax_cross_entropy(out, mx.nd.array([0, 1, 2]))
+    assert loss.shape == (3,)
+    # near-zero weights give near-uniform predictions: loss close to log(10)
+    np.testing.assert_allclose(loss.asnumpy(), np.log(10), rtol=1e-3)
+
+
+def test_same_definition_runs_as_symbol():
+    data = mx.sym.var("data")
+    names = [f"p{i}" for i in range(len(LENET_SHAPES))]
+    out = lenet(data, [mx.sym.var(n) for n in names])
+    params = init_lenet_params(seed=4)
+    X = mx.nd.random.uniform(shape=(2, 1, 28, 28))
+    executor = out.bind(mx.cpu(), {"data": X, **dict(zip(names, params))})
+    np.testing.assert_allclose(executor.forward()[0].asnumpy(), lenet(X, params).asnumpy(), rtol=1e-5)

@@ -1,0 +1,103 @@
+"""The invariant: training on K contexts is the same computation as training on one."""
+import mxnet as mx
+import numpy as np
+import pytest
+
+from parallel import (ALLREDUCE_ALGORITHMS, LENET_SHAPES, get_params, init_lenet_params, train_batch,
+                      train_step)
+from conftest import contexts
+
+
+def make_batches(sizes, seed=0, dtype="float32"):
+    rng = np.random.RandomState(seed)
+    return [(mx.nd.array(rng.rand(n, 1, 28, 28), dtype=dtype),
+             mx.nd.array(rng.randint(0, 10, n), dtype=dtype)) for n in sizes]
+
+
+def train(k, batches, dtype="float32", algorithm="naive", lr=0.2):
+    ctx_list = contexts(k)
+    device_params = [get_params(init_lenet_params(seed=0, dtype=dtype), c) for c in ctx_list]
+    losses = [train_batch(X, y, device_params, ctx_list, lr, algorithm=algorithm) for X, y in batches]
+    return [[p.asnumpy() for p in params] for params in device_params], [l.asscalar() for l in losses]
+
+
+def assert_replicas_identical(replicas):
+    for replica in replicas[1:]:
+        for a, b in zip(replica, replicas[0]):
+            np.testing.assert_array_equal(a, b)
+
+
+# Batch sizes: 1 (smaller than every K > 1), smaller than K, indivisible, divisible, the odd last batch.
+SIZES = [1, 2, 3, 4, 5, 7, 12, 13]
+
+
+@pytest.mark.parametrize("algorithm", sorted(ALLREDUCE_ALGORITHMS))
+@pytest.mark.parametrize("k", [1, 2, 3, 4, 5])
+def test_k_contexts_equal_one_context_float64(k, algorithm):
+    """Elementwise relative tolerance 1e-5 in float64, where only rounding can differ."""
+    batches = make_batches(SIZES, dtype="float64")
+    reference, ref_losses = train(1, batches, "float64")
+    replicas, losses = train(k, batches, "float64", algorithm)
+    assert_replicas_identical(replicas)
+    for got, want in zip(replicas[0], reference[0]):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=0)
+    np.testing.assert_allclose(losses, ref_losses, rtol=1e-5)
+    assert not np.allclose(reference[0][0], init_lenet_params(0, dtype="float64")[0].asnumpy())
+
+
+@pytest.mark.parametrize("batch_size", [1, 2, 3, 5, 6, 17])
+@pytest.mark.parametrize("k", [2, 3, 4, 5])
+def test_k_contexts_equal_one_context_float32(k, batch_size):
+    """float32, several steps of one batch size: relative tolerance 1e-5 of each parameter's scale
+    (elementwise, summation order moves values near zero by ~1e-7 absolute)."""
+    batches = make_batches([batch_size] * 4, seed=batch_size)
+    reference, ref_losses = train(1, batches)
+    replicas, losses = train(k, batches)
+    assert_replicas_identical(replicas)
+    for got, want in zip(replicas[0], reference[0]):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+    np.testing.assert_allclose(losses, ref_losses, rtol=1e-5)
+
+
+def test_step_matches_a_numpy_free_reference_update():
+    """One step by hand: gradient on one context, param -= lr * grad / n."""
+    from mxnet import autograd
+    from parallel import lenet, softmax_cross_entropy
+    (X, y), = make_batches([6], seed=5)
+    params = get_params(init_lenet_params(seed=0), mx.cpu())
+    with autograd.record():
+        loss = softmax_cross_entropy(lenet(X, params), y)
+    loss.backward()
+    expected = [(p - 0.2 * p.grad / 6).asnumpy() for p in params]
+    replicas, _ = train(3, [(X, y)])
+    for got, want in zip(replicas[1], expected):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+
+
+def test_train_step_counts_correct_predictions():
+    (X, y), = make_batches([9], seed=2)
+    ctx_list = contexts(2)
+    device_params = [get_params(init_lenet_params(seed=0), c) for c in ctx_list]
+    from parallel import lenet
+    predicted = lenet(X, init_lenet_params(seed=0)).argmax(axis=1).asnumpy()
+    loss, correct = train_step(X, y, device_params, ctx_list, 0.1)
+    assert loss.context == mx.cpu(0) and correct.context == mx.cpu(0)
+    assert correct.asscalar() == (predicted == y.asnumpy()).sum()
+    assert loss.asscalar() > 0
+
+
+def test_bad_arguments():
+    (X, y), = make_batches([4])
+    ctx_list = contexts(2)
+    device_params = [get_params(init_lenet_params(), c) for c in ctx_list]
+    for lr in (0, -1, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="learning rate"):
+            train_batch(X, y, device_params, ctx_list, lr)
+    with pytest.raises(TypeError, match="lr must be a number"):
+        train_batch(X, y, device_params, ctx_list, "0.1")
+    with pytest.raises(ValueError, match="2 replicas but ctx_list has 3"):
+        train_batch(X, y, device_params, contexts(3), 0.1)
+    with pytest.raises(ValueError, match=r"device_params\[1\]\[0\] is on cpu\(1\)"):
+        train_batch(X, y, device_params, [mx.cpu(0), mx.cpu(2)], 0.1)
+    with pytest.raises(ValueError, match="4 examples but y has 3"):
+        train_batch(X, y[:3], device_params, ctx_list, 0.1)
