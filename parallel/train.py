@@ -1,0 +1,273 @@
+"""Train LeNet on Fashion-MNIST with data parallelism written from scratch.
+
+Run::
+
+    python -m parallel.train --devices cpu:2 --epochs 10
+    python -m parallel.train --dataset synthetic --epochs 2 --metrics-json m.json --plot curves.png
+
+Each epoch prints one line in the textbook's form; ``--metrics-json`` and ``--plot`` are rewritten
+atomically after every epoch. Bad input exits with status 2 and a one-line ``error:`` message.
+"""
+import argparse
+import json
+import math
+import sys
+import time
+
+import mxnet as mx
+import numpy as np
+from tqdm import tqdm
+
+from .comm import get_params
+from .data import DataError, iterate_batches, load_fashion_mnist, num_batches, synthetic_dataset
+from .devices import parse_devices
+from .evaluate import evaluate_accuracy
+from .files import atomic_write, check_writable
+from .model import init_lenet_params
+from .step import check_lr, train_step
+
+__all__ = ["fit", "load_data", "plot_metrics", "write_metrics", "main", "NonFiniteLossError"]
+
+#: How many batches pass between checks of the loss for NaN/inf (each check is one host sync).
+CHECK_EVERY = 50
+
+
+class NonFiniteLossError(ValueError):
+    """The training loss became NaN or infinite."""
+
+
+def _check_positive_int(value, name):
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an int, got {value!r}")
+    if value < 1:
+        raise ValueError(f"{name} must be >= 1, got {value}")
+
+
+def _check_finite(batch_losses, epoch, first_batch):
+    """Read the queued per-batch losses at once (one host sync) and raise at the first non-finite one."""
+    if not batch_losses:
+        return
+    values = mx.nd.concat(*batch_losses, dim=0).asnumpy()
+    bad = np.flatnonzero(~np.isfinite(values))
+    if bad.size:
+        batch = first_batch + int(bad[0])
+        raise NonFiniteLossError(f"loss became {values[bad[0]]} at epoch {epoch}, batch {batch}; "
+                                 "training diverged: lower --lr")
+
+
+def fit(dataset, ctx_list, num_epochs, batch_size, lr, seed=0, algorithm="naive", progress=False,
+        on_epoch=None):
+    """Train LeNet from scratch with data parallelism over ``ctx_list``.
+
+    Parameters
+    ----------
+    dataset : parallel.data.Dataset
+        Train and test images (n, 28, 28) uint8 and labels.
+    ctx_list : list of mxnet.Context
+    num_epochs, batch_size : int
+        Both >= 1. The last batch of an epoch may be smaller; it is trained on, not dropped.
+    lr : float
+        Learning rate, finite and > 0.
+    seed : int
+        Seeds the initial parameters and the shuffling; the same seed gives the same run.
+    algorithm : str
+        Allreduce algorithm (see ``parallel.comm.allreduce``).
+    progress : bool
+        Show a tqdm progress bar per epoch (on stderr).
+    on_epoch : callable, optional
+        Called with each epoch's metrics dict and the history so far, after the epoch.
+
+    Returns
+    -------
+    (list of dict, list of list of NDArray)
+        One dict per epoch with ``epoch``, ``train_loss``, ``train_acc``, ``test_acc``, ``seconds``,
+        ``images_per_second``; and the trained replicas. Within an epoch the host does not wait for the
+        devices except once every ``CHECK_EVERY`` batches to check the loss.
+
+    Raises
+    ------
+    NonFiniteLossError
+        When the loss becomes NaN or infinite, naming the epoch and the batch.
+    """
+    _check_positive_int(num_epochs, "num_epochs")
+    _check_positive_int(batch_size, "batch_size")
+    check_lr(lr)
+    params = init_lenet_params(seed)
+    device_params = [get_params(params, ctx) for ctx in ctx_list]
+    n_train = len(dataset.train_labels)
+    history = []
+    for epoch in range(1, num_epochs + 1):
+        batches = iterate_batches(dataset.train_images, dataset.train_labels, batch_size,
+                                  shuffle=True, seed=seed * 100003 + epoch)
+        bar = tqdm(batches, total=num_batches(n_train, batch_size), desc=f"epoch {epoch}",
+                   leave=False, disable=not progress, file=sys.stderr)
+        loss_sum = mx.nd.zeros((1,), ctx=ctx_list[0])
+        correct = mx.nd.zeros((1,), ctx=ctx_list[0])
+        pending, first = [], 1
+        start = time.perf_counter()
+        for b, (X, y) in enumerate(bar, start=1):
+            loss, right = train_step(X, y, device_params, ctx_list, lr, algorithm=algorithm)
+            loss_sum += loss        # accumulated on the device; read once per epoch
+            correct += right
+            pending.append(loss)
+            if len(pending) == CHECK_EVERY:
+                _check_finite(pending, epoch, first)
+                pending, first = [], b + 1
+        _check_finite(pending, epoch, first)
+        train_loss = float(loss_sum.asscalar()) / n_train   # waits for the epoch's last step
+        seconds = time.perf_counter() - start
+        bar.close()
+        test_acc = evaluate_accuracy(iterate_batches(dataset.test_images, dataset.test_labels, batch_size),
+                                     device_params, ctx_list)
+        metrics = {"epoch": epoch, "train_loss": train_loss,
+                   "train_acc": float(correct.asscalar()) / n_train, "test_acc": test_acc,
+                   "seconds": seconds, "images_per_second": n_train / seconds}
+        history.append(metrics)
+        if on_epoch is not None:
+            on_epoch(metrics, history)
+    return history, device_params
+
+
+def load_data(name, data_dir=None, seed=0, progress=True):
+    """Load ``"fashion-mnist"`` (downloading it if missing) or the in-memory ``"synthetic"`` set."""
+    if name == "synthetic":
+        return synthetic_dataset(seed=seed)
+    if name == "fashion-mnist":
+        return load_fashion_mnist(data_dir, download=True, progress=progress)
+    raise ValueError(f"unknown dataset {name!r}; choose 'fashion-mnist' or 'synthetic'")
+
+
+def write_metrics(history, path):
+    """Write the per-epoch metrics as a JSON list, atomically."""
+    with atomic_write(path, "w") as f:
+        json.dump(history, f, indent=2)
+        f.write("\n")
+
+
+def plot_metrics(history, path, title=None):
+    """Plot the loss and accuracy curves to a PNG, atomically."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    epochs = [m["epoch"] for m in history]
+    fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(9, 3.5))
+    ax_loss.plot(epochs, [m["train_loss"] for m in history], "o-", label="train loss")
+    ax_loss.set_xlabel("epoch")
+    ax_loss.set_ylabel("loss")
+    ax_loss.legend()
+    ax_acc.plot(epochs, [m["train_acc"] for m in history], "o-", label="train acc")
+    ax_acc.plot(epochs, [m["test_acc"] for m in history], "s--", label="test acc")
+    ax_acc.set_xlabel("epoch")
+    ax_acc.set_ylabel("accuracy")
+    ax_acc.set_ylim(0, 1)
+    ax_acc.legend()
+    for ax in (ax_loss, ax_acc):
+        ax.grid(alpha=0.3)
+        ax.xaxis.get_major_locator().set_params(integer=True)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    with atomic_write(path, "wb") as f:
+        fig.savefig(f, format="png", dpi=100)
+    plt.close(fig)
+
+
+def format_epoch(metrics, ctx_list):
+    """The textbook's one-line epoch summary."""
+    return (f"epoch {metrics['epoch']}, loss {metrics['train_loss']:.3f}, "
+            f"train acc {metrics['train_acc']:.3f}, test acc {metrics['test_acc']:.3f}, "
+            f"{metrics['seconds']:.1f} sec/epoch, {metrics['images_per_second']:.0f} examples/sec "
+            f"on [{', '.join(str(c) for c in ctx_list)}]")
+
+
+class _UsageError(Exception):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):   # one line, no usage dump: main() prints "error: ..." and returns 2
+        raise _UsageError(message)
+
+
+def _finite_float(text):
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not finite")
+    return value
+
+
+def build_parser():
+    parser = _Parser(prog="python -m parallel.train",
+                     description="Train LeNet with data parallelism written from scratch on MXNet.")
+    parser.add_argument("--devices", default="auto",
+                        help="'auto' (all GPUs, else one CPU context), 'cpu:N' (N CPU contexts) or "
+                             "'gpu:I,J,...' (GPU indices as CUDA_VISIBLE_DEVICES numbers them); default auto")
+    parser.add_argument("--epochs", type=int, default=10, help="number of epochs (>= 1); default 10")
+    parser.add_argument("--batch-size", type=int, default=256,
+                        help="global batch size, split across the devices (>= 1); default 256")
+    parser.add_argument("--lr", type=_finite_float, default=0.2, help="learning rate (> 0); default 0.2")
+    parser.add_argument("--dataset", choices=["fashion-mnist", "synthetic"], default="fashion-mnist",
+                        help="default fashion-mnist (downloaded when missing)")
+    parser.add_argument("--data-dir", default=None,
+                        help="directory of the four IDX files, raw or .gz "
+                             "(default $MXNET_HOME/datasets/fashion-mnist, i.e. ~/.mxnet/...)")
+    parser.add_argument("--seed", type=int, default=0, help="seeds initial parameters and shuffling")
+    parser.add_argument("--metrics-json", metavar="PATH", help="write per-epoch metrics as JSON")
+    parser.add_argument("--plot", metavar="PATH", help="write loss and accuracy curves as PNG")
+    parser.add_argument("--no-progress", action="store_true", help="hide the progress bars")
+    return parser
+
+
+def run(args):
+    """Run the CLI's job for parsed ``args``; raises ValueError/DataError on bad input."""
+    if args.epochs < 1:
+        raise ValueError(f"--epochs must be >= 1, got {args.epochs}")
+    if args.batch_size < 1:
+        raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}")
+    if args.lr <= 0:
+        raise ValueError(f"--lr must be > 0, got {args.lr}")
+    if args.data_dir is not None and args.dataset == "synthetic":
+        raise ValueError("--data-dir applies to --dataset fashion-mnist, not synthetic")
+    for path, flag in ((args.metrics_json, "--metrics-json"), (args.plot, "--plot")):
+        if path:
+            check_writable(path, flag)
+    ctx_list = parse_devices(args.devices)
+    progress = not args.no_progress
+    dataset = load_data(args.dataset, args.data_dir, progress=progress)
+    print(f"training LeNet on {args.dataset}: {len(dataset.train_labels)} train / "
+          f"{len(dataset.test_labels)} test examples, batch {args.batch_size}, lr {args.lr}, "
+          f"on {len(ctx_list)} context(s)", flush=True)
+
+    def on_epoch(metrics, history):
+        print(format_epoch(metrics, ctx_list), flush=True)
+        if args.metrics_json:
+            write_metrics(history, args.metrics_json)
+        if args.plot:
+            plot_metrics(history, args.plot, title=f"LeNet on {args.dataset}, {len(ctx_list)} context(s)")
+
+    fit(dataset, ctx_list, args.epochs, args.batch_size, args.lr, seed=args.seed, progress=progress,
+        on_epoch=on_epoch)
+
+
+def main(argv=None):
+    """Entry point of ``python -m parallel.train``; returns the process exit status."""
+    try:
+        run(build_parser().parse_args(argv))
+    except (_UsageError, ValueError) as e:   # DataError is a ValueError
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:   # e.g. the output disappeared or filled the disk mid-run
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,184 @@
+"""The CLI end to end on small IDX files, and every error path (exit 2, one line, no traceback)."""
+import json
+import math
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from parallel import read_idx, write_idx
+from parallel.data import FILES
+from parallel.train import main
+from conftest import easy_dataset
+
+KEYS = {"epoch", "train_loss", "train_acc", "test_acc", "seconds", "images_per_second"}
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    """A small learnable MNIST-format dataset, written as IDX files (gzipped and raw)."""
+    directory = tmp_path_factory.mktemp("idx")
+    ds = easy_dataset(num_train=2000, num_test=300, seed=1)
+    write_idx(directory / (FILES["train_images"] + ".gz"), ds.train_images)
+    write_idx(directory / (FILES["train_labels"] + ".gz"), ds.train_labels)
+    write_idx(directory / FILES["test_images"], ds.test_images)
+    write_idx(directory / FILES["test_labels"], ds.test_labels)
+    return directory
+
+
+def run_cli(*args):
+    """Run ``python -m parallel.train`` in a subprocess (for exit status and stderr as a user sees them)."""
+    return subprocess.run([sys.executable, "-m", "parallel.train", "--no-progress", *args],
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_trains_above_chance_and_writes_outputs(data_dir, tmp_path, capsys):
+    metrics_path, plot_path = tmp_path / "m.json", tmp_path / "curves.png"
+    status = main(["--devices", "cpu:2", "--epochs", "6", "--batch-size", "32", "--lr", "0.5",
+                   "--data-dir", str(data_dir), "--metrics-json", str(metrics_path),
+                   "--plot", str(plot_path), "--no-progress"])
+    assert status == 0
+    out = capsys.readouterr().out
+    lines = [l for l in out.splitlines() if l.startswith("epoch ")]
+    assert len(lines) == 6
+    assert lines[0].startswith("epoch 1, loss ") and lines[0].endswith("on [cpu(0), cpu(1)]")
+    assert "train acc" in lines[0] and "sec/epoch" in lines[0] and "examples/sec" in lines[0]
+    history = json.loads(metrics_path.read_text())
+    assert [m["epoch"] for m in history] == [1, 2, 3, 4, 5, 6]
+    for m in history:
+        assert set(m) == KEYS
+        assert all(isinstance(m[k], (int, float)) and math.isfinite(m[k]) for k in KEYS)
+    assert history[-1]["test_acc"] > 0.5            # chance is 0.1
+    assert history[-1]["train_loss"] < history[0]["train_loss"]
+    assert plot_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not [p for p in os.listdir(tmp_path) if p.endswith(".tmp")]
+
+
+def test_same_seed_same_curve_different_devices(data_dir, tmp_path):
+    curves = []
+    for devices in ("cpu:1", "cpu:3"):
+        path = tmp_path / f"{devices.replace(':', '')}.json"
+        assert main(["--devices", devices, "--epochs", "1", "--batch-size", "100", "--seed", "3",
+                     "--data-dir", str(data_dir), "--metrics-json", str(path), "--no-progress"]) == 0
+        curves.append(json.loads(path.read_text()))
+    for a, b in zip(*curves):
+        assert a["train_loss"] == pytest.approx(b["train_loss"], rel=1e-4)
+        assert a["test_acc"] == pytest.approx(b["test_acc"], abs=1 / 300 + 1e-9)
+
+
+def test_subprocess_entry_point_runs(data_dir):
+    result = run_cli("--devices", "cpu:2", "--epochs", "1", "--batch-size", "128",
+                     "--data-dir", str(data_dir))
+    assert result.returncode == 0, result.stderr
+    assert "epoch 1, loss" in result.stdout
+
+
+def test_loss_becoming_nan_stops_with_epoch_and_batch(data_dir, capsys):
+    status = main(["--devices", "cpu:2", "--epochs", "2", "--batch-size", "64", "--lr", "1e30",
+                   "--data-dir", str(data_dir), "--no-progress"])
+    assert status == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: loss became") and "at epoch 1, batch " in err and "--lr" in err
+    assert len(err.splitlines()) == 1
+
+
+@pytest.fixture
+def broken_dirs(tmp_path, data_dir):
+    """Directories each holding one broken IDX file among three good ones."""
+    good = tmp_path / "good"
+    good.mkdir()
+    for f in FILES.values():
+        path = data_dir / (f + ".gz")
+        if not path.exists():
+            path = data_dir / f
+        write_idx(good / (f + ".gz"), read_idx(path))
+    raw = (data_dir / FILES["test_images"]).read_bytes()
+    cases = {
+        "missing": None,   # no t10k-images file at all
+        "truncated": raw[:-100],
+        "corrupt-magic": b"\x00\x00\x09\x99" + raw[4:],
+        "inconsistent": None,
+    }
+    dirs = {}
+    for case, data in cases.items():
+        d = tmp_path / case
+        d.mkdir()
+        for f in FILES.values():
+            (d / (f + ".gz")).write_bytes((good / (f + ".gz")).read_bytes())
+        (d / (FILES["test_images"] + ".gz")).unlink()
+        if case == "inconsistent":   # a valid file with 10 images where the labels say 400
+            write_idx(d / FILES["test_images"], np.zeros((10, 28, 28), np.uint8))
+        elif data is not None:
+            (d / FILES["test_images"]).write_bytes(data)
+        dirs[case] = d
+    return dirs
+
+
+@pytest.mark.parametrize("case, message", [
+    ("missing", "t10k-images-idx3-ubyte"),
+    ("truncated", "t10k-images-idx3-ubyte"),
+    ("corrupt-magic", "magic"),
+    ("inconsistent", "10 images"),
+])
+def test_broken_data_exits_2(broken_dirs, case, message, capsys):
+    status = main(["--devices", "cpu:1", "--epochs", "1", "--data-dir", str(broken_dirs[case]),
+                   "--no-progress"])
+    err = capsys.readouterr().err.strip()
+    assert status == 2
+    assert err.startswith("error: ") and message in err and len(err.splitlines()) == 1
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--devices", "tpu:3"], "unknown device spec"),
+    (["--devices", "gpu:0"], "GPU"),
+    (["--batch-size", "0"], "--batch-size must be >= 1"),
+    (["--epochs", "0"], "--epochs must be >= 1"),
+    (["--epochs", "-2"], "--epochs must be >= 1"),
+    (["--lr", "0"], "--lr must be > 0"),
+    (["--lr", "-0.1"], "--lr must be > 0"),
+    (["--lr", "nan"], "not finite"),
+    (["--lr", "inf"], "not finite"),
+    (["--lr", "fast"], "not a number"),
+    (["--batch-size", "x"], "invalid int value"),
+    (["--dataset", "cifar"], "invalid choice"),
+    (["--metrics-json", "/nonexistent-dir/m.json"], "does not exist"),
+    (["--plot", "/nonexistent-dir/p.png"], "does not exist"),
+    (["--frobnicate"], "unrecognized arguments"),
+])
+def test_bad_arguments_exit_2_with_one_line(args, message, capsys):
+    if "GPU" == message and __import__("mxnet").context.num_gpus() > 0:
+        pytest.skip("this machine has a GPU")
+    status = main(["--dataset", "synthetic", "--no-progress", *args])
+    err = capsys.readouterr().err.strip()
+    assert status == 2
+    assert err.startswith("error: ") and message in err and len(err.splitlines()) == 1, err
+
+
+def test_unwritable_output_is_refused_before_training(tmp_path, capsys):
+    target = tmp_path / "a-dir"
+    target.mkdir()
+    assert main(["--dataset", "synthetic", "--metrics-json", str(target), "--no-progress"]) == 2
+    assert "is a directory" in capsys.readouterr().err
+    if os.geteuid() != 0:   # root can write anywhere
+        locked = tmp_path / "locked"
+        locked.mkdir(mode=0o500)
+        assert main(["--dataset", "synthetic", "--plot", str(locked / "p.png"), "--no-progress"]) == 2
+
+
+def test_offline_download_names_missing_files_and_directory(tmp_path, capsys):
+    target = tmp_path / "fm"
+    assert main(["--data-dir", str(target), "--epochs", "1", "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("error: could not download")
+    assert "train-images-idx3-ubyte.gz" in err and str(target) in err and "--dataset synthetic" in err
+
+
+def test_bad_input_in_a_real_process_has_no_traceback(tmp_path):
+    for args in (["--devices", "nope"], ["--lr", "nan"], ["--data-dir", str(tmp_path), "--epochs", "1"]):
+        result = run_cli(*args)
+        assert result.returncode == 2, (args, result.stderr)
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+        assert "Traceback" not in result.stderr
