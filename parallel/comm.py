@@ -4,12 +4,36 @@
 divides by the global batch size.
 """
 import mxnet as mx
+from mxnet import autograd
 
-__all__ = ["get_params", "allreduce", "check_same_arrays", "ALLREDUCE_ALGORITHMS"]
+__all__ = ["get_params", "FlatReplica", "allreduce", "check_same_arrays", "ALLREDUCE_ALGORITHMS"]
+
+
+class FlatReplica(list):
+    """The parameters of one replica: a list of arrays that are views into one flat buffer.
+
+    It is a list, so the textbook code (``for param in params: ...``) works unchanged; besides, the
+    whole replica is reachable at once, which is what makes one reduction and one update per step
+    possible (like DDP's buckets and Horovod's tensor fusion).
+
+    Attributes
+    ----------
+    data : NDArray
+        1-D buffer holding every parameter; ``self[i]`` is a reshaped view of a slice of it.
+    grad : NDArray
+        1-D buffer holding every gradient; ``self[i].grad`` is the matching view of it.
+
+    Calling ``attach_grad()`` on a member would give it a separate gradient and break the link.
+    """
+
+    def __init__(self, views, data, grad):
+        super().__init__(views)
+        self.data = data
+        self.grad = grad
 
 
 def get_params(params, ctx):
-    """Copy ``params`` to ``ctx`` and attach a gradient buffer to each copy.
+    """Copy ``params`` to ``ctx`` with gradients attached, all in one flat buffer.
 
     Parameters
     ----------
@@ -20,19 +44,29 @@ def get_params(params, ctx):
 
     Returns
     -------
-    list of NDArray
-        New arrays on ``ctx`` with ``attach_grad()`` done (gradients start at zero).
+    FlatReplica or list of NDArray
+        New arrays on ``ctx`` (gradients start at zero). When all ``params`` share one dtype they are
+        views into one buffer (a ``FlatReplica``, still a list); otherwise a plain list of copies.
     """
     if not isinstance(ctx, mx.Context):
         raise TypeError(f"ctx must be an mxnet Context such as mx.cpu(0), got {ctx!r}")
-    copies = []
     for i, param in enumerate(params):
         if not isinstance(param, mx.nd.NDArray):
             raise TypeError(f"params[{i}] must be an NDArray, got {type(param).__name__}")
-        copy = param.copyto(ctx)
-        copy.attach_grad()
-        copies.append(copy)
-    return copies
+    if not params or len({param.dtype for param in params}) != 1:
+        copies = [param.copyto(ctx) for param in params]
+        for copy in copies:
+            copy.attach_grad()
+        return copies
+    data = mx.nd.concat(*[param.reshape(-1) for param in params], dim=0).copyto(ctx)
+    grad = mx.nd.zeros(data.shape, ctx=ctx, dtype=data.dtype)
+    views, grads, offset = [], [], 0
+    for param in params:   # basic slices and reshapes of an NDArray share its memory
+        views.append(data[offset:offset + param.size].reshape(param.shape))
+        grads.append(grad[offset:offset + param.size].reshape(param.shape))
+        offset += param.size
+    autograd.mark_variables(views, grads)
+    return FlatReplica(views, data, grad)
 
 
 def check_same_arrays(arrays, name="arrays"):
@@ -71,7 +105,15 @@ def _naive(arrays):
         total.copyto(array)                    # broadcast: one copy per other context
 
 
-ALLREDUCE_ALGORITHMS = {"naive": _naive}
+def _fused(arrays):
+    """One reduction: gather copies on the first context, sum them with one add_n, broadcast back."""
+    ctx = arrays[0].context
+    mx.nd.add_n(*[arrays[0]] + [array.copyto(ctx) for array in arrays[1:]], out=arrays[0])
+    for array in arrays[1:]:
+        arrays[0].copyto(array)
+
+
+ALLREDUCE_ALGORITHMS = {"naive": _naive, "fused": _fused}
 
 
 def allreduce(arrays, algorithm="naive"):
@@ -82,7 +124,8 @@ def allreduce(arrays, algorithm="naive"):
     arrays : list of NDArray
         One array per context, all of one shape and dtype. Modified in place.
     algorithm : str
-        One of ``ALLREDUCE_ALGORITHMS``. ``"naive"`` reduces onto ``arrays[0]`` and broadcasts back.
+        One of ``ALLREDUCE_ALGORITHMS``. ``"naive"`` (the textbook) adds each array into ``arrays[0]``
+        one by one, then broadcasts back; ``"fused"`` sums all copies with one ``add_n``.
 
     Returns
     -------

@@ -5,7 +5,7 @@ import numbers
 import mxnet as mx
 from mxnet import autograd
 
-from .comm import allreduce
+from .comm import FlatReplica, allreduce
 from .model import lenet, softmax_cross_entropy
 from .split import split_and_load
 
@@ -78,13 +78,21 @@ def train_step(X, y, device_params, ctx_list, lr, net=lenet, loss=softmax_cross_
         outputs = [net(X_shard, params) for X_shard, params in zip(X_shards, device_params)]
         losses = [loss(out, y_shard) for out, y_shard in zip(outputs, y_shards)]
     autograd.backward(losses)  # each context computes the gradient of its own shard
+    flat = all(isinstance(params, FlatReplica) for params in device_params)
     for params in device_params[len(X_shards):]:   # a batch smaller than K leaves replicas idle:
-        for param in params:                       # they contribute a zero gradient
-            param.grad[:] = 0
-    for i in range(len(device_params[0])):         # sum each gradient across contexts
-        allreduce([params[i].grad for params in device_params], algorithm)
+        for grad in ([params.grad] if flat else [param.grad for param in params]):
+            grad[:] = 0                            # they contribute a zero gradient
+    if flat and algorithm != "naive":              # the whole model in one reduction
+        allreduce([params.grad for params in device_params], algorithm)
+    else:                                          # the textbook: one reduction per tensor
+        for i in range(len(device_params[0])):
+            allreduce([params[i].grad for params in device_params], algorithm)
     for params in device_params:                   # every replica takes the same step
-        sgd(params, lr, X.shape[0])
+        if flat:                                   # one fused operation over the flat buffer
+            mx.nd.sgd_update(params.data, params.grad, lr=lr, wd=0.0, rescale_grad=1.0 / X.shape[0],
+                             out=params.data)
+        else:
+            sgd(params, lr, X.shape[0])
     ctx = ctx_list[0]
     loss_sum = mx.nd.add_n(*[l.sum().as_in_context(ctx) for l in losses])
     correct = mx.nd.add_n(*[(out.argmax(axis=1) == y_shard.astype(out.dtype)).sum().as_in_context(ctx)

@@ -66,3 +66,25 @@ def test_allreduce_rejects_mismatches_naming_the_index():
         allreduce([mx.nd.ones(2), np.ones(2)])
     with pytest.raises(ValueError, match="unknown allreduce algorithm 'bogus'"):
         allreduce([mx.nd.ones(2, ctx=ctxs[0]), mx.nd.ones(2, ctx=ctxs[1])], "bogus")
+
+
+def test_get_params_puts_one_replica_in_one_flat_buffer():
+    from parallel import FlatReplica
+    replica = get_params(init_lenet_params(seed=1), mx.cpu(1))
+    assert isinstance(replica, FlatReplica) and isinstance(replica, list)
+    total = sum(int(np.prod(s)) for s in [p.shape for p in replica])
+    assert replica.data.shape == replica.grad.shape == (total,)
+    assert replica.data.context == replica.grad.context == mx.cpu(1)
+    replica.data[:] = 3            # the members are views of the buffer, not copies
+    assert all((p.asnumpy() == 3).all() for p in replica)
+    replica[1][:] = 5
+    assert (replica.data.asnumpy() == 5).sum() == replica[1].size
+    replica.grad[:] = 2
+    assert all((p.grad.asnumpy() == 2).all() for p in replica)
+
+
+def test_mixed_dtypes_give_a_plain_list():
+    from parallel import FlatReplica
+    replica = get_params([mx.nd.ones(2), mx.nd.ones(3, dtype="float64")], mx.cpu())
+    assert not isinstance(replica, FlatReplica)
+    assert [p.dtype for p in replica] == [np.float32, np.float64] and replica[1].grad is not None

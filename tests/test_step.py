@@ -101,3 +101,22 @@ def test_bad_arguments():
         train_batch(X, y, device_params, [mx.cpu(0), mx.cpu(2)], 0.1)
     with pytest.raises(ValueError, match="4 examples but y has 3"):
         train_batch(X, y[:3], device_params, ctx_list, 0.1)
+
+
+@pytest.mark.parametrize("algorithm", sorted(ALLREDUCE_ALGORITHMS))
+def test_plain_list_replicas_take_the_textbook_path(algorithm):
+    """Replicas built by hand (copyto + attach_grad, as in the textbook) are not flat: per-tensor
+    reduction and the per-tensor SGD step, with the same result as flat replicas."""
+    batches = make_batches([5, 3], dtype="float64")
+    ctx_list = contexts(3)
+    plain = []
+    for ctx in ctx_list:
+        params = [p.copyto(ctx) for p in init_lenet_params(seed=0, dtype="float64")]
+        for p in params:
+            p.attach_grad()
+        plain.append(params)
+    for X, y in batches:
+        train_batch(X, y, plain, ctx_list, 0.2, algorithm=algorithm)
+    flat, _ = train(3, batches, "float64", algorithm)
+    for got, want in zip(plain[2], flat[2]):
+        np.testing.assert_allclose(got.asnumpy(), want, rtol=1e-5, atol=0)
