@@ -6,7 +6,8 @@ divides by the global batch size.
 import mxnet as mx
 from mxnet import autograd
 
-__all__ = ["get_params", "FlatReplica", "allreduce", "check_same_arrays", "ALLREDUCE_ALGORITHMS"]
+__all__ = ["get_params", "FlatReplica", "allreduce", "check_same_arrays", "ALLREDUCE_ALGORITHMS",
+           "DEFAULT_ALGORITHM"]
 
 
 class FlatReplica(list):
@@ -114,6 +115,10 @@ def _fused(arrays):
 
 
 ALLREDUCE_ALGORITHMS = {"naive": _naive, "fused": _fused}
+
+#: The algorithm ``train_batch`` and the CLI use unless told otherwise: the fastest measured
+#: (see benchmarks/); ``allreduce`` itself defaults to the textbook's.
+DEFAULT_ALGORITHM = "fused"
 
 
 def allreduce(arrays, algorithm="naive"):

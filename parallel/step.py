@@ -5,7 +5,7 @@ import numbers
 import mxnet as mx
 from mxnet import autograd
 
-from .comm import FlatReplica, allreduce
+from .comm import DEFAULT_ALGORITHM, FlatReplica, allreduce
 from .model import lenet, softmax_cross_entropy
 from .split import split_and_load
 
@@ -44,7 +44,7 @@ def _check_replicas(device_params, ctx_list):
 
 
 def train_step(X, y, device_params, ctx_list, lr, net=lenet, loss=softmax_cross_entropy,
-               algorithm="naive"):
+               algorithm=DEFAULT_ALGORITHM):
     """One SGD step on every replica; returns the batch's summed loss and number of correct predictions.
 
     Parameters
@@ -61,7 +61,8 @@ def train_step(X, y, device_params, ctx_list, lr, net=lenet, loss=softmax_cross_
     loss : callable
         ``loss(outputs, y)`` returns per-example losses.
     algorithm : str
-        Allreduce algorithm, see ``parallel.comm.allreduce``.
+        Allreduce algorithm, see ``parallel.comm.allreduce``. With ``"naive"`` each gradient tensor is
+        reduced on its own, as in the textbook; the others reduce a replica's flat gradient buffer at once.
 
     Returns
     -------
@@ -101,7 +102,7 @@ def train_step(X, y, device_params, ctx_list, lr, net=lenet, loss=softmax_cross_
 
 
 def train_batch(X, y, device_params, ctx_list, lr, net=lenet, loss=softmax_cross_entropy,
-                algorithm="naive"):
+                algorithm=DEFAULT_ALGORITHM):
     """One synchronous SGD step on every replica (the textbook's ``train_batch``).
 
     Splits the batch across ``ctx_list``, computes each shard's gradient on its context, sums the

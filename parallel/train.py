@@ -18,7 +18,7 @@ import mxnet as mx
 import numpy as np
 from tqdm import tqdm
 
-from .comm import get_params
+from .comm import ALLREDUCE_ALGORITHMS, DEFAULT_ALGORITHM, get_params
 from .data import DataError, iterate_batches, load_fashion_mnist, num_batches, synthetic_dataset
 from .devices import parse_devices
 from .evaluate import evaluate_accuracy
@@ -55,7 +55,7 @@ def _check_finite(batch_losses, epoch, first_batch):
                                  "training diverged: lower --lr")
 
 
-def fit(dataset, ctx_list, num_epochs, batch_size, lr, seed=0, algorithm="naive", progress=False,
+def fit(dataset, ctx_list, num_epochs, batch_size, lr, seed=0, algorithm=DEFAULT_ALGORITHM, progress=False,
         on_epoch=None):
     """Train LeNet from scratch with data parallelism over ``ctx_list``.
 
@@ -215,6 +215,8 @@ def build_parser():
     parser.add_argument("--data-dir", default=None,
                         help="directory of the four IDX files, raw or .gz "
                              "(default $MXNET_HOME/datasets/fashion-mnist, i.e. ~/.mxnet/...)")
+    parser.add_argument("--allreduce", choices=sorted(ALLREDUCE_ALGORITHMS), default=DEFAULT_ALGORITHM,
+                        help=f"how gradients are summed across devices; default {DEFAULT_ALGORITHM}")
     parser.add_argument("--seed", type=int, default=0, help="seeds initial parameters and shuffling")
     parser.add_argument("--metrics-json", metavar="PATH", help="write per-epoch metrics as JSON")
     parser.add_argument("--plot", metavar="PATH", help="write loss and accuracy curves as PNG")
@@ -249,8 +251,8 @@ def run(args):
         if args.plot:
             plot_metrics(history, args.plot, title=f"LeNet on {args.dataset}, {len(ctx_list)} context(s)")
 
-    fit(dataset, ctx_list, args.epochs, args.batch_size, args.lr, seed=args.seed, progress=progress,
-        on_epoch=on_epoch)
+    fit(dataset, ctx_list, args.epochs, args.batch_size, args.lr, seed=args.seed, algorithm=args.allreduce,
+        progress=progress, on_epoch=on_epoch)
 
 
 def main(argv=None):

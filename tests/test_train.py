@@ -56,11 +56,13 @@ def test_trains_above_chance_and_writes_outputs(data_dir, tmp_path, capsys):
     assert not [p for p in os.listdir(tmp_path) if p.endswith(".tmp")]
 
 
-def test_same_seed_same_curve_different_devices(data_dir, tmp_path):
+@pytest.mark.parametrize("algorithm", ["naive", "fused"])
+def test_same_seed_same_curve_different_devices(data_dir, tmp_path, algorithm):
     curves = []
     for devices in ("cpu:1", "cpu:3"):
         path = tmp_path / f"{devices.replace(':', '')}.json"
         assert main(["--devices", devices, "--epochs", "1", "--batch-size", "100", "--seed", "3",
+                     "--allreduce", algorithm,
                      "--data-dir", str(data_dir), "--metrics-json", str(path), "--no-progress"]) == 0
         curves.append(json.loads(path.read_text()))
     for a, b in zip(*curves):
@@ -146,6 +148,7 @@ def test_broken_data_exits_2(broken_dirs, case, message, capsys):
     (["--metrics-json", "/nonexistent-dir/m.json"], "does not exist"),
     (["--plot", "/nonexistent-dir/p.png"], "does not exist"),
     (["--frobnicate"], "unrecognized arguments"),
+    (["--allreduce", "carrier-pigeon"], "invalid choice"),
 ])
 def test_bad_arguments_exit_2_with_one_line(args, message, capsys):
     if "GPU" == message and __import__("mxnet").context.num_gpus() > 0:
