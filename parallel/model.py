@@ -7,7 +7,7 @@ import mxnet as mx
 import numpy as np
 from mxnet import gluon
 
-__all__ = ["LENET_SHAPES", "init_lenet_params", "lenet", "softmax_cross_entropy"]
+__all__ = ["LENET_SHAPES", "LENET_LAYERS", "init_lenet_params", "lenet", "lenet_layers", "softmax_cross_entropy"]
 
 #: Shapes of the eight LeNet parameters, in the order ``lenet`` takes them.
 LENET_SHAPES = [
@@ -44,6 +44,52 @@ def init_lenet_params(seed=0, scale=0.01, dtype="float32"):
             for shape in LENET_SHAPES]
 
 
+def _conv_block(F, X, W, b, kernel, num_filter):
+    h = F.relu(F.Convolution(X, W, b, kernel=kernel, num_filter=num_filter))
+    return F.Pooling(h, pool_type="avg", kernel=(2, 2), stride=(2, 2))
+
+
+#: LeNet as a sequence of layers: (name, function of (F, X, W, b)). Each layer takes two parameters,
+#: so layer ``i`` owns ``params[2*i:2*i+2]``. Model and pipeline parallelism cut the model between layers.
+LENET_LAYERS = [
+    ("conv1", lambda F, X, W, b: _conv_block(F, X, W, b, (3, 3), 20)),
+    ("conv2", lambda F, X, W, b: _conv_block(F, X, W, b, (5, 5), 50)),
+    ("dense1", lambda F, X, W, b: F.relu(F.broadcast_add(F.dot(F.flatten(X), W), b))),
+    ("dense2", lambda F, X, W, b: F.broadcast_add(F.dot(X, W), b)),
+]
+
+
+def lenet_layers(X, params, start=0, stop=None, F=None):
+    """Run layers ``start .. stop-1`` of LeNet (a *stage*) on ``X``.
+
+    Parameters
+    ----------
+    X : NDArray or Symbol
+        The input of layer ``start``: images (batch, 1, 28, 28) for layer 0, else the previous stage's output.
+    params : list of NDArray or Symbol
+        The parameters of these layers only: ``2 * (stop - start)`` arrays, two per layer.
+    start, stop : int
+        Layer range, ``0 <= start < stop <= len(LENET_LAYERS)``; ``stop`` defaults to the last layer.
+    F : module, optional
+        ``mx.nd`` or ``mx.sym``; inferred from ``X``.
+
+    Returns
+    -------
+    NDArray or Symbol
+        The output of layer ``stop - 1``, computed on the context of ``X``.
+    """
+    stop = len(LENET_LAYERS) if stop is None else stop
+    if not 0 <= start < stop <= len(LENET_LAYERS):
+        raise ValueError(f"layer range [{start}, {stop}) is outside LeNet's {len(LENET_LAYERS)} layers")
+    if len(params) != 2 * (stop - start):
+        raise ValueError(f"layers [{start}, {stop}) take {2 * (stop - start)} parameters, got {len(params)}")
+    if F is None:
+        F = mx.sym if isinstance(X, mx.sym.Symbol) else mx.nd
+    for i, (_, layer) in enumerate(LENET_LAYERS[start:stop]):
+        X = layer(F, X, params[2 * i], params[2 * i + 1])
+    return X
+
+
 def lenet(X, params, F=None):
     """Forward pass of LeNet.
 
@@ -62,16 +108,7 @@ def lenet(X, params, F=None):
     NDArray or Symbol
         Logits of shape (batch, 10), on the context of ``X`` (computed there, asynchronously).
     """
-    if F is None:
-        F = mx.sym if isinstance(X, mx.sym.Symbol) else mx.nd
-    W1, b1, W2, b2, W3, b3, W4, b4 = params
-    h = F.relu(F.Convolution(X, W1, b1, kernel=(3, 3), num_filter=20))
-    h = F.Pooling(h, pool_type="avg", kernel=(2, 2), stride=(2, 2))
-    h = F.relu(F.Convolution(h, W2, b2, kernel=(5, 5), num_filter=50))
-    h = F.Pooling(h, pool_type="avg", kernel=(2, 2), stride=(2, 2))
-    h = F.flatten(h)
-    h = F.relu(F.broadcast_add(F.dot(h, W3), b3))
-    return F.broadcast_add(F.dot(h, W4), b4)
+    return lenet_layers(X, params, F=F)
 
 
 #: Per-example softmax cross-entropy of (logits, integer labels); returns shape (batch,).

@@ -40,3 +40,17 @@ def test_same_definition_runs_as_symbol():
     X = mx.nd.random.uniform(shape=(2, 1, 28, 28))
     executor = out.bind(mx.cpu(), {"data": X, **dict(zip(names, params))})
     np.testing.assert_allclose(executor.forward()[0].asnumpy(), lenet(X, params).asnumpy(), rtol=1e-5)
+
+
+def test_stages_compose_to_the_whole_model():
+    from parallel import LENET_LAYERS, lenet_layers
+    params = init_lenet_params(seed=2)
+    X = mx.nd.random.uniform(shape=(4, 1, 28, 28))
+    whole = lenet(X, params).asnumpy()
+    for cut in range(1, len(LENET_LAYERS)):
+        h = lenet_layers(X, params[:2 * cut], 0, cut)
+        np.testing.assert_array_equal(lenet_layers(h, params[2 * cut:], cut).asnumpy(), whole)
+    with pytest.raises(ValueError, match="outside LeNet"):
+        lenet_layers(X, params, 0, 5)
+    with pytest.raises(ValueError, match="take 4 parameters, got 2"):
+        lenet_layers(X, params[:2], 0, 2)
