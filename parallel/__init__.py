@@ -13,9 +13,10 @@ The CLI lives in ``parallel.train`` (``python -m parallel.train``) and is not im
 from .comm import ALLREDUCE_ALGORITHMS, DEFAULT_ALGORITHM, FlatReplica, allreduce, get_params
 from .data import (DataError, Dataset, default_data_dir, iterate_batches, load_fashion_mnist,
                    load_idx_dataset, read_idx, synthetic_dataset, write_idx)
-from .devices import parse_devices, try_all_gpus, try_gpu
+from .devices import omp_threads_for, parse_devices, try_all_gpus, try_gpu
 from .evaluate import evaluate_accuracy
-from .model import LENET_LAYERS, LENET_SHAPES, init_lenet_params, lenet, lenet_layers, softmax_cross_entropy
+from .model import (LENET_LAYERS, LENET_SHAPES, CachedNet, init_lenet_params, lenet, lenet_cached, lenet_layers,
+                    softmax_cross_entropy)
 from .split import shard_sizes, split_and_load
 from .step import sgd, train_batch, train_step
 
@@ -25,9 +26,10 @@ __all__ = [
     "get_params", "FlatReplica", "allreduce", "ALLREDUCE_ALGORITHMS", "DEFAULT_ALGORITHM",
     "split_and_load", "shard_sizes",
     "sgd", "train_batch", "train_step",
-    "init_lenet_params", "lenet", "lenet_layers", "softmax_cross_entropy", "LENET_SHAPES", "LENET_LAYERS",
+    "init_lenet_params", "lenet", "lenet_layers", "lenet_cached", "CachedNet", "softmax_cross_entropy",
+    "LENET_SHAPES", "LENET_LAYERS",
     "evaluate_accuracy",
-    "try_gpu", "try_all_gpus", "parse_devices",
+    "try_gpu", "try_all_gpus", "parse_devices", "omp_threads_for",
     "DataError", "Dataset", "read_idx", "write_idx", "load_idx_dataset", "load_fashion_mnist",
     "default_data_dir", "synthetic_dataset", "iterate_batches",
 ]

@@ -4,11 +4,12 @@ A *context* (``mx.gpu(i)``, ``mx.cpu(i)``) names where an array lives and where 
 Several CPU contexts (``mx.cpu(0)``, ``mx.cpu(1)``, ...) share the machine's cores but each gets its own
 worker thread in MXNet's engine, so they behave like separate devices: this is how the tests run.
 """
+import os
 import re
 
 import mxnet as mx
 
-__all__ = ["try_gpu", "try_all_gpus", "parse_devices"]
+__all__ = ["try_gpu", "try_all_gpus", "parse_devices", "omp_threads_for"]
 
 
 def try_gpu(i=0):
@@ -94,3 +95,30 @@ def parse_devices(spec):
         raise ValueError(f"device spec {spec!r} asks for GPU {missing[0]} but this process sees {have}; "
                          "use 'cpu:N' or check CUDA_VISIBLE_DEVICES")
     return [mx.gpu(i) for i in indices]
+
+
+def omp_threads_for(ctx_list, cores=None):
+    """Operator threads per context so that the CPU contexts share the cores without oversubscribing.
+
+    Each CPU context has its own engine worker thread, and each operator on it runs ``OMP_NUM_THREADS``
+    threads; K busy CPU contexts therefore want ``cores // K`` threads each (at least one). GPU contexts
+    use the CPU only to launch kernels and do not count.
+
+    MXNet reads ``OMP_NUM_THREADS`` when it starts, so the value must be in the environment before
+    ``import mxnet``; ``python -m parallel.train`` does that for you (see its ``--devices``).
+
+    Parameters
+    ----------
+    ctx_list : list of mxnet.Context
+    cores : int, optional
+        Cores to share; defaults to the cores this process may run on.
+
+    Returns
+    -------
+    int
+        Threads per operator, >= 1.
+    """
+    if cores is None:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    num_cpu = sum(1 for ctx in ctx_list if ctx.device_type == "cpu")
+    return max(1, cores // num_cpu) if num_cpu else max(1, cores)

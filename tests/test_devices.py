@@ -51,3 +51,13 @@ def test_gpu_without_gpu_says_so():
 def test_spec_must_be_text():
     with pytest.raises(TypeError):
         parse_devices(4)
+
+
+def test_omp_threads_share_the_cores():
+    from parallel import omp_threads_for
+    assert omp_threads_for([mx.cpu(0)], cores=2) == 2
+    assert omp_threads_for(parse_devices("cpu:2"), cores=2) == 1
+    assert omp_threads_for(parse_devices("cpu:4"), cores=2) == 1      # never below one
+    assert omp_threads_for(parse_devices("cpu:4"), cores=16) == 4
+    assert omp_threads_for([mx.gpu(0), mx.gpu(1)], cores=8) == 8      # GPUs do not take cores
+    assert omp_threads_for([mx.cpu(0)]) >= 1

@@ -54,3 +54,32 @@ def test_stages_compose_to_the_whole_model():
         lenet_layers(X, params, 0, 5)
     with pytest.raises(ValueError, match="take 4 parameters, got 2"):
         lenet_layers(X, params[:2], 0, 2)
+
+
+def test_cached_graph_gives_the_same_values_and_gradients():
+    from mxnet import autograd
+    from parallel import get_params, lenet_cached
+    X = mx.nd.random.uniform(shape=(5, 1, 28, 28), ctx=mx.cpu(1))
+    y = mx.nd.array([0, 1, 2, 3, 4], ctx=mx.cpu(1))
+    results = []
+    for net in (lenet, lenet_cached, lenet_cached):   # twice: the second call reuses the graph
+        params = get_params(init_lenet_params(seed=6), mx.cpu(1))
+        with autograd.record():
+            out = net(X, params)
+            loss = softmax_cross_entropy(out, y)
+        loss.backward()
+        results.append((out.asnumpy(), params.grad.asnumpy()))
+    for out, grad in results[1:]:
+        np.testing.assert_allclose(out, results[0][0], rtol=1e-5, atol=1e-7)
+        np.testing.assert_allclose(grad, results[0][1], rtol=1e-5, atol=1e-7)
+    assert np.abs(results[0][1]).max() > 0
+
+
+def test_cached_graph_follows_shape_and_context():
+    from parallel import get_params, lenet_cached
+    for ctx, n in ((mx.cpu(0), 3), (mx.cpu(2), 3), (mx.cpu(0), 7)):
+        X = mx.nd.random.uniform(shape=(n, 1, 28, 28), ctx=ctx)
+        params = get_params(init_lenet_params(seed=1), ctx)
+        out = lenet_cached(X, params)
+        assert out.shape == (n, 10) and out.context == ctx
+        np.testing.assert_allclose(out.asnumpy(), lenet(X, params).asnumpy(), rtol=1e-5, atol=1e-7)
