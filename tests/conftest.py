@@ -49,3 +49,41 @@ def no_network_downloads(monkeypatch):
     monkeypatch.setenv("PARALLEL_FASHION_MNIST_MIRRORS", mirror)
     monkeypatch.setattr("parallel.data.FASHION_MNIST_MIRRORS", [mirror])
     monkeypatch.setenv("MXNET_HOME", "/nonexistent-mxnet-home-for-tests")
+
+
+# Operators the package calls through mx.nd (LeNet's layers, the loss, the update, the reductions).
+_STRICT_OPS = ["Convolution", "Pooling", "relu", "dot", "broadcast_add", "flatten", "log_softmax", "pick",
+               "add_n", "concat", "sgd_update", "elemwise_add", "argmax", "stack"]
+_STRICT_METHODS = ["__add__", "__iadd__", "__sub__", "__isub__", "__mul__", "__imul__", "__truediv__",
+                   "__itruediv__", "__eq__", "__setitem__"]
+
+
+def _contexts_of(values):
+    found = set()
+    for value in values:
+        if isinstance(value, mx.nd.NDArray):
+            found.add(value.context)
+        elif isinstance(value, (list, tuple)):
+            found |= _contexts_of(value)
+    return found
+
+
+@pytest.fixture
+def strict_contexts(monkeypatch):
+    """Fail when one operator receives arrays on two contexts.
+
+    CPU contexts share memory, so MXNet quietly accepts such mixes there, while GPUs reject them; this
+    fixture makes the CPU tests as strict as GPUs about explicit copies.
+    """
+    def guard(name, fn):
+        def checked(*args, **kwargs):
+            found = _contexts_of(list(args) + list(kwargs.values()))
+            if len(found) > 1:
+                raise AssertionError(f"{name} mixes contexts {sorted(map(str, found))}: a copy is missing")
+            return fn(*args, **kwargs)
+        return checked
+
+    for name in _STRICT_OPS:
+        monkeypatch.setattr(mx.nd, name, guard(f"mx.nd.{name}", getattr(mx.nd, name)))
+    for name in _STRICT_METHODS:
+        monkeypatch.setattr(mx.nd.NDArray, name, guard(f"NDArray.{name}", getattr(mx.nd.NDArray, name)))
