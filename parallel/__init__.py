@@ -10,7 +10,7 @@ The textbook calling pattern::
 
 The CLI lives in ``parallel.train`` (``python -m parallel.train``) and is not imported here.
 """
-from .comm import ALLREDUCE_ALGORITHMS, DEFAULT_ALGORITHM, FlatReplica, allreduce, get_params
+from .comm import ALLREDUCE_ALGORITHMS, DEFAULT_ALGORITHM, BytesMoved, FlatReplica, allreduce, bytes_moved, get_params
 from .data import (DataError, Dataset, default_data_dir, iterate_batches, load_fashion_mnist,
                    load_idx_dataset, read_idx, synthetic_dataset, write_idx)
 from .devices import omp_threads_for, parse_devices, try_all_gpus, try_gpu
@@ -23,7 +23,8 @@ from .step import sgd, train_batch, train_step
 __version__ = "0.1.0"
 
 __all__ = [
-    "get_params", "FlatReplica", "allreduce", "ALLREDUCE_ALGORITHMS", "DEFAULT_ALGORITHM",
+    "get_params", "FlatReplica", "allreduce", "ALLREDUCE_ALGORITHMS", "DEFAULT_ALGORITHM", "bytes_moved",
+    "BytesMoved",
     "split_and_load", "shard_sizes",
     "sgd", "train_batch", "train_step",
     "init_lenet_params", "lenet", "lenet_layers", "lenet_cached", "CachedNet", "softmax_cross_entropy",

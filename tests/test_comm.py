@@ -88,3 +88,169 @@ def test_mixed_dtypes_give_a_plain_list():
     replica = get_params([mx.nd.ones(2), mx.nd.ones(3, dtype="float64")], mx.cpu())
     assert not isinstance(replica, FlatReplica)
     assert [p.dtype for p in replica] == [np.float32, np.float64] and replica[1].grad is not None
+
+
+# ---- ring, tree and the bytes they move ------------------------------------------------------------
+
+from parallel import comm   # noqa: E402
+from parallel.comm import bytes_moved   # noqa: E402
+
+#: Distinct contexts in no particular order: algorithms must not assume arrays[i] is on cpu(i).
+SCRAMBLED = [mx.cpu(3), mx.cpu(1), mx.cpu(4), mx.cpu(0), mx.cpu(7)]
+
+
+def random_values(rng, shape, dtype, k):
+    if dtype == "int32":
+        return [rng.randint(-1000, 1000, shape).astype(dtype) for _ in range(k)]
+    # mixed magnitudes, so that summing in another order would change the bits
+    return [(rng.randn(*shape) * 10.0 ** rng.randint(-3, 4, shape)).astype(dtype) for _ in range(k)]
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+@pytest.mark.parametrize("dtype", ["float32", "float64", "int32"])
+@pytest.mark.parametrize("k", [1, 2, 3, 4, 5])
+@pytest.mark.parametrize("shape", [(1,), (2,), (3,), (4,), (6,), (2, 3, 2), (1001,)])
+def test_allreduce_awkward_sizes_dtypes_and_contexts(algorithm, dtype, k, shape, rng):
+    """Sizes below K, not divisible by K, one element; three dtypes; contexts in scrambled order."""
+    ctx_list = SCRAMBLED[:k]
+    values = random_values(rng, shape, dtype, k)
+    arrays = [mx.nd.array(v, ctx=c, dtype=dtype) for v, c in zip(values, ctx_list)]
+    assert allreduce(arrays, algorithm) is arrays
+    expected = np.sum(np.array(values, dtype="float64"), axis=0)
+    results = [array.asnumpy() for array in arrays]
+    for array, result, ctx in zip(arrays, results, ctx_list):
+        assert array.context == ctx and array.shape == shape and result.dtype == np.dtype(dtype)
+        if dtype == "int32":
+            np.testing.assert_array_equal(result, expected.astype(dtype))
+        else:
+            rtol = 1e-5 if dtype == "float32" else 1e-12
+            np.testing.assert_allclose(result, expected, rtol=rtol, atol=rtol * np.abs(values).max())
+    for result in results[1:]:   # bit-identical everywhere, not merely close
+        np.testing.assert_array_equal(result.view(np.uint8), results[0].view(np.uint8))
+
+
+def ring_reference(values):
+    """Ring order: chunk c starts on context c and collects c+1, c+2, ... (each adds into its own copy)."""
+    k = len(values)
+    flats = [v.reshape(-1) for v in values]
+    bounds = comm._chunk_bounds(flats[0].size, k)
+    out = np.empty_like(flats[0])
+    for c in range(k):
+        a, b = bounds[c], bounds[c + 1]
+        acc = flats[c][a:b].copy()
+        for step in range(1, k):
+            acc = flats[(c + step) % k][a:b] + acc
+        out[a:b] = acc
+    return out.reshape(values[0].shape)
+
+
+def tree_reference(values):
+    """Tree order: in round r, value i += value i + 2**r for i a multiple of 2**(r+1)."""
+    values, stride = [v.copy() for v in values], 1
+    while stride < len(values):
+        for i in range(0, len(values) - stride, 2 * stride):
+            values[i] = values[i] + values[i + stride]
+        stride *= 2
+    return values[0]
+
+
+@pytest.mark.parametrize("algorithm, reference", [("ring", ring_reference), ("tree", tree_reference)])
+@pytest.mark.parametrize("k", [2, 3, 4, 5])
+@pytest.mark.parametrize("size", [1, 3, 7, 10, 1001])
+def test_ring_and_tree_sum_in_their_documented_order(algorithm, reference, k, size, rng):
+    """float32 bits equal a numpy re-enactment of the documented schedule: each chunk summed once."""
+    values = random_values(rng, (size,), "float32", k)
+    arrays = [mx.nd.array(v, ctx=c) for v, c in zip(values, SCRAMBLED)]
+    allreduce(arrays, algorithm)
+    want = reference(values)
+    for array in arrays:
+        np.testing.assert_array_equal(array.asnumpy(), want)
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_allreduce_writes_through_views_into_a_larger_buffer(algorithm):
+    """Gradients are views into a flat buffer: the sum lands in the buffer, the rest is untouched."""
+    buffers = [mx.nd.full((12,), -7, ctx=c) for c in SCRAMBLED[:3]]
+    views = [buffer[2:8].reshape((3, 2)) for buffer in buffers]
+    for i, view in enumerate(views):
+        view[:] = mx.nd.arange(6, ctx=view.context).reshape((3, 2)) * (i + 1)
+    allreduce(views, algorithm)
+    for buffer in buffers:
+        got = buffer.asnumpy()
+        np.testing.assert_array_equal(got[2:8], np.arange(6) * 6)
+        np.testing.assert_array_equal(np.r_[got[:2], got[8:]], -7)
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_allreduce_only_queues_work(algorithm, monkeypatch):
+    """No algorithm waits for the engine: every way to block raises while allreduce runs."""
+    arrays = [mx.nd.ones((5, 3), ctx=c) for c in SCRAMBLED[:4]]
+    mx.nd.waitall()
+
+    def blocked(*args, **kwargs):
+        raise AssertionError("allreduce blocked on the engine")
+    with monkeypatch.context() as m:
+        for name in ("asnumpy", "asscalar", "wait_to_read"):
+            m.setattr(mx.nd.NDArray, name, blocked)
+        m.setattr(mx.nd, "waitall", blocked)
+        allreduce(arrays, algorithm)
+    assert all((array.asnumpy() == 4).all() for array in arrays)
+
+
+def count_copies(monkeypatch):
+    """Wrap ``comm._copy``; returns the list of (source context, destination context, bytes)."""
+    copies, copy = [], comm._copy
+
+    def counting_copy(src, dst):
+        dst_ctx = dst if isinstance(dst, mx.Context) else dst.context
+        copies.append((src.context, dst_ctx, src.size * src.dtype(0).itemsize))
+        return copy(src, dst)
+    monkeypatch.setattr(comm, "_copy", counting_copy)
+    return copies
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+@pytest.mark.parametrize("k", [1, 2, 3, 4, 5])
+@pytest.mark.parametrize("size, dtype", [(1, "float32"), (3, "float32"), (7, "float64"), (8, "int32"),
+                                         (1001, "float32"), (1002, "float64")])
+def test_bytes_moved_matches_the_copies_made(algorithm, k, size, dtype, monkeypatch):
+    copies = count_copies(monkeypatch)
+    ctx_list = SCRAMBLED[:k]
+    arrays = [mx.nd.full((size,), i + 1, ctx=c, dtype=dtype) for i, c in enumerate(ctx_list)]
+    allreduce(arrays, algorithm)
+    assert all((array.asnumpy() == k * (k + 1) // 2).all() for array in arrays)   # still correct
+    assert all(src != dst for src, dst, _ in copies), "a copy that stays on its context is not traffic"
+    sent = {ctx: sum(n for src, _, n in copies if src == ctx) for ctx in ctx_list}
+    received = {ctx: sum(n for _, dst, n in copies if dst == ctx) for ctx in ctx_list}
+    itemsize = np.dtype(dtype).itemsize
+    predicted = bytes_moved(algorithm, size * itemsize, k, itemsize=itemsize)
+    assert predicted.total == sum(n for _, _, n in copies)
+    assert predicted.per_context_max == max(max(sent[c], received[c]) for c in ctx_list)
+
+
+def test_bytes_moved_closed_forms():
+    n = 4000   # 1000 float32, divisible by 2, 4, 5, 8
+    assert bytes_moved("naive", n, 4) == bytes_moved("fused", n, 4) == (6 * n, 3 * n)
+    assert bytes_moved("ring", n, 4) == (6 * n, 6 * n // 4)              # 2 (K-1)/K n per context
+    assert bytes_moved("ring", n, 5) == (8 * n, 8 * n // 5)
+    assert bytes_moved("ring", n, 2) == bytes_moved("naive", n, 2) == (2 * n, n)
+    assert bytes_moved("tree", n, 5) == (8 * n, 3 * n) and bytes_moved("tree", n, 8) == (14 * n, 3 * n)
+    assert bytes_moved("ring", n, 1) == (0, 0)
+    moved = bytes_moved("ring", 12, 3, itemsize=4)
+    assert moved.total == 48 and moved.per_context_max == 16            # namedtuple fields
+    assert bytes_moved("ring", 4 * 7, 3).per_context_max == 4 * (2 * 7 - 2 - 2)   # chunks 3, 2, 2
+
+
+def test_bytes_moved_rejects_bad_arguments():
+    with pytest.raises(ValueError, match="unknown allreduce algorithm 'bogus'"):
+        bytes_moved("bogus", 8, 2)
+    with pytest.raises(ValueError, match="k must be >= 1, got 0"):
+        bytes_moved("ring", 8, 0)
+    with pytest.raises(ValueError, match="nbytes must be >= 0, got -4"):
+        bytes_moved("ring", -4, 2)
+    with pytest.raises(TypeError, match="nbytes must be an int, got 8.0"):
+        bytes_moved("ring", 8.0, 2)
+    with pytest.raises(TypeError, match="k must be an int, got True"):
+        bytes_moved("ring", 8, True)
+    with pytest.raises(ValueError, match="nbytes=10 is not a whole number of 4-byte elements"):
+        bytes_moved("ring", 10, 2)

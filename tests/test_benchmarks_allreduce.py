@@ -1,0 +1,102 @@
+"""Smoke test of benchmarks/allreduce.py: structure of its output, never its timings."""
+import importlib.util
+import json
+import pathlib
+
+import mxnet as mx
+import pytest
+
+from parallel import ALLREDUCE_ALGORITHMS
+from parallel.comm import bytes_moved
+
+SCRIPT = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "allreduce.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("benchmarks_allreduce", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_quick_run_writes_every_configuration(bench, tmp_path, capsys):
+    assert bench.main(["--quick", "--devices", "cpu:4", "--out", str(tmp_path)]) == 0
+    result = json.loads((tmp_path / "allreduce.json").read_text())
+    assert (tmp_path / "allreduce.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    settings = result["settings"]
+    assert settings["ks"] == [2, 4] and settings["repeats"] == 2 and settings["quick"] is True
+    sizes = settings["sizes"]
+    assert sizes == bench.QUICK_SIZES and len(sizes) >= 2
+    assert settings["mxnet"] == mx.__version__ and settings["nproc"] >= 1
+    for name in ("OMP_NUM_THREADS", "MXNET_CPU_WORKER_NTHREADS"):
+        assert isinstance(settings[name], str) and settings[name]
+    methods = list(ALLREDUCE_ALGORITHMS) + ["kvstore"]
+    assert settings["methods"] == methods
+
+    records = {(r["k"], r["nbytes"], r["method"]): r for r in result["allreduce"]}
+    assert set(records) == {(k, n, m) for k in (2, 4) for n in sizes for m in methods}
+    assert len(records) == len(result["allreduce"])
+    for (k, nbytes, method), r in records.items():
+        assert r["median_s"] > 0 and len(r["times_s"]) == 2 and min(r["times_s"]) > 0
+        if method == "kvstore":
+            assert r["bound_s"] is None and r["fraction_of_bound"] is None
+        else:
+            moved = bytes_moved(method, nbytes, k)
+            assert (r["bytes_total"], r["bytes_per_context_max"]) == tuple(moved)
+            assert r["bound_s"] > 0 and r["fraction_of_bound"] == pytest.approx(r["bound_s"] / r["median_s"])
+
+    memcpy = result["memcpy"]
+    assert memcpy["nbytes"] == max(sizes)
+    assert memcpy["mxnet_bytes_per_s"] > 0 and memcpy["numpy_bytes_per_s"] > 0
+
+    lenet = {(r["k"], r["method"]): r for r in result["lenet"]}
+    flat = [f"flat {m}" for m in methods]
+    assert set(lenet) == {(k, m) for k in (2, 4) for m in ["per-tensor naive"] + flat}
+    for (k, method), r in lenet.items():
+        assert r["median_s"] > 0 and r["speedup_vs_per_tensor_naive"] > 0
+    assert all(lenet[k, "per-tensor naive"]["speedup_vs_per_tensor_naive"] == 1 for k in (2, 4))
+    assert set(result["fastest_lenet_flat"]) == {"2", "4"}
+    assert set(result["fastest_lenet_flat"].values()) <= set(ALLREDUCE_ALGORITHMS)
+
+    out = capsys.readouterr().out
+    assert "LeNet gradient allreduce, K=4" in out and "fraction of the memcpy bound" in out
+    assert f"MXNET_CPU_WORKER_NTHREADS={settings['MXNET_CPU_WORKER_NTHREADS']}" in out
+
+
+def test_thread_settings_come_from_the_environment(bench, monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.delenv("MXNET_CPU_WORKER_NTHREADS", raising=False)
+    settings = bench.thread_settings()
+    assert settings["OMP_NUM_THREADS"] == "1"
+    assert settings["MXNET_CPU_WORKER_NTHREADS"] == "unset (MXNet default)"
+
+
+def test_measure_interleaves_configurations(bench):
+    """Each repeat visits every configuration once (after one warm-up call each)."""
+    calls = []
+    cases = {key: (lambda key=key: calls.append(key)) for key in "abcd"}
+    times = bench.measure(cases, repeats=3)
+    assert {key: len(t) for key, t in times.items()} == dict.fromkeys("abcd", 3)
+    assert len(calls) == 16
+    for r in range(4):
+        assert sorted(calls[4 * r:4 * r + 4]) == list("abcd")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--devices", "cpu:1"], "allreduce needs at least 2"),
+    (["--devices", "tpu"], "unknown device spec 'tpu'"),
+    (["--repeats", "0"], "--repeats 0 is too small"),
+])
+def test_bad_arguments_exit_2_and_write_nothing(bench, tmp_path, capsys, argv, message):
+    assert bench.main(argv + ["--quick", "--out", str(tmp_path)]) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "allreduce.json").exists()
+
+
+def test_out_that_is_a_file_exits_2(bench, tmp_path, capsys):
+    target = tmp_path / "taken"
+    target.write_text("x")
+    assert bench.main(["--quick", "--out", str(target)]) == 2
+    assert "error:" in capsys.readouterr().err
