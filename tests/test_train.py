@@ -70,6 +70,31 @@ def test_same_seed_same_curve_different_devices(data_dir, tmp_path, algorithm):
         assert a["test_acc"] == pytest.approx(b["test_acc"], abs=1 / 300 + 1e-9)
 
 
+def test_same_seed_same_curve_under_every_strategy(data_dir, tmp_path, capsys):
+    """Every strategy runs the same SGD step on the same batches. Batch 57 leaves a last batch of 5
+    examples, fewer than the pipeline's 6 micro-batches: it runs in 5."""
+    runs = {"data": ([], "on [cpu(0), cpu(1), cpu(2), cpu(3)]"),
+            "model": (["--boundaries", "2"], "model parallel on [cpu(0), cpu(1)]"),
+            "pipeline": (["--stages", "2", "--micro-batches", "6"], "pipeline parallel on [cpu(0), cpu(1)]"),
+            "hybrid": (["--stages", "2"], "hybrid parallel on [cpu(0), cpu(1), cpu(2), cpu(3)]")}
+    curves = {}
+    for strategy, (extra, where) in runs.items():
+        path = tmp_path / f"{strategy}.json"
+        assert main(["--devices", "cpu:4", "--strategy", strategy, *extra, "--epochs", "1", "--batch-size", "57",
+                     "--lr", "0.5", "--seed", "3", "--data-dir", str(data_dir), "--metrics-json", str(path),
+                     "--no-progress"]) == 0
+        out = capsys.readouterr().out
+        epoch_lines = [l for l in out.splitlines() if l.startswith("epoch 1, loss")]
+        assert len(epoch_lines) == 1 and epoch_lines[0].endswith(where), out
+        assert f"strategy {strategy}: " in out
+        curves[strategy] = json.loads(path.read_text())
+    for strategy in ("model", "pipeline", "hybrid"):
+        for a, b in zip(curves["data"], curves[strategy]):
+            assert b["train_loss"] == pytest.approx(a["train_loss"], rel=1e-4)
+            assert b["train_acc"] == pytest.approx(a["train_acc"], abs=1 / 2000 + 1e-9)
+            assert b["test_acc"] == pytest.approx(a["test_acc"], abs=1 / 300 + 1e-9)
+
+
 def test_subprocess_entry_point_runs(data_dir):
     result = run_cli("--devices", "cpu:2", "--epochs", "1", "--batch-size", "128",
                      "--data-dir", str(data_dir))
@@ -149,6 +174,36 @@ def test_broken_data_exits_2(broken_dirs, case, message, capsys):
     (["--plot", "/nonexistent-dir/p.png"], "does not exist"),
     (["--frobnicate"], "unrecognized arguments"),
     (["--allreduce", "carrier-pigeon"], "invalid choice"),
+    # the other parallel styles: more stages than contexts, or than LeNet's layers
+    (["--strategy", "model", "--devices", "cpu:2", "--stages", "3"], "3 stages need 3 contexts, got 2"),
+    (["--strategy", "pipeline", "--devices", "cpu:1"], "2 stages need 2 contexts, got 1"),
+    (["--strategy", "model", "--devices", "cpu:2", "--boundaries", "1,2,3"], "4 stages need 4 contexts, got 2"),
+    (["--strategy", "model", "--devices", "cpu:5", "--stages", "5"], "5 stages cannot split LeNet's 4 layers"),
+    (["--strategy", "hybrid", "--devices", "cpu:2", "--stages", "0"], "0 stages cannot split"),
+    # more micro-batches than examples in a batch
+    (["--strategy", "pipeline", "--devices", "cpu:2", "--micro-batches", "300"],
+     "--micro-batches must be between 1 and --batch-size (256), got 300"),
+    (["--strategy", "pipeline", "--devices", "cpu:2", "--batch-size", "3", "--micro-batches", "4"],
+     "--micro-batches must be between 1 and --batch-size (3), got 4"),
+    (["--strategy", "pipeline", "--devices", "cpu:2", "--micro-batches", "0"], "--micro-batches must be between 1"),
+    # contexts that cannot be divided into equal replica groups
+    (["--strategy", "hybrid", "--devices", "cpu:4", "--stages", "3"],
+     "4 contexts cannot form equal groups of 3 stages; use a multiple of 3 contexts"),
+    (["--strategy", "hybrid", "--devices", "cpu:3"], "3 contexts cannot form equal groups of 2 stages"),
+    # a stage boundary outside the model, unsorted or repeated
+    (["--strategy", "model", "--devices", "cpu:2", "--boundaries", "4"], "stage boundary 4 is outside LeNet's 4 layers"),
+    (["--strategy", "hybrid", "--devices", "cpu:2", "--boundaries", "0"], "stage boundary 0 is outside"),
+    (["--strategy", "model", "--devices", "cpu:3", "--boundaries", "2,1"], "must be strictly increasing"),
+    (["--strategy", "pipeline", "--devices", "cpu:3", "--boundaries", "2,2"], "without repeats"),
+    (["--strategy", "model", "--devices", "cpu:2", "--boundaries", "conv"], "not a comma-separated list"),
+    # options that do not apply to the chosen strategy
+    (["--stages", "2"], "--stages applies to --strategy model, pipeline or hybrid, not data"),
+    (["--boundaries", "2"], "--boundaries applies to --strategy model, pipeline or hybrid, not data"),
+    (["--strategy", "model", "--devices", "cpu:2", "--micro-batches", "2"],
+     "--micro-batches applies to --strategy pipeline, not model"),
+    (["--strategy", "model", "--devices", "cpu:2", "--stages", "2", "--boundaries", "2"],
+     "give --stages or --boundaries, not both"),
+    (["--strategy", "diagonal"], "invalid choice"),
 ])
 def test_bad_arguments_exit_2_with_one_line(args, message, capsys):
     if "GPU" == message and __import__("mxnet").context.num_gpus() > 0:
@@ -179,7 +234,8 @@ def test_offline_download_names_missing_files_and_directory(tmp_path, capsys):
 
 
 def test_bad_input_in_a_real_process_has_no_traceback(tmp_path):
-    for args in (["--devices", "nope"], ["--lr", "nan"], ["--data-dir", str(tmp_path), "--epochs", "1"]):
+    for args in (["--devices", "nope"], ["--lr", "nan"], ["--data-dir", str(tmp_path), "--epochs", "1"],
+                 ["--strategy", "hybrid", "--devices", "cpu:4", "--stages", "3"]):
         result = run_cli(*args)
         assert result.returncode == 2, (args, result.stderr)
         lines = result.stderr.strip().splitlines()

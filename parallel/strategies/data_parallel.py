@@ -1,0 +1,237 @@
+"""A DataParallel wrapper in the style of PyTorch's ``nn.DataParallel``: scatter, replicate, parallel apply, gather.
+
+``DataParallel(module, ctx_list)`` wraps a gluon Block, or a function of (inputs, params) with
+``params=[...]``. Calling it splits the batch across the contexts (``split_and_load``: shards differ by
+at most one example), runs one replica per shard, and concatenates the outputs on ``ctx_list[0]``::
+
+    from mxnet import autograd, gluon
+from mxnet.gluon.parameter import DeferredInitializationError
+    from parallel.strategies import DataParallel
+
+    net = gluon.nn.Dense(2, in_units=5)
+    net.initialize()
+    model = DataParallel(net, [mx.cpu(0), mx.cpu(1)])   # net's parameters now live on both contexts
+    with autograd.record():
+        loss = ((model(X) - Y) ** 2).sum()               # X (30, 5) -> shards (15, 5) -> output (30, 2)
+    loss.backward()                                      # each context gets its own shard's gradient
+    model.step(lr=0.1, batch_size=30)                    # allreduce_grads() then update(): sum, then SGD
+
+Unlike PyTorch, which copies the module to every device on every call, the replicas persist between
+calls (gluon Parameters live on several contexts; a function's ``params`` are copied once with
+``get_params``), so after ``backward`` each context holds the gradient of its own shard and
+``allreduce_grads`` sums them, as gluon's ``Trainer.allreduce_grads`` does: afterwards the primary
+(``ctx_list[0]``) and every replica hold the sum. ``gluon.Trainer(net.collect_params(), ...).step`` sums
+the contexts' gradients itself: use it *instead of* ``step``/``allreduce_grads``, never both.
+"""
+import mxnet as mx
+from mxnet import autograd, gluon
+from mxnet.gluon.parameter import DeferredInitializationError
+
+from ..comm import DEFAULT_ALGORITHM, get_params
+from ..split import split_and_load
+from ..step import allreduce_grads, update_replicas
+from ._checks import check_contexts
+
+__all__ = ["DataParallel", "data_parallel", "replicate", "parallel_apply", "gather"]
+
+
+def replicate(params, ctx_list):
+    """One copy of ``params`` per context (``get_params``): the replicas of a function's parameters.
+
+    Returns
+    -------
+    list of list of NDArray
+        ``device_params[i]`` on ``ctx_list[i]``, gradients attached; ``params`` is not modified.
+    """
+    check_contexts(ctx_list)
+    return [get_params(params, ctx) for ctx in ctx_list]
+
+
+def parallel_apply(module, X_shards, device_params=None):
+    """Run the replica ``i`` on shard ``i``.
+
+    Parameters
+    ----------
+    module : gluon.Block or callable
+        A Block (its parameters must live on every shard's context: it reads ``param.data(X.context)``)
+        or a function ``module(X, params)``.
+    X_shards : list of NDArray
+        Shard ``i`` on context ``i``.
+    device_params : list of list of NDArray, optional
+        For a function: ``device_params[i]`` is the replica on shard ``i``'s context.
+
+    Returns
+    -------
+    list
+        One output per shard, on the shard's context. MXNet queues each context's work on its own
+        worker, so the replicas compute concurrently though this loop is sequential.
+    """
+    if isinstance(module, gluon.Block):
+        return [module(X_shard) for X_shard in X_shards]
+    return [module(X_shard, params) for X_shard, params in zip(X_shards, device_params)]
+
+
+def gather(outputs, ctx):
+    """Concatenate the replicas' outputs along the first axis on ``ctx``.
+
+    Parameters
+    ----------
+    outputs : list of NDArray, or list of tuples of NDArray
+        One output per replica; tuples (several outputs per replica) are gathered element by element.
+    ctx : mxnet.Context
+
+    Returns
+    -------
+    NDArray or tuple of NDArray
+        On ``ctx``. Inside ``autograd.record()`` the copies are recorded: the gradient of the gathered
+        output flows back to each replica's context.
+    """
+    first = outputs[0]
+    if isinstance(first, (list, tuple)):
+        return type(first)(gather(list(parts), ctx) for parts in zip(*outputs))
+    if len(outputs) == 1:
+        return first.as_in_context(ctx)
+    return mx.nd.concat(*[out.as_in_context(ctx) for out in outputs], dim=0)
+
+
+def _block_params(block):
+    return [param for param in block.collect_params().values() if param.grad_req != "null"]
+
+
+def _place_block(block, ctx_list):
+    """Put every parameter of ``block`` on every context of ``ctx_list`` (in place, values kept)."""
+    for param in block.collect_params().values():
+        try:
+            placed = param.list_ctx()
+        except RuntimeError:
+            raise ValueError(f"parameter {param.name!r} of the block is not initialized; call "
+                             "block.initialize() before wrapping the block in DataParallel") from None
+        if placed != list(ctx_list):
+            param.reset_ctx(ctx_list)
+
+
+def data_parallel(module, X, ctx_list, device_params=None, output_ctx=None):
+    """The functional twin of ``DataParallel``: scatter ``X``, apply the replicas, gather the outputs.
+
+    Parameters
+    ----------
+    module : gluon.Block or callable
+        A Block whose parameters already live on every context of ``ctx_list``, or a function
+        ``module(X, params)``.
+    X : NDArray
+        A batch; any batch size >= 1 (a batch smaller than ``len(ctx_list)`` uses that many contexts).
+    ctx_list : list of mxnet.Context
+    device_params : list of list of NDArray, optional
+        For a function: one replica per context (``replicate(params, ctx_list)``).
+    output_ctx : mxnet.Context, optional
+        Where the outputs are gathered; default ``ctx_list[0]``.
+
+    Returns
+    -------
+    NDArray (or tuple of NDArray)
+        The outputs of the whole batch, in order, on ``output_ctx``; equal to running ``module`` on one
+        context. Nothing waits for the devices.
+    """
+    check_contexts(ctx_list)
+    if not isinstance(module, gluon.Block):
+        if not callable(module):
+            raise TypeError(f"module must be a gluon Block or a function of (inputs, params), got {module!r}")
+        if device_params is None or len(device_params) != len(ctx_list):
+            got = "none" if device_params is None else len(device_params)
+            raise ValueError(f"a function needs one parameter replica per context: {len(ctx_list)} contexts "
+                             f"but {got} replicas; pass device_params=replicate(params, ctx_list)")
+    X_shards = split_and_load(X, ctx_list)
+    outputs = parallel_apply(module, X_shards, device_params)
+    return gather(outputs, ctx_list[0] if output_ctx is None else output_ctx)
+
+
+class DataParallel:
+    """Run ``module`` data-parallel over ``ctx_list`` (PyTorch's ``nn.DataParallel`` for MXNet contexts).
+
+    Parameters
+    ----------
+    module : gluon.Block or callable
+        A Block, initialized on any context: its parameters are moved, in place, to every context of
+        ``ctx_list`` (``Parameter.reset_ctx``; values kept). Or a function ``module(X, params)``.
+    ctx_list : list of mxnet.Context
+        Distinct contexts; ``ctx_list[0]`` holds the primary copy and receives the outputs.
+    params : list of NDArray, optional
+        Required for a function, refused for a Block: its initial parameters, copied to every context
+        (``replicate``); not modified.
+    algorithm : str
+        How ``allreduce_grads`` sums gradients, see ``parallel.comm.allreduce``.
+
+    Attributes
+    ----------
+    module, ctx_list, algorithm
+    device_params : list of list of NDArray
+        For a function: the replica on each context, ``device_params[0]`` the primary. For a Block: each
+        context's ``param.data(ctx)`` (parameters with ``grad_req='null'`` left out), in
+        ``collect_params()`` order; ``param.data(ctx).grad`` is ``param.grad(ctx)``.
+    """
+
+    def __init__(self, module, ctx_list, params=None, algorithm=DEFAULT_ALGORITHM):
+        check_contexts(ctx_list)
+        self.module, self.ctx_list, self.algorithm = module, list(ctx_list), algorithm
+        if isinstance(module, gluon.Block):
+            if params is not None:
+                raise TypeError("params= is for a function of (inputs, params); a gluon Block holds its own "
+                                "parameters: drop params=")
+            _place_block(module, self.ctx_list)
+        elif callable(module):
+            if params is None:
+                raise TypeError(f"module {getattr(module, '__name__', module)!r} is a function: pass its "
+                                "parameters with params=[...] (e.g. init_lenet_params())")
+            self._device_params = replicate(params, self.ctx_list)
+        else:
+            raise TypeError(f"module must be a gluon Block or a function of (inputs, params), got {module!r}")
+
+    @property
+    def device_params(self):
+        if isinstance(self.module, gluon.Block):
+            params = _block_params(self.module)
+            return [[param.data(ctx) for param in params] for ctx in self.ctx_list]
+        return self._device_params
+
+    def __call__(self, X):
+        return self.forward(X)
+
+    def forward(self, X):
+        """Scatter ``X``, run the replicas, gather the outputs on ``ctx_list[0]`` (see ``data_parallel``).
+
+        A batch smaller than ``len(ctx_list)`` leaves contexts without a shard: their gradients are
+        zeroed here, in place, so that a later reduction (``allreduce_grads`` or gluon's ``Trainer``)
+        adds nothing stale from them.
+        """
+        n = X.shape[0] if getattr(X, "ndim", 0) else len(self.ctx_list)
+        if n < len(self.ctx_list):
+            try:
+                idle = self.device_params[n:]
+            except DeferredInitializationError:   # shapes not known yet: no gradient exists to go stale
+                idle = []
+            with autograd.pause():
+                for params in idle:
+                    for param in params:
+                        param.grad[:] = 0
+        device_params = None if isinstance(self.module, gluon.Block) else self._device_params
+        return data_parallel(self.module, X, self.ctx_list, device_params)
+
+    def allreduce_grads(self):
+        """Sum the gradients of all replicas, in place: the primary and every replica hold the sum.
+
+        Call after ``backward()`` and before an update of your own (or use ``step``). Contexts that got
+        no shard in the last ``forward`` (a batch smaller than ``len(ctx_list)``) contribute zero.
+        """
+        allreduce_grads(self.device_params, self.algorithm)
+
+    def update(self, lr, batch_size):
+        """SGD on every replica, in place: ``param -= lr * param.grad / batch_size`` (``update_replicas``)."""
+        update_replicas(self.device_params, lr, batch_size)
+
+    def step(self, lr, batch_size):
+        """``allreduce_grads()`` then ``update(lr, batch_size)``: one synchronous SGD step on every replica.
+
+        ``batch_size`` is the global batch: the summed gradient is divided by it, as in ``train_batch``.
+        """
+        self.allreduce_grads()
+        self.update(lr, batch_size)

@@ -1,0 +1,146 @@
+"""Hybrid parallelism: data parallelism over groups of model-parallel stages.
+
+With S stages and R = len(ctx_list) / S replicas, replica ``r`` holds stage ``s`` on ``ctx_list[r*S + s]``:
+four contexts and two stages give replica 0 = (cpu(0), cpu(1)) and replica 1 = (cpu(2), cpu(3)). The
+batch is split across the replicas as ``split_and_load`` splits it; each replica runs its shard through
+its stages; then the gradients of stage ``s`` are summed with ``parallel.allreduce`` across the R contexts
+that hold stage ``s`` only (cpu(0) with cpu(2), cpu(1) with cpu(3)); then every replica takes the same step::
+
+    from parallel.strategies import Hybrid
+
+    model = Hybrid(init_lenet_params(seed=0), [mx.cpu(i) for i in range(4)], stages=2)
+    loss_sum, correct = model.train_step(X, y, lr=0.2)     # the same step as train_batch on one context
+"""
+import functools
+
+from mxnet import autograd
+
+from ..comm import ALLREDUCE_ALGORITHMS, DEFAULT_ALGORITHM
+from ..evaluate import evaluate_accuracy
+from ..model import softmax_cross_entropy
+from ..split import split_and_load
+from ..step import allreduce_grads, check_lr, loss_and_correct
+from ._checks import check_batch, check_contexts
+from .model_parallel import ModelParallel, _describe, _scores, stage_ranges
+
+__all__ = ["Hybrid", "hybrid_groups"]
+
+
+def hybrid_groups(ctx_list, num_stages):
+    """Group ``ctx_list`` into replicas of ``num_stages`` consecutive contexts.
+
+    Returns
+    -------
+    list of list of mxnet.Context
+        ``groups[r][s] == ctx_list[r * num_stages + s]``: replica ``r``'s stage ``s``.
+
+    Raises
+    ------
+    ValueError
+        Unless ``len(ctx_list)`` is a positive multiple of ``num_stages``.
+    """
+    check_contexts(ctx_list, num_stages, f"{num_stages} stages")
+    if len(ctx_list) % num_stages:
+        lower = len(ctx_list) // num_stages * num_stages
+        raise ValueError(f"{len(ctx_list)} contexts cannot form equal groups of {num_stages} stages; "
+                         f"use a multiple of {num_stages} contexts (e.g. {lower} or {lower + num_stages})")
+    return [list(ctx_list[r:r + num_stages]) for r in range(0, len(ctx_list), num_stages)]
+
+
+class Hybrid:
+    """R model-parallel replicas of S stages; stage gradients allreduced among the contexts holding that stage.
+
+    Parameters
+    ----------
+    params : list of NDArray
+        LeNet's eight parameters; copied to every replica, not modified.
+    ctx_list : list of mxnet.Context
+        Distinct contexts, a multiple of the number of stages: replica ``r`` holds stage ``s`` on
+        ``ctx_list[r*S + s]``.
+    stages, boundaries
+        Where to cut, see ``stage_ranges`` (default: two stages).
+    algorithm : str
+        Allreduce algorithm, see ``parallel.comm.allreduce``.
+
+    Attributes
+    ----------
+    replicas : list of ModelParallel
+        ``replicas[r]`` runs on ``ctx_list[r*S:(r+1)*S]``; all hold the same values after every step.
+    ranges, ctx_list, algorithm
+    """
+
+    def __init__(self, params, ctx_list, stages=None, boundaries=None, algorithm=DEFAULT_ALGORITHM):
+        if algorithm not in ALLREDUCE_ALGORITHMS:
+            raise ValueError(f"unknown allreduce algorithm {algorithm!r}; choose one of "
+                             f"{', '.join(sorted(ALLREDUCE_ALGORITHMS))}")
+        self.ranges = stage_ranges(stages, boundaries)
+        groups = hybrid_groups(ctx_list, len(self.ranges))
+        self.ctx_list = list(ctx_list)
+        self.algorithm = algorithm
+        boundaries = [start for start, _ in self.ranges[1:]]
+        self.replicas = [ModelParallel(params, group, boundaries=boundaries) for group in groups]
+
+    def __repr__(self):
+        return f"Hybrid({self.describe()})"
+
+    def describe(self):
+        """One line: each stage and the contexts holding it, e.g.
+        '2 replicas x 2 stages: conv1,conv2 @ cpu(0),cpu(2) | dense1,dense2 @ cpu(1),cpu(3)'."""
+        names = _describe(self.ranges).split(" | ")
+        return (f"{len(self.replicas)} replica{'s' if len(self.replicas) > 1 else ''} x {len(self.ranges)} "
+                f"stage{'s' if len(self.ranges) > 1 else ''}: " +
+                " | ".join(f"{name} @ {','.join(str(r.ctx_list[s]) for r in self.replicas)}"
+                           for s, name in enumerate(names)))
+
+    def params(self):
+        """Replica 0's eight LeNet parameters (every replica holds the same values)."""
+        return self.replicas[0].params()
+
+    def allreduce_grads(self, active=None):
+        """Sum the gradients of each stage across the replicas holding it, in place (``allreduce_grads``).
+
+        Parameters
+        ----------
+        active : int, optional
+            Replicas ``active..R-1`` computed nothing this step (a batch smaller than R); their gradients
+            are zeroed first so that they contribute nothing.
+        """
+        for s in range(len(self.ranges)):
+            allreduce_grads([replica.stage_params[s] for replica in self.replicas], self.algorithm, active)
+
+    def train_step(self, X, y, lr, loss=softmax_cross_entropy):
+        """One SGD step: split across replicas, forward/backward through the stages, allreduce, update.
+
+        Parameters
+        ----------
+        X, y : NDArray
+            A batch of images and labels (any context, any batch size >= 1).
+        lr : float
+            Learning rate; the summed gradient is divided by the global batch size ``len(X)``.
+        loss : callable
+            ``loss(outputs, y)`` returns per-example losses.
+
+        Returns
+        -------
+        (NDArray, NDArray)
+            Summed loss and count of correct predictions, each (1,) on ``ctx_list[0]``, not yet computed.
+            Every replica's parameters are updated in place.
+        """
+        check_lr(lr)
+        check_batch(X, y)
+        X_shards = split_and_load(X, [replica.ctx_list[0] for replica in self.replicas])
+        y_shards = split_and_load(y, [replica.ctx_list[-1] for replica in self.replicas])
+        with autograd.record():
+            outputs = [replica.forward(X_shard) for replica, X_shard in zip(self.replicas, X_shards)]
+            losses = [loss(out, y_shard) for out, y_shard in zip(outputs, y_shards)]
+        autograd.backward(losses)
+        self.allreduce_grads(active=len(X_shards))
+        for replica in self.replicas:
+            replica.update(lr, X.shape[0])
+        return loss_and_correct(outputs, y_shards, losses, self.ctx_list[0])
+
+    def evaluate(self, data_iter):
+        """Accuracy over ``data_iter``, each batch split across the replicas (see ``evaluate_accuracy``)."""
+        return evaluate_accuracy(data_iter, [replica.stage_params for replica in self.replicas],
+                                 [replica.ctx_list[0] for replica in self.replicas],
+                                 net=functools.partial(_scores, ranges=self.ranges))
