@@ -18,7 +18,7 @@ from .evaluate import evaluate_accuracy
 from .model import (LENET_LAYERS, LENET_SHAPES, CachedNet, init_lenet_params, lenet, lenet_cached, lenet_layers,
                     softmax_cross_entropy)
 from .split import shard_sizes, split_and_load
-from .step import sgd, train_batch, train_step
+from .step import allreduce_grads, loss_and_correct, sgd, train_batch, train_step, update_replicas
 
 __version__ = "0.1.0"
 
@@ -26,7 +26,7 @@ __all__ = [
     "get_params", "FlatReplica", "allreduce", "ALLREDUCE_ALGORITHMS", "DEFAULT_ALGORITHM", "bytes_moved",
     "BytesMoved",
     "split_and_load", "shard_sizes",
-    "sgd", "train_batch", "train_step",
+    "sgd", "train_batch", "train_step", "allreduce_grads", "update_replicas", "loss_and_correct",
     "init_lenet_params", "lenet", "lenet_layers", "lenet_cached", "CachedNet", "softmax_cross_entropy",
     "LENET_SHAPES", "LENET_LAYERS",
     "evaluate_accuracy",

@@ -17,7 +17,7 @@ def shard_sizes(n, k):
         ``min(n, k)`` positive sizes summing to ``n``.
     """
     if n < 1:
-        raise ValueError(f"cannot split an empty batch (0 examples); give at least one example")
+        raise ValueError("cannot split an empty batch (0 examples); give at least one example")
     k = min(n, k)
     base, extra = divmod(n, k)
     return [base + 1 if i < extra else base for i in range(k)]

@@ -9,7 +9,8 @@ from .comm import DEFAULT_ALGORITHM, FlatReplica, allreduce
 from .model import lenet, softmax_cross_entropy
 from .split import split_and_load
 
-__all__ = ["sgd", "train_step", "train_batch", "check_lr"]
+__all__ = ["sgd", "allreduce_grads", "update_replicas", "loss_and_correct", "train_step", "train_batch",
+           "check_lr"]
 
 
 def check_lr(lr):
@@ -41,6 +42,67 @@ def _check_replicas(device_params, ctx_list):
             if param.context != ctx:
                 raise ValueError(f"device_params[{i}][{j}] is on {param.context} but ctx_list[{i}] is "
                                  f"{ctx}; build device_params with get_params(params, ctx_list[i])")
+
+
+def allreduce_grads(device_params, algorithm=DEFAULT_ALGORITHM, active=None):
+    """Sum the replicas' gradients, in place: afterwards every replica's ``param.grad`` holds the sum.
+
+    Parameters
+    ----------
+    device_params : list of list of NDArray
+        One replica per context (from ``get_params``).
+    algorithm : str
+        See ``parallel.comm.allreduce``. Flat replicas (``FlatReplica``) are reduced in one call over their
+        gradient buffers, unless ``"naive"``: one call per tensor, as in the textbook.
+    active : int, optional
+        Replicas ``active..`` computed nothing this step (a batch smaller than the number of replicas):
+        their gradients are zeroed first, so they contribute nothing and stale gradients never leak in.
+    """
+    flat = all(isinstance(params, FlatReplica) for params in device_params)
+    for params in device_params[len(device_params) if active is None else active:]:
+        for grad in ([params.grad] if flat else [param.grad for param in params]):
+            grad[:] = 0
+    if flat and algorithm != "naive":              # the whole model in one reduction
+        allreduce([params.grad for params in device_params], algorithm)
+    else:                                          # the textbook: one reduction per tensor
+        for i in range(len(device_params[0])):
+            allreduce([params[i].grad for params in device_params], algorithm)
+
+
+def update_replicas(device_params, lr, batch_size):
+    """SGD on every replica, in place: ``param -= lr * param.grad / batch_size``.
+
+    A ``FlatReplica`` takes one fused ``mx.nd.sgd_update`` over its buffer; any other list of arrays takes
+    the textbook's per-tensor ``sgd``.
+
+    Parameters
+    ----------
+    device_params : list of list of NDArray
+        Replicas whose gradients hold the gradient summed over the global batch.
+    lr : float
+    batch_size : int
+        The global batch size, which the summed gradient is divided by.
+    """
+    check_lr(lr)
+    if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) or batch_size < 1:
+        raise ValueError(f"batch_size must be the global batch size, an int >= 1, got {batch_size!r}")
+    for params in device_params:
+        if isinstance(params, FlatReplica):        # one fused operation over the flat buffer
+            mx.nd.sgd_update(params.data, params.grad, lr=lr, wd=0.0, rescale_grad=1.0 / batch_size,
+                             out=params.data)
+        else:
+            sgd(params, lr, batch_size)
+
+
+def loss_and_correct(outputs, y_shards, losses, ctx):
+    """Summed loss and number of correct argmax predictions over the shards, each of shape (1,) on ``ctx``.
+
+    Each shard's sums are computed on its own context and copied to ``ctx``; nothing waits for the devices.
+    """
+    loss_sum = mx.nd.add_n(*[l.sum().as_in_context(ctx) for l in losses])
+    correct = mx.nd.add_n(*[(out.argmax(axis=1) == y_shard.astype(out.dtype)).sum().as_in_context(ctx)
+                            for out, y_shard in zip(outputs, y_shards)])
+    return loss_sum, correct
 
 
 def train_step(X, y, device_params, ctx_list, lr, net=lenet, loss=softmax_cross_entropy,
@@ -79,26 +141,9 @@ def train_step(X, y, device_params, ctx_list, lr, net=lenet, loss=softmax_cross_
         outputs = [net(X_shard, params) for X_shard, params in zip(X_shards, device_params)]
         losses = [loss(out, y_shard) for out, y_shard in zip(outputs, y_shards)]
     autograd.backward(losses)  # each context computes the gradient of its own shard
-    flat = all(isinstance(params, FlatReplica) for params in device_params)
-    for params in device_params[len(X_shards):]:   # a batch smaller than K leaves replicas idle:
-        for grad in ([params.grad] if flat else [param.grad for param in params]):
-            grad[:] = 0                            # they contribute a zero gradient
-    if flat and algorithm != "naive":              # the whole model in one reduction
-        allreduce([params.grad for params in device_params], algorithm)
-    else:                                          # the textbook: one reduction per tensor
-        for i in range(len(device_params[0])):
-            allreduce([params[i].grad for params in device_params], algorithm)
-    for params in device_params:                   # every replica takes the same step
-        if flat:                                   # one fused operation over the flat buffer
-            mx.nd.sgd_update(params.data, params.grad, lr=lr, wd=0.0, rescale_grad=1.0 / X.shape[0],
-                             out=params.data)
-        else:
-            sgd(params, lr, X.shape[0])
-    ctx = ctx_list[0]
-    loss_sum = mx.nd.add_n(*[l.sum().as_in_context(ctx) for l in losses])
-    correct = mx.nd.add_n(*[(out.argmax(axis=1) == y_shard.astype(out.dtype)).sum().as_in_context(ctx)
-                            for out, y_shard in zip(outputs, y_shards)])
-    return loss_sum, correct
+    allreduce_grads(device_params, algorithm, active=len(X_shards))   # sum each gradient across contexts
+    update_replicas(device_params, lr, X.shape[0])                     # every replica takes the same step
+    return loss_and_correct(outputs, y_shards, losses, ctx_list[0])
 
 
 def train_batch(X, y, device_params, ctx_list, lr, net=lenet, loss=softmax_cross_entropy,

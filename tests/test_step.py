@@ -3,7 +3,7 @@ import mxnet as mx
 import numpy as np
 import pytest
 
-from parallel import (ALLREDUCE_ALGORITHMS, LENET_SHAPES, get_params, init_lenet_params, train_batch,
+from parallel import (ALLREDUCE_ALGORITHMS, get_params, init_lenet_params, train_batch,
                       train_step)
 from conftest import contexts
 
