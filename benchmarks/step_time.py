@@ -96,8 +96,10 @@ class Worker:
             return lambda: parallel.train_batch(X, y, device_params, ctx_list, lr, net=parallel.lenet,
                                                 algorithm="naive")
         _, algorithm, *rest = variant.split("/")
-        # the default network of train_batch, or the op-by-op lenet for ".../imperative"
-        options = {"net": parallel.lenet} if rest == ["imperative"] else {}
+        # the default network of train_batch, or the op-by-op lenet (".../imperative") or the cached graph
+        # (".../cached") explicitly
+        options = {"imperative": {"net": parallel.lenet}, "cached": {"net": parallel.lenet_cached}}.get(
+            rest[0] if rest else None, {})
         device_params = [parallel.get_params(parallel.init_lenet_params(seed=0), c) for c in ctx_list]
         return lambda: parallel.train_batch(X, y, device_params, ctx_list, lr, algorithm=algorithm, **options)
 
@@ -199,6 +201,8 @@ def run(args):
     ks = [k for k in args.ks if k <= num_contexts]
     variants = ([f"parallel/{a}" for a in sorted(ALLREDUCE_ALGORITHMS)]
                 + [f"parallel/{DEFAULT_ALGORITHM}/imperative", "textbook", "gluon"])
+    if args.variants:
+        variants = args.variants
     configs = [(v, k) for k in ks for v in variants]
     workers = [WorkerProcess(t, args) for t in args.threads]
     samples = {(v, k, w.threads): [] for v, k in configs for w in workers}
@@ -325,6 +329,8 @@ def main(argv=None):
     parser.add_argument("--repeats", type=int, default=7, help="samples per configuration (median taken)")
     parser.add_argument("--epoch-batches", type=int, default=40, help="batches in the timed epoch")
     parser.add_argument("--memory-steps", type=int, default=1000)
+    parser.add_argument("--variants", type=lambda text: text.split(","), default=None,
+                        help="only these variants, e.g. parallel/fused/cached,gluon (default: all)")
     parser.add_argument("--quick", action="store_true", help="a smoke test: tiny sizes, seconds")
     parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
     args = parser.parse_args(argv)

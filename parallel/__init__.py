@@ -13,7 +13,7 @@ The CLI lives in ``parallel.train`` (``python -m parallel.train``) and is not im
 from .comm import ALLREDUCE_ALGORITHMS, DEFAULT_ALGORITHM, BytesMoved, FlatReplica, allreduce, bytes_moved, get_params
 from .data import (DataError, Dataset, default_data_dir, iterate_batches, load_fashion_mnist,
                    load_idx_dataset, read_idx, synthetic_dataset, write_idx)
-from .devices import omp_threads_for, parse_devices, try_all_gpus, try_gpu
+from .devices import recommended_omp_threads, parse_devices, try_all_gpus, try_gpu
 from .evaluate import evaluate_accuracy
 from .model import (LENET_LAYERS, LENET_SHAPES, CachedNet, init_lenet_params, lenet, lenet_cached, lenet_layers,
                     softmax_cross_entropy)
@@ -30,7 +30,7 @@ __all__ = [
     "init_lenet_params", "lenet", "lenet_layers", "lenet_cached", "CachedNet", "softmax_cross_entropy",
     "LENET_SHAPES", "LENET_LAYERS",
     "evaluate_accuracy",
-    "try_gpu", "try_all_gpus", "parse_devices", "omp_threads_for",
+    "try_gpu", "try_all_gpus", "parse_devices", "recommended_omp_threads",
     "DataError", "Dataset", "read_idx", "write_idx", "load_idx_dataset", "load_fashion_mnist",
     "default_data_dir", "synthetic_dataset", "iterate_batches",
 ]

@@ -6,7 +6,7 @@ import mxnet as mx
 from mxnet import autograd
 
 from .comm import DEFAULT_ALGORITHM, FlatReplica, allreduce
-from .model import lenet, softmax_cross_entropy
+from .model import lenet_cached, softmax_cross_entropy
 from .split import split_and_load
 
 __all__ = ["sgd", "allreduce_grads", "update_replicas", "loss_and_correct", "train_step", "train_batch",
@@ -105,7 +105,7 @@ def loss_and_correct(outputs, y_shards, losses, ctx):
     return loss_sum, correct
 
 
-def train_step(X, y, device_params, ctx_list, lr, net=lenet, loss=softmax_cross_entropy,
+def train_step(X, y, device_params, ctx_list, lr, net=lenet_cached, loss=softmax_cross_entropy,
                algorithm=DEFAULT_ALGORITHM):
     """One SGD step on every replica; returns the batch's summed loss and number of correct predictions.
 
@@ -119,7 +119,9 @@ def train_step(X, y, device_params, ctx_list, lr, net=lenet, loss=softmax_cross_
     lr : float
         Learning rate; the summed gradient is divided by the global batch size ``len(X)``.
     net : callable
-        ``net(X, params)`` returns the outputs.
+        ``net(X, params)`` returns the outputs. The default, ``lenet_cached``, is the from-scratch ``lenet``
+        run as a cached graph: the same values and gradients, less overhead per step; pass ``net=lenet``
+        to run it op by op.
     loss : callable
         ``loss(outputs, y)`` returns per-example losses.
     algorithm : str
@@ -146,7 +148,7 @@ def train_step(X, y, device_params, ctx_list, lr, net=lenet, loss=softmax_cross_
     return loss_and_correct(outputs, y_shards, losses, ctx_list[0])
 
 
-def train_batch(X, y, device_params, ctx_list, lr, net=lenet, loss=softmax_cross_entropy,
+def train_batch(X, y, device_params, ctx_list, lr, net=lenet_cached, loss=softmax_cross_entropy,
                 algorithm=DEFAULT_ALGORITHM):
     """One synchronous SGD step on every replica (the textbook's ``train_batch``).
 

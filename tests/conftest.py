@@ -52,7 +52,7 @@ def no_network_downloads(monkeypatch):
 
 
 # Operators the package calls through mx.nd (LeNet's layers, the loss, the update, the reductions).
-_STRICT_OPS = ["Convolution", "Pooling", "relu", "dot", "broadcast_add", "flatten", "log_softmax", "pick",
+_STRICT_OPS = ["Convolution", "Pooling", "Activation", "relu", "dot", "broadcast_add", "flatten", "log_softmax", "pick",
                "add_n", "concat", "sgd_update", "elemwise_add", "argmax", "stack"]
 _STRICT_METHODS = ["__add__", "__iadd__", "__sub__", "__isub__", "__mul__", "__imul__", "__truediv__",
                    "__itruediv__", "__eq__", "__setitem__"]

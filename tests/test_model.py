@@ -83,3 +83,13 @@ def test_cached_graph_follows_shape_and_context():
         out = lenet_cached(X, params)
         assert out.shape == (n, 10) and out.context == ctx
         np.testing.assert_allclose(out.asnumpy(), lenet(X, params).asnumpy(), rtol=1e-5, atol=1e-7)
+
+
+def test_cached_graphs_are_bounded_least_recently_used_first():
+    from parallel import CachedNet
+    net = CachedNet(lenet, max_graphs=2)
+    params = init_lenet_params(seed=1)
+    for n in (2, 3, 2, 4):   # shape 3 is the least recently used when shape 4 arrives
+        X = mx.nd.random.uniform(shape=(n, 1, 28, 28))
+        np.testing.assert_allclose(net(X, params).asnumpy(), lenet(X, params).asnumpy(), rtol=1e-5, atol=1e-7)
+    assert [shape[0] for _, shape in net._blocks] == [2, 4]

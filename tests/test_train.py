@@ -95,19 +95,32 @@ def test_same_seed_same_curve_under_every_strategy(data_dir, tmp_path, capsys):
             assert b["test_acc"] == pytest.approx(a["test_acc"], abs=1 / 300 + 1e-9)
 
 
-def test_subprocess_entry_point_runs(data_dir):
+def test_subprocess_entry_point_runs_with_every_core_per_operator(data_dir, monkeypatch):
+    from parallel import recommended_omp_threads
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     result = run_cli("--devices", "cpu:2", "--epochs", "1", "--batch-size", "128",
                      "--data-dir", str(data_dir))
     assert result.returncode == 0, result.stderr
     assert "epoch 1, loss" in result.stdout
+    assert f"OMP_NUM_THREADS={recommended_omp_threads()}" in result.stdout   # set, then re-executed
+
+
+def test_subprocess_keeps_the_users_thread_setting(data_dir, monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    result = run_cli("--devices", "cpu:1", "--epochs", "1", "--batch-size", "256",
+                     "--data-dir", str(data_dir))
+    assert result.returncode == 0, result.stderr
+    assert "operator threads: OMP_NUM_THREADS=1\n" in result.stdout
 
 
 def test_loss_becoming_nan_stops_with_epoch_and_batch(data_dir, capsys):
-    status = main(["--devices", "cpu:2", "--epochs", "2", "--batch-size", "64", "--lr", "1e30",
-                   "--data-dir", str(data_dir), "--no-progress"])
+    # lr 1e10 overflows the weights; the first NaN loss is the third batch's (1e30 would only kill every
+    # ReLU and leave a huge but finite loss)
+    status = main(["--devices", "cpu:2", "--epochs", "2", "--batch-size", "64", "--lr", "1e10",
+                   "--data-dir", str(data_dir), "--no-progress", "--seed", "1"])
     assert status == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("error: loss became") and "at epoch 1, batch " in err and "--lr" in err
+    assert err.startswith("error: loss became nan at epoch 1, batch 3;") and "--lr" in err
     assert len(err.splitlines()) == 1
 
 
@@ -241,3 +254,12 @@ def test_bad_input_in_a_real_process_has_no_traceback(tmp_path):
         lines = result.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
         assert "Traceback" not in result.stderr
+
+
+def test_nan_check_numbers_batches_across_check_windows():
+    import mxnet as mx
+    from parallel.train import NonFiniteLossError, _check_finite
+    losses = [mx.nd.array([v]) for v in (1.0, 2.0, float("inf"), float("nan"))]
+    _check_finite(losses[:2], epoch=4, first_batch=51)          # finite: no error
+    with pytest.raises(NonFiniteLossError, match=r"loss became inf at epoch 4, batch 53;"):
+        _check_finite(losses, epoch=4, first_batch=51)
