@@ -32,11 +32,22 @@ def atomic_write(path, mode="w"):
             yield f
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, _mode_for(path))   # mkstemp makes 0600 files; give the file the mode open() would
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def _mode_for(path):
+    """The existing file's permission bits, or those a new file gets from open(): 0o666 less the umask."""
+    try:
+        return os.stat(path).st_mode & 0o7777
+    except FileNotFoundError:
+        umask = os.umask(0)
+        os.umask(umask)
+        return 0o666 & ~umask
 
 
 def check_writable(path, what="output"):
