@@ -8,6 +8,25 @@ def contexts(k):
     return [mx.cpu(i) for i in range(k)]
 
 
+def make_batches(sizes, seed=0, dtype="float32"):
+    """Random LeNet batches (X, y) of the given sizes, on the CPU."""
+    rng = np.random.RandomState(seed)
+    return [(mx.nd.array(rng.rand(n, 1, 28, 28), dtype=dtype),
+             mx.nd.array(rng.randint(0, 10, n), dtype=dtype)) for n in sizes]
+
+
+def assert_same_parameters(got, want, dtype):
+    """Parameters trained on K contexts equal those trained on one, to a relative 1e-5.
+
+    float64: elementwise, since only rounding can differ. float32: relative to each array's scale, since
+    summing the shards in another order moves values near zero by ~1e-7 absolute.
+    """
+    for g, w in zip(got, want):
+        g, w = np.asarray(g), np.asarray(w)
+        atol = 0 if np.dtype(dtype) == np.float64 else 1e-5 * np.abs(w).max()
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=atol)
+
+
 @pytest.fixture
 def rng():
     return np.random.RandomState(1234)

@@ -5,13 +5,7 @@ import pytest
 
 from parallel import (ALLREDUCE_ALGORITHMS, get_params, init_lenet_params, train_batch,
                       train_step)
-from conftest import contexts
-
-
-def make_batches(sizes, seed=0, dtype="float32"):
-    rng = np.random.RandomState(seed)
-    return [(mx.nd.array(rng.rand(n, 1, 28, 28), dtype=dtype),
-             mx.nd.array(rng.randint(0, 10, n), dtype=dtype)) for n in sizes]
+from conftest import assert_same_parameters, contexts, make_batches
 
 
 def train(k, batches, dtype="float32", algorithm="naive", lr=0.2):
@@ -39,8 +33,7 @@ def test_k_contexts_equal_one_context_float64(k, algorithm):
     reference, ref_losses = train(1, batches, "float64")
     replicas, losses = train(k, batches, "float64", algorithm)
     assert_replicas_identical(replicas)
-    for got, want in zip(replicas[0], reference[0]):
-        np.testing.assert_allclose(got, want, rtol=1e-5, atol=0)
+    assert_same_parameters(replicas[0], reference[0], "float64")
     np.testing.assert_allclose(losses, ref_losses, rtol=1e-5)
     assert not np.allclose(reference[0][0], init_lenet_params(0, dtype="float64")[0].asnumpy())
 
@@ -54,8 +47,7 @@ def test_k_contexts_equal_one_context_float32(k, batch_size):
     reference, ref_losses = train(1, batches)
     replicas, losses = train(k, batches)
     assert_replicas_identical(replicas)
-    for got, want in zip(replicas[0], reference[0]):
-        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+    assert_same_parameters(replicas[0], reference[0], "float32")
     np.testing.assert_allclose(losses, ref_losses, rtol=1e-5)
 
 
@@ -70,8 +62,7 @@ def test_step_matches_a_numpy_free_reference_update():
     loss.backward()
     expected = [(p - 0.2 * p.grad / 6).asnumpy() for p in params]
     replicas, _ = train(3, [(X, y)])
-    for got, want in zip(replicas[1], expected):
-        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+    assert_same_parameters(replicas[1], expected, "float32")
 
 
 def test_train_step_counts_correct_predictions():
@@ -118,5 +109,4 @@ def test_plain_list_replicas_take_the_textbook_path(algorithm):
     for X, y in batches:
         train_batch(X, y, plain, ctx_list, 0.2, algorithm=algorithm)
     flat, _ = train(3, batches, "float64", algorithm)
-    for got, want in zip(plain[2], flat[2]):
-        np.testing.assert_allclose(got.asnumpy(), want, rtol=1e-5, atol=0)
+    assert_same_parameters([p.asnumpy() for p in plain[2]], flat[2], "float64")

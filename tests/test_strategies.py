@@ -9,16 +9,10 @@ from parallel import (ALLREDUCE_ALGORITHMS, Dataset, evaluate_accuracy, get_para
 from parallel.strategies import (Hybrid, ModelParallel, Pipeline, bubble_fraction, forward_stages, hybrid_groups,
                                  stage_ranges)
 from parallel.train import fit, make_strategy
-from conftest import contexts
+from conftest import assert_same_parameters, contexts, make_batches
 
 # Indivisible sizes, a batch of 1 after a larger one (idle hybrid replicas must not reuse stale gradients).
 SIZES = [7, 1, 13, 5, 6]
-
-
-def make_batches(sizes, seed=0, dtype="float32"):
-    rng = np.random.RandomState(seed)
-    return [(mx.nd.array(rng.rand(n, 1, 28, 28), dtype=dtype),
-             mx.nd.array(rng.randint(0, 10, n), dtype=dtype)) for n in sizes]
 
 
 _REFERENCE = {}
@@ -43,13 +37,9 @@ def assert_equal_to_one_context(model, sizes, dtype, step=None):
     want, want_losses = reference(sizes, dtype)
     replicas = [r.params() for r in model.replicas] if isinstance(model, Hybrid) else [model.params()]
     for params in replicas:
-        for got, expected in zip(params, want):
-            got = got.asnumpy()
-            assert got.dtype == np.dtype(dtype)
-            if dtype == "float64":   # elementwise: only rounding can differ
-                np.testing.assert_allclose(got, expected, rtol=1e-5, atol=0)
-            else:                    # summation order moves values near zero by ~1e-7 absolute
-                np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5 * np.abs(expected).max())
+        got = [param.asnumpy() for param in params]
+        assert all(g.dtype == np.dtype(dtype) for g in got)
+        assert_same_parameters(got, want, dtype)
     np.testing.assert_allclose(losses, want_losses, rtol=1e-5)
     assert not np.allclose(want[0], init_lenet_params(0, dtype=dtype)[0].asnumpy())   # training moved it
 
