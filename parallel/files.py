@@ -3,15 +3,46 @@
 An interrupted run never leaves a half-written file; the previous version stays until the rename.
 """
 import contextlib
+import errno
 import os
+import secrets
+import stat
 import tempfile
 
 __all__ = ["atomic_write", "check_writable"]
+
+#: How many random temporary names ``atomic_write`` tries before giving up (a clash is already
+#: vanishingly unlikely with 64 random bits; the bound only stops an endless loop).
+_TEMP_ATTEMPTS = 100
+
+
+def _create_temp(path):
+    """Create a new empty file beside ``path`` named ``.<basename>.<random hex>.tmp``; return (fd, name).
+
+    The file is created with mode 0o666 and the kernel applies the process umask itself, so it gets
+    the same permissions ``open(path, "w")`` would give a new file, without reading the umask.
+    """
+    directory = os.path.dirname(os.path.abspath(path))
+    prefix = "." + os.path.basename(path) + "."
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
+    for _ in range(_TEMP_ATTEMPTS):
+        tmp = os.path.join(directory, prefix + secrets.token_hex(8) + ".tmp")
+        try:
+            return os.open(tmp, flags, 0o666), tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(errno.EEXIST, "no unused temporary file name after %d attempts" % _TEMP_ATTEMPTS,
+                          os.path.join(directory, prefix + "*.tmp"))
 
 
 @contextlib.contextmanager
 def atomic_write(path, mode="w"):
     """Open a temporary file next to ``path`` for writing; rename it to ``path`` on success.
+
+    The temporary file ``.<basename>.<random>.tmp`` is created in the same directory, so the final
+    ``os.replace`` is atomic; it is flushed and fsynced before the rename. A new file gets the
+    permissions ``open()`` would give it (0o666 less the umask, applied by the kernel); a file that
+    is replaced keeps its permission bits.
 
     Parameters
     ----------
@@ -25,29 +56,26 @@ def atomic_write(path, mode="w"):
         On an exception inside the block the temporary file is removed and ``path`` is untouched.
     """
     path = os.fspath(path)
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix="." + os.path.basename(path) + ".", suffix=".tmp")
+    fd, tmp = _create_temp(path)
     try:
-        with os.fdopen(fd, mode) as f:
+        try:
+            f = os.fdopen(fd, mode)
+        except BaseException:
+            os.close(fd)   # e.g. a bad mode: fdopen did not take the descriptor
+            raise
+        with f:
             yield f
             f.flush()
             os.fsync(f.fileno())
-        os.chmod(tmp, _mode_for(path))   # mkstemp makes 0600 files; give the file the mode open() would
+        try:
+            os.chmod(tmp, stat.S_IMODE(os.stat(path).st_mode))   # a replaced file keeps its mode
+        except FileNotFoundError:
+            pass   # a new file: the kernel already applied the umask to 0o666 at creation
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
-
-
-def _mode_for(path):
-    """The existing file's permission bits, or those a new file gets from open(): 0o666 less the umask."""
-    try:
-        return os.stat(path).st_mode & 0o7777
-    except FileNotFoundError:
-        umask = os.umask(0)
-        os.umask(umask)
-        return 0o666 & ~umask
 
 
 def check_writable(path, what="output"):

@@ -1,8 +1,11 @@
+import doctest
 import functools
 import gzip
 import hashlib
 import http.server
 import os
+import re
+import shutil
 import socket
 import struct
 import threading
@@ -12,9 +15,9 @@ import numpy as np
 import pytest
 
 import parallel.data as data
-from parallel.data import (FILES, DataError, default_data_dir, download_fashion_mnist, iterate_batches,
-                           load_fashion_mnist, load_idx_dataset, num_batches, read_idx, synthetic_dataset,
-                           write_idx)
+from parallel.data import (FILES, DataError, default_data_dir, download_fashion_mnist, identify_dataset,
+                           iterate_batches, load_fashion_mnist, load_idx_dataset, num_batches, read_idx,
+                           synthetic_dataset, write_idx)
 
 GZ_NAMES = [name + ".gz" for name in FILES.values()]
 
@@ -266,13 +269,14 @@ def test_sha1_mismatch_falls_back_to_next_mirror(tmp_path, mirror_dir, serve):
     assert no_temp_files(dest)
 
 
-def test_invalid_existing_file_is_replaced(tmp_path, mirror_dir, serve):
+def test_gz_with_another_sha1_is_kept_and_blocks_the_download(tmp_path, mirror_dir, serve):
     dest = tmp_path / "dest"
     dest.mkdir()
     write_bytes(dest / GZ_NAMES[0], b"stale")
-    got = download_fashion_mnist(dest, mirrors=[serve(mirror_dir)], progress=False)
-    assert str(dest / GZ_NAMES[0]) in got
-    assert (dest / GZ_NAMES[0]).read_bytes() == (mirror_dir / GZ_NAMES[0]).read_bytes()
+    with pytest.raises(DataError, match="not downloading") as info:
+        download_fashion_mnist(dest, mirrors=[serve(mirror_dir)], progress=False)
+    assert GZ_NAMES[0] in str(info.value)
+    assert os.listdir(dest) == [GZ_NAMES[0]] and (dest / GZ_NAMES[0]).read_bytes() == b"stale"
 
 
 def test_unreachable_mirror_fails_fast_and_leaves_nothing(tmp_path, mirror_dir):
@@ -284,7 +288,7 @@ def test_unreachable_mirror_fails_fast_and_leaves_nothing(tmp_path, mirror_dir):
     assert "Connection refused" in message or "connect" in message.lower()
     for name in GZ_NAMES:
         assert name in message
-    assert os.listdir(dest) == []
+    assert not dest.exists()  # the directory it created is removed again
 
 
 def test_mirror_missing_some_files(tmp_path, mirror_dir, serve):
@@ -302,7 +306,7 @@ def test_sha1_mismatch_everywhere_leaves_nothing(tmp_path, mirror_dir, serve, mo
     dest = tmp_path / "dest"
     with pytest.raises(DataError, match="sha1 mismatch"):
         download_fashion_mnist(dest, mirrors=[serve(mirror_dir)], progress=False)
-    assert os.listdir(dest) == []
+    assert not dest.exists()
 
 
 def test_uncreatable_data_dir(tmp_path):
@@ -330,11 +334,139 @@ def test_load_fashion_mnist_downloads_missing(tmp_path, mirror_dir, serve, monke
     monkeypatch.setenv("PARALLEL_FASHION_MNIST_MIRRORS", " , " + serve(mirror_dir))
     dest = tmp_path / "dest"
     dest.mkdir()
-    ds = small_dataset()
-    write_idx(dest / FILES["train_images"], ds.train_images)  # a raw file counts as present
+    shutil.copy(mirror_dir / GZ_NAMES[0], dest)  # a genuine .gz is kept, the other three are fetched
     loaded = load_fashion_mnist(dest, progress=False)
-    np.testing.assert_array_equal(loaded.test_labels, ds.test_labels)
-    assert (dest / GZ_NAMES[3]).exists()
+    np.testing.assert_array_equal(loaded.test_labels, small_dataset().test_labels)
+    assert sorted(os.listdir(dest)) == sorted(GZ_NAMES)
+    assert identify_dataset(dest) == "fashion-mnist"
+
+
+def missing_in(message):
+    """The file names a DataError message lists as missing."""
+    found = re.search(r"(?:missing|could not download) (.*?) (?:\(raw or \.gz\)|into )", message)
+    assert found, message
+    return sorted(name[:-3] if name.endswith(".gz") else name for name in found.group(1).split(", "))
+
+
+def test_errors_name_exactly_the_missing_files(tmp_path, mirror_dir):
+    # One raw and one .gz present: only the other two are missing, whichever way the set is loaded.
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    ds = small_dataset()
+    write_idx(dest / FILES["train_images"], ds.train_images)
+    write_idx(dest / (FILES["test_labels"] + ".gz"), ds.test_labels)
+    want = sorted([FILES["train_labels"], FILES["test_images"]])
+    for load in (load_idx_dataset, lambda d: load_fashion_mnist(d, download=True, progress=False),
+                 lambda d: load_fashion_mnist(d, download=False)):
+        with pytest.raises(DataError) as info:
+            load(dest)
+        assert missing_in(str(info.value)) == want and "\n" not in str(info.value)
+    # Genuine Fashion-MNIST .gz files present and the download fails: the rest are named, no more.
+    other = tmp_path / "other"
+    other.mkdir()
+    for name in GZ_NAMES[1:3]:
+        shutil.copy(mirror_dir / name, other)
+    with pytest.raises(DataError, match="could not download") as info:
+        load_fashion_mnist(other, progress=False)
+    assert missing_in(str(info.value)) == sorted([FILES["train_images"], FILES["test_labels"]])
+    assert sorted(os.listdir(other)) == sorted(GZ_NAMES[1:3])
+
+
+@pytest.mark.parametrize("foreign", ["raw", "other-gz", "raw-beside-genuine-gz"])
+def test_no_download_into_another_dataset(tmp_path, mirror_dir, serve, foreign):
+    # e.g. MNIST or KMNIST: the same file names, other content. The mirror works, and is not used.
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    other = small_dataset(seed=9)
+    shutil.copy(mirror_dir / GZ_NAMES[3], dest)  # one genuine Fashion-MNIST file
+    if foreign == "raw":
+        write_idx(dest / FILES["train_images"], other.train_images)
+        bad = [FILES["train_images"]]
+    elif foreign == "other-gz":
+        write_idx(dest / GZ_NAMES[0], other.train_images)
+        write_idx(dest / GZ_NAMES[2], other.test_images)
+        bad = [GZ_NAMES[0], GZ_NAMES[2]]
+    else:
+        shutil.copy(mirror_dir / GZ_NAMES[0], dest)
+        write_idx(dest / FILES["train_images"], other.train_images)  # what load_idx_dataset would read
+        bad = [FILES["train_images"]]
+    before = sorted(os.listdir(dest))
+    with pytest.raises(DataError) as info:
+        load_fashion_mnist(dest, progress=False)
+    message = str(info.value)
+    assert "\n" not in message and message.startswith(str(dest) + ": missing ")
+    assert "not Fashion-MNIST" in message and "empty directory" in message
+    assert "put the missing files there" in message
+    assert missing_in(message) == sorted(n for n in FILES.values() if n not in before and n + ".gz" not in before)
+    held = message.split("(raw or .gz), and ", 1)[1]
+    assert all(name in held for name in bad) and GZ_NAMES[3] not in message
+    assert sorted(os.listdir(dest)) == before  # nothing downloaded, nothing touched
+    assert identify_dataset(dest) is None
+
+
+def test_all_files_present_loads_without_download(tmp_path, mirror_dir, serve):
+    # A complete other dataset loads as it is; download_fashion_mnist itself refuses to overwrite it.
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    write_dataset(dest, small_dataset(seed=4))
+    np.testing.assert_array_equal(load_fashion_mnist(dest, progress=False).train_images,
+                                  small_dataset(seed=4).train_images)
+    with pytest.raises(DataError, match="not downloading Fashion-MNIST over another dataset") as info:
+        download_fashion_mnist(dest, mirrors=[serve(mirror_dir)], progress=False)
+    assert "missing" not in str(info.value) and FILES["test_labels"] in str(info.value)
+    assert sorted(os.listdir(dest)) == sorted(FILES.values())
+
+
+def test_identify_dataset(tmp_path, mirror_dir, monkeypatch):
+    assert identify_dataset(mirror_dir) == "fashion-mnist"
+    assert identify_dataset(tmp_path / "nope") is None
+    assert identify_dataset(tmp_path) is None  # holds only the mirror directory
+    dest = tmp_path / "dest"
+    shutil.copytree(mirror_dir, dest)
+    os.remove(dest / GZ_NAMES[2])
+    assert identify_dataset(dest) is None  # one missing
+    write_idx(dest / GZ_NAMES[2], small_dataset(seed=3).test_images)
+    assert identify_dataset(dest) is None  # one with another sha1
+    shutil.copy(mirror_dir / GZ_NAMES[2], dest)
+    assert identify_dataset(dest) == "fashion-mnist"
+    write_idx(dest / FILES["test_labels"], small_dataset().test_labels)
+    assert identify_dataset(dest) is None  # a raw file cannot be identified (and is what would be read)
+    # The default directory, as load_fashion_mnist uses it.
+    monkeypatch.setenv("MXNET_HOME", str(tmp_path / "home"))
+    shutil.copytree(mirror_dir, default_data_dir())
+    assert identify_dataset() == "fashion-mnist"
+
+
+def test_failed_download_removes_only_the_empty_directories_it_created(tmp_path):
+    existing = tmp_path / "existing"
+    existing.mkdir()
+    dest = existing / "a" / "b" / "c"
+    with pytest.raises(DataError, match="could not download"):
+        download_fashion_mnist(dest, mirrors=[closed_port_url()], progress=False)
+    assert os.listdir(existing) == []  # a, a/b, a/b/c are gone; existing stays
+    # A directory that existed before stays, even empty.
+    dest.mkdir(parents=True)
+    with pytest.raises(DataError):
+        download_fashion_mnist(dest, mirrors=[closed_port_url()], progress=False)
+    assert dest.is_dir()
+    # Only the levels this call created are removed: here c, not the a/b that were already there.
+    os.rmdir(dest)
+    with pytest.raises(DataError):
+        download_fashion_mnist(dest, mirrors=[closed_port_url()], progress=False)
+    assert not dest.exists() and (existing / "a" / "b").is_dir()
+
+
+def test_failed_download_keeps_directories_that_are_no_longer_empty(tmp_path, mirror_dir, serve):
+    os.remove(mirror_dir / GZ_NAMES[3])
+    dest = tmp_path / "x" / "y"
+    with pytest.raises(DataError, match="HTTP 404"):
+        download_fashion_mnist(dest, mirrors=[serve(mirror_dir)], progress=False)
+    assert sorted(os.listdir(dest)) == sorted(GZ_NAMES[:3])
+
+
+def test_module_docstring_examples_run():
+    result = doctest.testmod(data, optionflags=doctest.ELLIPSIS)
+    assert result.attempted >= 5 and result.failed == 0
 
 
 # --- synthetic data --------------------------------------------------------------------------------
