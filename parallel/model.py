@@ -9,6 +9,8 @@ import mxnet as mx
 import numpy as np
 from mxnet import gluon
 
+from .settings import check_seed
+
 __all__ = ["LENET_SHAPES", "LENET_LAYERS", "init_lenet_params", "lenet", "lenet_layers", "lenet_cached",
            "CachedNet", "softmax_cross_entropy"]
 
@@ -27,7 +29,7 @@ def init_lenet_params(seed=0, scale=0.01, dtype="float32"):
     Parameters
     ----------
     seed : int
-        Seed of a private ``numpy.random.RandomState``; the global MXNet and numpy seeds are untouched,
+        0 .. 2**32-1. Seed of a private ``numpy.random.RandomState``; the global MXNet and numpy seeds are untouched,
         so the same seed always gives the same parameters.
     scale : float
         Standard deviation of the weights.
@@ -40,8 +42,7 @@ def init_lenet_params(seed=0, scale=0.01, dtype="float32"):
         Eight arrays on ``mx.cpu()`` with shapes ``LENET_SHAPES``, without gradients attached
         (``get_params`` copies them to a context and attaches gradients).
     """
-    if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool):
-        raise TypeError(f"seed must be an int, got {seed!r}")
+    check_seed(seed)
     rng = np.random.RandomState(seed)
     return [mx.nd.array(rng.normal(0.0, scale, shape) if len(shape) > 1 else np.zeros(shape), dtype=dtype)
             for shape in LENET_SHAPES]
@@ -139,29 +140,50 @@ class CachedNet:
     graph per context and input shape: contexts never share cached memory, and a shape that comes and goes
     (an epoch's short last batch) does not make a ``static_shape`` graph re-plan its memory every time.
 
+    Every context a run uses keeps its graphs, however many contexts there are; only the shapes are bounded,
+    per context.
+
     Parameters
     ----------
     net : callable
         ``net(X, params, F=None)`` written with ``F`` (``mx.nd`` or ``mx.sym``), like ``lenet``.
-    max_graphs : int
-        Graphs kept at most; the least recently used is dropped first. Training uses one or two shapes
-        per context (the batch's shards and the last batch's), so the default keeps them all for K <= 4.
+    max_shapes : int
+        Graphs kept per context, one per input shape; the least recently used shape is dropped first.
+        A training run uses at most four per context (its shard and the epoch's short last shard, for
+        training and for evaluation), which the default keeps.
+
+    Attributes
+    ----------
+    graphs_built : int
+        How many graphs were built so far (a cache miss builds one); a steady run stops building.
+
+    >>> import mxnet as mx
+    >>> net = CachedNet(lenet)
+    >>> params = init_lenet_params()
+    >>> for _ in range(3):
+    ...     out = net(mx.nd.ones((4, 1, 28, 28)), params)
+    >>> out.shape, net.graphs_built
+    ((4, 10), 1)
     """
 
-    def __init__(self, net, max_graphs=8):
+    def __init__(self, net, max_shapes=4):
+        if isinstance(max_shapes, bool) or not isinstance(max_shapes, (int, np.integer)) or max_shapes < 1:
+            raise ValueError(f"max_shapes must be an int >= 1, got {max_shapes!r}")
         self.net = net
-        self.max_graphs = max_graphs
-        self._blocks = collections.OrderedDict()   # (context, shape) -> block, least recently used first
+        self.max_shapes = int(max_shapes)
+        self.graphs_built = 0
+        self._blocks = {}   # context -> OrderedDict(shape -> block), least recently used shape first
 
     def __call__(self, X, params):
-        key = (X.context, X.shape)
-        block = self._blocks.get(key)
+        blocks = self._blocks.setdefault(X.context, collections.OrderedDict())
+        block = blocks.get(X.shape)
         if block is None:
-            block = self._blocks[key] = _FunctionBlock(self.net)
+            block = blocks[X.shape] = _FunctionBlock(self.net)
             block.hybridize(static_alloc=True, static_shape=True)
-            if len(self._blocks) > self.max_graphs:   # bound the memory the cached graphs hold
-                self._blocks.popitem(last=False)
-        self._blocks.move_to_end(key)
+            self.graphs_built += 1
+            if len(blocks) > self.max_shapes:   # bound the memory the cached graphs hold
+                blocks.popitem(last=False)
+        blocks.move_to_end(X.shape)
         return block(X, *params)
 
     def __repr__(self):

@@ -1,24 +1,43 @@
 """One synchronous data-parallel SGD step: split, forward/backward per context, allreduce, update."""
-import math
 import numbers
 
 import mxnet as mx
-from mxnet import autograd
+import numpy as np
+from mxnet import autograd, gluon
 
 from .comm import DEFAULT_ALGORITHM, FlatReplica, allreduce
 from .model import lenet_cached, softmax_cross_entropy
+from .settings import check_lr
 from .split import split_and_load
 
 __all__ = ["sgd", "allreduce_grads", "update_replicas", "loss_and_correct", "train_step", "train_batch",
-           "check_lr"]
+           "check_lr", "check_labels"]
 
 
-def check_lr(lr):
-    """Raise ``ValueError`` unless ``lr`` is a finite number > 0."""
-    if isinstance(lr, bool) or not isinstance(lr, numbers.Real):
-        raise TypeError(f"lr must be a number, got {lr!r}")
-    if not math.isfinite(lr) or lr <= 0:
-        raise ValueError(f"learning rate must be a finite number > 0, got {lr!r}")
+def check_labels(y, num_classes, loss=softmax_cross_entropy):
+    """Raise ``ValueError`` unless every label in ``y`` is a class index 0 .. ``num_classes - 1``.
+
+    Softmax cross-entropy with a label outside the classes does not fail: MXNet's ``pick`` clips it to the
+    last class and training goes on, silently wrong. The check runs only where it costs nothing: for a
+    ``SoftmaxCrossEntropyLoss`` with integer labels (another ``loss`` may take any targets), and for labels
+    on the CPU, where batches come from (reading a batch of 256 labels takes microseconds). Labels already
+    on a GPU are not read: that would make the host wait for the device.
+
+    >>> check_labels(mx.nd.array([0, 3, 9]), 10)
+    >>> check_labels(mx.nd.array([0, 10, 3]), 10)
+    Traceback (most recent call last):
+        ...
+    ValueError: label y[1] = 10 is not one of the network's 10 classes; labels must be whole numbers 0..9
+    """
+    sparse = isinstance(loss, gluon.loss.SoftmaxCrossEntropyLoss) and getattr(loss, "_sparse_label", True)
+    if not sparse or y.context.device_type != "cpu":
+        return
+    labels = y.asnumpy()
+    bad = np.flatnonzero(~((labels >= 0) & (labels < num_classes) & (labels == np.floor(labels))))
+    if bad.size:
+        i = int(bad[0])
+        raise ValueError(f"label y[{i}] = {labels[i]:g} is not one of the network's {num_classes} classes; "
+                         f"labels must be whole numbers 0..{num_classes - 1}")
 
 
 def sgd(params, lr, batch_size):
@@ -142,6 +161,7 @@ def train_step(X, y, device_params, ctx_list, lr, net=lenet_cached, loss=softmax
     with autograd.record():   # forward on every context that holds a shard
         outputs = [net(X_shard, params) for X_shard, params in zip(X_shards, device_params)]
         losses = [loss(out, y_shard) for out, y_shard in zip(outputs, y_shards)]
+    check_labels(y, outputs[0].shape[-1], loss)   # before anything is updated
     autograd.backward(losses)  # each context computes the gradient of its own shard
     allreduce_grads(device_params, algorithm, active=len(X_shards))   # sum each gradient across contexts
     update_replicas(device_params, lr, X.shape[0])                     # every replica takes the same step

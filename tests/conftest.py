@@ -1,6 +1,14 @@
+import os
+
 import mxnet as mx
 import numpy as np
 import pytest
+from hypothesis import settings
+
+# Property-based tests (Hypothesis): in CI the examples are derived from each test's name, so a run is
+# reproducible and a failure shows up again on re-run; locally every run explores new examples.
+settings.register_profile("ci", derandomize=True, print_blob=True)
+settings.load_profile("ci" if os.environ.get("CI") else "default")
 
 
 def contexts(k):

@@ -85,11 +85,30 @@ def test_cached_graph_follows_shape_and_context():
         np.testing.assert_allclose(out.asnumpy(), lenet(X, params).asnumpy(), rtol=1e-5, atol=1e-7)
 
 
-def test_cached_graphs_are_bounded_least_recently_used_first():
+def test_cached_graphs_are_bounded_per_context_least_recently_used_first():
     from parallel import CachedNet
-    net = CachedNet(lenet, max_graphs=2)
+    net = CachedNet(lenet, max_shapes=2)
     params = init_lenet_params(seed=1)
     for n in (2, 3, 2, 4):   # shape 3 is the least recently used when shape 4 arrives
         X = mx.nd.random.uniform(shape=(n, 1, 28, 28))
         np.testing.assert_allclose(net(X, params).asnumpy(), lenet(X, params).asnumpy(), rtol=1e-5, atol=1e-7)
-    assert [shape[0] for _, shape in net._blocks] == [2, 4]
+    assert [shape[0] for shape in net._blocks[mx.cpu(0)]] == [2, 4]
+    assert net.graphs_built == 3
+
+
+def test_cached_graphs_are_kept_for_any_number_of_contexts():
+    """Nine contexts training on one batch size build nine graphs, then none: the cache holds what a run
+    uses (a cache of 8 graphs in all rebuilt 180 graphs in 20 steps at 9 contexts)."""
+    from parallel import CachedNet, get_params, train_batch
+    net = CachedNet(lenet)
+    ctx_list = [mx.cpu(i) for i in range(9)]
+    device_params = [get_params(init_lenet_params(seed=0), ctx) for ctx in ctx_list]
+    X, y = mx.nd.ones((18, 1, 28, 28)), mx.nd.array(np.arange(18) % 10)
+    for _ in range(5):
+        train_batch(X, y, device_params, ctx_list, lr=0.1, net=net)
+    assert net.graphs_built == 9
+    train_batch(X[:9], y[:9], device_params, ctx_list, lr=0.1, net=net)   # a last batch: one new shape each
+    for _ in range(3):
+        train_batch(X, y, device_params, ctx_list, lr=0.1, net=net)
+    assert net.graphs_built == 18
+    mx.nd.waitall()

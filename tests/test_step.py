@@ -110,3 +110,35 @@ def test_plain_list_replicas_take_the_textbook_path(algorithm):
         train_batch(X, y, plain, ctx_list, 0.2, algorithm=algorithm)
     flat, _ = train(3, batches, "float64", algorithm)
     assert_same_parameters([p.asnumpy() for p in plain[2]], flat[2], "float64")
+
+
+@pytest.mark.parametrize("bad", [10, 11, -1, 2.5])
+def test_labels_outside_the_classes_are_refused_before_any_update(bad):
+    """Softmax cross-entropy clips a label >= 10 to class 9 and trains on silently; it must raise instead,
+    before any replica changes."""
+    ctx_list = contexts(2)
+    device_params = [get_params(init_lenet_params(seed=0), c) for c in ctx_list]
+    before = [p.asnumpy() for p in device_params[0]]
+    X, y = make_batches([6])[0]
+    y[3] = bad
+    with pytest.raises(ValueError, match=r"label y\[3\] = .* is not one of the network's 10 classes"):
+        train_batch(X, y, device_params, ctx_list, lr=0.2)
+    for params in device_params:
+        for p, b in zip(params, before):
+            np.testing.assert_array_equal(p.asnumpy(), b)
+
+
+def test_strategies_refuse_labels_outside_the_classes():
+    from parallel.strategies import Hybrid, ModelParallel, Pipeline
+    X, y = make_batches([8])[0]
+    y[0] = 12
+    for model in (ModelParallel(init_lenet_params(), contexts(2)), Pipeline(init_lenet_params(), contexts(2)),
+                  Hybrid(init_lenet_params(), contexts(4))):
+        with pytest.raises(ValueError, match=r"label y\[0\] = 12 is not one of the network's 10 classes"):
+            model.train_step(X, y, lr=0.1)
+
+
+def test_evaluation_runs_the_cached_graph_training_uses():
+    import inspect
+    from parallel import evaluate_accuracy, lenet_cached
+    assert inspect.signature(evaluate_accuracy).parameters["net"].default is lenet_cached

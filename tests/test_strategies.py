@@ -8,7 +8,7 @@ from parallel import (ALLREDUCE_ALGORITHMS, Dataset, evaluate_accuracy, get_para
                       iterate_batches, lenet, softmax_cross_entropy, train_batch)
 from parallel.strategies import (Hybrid, ModelParallel, Pipeline, bubble_fraction, forward_stages, hybrid_groups,
                                  stage_ranges)
-from parallel.train import fit, make_strategy
+from parallel.training import fit, make_strategy
 from conftest import assert_same_parameters, contexts, make_batches
 
 # Indivisible sizes, a batch of 1 after a larger one (idle hybrid replicas must not reuse stale gradients).

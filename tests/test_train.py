@@ -217,6 +217,18 @@ def test_broken_data_exits_2(broken_dirs, case, message, capsys):
     (["--strategy", "model", "--devices", "cpu:2", "--stages", "2", "--boundaries", "2"],
      "give --stages or --boundaries, not both"),
     (["--strategy", "diagonal"], "invalid choice"),
+    # found in a newcomer's trial: each was accepted, or crashed after training had started
+    (["--seed", "-1"], "--seed must be between 0 and 4294967295, got -1"),
+    (["--seed", "4294967296"], "--seed must be between 0 and 4294967295"),
+    (["--lr", "1e-40"], "--lr must be between 1.18e-38 and 3.40e+38"),
+    (["--lr", "1e-300"], "--lr must be between"),
+    (["--lr", "1e39"], "--lr must be between"),
+    (["--devices", "cpu:"], "cpu:"),
+    (["--metrics-json", ""], "--metrics-json needs a file name"),
+    (["--plot", ""], "--plot needs a file name"),
+    (["--plot", "curves"], "end the file name with a format matplotlib writes"),
+    (["--plot", "curves.xyz"], "end the file name with a format matplotlib writes"),
+    (["--metrics-json", "out.png", "--plot", "./out.png"], "--metrics-json and --plot both name"),
 ])
 def test_bad_arguments_exit_2_with_one_line(args, message, capsys):
     if "GPU" == message and __import__("mxnet").context.num_gpus() > 0:
@@ -256,10 +268,136 @@ def test_bad_input_in_a_real_process_has_no_traceback(tmp_path):
         assert "Traceback" not in result.stderr
 
 
-def test_nan_check_numbers_batches_across_check_windows():
+class _RecordingBar:
+    """Stands in for tqdm: records, at every update, how many steps had been queued by then."""
+    def __init__(self, log, *args, **kwargs):
+        self.log, self.n = log, 0
+
+    def update(self, k):
+        self.n += k
+        self.log["at_update"].append((self.n, self.log["queued"]))
+
+    def close(self):
+        pass
+
+
+def _counting_strategy(log, nan_at=None):
     import mxnet as mx
-    from parallel.train import NonFiniteLossError, _check_finite
-    losses = [mx.nd.array([v]) for v in (1.0, 2.0, float("inf"), float("nan"))]
-    _check_finite(losses[:2], epoch=4, first_batch=51)          # finite: no error
-    with pytest.raises(NonFiniteLossError, match=r"loss became inf at epoch 4, batch 53;"):
-        _check_finite(losses, epoch=4, first_batch=51)
+    from parallel.training import Strategy
+
+    def train_step(X, y, lr):
+        log["queued"] += 1
+        value = float("nan") if log["queued"] == nan_at else 1.0
+        return mx.nd.array([value * X.shape[0]]), mx.nd.array([X.shape[0]])
+
+    return Strategy("data", None, [mx.cpu(0)], train_step, lambda data_iter: 0.5, "counting")
+
+
+@pytest.mark.parametrize("nan_at", [None, 1, 5, 9])
+def test_progress_counts_finished_batches_and_nan_names_its_batch(monkeypatch, nan_at):
+    """The host stays at most IN_FLIGHT steps ahead; the bar moves when a step's loss has been read, and a
+    NaN loss stops the run naming exactly its batch (9 batches of 10 examples, the last one of 6)."""
+    from parallel import training
+    log = {"queued": 0, "at_update": []}
+    monkeypatch.setattr(training, "tqdm", lambda *a, **k: _RecordingBar(log))
+    dataset = easy_dataset(num_train=86, num_test=10)
+    if nan_at is not None:
+        with pytest.raises(training.NonFiniteLossError, match=rf"at epoch 1, batch {nan_at};"):
+            training.fit(dataset, None, 1, 10, 0.1, strategy=_counting_strategy(log, nan_at))
+        assert log["queued"] <= nan_at + training.IN_FLIGHT
+        return
+    history, _ = training.fit(dataset, None, 1, 10, 0.1, strategy=_counting_strategy(log))
+    assert [n for n, _ in log["at_update"]] == list(range(1, 10))
+    assert all(queued - n <= training.IN_FLIGHT for n, queued in log["at_update"])
+    assert log["at_update"][0] == (1, 1 + training.IN_FLIGHT)     # batch 1 is read once batch 3 is queued
+    assert history[0]["train_loss"] == pytest.approx(1.0) and history[0]["train_acc"] == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("delay", [0.2, 0.4, 0.6, 0.9, 1.5, 4.0])
+def test_ctrl_c_at_any_moment_exits_130_with_one_line(delay):
+    """Ctrl-C while MXNet is imported (the first second), while the data is made, or while training:
+    one ``error: interrupted`` line and status 130, never a traceback."""
+    import signal
+    import time
+    process = subprocess.Popen([sys.executable, "-m", "parallel.train", "--dataset", "synthetic", "--epochs", "1",
+                                "--no-progress"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(delay)
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=120)
+    assert "Traceback" not in err, err
+    assert process.returncode == 130 and err.strip().splitlines() == ["error: interrupted"], (process.returncode, err)
+
+
+def test_help_and_argument_errors_do_not_load_mxnet():
+    """--help and bad arguments answer before MXNet is imported (it takes about a second to load)."""
+    code = ("import sys; from parallel.train import main\n"
+            "for argv in (['--epochs', '0'], ['--lr', '1e-40'], ['--seed', '-1'], ['--plot', '']):\n"
+            "    assert main(argv) == 2\n"
+            "try:\n    main(['--help'])\nexcept SystemExit as e:\n    assert e.code == 0\n"
+            "assert 'mxnet' not in sys.modules, 'mxnet was imported'\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+
+
+def test_any_seed_up_to_2_to_the_32_trains(data_dir, capsys):
+    """Seeds from 42950 up overflowed numpy's range after training had started (seed * 100003 + epoch)."""
+    for seed in ("42950", "4294967295"):
+        assert main(["--devices", "cpu:1", "--epochs", "2", "--batch-size", "500", "--seed", seed,
+                     "--data-dir", str(data_dir), "--no-progress"]) == 0, capsys.readouterr().err
+
+
+def test_plot_is_written_in_the_format_its_suffix_names(data_dir, tmp_path):
+    magic = {"curves.jpg": b"\xff\xd8", "curves.pdf": b"%PDF", "curves.svg": b"<?xml", "curves.png": b"\x89PNG"}
+    for name in magic:
+        assert main(["--devices", "cpu:1", "--epochs", "1", "--batch-size", "500", "--data-dir", str(data_dir),
+                     "--plot", str(tmp_path / name), "--no-progress"]) == 0
+    for name, head in magic.items():
+        assert (tmp_path / name).read_bytes().startswith(head), name
+
+
+def test_header_names_the_data_it_trains_on(data_dir, capsys):
+    assert main(["--devices", "cpu:1", "--epochs", "1", "--batch-size", "500", "--data-dir", str(data_dir),
+                 "--no-progress"]) == 0
+    header = capsys.readouterr().out.splitlines()[0]
+    assert header.startswith(f"training LeNet on the MNIST-format files in {data_dir}: 2000 train / 300 test")
+    assert "fashion-mnist" not in header
+
+
+def test_a_strategy_that_leaves_contexts_idle_says_so(data_dir, capsys):
+    assert main(["--devices", "cpu:4", "--strategy", "model", "--epochs", "1", "--batch-size", "500",
+                 "--data-dir", str(data_dir), "--no-progress"]) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["warning: --strategy model uses 2 of the 4 contexts of --devices cpu:4 (one per stage); "
+                   "cpu(2), cpu(3) stay idle"]
+
+
+def test_a_bug_is_not_disguised_as_a_user_error(data_dir, monkeypatch):
+    """A ValueError from the package's own code propagates (traceback, status 1), not 'error:' and 2."""
+    from parallel import training
+
+    def broken_fit(*args, **kwargs):
+        raise ValueError("an internal invariant failed")
+
+    monkeypatch.setattr(training, "fit", broken_fit)
+    with pytest.raises(ValueError, match="an internal invariant failed"):
+        main(["--devices", "cpu:1", "--epochs", "1", "--data-dir", str(data_dir), "--no-progress"])
+
+
+def test_a_bug_in_a_real_process_shows_its_traceback_and_exits_1(data_dir, tmp_path):
+    """The same in a real process: a bug planted through sitecustomize must not come out as exit 2."""
+    (tmp_path / "sitecustomize.py").write_text(
+        "import parallel.training as t\n"
+        "def fit(*a, **k):\n    raise ValueError('an internal invariant failed')\n"
+        "t.fit = fit\n")
+    env = dict(os.environ, PYTHONPATH=str(tmp_path))
+    result = subprocess.run([sys.executable, "-m", "parallel.train", "--devices", "cpu:1", "--epochs", "1",
+                             "--data-dir", str(data_dir), "--no-progress"], capture_output=True, text=True,
+                            timeout=300, env=env)
+    assert result.returncode == 1 and "Traceback" in result.stderr, result.stderr
+    assert "ValueError: an internal invariant failed" in result.stderr
+
+
+def test_fit_refuses_an_empty_context_list():
+    from parallel import fit
+    with pytest.raises(ValueError, match="ctx_list must be a non-empty list of contexts"):
+        fit(easy_dataset(num_train=20, num_test=10), [], 1, 10, 0.1)

@@ -2,6 +2,9 @@
 import mxnet as mx
 import numpy as np
 
+from ..model import LENET_SHAPES
+from ..step import check_labels
+
 
 def is_int(value):
     """True for a Python or numpy integer that is not a bool."""
@@ -23,9 +26,11 @@ def check_contexts(ctx_list, needed=1, what="this"):
                          "use fewer stages or more contexts")
 
 
-def check_batch(X, y):
-    """Raise unless ``X`` and ``y`` hold the same number (>= 1) of examples."""
+def check_batch(X, y, loss):
+    """Raise unless ``X`` and ``y`` hold the same number (>= 1) of examples, and ``y`` holds LeNet's classes
+    (see ``parallel.step.check_labels``)."""
     if X.shape[0] != y.shape[0]:
         raise ValueError(f"X has {X.shape[0]} examples but y has {y.shape[0]}; give one label per example")
     if X.shape[0] < 1:
         raise ValueError("cannot train on an empty batch (0 examples); give at least one example")
+    check_labels(y, LENET_SHAPES[-1][0], loss)

@@ -2,19 +2,22 @@
 
 ``DataParallel(module, ctx_list)`` wraps a gluon Block, or a function of (inputs, params) with
 ``params=[...]``. Calling it splits the batch across the contexts (``split_and_load``: shards differ by
-at most one example), runs one replica per shard, and concatenates the outputs on ``ctx_list[0]``::
+at most one example), runs one replica per shard, and concatenates the outputs on ``ctx_list[0]``:
 
-    from mxnet import autograd, gluon
-from mxnet.gluon.parameter import DeferredInitializationError
-    from parallel.strategies import DataParallel
-
-    net = gluon.nn.Dense(2, in_units=5)
-    net.initialize()
-    model = DataParallel(net, [mx.cpu(0), mx.cpu(1)])   # net's parameters now live on both contexts
-    with autograd.record():
-        loss = ((model(X) - Y) ** 2).sum()               # X (30, 5) -> shards (15, 5) -> output (30, 2)
-    loss.backward()                                      # each context gets its own shard's gradient
-    model.step(lr=0.1, batch_size=30)                    # allreduce_grads() then update(): sum, then SGD
+>>> import mxnet as mx
+>>> from mxnet import autograd, gluon
+>>> from parallel.strategies import DataParallel
+>>> net = gluon.nn.Dense(2, in_units=5)
+>>> net.initialize()
+>>> model = DataParallel(net, [mx.cpu(0), mx.cpu(1)])   # net's parameters now live on both contexts
+>>> X, Y = mx.nd.random.normal(shape=(30, 5)), mx.nd.random.normal(shape=(30, 2))
+>>> with autograd.record():
+...     out = model(X)                                   # X (30, 5) -> shards (15, 5) -> output (30, 2)
+...     loss = ((out - Y) ** 2).sum()
+>>> loss.backward()                                      # each context gets its own shard's gradient
+>>> model.step(lr=0.1, batch_size=30)                    # allreduce_grads() then update(): sum, then SGD
+>>> out.shape, out.context
+((30, 2), cpu(0))
 
 Unlike PyTorch, which copies the module to every device on every call, the replicas persist between
 calls (gluon Parameters live on several contexts; a function's ``params`` are copied once with

@@ -4,24 +4,26 @@ With S stages and R = len(ctx_list) / S replicas, replica ``r`` holds stage ``s`
 four contexts and two stages give replica 0 = (cpu(0), cpu(1)) and replica 1 = (cpu(2), cpu(3)). The
 batch is split across the replicas as ``split_and_load`` splits it; each replica runs its shard through
 its stages; then the gradients of stage ``s`` are summed with ``parallel.allreduce`` across the R contexts
-that hold stage ``s`` only (cpu(0) with cpu(2), cpu(1) with cpu(3)); then every replica takes the same step::
+that hold stage ``s`` only (cpu(0) with cpu(2), cpu(1) with cpu(3)); then every replica takes the same step:
 
-    from parallel.strategies import Hybrid
-
-    model = Hybrid(init_lenet_params(seed=0), [mx.cpu(i) for i in range(4)], stages=2)
-    loss_sum, correct = model.train_step(X, y, lr=0.2)     # the same step as train_batch on one context
+>>> import mxnet as mx
+>>> from parallel import init_lenet_params
+>>> from parallel.strategies import Hybrid
+>>> model = Hybrid(init_lenet_params(seed=0), [mx.cpu(i) for i in range(4)], stages=2)
+>>> model.describe()
+'2 replicas x 2 stages: conv1,conv2 @ cpu(0),cpu(2) | dense1,dense2 @ cpu(1),cpu(3)'
+>>> X, y = mx.nd.ones((8, 1, 28, 28)), mx.nd.array([0, 1, 2, 3, 4, 5, 6, 7])
+>>> loss_sum, correct = model.train_step(X, y, lr=0.2)   # the same step as train_batch on one context
 """
-import functools
-
 from mxnet import autograd
 
 from ..comm import ALLREDUCE_ALGORITHMS, DEFAULT_ALGORITHM
-from ..evaluate import evaluate_accuracy
+from ..evaluate import accuracy
 from ..model import softmax_cross_entropy
 from ..split import split_and_load
 from ..step import allreduce_grads, check_lr, loss_and_correct
 from ._checks import check_batch, check_contexts
-from .model_parallel import ModelParallel, _describe, _scores, stage_ranges
+from .model_parallel import ModelParallel, _describe, stage_ranges
 
 __all__ = ["Hybrid", "hybrid_groups"]
 
@@ -127,7 +129,7 @@ class Hybrid:
             Every replica's parameters are updated in place.
         """
         check_lr(lr)
-        check_batch(X, y)
+        check_batch(X, y, loss)
         X_shards = split_and_load(X, [replica.ctx_list[0] for replica in self.replicas])
         y_shards = split_and_load(y, [replica.ctx_list[-1] for replica in self.replicas])
         with autograd.record():
@@ -140,7 +142,6 @@ class Hybrid:
         return loss_and_correct(outputs, y_shards, losses, self.ctx_list[0])
 
     def evaluate(self, data_iter):
-        """Accuracy over ``data_iter``, each batch split across the replicas (see ``evaluate_accuracy``)."""
-        return evaluate_accuracy(data_iter, [replica.stage_params for replica in self.replicas],
-                                 [replica.ctx_list[0] for replica in self.replicas],
-                                 net=functools.partial(_scores, ranges=self.ranges))
+        """Accuracy over ``data_iter``, each batch split across the replicas (see ``parallel.evaluate.accuracy``)."""
+        return accuracy(data_iter, [replica.forward for replica in self.replicas],
+                        [replica.ctx_list[0] for replica in self.replicas])

@@ -4,33 +4,34 @@ A *stage* is a run of consecutive layers of ``parallel.model.LENET_LAYERS`` (con
 Stage boundaries are layer indices: ``boundaries=[2]`` makes the stages [0, 2) and [2, 4) (the convolutional
 part, then the dense part); ``stages=N`` splits the four layers as evenly as possible. Stage ``s`` runs on
 ``ctx_list[s]``; its output is copied to the next stage's context inside ``autograd.record()``, where MXNet
-records the copy, so the backward pass sends gradients back across the same contexts::
+records the copy, so the backward pass sends gradients back across the same contexts:
 
-    import mxnet as mx
-    from parallel import init_lenet_params
-    from parallel.strategies import ModelParallel
-
-    model = ModelParallel(init_lenet_params(seed=0), [mx.cpu(0), mx.cpu(1)], boundaries=[2])
-    loss_sum, correct = model.train_step(X, y, lr=0.2)     # the same step as train_batch on one context
+>>> import mxnet as mx
+>>> from parallel import init_lenet_params
+>>> from parallel.strategies import ModelParallel
+>>> model = ModelParallel(init_lenet_params(seed=0), [mx.cpu(0), mx.cpu(1)], boundaries=[2])
+>>> model
+ModelParallel(conv1,conv2 @ cpu(0) | dense1,dense2 @ cpu(1))
+>>> X, y = mx.nd.ones((8, 1, 28, 28)), mx.nd.array([0, 1, 2, 3, 4, 5, 6, 7])
+>>> loss_sum, correct = model.train_step(X, y, lr=0.2)   # the same step as train_batch on one context
+>>> loss_sum.shape, loss_sum.context
+((1,), cpu(0))
 
 Only one stage computes at a time (stage s+1 waits for stage s): the point is to fit a model that does not
 fit on one device, not speed. ``parallel.strategies.pipeline`` overlaps the stages with micro-batches.
 """
-import functools
-
 from mxnet import autograd
 
 from ..comm import get_params
-from ..evaluate import evaluate_accuracy
+from ..evaluate import accuracy
 from ..model import LENET_LAYERS, LENET_SHAPES, lenet_layers, softmax_cross_entropy
+from ..settings import DEFAULT_STAGES
 from ..split import shard_sizes
 from ..step import check_lr, loss_and_correct, update_replicas
 from ._checks import check_batch, check_contexts, is_int
 
 __all__ = ["stage_ranges", "forward_stages", "ModelParallel"]
 
-#: The stages of ``ModelParallel`` and its relatives when neither ``stages`` nor ``boundaries`` is given.
-DEFAULT_STAGES = 2
 
 
 def stage_ranges(stages=None, boundaries=None, num_layers=len(LENET_LAYERS)):
@@ -114,11 +115,6 @@ def forward_stages(X, stage_params, ranges):
     for params, (start, stop) in zip(stage_params, ranges):
         X = lenet_layers(X.as_in_context(params[0].context), params, start, stop)
     return X
-
-
-def _scores(X, stage_params, ranges):
-    """``forward_stages`` with the logits copied back to ``X``'s context (for ``evaluate_accuracy``)."""
-    return forward_stages(X, stage_params, ranges).as_in_context(X.context)
 
 
 class ModelParallel:
@@ -210,10 +206,9 @@ class ModelParallel:
             ``stage_params`` are updated in place.
         """
         check_lr(lr)
-        check_batch(X, y)
+        check_batch(X, y, loss)
         return self._train_parts([X], [y.as_in_context(self.ctx_list[-1])], lr, X.shape[0], loss)
 
     def evaluate(self, data_iter):
-        """Accuracy over ``data_iter`` (whole batches through the stages), see ``evaluate_accuracy``."""
-        return evaluate_accuracy(data_iter, [self.stage_params], self.ctx_list[:1],
-                                 net=functools.partial(_scores, ranges=self.ranges))
+        """Accuracy over ``data_iter``, whole batches through the stages (see ``parallel.evaluate.accuracy``)."""
+        return accuracy(data_iter, [self.forward], self.ctx_list[:1])

@@ -5,26 +5,28 @@ queues every micro-batch's forward through every stage, then one backward over a
 each parameter's gradient over the micro-batches; then one SGD update for the batch. MXNet's engine runs
 each context's work in order but different contexts concurrently, so stage s can work on micro-batch m+1
 while stage s+1 works on micro-batch m. With K stages, each stage idles for K-1 of the M+K-1 slots of
-the forward (and of the backward): the *bubble fraction* ``(K-1)/(M+K-1)``::
+the forward (and of the backward): the *bubble fraction* ``(K-1)/(M+K-1)``:
 
-    from parallel.strategies import Pipeline
-
-    model = Pipeline(init_lenet_params(seed=0), [mx.cpu(0), mx.cpu(1)], stages=2, micro_batches=4)
-    loss_sum, correct = model.train_step(X, y, lr=0.2)     # the same step as train_batch on one context
+>>> import mxnet as mx
+>>> from parallel import init_lenet_params
+>>> from parallel.strategies import Pipeline
+>>> model = Pipeline(init_lenet_params(seed=0), [mx.cpu(0), mx.cpu(1)], stages=2, micro_batches=4)
+>>> X, y = mx.nd.ones((8, 1, 28, 28)), mx.nd.array([0, 1, 2, 3, 4, 5, 6, 7])
+>>> loss_sum, correct = model.train_step(X, y, lr=0.2)   # the same step as train_batch on one context
+>>> model.bubble_fraction()                              # (2-1) / (4+2-1)
+0.2
 
 The overlap needs stages that compute at the same time on separate hardware; CPU contexts that share the
 same cores cannot (see benchmarks/pipeline.py).
 """
 from ..model import softmax_cross_entropy
+from ..settings import DEFAULT_MICRO_BATCHES
 from ..split import split_and_load
 from ..step import check_lr
 from ._checks import check_batch, is_int
 from .model_parallel import ModelParallel
 
 __all__ = ["Pipeline", "bubble_fraction", "DEFAULT_MICRO_BATCHES"]
-
-#: Micro-batches per batch when not given.
-DEFAULT_MICRO_BATCHES = 4
 
 
 def _check_micro_batches(micro_batches):
@@ -104,7 +106,7 @@ class Pipeline(ModelParallel):
             When the batch has fewer examples than micro-batches.
         """
         check_lr(lr)
-        check_batch(X, y)
+        check_batch(X, y, loss)
         m = self.micro_batches if micro_batches is None else micro_batches
         _check_micro_batches(m)
         if m > X.shape[0]:

@@ -1,0 +1,346 @@
+"""The training loop behind ``python -m parallel.train``: lay LeNet out for a strategy, train, report.
+
+``fit`` trains LeNet with data parallelism written from scratch, or with the model, pipeline or hybrid
+strategy, on the same batches with the same SGD step; ``plot_metrics`` and ``write_metrics`` write what it
+measured. A tiny run on two CPU contexts:
+
+>>> import mxnet as mx
+>>> from parallel import fit, synthetic_dataset
+>>> history, device_params = fit(synthetic_dataset(num_train=512, num_test=128), [mx.cpu(0), mx.cpu(1)],
+...                              num_epochs=2, batch_size=64, lr=0.2)
+>>> [sorted(m) for m in history][0]
+['epoch', 'images_per_second', 'seconds', 'test_acc', 'train_acc', 'train_loss']
+>>> [m["epoch"] for m in history], len(device_params)
+([1, 2], 2)
+"""
+import collections
+import functools
+import json
+import math
+import os
+import sys
+import time
+from typing import Callable, List, NamedTuple
+
+import numpy as np
+from tqdm import tqdm
+
+from .comm import get_params
+from .data import iterate_batches, load_fashion_mnist, num_batches, synthetic_dataset
+from .evaluate import evaluate_accuracy
+from .files import atomic_write
+from .model import init_lenet_params
+from .settings import DEFAULT_ALGORITHM, DEFAULT_MICRO_BATCHES, STRATEGIES, check_lr, check_seed
+from .step import train_step
+from .strategies import Hybrid, ModelParallel, Pipeline
+from .strategies._checks import check_contexts
+
+__all__ = ["fit", "make_strategy", "Strategy", "STRATEGIES", "load_data", "plot_metrics", "write_metrics",
+           "format_epoch", "epoch_seed", "plot_formats", "NonFiniteLossError", "IN_FLIGHT"]
+
+#: How many steps the host queues ahead of the devices. It then waits for the oldest step, reads its loss
+#: (checking it is finite) and advances the progress bar: the bar counts finished batches, not queued ones,
+#: and a NaN stops the run at the batch where it appeared. Two queued steps keep the devices busy while
+#: Python queues the next one.
+IN_FLIGHT = 2
+
+
+class NonFiniteLossError(ValueError):
+    """The training loss became NaN or infinite."""
+
+
+def _check_positive_int(value, name):
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an int, got {value!r}")
+    if value < 1:
+        raise ValueError(f"{name} must be >= 1, got {value}")
+
+
+def epoch_seed(seed, epoch):
+    """The shuffling seed of ``epoch`` in a run seeded with ``seed``: any seed in 0 .. 2**32-1 gives one.
+
+    Both numbers feed a ``numpy.random.SeedSequence``, so neighbouring seeds and epochs give unrelated
+    orders and nothing overflows (a formula such as ``seed * 100003 + epoch`` leaves numpy's range for
+    seeds above 42949).
+
+    >>> epoch_seed(2**32 - 1, 1) <= 2**32 - 1
+    True
+    >>> epoch_seed(0, 1) == epoch_seed(0, 1) != epoch_seed(0, 2)
+    True
+    """
+    check_seed(seed)
+    return int(np.random.SeedSequence([int(seed), int(epoch)]).generate_state(1)[0])
+
+
+class Strategy(NamedTuple):
+    """What ``fit`` needs from a parallel style: a train step and an evaluation over the contexts it uses."""
+    name: str
+    #: ``device_params`` (one replica per context) for ``"data"``; the ``ModelParallel``, ``Pipeline`` or
+    #: ``Hybrid`` object otherwise. Trained in place.
+    model: object
+    #: The contexts actually used (model and pipeline parallelism use one per stage).
+    ctx_list: List
+    #: ``train_step(X, y, lr)`` -> (summed loss, correct count), each (1,) on ``ctx_list[0]``, not waited for.
+    train_step: Callable
+    #: ``evaluate(data_iter)`` -> accuracy in [0, 1].
+    evaluate: Callable
+    #: One line saying how the model is laid out on the contexts.
+    description: str
+
+
+def _data_step(X, y, lr, device_params, ctx_list, algorithm):
+    return train_step(X, y, device_params, ctx_list, lr, algorithm=algorithm)
+
+
+def _pipeline_step(X, y, lr, model):
+    """A short last batch (fewer examples than micro-batches) runs in one micro-batch per example."""
+    return model.train_step(X, y, lr, micro_batches=min(model.micro_batches, X.shape[0]))
+
+
+def make_strategy(name, params, ctx_list, stages=None, boundaries=None, micro_batches=None, batch_size=None,
+                  algorithm=DEFAULT_ALGORITHM):
+    """Lay LeNet's ``params`` out on ``ctx_list`` for one parallel style.
+
+    Parameters
+    ----------
+    name : str
+        ``"data"`` (one replica per context, ``train_step``), ``"model"`` (``ModelParallel``),
+        ``"pipeline"`` (``Pipeline``) or ``"hybrid"`` (``Hybrid``).
+    params : list of NDArray
+        Initial parameters; copied, not modified.
+    ctx_list : list of mxnet.Context
+        Distinct contexts, at least one.
+    stages, boundaries
+        Where to cut the model (see ``parallel.strategies.stage_ranges``; default two stages); not for ``"data"``.
+    micro_batches : int, optional
+        Pipeline only (default ``DEFAULT_MICRO_BATCHES``). A batch with fewer examples than micro-batches
+        (the short last batch of an epoch) is trained in one micro-batch per example.
+    batch_size : int, optional
+        When given, more micro-batches than ``batch_size`` are refused up front.
+    algorithm : str
+        Allreduce algorithm for ``"data"`` and ``"hybrid"``.
+
+    Returns
+    -------
+    Strategy
+        ``Strategy.ctx_list`` holds the contexts actually used: model and pipeline parallelism use one per
+        stage and leave the rest of ``ctx_list`` idle.
+
+    Raises
+    ------
+    ValueError, TypeError
+        For an unknown name, an empty or repeated ``ctx_list``, an option the strategy does not take, or a
+        layout the contexts cannot hold.
+    """
+    if name not in STRATEGIES:
+        raise ValueError(f"unknown strategy {name!r}; choose one of {', '.join(STRATEGIES)}")
+    check_contexts(ctx_list)
+    if name == "data" and (stages is not None or boundaries is not None):
+        raise ValueError("stages and boundaries apply to the model, pipeline and hybrid strategies, not to data "
+                         "parallelism; drop them or choose another strategy")
+    if micro_batches is not None and name != "pipeline":
+        raise ValueError(f"micro-batches apply to the pipeline strategy only, not to {name}; drop them or "
+                         "choose the pipeline strategy")
+    if name == "data":
+        device_params = [get_params(params, ctx) for ctx in ctx_list]
+        return Strategy(name, device_params, list(ctx_list),
+                        functools.partial(_data_step, device_params=device_params, ctx_list=ctx_list,
+                                          algorithm=algorithm),
+                        functools.partial(evaluate_accuracy, device_params=device_params, ctx_list=ctx_list),
+                        f"one replica per context, gradients summed with the {algorithm} allreduce")
+    if name == "model":
+        model = ModelParallel(params, ctx_list, stages, boundaries)
+        step = model.train_step
+    elif name == "pipeline":
+        model = Pipeline(params, ctx_list, stages, boundaries,
+                         DEFAULT_MICRO_BATCHES if micro_batches is None else micro_batches)
+        if batch_size is not None and model.micro_batches > batch_size:
+            raise ValueError(f"{model.micro_batches} micro-batches cannot split batches of {batch_size} "
+                             f"examples; use at most {batch_size} micro-batches or a larger batch size")
+        step = functools.partial(_pipeline_step, model=model)
+    else:
+        model = Hybrid(params, ctx_list, stages, boundaries, algorithm)
+        step = model.train_step
+    return Strategy(name, model, model.ctx_list, step, model.evaluate, model.describe())
+
+
+def _read_finished(loss, right, epoch, batch):
+    """Wait for one step's loss and correct count, and return them as floats; raise if the loss is not finite."""
+    value = float(loss.asscalar())
+    if not math.isfinite(value):
+        raise NonFiniteLossError(f"loss became {value} at epoch {epoch}, batch {batch}; "
+                                 "training diverged: lower --lr")
+    return value, float(right.asscalar())
+
+
+def fit(dataset, ctx_list, num_epochs, batch_size, lr, seed=0, algorithm=DEFAULT_ALGORITHM, progress=False,
+        on_epoch=None, strategy="data", stages=None, boundaries=None, micro_batches=None):
+    """Train LeNet from scratch over ``ctx_list`` with data parallelism or another ``strategy``.
+
+    Parameters
+    ----------
+    dataset : parallel.data.Dataset
+        Train and test images (n, 28, 28) uint8 and labels.
+    ctx_list : list of mxnet.Context
+        Distinct contexts, at least one.
+    num_epochs, batch_size : int
+        Both >= 1. The last batch of an epoch may be smaller; it is trained on, not dropped.
+    lr : float
+        Learning rate, finite and > 0, within float32's range (see ``parallel.settings.check_lr``).
+    seed : int
+        0 .. 2**32-1. Seeds the initial parameters and the shuffling (``epoch_seed``); the same seed gives
+        the same run.
+    algorithm : str
+        Allreduce algorithm (see ``parallel.comm.allreduce``).
+    progress : bool
+        Show a tqdm progress bar per epoch (on stderr) that counts finished batches.
+    on_epoch : callable, optional
+        Called with each epoch's metrics dict and the history so far, after the epoch.
+    strategy : str or Strategy
+        One of ``STRATEGIES`` (see ``make_strategy``), or a ``Strategy`` already built by ``make_strategy``
+        (its parameters and contexts are used as they are; ``seed`` then only seeds the shuffling).
+    stages, boundaries, micro_batches
+        Passed to ``make_strategy`` with a strategy name.
+
+    Returns
+    -------
+    (list of dict, object)
+        One dict per epoch with ``epoch``, ``train_loss``, ``train_acc``, ``test_acc``, ``seconds``,
+        ``images_per_second``; and the trained model, ``Strategy.model``: for ``"data"`` the replicas
+        (``device_params``, one per context, as before), else the ``ModelParallel``, ``Pipeline`` or
+        ``Hybrid`` object (``.params()`` gives LeNet's eight arrays). The host queues at most ``IN_FLIGHT``
+        steps ahead of the devices, then reads the oldest step's loss.
+
+    Raises
+    ------
+    NonFiniteLossError
+        When the loss becomes NaN or infinite, naming the epoch and the batch.
+    ValueError, TypeError
+        For an argument out of range (checked before any training).
+    """
+    _check_positive_int(num_epochs, "num_epochs")
+    _check_positive_int(batch_size, "batch_size")
+    check_lr(lr)
+    check_seed(seed)
+    if not isinstance(strategy, Strategy):
+        strategy = make_strategy(strategy, init_lenet_params(seed), ctx_list, stages, boundaries, micro_batches,
+                                 batch_size, algorithm)
+    n_train = len(dataset.train_labels)
+    history = []
+    for epoch in range(1, num_epochs + 1):
+        batches = iterate_batches(dataset.train_images, dataset.train_labels, batch_size,
+                                  shuffle=True, seed=epoch_seed(seed, epoch))
+        bar = tqdm(total=num_batches(n_train, batch_size), desc=f"epoch {epoch}", unit="batch",
+                   leave=False, disable=not progress, file=sys.stderr)
+        totals = [0.0, 0.0]               # summed loss and correct predictions of the finished batches
+        in_flight = collections.deque()   # (batch number, loss, correct count) of the queued steps
+
+        def finish_oldest():
+            done, loss, right = in_flight.popleft()
+            for i, value in enumerate(_read_finished(loss, right, epoch, done)):
+                totals[i] += value
+            bar.update(1)
+
+        start = time.perf_counter()
+        for b, (X, y) in enumerate(batches, start=1):
+            in_flight.append((b, *strategy.train_step(X, y, lr)))
+            if len(in_flight) > IN_FLIGHT:
+                finish_oldest()
+        while in_flight:
+            finish_oldest()
+        seconds = time.perf_counter() - start
+        bar.close()
+        test_acc = strategy.evaluate(iterate_batches(dataset.test_images, dataset.test_labels, batch_size))
+        metrics = {"epoch": epoch, "train_loss": totals[0] / n_train, "train_acc": totals[1] / n_train,
+                   "test_acc": test_acc, "seconds": seconds, "images_per_second": n_train / seconds}
+        history.append(metrics)
+        if on_epoch is not None:
+            on_epoch(metrics, history)
+    return history, strategy.model
+
+
+def load_data(name, data_dir=None, seed=0, progress=True):
+    """Load ``"fashion-mnist"`` (downloading it if missing) or the in-memory ``"synthetic"`` set."""
+    if name == "synthetic":
+        return synthetic_dataset(seed=seed)
+    if name == "fashion-mnist":
+        return load_fashion_mnist(data_dir, download=True, progress=progress)
+    raise ValueError(f"unknown dataset {name!r}; choose 'fashion-mnist' or 'synthetic'")
+
+
+def write_metrics(history, path):
+    """Write the per-epoch metrics as a JSON list, atomically."""
+    with atomic_write(path, "w") as f:
+        json.dump(history, f, indent=2)
+        f.write("\n")
+
+
+@functools.lru_cache(maxsize=None)
+def plot_formats():
+    """The file formats matplotlib writes here, by suffix without the dot (``png``, ``pdf``, ``svg``, ...)."""
+    from matplotlib.backend_bases import FigureCanvasBase
+    return tuple(sorted(FigureCanvasBase.get_supported_filetypes()))
+
+
+def _plot_format(path):
+    """The format named by ``path``'s suffix; ``ValueError`` when matplotlib cannot write it."""
+    suffix = os.path.splitext(os.fspath(path))[1].lower().lstrip(".")
+    if suffix not in plot_formats():
+        raise ValueError(f"cannot tell the plot format of {os.fspath(path)!r}: end the file name with one of "
+                         f"{', '.join('.' + f for f in plot_formats())}")
+    return suffix
+
+
+def plot_metrics(history, path=None, title=None):
+    """Plot the loss and accuracy curves; write them to ``path`` (atomically) if given.
+
+    Parameters
+    ----------
+    history : list of dict
+        As returned by ``fit``.
+    path : str or os.PathLike, optional
+        The file's suffix names its format (``.png``, ``.pdf``, ``.svg``, ``.jpg``, ...; see
+        ``plot_formats``); an unknown or missing suffix raises ``ValueError`` before anything is written.
+    title : str, optional
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+        Built without pyplot, so it never changes the plotting backend (a notebook shows it with
+        ``display(fig)``).
+    """
+    from matplotlib.figure import Figure
+
+    fmt = None if path is None else _plot_format(path)
+    epochs = [m["epoch"] for m in history]
+    fig = Figure(figsize=(9, 3.5))
+    ax_loss, ax_acc = fig.subplots(1, 2)
+    ax_loss.plot(epochs, [m["train_loss"] for m in history], "o-", label="train loss")
+    ax_loss.set_xlabel("epoch")
+    ax_loss.set_ylabel("loss")
+    ax_loss.legend()
+    ax_acc.plot(epochs, [m["train_acc"] for m in history], "o-", label="train acc")
+    ax_acc.plot(epochs, [m["test_acc"] for m in history], "s--", label="test acc")
+    ax_acc.set_xlabel("epoch")
+    ax_acc.set_ylabel("accuracy")
+    ax_acc.set_ylim(0, 1)
+    ax_acc.legend()
+    for ax in (ax_loss, ax_acc):
+        ax.grid(alpha=0.3)
+        ax.xaxis.get_major_locator().set_params(integer=True)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    if path is not None:
+        with atomic_write(path, "wb") as f:
+            fig.savefig(f, format=fmt, dpi=100)
+    return fig
+
+
+def format_epoch(metrics, ctx_list, strategy="data"):
+    """The textbook's one-line epoch summary; other strategies than data parallelism are named."""
+    name = "" if strategy == "data" else f", {strategy} parallel"
+    return (f"epoch {metrics['epoch']}, loss {metrics['train_loss']:.3f}, "
+            f"train acc {metrics['train_acc']:.3f}, test acc {metrics['test_acc']:.3f}, "
+            f"{metrics['seconds']:.1f} sec/epoch, {metrics['images_per_second']:.0f} examples/sec{name} "
+            f"on [{', '.join(str(c) for c in ctx_list)}]")
