@@ -10,6 +10,8 @@ from collections import namedtuple
 import mxnet as mx
 from mxnet import autograd
 
+from .settings import DEFAULT_ALGORITHM
+
 __all__ = ["get_params", "FlatReplica", "allreduce", "check_same_arrays", "ALLREDUCE_ALGORITHMS",
            "DEFAULT_ALGORITHM", "bytes_moved", "BytesMoved"]
 
@@ -185,6 +187,7 @@ def _tree(arrays):
             _copy(arrays[i], arrays[i + stride])
 
 
+#: The algorithms by name; ``parallel.settings.ALLREDUCE_NAMES`` lists the same names for the CLI, before MXNet loads.
 ALLREDUCE_ALGORITHMS = {"naive": _naive, "fused": _fused, "ring": _ring, "tree": _tree}
 
 BytesMoved = namedtuple("BytesMoved", ["total", "per_context_max"])
@@ -248,10 +251,6 @@ def bytes_moved(algorithm, nbytes, k, itemsize=4):
     return BytesMoved(total, (k - 1) * n)
 
 
-#: The algorithm ``train_batch`` and the CLI use unless told otherwise: the fastest measured
-#: (benchmarks/allreduce.py, LeNet's flat gradient: fastest at K=4, within 0.1 ms of tree at K=2);
-#: ``allreduce`` itself defaults to the textbook's.
-DEFAULT_ALGORITHM = "fused"
 
 
 def allreduce(arrays, algorithm="naive"):

@@ -4,12 +4,11 @@ A *context* (``mx.gpu(i)``, ``mx.cpu(i)``) names where an array lives and where 
 Several CPU contexts (``mx.cpu(0)``, ``mx.cpu(1)``, ...) share the machine's cores but each gets its own
 worker thread in MXNet's engine, so they behave like separate devices: this is how the tests run.
 """
-import os
 import re
 
 import mxnet as mx
 
-__all__ = ["try_gpu", "try_all_gpus", "parse_devices", "recommended_omp_threads"]
+__all__ = ["try_gpu", "try_all_gpus", "parse_devices", "MAX_CPU_CONTEXTS"]
 
 
 def try_gpu(i=0):
@@ -38,7 +37,28 @@ def try_all_gpus():
     return [mx.gpu(i) for i in range(mx.context.num_gpus())] or [mx.cpu()]
 
 
-_SPEC = re.compile(r"^(cpu|gpu)(?::(.*))?$")
+_SPEC = re.compile(r"(cpu|gpu)(?::(.*))?", re.DOTALL)
+_NUMBER = re.compile(r"[0-9]+")   # ASCII digits only: str.isdigit() also takes '٣' and '²' (int('²') fails)
+
+#: Most CPU contexts ``cpu:N`` may ask for. MXNet refuses device ids from 2**31 on, and the first array on
+#: ``cpu(i)`` makes it allocate per-device tables up to ``i`` (~15 GB for ``cpu(10**9)``); each context in
+#: use also gets its own engine worker thread. A few contexts per core is all that is useful.
+MAX_CPU_CONTEXTS = 1024
+
+
+def _digits(text):
+    """``text`` as a canonical whole number (ASCII digits, no leading zeros), or None if it is not one.
+
+    Kept as a string: Python's ``int()`` refuses over 4300 digits, and no count or index needs that many.
+    """
+    if not _NUMBER.fullmatch(text):
+        return None
+    return text.lstrip("0") or "0"
+
+
+def _at_most(digits, limit):
+    """Whether the canonical number ``digits`` is <= ``limit`` (without converting a huge one)."""
+    return len(digits) <= len(str(limit)) and int(digits) <= limit
 
 
 def parse_devices(spec):
@@ -61,66 +81,54 @@ def parse_devices(spec):
     Raises
     ------
     ValueError
-        For a malformed spec, a count below 1, a repeated GPU index, or a GPU that does not exist.
+        For a malformed spec (including ``"cpu:"`` or ``"gpu:"`` with nothing after the colon, and digits
+        other than ASCII 0-9), a count below 1 or above ``MAX_CPU_CONTEXTS``, a repeated GPU index, or a GPU
+        that does not exist.
+    TypeError
+        When ``spec`` is not a string.
     """
     if not isinstance(spec, str):
         raise TypeError(f"device spec must be a string such as 'cpu:4' or 'gpu:0,1', got {spec!r}")
     text = spec.strip().lower()
     if text == "auto":
         return try_all_gpus()
-    match = _SPEC.match(text)
+    match = _SPEC.fullmatch(text)
     if not match:
         raise ValueError(f"unknown device spec {spec!r}; use 'auto', 'cpu:N' or 'gpu:I,J,...'")
     kind, arg = match.groups()
+    if arg is not None and not arg.strip():
+        if kind == "cpu":
+            raise ValueError(f"device spec {spec!r} has nothing after the colon; write 'cpu' for one CPU "
+                             "context or 'cpu:N' for N of them, such as 'cpu:4'")
+        raise ValueError(f"device spec {spec!r} has nothing after the colon; write 'gpu' for every GPU or "
+                         "'gpu:I,J,...' for some of them, such as 'gpu:0,1'")
     num_gpus = mx.context.num_gpus()
     if kind == "cpu":
-        if arg is None or arg == "":
+        if arg is None:
             return [mx.cpu(0)]
-        if not arg.isdigit() or int(arg) < 1:
-            raise ValueError(f"device spec {spec!r}: 'cpu:N' needs a whole number of contexts N >= 1")
-        return [mx.cpu(i) for i in range(int(arg))]
-    if arg is None or arg == "":
+        count = _digits(arg)
+        if count is None or count == "0":
+            raise ValueError(f"device spec {spec!r}: 'cpu:N' needs a whole number of contexts N >= 1, "
+                             "written with the digits 0-9")
+        if not _at_most(count, MAX_CPU_CONTEXTS):
+            many = count if len(count) <= 12 else f"a {len(count)}-digit number of"
+            raise ValueError(f"device spec {spec!r} asks for {many} CPU contexts; at most {MAX_CPU_CONTEXTS} "
+                             "are allowed (MAX_CPU_CONTEXTS)")
+        return [mx.cpu(i) for i in range(int(count))]
+    if arg is None:
         if num_gpus == 0:
             raise ValueError(f"device spec {spec!r} asks for GPUs but this machine has none; use 'cpu:N'")
         return [mx.gpu(i) for i in range(num_gpus)]
-    parts = arg.split(",")
-    if not all(p.strip().isdigit() for p in parts):
-        raise ValueError(f"device spec {spec!r}: 'gpu:I,J,...' needs GPU indices such as 'gpu:0,3'")
-    indices = [int(p) for p in parts]
-    if len(set(indices)) != len(indices):
+    parts = [_digits(part.strip()) for part in arg.split(",")]
+    if None in parts:
+        raise ValueError(f"device spec {spec!r}: 'gpu:I,J,...' needs GPU indices written with the digits 0-9, "
+                         "such as 'gpu:0,3'")
+    if len(set(parts)) != len(parts):
         raise ValueError(f"device spec {spec!r} repeats a GPU index; list each GPU once")
-    missing = [i for i in indices if i >= num_gpus]
+    missing = [part for part in parts if not _at_most(part, num_gpus - 1)]
     if missing:
         have = f"GPUs 0..{num_gpus - 1}" if num_gpus else "no GPU"
         raise ValueError(f"device spec {spec!r} asks for GPU {missing[0]} but this process sees {have}; "
                          "use 'cpu:N' or check CUDA_VISIBLE_DEVICES")
+    indices = [int(part) for part in parts]
     return [mx.gpu(i) for i in indices]
-
-
-def recommended_omp_threads(cores=None):
-    """Operator threads (``OMP_NUM_THREADS``) for training on CPU contexts: every core, for any K.
-
-    Each CPU context has its own engine worker thread, and each operator on it runs ``OMP_NUM_THREADS``
-    threads. MXNet's default, half the cores, leaves cores idle. Dividing the cores between the K contexts
-    (``cores // K``) looks right but measured worse: in a data-parallel step the contexts rarely compute at
-    the same instant (the host queues their work one after another, and the allreduce joins them every
-    step), so an operator that can use every core wins. On this project's 2-core machine, 2 threads beat 1
-    for LeNet at K = 1, 2 and 4, for this package and for gluon's Trainer alike (benchmarks/step_time.py).
-    GPU contexts use the CPU only to launch kernels, so the setting hardly matters there.
-
-    MXNet reads ``OMP_NUM_THREADS`` when it starts, so the value must be in the environment before
-    ``import mxnet``; ``python -m parallel.train`` sets it for you unless you set it yourself.
-
-    Parameters
-    ----------
-    cores : int, optional
-        Cores to use; defaults to the cores this process may run on.
-
-    Returns
-    -------
-    int
-        Threads per operator, >= 1.
-    """
-    if cores is None:
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, int(cores))

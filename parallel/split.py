@@ -15,9 +15,16 @@ def shard_sizes(n, k):
     -------
     list of int
         ``min(n, k)`` positive sizes summing to ``n``.
+
+    Raises
+    ------
+    ValueError
+        When ``n < 1`` or ``k < 1``.
     """
     if n < 1:
         raise ValueError("cannot split an empty batch (0 examples); give at least one example")
+    if k < 1:
+        raise ValueError(f"cannot split over {k} contexts; give at least one context")
     k = min(n, k)
     base, extra = divmod(n, k)
     return [base + 1 if i < extra else base for i in range(k)]
@@ -42,15 +49,37 @@ def split_and_load(data, ctx_list):
         ``min(len(data), len(ctx_list))`` shards, shard ``i`` on ``ctx_list[i]``; a list even for one
         context. A batch with fewer examples than contexts leaves the trailing contexts without a shard.
         A shard already on its context is a view, not a copy (the one-context fast path).
+
+    Raises
+    ------
+    ValueError
+        For an empty batch (0 examples), examples that hold no values (a 0 in the trailing shape), a
+        scalar, or an empty ``ctx_list``; checked before any MXNet call.
+    TypeError
+        When ``data`` is not an array or ``ctx_list`` is not a list of contexts.
     """
+    if isinstance(ctx_list, mx.Context):
+        raise TypeError(f"ctx_list must be a list of contexts, got the single context {ctx_list}; "
+                        f"write [{ctx_list!r}]")
     if not ctx_list:
         raise ValueError("ctx_list is empty; give at least one context")
-    if isinstance(data, np.ndarray):
-        data = mx.nd.array(data, dtype=data.dtype)
-    if not isinstance(data, mx.nd.NDArray):
+    for i, ctx in enumerate(ctx_list):
+        if not isinstance(ctx, mx.Context):
+            raise TypeError(f"ctx_list[{i}] must be an mxnet Context such as mx.cpu(0), got {ctx!r}")
+    if not isinstance(data, (np.ndarray, mx.nd.NDArray)):
         raise TypeError(f"data must be an NDArray or numpy array, got {type(data).__name__}")
+    # Check the shape before any MXNet call: MXNet's legacy shapes read a 0 as "unknown", so an empty
+    # array fails inside MXNet with an unhelpful MXNetError.
     if data.ndim == 0:
         raise ValueError("data is a scalar; split_and_load needs an array with an example axis")
+    if data.shape[0] == 0:
+        raise ValueError(f"cannot split an empty batch: data has shape {tuple(data.shape)}, so 0 examples; "
+                         "give at least one example")
+    if 0 in data.shape:
+        raise ValueError(f"data has shape {tuple(data.shape)}: each example has a 0 in its shape and holds "
+                         "no values; split_and_load needs examples with at least one value")
+    if isinstance(data, np.ndarray):
+        data = mx.nd.array(data, dtype=data.dtype)
     shards, start = [], 0
     for size, ctx in zip(shard_sizes(data.shape[0], len(ctx_list)), ctx_list):
         shards.append(data[start:start + size].as_in_context(ctx))

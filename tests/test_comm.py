@@ -254,3 +254,8 @@ def test_bytes_moved_rejects_bad_arguments():
         bytes_moved("ring", 8, True)
     with pytest.raises(ValueError, match="nbytes=10 is not a whole number of 4-byte elements"):
         bytes_moved("ring", 10, 2)
+
+
+def test_the_cli_offers_exactly_the_algorithms_that_exist():
+    from parallel.settings import ALLREDUCE_NAMES, DEFAULT_ALGORITHM
+    assert tuple(ALLREDUCE_ALGORITHMS) == ALLREDUCE_NAMES and DEFAULT_ALGORITHM in ALLREDUCE_NAMES

@@ -37,3 +37,40 @@ def test_bad_input():
         split_and_load(mx.nd.zeros((4, 3)), [])
     with pytest.raises(TypeError, match="NDArray or numpy"):
         split_and_load([1, 2, 3], contexts(2))
+
+
+@pytest.mark.parametrize("k", [1, 2, 3])
+@pytest.mark.parametrize("shape", [(3, 0), (2, 4, 0), (1, 0, 2)])
+def test_examples_without_values_raise_value_error_not_mxnet_error(shape, k):
+    # Before: an MXNetError from _copyto's shape inference for K >= 2, and a silent view for K = 1.
+    for data in (np.zeros(shape, dtype=np.float32), mx.nd.array(np.zeros(shape, dtype=np.float32))):
+        with pytest.raises(ValueError, match=r"holds no values"):
+            split_and_load(data, contexts(k))
+
+
+def test_empty_batch_is_refused_before_any_mxnet_call(monkeypatch):
+    def no_mxnet(*args, **kwargs):
+        raise AssertionError("split_and_load called MXNet on an empty batch")
+    monkeypatch.setattr(mx.nd, "array", no_mxnet)
+    with pytest.raises(ValueError, match=r"empty batch: data has shape \(0, 3\)"):
+        split_and_load(np.zeros((0, 3), dtype=np.float32), contexts(2))
+
+
+def test_empty_ndarray_batch_names_its_shape():
+    with mx.util.np_shape(True):   # legacy shapes read a 0 as unknown: mx.nd.zeros((0, 5)) fails there
+        data = mx.nd.zeros((0, 5))
+        with pytest.raises(ValueError, match=r"empty batch: data has shape \(0, 5\)"):
+            split_and_load(data, contexts(3))
+
+
+def test_ctx_list_must_be_a_list_of_contexts():
+    data = mx.nd.ones((4, 2))
+    with pytest.raises(TypeError, match=r"single context cpu\(0\); write \[cpu\(0\)\]"):
+        split_and_load(data, mx.cpu(0))
+    with pytest.raises(TypeError, match=r"ctx_list\[1\] must be an mxnet Context"):
+        split_and_load(data, [mx.cpu(0), "cpu(1)"])
+
+
+def test_shard_sizes_needs_a_context():
+    with pytest.raises(ValueError, match="at least one context"):
+        shard_sizes(5, 0)
