@@ -1,0 +1,21 @@
+"""Smoke test of benchmarks/epoch_loop.py: it runs both loops for every K and writes its JSON (no timings asserted)."""
+import importlib.util
+import json
+import os
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_quick_run_writes_json(tmp_path, capsys):
+    spec = importlib.util.spec_from_file_location("epoch_loop", os.path.join(ROOT, "benchmarks", "epoch_loop.py"))
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    from parallel import training
+    assert bench.main(["--quick", "--json", str(tmp_path / "e.json")]) == 0
+    result = json.loads((tmp_path / "e.json").read_text())
+    assert [row["k"] for row in result["rows"]] == [1, 2]
+    for row in result["rows"]:
+        assert row["bounded_s"] > 0 and row["whole_epoch_s"] > 0
+        assert [len(v) for v in row["samples"].values()] == [1, 1]
+    assert training.IN_FLIGHT == result["in_flight"] == 2   # the benchmark puts the setting back
+    assert "threads: OMP_NUM_THREADS=" in capsys.readouterr().out
