@@ -206,13 +206,12 @@ def run(args):
         from .data import DataError
         from .devices import parse_devices
         from .model import init_lenet_params
-        from .training import (NonFiniteLossError, fit, format_epoch, load_data, make_strategy, plot_metrics,
-                               plot_formats, write_metrics)
+        from .training import (NonFiniteLossError, fit, format_epoch, load_data, make_strategy, plot_format,
+                               plot_metrics, write_metrics)
 
-    if args.plot is not None and os.path.splitext(args.plot)[1].lower().lstrip(".") not in plot_formats():
-        raise UsageError(f"--plot {args.plot!r}: end the file name with a format matplotlib writes, one of "
-                         f"{', '.join('.' + f for f in plot_formats())}")
     with _users_input(ValueError):
+        if args.plot is not None:
+            plot_format(args.plot)
         ctx_list = parse_devices(args.devices)
         strategy = make_strategy(args.strategy, init_lenet_params(args.seed), ctx_list, args.stages,
                                  args.boundaries, args.micro_batches, args.batch_size, args.allreduce)

@@ -36,7 +36,7 @@ from .strategies import Hybrid, ModelParallel, Pipeline
 from .strategies._checks import check_contexts
 
 __all__ = ["fit", "make_strategy", "Strategy", "STRATEGIES", "load_data", "plot_metrics", "write_metrics",
-           "format_epoch", "epoch_seed", "plot_formats", "NonFiniteLossError", "IN_FLIGHT"]
+           "format_epoch", "epoch_seed", "plot_format", "plot_formats", "NonFiniteLossError", "IN_FLIGHT"]
 
 #: How many steps the host queues ahead of the devices. It then waits for the oldest step, reads its loss
 #: (checking it is finite) and advances the progress bar: the bar counts finished batches, not queued ones,
@@ -282,12 +282,17 @@ def plot_formats():
     return tuple(sorted(FigureCanvasBase.get_supported_filetypes()))
 
 
-def _plot_format(path):
-    """The format named by ``path``'s suffix; ``ValueError`` when matplotlib cannot write it."""
+def plot_format(path):
+    """The format named by ``path``'s suffix (``"png"`` for ``curves.png``); ``ValueError`` when matplotlib
+    cannot write it or there is no suffix.
+
+    >>> plot_format("curves.PDF")
+    'pdf'
+    """
     suffix = os.path.splitext(os.fspath(path))[1].lower().lstrip(".")
     if suffix not in plot_formats():
-        raise ValueError(f"cannot tell the plot format of {os.fspath(path)!r}: end the file name with one of "
-                         f"{', '.join('.' + f for f in plot_formats())}")
+        raise ValueError(f"cannot tell the plot format of {os.fspath(path)!r}: end the file name with a format "
+                         f"matplotlib writes, one of {', '.join('.' + f for f in plot_formats())}")
     return suffix
 
 
@@ -311,7 +316,7 @@ def plot_metrics(history, path=None, title=None):
     """
     from matplotlib.figure import Figure
 
-    fmt = None if path is None else _plot_format(path)
+    fmt = None if path is None else plot_format(path)
     epochs = [m["epoch"] for m in history]
     fig = Figure(figsize=(9, 3.5))
     ax_loss, ax_acc = fig.subplots(1, 2)
