@@ -9,7 +9,7 @@ import secrets
 import stat
 import tempfile
 
-__all__ = ["atomic_write", "check_writable"]
+__all__ = ["atomic_write", "atomic_path", "fsync_directory", "check_writable"]
 
 #: How many random temporary names ``atomic_write`` tries before giving up (a clash is already
 #: vanishingly unlikely with 64 random bits; the bound only stops an endless loop).
@@ -67,15 +67,67 @@ def atomic_write(path, mode="w"):
             yield f
             f.flush()
             os.fsync(f.fileno())
-        try:
-            os.chmod(tmp, stat.S_IMODE(os.stat(path).st_mode))   # a replaced file keeps its mode
-        except FileNotFoundError:
-            pass   # a new file: the kernel already applied the umask to 0o666 at creation
-        os.replace(tmp, path)
+        _commit(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+@contextlib.contextmanager
+def atomic_path(path):
+    """Yield a temporary path beside ``path`` for a writer that takes a file name (``mx.nd.save``, ``savefig``);
+    afterwards fsync it and rename it to ``path``, as ``atomic_write`` does.
+
+    On an exception inside the block the temporary file is removed and ``path`` is untouched.
+
+    >>> import os, tempfile
+    >>> with tempfile.TemporaryDirectory() as d:
+    ...     with atomic_path(os.path.join(d, "a.txt")) as tmp:
+    ...         _ = open(tmp, "w").write("hello")
+    ...     print(os.listdir(d), open(os.path.join(d, "a.txt")).read())
+    ['a.txt'] hello
+    """
+    path = os.fspath(path)
+    fd, tmp = _create_temp(path)
+    os.close(fd)
+    try:
+        yield tmp
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)   # what the writer wrote is on disk before the rename makes it visible
+        finally:
+            os.close(fd)
+        _commit(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def _commit(tmp, path):
+    """Give ``tmp`` the mode of the file it replaces, rename it to ``path``, and fsync the directory so that
+    the rename itself survives a crash."""
+    try:
+        os.chmod(tmp, stat.S_IMODE(os.stat(path).st_mode))   # a replaced file keeps its mode
+    except FileNotFoundError:
+        pass   # a new file: the kernel already applied the umask to 0o666 at creation
+    os.replace(tmp, path)
+    fsync_directory(os.path.dirname(os.path.abspath(path)))
+
+
+def fsync_directory(directory):
+    """Flush a directory's entries (renames, removals) to disk; a no-op where directories cannot be opened."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass   # some file systems do not fsync directories
+    finally:
+        os.close(fd)
 
 
 def check_writable(path, what="output"):

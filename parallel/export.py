@@ -1,0 +1,244 @@
+"""From scratch into the MXNet ecosystem: LeNet's plain arrays as a symbol + params pair, or as a gluon network.
+
+The from-scratch LeNet (``parallel.model.lenet``) is a function of ``(X, params)``. This module hands the same
+network to the rest of MXNet in two ways:
+
+- ``export_lenet`` writes MXNet's standard deployable pair ``PREFIX-symbol.json`` + ``PREFIX-0000.params``,
+  which ``gluon.SymbolBlock.imports`` and ``mx.model.load_checkpoint`` read;
+- ``to_gluon`` builds the textbook's gluon LeNet (``Conv2D``, ``AvgPool2D``, ``Dense``) holding the same weights.
+
+Both predict what ``lenet(X, params)`` predicts.
+
+>>> import os, tempfile
+>>> import mxnet as mx
+>>> from mxnet import gluon
+>>> from parallel.model import init_lenet_params, lenet
+>>> params = init_lenet_params(seed=0)
+>>> X = mx.nd.ones((2, 1, 28, 28))
+>>> with tempfile.TemporaryDirectory() as tmp:
+...     symbol_file, params_file = export_lenet(params, os.path.join(tmp, "lenet"))
+...     net = gluon.SymbolBlock.imports(symbol_file, ["data"], params_file)
+...     print(net(X).shape, (net(X) - lenet(X, params)).abs().max().asscalar() < 1e-6)
+(2, 10) True
+"""
+import errno
+import os
+
+import mxnet as mx
+import numpy as np
+from mxnet import gluon
+
+from .files import atomic_path, atomic_write
+from .model import LENET_SHAPES, lenet
+
+__all__ = ["LENET_PARAM_NAMES", "lenet_symbol", "check_lenet_params", "save_arrays", "export_lenet", "to_gluon"]
+
+#: Names of LeNet's eight parameters, in ``LENET_SHAPES`` order: the one source of truth for the exported
+#: symbol's arguments and for anything else that stores the parameters by name.
+LENET_PARAM_NAMES = ("conv1_weight", "conv1_bias", "conv2_weight", "conv2_bias",
+                     "dense1_weight", "dense1_bias", "dense2_weight", "dense2_bias")
+
+#: Floating-point types a LeNet can be exported in (the from-scratch network runs in any of them).
+_FLOAT_DTYPES = (np.float16, np.float32, np.float64)
+
+
+def lenet_symbol():
+    """LeNet as an MXNet symbol: the same definition as ``lenet``, run with ``F=mx.sym``.
+
+    Returns
+    -------
+    mx.sym.Symbol
+        One output, the logits (batch, 10). Its arguments are the variable ``data`` (images (batch, 1, 28, 28))
+        followed by ``LENET_PARAM_NAMES``. The operators get the same names on every call (a fresh name
+        manager), so two exports write the same JSON.
+
+    >>> from parallel.model import LENET_SHAPES
+    >>> sym = lenet_symbol()
+    >>> sym.list_arguments()[:3]
+    ['data', 'conv1_weight', 'conv1_bias']
+    >>> sym.infer_shape(data=(4, 1, 28, 28), **dict(zip(LENET_PARAM_NAMES, LENET_SHAPES)))[1]
+    [(4, 10)]
+    """
+    with mx.name.NameManager():
+        return lenet(mx.sym.var("data"), [mx.sym.var(name) for name in LENET_PARAM_NAMES], F=mx.sym)
+
+
+def check_lenet_params(params):
+    """Raise unless ``params`` are LeNet's eight finite float NDArrays; return copies as numpy arrays.
+
+    The arrays may live on any context; ``asnumpy`` waits for them and copies them to the host.
+    """
+    if not isinstance(params, (list, tuple)):
+        raise TypeError(f"params must be a list of LeNet's {len(LENET_SHAPES)} NDArrays, "
+                        f"got {type(params).__name__}")
+    if len(params) != len(LENET_SHAPES):
+        raise ValueError(f"LeNet has {len(LENET_SHAPES)} parameters ({', '.join(LENET_PARAM_NAMES)}), "
+                         f"got {len(params)}; pass all of them in LENET_SHAPES order")
+    arrays = []
+    for i, (p, name, shape) in enumerate(zip(params, LENET_PARAM_NAMES, LENET_SHAPES)):
+        if not isinstance(p, mx.nd.NDArray):
+            raise TypeError(f"params[{i}] ({name}) must be an NDArray, got {type(p).__name__}; "
+                            f"convert it with mx.nd.array")
+        if p.shape != shape:
+            raise ValueError(f"params[{i}] ({name}) has shape {p.shape}, expected {shape}; "
+                             f"pass LeNet's parameters in LENET_SHAPES order")
+        if np.dtype(p.dtype) not in _FLOAT_DTYPES:
+            raise TypeError(f"params[{i}] ({name}) has dtype {np.dtype(p.dtype).name}; "
+                            f"LeNet's parameters must be float16, float32 or float64")
+        a = p.asnumpy()
+        if not np.isfinite(a).all():
+            raise ValueError(f"params[{i}] ({name}) holds {np.size(a) - np.isfinite(a).sum()} non-finite values "
+                             f"(NaN or inf); refusing to export a diverged network, use earlier parameters")
+        arrays.append(a)
+    dtypes = sorted({a.dtype.name for a in arrays})
+    if len(dtypes) > 1:
+        raise TypeError(f"params mix dtypes {dtypes}; cast them all to one (e.g. p.astype('float32'))")
+    return arrays
+
+
+def _ctx_list(ctx):
+    """``ctx`` (None, a Context or a list of them) as a non-empty list of Contexts."""
+    if ctx is None:
+        return [mx.cpu()]
+    ctx_list = list(ctx) if isinstance(ctx, (list, tuple)) else [ctx]
+    if not ctx_list or not all(isinstance(c, mx.Context) for c in ctx_list):
+        raise TypeError(f"ctx must be a Context or a non-empty list of them, got {ctx!r}")
+    return ctx_list
+
+
+def save_arrays(path, arrays):
+    """Write named numpy arrays in MXNet's ``.params`` format (``mx.nd.load`` reads it back), atomically.
+
+    ``mx.nd.save`` takes only a file name, so it writes a temporary file beside ``path`` (``atomic_path``);
+    a write that fails (a full disk, a file size limit) raises ``OSError`` and leaves ``path`` as it was,
+    instead of MXNet's ``MXNetError``.
+    """
+    try:
+        with atomic_path(path) as tmp:
+            mx.nd.save(tmp, {name: mx.nd.array(a, ctx=mx.cpu(), dtype=a.dtype) for name, a in arrays.items()})
+    except mx.base.MXNetError as e:
+        last = [line for line in str(e).splitlines() if line.strip()][-1:] or ["no detail"]
+        raise OSError(errno.EIO, f"MXNet could not write the file ({last[0].strip()})", os.fspath(path)) from None
+
+
+def export_lenet(params, prefix, epoch=0):
+    """Write LeNet as MXNet's deployable pair ``PREFIX-symbol.json`` and ``PREFIX-%04d.params``.
+
+    The symbol is ``lenet_symbol()``; the params file holds the eight arrays under the names ``arg:<name>``
+    (``LENET_PARAM_NAMES``), the layout of MXNet's Module checkpoints. So both
+    ``gluon.SymbolBlock.imports(symbol_file, ['data'], params_file, ctx=ctx)`` (whose ``load`` strips
+    ``arg:``) and ``mx.model.load_checkpoint(prefix, epoch)`` read the pair.
+
+    Each file is written atomically (a temporary file beside it, fsync, rename), so an
+    interrupted export leaves a file either whole or as it was, and an existing pair is replaced. The params
+    file is written first; the symbol is the same for every export, so the two files always form a pair.
+
+    Parameters
+    ----------
+    params : list or tuple of NDArray
+        The eight parameters in ``LENET_SHAPES`` order, on any context (they are copied to the CPU; this
+        waits for them), all of one float dtype, all finite.
+    prefix : str or os.PathLike
+        Path prefix of the two files, e.g. ``"out/lenet"``; its directory must exist.
+    epoch : int
+        0 .. 9999, the number in the params file name (``load_checkpoint``'s ``epoch``).
+
+    Returns
+    -------
+    (str, str)
+        The paths of the symbol file and of the params file.
+
+    Raises
+    ------
+    TypeError
+        For params that are not a list of float NDArrays, or a non-integer epoch.
+    ValueError
+        For the wrong number of params, a wrong shape, non-finite values, a negative or too large epoch,
+        or a prefix whose directory does not exist.
+
+    >>> import os, tempfile
+    >>> import mxnet as mx
+    >>> from parallel.model import init_lenet_params
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     paths = export_lenet(init_lenet_params(seed=0), os.path.join(tmp, "lenet"))
+    ...     print(sorted(os.listdir(tmp)))
+    ...     sym, arg_params, aux_params = mx.model.load_checkpoint(os.path.join(tmp, "lenet"), 0)
+    ['lenet-0000.params', 'lenet-symbol.json']
+    >>> arg_params["dense1_weight"].shape, aux_params
+    ((800, 128), {})
+    """
+    arrays = check_lenet_params(params)
+    if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)):
+        raise TypeError(f"epoch must be an int, got {type(epoch).__name__} {epoch!r}")
+    if not 0 <= epoch <= 9999:
+        raise ValueError(f"epoch must be between 0 and 9999 (the file name's four digits), got {epoch}")
+    prefix = os.fspath(prefix)
+    if not os.path.basename(prefix):
+        raise ValueError(f"prefix {prefix!r} names a directory; add a file name prefix, "
+                         f"e.g. {os.path.join(prefix, 'lenet')!r}")
+    directory = os.path.dirname(os.path.abspath(prefix))
+    if not os.path.isdir(directory):
+        raise ValueError(f"cannot export to prefix {prefix!r}: directory {directory!r} does not exist; create it first")
+
+    symbol_file = f"{prefix}-symbol.json"
+    params_file = "%s-%04d.params" % (prefix, epoch)
+    save_arrays(params_file, {f"arg:{name}": a for name, a in zip(LENET_PARAM_NAMES, arrays)})
+    with atomic_write(symbol_file, "w") as f:
+        f.write(lenet_symbol().tojson())
+    return symbol_file, params_file
+
+
+def to_gluon(params, ctx=None):
+    """The textbook's gluon LeNet holding the from-scratch parameters: it predicts what ``lenet`` predicts.
+
+    Conv weights have the same layout in both, (out, in, kh, kw). Dense weights do not: the from-scratch
+    network computes ``dot(X, W)`` with ``W`` of shape (in, out), gluon's ``Dense`` computes ``X W^T`` with
+    its weight stored as (units, in_units), so they are transposed here.
+
+    Parameters
+    ----------
+    params : list or tuple of NDArray
+        The eight parameters in ``LENET_SHAPES`` order, on any context, all of one float dtype, all finite.
+        They are copied; the network does not share memory with them.
+    ctx : Context or list of Context, optional
+        Where the network's parameters live (one copy per context); ``mx.cpu()`` by default.
+
+    Returns
+    -------
+    gluon.nn.HybridSequential
+        ``Conv2D(20, 3, relu)``, ``AvgPool2D(2, 2)``, ``Conv2D(50, 5, relu)``, ``AvgPool2D(2, 2)``,
+        ``Dense(128, relu)``, ``Dense(10)``, initialized and in the params' dtype, not hybridized
+        (call ``hybridize()`` for a cached graph; the values are the same).
+
+    Raises
+    ------
+    TypeError, ValueError
+        For bad params, as ``export_lenet``; TypeError for a ctx that is not a Context or a list of them.
+
+    >>> import mxnet as mx
+    >>> from parallel.model import init_lenet_params, lenet
+    >>> params = init_lenet_params(seed=0)
+    >>> net = to_gluon(params)
+    >>> X = mx.nd.ones((2, 1, 28, 28))
+    >>> print(net(X).shape, (net(X) - lenet(X, params)).abs().max().asscalar() < 1e-6)
+    (2, 10) True
+    """
+    arrays = check_lenet_params(params)
+    ctx_list = _ctx_list(ctx)
+    net = gluon.nn.HybridSequential()
+    net.add(gluon.nn.Conv2D(20, kernel_size=3, activation="relu", in_channels=1),
+            gluon.nn.AvgPool2D(pool_size=2, strides=2),
+            gluon.nn.Conv2D(50, kernel_size=5, activation="relu", in_channels=20),
+            gluon.nn.AvgPool2D(pool_size=2, strides=2),
+            gluon.nn.Dense(128, activation="relu", in_units=800),
+            gluon.nn.Dense(10, in_units=128))
+    net.initialize(mx.init.Zero(), ctx=ctx_list)   # every value is overwritten below
+    net.cast(arrays[0].dtype.name)
+    layers = [net[0], net[2], net[4], net[5]]
+    for i, layer in enumerate(layers):
+        W, b = arrays[2 * i], arrays[2 * i + 1]
+        if isinstance(layer, gluon.nn.Dense):
+            W = W.T   # (in, out) -> gluon's (units, in_units)
+        layer.weight.set_data(mx.nd.array(np.ascontiguousarray(W), dtype=W.dtype))
+        layer.bias.set_data(mx.nd.array(b, dtype=b.dtype))
+    return net
