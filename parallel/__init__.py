@@ -32,7 +32,9 @@ _SOURCES = {
     "settings": ["recommended_omp_threads"],
     "data": ["DataError", "Dataset", "read_idx", "write_idx", "load_idx_dataset", "load_fashion_mnist",
              "default_data_dir", "synthetic_dataset", "iterate_batches"],
-    "training": ["fit", "plot_metrics"],
+    "training": ["fit", "plot_metrics", "TrainingStopped"],
+    "checkpoint": ["TrainingState", "save_checkpoint", "load_checkpoint", "CheckpointError"],
+    "export": ["export_lenet", "to_gluon", "lenet_symbol"],
 }
 _MODULE_OF = {name: module for module, names in _SOURCES.items() for name in names}
 

@@ -697,7 +697,7 @@ def num_batches(n, batch_size):
     return -(-int(n) // batch_size)
 
 
-def iterate_batches(images, labels, batch_size, shuffle=False, seed=None):
+def iterate_batches(images, labels, batch_size, shuffle=False, seed=None, start=0):
     """Yield ``(X, y)`` minibatches as float32 NDArrays on ``mx.cpu()``.
 
     Every example appears exactly once per call; the last batch holds the remainder and may be
@@ -716,6 +716,9 @@ def iterate_batches(images, labels, batch_size, shuffle=False, seed=None):
         Visit the examples in a random order drawn from ``np.random.RandomState(seed)``.
     seed : int, optional
         Seed for the shuffle; None draws a fresh order each call.
+    start : int, default 0
+        Batches to skip: the first batch yielded is batch ``start`` (from 0) of this order, so that a run
+        resumed mid-epoch sees exactly the batches it had not trained on. Skipped batches cost nothing.
 
     Returns
     -------
@@ -727,13 +730,15 @@ def iterate_batches(images, labels, batch_size, shuffle=False, seed=None):
     if images.ndim != 3 or labels.ndim != 1 or len(images) != len(labels):
         raise ValueError('need images of shape (n, height, width) and labels of shape (n,), got %s and %s'
                          % (images.shape, labels.shape))
-    return _batches(images, labels, batch_size, shuffle, seed)
+    if isinstance(start, bool) or not isinstance(start, (int, np.integer)) or start < 0:
+        raise ValueError('start must be an int >= 0 (batches to skip), got %r' % (start,))
+    return _batches(images, labels, batch_size, shuffle, seed, int(start))
 
 
-def _batches(images, labels, batch_size, shuffle, seed):
+def _batches(images, labels, batch_size, shuffle, seed, first):
     n = len(images)
     order = np.random.RandomState(seed).permutation(n) if shuffle else None
-    for start in range(0, n, batch_size):
+    for start in range(first * batch_size, n, batch_size):
         if order is None:
             sl = slice(start, start + batch_size)
         else:

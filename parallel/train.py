@@ -100,6 +100,13 @@ def build_parser():
     parser.add_argument("--metrics-json", metavar="PATH", help="write per-epoch metrics as JSON")
     parser.add_argument("--plot", metavar="PATH",
                         help="write loss and accuracy curves; the suffix names the format (.png, .pdf, .svg, ...)")
+    parser.add_argument("--checkpoint-dir", metavar="DIR",
+                        help="write a checkpoint there after every epoch and when interrupted (Ctrl-C, SIGTERM)")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue from the checkpoint in --checkpoint-dir (any strategy or devices; "
+                             "--epochs may grow)")
+    parser.add_argument("--export", metavar="PREFIX",
+                        help="write the trained LeNet as MXNet's PREFIX-symbol.json + PREFIX-0000.params")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bars")
     return parser
 
@@ -142,12 +149,29 @@ def check_args(args):
     if args.micro_batches is not None and not 1 <= args.micro_batches <= args.batch_size:
         raise UsageError(f"--micro-batches must be between 1 and --batch-size ({args.batch_size}), "
                          f"got {args.micro_batches}")
-    outputs = [(path, flag) for path, flag in ((args.metrics_json, "--metrics-json"), (args.plot, "--plot"))
+    if args.resume and args.checkpoint_dir is None:
+        raise UsageError("--resume needs --checkpoint-dir, the directory that holds the checkpoint")
+    if args.checkpoint_dir is not None:
+        if args.checkpoint_dir == "":
+            raise UsageError("--checkpoint-dir needs a directory, got an empty string")
+        if os.path.exists(args.checkpoint_dir) and not os.path.isdir(args.checkpoint_dir):
+            raise UsageError(f"--checkpoint-dir {args.checkpoint_dir!r} is a file, not a directory")
+    if args.export is not None and args.export == "":
+        raise UsageError("--export needs a path prefix such as out/lenet, got an empty string")
+    outputs = [(path, flag) for path, flag in ((args.metrics_json, "--metrics-json"), (args.plot, "--plot"),
+                                                (_export_files(args.export)[1], "--export"))
                if path is not None]
     for path, flag in outputs:
         _check_output(path, flag)
-    if len(outputs) == 2 and os.path.realpath(outputs[0][0]) == os.path.realpath(outputs[1][0]):
-        raise UsageError(f"--metrics-json and --plot both name {outputs[0][0]!r}; give each its own file")
+    for i, (path, flag) in enumerate(outputs):
+        for other, other_flag in outputs[i + 1:]:
+            if os.path.realpath(path) == os.path.realpath(other):
+                raise UsageError(f"{flag} and {other_flag} both name {path!r}; give each its own file")
+
+
+def _export_files(prefix):
+    """The files ``--export PREFIX`` writes (symbol, params), or (None, None)."""
+    return (None, None) if prefix is None else (f"{prefix}-symbol.json", f"{prefix}-0000.params")
 
 
 @contextlib.contextmanager
@@ -180,6 +204,54 @@ def _interrupt_after():
         raise KeyboardInterrupt
 
 
+class _StopRequest:
+    """Set by the first SIGINT or SIGTERM during training: ``fit`` stops at the next batch boundary."""
+
+    def __init__(self):
+        self.signum = None
+
+    def __call__(self):
+        return self.signum is not None
+
+
+@contextlib.contextmanager
+def _graceful_stop():
+    """During the block, a first SIGINT/SIGTERM asks training to stop at the next batch boundary (and to write
+    its checkpoint); a second one raises ``KeyboardInterrupt`` at once (atomic writes keep the last complete
+    checkpoint)."""
+    request = _StopRequest()
+    if threading.current_thread() is not threading.main_thread():
+        yield request
+        return
+
+    def handler(signum, frame):
+        if request.signum is not None:
+            raise KeyboardInterrupt
+        request.signum = signum
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield request
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+class _Stopped(Exception):
+    """Training stopped cleanly on a signal; ``main`` prints ``line`` and returns ``status``."""
+
+    def __init__(self, line, status):
+        super().__init__(line)
+        self.line, self.status = line, status
+
+
+def _resume_command(argv):
+    """The command that continues this run: the same arguments, with ``--resume``."""
+    import shlex
+    words = list(argv) + ([] if "--resume" in argv else ["--resume"])
+    return "python -m parallel.train " + " ".join(shlex.quote(w) for w in words)
+
+
 def _use_every_core():
     """Set ``OMP_NUM_THREADS`` to every core unless the user set it; MXNet reads it when imported, so this
     only has an effect before the first ``import mxnet`` in this process."""
@@ -203,18 +275,34 @@ def run(args):
     Raises ``UsageError`` for input the user controls (devices, layout, data, output files, divergence).
     """
     with _interrupt_after():   # imports MXNet
+        from .checkpoint import (CheckpointError, check_compatible, dataset_fingerprint, has_checkpoint,
+                                 load_checkpoint, save_checkpoint)
         from .data import DataError
         from .devices import parse_devices
+        from .export import export_lenet
         from .model import init_lenet_params
-        from .training import (NonFiniteLossError, fit, format_epoch, load_data, make_strategy, plot_format,
-                               plot_metrics, write_metrics)
+        from .training import (NonFiniteLossError, TrainingStopped, fit, format_epoch, load_data, make_strategy,
+                               plot_format, plot_metrics, write_metrics)
 
+    checkpoint = None
+    if args.checkpoint_dir is not None:
+        with _users_input(CheckpointError):
+            if args.resume:
+                checkpoint = load_checkpoint(args.checkpoint_dir)
+                if checkpoint.state.epoch - 1 > args.epochs:
+                    raise UsageError(f"--epochs {args.epochs} is fewer than the {checkpoint.state.epoch - 1} epochs "
+                                     f"the checkpoint in {args.checkpoint_dir} has finished; give --epochs "
+                                     f"{checkpoint.state.epoch - 1} or more")
+            elif has_checkpoint(args.checkpoint_dir):
+                raise UsageError(f"{args.checkpoint_dir} already holds a checkpoint; add --resume to continue it, "
+                                 "or choose another --checkpoint-dir to start a new run")
     with _users_input(ValueError):
         if args.plot is not None:
             plot_format(args.plot)
         ctx_list = parse_devices(args.devices)
-        strategy = make_strategy(args.strategy, init_lenet_params(args.seed), ctx_list, args.stages,
-                                 args.boundaries, args.micro_batches, args.batch_size, args.allreduce)
+        params = init_lenet_params(args.seed) if checkpoint is None else checkpoint.params
+        strategy = make_strategy(args.strategy, params, ctx_list, args.stages, args.boundaries, args.micro_batches,
+                                 args.batch_size, args.allreduce)
     used = strategy.ctx_list
     if len(used) < len(ctx_list):
         idle = ", ".join(str(ctx) for ctx in ctx_list[len(used):])
@@ -224,6 +312,13 @@ def run(args):
     with _users_input(DataError):
         dataset = load_data(args.dataset, args.data_dir, progress=progress)
         data_name = _describe_data(args)
+    config = {"dataset": {"name": args.dataset, "fingerprint": dataset_fingerprint(dataset)},
+              "batch_size": args.batch_size, "lr": args.lr, "seed": args.seed, "epochs": args.epochs,
+              "strategy": args.strategy, "allreduce": args.allreduce, "devices": args.devices,
+              "stages": args.stages, "boundaries": args.boundaries, "micro_batches": args.micro_batches}
+    if checkpoint is not None:
+        with _users_input(CheckpointError):
+            check_compatible(checkpoint.config, config)
     print(f"training LeNet on {data_name}: {len(dataset.train_labels)} train / "
           f"{len(dataset.test_labels)} test examples, batch {args.batch_size}, lr {args.lr}, "
           f"on {len(used)} context(s)", flush=True)
@@ -236,6 +331,9 @@ def run(args):
 
     def on_epoch(metrics, history):
         print(format_epoch(metrics, used, strategy.name), flush=True)
+        write_outputs(history)
+
+    def write_outputs(history):
         for path, flag, write in ((args.metrics_json, "--metrics-json", write_metrics),
                                   (args.plot, "--plot", write_plot)):
             if path is not None:
@@ -244,25 +342,65 @@ def run(args):
                 except OSError as e:   # the disk filled up or the directory went away mid-run
                     raise UsageError(f"cannot write {flag} {path!r}: {e.strerror or e}") from None
 
-    with _users_input(NonFiniteLossError):
-        fit(dataset, ctx_list, args.epochs, args.batch_size, args.lr, seed=args.seed, algorithm=args.allreduce,
-            progress=progress, on_epoch=on_epoch, strategy=strategy)
+    def save(state, params):
+        if args.checkpoint_dir is None:
+            return
+        try:
+            save_checkpoint(args.checkpoint_dir, params, state, config)
+        except OSError as e:   # a full disk, a file size limit: the previous checkpoint is intact
+            raise UsageError(f"cannot write the checkpoint in {args.checkpoint_dir!r} ({e.strerror or e}); the "
+                             "previous checkpoint there is intact") from None
+
+    start = None if checkpoint is None else checkpoint.state
+    if start is not None and start.epoch > args.epochs:
+        print(f"the checkpoint in {args.checkpoint_dir} has finished all {args.epochs} epochs; nothing to train "
+              "(give a larger --epochs to train further)", flush=True)
+    elif start is not None:
+        print(f"resuming from {checkpoint.path}: epoch {start.epoch}, after {start.batch} batch(es)", flush=True)
+    with _graceful_stop() as stop, _users_input(NonFiniteLossError):
+        try:
+            fit(dataset, ctx_list, args.epochs, args.batch_size, args.lr, seed=args.seed, algorithm=args.allreduce,
+                progress=progress, on_epoch=on_epoch, strategy=strategy, start=start, stop=stop,
+                on_checkpoint=save)
+        except TrainingStopped as e:
+            if e.state.history:
+                write_outputs(e.state.history)
+            where = f"stopped at epoch {e.state.epoch} after {e.state.batch} batch(es)"
+            if args.checkpoint_dir is None:
+                line = f"{where}; no --checkpoint-dir, so there is nothing to resume from"
+            else:
+                line = f"{where}; checkpoint in {args.checkpoint_dir}. Resume with: {_resume_command(args.argv)}"
+            raise _Stopped(line, 128 + stop.signum) from None
+    if args.export is not None:
+        try:
+            export_lenet(strategy.params(), args.export)
+        except OSError as e:
+            raise UsageError(f"cannot write --export {args.export!r}: {e.strerror or e}") from None
+        print(f"exported LeNet to {' and '.join(_export_files(args.export))}", flush=True)
 
 
 def main(argv=None):
     """Entry point of ``python -m parallel.train``; returns the process exit status.
 
-    0 when training finished; 2 with one ``error:`` line on stderr for input the user controls; 130 after
-    Ctrl-C. A bug in the package is not caught: its traceback is shown and Python exits with 1.
+    0 when training finished; 2 with one ``error:`` line on stderr for input the user controls (a failed
+    checkpoint write too). A first Ctrl-C or SIGTERM during training stops at the next batch boundary, writes
+    the checkpoint, metrics and plot, prints one line with the command that resumes, and returns 130 or 143;
+    a second one (or Ctrl-C before training starts) stops at once: ``error: interrupted``, 130. A bug in the
+    package is not caught: its traceback is shown and Python exits with 1.
     """
+    argv = sys.argv[1:] if argv is None else list(argv)
     try:
         args = build_parser().parse_args(argv)
+        args.argv = argv
         check_args(args)
         _use_every_core()
         run(args)
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except _Stopped as e:
+        print(e.line, file=sys.stderr)
+        return e.status
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return 130

@@ -27,6 +27,7 @@ from tqdm import tqdm
 
 from .comm import get_params
 from .data import iterate_batches, load_fashion_mnist, num_batches, synthetic_dataset
+from .checkpoint import TrainingState
 from .evaluate import evaluate_accuracy
 from .files import atomic_write
 from .model import init_lenet_params
@@ -36,7 +37,8 @@ from .strategies import Hybrid, ModelParallel, Pipeline
 from .strategies._checks import check_contexts
 
 __all__ = ["fit", "make_strategy", "Strategy", "STRATEGIES", "load_data", "plot_metrics", "write_metrics",
-           "format_epoch", "epoch_seed", "plot_format", "plot_formats", "NonFiniteLossError", "IN_FLIGHT"]
+           "format_epoch", "epoch_seed", "plot_format", "plot_formats", "NonFiniteLossError", "TrainingStopped",
+           "TrainingState", "IN_FLIGHT"]
 
 #: How many steps the host queues ahead of the devices. It then waits for the oldest step, reads its loss
 #: (checking it is finite) and advances the progress bar: the bar counts finished batches, not queued ones,
@@ -47,6 +49,14 @@ IN_FLIGHT = 2
 
 class NonFiniteLossError(ValueError):
     """The training loss became NaN or infinite."""
+
+
+class TrainingStopped(Exception):
+    """``fit`` stopped at a batch boundary because ``stop()`` asked it to; ``state`` says where."""
+
+    def __init__(self, state):
+        super().__init__(f"stopped at epoch {state.epoch} after {state.batch} batch(es)")
+        self.state = state
 
 
 def _check_positive_int(value, name):
@@ -86,6 +96,9 @@ class Strategy(NamedTuple):
     evaluate: Callable
     #: One line saying how the model is laid out on the contexts.
     description: str
+    #: ``params()`` -> LeNet's eight live arrays (replica 0's, or each on its stage's context): what a
+    #: checkpoint stores and ``parallel.export`` writes.
+    params: Callable
 
 
 def _data_step(X, y, lr, device_params, ctx_list, algorithm):
@@ -147,7 +160,8 @@ def make_strategy(name, params, ctx_list, stages=None, boundaries=None, micro_ba
                         functools.partial(_data_step, device_params=device_params, ctx_list=ctx_list,
                                           algorithm=algorithm),
                         functools.partial(evaluate_accuracy, device_params=device_params, ctx_list=ctx_list),
-                        f"one replica per context, gradients summed with the {algorithm} allreduce")
+                        f"one replica per context, gradients summed with the {algorithm} allreduce",
+                        functools.partial(list, device_params[0]))
     if name == "model":
         model = ModelParallel(params, ctx_list, stages, boundaries)
         step = model.train_step
@@ -161,7 +175,7 @@ def make_strategy(name, params, ctx_list, stages=None, boundaries=None, micro_ba
     else:
         model = Hybrid(params, ctx_list, stages, boundaries, algorithm)
         step = model.train_step
-    return Strategy(name, model, model.ctx_list, step, model.evaluate, model.describe())
+    return Strategy(name, model, model.ctx_list, step, model.evaluate, model.describe(), model.params)
 
 
 def _read_finished(loss, right, epoch, batch):
@@ -174,7 +188,8 @@ def _read_finished(loss, right, epoch, batch):
 
 
 def fit(dataset, ctx_list, num_epochs, batch_size, lr, seed=0, algorithm=DEFAULT_ALGORITHM, progress=False,
-        on_epoch=None, strategy="data", stages=None, boundaries=None, micro_batches=None):
+        on_epoch=None, strategy="data", stages=None, boundaries=None, micro_batches=None, params=None, start=None,
+        stop=None, on_checkpoint=None):
     """Train LeNet from scratch over ``ctx_list`` with data parallelism or another ``strategy``.
 
     Parameters
@@ -201,20 +216,36 @@ def fit(dataset, ctx_list, num_epochs, batch_size, lr, seed=0, algorithm=DEFAULT
         (its parameters and contexts are used as they are; ``seed`` then only seeds the shuffling).
     stages, boundaries, micro_batches
         Passed to ``make_strategy`` with a strategy name.
+    params : list of NDArray, optional
+        LeNet's initial parameters with a strategy name (default ``init_lenet_params(seed)``); a checkpoint's.
+    start : parallel.checkpoint.TrainingState, optional
+        Where to continue: a checkpoint's state (its epoch, the batches of it already trained, their sums, the
+        history). With the checkpoint's parameters, the same layout and the same arguments, the run ends with
+        parameters bitwise equal to a run never interrupted.
+    stop : callable, optional
+        ``stop()`` is asked before each batch; when it returns True the queued steps are finished,
+        ``on_checkpoint`` is called and ``TrainingStopped`` is raised: the run stops at a batch boundary.
+    on_checkpoint : callable, optional
+        ``on_checkpoint(state, params)`` with a ``TrainingState`` and LeNet's eight live arrays: after every
+        epoch (the state then points at the next epoch's first batch) and when ``stop`` stops the run. Not
+        called when the loss becomes NaN or infinite.
 
     Returns
     -------
     (list of dict, object)
         One dict per epoch with ``epoch``, ``train_loss``, ``train_acc``, ``test_acc``, ``seconds``,
-        ``images_per_second``; and the trained model, ``Strategy.model``: for ``"data"`` the replicas
-        (``device_params``, one per context, as before), else the ``ModelParallel``, ``Pipeline`` or
-        ``Hybrid`` object (``.params()`` gives LeNet's eight arrays). The host queues at most ``IN_FLIGHT``
-        steps ahead of the devices, then reads the oldest step's loss.
+        ``images_per_second`` (a resumed run's history includes the checkpoint's epochs); and the trained
+        model, ``Strategy.model``: for ``"data"`` the replicas (``device_params``, one per context; LeNet's
+        eight arrays are ``device_params[0]``), else the ``ModelParallel``, ``Pipeline`` or ``Hybrid`` object
+        (``.params()`` gives them). Either is what ``parallel.export`` takes. The host queues at most
+        ``IN_FLIGHT`` steps ahead of the devices, then reads the oldest step's loss.
 
     Raises
     ------
     NonFiniteLossError
         When the loss becomes NaN or infinite, naming the epoch and the batch.
+    TrainingStopped
+        When ``stop()`` returned True.
     ValueError, TypeError
         For an argument out of range (checked before any training).
     """
@@ -222,17 +253,23 @@ def fit(dataset, ctx_list, num_epochs, batch_size, lr, seed=0, algorithm=DEFAULT
     _check_positive_int(batch_size, "batch_size")
     check_lr(lr)
     check_seed(seed)
-    if not isinstance(strategy, Strategy):
-        strategy = make_strategy(strategy, init_lenet_params(seed), ctx_list, stages, boundaries, micro_batches,
-                                 batch_size, algorithm)
     n_train = len(dataset.train_labels)
-    history = []
-    for epoch in range(1, num_epochs + 1):
+    per_epoch = num_batches(n_train, batch_size)
+    state = start if start is not None else TrainingState(1, 0, 0.0, 0.0, 0.0, epoch_seed(seed, 1), [])
+    _check_start(state, seed, per_epoch)
+    if not isinstance(strategy, Strategy):
+        strategy = make_strategy(strategy, init_lenet_params(seed) if params is None else params, ctx_list, stages,
+                                 boundaries, micro_batches, batch_size, algorithm)
+    history = list(state.history)
+    for epoch in range(state.epoch, num_epochs + 1):
+        resumed = epoch == state.epoch
+        skip = state.batch if resumed else 0
         batches = iterate_batches(dataset.train_images, dataset.train_labels, batch_size,
-                                  shuffle=True, seed=epoch_seed(seed, epoch))
-        bar = tqdm(total=num_batches(n_train, batch_size), desc=f"epoch {epoch}", unit="batch",
+                                  shuffle=True, seed=epoch_seed(seed, epoch), start=skip)
+        bar = tqdm(total=per_epoch, initial=skip, desc=f"epoch {epoch}", unit="batch",
                    leave=False, disable=not progress, file=sys.stderr)
-        totals = [0.0, 0.0]               # summed loss and correct predictions of the finished batches
+        # summed loss, correct predictions and seconds of the finished batches
+        totals = [state.loss_sum, state.correct, state.seconds] if resumed else [0.0, 0.0, 0.0]
         in_flight = collections.deque()   # (batch number, loss, correct count) of the queued steps
 
         def finish_oldest():
@@ -241,22 +278,49 @@ def fit(dataset, ctx_list, num_epochs, batch_size, lr, seed=0, algorithm=DEFAULT
                 totals[i] += value
             bar.update(1)
 
-        start = time.perf_counter()
-        for b, (X, y) in enumerate(batches, start=1):
+        def finish_all(started):
+            while in_flight:
+                finish_oldest()
+            totals[2] += time.perf_counter() - started
+
+        started = time.perf_counter()
+        for b, (X, y) in enumerate(batches, start=skip + 1):
+            if stop is not None and stop():
+                finish_all(started)
+                bar.close()
+                here = TrainingState(epoch, b - 1, *totals, epoch_seed(seed, epoch), history)
+                if on_checkpoint is not None:
+                    on_checkpoint(here, strategy.params())
+                raise TrainingStopped(here)
             in_flight.append((b, *strategy.train_step(X, y, lr)))
             if len(in_flight) > IN_FLIGHT:
                 finish_oldest()
-        while in_flight:
-            finish_oldest()
-        seconds = time.perf_counter() - start
+        finish_all(started)
         bar.close()
         test_acc = strategy.evaluate(iterate_batches(dataset.test_images, dataset.test_labels, batch_size))
         metrics = {"epoch": epoch, "train_loss": totals[0] / n_train, "train_acc": totals[1] / n_train,
-                   "test_acc": test_acc, "seconds": seconds, "images_per_second": n_train / seconds}
+                   "test_acc": test_acc, "seconds": totals[2], "images_per_second": n_train / totals[2]}
         history.append(metrics)
         if on_epoch is not None:
             on_epoch(metrics, history)
+        if on_checkpoint is not None:
+            on_checkpoint(TrainingState(epoch + 1, 0, 0.0, 0.0, 0.0, epoch_seed(seed, epoch + 1), list(history)),
+                          strategy.params())
     return history, strategy.model
+
+
+def _check_start(state, seed, per_epoch):
+    """Raise ``ValueError`` unless ``state`` is a position this run can continue from."""
+    if not isinstance(state, TrainingState):
+        raise TypeError(f"start must be a TrainingState (a checkpoint's state), got {type(state).__name__}")
+    if state.epoch < 1 or not 0 <= state.batch < per_epoch:
+        raise ValueError(f"start points at epoch {state.epoch}, batch {state.batch}, but an epoch here has "
+                         f"{per_epoch} batches; the checkpoint belongs to another batch size or dataset")
+    if len(state.history) != state.epoch - 1:
+        raise ValueError(f"start is in epoch {state.epoch} but holds {len(state.history)} finished epochs")
+    if state.shuffle_seed != epoch_seed(seed, state.epoch):
+        raise ValueError(f"start orders epoch {state.epoch} with seed {state.shuffle_seed}, but seed {seed} gives "
+                         f"{epoch_seed(seed, state.epoch)}: the data order would change")
 
 
 def load_data(name, data_dir=None, seed=0, progress=True):

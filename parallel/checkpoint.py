@@ -1,0 +1,265 @@
+"""Checkpoints: everything a run needs to continue exactly, written atomically, independent of the layout.
+
+A checkpoint directory holds two files:
+
+- ``params-NNNNNN.params``: LeNet's eight parameter arrays in MXNet's own format (``mx.nd.load`` reads it),
+  named as in ``parallel.export.LENET_PARAM_NAMES``. They are the model, whatever strategy trained it, so a
+  checkpoint resumes on any number of contexts and under any strategy.
+- ``checkpoint.json``: the format and its version, the parameter file's name and sha256, the position (the
+  epoch in progress and how many of its batches are done), the partial sums of that epoch, the seed of the
+  generator that orders its data, the metrics history, and the run's configuration.
+
+A new checkpoint first writes a new parameter file, then replaces ``checkpoint.json`` (the commit point),
+then removes the previous parameter file; every write is atomic (temporary file, fsync, rename). A crash or a
+full disk at any moment leaves the previous checkpoint complete and loadable.
+
+>>> import tempfile
+>>> from parallel.model import init_lenet_params
+>>> state = TrainingState(epoch=2, batch=0, loss_sum=0.0, correct=0.0, seconds=0.0, shuffle_seed=7, history=[])
+>>> with tempfile.TemporaryDirectory() as d:
+...     _ = save_checkpoint(d, init_lenet_params(seed=0), state, {"batch_size": 256, "lr": 0.2})
+...     loaded = load_checkpoint(d)
+>>> loaded.state == state, len(loaded.params), loaded.config["lr"]
+(True, 8, 0.2)
+"""
+import hashlib
+import json
+import os
+from typing import List, NamedTuple
+
+import mxnet as mx
+import numpy as np
+
+from .export import LENET_PARAM_NAMES, check_lenet_params, save_arrays
+from .files import atomic_write, fsync_directory
+from .model import LENET_SHAPES
+
+__all__ = ["FORMAT", "VERSION", "MANIFEST", "CheckpointError", "TrainingState", "Checkpoint", "save_checkpoint",
+           "load_checkpoint", "has_checkpoint", "check_compatible", "dataset_fingerprint", "COMPATIBLE_FIELDS"]
+
+FORMAT = "parallel-checkpoint"
+#: Bumped whenever a field changes meaning; a checkpoint of another version is refused, never misread.
+VERSION = 1
+#: The file that makes a checkpoint exist: written last, it names the parameter file.
+MANIFEST = "checkpoint.json"
+
+#: Configuration fields that decide the computation: a resume that changes one is refused. The layout
+#: (strategy, devices, allreduce, stages) may change, and the number of epochs may grow.
+COMPATIBLE_FIELDS = ("dataset", "batch_size", "lr", "seed")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint is missing, unreadable, corrupt, foreign, of another format version, or does not fit the run.
+
+    The message is one line naming the file or field and what to do.
+    """
+
+
+class TrainingState(NamedTuple):
+    """Where a run stands between two batches: what ``fit`` needs, with the parameters, to continue exactly."""
+    #: The epoch in progress, from 1; at an epoch boundary, the next epoch with ``batch`` 0.
+    epoch: int
+    #: Batches of ``epoch`` already trained.
+    batch: int
+    #: Summed loss, correct predictions and seconds of those batches (exact Python floats).
+    loss_sum: float
+    correct: float
+    seconds: float
+    #: Seed of the ``numpy.random.RandomState`` whose permutation orders ``epoch``'s examples.
+    shuffle_seed: int
+    #: One metrics dict per finished epoch.
+    history: List[dict]
+
+
+class Checkpoint(NamedTuple):
+    """A loaded checkpoint: LeNet's eight arrays on the CPU, the training state, the configuration, the manifest."""
+    params: list
+    state: TrainingState
+    config: dict
+    path: str
+
+
+def has_checkpoint(directory):
+    """Whether ``directory`` holds a checkpoint (its manifest), complete or not."""
+    return os.path.isfile(os.path.join(os.fspath(directory), MANIFEST))
+
+
+def dataset_fingerprint(dataset):
+    """sha256 of a ``Dataset``'s four arrays (shapes and bytes): the identity a resume checks.
+
+    >>> from parallel.data import synthetic_dataset
+    >>> a, b = synthetic_dataset(40, 10, seed=0), synthetic_dataset(40, 10, seed=1)
+    >>> dataset_fingerprint(a) == dataset_fingerprint(synthetic_dataset(40, 10, seed=0)) != dataset_fingerprint(b)
+    True
+    """
+    digest = hashlib.sha256()
+    for array in dataset:
+        array = np.ascontiguousarray(array)
+        digest.update(f"{array.dtype.str}{array.shape}".encode())
+        digest.update(array.data)
+    return digest.hexdigest()
+
+
+def _sha256(path):
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def save_checkpoint(directory, params, state, config):
+    """Write a checkpoint into ``directory`` (created if needed), replacing the previous one atomically.
+
+    Parameters
+    ----------
+    directory : str or os.PathLike
+    params : list of NDArray
+        LeNet's eight arrays, on any context (read once, which waits for the device).
+    state : TrainingState
+    config : dict
+        The run's configuration, JSON-serialisable; ``check_compatible`` compares its ``COMPATIBLE_FIELDS``.
+
+    Returns
+    -------
+    str
+        The manifest's path.
+
+    Raises
+    ------
+    ValueError, TypeError
+        For parameters that are not LeNet's or not finite (``check_lenet_params``): nothing is written, so a
+        diverged run never replaces the last good checkpoint.
+    OSError
+        When a write fails (a full disk, a file size limit): the previous checkpoint is left as it was.
+    """
+    directory = os.fspath(directory)
+    arrays = check_lenet_params(params)   # LeNet's 8 finite arrays, on the host: checked before any write
+    os.makedirs(directory, exist_ok=True)
+    manifest_path = os.path.join(directory, MANIFEST)
+    previous = _previous_params_file(manifest_path)
+    generation = _next_generation(directory)
+    params_file = f"params-{generation:06d}.params"
+    params_path = os.path.join(directory, params_file)
+    save_arrays(params_path, dict(zip(LENET_PARAM_NAMES, arrays)))
+    manifest = {"format": FORMAT, "version": VERSION, "params_file": params_file,
+                "params_sha256": _sha256(params_path), "state": state._asdict(), "config": config}
+    try:
+        with atomic_write(manifest_path, "w") as f:   # the commit point
+            json.dump(manifest, f, indent=2)
+            f.write("\n")
+    except BaseException:
+        _remove(params_path)
+        raise
+    if previous is not None and previous != params_file:
+        _remove(os.path.join(directory, previous))
+        fsync_directory(directory)
+    return manifest_path
+
+
+def _remove(path):
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def _previous_params_file(manifest_path):
+    try:
+        with open(manifest_path) as f:
+            name = json.load(f).get("params_file")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return name if isinstance(name, str) and os.path.basename(name) == name else None
+
+
+def _next_generation(directory):
+    """One more than any parameter file in ``directory``, so a new file never overwrites the live one."""
+    numbers = [int(name[7:13]) for name in os.listdir(directory)
+               if name.startswith("params-") and name.endswith(".params") and name[7:13].isdigit()]
+    return max(numbers, default=0) + 1
+
+
+def load_checkpoint(directory):
+    """Read and check the checkpoint in ``directory``.
+
+    Returns
+    -------
+    Checkpoint
+        LeNet's eight arrays as NDArrays on ``mx.cpu()``, the state, the configuration and the manifest path.
+
+    Raises
+    ------
+    CheckpointError
+        One line naming the file: no checkpoint, a truncated or corrupt manifest or parameter file, a file that
+        is not a checkpoint of this package, another format version, a parameter file whose sha256 differs from
+        the manifest's, or arrays that are not LeNet's.
+    """
+    directory = os.fspath(directory)
+    manifest_path = os.path.join(directory, MANIFEST)
+    if not os.path.isfile(manifest_path):
+        raise CheckpointError(f"{directory}: no checkpoint ({MANIFEST} is missing); run without --resume to "
+                              "start one, or point --checkpoint-dir at the directory that holds it")
+    try:
+        with open(manifest_path) as f:
+            manifest = json.load(f)
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise CheckpointError(f"{manifest_path}: unreadable or corrupt ({type(e).__name__}: "
+                              f"{str(e).splitlines()[0] if str(e) else 'no detail'}); the checkpoint cannot be "
+                              "resumed") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise CheckpointError(f"{manifest_path}: not a checkpoint of this package (no \"format\": \"{FORMAT}\")")
+    if manifest.get("version") != VERSION:
+        raise CheckpointError(f"{manifest_path}: checkpoint format version {manifest.get('version')!r}, this "
+                              f"package reads version {VERSION}; resume it with the version that wrote it")
+    try:
+        params_file = manifest["params_file"]
+        expected_sha = manifest["params_sha256"]
+        state = TrainingState(**manifest["state"])
+        config = manifest["config"]
+        if not (isinstance(params_file, str) and os.path.basename(params_file) == params_file
+                and isinstance(config, dict) and isinstance(state.history, list)):
+            raise TypeError("malformed fields")
+    except (KeyError, TypeError) as e:
+        raise CheckpointError(f"{manifest_path}: a field is missing or malformed ({e}); the checkpoint cannot be "
+                              "resumed") from None
+    params_path = os.path.join(directory, params_file)
+    if not os.path.isfile(params_path):
+        raise CheckpointError(f"{params_path}: missing, but {MANIFEST} names it; the checkpoint is incomplete")
+    if _sha256(params_path) != expected_sha:
+        raise CheckpointError(f"{params_path}: its sha256 differs from the one in {MANIFEST}; the file is "
+                              "truncated, corrupt or from another checkpoint")
+    try:
+        loaded = mx.nd.load(params_path)
+    except mx.base.MXNetError:
+        raise CheckpointError(f"{params_path}: not an MXNet parameter file") from None
+    if not isinstance(loaded, dict) or sorted(loaded) != sorted(LENET_PARAM_NAMES):
+        raise CheckpointError(f"{params_path}: holds {sorted(loaded) if isinstance(loaded, dict) else 'a list'}, "
+                              f"not LeNet's parameters {list(LENET_PARAM_NAMES)}")
+    params = [loaded[name] for name in LENET_PARAM_NAMES]
+    for name, param, shape in zip(LENET_PARAM_NAMES, params, LENET_SHAPES):
+        if param.shape != shape:
+            raise CheckpointError(f"{params_path}: {name} has shape {param.shape}, LeNet's is {shape}")
+    return Checkpoint(params, state, config, manifest_path)
+
+
+def _describe(field, value):
+    if field == "dataset" and isinstance(value, dict):
+        return f"{value.get('name')} ({str(value.get('fingerprint'))[:12]})"
+    return repr(value)
+
+
+def check_compatible(saved, current):
+    """Raise ``CheckpointError`` when ``current`` changes a field of ``COMPATIBLE_FIELDS`` that ``saved`` has.
+
+    >>> check_compatible({"lr": 0.2, "seed": 0}, {"lr": 0.2, "seed": 0, "strategy": "pipeline"})
+    >>> check_compatible({"lr": 0.2}, {"lr": 0.1})
+    Traceback (most recent call last):
+        ...
+    parallel.checkpoint.CheckpointError: the checkpoint was trained with lr 0.2, this run asks for 0.1; resume with the same lr, or start a new run in another --checkpoint-dir
+    """
+    for field in COMPATIBLE_FIELDS:
+        if field in saved and saved[field] != current.get(field):
+            raise CheckpointError(f"the checkpoint was trained with {field} {_describe(field, saved[field])}, this "
+                                  f"run asks for {_describe(field, current.get(field))}; resume with the same "
+                                  f"{field}, or start a new run in another --checkpoint-dir")

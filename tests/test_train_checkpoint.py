@@ -1,0 +1,239 @@
+"""--checkpoint-dir, --resume, --export and clean interruption through the CLI (signals in real processes)."""
+import json
+import os
+import resource
+import shlex
+import signal
+import subprocess
+import sys
+
+import mxnet as mx
+import numpy as np
+import pytest
+from mxnet import gluon
+
+from parallel import checkpoint as ckpt
+from parallel import write_idx
+from parallel.data import FILES
+from parallel.model import lenet
+from parallel.train import main
+from conftest import easy_dataset
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("idx")
+    ds = easy_dataset(num_train=300, num_test=60, seed=6)   # 30 batches of 10 per epoch
+    for role, name in FILES.items():
+        write_idx(directory / name, getattr(ds, role))
+    return directory
+
+
+def _args(data_dir, *extra):
+    return ["--data-dir", str(data_dir), "--batch-size", "10", "--lr", "0.1", "--seed", "3", "--no-progress",
+            *extra]
+
+
+def _params(directory):
+    return [p.asnumpy() for p in ckpt.load_checkpoint(directory).params]
+
+
+def _without_timings(history):
+    return [{k: v for k, v in m.items() if k not in ("seconds", "images_per_second")} for m in history]
+
+
+def _snapshot(directory):
+    return {name: (directory / name).read_bytes() for name in sorted(os.listdir(directory))}
+
+
+STRATEGY_ARGS = {
+    "data-naive": ["--devices", "cpu:2", "--allreduce", "naive"],
+    "data-ring": ["--devices", "cpu:3", "--allreduce", "ring"],
+    "model": ["--devices", "cpu:2", "--strategy", "model"],
+    "pipeline": ["--devices", "cpu:2", "--strategy", "pipeline", "--micro-batches", "3"],
+    "hybrid-tree": ["--devices", "cpu:4", "--strategy", "hybrid", "--allreduce", "tree"],
+}
+
+
+@pytest.mark.parametrize("layout", list(STRATEGY_ARGS))
+def test_resume_with_more_epochs_is_bitwise_the_longer_run(layout, data_dir, tmp_path, capsys):
+    """1 epoch, then --resume --epochs 2: the same parameters and metrics as 2 epochs at once; --export writes
+    what the checkpoint holds, and SymbolBlock.imports predicts what the from-scratch lenet predicts."""
+    layout_args = STRATEGY_ARGS[layout]
+    once, twice = tmp_path / "once", tmp_path / "twice"
+    assert main(_args(data_dir, *layout_args, "--epochs", "2", "--checkpoint-dir", str(once),
+                      "--metrics-json", str(tmp_path / "once.json"))) == 0
+    assert main(_args(data_dir, *layout_args, "--epochs", "1", "--checkpoint-dir", str(twice),
+                      "--metrics-json", str(tmp_path / "twice.json"))) == 0
+    assert ckpt.load_checkpoint(twice).state.epoch == 2
+    assert main(_args(data_dir, *layout_args, "--epochs", "2", "--checkpoint-dir", str(twice), "--resume",
+                      "--metrics-json", str(tmp_path / "twice.json"), "--export", str(tmp_path / "lenet"))) == 0
+    assert "resuming from" in capsys.readouterr().out
+    for got, want in zip(_params(twice), _params(once)):
+        np.testing.assert_array_equal(got, want)
+    history = json.loads((tmp_path / "twice.json").read_text())
+    assert [m["epoch"] for m in history] == [1, 2]
+    assert _without_timings(history) == _without_timings(json.loads((tmp_path / "once.json").read_text()))
+    net = gluon.SymbolBlock.imports(str(tmp_path / "lenet-symbol.json"), ["data"],
+                                    str(tmp_path / "lenet-0000.params"), ctx=mx.cpu(1))
+    X = mx.nd.random.uniform(shape=(6, 1, 28, 28), ctx=mx.cpu(1))
+    want = lenet(X, [mx.nd.array(p, ctx=mx.cpu(1)) for p in _params(twice)])
+    np.testing.assert_allclose(net(X).asnumpy(), want.asnumpy(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.fixture
+def one_epoch(data_dir, tmp_path):
+    directory = tmp_path / "ckpt"
+    assert main(_args(data_dir, "--devices", "cpu:2", "--epochs", "1", "--checkpoint-dir", str(directory))) == 0
+    return directory
+
+
+@pytest.mark.parametrize("change, message", [
+    (["--lr", "0.5"], "trained with lr 0.1, this run asks for 0.5"),
+    (["--batch-size", "20"], "trained with batch_size 10, this run asks for 20"),
+    (["--seed", "4"], "trained with seed 3, this run asks for 4"),
+    (["--epochs", "0"], "--epochs must be >= 1"),
+])
+def test_resume_refuses_a_change_of_computation(one_epoch, data_dir, change, message, capsys):
+    before = _snapshot(one_epoch)
+    status = main(_args(data_dir, "--devices", "cpu:2", "--epochs", "2", "--checkpoint-dir", str(one_epoch),
+                        "--resume", *change))
+    err = capsys.readouterr().err.strip()
+    assert status == 2 and err.startswith("error: ") and message in err and len(err.splitlines()) == 1, err
+    assert _snapshot(one_epoch) == before
+
+
+def test_resume_refuses_another_dataset(one_epoch, tmp_path, capsys):
+    other = tmp_path / "other"
+    other.mkdir()
+    ds = easy_dataset(num_train=300, num_test=60, seed=7)
+    for role, name in FILES.items():
+        write_idx(other / name, getattr(ds, role))
+    before = _snapshot(one_epoch)
+    assert main(_args(other, "--devices", "cpu:2", "--epochs", "2", "--checkpoint-dir", str(one_epoch),
+                      "--resume")) == 2
+    err = capsys.readouterr().err.strip()
+    assert "trained with dataset fashion-mnist (" in err and len(err.splitlines()) == 1
+    assert _snapshot(one_epoch) == before
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--epochs", "2"], "already holds a checkpoint; add --resume"),              # would overwrite it
+    (["--epochs", "1", "--resume"], None),                                       # finished: nothing to train
+])
+def test_an_existing_checkpoint_is_never_overwritten_by_a_new_run(one_epoch, data_dir, args, message, capsys):
+    before = _snapshot(one_epoch)
+    status = main(_args(data_dir, "--devices", "cpu:2", "--checkpoint-dir", str(one_epoch), *args))
+    out, err = capsys.readouterr()
+    if message is None:
+        assert status == 0, err
+        assert "has finished all 1 epochs; nothing to train" in out
+        assert _snapshot(one_epoch) == before
+    else:
+        assert status == 2 and message in err, err
+        assert _snapshot(one_epoch) == before
+
+
+def test_resume_errors(data_dir, tmp_path, capsys):
+    for args, message in ((["--resume"], "--resume needs --checkpoint-dir"),
+                          (["--resume", "--checkpoint-dir", str(tmp_path / "none")], "no checkpoint"),
+                          (["--checkpoint-dir", ""], "--checkpoint-dir needs a directory"),
+                          (["--export", ""], "--export needs a path prefix"),
+                          (["--export", str(tmp_path / "missing" / "lenet")], "does not exist")):
+        assert main(_args(data_dir, "--epochs", "1", *args)) == 2
+        err = capsys.readouterr().err.strip()
+        assert message in err and len(err.splitlines()) == 1, err
+
+
+def test_resume_refuses_fewer_epochs_than_finished(data_dir, tmp_path, capsys):
+    directory = tmp_path / "c"
+    assert main(_args(data_dir, "--devices", "cpu:1", "--epochs", "2", "--checkpoint-dir", str(directory))) == 0
+    before = _snapshot(directory)
+    assert main(_args(data_dir, "--devices", "cpu:1", "--epochs", "1", "--checkpoint-dir", str(directory),
+                      "--resume")) == 2
+    assert "--epochs 1 is fewer than the 2 epochs" in capsys.readouterr().err
+    assert _snapshot(directory) == before
+
+
+def _start(data_dir, cwd, *extra, preexec_fn=None):
+    command = [sys.executable, "-m", "parallel.train", *_args(data_dir, "--devices", "cpu:2", *extra)]
+    return subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=preexec_fn)
+
+
+def _wait_for_epoch_line(process):
+    for line in process.stdout:
+        if line.startswith("epoch 1,"):
+            return
+    raise AssertionError("the run ended before its first epoch: " + process.stderr.read())
+
+
+@pytest.mark.parametrize("sig, status", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_signal_stops_at_a_batch_boundary_and_the_resume_command_finishes_the_run(data_dir, tmp_path, sig,
+                                                                                     status):
+    """Signalled mid-run: one line with the exact command to resume, status 130/143; that command finishes
+    the run with parameters and metrics bitwise those of the run never interrupted."""
+    common = ("--epochs", "12", "--checkpoint-dir", "ckpt", "--metrics-json", "m.json", "--plot", "p.png")
+    straight = tmp_path / "straight"
+    straight.mkdir()
+    assert _start(data_dir, straight, *common).wait(timeout=300) == 0
+    stopped = tmp_path / "stopped"
+    stopped.mkdir()
+    process = _start(data_dir, stopped, *common)
+    _wait_for_epoch_line(process)
+    process.send_signal(sig)
+    _, err = process.communicate(timeout=120)
+    lines = err.strip().splitlines()
+    assert process.returncode == status and len(lines) == 1 and "Traceback" not in err, err
+    assert lines[0].startswith("stopped at epoch ") and "Resume with: python -m parallel.train " in lines[0]
+    state = ckpt.load_checkpoint(stopped / "ckpt").state
+    assert state.epoch < 12 or state.batch < 30, "the signal arrived after the run had finished"
+    assert [m["epoch"] for m in json.loads((stopped / "m.json").read_text())] == list(range(1, state.epoch))
+    command = shlex.split(lines[0].split("Resume with: ")[1])
+    assert command[:3] == ["python", "-m", "parallel.train"] and command[-1] == "--resume"
+    resumed = subprocess.run([sys.executable, *command[1:]], cwd=stopped, capture_output=True, text=True,
+                             timeout=300)
+    assert resumed.returncode == 0, resumed.stderr
+    for got, want in zip(_params(stopped / "ckpt"), _params(straight / "ckpt")):
+        np.testing.assert_array_equal(got, want)
+    history = json.loads((stopped / "m.json").read_text())
+    assert [m["epoch"] for m in history] == list(range(1, 13))
+    assert _without_timings(history) == _without_timings(json.loads((straight / "m.json").read_text()))
+
+
+def test_a_second_ctrl_c_exits_at_once_keeping_the_last_checkpoint(data_dir, tmp_path):
+    process = _start(data_dir, tmp_path, "--epochs", "50", "--checkpoint-dir", "ckpt")
+    _wait_for_epoch_line(process)
+    process.send_signal(signal.SIGINT)
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=120)
+    lines = err.strip().splitlines()
+    assert process.returncode == 130 and len(lines) == 1 and "Traceback" not in err, err
+    assert lines[0] == "error: interrupted" or lines[0].startswith("stopped at epoch"), err
+    assert ckpt.load_checkpoint(tmp_path / "ckpt").state.epoch >= 2   # the last complete checkpoint loads
+    assert not [name for name in os.listdir(tmp_path / "ckpt") if name.endswith(".tmp")]
+
+
+def _limit_file_size():
+    resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, 100_000))   # a parameter file is ~516 KB
+
+
+def test_a_failed_checkpoint_write_ends_the_run_and_keeps_the_previous_checkpoint(data_dir, tmp_path):
+    assert main(_args(data_dir, "--devices", "cpu:2", "--epochs", "1", "--checkpoint-dir",
+                      str(tmp_path / "ckpt"))) == 0
+    before = _snapshot(tmp_path / "ckpt")
+    process = _start(data_dir, tmp_path, "--epochs", "2", "--checkpoint-dir", "ckpt", "--resume",
+                     preexec_fn=_limit_file_size)
+    _, err = process.communicate(timeout=300)
+    lines = err.strip().splitlines()
+    assert process.returncode == 2 and len(lines) == 1, err
+    assert lines[0].startswith("error: cannot write the checkpoint in 'ckpt'") and "intact" in lines[0], err
+    assert _snapshot(tmp_path / "ckpt") == before
+    assert ckpt.load_checkpoint(tmp_path / "ckpt").state.epoch == 2
+
+
+def test_a_diverging_run_leaves_no_checkpoint(data_dir, tmp_path, capsys):
+    assert main(_args(data_dir, "--devices", "cpu:2", "--epochs", "2", "--lr", "1e10", "--checkpoint-dir",
+                      str(tmp_path / "ckpt"))) == 2
+    assert "loss became" in capsys.readouterr().err
+    assert not ckpt.has_checkpoint(tmp_path / "ckpt")
