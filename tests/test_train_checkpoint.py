@@ -237,3 +237,24 @@ def test_a_diverging_run_leaves_no_checkpoint(data_dir, tmp_path, capsys):
                       str(tmp_path / "ckpt"))) == 2
     assert "loss became" in capsys.readouterr().err
     assert not ckpt.has_checkpoint(tmp_path / "ckpt")
+
+
+@pytest.mark.parametrize("damage", ["truncated manifest", "foreign file", "other version", "corrupt params"])
+def test_a_damaged_checkpoint_exits_2_with_one_line_and_nothing_overwritten(one_epoch, data_dir, damage, capsys):
+    manifest_path = one_epoch / ckpt.MANIFEST
+    manifest = json.loads(manifest_path.read_text())
+    if damage == "truncated manifest":
+        manifest_path.write_text(manifest_path.read_text()[:100])
+    elif damage == "foreign file":
+        manifest_path.write_text('{"model": "resnet", "weights": "w.bin"}')
+    elif damage == "other version":
+        manifest_path.write_text(json.dumps({**manifest, "version": ckpt.VERSION + 1}))
+    else:
+        params = one_epoch / manifest["params_file"]
+        params.write_bytes(params.read_bytes()[:-8] + b"\0" * 8)
+    before = _snapshot(one_epoch)
+    assert main(_args(data_dir, "--devices", "cpu:2", "--epochs", "2", "--checkpoint-dir", str(one_epoch),
+                      "--resume", "--metrics-json", str(one_epoch / "m.json"))) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and len(err.splitlines()) == 1, err
+    assert _snapshot(one_epoch) == before
