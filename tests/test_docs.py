@@ -128,6 +128,8 @@ def _classify(command):
         words = words[1:]
     if words[:3] == ["python", "-m", "parallel.train"]:
         return "train"
+    if words[:3] == ["python", "-m", "parallel.launch"]:
+        return "launch"
     if words[:2] == ["python", "-m"] and words[2:3] == ["pytest"]:
         return "test"
     if words[:2] == ["pip", "install"]:
@@ -150,7 +152,13 @@ def test_readme_train_commands_run_in_order(tiny_mxnet_home, tmp_path, monkeypat
 def test_readme_command_runs(command, tiny_mxnet_home, tmp_path, monkeypatch, capsys):
     kind = _classify(command)
     assert kind != "unknown", f"README command {command!r}: tests/test_docs.py does not know how to check it"
-    if kind == "benchmark":
+    if kind == "launch":   # a whole kvstore job through the launcher, as written
+        words = shlex.split(command)
+        result = subprocess.run([sys.executable, *words[1:]], capture_output=True, text=True, timeout=180,
+                                cwd=tmp_path)
+        assert result.returncode == 0, result.stderr
+        assert sum(line.startswith("[worker ") for line in result.stdout.splitlines()) >= 1, result.stdout
+    elif kind == "benchmark":
         words = shlex.split(command)
         while re.match(r"^\w+=", words[0]):
             words = words[1:]

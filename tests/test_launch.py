@@ -1,0 +1,361 @@
+"""python -m parallel.launch end to end: real kvstore jobs, every way a job can fail, and nothing left behind.
+
+Each test marks the processes it starts with a unique environment variable and checks at the end that no
+process with ``DMLC_ROLE`` and that mark is left (other jobs on the machine are not ours to judge).
+"""
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+
+import pytest
+
+from parallel.launch import main
+
+MARK = "PARALLEL_LAUNCH_TEST"
+
+# Every worker joins the job, pushes its rank + 1 and pulls: without an optimizer the servers replace the
+# value by the sum of the pushes, so every worker pulls 1 + 2 + ... + n.
+KVSTORE_SCRIPT = """
+import mxnet as mx
+kv = mx.kv.create('dist_sync')
+a = mx.nd.zeros(4)
+kv.init(3, mx.nd.ones(4) * (kv.rank + 1))
+kv.push(3, mx.nd.ones(4) * (kv.rank + 1))
+kv.pull(3, out=a)
+print(f"rank {kv.rank} of {kv.num_workers}: {a.asnumpy().tolist()}")
+"""
+
+# Joins the job, writes its pid to a file, then keeps pushing and pulling.
+LOOPING_SCRIPT = """
+import os, sys, time
+import mxnet as mx
+kv = mx.kv.create('dist_sync')
+a = mx.nd.zeros(4)
+kv.init(3, a)
+with open(os.path.join(sys.argv[1], f"pid.{os.getpid()}"), "w") as f:
+    f.write(str(os.getpid()))
+for step in range(100000):
+    kv.push(3, mx.nd.ones(4))
+    kv.pull(3, out=a)
+    a.wait_to_read()
+    time.sleep(0.05)
+"""
+
+# The first worker to claim the file does something else (argv[2]: "exit" with 3, or "sleep"); the others join.
+ONE_ODD_WORKER_SCRIPT = """
+import os, sys, time
+try:
+    os.close(os.open(os.path.join(sys.argv[1], "claimed"), os.O_CREAT | os.O_EXCL))
+except FileExistsError:
+    import mxnet as mx
+    mx.kv.create('dist_sync')
+    time.sleep(300)
+if sys.argv[2] == "exit":
+    print("worker giving up", flush=True)
+    sys.exit(3)
+time.sleep(300)
+"""
+
+
+def dmlc_processes(mark):
+    """Pids of live processes whose environment has ``DMLC_ROLE`` and this test's mark."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+        except OSError:
+            continue
+        if any(v.startswith(b"DMLC_ROLE=") for v in env) and f"{MARK}={mark}".encode() in env:
+            found.append(int(pid))
+    return found
+
+
+def assert_nothing_left(mark, wait=5.0):
+    """No process of this test's job is left (remote ones over ssh may take a moment to get their SIGHUP)."""
+    deadline = time.monotonic() + wait
+    while dmlc_processes(mark) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert dmlc_processes(mark) == [], "processes of the job were left behind"
+
+
+@pytest.fixture
+def mark():
+    """A mark for this test's processes; afterwards, assert none is left, and SIGKILL any that is (by pid)."""
+    value = uuid.uuid4().hex
+    yield value
+    left = dmlc_processes(value)
+    for pid in left:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    assert not left, f"processes {left} with DMLC_ROLE were left behind"
+
+
+def launcher(mark, *args):
+    """``[argv, env]`` for the launcher in a subprocess, its processes marked."""
+    return [sys.executable, "-m", "parallel.launch", *map(str, args)], dict(os.environ, **{MARK: mark})
+
+
+def run_launcher(mark, *args, timeout=120):
+    argv, env = launcher(mark, *args)
+    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def error_lines(stderr):
+    return [line for line in stderr.splitlines() if line.startswith("error:")]
+
+
+def write_script(tmp_path, name, text):
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text))
+    return str(path)
+
+
+def wait_for_pids(directory, count, launcher_process, timeout=60):
+    """The pids the looping workers wrote, once ``count`` of them have."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        pids = [int(p.name.split(".")[1]) for p in directory.glob("pid.*")]
+        if len(pids) == count:
+            time.sleep(0.1)   # let the file's writer finish
+            return pids
+        assert launcher_process.poll() is None, launcher_process.communicate(timeout=30)
+        time.sleep(0.1)
+    raise AssertionError(f"the workers did not all start within {timeout} s")
+
+
+def check_kvstore_output(result, num_workers):
+    assert result.returncode == 0, result.stderr
+    assert error_lines(result.stderr) == []
+    total = float(sum(range(1, num_workers + 1)))
+    lines = [line for line in result.stdout.splitlines() if line.startswith("[worker ")]
+    assert len(lines) == num_workers, result.stdout
+    ranks = set()
+    for i in range(num_workers):   # the launch index i in the prefix, ps-lite's rank in the line
+        (line,) = [line for line in lines if line.startswith(f"[worker {i}] rank ")]
+        rank, of, values = line.split("rank ")[1].partition(f" of {num_workers}: ")
+        assert of and values == str([total] * 4), line
+        ranks.add(int(rank))
+    assert ranks == set(range(num_workers))
+    assert f"the scheduler is connected to {num_workers} workers" in result.stderr
+
+
+@pytest.mark.parametrize("num_workers, num_servers", [(2, 1), (3, 2)])
+def test_kvstore_job_sums_every_workers_push(num_workers, num_servers, tmp_path, mark):
+    script = write_script(tmp_path, "job.py", KVSTORE_SCRIPT)
+    result = run_launcher(mark, "-n", num_workers, "-s", num_servers, sys.executable, script)
+    check_kvstore_output(result, num_workers)
+    assert "Barrier count" not in result.stderr   # the scheduler's chatter is filtered
+    assert_nothing_left(mark)
+
+
+def test_launcher_never_imports_mxnet(mark):
+    code = ("import sys; from parallel.launch import main; "
+            "status = main(['-n', '1', '-s', '1', sys.executable, '-c', 'print(42)']); "
+            "print('mxnet imported:', 'mxnet' in sys.modules, 'status:', status)")
+    result = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, **{MARK: mark}),
+                            capture_output=True, text=True, timeout=60)
+    assert "[worker 0] 42" in result.stdout, result.stderr
+    assert "mxnet imported: False status: 0" in result.stdout, result.stderr
+    assert_nothing_left(mark)
+
+
+@pytest.mark.parametrize("case", ["every worker exits", "one worker exits, the others wait in the kvstore"])
+def test_worker_failing_at_start_ends_the_job_at_once(case, tmp_path, mark):
+    if case == "every worker exits":
+        command = [sys.executable, "-c", "import sys; print('worker giving up'); sys.exit(3)"]
+    else:
+        command = [sys.executable, write_script(tmp_path, "odd.py", ONE_ODD_WORKER_SCRIPT), tmp_path, "exit"]
+    result = run_launcher(mark, "-n", 3, "-s", 1, "--start-timeout", 120, *command, timeout=60)
+    assert result.returncode == 1, result.stderr
+    (line,) = error_lines(result.stderr)
+    assert line.startswith("error: worker ") and "exited with status 3" in line and "worker giving up" in line
+    assert_nothing_left(mark)
+
+
+def test_nonexistent_command_ends_the_job_at_once(mark):
+    result = run_launcher(mark, "-n", 2, "--start-timeout", 120, "no-such-command-xyz", timeout=60)
+    assert result.returncode == 1, result.stderr
+    (line,) = error_lines(result.stderr)
+    assert "worker 0 could not start" in line and "no-such-command-xyz" in line
+    assert_nothing_left(mark)
+
+
+def test_sigkill_of_a_worker_mid_job_ends_the_job(tmp_path, mark):
+    script = write_script(tmp_path, "loop.py", LOOPING_SCRIPT)
+    argv, env = launcher(mark, "-n", 2, "-s", 1, "--grace", 5, sys.executable, script, tmp_path)
+    process = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        pids = wait_for_pids(tmp_path, 2, process)
+        killed = time.monotonic()
+        os.kill(pids[1], signal.SIGKILL)
+        out, err = process.communicate(timeout=60)
+        seconds = time.monotonic() - killed
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate(timeout=30)
+    print(f"\nfrom SIGKILL of a worker to the launcher's exit: {seconds:.2f} s")
+    assert process.returncode == 1, err
+    (line,) = error_lines(err)
+    assert f"(pid {pids[1]}) was killed by SIGKILL" in line and line.startswith("error: worker ")
+    assert_nothing_left(mark)
+
+
+def test_start_timeout_names_the_missing_worker(tmp_path, mark):
+    script = write_script(tmp_path, "odd.py", ONE_ODD_WORKER_SCRIPT)
+    started = time.monotonic()
+    result = run_launcher(mark, "-n", 2, "-s", 1, "--start-timeout", 5, "--grace", 2,
+                          sys.executable, script, tmp_path, "sleep", timeout=60)
+    elapsed = time.monotonic() - started
+    assert result.returncode == 1, result.stderr
+    (line,) = error_lines(result.stderr)
+    assert "did not start within 5 s (--start-timeout)" in line
+    assert "1 of 2 workers and 1 of 1 servers" in line and "missing: 1 worker;" in line
+    assert elapsed < 5 + 20, elapsed
+    assert_nothing_left(mark)
+
+
+@pytest.mark.parametrize("sig, status", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_signal_to_the_launcher_stops_everything(sig, status, tmp_path, mark):
+    script = write_script(tmp_path, "loop.py", LOOPING_SCRIPT)
+    argv, env = launcher(mark, "-n", 2, "-s", 1, sys.executable, script, tmp_path)
+    process = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for_pids(tmp_path, 2, process)
+        process.send_signal(sig)
+        out, err = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate(timeout=30)
+    assert process.returncode == status, err
+    (line,) = error_lines(err)
+    assert f"interrupted by {sig.name}" in line
+    assert_nothing_left(mark)
+
+
+def test_stall_timeout_ends_a_silent_job(tmp_path, mark):
+    result = run_launcher(mark, "-n", 1, "-s", 1, "--stall-timeout", 2, "--start-timeout", 120,
+                          sys.executable, "-c", "import time; time.sleep(300)", timeout=60)
+    assert result.returncode == 1
+    (line,) = error_lines(result.stderr)
+    assert "no worker printed a line for 2 s (--stall-timeout)" in line
+    assert_nothing_left(mark)
+
+
+def _listening_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen()
+    return s
+
+
+@pytest.mark.parametrize("case", ["-n 0", "missing hostfile", "empty hostfile", "ssh without hostfile",
+                                  "no command", "port in use", "hostfile without ssh", "bad hostfile line"])
+def test_user_errors_exit_2_with_one_line(case, tmp_path, capsys):
+    empty = tmp_path / "empty"
+    empty.write_text("# no hosts yet\n\n")
+    bad = tmp_path / "bad"
+    bad.write_text("node1:ssh\n")
+    with _listening_port() as busy:
+        args, message = {
+            "-n 0": (["-n", "0", "python", "x.py"], "-n/--num-workers must be >= 1, got 0"),
+            "missing hostfile": (["-n", "1", "--launcher", "ssh", "-H", str(tmp_path / "nope"), "python", "x.py"],
+                                 "cannot read the hostfile"),
+            "empty hostfile": (["-n", "1", "--launcher", "ssh", "-H", str(empty), "python", "x.py"], "names no host"),
+            "ssh without hostfile": (["-n", "1", "--launcher", "ssh", "python", "x.py"], "needs -H/--hostfile"),
+            "no command": (["-n", "2"], "no command given"),
+            "port in use": (["-n", "1", "--port", str(busy.getsockname()[1]), "python", "x.py"], "is not free"),
+            "hostfile without ssh": (["-n", "1", "-H", str(empty), "python", "x.py"], "applies to --launcher ssh"),
+            "bad hostfile line": (["-n", "1", "--launcher", "ssh", "-H", str(bad), "python", "x.py"], "line 1"),
+        }[case]
+        assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: ") and message in err, err
+
+
+def test_user_error_in_a_subprocess_is_one_line():
+    result = subprocess.run([sys.executable, "-m", "parallel.launch", "-n", "0", "python", "x.py"],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert result.stderr == "error: -n/--num-workers must be >= 1, got 0\n"
+
+
+# ssh mode, against an sshd of our own on 127.0.0.1.
+
+@pytest.fixture
+def sshd(tmp_path):
+    """An sshd on a free loopback port that lets root in with a fresh key; yields the launcher's ssh flags."""
+    if not os.path.exists("/usr/sbin/sshd") or os.geteuid() != 0:
+        pytest.skip("ssh mode needs /usr/sbin/sshd and root (to start a private sshd that accepts root's key); "
+                    "install openssh-server")
+    directory = tmp_path / "sshd"
+    directory.mkdir()
+    for key in ("host_key", "client_key"):
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(directory / key)], check=True,
+                       timeout=60)
+    shutil.copy(directory / "client_key.pub", directory / "authorized_keys")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    config = directory / "sshd_config"
+    config.write_text(textwrap.dedent(f"""\
+        Port {port}
+        ListenAddress 127.0.0.1
+        HostKey {directory / 'host_key'}
+        AuthorizedKeysFile {directory / 'authorized_keys'}
+        PermitRootLogin prohibit-password
+        PasswordAuthentication no
+        KbdInteractiveAuthentication no
+        UsePAM no
+        StrictModes no
+        PidFile {directory / 'sshd.pid'}
+        """))
+    os.makedirs("/run/sshd", exist_ok=True)   # sshd's privilege separation directory
+    daemon = subprocess.Popen(["/usr/sbin/sshd", "-D", "-e", "-f", str(config)], stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            assert daemon.poll() is None and time.monotonic() < deadline, daemon.communicate(timeout=10)[1]
+            time.sleep(0.05)
+        hostfile = tmp_path / "hosts"
+        hostfile.write_text(f"# the test's sshd\n127.0.0.1:{port}\n")
+        yield ["--launcher", "ssh", "-H", hostfile, "--env", MARK,
+               "--ssh-option", f"IdentityFile={directory / 'client_key'}",
+               "--ssh-option", f"UserKnownHostsFile={directory / 'known_hosts'}"]
+    finally:
+        daemon.terminate()
+        try:
+            daemon.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            daemon.kill()
+            daemon.communicate(timeout=10)
+
+
+def test_ssh_kvstore_job(sshd, tmp_path, mark):
+    script = write_script(tmp_path, "job.py", KVSTORE_SCRIPT)
+    result = run_launcher(mark, "-n", 2, "-s", 1, *sshd, sys.executable, script)
+    check_kvstore_output(result, 2)
+    assert_nothing_left(mark)
+
+
+def test_ssh_remote_processes_end_with_the_job(sshd, tmp_path, mark):
+    """Stopping the local ssh (here at the start timeout) ends the remote processes too (-tt: SIGHUP)."""
+    result = run_launcher(mark, "-n", 2, "-s", 1, "--start-timeout", 5, "--grace", 2, *sshd,
+                          sys.executable, "-c", "import time; time.sleep(300)", timeout=60)
+    assert result.returncode == 1, result.stderr
+    (line,) = error_lines(result.stderr)
+    assert "did not start within 5 s" in line and "missing: 2 workers" in line
+    assert_nothing_left(mark)
