@@ -125,7 +125,7 @@ def loss_and_correct(outputs, y_shards, losses, ctx):
 
 
 def train_step(X, y, device_params, ctx_list, lr, net=lenet_cached, loss=softmax_cross_entropy,
-               algorithm=DEFAULT_ALGORITHM):
+               algorithm=DEFAULT_ALGORITHM, job=None):
     """One SGD step on every replica; returns the batch's summed loss and number of correct predictions.
 
     Parameters
@@ -146,17 +146,33 @@ def train_step(X, y, device_params, ctx_list, lr, net=lenet_cached, loss=softmax
     algorithm : str
         Allreduce algorithm, see ``parallel.comm.allreduce``. With ``"naive"`` each gradient tensor is
         reduced on its own, as in the textbook; the others reduce a replica's flat gradient buffer at once.
+    job : parallel.kvstore.Job, optional
+        In a distributed job, ``X`` and ``y`` are the *global* batch (the same on every worker): this worker
+        trains its slice (``parallel.kvstore.worker_slice``), its contexts' gradient sum is summed over the
+        workers through the kvstore, and the step divides by the global batch size. Every worker must call
+        it for every batch, even one whose slice is empty.
 
     Returns
     -------
     (NDArray, NDArray)
-        Summed loss and count of correct argmax predictions, each of shape (1,) on ``ctx_list[0]``.
-        Nothing here waits for the device: the host only queues work.
+        Summed loss and count of correct argmax predictions (of this worker's slice, in a job), each of shape
+        (1,) on ``ctx_list[0]``. Nothing here waits for the device, except the kvstore's pull in a job.
     """
     check_lr(lr)
     _check_replicas(device_params, ctx_list)
     if X.shape[0] != y.shape[0]:
         raise ValueError(f"X has {X.shape[0]} examples but y has {y.shape[0]}; give one label per example")
+    n = X.shape[0]   # the global batch
+    if job is not None:
+        from .kvstore import allreduce_across, worker_slice
+        start, stop = worker_slice(n, len(ctx_list), job.rank, job.num_workers)
+        if start == stop:   # no example for this worker: it adds a zero gradient and takes the same step
+            allreduce_grads(device_params, algorithm, active=0)
+            allreduce_across(job, device_params)
+            update_replicas(device_params, lr, n)
+            zero = mx.nd.zeros((1,), ctx=ctx_list[0])
+            return zero, zero.copy()
+        X, y = X[start:stop], y[start:stop]
     X_shards, y_shards = split_and_load(X, ctx_list), split_and_load(y, ctx_list)
     with autograd.record():   # forward on every context that holds a shard
         outputs = [net(X_shard, params) for X_shard, params in zip(X_shards, device_params)]
@@ -164,21 +180,25 @@ def train_step(X, y, device_params, ctx_list, lr, net=lenet_cached, loss=softmax
     check_labels(y, outputs[0].shape[-1], loss)   # before anything is updated
     autograd.backward(losses)  # each context computes the gradient of its own shard
     allreduce_grads(device_params, algorithm, active=len(X_shards))   # sum each gradient across contexts
-    update_replicas(device_params, lr, X.shape[0])                     # every replica takes the same step
+    if job is not None:
+        allreduce_across(job, device_params)                          # ... and across the workers
+    update_replicas(device_params, lr, n)                              # every replica takes the same step
     return loss_and_correct(outputs, y_shards, losses, ctx_list[0])
 
 
 def train_batch(X, y, device_params, ctx_list, lr, net=lenet_cached, loss=softmax_cross_entropy,
-                algorithm=DEFAULT_ALGORITHM):
+                algorithm=DEFAULT_ALGORITHM, job=None):
     """One synchronous SGD step on every replica (the textbook's ``train_batch``).
 
     Splits the batch across ``ctx_list``, computes each shard's gradient on its context, sums the
     gradients with ``allreduce`` and updates every replica in place with the same step
-    ``param -= lr * summed_grad / len(X)``.
+    ``param -= lr * summed_grad / len(X)``. With ``job`` (``parallel.kvstore.join()``), ``X`` and ``y`` are
+    the global batch and the gradients are summed over every worker too (see ``train_step``).
 
     Returns
     -------
     NDArray
-        The batch's summed loss, shape (1,) on ``ctx_list[0]``, not yet computed: reading it syncs.
+        The batch's summed loss (this worker's slice in a job), shape (1,) on ``ctx_list[0]``, not yet
+        computed: reading it syncs.
     """
-    return train_step(X, y, device_params, ctx_list, lr, net, loss, algorithm)[0]
+    return train_step(X, y, device_params, ctx_list, lr, net, loss, algorithm, job)[0]

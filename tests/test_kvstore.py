@@ -1,0 +1,74 @@
+"""Training across processes: W workers x K contexts, launched by parallel.launch, train the same model as one
+context (rtol 1e-5 of each array's scale), for batch sizes that leave some workers without an example."""
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from parallel import get_params, init_lenet_params, train_batch
+from parallel.kvstore import worker_slice
+from conftest import assert_same_parameters, contexts, make_batches
+
+SIZES = [13, 7, 3, 12, 1, 5]   # 3 and 1 leave workers with empty slices when W x K > 3
+
+WORKER = """
+import sys
+import numpy as np
+sys.path.insert(0, {tests!r})
+from conftest import make_batches
+from parallel import get_params, init_lenet_params, train_batch
+from parallel.kvstore import broadcast_params, join
+import mxnet as mx
+
+job = join()
+k = {k}
+ctx_list = [mx.cpu(i) for i in range(k)]
+seed = 100 + job.rank   # every rank starts elsewhere: rank 0's parameters must win
+device_params = [get_params(init_lenet_params(seed=0 if job.rank == 0 else seed, dtype="float64"), c)
+                 for c in ctx_list]
+broadcast_params(job, device_params)
+for step, (X, y) in enumerate(make_batches({sizes!r}, seed=3, dtype="float64")):
+    train_batch(X, y, device_params, ctx_list, lr=0.2, job=job).wait_to_read()
+    print("step", step, flush=True)   # progress the launcher's --stall-timeout watches
+for replica in device_params[1:]:
+    for a, b in zip(replica, device_params[0]):
+        assert (a.asnumpy() == b.asnumpy()).all(), "replicas differ within a worker"
+np.savez({out!r} + f"-{{job.rank}}.npz", *[p.asnumpy() for p in device_params[0]])
+print("done", job.rank)
+"""
+
+
+def test_worker_slices_cover_the_batch_in_order():
+    for n in range(0, 20):
+        for k in (1, 2, 3):
+            for w in (1, 2, 3):
+                slices = [worker_slice(n, k, rank, w) for rank in range(w)]
+                assert slices[0][0] == 0 and slices[-1][1] == n
+                assert all(a[1] == b[0] for a, b in zip(slices, slices[1:]))
+
+
+@pytest.mark.parametrize("workers, k, servers", [(1, 2, 1), (2, 1, 1), (2, 2, 2), (3, 1, 1), (3, 2, 2)])
+def test_workers_times_contexts_train_the_same_model_as_one_context(workers, k, servers, tmp_path):
+    out = str(tmp_path / "params")
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER.format(tests=os.path.dirname(os.path.abspath(__file__)), k=k, sizes=SIZES, out=out))
+    launcher = subprocess.Popen([sys.executable, "-m", "parallel.launch", "-n", str(workers), "-s", str(servers),
+                                 "--stall-timeout", "60",   # a deadlocked step ends the job, not the test run
+                                 "--env", "MXNET_KVSTORE_BIGARRAY_BOUND:1000",   # split the buffer over servers
+                                 sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
+    try:
+        _, err = launcher.communicate(timeout=300)
+    except subprocess.TimeoutExpired:   # SIGTERM, not SIGKILL: the launcher then stops every process it started
+        launcher.terminate()
+        _, err = launcher.communicate(timeout=60)
+    assert launcher.returncode == 0, err[-3000:]
+    ctx_list = contexts(1)
+    want = [get_params(init_lenet_params(seed=0, dtype="float64"), ctx_list[0])]
+    for X, y in make_batches(SIZES, seed=3, dtype="float64"):
+        train_batch(X, y, want, ctx_list, lr=0.2)
+    for rank in range(workers):
+        with np.load(f"{out}-{rank}.npz") as got:
+            assert_same_parameters([got[f"arr_{i}"] for i in range(8)], [p.asnumpy() for p in want[0]], "float64")
