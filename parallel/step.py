@@ -6,6 +6,7 @@ import numpy as np
 from mxnet import autograd, gluon
 
 from .comm import DEFAULT_ALGORITHM, FlatReplica, allreduce
+from .kvstore import allreduce_across, worker_slice
 from .model import lenet_cached, softmax_cross_entropy
 from .settings import check_lr
 from .split import split_and_load
@@ -164,7 +165,6 @@ def train_step(X, y, device_params, ctx_list, lr, net=lenet_cached, loss=softmax
         raise ValueError(f"X has {X.shape[0]} examples but y has {y.shape[0]}; give one label per example")
     n = X.shape[0]   # the global batch
     if job is not None:
-        from .kvstore import allreduce_across, worker_slice
         start, stop = worker_slice(n, len(ctx_list), job.rank, job.num_workers)
         if start == stop:   # no example for this worker: it adds a zero gradient and takes the same step
             allreduce_grads(device_params, algorithm, active=0)

@@ -312,7 +312,9 @@ def run(args):
     with _users_input(DataError):
         dataset = load_data(args.dataset, args.data_dir, progress=progress)
         data_name = _describe_data(args)
-    config = {"dataset": {"name": args.dataset, "fingerprint": dataset_fingerprint(dataset)},
+    # the dataset's fingerprint hashes every example: only a run that checkpoints needs it
+    fingerprint = None if args.checkpoint_dir is None else dataset_fingerprint(dataset)
+    config = {"dataset": {"name": args.dataset, "fingerprint": fingerprint},
               "batch_size": args.batch_size, "lr": args.lr, "seed": args.seed, "epochs": args.epochs,
               "strategy": args.strategy, "allreduce": args.allreduce, "devices": args.devices,
               "stages": args.stages, "boundaries": args.boundaries, "micro_batches": args.micro_batches}
