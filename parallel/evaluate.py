@@ -3,13 +3,14 @@ import functools
 
 import mxnet as mx
 
+from .kvstore import sum_values, worker_slice
 from .model import lenet_cached
 from .split import split_and_load
 
 __all__ = ["accuracy", "evaluate_accuracy"]
 
 
-def accuracy(data_iter, predictors, ctx_list):
+def accuracy(data_iter, predictors, ctx_list, job=None):
     """Fraction of correct argmax predictions over ``data_iter``, each batch split over the predictors.
 
     Parameters
@@ -21,6 +22,10 @@ def accuracy(data_iter, predictors, ctx_list):
         context (model parallelism returns them on its last stage's context).
     ctx_list : list of mxnet.Context
         Where each predictor takes its input; the correct counts are summed on ``ctx_list[0]``.
+    job : parallel.kvstore.Job, optional
+        In a distributed job, every worker scores its slice of each batch (``worker_slice``, as in training)
+        and the counts are summed over the workers: every worker returns the same accuracy. Every worker
+        must call it, with the same batches.
 
     Returns
     -------
@@ -33,18 +38,26 @@ def accuracy(data_iter, predictors, ctx_list):
     correct = mx.nd.zeros((1,), ctx=ctx_list[0])
     total = 0
     for X, y in data_iter:
+        total += X.shape[0]
+        if job is not None:
+            start, stop = worker_slice(X.shape[0], len(ctx_list), job.rank, job.num_workers)
+            if start == stop:
+                continue
+            X, y = X[start:stop], y[start:stop]
         for X_shard, y_shard, predict in zip(split_and_load(X, ctx_list), split_and_load(y, ctx_list),
                                              predictors):
             out = predict(X_shard)
             right = out.argmax(axis=1) == y_shard.as_in_context(out.context).astype(out.dtype)
             correct += right.sum().as_in_context(ctx_list[0])
-        total += X.shape[0]
     if total == 0:
         raise ValueError("data_iter yielded no examples")
-    return float(correct.asscalar()) / total
+    correct = float(correct.asscalar())
+    if job is not None:   # the workers' counts
+        correct = sum_values(job, [correct])[0]
+    return correct / total
 
 
-def evaluate_accuracy(data_iter, device_params, ctx_list, net=lenet_cached):
+def evaluate_accuracy(data_iter, device_params, ctx_list, net=lenet_cached, job=None):
     """Fraction of correct argmax predictions of a replicated model over ``data_iter``.
 
     Each batch is split across ``ctx_list`` and each shard is scored on its own context with its own
@@ -60,6 +73,9 @@ def evaluate_accuracy(data_iter, device_params, ctx_list, net=lenet_cached):
     net : callable
         ``net(X, params)`` returns the outputs; the default is the cached graph training uses
         (``lenet_cached``), ``net=lenet`` runs op by op.
+    job : parallel.kvstore.Job, optional
+        In a distributed job: each worker scores its slice of each batch and the counts are summed over the
+        workers, so every worker returns the same accuracy (see ``accuracy``).
 
     Returns
     -------
@@ -70,7 +86,7 @@ def evaluate_accuracy(data_iter, device_params, ctx_list, net=lenet_cached):
         raise ValueError(f"device_params has {len(device_params)} replicas but ctx_list has "
                          f"{len(ctx_list)} contexts")
     predictors = [functools.partial(_apply, net, params) for params in device_params]
-    return accuracy(data_iter, predictors, ctx_list)
+    return accuracy(data_iter, predictors, ctx_list, job)
 
 
 def _apply(net, params, X):

@@ -10,13 +10,24 @@ NCCL do it). W workers of K contexts then train the same model as one context.
 >>> [worker_slice(13, 2, rank, 3) for rank in range(3)]   # 13 examples over 3 workers x 2 contexts
 [(0, 5), (5, 9), (9, 13)]
 """
+import json
+import math
+
 from .comm import FlatReplica
 from .split import shard_sizes
 
-__all__ = ["Job", "join", "worker_slice", "broadcast_params", "allreduce_across", "PARAMS_KEY", "GRADS_KEY"]
+__all__ = ["Job", "join", "abandon", "worker_slice", "broadcast_params", "allreduce_across", "broadcast_object",
+           "sum_values", "PARAMS_KEY", "GRADS_KEY"]
 
-#: kvstore keys: the flat parameter buffer (broadcast once from rank 0) and the flat gradient buffer.
-PARAMS_KEY, GRADS_KEY = 0, 1
+#: kvstore keys of the package: the flat parameter buffer (rank 0's, broadcast), the flat gradient buffer,
+#: the length and the pieces of a broadcast object, and small sums of n numbers (key ``SUMS_KEY + n``). A
+#: ``gluon.Trainer`` numbers its keys from 0 as well: give it a kvstore of its own, not the job's.
+PARAMS_KEY, GRADS_KEY, LENGTH_KEY, SUMS_KEY, CHUNK_KEY = 0, 1, 2, 100, 1000
+#: ``broadcast_object`` sends its JSON text in pieces of this many bytes (one float64 per byte).
+CHUNK = 4096
+
+
+_JOINED = []   # every job this process joined: see join
 
 
 class Job:
@@ -26,15 +37,42 @@ class Job:
     ----------
     kv : mxnet.kvstore.KVStore
         A distributed kvstore (``mx.kv.create('dist_sync')``), or any object with ``rank``,
-        ``num_workers``, ``init``, ``push`` and ``pull``.
+        ``num_workers``, ``type``, ``init``, ``push`` and ``pull``.
     """
 
     def __init__(self, kv):
         self.kv, self.rank, self.num_workers = kv, kv.rank, kv.num_workers
-        self._grads_ready = False
+        self._keys = {}   # key -> (shape, dtype) of the keys initialised on the servers
 
     def __repr__(self):
         return f"Job(rank {self.rank} of {self.num_workers}, {self.kv.type})"
+
+    def allsum(self, key, array):
+        """Sum ``array`` over the workers, in place, and return it (one push, one pull).
+
+        Every worker must make the same calls, with the same keys, shapes and dtypes, in the same order: each
+        call waits for every worker's push. The first call with a key initialises it on the servers; later
+        calls with the key must keep its shape and dtype. Nothing here waits for the device: reading the
+        result (``asnumpy``) waits for the sum.
+        """
+        layout = (tuple(array.shape), array.dtype)
+        known = self._keys.get(key)
+        if known is None:
+            self.kv.init(key, array.zeros_like())
+            self._keys[key] = layout
+        elif known != layout:
+            raise ValueError(f"kvstore key {key} holds arrays of shape {known[0]} and dtype {known[1].__name__}, "
+                             f"not {layout[0]} {layout[1].__name__}; use another key")
+        self.kv.push(key, array)
+        self.kv.pull(key, out=array)   # without an optimizer on the servers, the value is the sum of the pushes
+        return array
+
+    def broadcast(self, key, array):
+        """Give every worker rank 0's ``array``, in place, and return it: the others push zeros (exact: adding
+        zeros changes no float)."""
+        if self.rank != 0:
+            array[:] = 0
+        return self.allsum(key, array)
 
 
 def join(kvstore="dist_sync"):
@@ -46,16 +84,60 @@ def join(kvstore="dist_sync"):
     kvstore : str
         ``"dist_sync"`` (CPU contexts), or ``"dist_device_sync"`` (GPUs: the workers' sums are reduced on
         the device before they travel).
+
+    A worker that fails must not wait for the others: at exit, ps-lite's shutdown waits for every worker to
+    reach it, so a worker ending on an error while the others wait for its push would hang the job. So
+    ``join`` makes an uncaught exception end the process at once (its traceback printed, status 1, see
+    ``abandon``); a worker that stops with an error of its own should call ``abandon(status)``.
     """
     import os
+    import sys
     import mxnet as mx
     if kvstore not in ("dist_sync", "dist_device_sync"):
         raise ValueError(f"kvstore {kvstore!r} is not a synchronous distributed kvstore; use 'dist_sync' or "
                          "'dist_device_sync'")
-    if "DMLC_ROLE" not in os.environ:
-        raise ValueError("this process was not started by a launcher (no DMLC_ROLE in its environment); run it "
-                         "as: python -m parallel.launch -n 2 python ...")
-    return Job(mx.kv.create(kvstore))
+    if os.environ.get("DMLC_ROLE") != "worker":
+        raise ValueError("this process was not started as a worker by a launcher (DMLC_ROLE is not 'worker'); "
+                         "run it as: python -m parallel.launch -n 2 python ...")
+    job = Job(mx.kv.create(kvstore))
+    # Freeing the kvstore runs ps-lite's shutdown barrier; if that happened when a failing run() lets go of
+    # its job, the worker would wait there instead of exiting with its error. Keep it until the process ends.
+    if not _JOINED:
+        import atexit
+        atexit.register(_leave_jobs)
+    _JOINED.append(job)
+    hook = sys.excepthook
+
+    def excepthook(*exc_info):
+        hook(*exc_info)
+        abandon(1)
+
+    sys.excepthook = excepthook
+    return job
+
+
+def _leave_jobs():
+    """At a normal exit, free the kvstores while MXNet's engine still runs (freed during the interpreter's
+    teardown instead, a worker can abort with "terminate called without an active exception")."""
+    import gc
+    for job in _JOINED:
+        job.kv = None
+    _JOINED.clear()
+    gc.collect()
+
+
+def abandon(status):
+    """End this worker now with exit ``status``, skipping ps-lite's shutdown (a barrier of every worker that
+    would wait forever for a worker still blocked on this one's push). The launcher then sees the status and
+    stops the job. Standard output and error are flushed first."""
+    import os
+    import sys
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(status)
 
 
 def worker_slice(n, k, rank, num_workers):
@@ -80,11 +162,10 @@ def _flat(device_params):
 
 
 def broadcast_params(job, device_params):
-    """Give every worker rank 0's parameters, in place (``kv.init`` keeps rank 0's value); then every replica
-    of this worker holds them. Call once, before training, on every worker."""
+    """Give every worker rank 0's parameters, in place; then every replica of this worker holds them. Call it
+    on every worker, before training (again after loading parameters on rank 0 alone)."""
     replicas = _flat(device_params)
-    job.kv.init(PARAMS_KEY, replicas[0].data)
-    job.kv.pull(PARAMS_KEY, out=replicas[0].data)
+    job.broadcast(PARAMS_KEY, replicas[0].data)
     for params in replicas[1:]:
         replicas[0].data.copyto(params.data)
 
@@ -95,10 +176,29 @@ def allreduce_across(job, device_params):
     servers split big buffers between them, ``MXNET_KVSTORE_BIGARRAY_BOUND``)."""
     replicas = _flat(device_params)
     grad = replicas[0].grad
-    if not job._grads_ready:   # every worker makes the same calls in the same order
-        job.kv.init(GRADS_KEY, grad.zeros_like())
-        job._grads_ready = True
-    job.kv.push(GRADS_KEY, grad)
-    job.kv.pull(GRADS_KEY, out=grad)   # without an optimizer on the servers, the value is the sum of the pushes
+    job.allsum(GRADS_KEY, grad)
     for params in replicas[1:]:
         grad.copyto(params.grad)
+
+
+def broadcast_object(job, obj):
+    """Rank 0's ``obj`` (anything ``json`` writes), on every worker: what rank 0 read from a checkpoint, say,
+    with no shared file system. The other workers' ``obj`` is ignored. Blocks until it arrives."""
+    import mxnet as mx
+    import numpy as np
+    data = json.dumps(obj).encode() if job.rank == 0 else b""
+    length = int(job.broadcast(LENGTH_KEY, mx.nd.array([len(data)], dtype="float64")).asscalar())
+    buffer = np.zeros(math.ceil(length / CHUNK) * CHUNK)
+    buffer[:len(data)] = np.frombuffer(data, dtype=np.uint8)
+    for i in range(len(buffer) // CHUNK):
+        piece = mx.nd.array(buffer[i * CHUNK:(i + 1) * CHUNK], dtype="float64")
+        buffer[i * CHUNK:(i + 1) * CHUNK] = job.broadcast(CHUNK_KEY + i, piece).asnumpy()
+    return json.loads(buffer[:length].astype(np.uint8).tobytes().decode())
+
+
+def sum_values(job, values):
+    """The sums over the workers of a few numbers (losses, counts), as floats; every worker gets the same.
+    Blocks until they arrive. Summed in float64: counts up to 2**53 are exact."""
+    import mxnet as mx
+    values = [float(v) for v in values]
+    return job.allsum(SUMS_KEY + len(values), mx.nd.array(values, dtype="float64")).asnumpy().tolist()

@@ -30,6 +30,7 @@ from .data import iterate_batches, load_fashion_mnist, num_batches, synthetic_da
 from .checkpoint import TrainingState
 from .evaluate import evaluate_accuracy
 from .files import atomic_write
+from .kvstore import broadcast_object, broadcast_params, sum_values
 from .model import init_lenet_params
 from .settings import DEFAULT_ALGORITHM, DEFAULT_MICRO_BATCHES, STRATEGIES, check_lr, check_seed
 from .step import train_step
@@ -99,10 +100,12 @@ class Strategy(NamedTuple):
     #: ``params()`` -> LeNet's eight live arrays (replica 0's, or each on its stage's context): what a
     #: checkpoint stores and ``parallel.export`` writes.
     params: Callable
+    #: The distributed job (``parallel.kvstore.join()``) this worker trains in, or None for one process.
+    job: object = None
 
 
-def _data_step(X, y, lr, device_params, ctx_list, algorithm):
-    return train_step(X, y, device_params, ctx_list, lr, algorithm=algorithm)
+def _data_step(X, y, lr, device_params, ctx_list, algorithm, job):
+    return train_step(X, y, device_params, ctx_list, lr, algorithm=algorithm, job=job)
 
 
 def _pipeline_step(X, y, lr, model):
@@ -111,7 +114,7 @@ def _pipeline_step(X, y, lr, model):
 
 
 def make_strategy(name, params, ctx_list, stages=None, boundaries=None, micro_batches=None, batch_size=None,
-                  algorithm=DEFAULT_ALGORITHM):
+                  algorithm=DEFAULT_ALGORITHM, job=None):
     """Lay LeNet's ``params`` out on ``ctx_list`` for one parallel style.
 
     Parameters
@@ -132,6 +135,10 @@ def make_strategy(name, params, ctx_list, stages=None, boundaries=None, micro_ba
         When given, more micro-batches than ``batch_size`` are refused up front.
     algorithm : str
         Allreduce algorithm for ``"data"`` and ``"hybrid"``.
+    job : parallel.kvstore.Job, optional
+        ``"data"`` only: train as one worker of a distributed job. Every worker's replicas get rank 0's
+        ``params`` (a collective call: every worker must make it); each step trains this worker's slice of
+        the global batch and sums the gradients over the workers; evaluation combines the workers' counts.
 
     Returns
     -------
@@ -151,17 +158,24 @@ def make_strategy(name, params, ctx_list, stages=None, boundaries=None, micro_ba
     if name == "data" and (stages is not None or boundaries is not None):
         raise ValueError("stages and boundaries apply to the model, pipeline and hybrid strategies, not to data "
                          "parallelism; drop them or choose another strategy")
+    if job is not None and name != "data":
+        raise ValueError(f"a distributed job trains with the data strategy, not {name}; run the {name} strategy "
+                         "in one process")
     if micro_batches is not None and name != "pipeline":
         raise ValueError(f"micro-batches apply to the pipeline strategy only, not to {name}; drop them or "
                          "choose the pipeline strategy")
     if name == "data":
         device_params = [get_params(params, ctx) for ctx in ctx_list]
+        description = f"one replica per context, gradients summed with the {algorithm} allreduce"
+        if job is not None:
+            broadcast_params(job, device_params)
+            description += f", then over {job.num_workers} worker(s) through the {job.kv.type} kvstore"
         return Strategy(name, device_params, list(ctx_list),
                         functools.partial(_data_step, device_params=device_params, ctx_list=ctx_list,
-                                          algorithm=algorithm),
-                        functools.partial(evaluate_accuracy, device_params=device_params, ctx_list=ctx_list),
-                        f"one replica per context, gradients summed with the {algorithm} allreduce",
-                        functools.partial(list, device_params[0]))
+                                          algorithm=algorithm, job=job),
+                        functools.partial(evaluate_accuracy, device_params=device_params, ctx_list=ctx_list,
+                                          job=job),
+                        description, functools.partial(list, device_params[0]), job)
     if name == "model":
         model = ModelParallel(params, ctx_list, stages, boundaries)
         step = model.train_step
@@ -189,7 +203,7 @@ def _read_finished(loss, right, epoch, batch):
 
 def fit(dataset, ctx_list, num_epochs, batch_size, lr, seed=0, algorithm=DEFAULT_ALGORITHM, progress=False,
         on_epoch=None, strategy="data", stages=None, boundaries=None, micro_batches=None, params=None, start=None,
-        stop=None, on_checkpoint=None):
+        stop=None, on_checkpoint=None, job=None):
     """Train LeNet from scratch over ``ctx_list`` with data parallelism or another ``strategy``.
 
     Parameters
@@ -229,6 +243,16 @@ def fit(dataset, ctx_list, num_epochs, batch_size, lr, seed=0, algorithm=DEFAULT
         ``on_checkpoint(state, params)`` with a ``TrainingState`` and LeNet's eight live arrays: after every
         epoch (the state then points at the next epoch's first batch) and when ``stop`` stops the run. Not
         called when the loss becomes NaN or infinite.
+    job : parallel.kvstore.Job, optional
+        Train as one worker of a distributed job (``parallel.kvstore.join()``; data strategy only). Every
+        worker calls ``fit`` with the same dataset and arguments; the parameters, ``seed`` and ``start``
+        are rank 0's (the others' are ignored). Each worker trains its slice of every global batch
+        (``batch_size`` stays the global batch), and the loss and accuracies are summed over the workers,
+        so every worker returns the same history but for ``seconds``. Let ``on_epoch`` and
+        ``on_checkpoint`` act on rank 0 alone when one copy of what they write is wanted. A state saved by
+        ``stop`` mid-epoch holds rank 0's share of that epoch's loss and accuracy so far (the parameters
+        are the job's), so after resuming, that epoch's train metrics leave out the other workers' batches
+        before the stop.
 
     Returns
     -------
@@ -259,7 +283,16 @@ def fit(dataset, ctx_list, num_epochs, batch_size, lr, seed=0, algorithm=DEFAULT
     _check_start(state, seed, per_epoch)
     if not isinstance(strategy, Strategy):
         strategy = make_strategy(strategy, init_lenet_params(seed) if params is None else params, ctx_list, stages,
-                                 boundaries, micro_batches, batch_size, algorithm)
+                                 boundaries, micro_batches, batch_size, algorithm, job)
+    elif job is not None and strategy.job is not job:
+        raise ValueError("fit got a job but the strategy was built without it; pass job to make_strategy")
+    job = strategy.job
+    if job is not None:   # rank 0's seed (the data order) and start (a checkpoint it read)
+        shared = broadcast_object(job, {"seed": seed, "start": state._asdict()})
+        seed, state = shared["seed"], TrainingState(**shared["start"])
+        _check_start(state, seed, per_epoch)   # the others' sums of the started epoch start at zero
+        if job.rank != 0:
+            state = state._replace(loss_sum=0.0, correct=0.0)
     history = list(state.history)
     for epoch in range(state.epoch, num_epochs + 1):
         resumed = epoch == state.epoch
@@ -297,6 +330,8 @@ def fit(dataset, ctx_list, num_epochs, batch_size, lr, seed=0, algorithm=DEFAULT
                 finish_oldest()
         finish_all(started)
         bar.close()
+        if job is not None:   # each worker summed the loss and the correct predictions of its slices
+            totals[:2] = sum_values(job, totals[:2])
         test_acc = strategy.evaluate(iterate_batches(dataset.test_images, dataset.test_labels, batch_size))
         metrics = {"epoch": epoch, "train_loss": totals[0] / n_train, "train_acc": totals[1] / n_train,
                    "test_acc": test_acc, "seconds": totals[2], "images_per_second": n_train / totals[2]}
@@ -406,10 +441,12 @@ def plot_metrics(history, path=None, title=None):
     return fig
 
 
-def format_epoch(metrics, ctx_list, strategy="data"):
-    """The textbook's one-line epoch summary; other strategies than data parallelism are named."""
+def format_epoch(metrics, ctx_list, strategy="data", workers=1):
+    """The textbook's one-line epoch summary; other strategies than data parallelism are named, and a job's
+    workers counted (``ctx_list`` is then each worker's contexts)."""
     name = "" if strategy == "data" else f", {strategy} parallel"
+    where = f"[{', '.join(str(c) for c in ctx_list)}]"
     return (f"epoch {metrics['epoch']}, loss {metrics['train_loss']:.3f}, "
             f"train acc {metrics['train_acc']:.3f}, test acc {metrics['test_acc']:.3f}, "
             f"{metrics['seconds']:.1f} sec/epoch, {metrics['images_per_second']:.0f} examples/sec{name} "
-            f"on [{', '.join(str(c) for c in ctx_list)}]")
+            f"on {where if workers == 1 else f'{workers} workers x {where}'}")
