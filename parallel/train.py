@@ -6,6 +6,11 @@ Run::
     python -m parallel.train --dataset synthetic --epochs 2 --metrics-json m.json --plot curves.png
     python -m parallel.train --devices cpu:2 --strategy pipeline --stages 2 --micro-batches 4
     python -m parallel.train --devices cpu:4 --strategy hybrid --boundaries 2
+    python -m parallel.launch -n 2 python -m parallel.train --devices cpu:1 --epochs 10
+
+The last one trains one model in two processes (started by ``parallel.launch``, joined through MXNet's
+distributed kvstore): ``--batch-size`` stays the global batch, each worker trains its slice, and rank 0
+alone prints the epochs and writes the metrics, plot, checkpoints and export.
 
 Every strategy runs the same SGD step on the same batches: the same ``--seed`` gives the same loss curve.
 
@@ -16,7 +21,8 @@ imported; see ``parallel.settings.recommended_omp_threads``) and imports MXNet, 
 Each epoch prints one line in the textbook's form; ``--metrics-json`` and ``--plot`` are rewritten
 atomically after every epoch. Input the user controls that cannot work (an argument, the data, an output
 path, a learning rate that diverges) exits with status 2 and a one-line ``error:`` message; Ctrl-C exits
-with 130. Anything else is a bug in the package and ends with Python's traceback (status 1).
+with 130 (in a distributed job, a signal ends the worker at once; the launcher reports it). Anything else
+is a bug in the package and ends with Python's traceback (status 1).
 """
 import argparse
 import contextlib
@@ -107,8 +113,16 @@ def build_parser():
                              "--epochs may grow)")
     parser.add_argument("--export", metavar="PREFIX",
                         help="write the trained LeNet as MXNet's PREFIX-symbol.json + PREFIX-0000.params")
+    parser.add_argument("--kvstore", choices=["dist_sync", "dist_device_sync"], default=None,
+                        help="under python -m parallel.launch: the distributed kvstore that sums the workers' "
+                             "gradients; default dist_sync (dist_device_sync for GPUs)")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bars")
     return parser
+
+
+def _launched():
+    """Whether this process is a worker that ``python -m parallel.launch`` started (a distributed job)."""
+    return os.environ.get("DMLC_ROLE") == "worker"
 
 
 def _check_output(path, flag):
@@ -158,6 +172,18 @@ def check_args(args):
             raise UsageError(f"--checkpoint-dir {args.checkpoint_dir!r} is a file, not a directory")
     if args.export is not None and args.export == "":
         raise UsageError("--export needs a path prefix such as out/lenet, got an empty string")
+    if args.kvstore is not None and not _launched():
+        raise UsageError("--kvstore applies to a distributed job: run python -m parallel.launch -n 2 python -m "
+                         "parallel.train ...")
+    if _launched() and args.strategy != "data":
+        raise UsageError(f"a distributed job trains with --strategy data, not {args.strategy}; run the "
+                         f"{args.strategy} strategy in one process")
+    if not _launched():   # in a job, rank 0 alone writes, and checks once it knows its rank
+        check_outputs(args)
+
+
+def check_outputs(args):
+    """Raise ``UsageError`` unless every output file of ``args`` can be written, each its own file."""
     outputs = [(path, flag) for path, flag in ((args.metrics_json, "--metrics-json"), (args.plot, "--plot"),
                                                 (_export_files(args.export)[1], "--export"))
                if path is not None]
@@ -237,6 +263,23 @@ def _graceful_stop():
             signal.signal(sig, old)
 
 
+@contextlib.contextmanager
+def _end_on_signals():
+    """For a worker of a distributed job: during the block, SIGINT and SIGTERM end the process at once (their
+    default action). A worker spends its time blocked inside ps-lite, where no Python handler can run, so a
+    stop at the next batch boundary would only hold up the launcher's grace period; the job resumes from its
+    last epoch's checkpoint instead."""
+    if threading.current_thread() is not threading.main_thread():
+        yield None
+        return
+    previous = {sig: signal.signal(sig, signal.SIG_DFL) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield None
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
 class _Stopped(Exception):
     """Training stopped cleanly on a signal; ``main`` prints ``line`` and returns ``status``."""
 
@@ -272,7 +315,9 @@ def _describe_data(args):
 def run(args):
     """Train as the checked ``args`` say: load MXNet and the data, lay the model out, fit, report each epoch.
 
-    Raises ``UsageError`` for input the user controls (devices, layout, data, output files, divergence).
+    In a distributed job (a worker of ``python -m parallel.launch``), join it first; rank 0 alone reads the
+    checkpoint (and broadcasts it), prints and writes. Raises ``UsageError`` for input the user controls
+    (devices, layout, data, output files, divergence).
     """
     with _interrupt_after():   # imports MXNet
         from .checkpoint import (CheckpointError, check_compatible, dataset_fingerprint, has_checkpoint,
@@ -280,12 +325,20 @@ def run(args):
         from .data import DataError
         from .devices import parse_devices
         from .export import export_lenet
+        from .kvstore import join, sum_values
         from .model import init_lenet_params
         from .training import (NonFiniteLossError, TrainingStopped, fit, format_epoch, load_data, make_strategy,
                                plot_format, plot_metrics, write_metrics)
 
+    job = join(args.kvstore or "dist_sync") if _launched() else None   # waits for every worker and server
+    main_rank = job is None or job.rank == 0   # the one that reads, prints and writes
+    workers = 1 if job is None else job.num_workers
+    if job is not None:
+        print(f"joined the job as rank {job.rank} of {workers} ({job.kv.type})", flush=True)
+        if main_rank:
+            check_outputs(args)
     checkpoint = None
-    if args.checkpoint_dir is not None:
+    if args.checkpoint_dir is not None and main_rank:
         with _users_input(CheckpointError):
             if args.resume:
                 checkpoint = load_checkpoint(args.checkpoint_dir)
@@ -300,42 +353,54 @@ def run(args):
         if args.plot is not None:
             plot_format(args.plot)
         ctx_list = parse_devices(args.devices)
+    progress = not args.no_progress and main_rank
+    with _users_input(DataError):
+        if job is not None and not main_rank:   # one download at a time: rank 0 fetches, then the others read
+            sum_values(job, [0])
+        dataset = load_data(args.dataset, args.data_dir, progress=progress)
+        data_name = _describe_data(args)
+        if job is not None and main_rank:
+            sum_values(job, [0])
+    with _users_input(ValueError):
         params = init_lenet_params(args.seed) if checkpoint is None else checkpoint.params
         strategy = make_strategy(args.strategy, params, ctx_list, args.stages, args.boundaries, args.micro_batches,
-                                 args.batch_size, args.allreduce)
+                                 args.batch_size, args.allreduce, job)   # in a job: every replica gets rank 0's
     used = strategy.ctx_list
     if len(used) < len(ctx_list):
         idle = ", ".join(str(ctx) for ctx in ctx_list[len(used):])
         print(f"warning: --strategy {args.strategy} uses {len(used)} of the {len(ctx_list)} contexts of "
               f"--devices {args.devices} (one per stage); {idle} stay idle", file=sys.stderr, flush=True)
-    progress = not args.no_progress
-    with _users_input(DataError):
-        dataset = load_data(args.dataset, args.data_dir, progress=progress)
-        data_name = _describe_data(args)
     # the dataset's fingerprint hashes every example: only a run that checkpoints needs it
-    fingerprint = None if args.checkpoint_dir is None else dataset_fingerprint(dataset)
+    fingerprint = None if args.checkpoint_dir is None or not main_rank else dataset_fingerprint(dataset)
     config = {"dataset": {"name": args.dataset, "fingerprint": fingerprint},
               "batch_size": args.batch_size, "lr": args.lr, "seed": args.seed, "epochs": args.epochs,
               "strategy": args.strategy, "allreduce": args.allreduce, "devices": args.devices,
-              "stages": args.stages, "boundaries": args.boundaries, "micro_batches": args.micro_batches}
+              "stages": args.stages, "boundaries": args.boundaries, "micro_batches": args.micro_batches,
+              "workers": workers}
     if checkpoint is not None:
         with _users_input(CheckpointError):
             check_compatible(checkpoint.config, config)
-    print(f"training LeNet on {data_name}: {len(dataset.train_labels)} train / "
-          f"{len(dataset.test_labels)} test examples, batch {args.batch_size}, lr {args.lr}, "
-          f"on {len(used)} context(s)", flush=True)
-    print(f"strategy {strategy.name}: {strategy.description}; operator threads: OMP_NUM_THREADS="
-          f"{os.environ.get('OMP_NUM_THREADS', 'unset (MXNet default: half the cores)')}", flush=True)
+
+    def say(line):
+        if main_rank:
+            print(line, flush=True)
+
+    layout = f"{len(used)} context(s)" if job is None else f"{workers} worker(s) x {len(used)} context(s)"
+    say(f"training LeNet on {data_name}: {len(dataset.train_labels)} train / {len(dataset.test_labels)} test "
+        f"examples, batch {args.batch_size}, lr {args.lr}, on {layout}")
+    say(f"strategy {strategy.name}: {strategy.description}; operator threads: OMP_NUM_THREADS="
+        f"{os.environ.get('OMP_NUM_THREADS', 'unset (MXNet default: half the cores)')}")
 
     def write_plot(history, path):
-        plot_metrics(history, path, title=f"LeNet on {data_name}, {strategy.name} parallel on {len(used)} "
-                                          "context(s)")
+        plot_metrics(history, path, title=f"LeNet on {data_name}, {strategy.name} parallel on {layout}")
 
     def on_epoch(metrics, history):
-        print(format_epoch(metrics, used, strategy.name), flush=True)
+        say(format_epoch(metrics, used, strategy.name, workers))
         write_outputs(history)
 
     def write_outputs(history):
+        if not main_rank:
+            return
         for path, flag, write in ((args.metrics_json, "--metrics-json", write_metrics),
                                   (args.plot, "--plot", write_plot)):
             if path is not None:
@@ -345,7 +410,7 @@ def run(args):
                     raise UsageError(f"cannot write {flag} {path!r}: {e.strerror or e}") from None
 
     def save(state, params):
-        if args.checkpoint_dir is None:
+        if args.checkpoint_dir is None or not main_rank:
             return
         try:
             save_checkpoint(args.checkpoint_dir, params, state, config)
@@ -355,11 +420,11 @@ def run(args):
 
     start = None if checkpoint is None else checkpoint.state
     if start is not None and start.epoch > args.epochs:
-        print(f"the checkpoint in {args.checkpoint_dir} has finished all {args.epochs} epochs; nothing to train "
-              "(give a larger --epochs to train further)", flush=True)
+        say(f"the checkpoint in {args.checkpoint_dir} has finished all {args.epochs} epochs; nothing to train "
+            "(give a larger --epochs to train further)")
     elif start is not None:
-        print(f"resuming from {checkpoint.path}: epoch {start.epoch}, after {start.batch} batch(es)", flush=True)
-    with _graceful_stop() as stop, _users_input(NonFiniteLossError):
+        say(f"resuming from {checkpoint.path}: epoch {start.epoch}, after {start.batch} batch(es)")
+    with (_graceful_stop() if job is None else _end_on_signals()) as stop, _users_input(NonFiniteLossError):
         try:
             fit(dataset, ctx_list, args.epochs, args.batch_size, args.lr, seed=args.seed, algorithm=args.allreduce,
                 progress=progress, on_epoch=on_epoch, strategy=strategy, start=start, stop=stop,
@@ -373,7 +438,7 @@ def run(args):
             else:
                 line = f"{where}; checkpoint in {args.checkpoint_dir}. Resume with: {_resume_command(args.argv)}"
             raise _Stopped(line, 128 + stop.signum) from None
-    if args.export is not None:
+    if args.export is not None and main_rank:
         try:
             export_lenet(strategy.params(), args.export)
         except OSError as e:
@@ -409,5 +474,15 @@ def main(argv=None):
     return 0
 
 
+def _main_in_job():
+    """``main`` for a worker of a distributed job: a failure ends the process at once (``abandon``), not in
+    ps-lite's shutdown, which would wait for the other workers while they wait for this one."""
+    from .kvstore import abandon
+    status = main()
+    if status != 0:
+        abandon(status)
+    return status
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(_main_in_job() if _launched() else main())

@@ -24,9 +24,7 @@ import sys
 import mxnet as mx
 import pytest
 
-from parallel.data import FILES
-from parallel import write_idx
-from conftest import easy_dataset
+from conftest import easy_dataset, write_idx_files
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 README = os.path.join(ROOT, "README.md")
@@ -66,13 +64,14 @@ def readme_commands():
 
 
 def docstring_commands():
-    """``python -m parallel.train ...`` lines in the package's module docstrings."""
+    """``python -m parallel.train ...`` lines in the package's module docstrings, under the launcher too."""
     found = []
     for name in sorted(os.listdir(PACKAGE)):
         if name.endswith(".py"):
             doc = ast.get_docstring(ast.parse(open(os.path.join(PACKAGE, name)).read())) or ""
             found += [(name, line.strip()) for line in doc.splitlines()
-                      if line.strip().startswith("python -m parallel.train")]
+                      if line.strip().startswith("python -m parallel.train")
+                      or (line.strip().startswith("python -m parallel.launch") and "parallel.train" in line)]
     return found
 
 
@@ -101,15 +100,26 @@ def tiny_mxnet_home(tmp_path_factory):
     home = tmp_path_factory.mktemp("mxnet_home")
     directory = home / "datasets" / "fashion-mnist"
     directory.mkdir(parents=True)
-    ds = easy_dataset(num_train=300, num_test=100, seed=2)
-    for role, name in FILES.items():
-        write_idx(directory / name, getattr(ds, role))
+    write_idx_files(directory, easy_dataset(num_train=300, num_test=100, seed=2))
     return home
+
+
+def _run_launched_train_command(words, home, tmp_path):
+    """``python -m parallel.launch ... python -m parallel.train ...``: the whole job, one epoch."""
+    i = next(i for i in range(len(words)) if words[i:i + 3] == ["python", "-m", "parallel.train"])
+    argv = [sys.executable, *words[1:i], "--stall-timeout", "120", sys.executable, *words[i + 1:], "--epochs", "1",
+            "--no-progress"]
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                            env=dict(os.environ, MXNET_HOME=str(home)))
+    assert result.returncode == 0, (words, result.stderr[-3000:])
+    assert sum(" epoch 1, loss " in line for line in result.stdout.splitlines()) == 1, result.stdout
 
 
 def _run_train_command(command, home, tmp_path, monkeypatch, capsys):
     from parallel.train import main
     words = shlex.split(command)
+    if words[:3] == ["python", "-m", "parallel.launch"]:
+        return _run_launched_train_command(words, home, tmp_path)
     assert words[:3] == ["python", "-m", "parallel.train"], command
     monkeypatch.setenv("MXNET_HOME", str(home))
     monkeypatch.chdir(tmp_path)
@@ -128,6 +138,8 @@ def _classify(command):
         words = words[1:]
     if words[:3] == ["python", "-m", "parallel.train"]:
         return "train"
+    if words[:3] == ["python", "-m", "parallel.launch"] and "parallel.train" in words:
+        return "train"   # a training job: in order with the other training commands
     if words[:3] == ["python", "-m", "parallel.launch"]:
         return "launch"
     if words[:2] == ["python", "-m"] and words[2:3] == ["pytest"]:

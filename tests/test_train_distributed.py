@@ -1,0 +1,150 @@
+"""python -m parallel.train under python -m parallel.launch: W workers x K contexts train the same model as one
+context; rank 0 alone prints and writes; a killed worker ends the job in bounded time and --resume finishes it."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+import mxnet as mx
+import numpy as np
+import pytest
+
+from parallel import fit
+from parallel.checkpoint import load_checkpoint
+from parallel.export import LENET_PARAM_NAMES
+from parallel.train import main
+from conftest import assert_same_parameters, easy_dataset, job_processes, write_idx_files
+
+MARK = "PARALLEL_TEST_JOB"
+TRAIN = ["--batch-size", "13", "--lr", "0.1", "--seed", "3", "--no-progress"]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """70 train examples: batches of 13 end with one of 5, fewer than 3 workers x 2 contexts."""
+    dataset = easy_dataset(num_train=70, num_test=23, seed=6)
+    return write_idx_files(tmp_path_factory.mktemp("idx"), dataset), dataset
+
+
+def launch(workers, cwd, *train_args, servers=None, mark=None):
+    """Start ``parallel.train`` under the launcher; big buffers split over the servers (bound 1000 elements)."""
+    env = [] if mark is None else ["--env", f"{MARK}:{mark}"]
+    command = [sys.executable, "-m", "parallel.launch", "-n", str(workers), "-s", str(servers or workers),
+               "--stall-timeout", "120", "--env", "MXNET_KVSTORE_BIGARRAY_BOUND:1000", *env,
+               sys.executable, "-m", "parallel.train", *train_args]
+    return subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def finish(process, timeout=300):
+    try:
+        return process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:   # SIGTERM, not SIGKILL: the launcher then stops every process it started
+        process.terminate()
+        return process.communicate(timeout=60)
+
+
+def exported(prefix):
+    arrays = mx.nd.load(f"{prefix}-0000.params")
+    return [arrays[f"arg:{name}"].asnumpy() for name in LENET_PARAM_NAMES]
+
+
+@pytest.mark.parametrize("workers, k", [(1, 1), (1, 2), (2, 1), (2, 2), (3, 1), (3, 2)])
+def test_workers_times_contexts_train_the_same_model_as_one_context_through_the_cli(workers, k, tiny, tmp_path):
+    data_dir, dataset = tiny
+    process = launch(workers, tmp_path, "--data-dir", str(data_dir), "--devices", f"cpu:{k}", "--epochs", "2",
+                     *TRAIN, "--export", "lenet", "--metrics-json", "m.json", servers=min(workers, 2))
+    out, err = finish(process)
+    assert process.returncode == 0, err[-3000:]
+    history, device_params = fit(dataset, [mx.cpu(0)], num_epochs=2, batch_size=13, lr=0.1, seed=3)
+    assert_same_parameters(exported(tmp_path / "lenet"), [p.asnumpy() for p in device_params[0]], "float32")
+    # rank 0 alone prints the epochs and writes; its metrics cover every worker's examples
+    assert sum(" epoch 1, loss " in line for line in out.splitlines()) == 1, out
+    assert [line for line in out.splitlines() if "joined the job as rank" in line].__len__() == workers
+    got = json.loads((tmp_path / "m.json").read_text())
+    for g, w in zip(got, history):
+        np.testing.assert_allclose([g["train_loss"], g["train_acc"]], [w["train_loss"], w["train_acc"]], rtol=1e-5)
+        assert abs(g["test_acc"] - w["test_acc"]) <= 1 / 23 + 1e-9
+    assert sorted(os.listdir(tmp_path)) == ["lenet-0000.params", "lenet-symbol.json", "m.json"]
+
+
+API_WORKER = """
+import json, sys
+sys.path.insert(0, {tests!r})
+from conftest import easy_dataset
+import mxnet as mx
+from parallel import fit
+from parallel.kvstore import join
+
+job = join()
+history, _ = fit(easy_dataset(num_train=70, num_test=23, seed=6), [mx.cpu(0)], num_epochs=2, batch_size=13, lr=0.1,
+                 seed=3 + job.rank, job=job)   # every rank seeds differently: rank 0's parameters must win
+with open({out!r} + str(job.rank), "w") as f:
+    json.dump(history, f)
+"""
+
+
+def test_fit_in_a_job_gives_every_rank_the_same_metrics(tiny, tmp_path):
+    script = tmp_path / "worker.py"
+    script.write_text(API_WORKER.format(tests=os.path.dirname(os.path.abspath(__file__)), out=str(tmp_path / "h")))
+    process = subprocess.Popen([sys.executable, "-m", "parallel.launch", "-n", "3", "-s", "1", "--stall-timeout",
+                                "120", sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True)
+    _, err = finish(process)
+    assert process.returncode == 0, err[-3000:]
+    histories = [json.loads((tmp_path / f"h{rank}").read_text()) for rank in range(3)]
+    timeless = [[{key: m[key] for key in ("epoch", "train_loss", "train_acc", "test_acc")} for m in h]
+                for h in histories]
+    assert timeless[0] == timeless[1] == timeless[2]
+    want, _ = fit(tiny[1], [mx.cpu(0)], num_epochs=2, batch_size=13, lr=0.1, seed=3)
+    np.testing.assert_allclose([m["train_loss"] for m in timeless[0]], [m["train_loss"] for m in want], rtol=1e-5)
+
+
+def test_a_killed_worker_ends_the_job_and_resume_finishes_the_same_run(tmp_path):
+    data_dir = write_idx_files(tmp_path, easy_dataset(num_train=1200, num_test=60, seed=7))   # 120 batches of 10
+    args = ["--data-dir", str(data_dir), "--batch-size", "10", "--lr", "0.1", "--seed", "5", "--no-progress",
+            "--devices", "cpu:1", "--epochs", "3", "--checkpoint-dir", "ckpt", "--export", "lenet"]
+    straight, killed = tmp_path / "straight", tmp_path / "killed"
+    straight.mkdir(), killed.mkdir()
+    out, err = finish(launch(2, straight, *args))
+    assert "exported LeNet" in out, err[-3000:]
+
+    mark = uuid.uuid4().hex
+    process = launch(2, killed, *args, mark=mark)
+    for line in process.stdout:   # rank 0 has finished epoch 1 and written its checkpoint
+        if " epoch 1, loss " in line:
+            break
+    else:
+        raise AssertionError("the job ended before its first epoch: " + process.stderr.read()[-3000:])
+    printer = line.split("]")[0] + "]"   # "[worker i]", the launch index of rank 0
+    time.sleep(0.5)
+    victims = job_processes(MARK, mark, "worker")
+    assert len(victims) == 2
+    killed_at = time.monotonic()
+    os.kill(victims[0], signal.SIGKILL)
+    out, err = finish(process, timeout=120)
+    seconds = time.monotonic() - killed_at
+    assert process.returncode not in (0, None) and seconds < 30, (process.returncode, seconds)
+    print(f"the launcher exited {seconds:.2f} s after the SIGKILL")   # shown by pytest -s (README's figure)
+    assert "was killed by SIGKILL" in err.strip().splitlines()[-1], err[-2000:]
+    deadline = time.monotonic() + 5
+    while job_processes(MARK, mark) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert job_processes(MARK, mark) == [], "processes of the job were left behind"
+    state = load_checkpoint(killed / "ckpt").state   # the last checkpoint loads: the end of epoch 1
+    assert (state.epoch, state.batch) == (2, 0), f"the kill did not land in epoch 2 ({printer}: {state})"
+
+    out, err = finish(launch(2, killed, *args, "--resume"))
+    assert "resuming from" in out and "exported LeNet" in out, err[-3000:]
+    assert_same_parameters(exported(killed / "lenet"), exported(straight / "lenet"), "float32")
+
+
+def test_distributed_flags_outside_or_inside_a_job(monkeypatch, capsys):
+    assert main(["--kvstore", "dist_sync", "--dataset", "synthetic"]) == 2
+    assert "--kvstore applies to a distributed job" in capsys.readouterr().err
+    monkeypatch.setenv("DMLC_ROLE", "worker")
+    assert main(["--strategy", "pipeline", "--dataset", "synthetic"]) == 2
+    assert capsys.readouterr().err.strip() == ("error: a distributed job trains with --strategy data, not pipeline; "
+                                               "run the pipeline strategy in one process")
