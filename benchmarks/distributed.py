@@ -1,0 +1,781 @@
+"""What does crossing processes cost? kvstore push+pull against memcpy, and LeNet images/s across processes.
+
+Run from the repository root::
+
+    python benchmarks/distributed.py                              # full run, a few minutes on 2 cores
+    python benchmarks/distributed.py --quick --out /tmp/results   # smoke test, well under a minute
+    python benchmarks/distributed.py --workers 2 --rounds 5 --steps 40 --out benchmarks/results
+
+Every distributed job runs under ``python -m parallel.launch -n W -s W --stall-timeout SEC`` on this machine;
+the launcher's own split of the cores (``OMP_NUM_THREADS``) applies, as a user of the launcher gets it, unless
+``--job-threads`` sets it. One run measures:
+
+1. **push+pull sweep** (one job, W workers, W servers): for 4 KB .. 64 MB of float32, the median seconds of
+   ``kv.push(key, a); kv.pull(key, out=a); a.wait_to_read()`` (every worker making the same calls in the same
+   order), and, in the same process, the local memory-copy bound: ``src.copyto(dst); dst.wait_to_read()`` into
+   a persistent ``dst`` of the same size (every worker copies at the same time, as every worker pushes at the
+   same time). GB/s = bytes / seconds (10^9 bytes). MXNet splits an array of at least
+   ``MXNET_KVSTORE_BIGARRAY_BOUND`` elements (default 1,000,000) over the servers, a smaller one goes to one
+   server: the bound in effect is recorded, and each size says whether it was split. Memcpy and push+pull
+   blocks alternate, size by size, round by round (the size order rotates every round).
+2. **LeNet's reduction per step** (the same job): median ms of ``allreduce_across(job, device_params)`` (one
+   push+pull of LeNet's flat gradient, 129,068 floats) against median ms of the whole
+   ``train_batch(X, y, ..., job=job)`` step on the global batch, each call timed alone (``waitall`` before
+   and after), the two blocks alternating round by round.
+3. **LeNet images/second**, in ``--rounds`` interleaved rounds (the order of a, b, c rotates every round):
+
+   a. one process with every core (``OMP_NUM_THREADS`` = the number of cores), ``train_batch`` without a job
+      on ``--local-k`` contexts (default 1);
+   b. ``python -m parallel.launch -n W``: the from-scratch ``train_batch(..., job=job)``, each worker one
+      context, after ``broadcast_params``, in the job ``parallel.kvstore.join()`` returns;
+   c. the same launcher and process layout running MXNet's own ``gluon.Trainer(..., 'sgd',
+      {'learning_rate': lr}, kvstore=<dist_sync>)`` on ``to_gluon(...)`` hybridized with
+      ``static_alloc=True, static_shape=True``: each worker forwards/backwards its slice of the global batch
+      and calls ``trainer.step(global_batch)``. Whether the Trainer updates on the kvstore (MXNet's default for
+      dist_sync: the servers run the SGD) is recorded.
+
+   b and c are separate jobs: the Trainer uses keys 0..7 and, updating on the kvstore, installs an optimizer
+   on the servers that would apply to every key. Each measurement: ``--warmup`` steps, then ``--steps`` steps
+   with no host sync in the loop (only what the kvstore needs), ``mx.nd.waitall()`` at the end;
+   images/s = global batch x steps / seconds, from **rank 0's** time (every rank's is recorded). Reported:
+   medians over rounds, and the ratios b/a, c/a, b/c of those medians (per-round ratios too), from one run.
+
+The ``OMP_NUM_THREADS`` every process ran with is read from its environment (``/proc/PID/environ`` for the
+launcher's scheduler, servers and workers; the workers also report their own) and stated in the JSON and in
+the tables. The driver never imports MXNet and measures nothing itself: the worker processes do, one job or
+process at a time. Each worker reports by printing one line ``RESULT {json}``, which arrives here through the
+launcher as ``[worker i] RESULT {json}``. A job that fails or stalls ends the benchmark with status 1 and the
+launcher's ``error:`` line. Writes ``distributed.json`` and ``distributed.png`` (atomically) to ``--out`` and
+prints markdown tables.
+"""
+import argparse
+import gc
+import json
+import os
+import platform
+import queue
+import re
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+THIS = os.path.abspath(__file__)
+WORKER_FLAG = "--worker"
+RESULT_PREFIX = "RESULT "
+READY_LINE = "READY"
+
+KB, MB = 1024, 1024 ** 2
+SIZES = [4 * KB, 16 * KB, 64 * KB, 256 * KB, 1 * MB, 4 * MB, 16 * MB, 64 * MB]
+QUICK_SIZES = [4 * KB, 1 * MB]
+ITEMSIZE = 4                    # float32
+SWEEP_KEY0 = 50000              # sweep keys 50000, 50001, ...: clear of the package's keys (below 2000)
+DEFAULT_BIGARRAY_BOUND = 1000 * 1000   # MXNet's default for MXNET_KVSTORE_BIGARRAY_BOUND (kvstore_dist.h)
+CONFIGS = ("a", "b", "c")
+CONFIG_NAMES = {"a": "one process, every core", "b": "from scratch, launch -n W",
+                "c": "gluon.Trainer dist_sync, launch -n W"}
+
+
+class BenchmarkError(Exception):
+    """A job or process failed; ``main`` prints ``error: <message>`` and returns 1."""
+
+
+def _cores():
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def _size_label(nbytes):
+    return f"{nbytes // MB} MB" if nbytes >= MB else f"{nbytes // KB} KB"
+
+
+def _sweep_reps(nbytes, quick):
+    """Timed calls per block for one size: many for small sizes, at least 3 for 64 MB."""
+    return 3 if quick else max(3, min(30, int(10 * MB / nbytes)))
+
+
+# ----------------------------------------------------------------------------------------------
+# Workers: run inside a launched job (or alone, for configuration a); each prints one RESULT line
+# ----------------------------------------------------------------------------------------------
+
+def _environment():
+    import mxnet as mx
+    return {"pid": os.getpid(), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "unset"),
+            "MXNET_CPU_WORKER_NTHREADS": os.environ.get("MXNET_CPU_WORKER_NTHREADS", "unset (1)"),
+            "MXNET_KVSTORE_BIGARRAY_BOUND": int(os.environ.get("MXNET_KVSTORE_BIGARRAY_BOUND",
+                                                               DEFAULT_BIGARRAY_BOUND)),
+            "mxnet": mx.__version__}
+
+
+def _report(result):
+    print(RESULT_PREFIX + json.dumps(result), flush=True)
+
+
+def _batch(n):
+    """The global batch, the same on every worker (seeded)."""
+    import mxnet as mx
+    import numpy as np
+    rng = np.random.RandomState(0)
+    return mx.nd.array(rng.rand(n, 1, 28, 28)), mx.nd.array(rng.randint(0, 10, n))
+
+
+def _time_steps(step, warmup, steps):
+    """Seconds for ``steps`` calls of ``step`` after ``warmup`` calls; no host sync inside the timed loop."""
+    import mxnet as mx
+    for _ in range(warmup):
+        step()
+    mx.nd.waitall()
+    gc.disable()
+    try:
+        start = time.perf_counter()
+        for _ in range(steps):
+            step()
+        mx.nd.waitall()
+        return time.perf_counter() - start
+    finally:
+        gc.enable()
+
+
+def _checksum(arrays):
+    return float(sum(float(a.abs().sum().asscalar()) for a in arrays))
+
+
+def worker_kvstore(opts):
+    """Parts 1 and 2: the push+pull sweep against memcpy, and LeNet's allreduce_across against its step."""
+    import mxnet as mx
+    from parallel import get_params, init_lenet_params, train_batch
+    from parallel.kvstore import allreduce_across, broadcast_params, join
+
+    job = join()
+    kv = job.kv
+    print(READY_LINE, flush=True)
+    ctx = mx.cpu(0)
+    sizes = opts.sizes
+    arrays, sources, targets = {}, {}, {}
+    for i, nbytes in enumerate(sizes):   # every worker: the same keys, in the same order
+        n = nbytes // ITEMSIZE
+        arrays[nbytes] = mx.nd.zeros(n, ctx=ctx)   # zeros: the sums stay zero
+        kv.init(SWEEP_KEY0 + i, arrays[nbytes])
+        sources[nbytes], targets[nbytes] = mx.nd.zeros(n, ctx=ctx), mx.nd.ones(n, ctx=ctx)
+    keys = {nbytes: SWEEP_KEY0 + i for i, nbytes in enumerate(sizes)}
+
+    def pushpull(nbytes):
+        start = time.perf_counter()
+        kv.push(keys[nbytes], arrays[nbytes])
+        kv.pull(keys[nbytes], out=arrays[nbytes])
+        arrays[nbytes].wait_to_read()
+        return time.perf_counter() - start
+
+    def memcpy(nbytes):
+        start = time.perf_counter()
+        sources[nbytes].copyto(targets[nbytes])
+        targets[nbytes].wait_to_read()
+        return time.perf_counter() - start
+
+    device_params = [get_params(init_lenet_params(seed=0), ctx)]
+    broadcast_params(job, device_params)
+    X, y = _batch(opts.batch_size)
+    grad = device_params[0].grad
+
+    def reduction():
+        mx.nd.waitall()
+        start = time.perf_counter()
+        allreduce_across(job, device_params)
+        mx.nd.waitall()
+        return time.perf_counter() - start
+
+    def step():
+        mx.nd.waitall()
+        start = time.perf_counter()
+        train_batch(X, y, device_params, [ctx], opts.lr, job=job)
+        mx.nd.waitall()
+        return time.perf_counter() - start
+
+    for nbytes in sizes:   # warm-up: first touch, the servers' merge buffers
+        memcpy(nbytes)
+        pushpull(nbytes)
+    for _ in range(max(1, opts.warmup)):
+        step()
+    reduction()
+    lenet_reps = 3 if opts.quick else max(5, opts.steps // 4)
+    samples = {"pushpull": {n: [] for n in sizes}, "memcpy": {n: [] for n in sizes}, "allreduce_across": [],
+               "train_batch": []}
+    for r in range(opts.rounds):
+        for nbytes in sizes[r % len(sizes):] + sizes[:r % len(sizes)]:
+            reps = _sweep_reps(nbytes, opts.quick)
+            gc.disable()
+            try:
+                samples["memcpy"][nbytes] += [memcpy(nbytes) for _ in range(reps)]
+                pushpull(nbytes)   # untimed: lines the workers up after their copies
+                samples["pushpull"][nbytes] += [pushpull(nbytes) for _ in range(reps)]
+            finally:
+                gc.enable()
+            print(f"round {r + 1}: {_size_label(nbytes)} done", flush=True)   # progress for --stall-timeout
+        gc.disable()
+        try:
+            grad[:] = 0   # the sums stay zero (a pulled sum is pushed again by the next call)
+            samples["allreduce_across"] += [reduction() for _ in range(lenet_reps)]
+            samples["train_batch"] += [step() for _ in range(lenet_reps)]
+        finally:
+            gc.enable()
+        print(f"round {r + 1}: LeNet done", flush=True)
+    _report({"kind": "kvstore", "rank": job.rank, "num_workers": job.num_workers,
+             "num_servers": int(os.environ.get("DMLC_NUM_SERVER", "0")), "kvstore": kv.type,
+             "env": _environment(), "lenet_floats": int(grad.size),
+             "pushpull_s": {str(n): v for n, v in samples["pushpull"].items()},
+             "memcpy_s": {str(n): v for n, v in samples["memcpy"].items()},
+             "allreduce_across_s": samples["allreduce_across"], "train_batch_s": samples["train_batch"]})
+
+
+def worker_local(opts):
+    """Configuration a: one process, ``train_batch`` without a job on ``--local-k`` contexts."""
+    import mxnet as mx
+    from parallel import get_params, init_lenet_params, train_batch
+    ctx_list = [mx.cpu(i) for i in range(opts.local_k)]
+    device_params = [get_params(init_lenet_params(seed=0), c) for c in ctx_list]
+    X, y = _batch(opts.batch_size)
+    seconds = _time_steps(lambda: train_batch(X, y, device_params, ctx_list, opts.lr), opts.warmup, opts.steps)
+    _report({"kind": "local", "rank": 0, "num_workers": 1, "contexts": len(ctx_list), "seconds": seconds,
+             "env": _environment(), "params_checksum": _checksum(device_params[0])})
+
+
+def worker_scratch(opts):
+    """Configuration b: the from-scratch ``train_batch(..., job=job)``, one context per worker."""
+    import mxnet as mx
+    from parallel import get_params, init_lenet_params, train_batch
+    from parallel.kvstore import broadcast_params, join
+    job = join()
+    print(READY_LINE, flush=True)
+    ctx_list = [mx.cpu(0)]
+    device_params = [get_params(init_lenet_params(seed=0), ctx_list[0])]
+    broadcast_params(job, device_params)
+    X, y = _batch(opts.batch_size)
+    seconds = _time_steps(lambda: train_batch(X, y, device_params, ctx_list, opts.lr, job=job),
+                          opts.warmup, opts.steps)
+    _report({"kind": "scratch", "rank": job.rank, "num_workers": job.num_workers, "seconds": seconds,
+             "env": _environment(), "params_checksum": _checksum(device_params[0])})
+
+
+def worker_gluon(opts):
+    """Configuration c: MXNet's gluon.Trainer on a dist_sync kvstore, a hybridized gluon LeNet."""
+    import mxnet as mx
+    from mxnet import autograd, gluon
+    from parallel import init_lenet_params, to_gluon
+    from parallel.kvstore import worker_slice
+    # The Trainer takes "str or KVStore"; given the store itself (as MXNet's example/distributed_training does)
+    # it takes the same path as with kvstore='dist_sync', and this worker knows its rank before the first step.
+    kv = mx.kv.create("dist_sync")
+    print(READY_LINE, flush=True)
+    ctx = mx.cpu(0)
+    net = to_gluon(init_lenet_params(seed=0), ctx)
+    net.hybridize(static_alloc=True, static_shape=True)
+    trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": opts.lr}, kvstore=kv)
+    loss = gluon.loss.SoftmaxCrossEntropyLoss()
+    X, y = _batch(opts.batch_size)
+    n = X.shape[0]
+    start, stop = worker_slice(n, 1, kv.rank, kv.num_workers)
+
+    def step():
+        X_slice, y_slice = X[start:stop], y[start:stop]
+        with autograd.record():
+            l = loss(net(X_slice), y_slice)
+        l.backward()
+        trainer.step(n)   # the global batch: the servers sum the workers' gradients, then divide by n
+
+    seconds = _time_steps(step, opts.warmup, opts.steps)
+    params = [p.data(ctx) for p in net.collect_params().values()]
+    _report({"kind": "gluon", "rank": kv.rank, "num_workers": kv.num_workers, "seconds": seconds,
+             "env": _environment(), "params_checksum": _checksum(params), "kvstore": kv.type,
+             # gluon.Trainer has no public accessor for these (MXNet 1.9.1): read after the first step
+             "update_on_kvstore": bool(trainer._update_on_kvstore), "distributed": bool(trainer._distributed)})
+
+
+WORKERS = {"kvstore": worker_kvstore, "local": worker_local, "scratch": worker_scratch, "gluon": worker_gluon}
+
+
+def worker_main(argv):
+    parser = argparse.ArgumentParser(prog="distributed.py --worker")
+    parser.add_argument("kind", choices=sorted(WORKERS))
+    parser.add_argument("--sizes", type=_int_list, default=SIZES)
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--batch-size", type=int, default=256)
+    parser.add_argument("--lr", type=float, default=0.1)
+    parser.add_argument("--local-k", type=int, default=1)
+    parser.add_argument("--quick", action="store_true")
+    opts = parser.parse_args(argv)
+    try:
+        WORKERS[opts.kind](opts)
+        gc.collect()   # anything of MXNet's kept alive by a cycle goes now, before the interpreter's teardown
+    except BaseException:
+        # End at once with the traceback: leaving through the interpreter's exit would run ps-lite's shutdown,
+        # a barrier of every worker, which waits forever for a peer still blocked on this worker's push.
+        import traceback
+        from parallel.kvstore import abandon
+        traceback.print_exc()
+        abandon(1)
+    return 0
+
+
+# ----------------------------------------------------------------------------------------------
+# Driver: launches the jobs and processes one at a time, parses their RESULT lines
+# ----------------------------------------------------------------------------------------------
+
+_WORKER_LINE = re.compile(r"^\[worker (\d+)\] (.*)$")
+
+
+def _children_environments(ppid):
+    """Role, pid and ``OMP_NUM_THREADS`` of every process whose parent is ``ppid`` (the launcher), read from
+    ``/proc/PID/environ``: the environment each one started with, which is what MXNet read."""
+    found = []
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return found
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                parent = int(f.read().rsplit(")", 1)[1].split()[1])
+            if parent != ppid:
+                continue
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                raw = f.read().decode("utf-8", "replace")
+        except (OSError, IndexError, ValueError):
+            continue
+        env = dict(item.split("=", 1) for item in raw.split("\0") if "=" in item)
+        found.append({"role": env.get("DMLC_ROLE", "?"), "pid": int(entry),
+                      "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", "unset")})
+    return sorted(found, key=lambda p: (["scheduler", "server", "worker"].index(p["role"])
+                                        if p["role"] in ("scheduler", "server", "worker") else 3, p["pid"]))
+
+
+def _drain(pipe, sink):
+    for line in iter(pipe.readline, ""):
+        sink.put(line.rstrip("\n"))
+    pipe.close()
+    sink.put(None)
+
+
+def _stderr_tail(lines, count=15):
+    return " | ".join(line.strip() for line in lines[-count:] if line.strip()) or "nothing on stderr"
+
+
+def _worker_command(kind, args, **extra):
+    argv = [sys.executable, THIS, WORKER_FLAG, kind, "--steps", str(args.steps), "--warmup", str(args.warmup),
+            "--batch-size", str(args.batch_size), "--lr", str(args.lr)]
+    for name, value in extra.items():
+        argv += [f"--{name.replace('_', '-')}", str(value)]
+    return argv + (["--quick"] if args.quick else [])
+
+
+def _child_env(extra=None):
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([ROOT] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    for name in [n for n in env if n.startswith("DMLC_")]:   # never inherit a job's role
+        del env[name]
+    env.update(extra or {})
+    return env
+
+
+def launch_job(label, command, workers, stall_timeout, job_threads=0, timeout=3600):
+    """Run ``command`` on ``workers`` workers and as many servers under ``python -m parallel.launch``.
+
+    Returns ``{"results": [RESULT dicts, by rank], "processes": [role, pid, OMP_NUM_THREADS of each], "seconds"}``;
+    raises ``BenchmarkError`` with the launcher's ``error:`` line when the job fails or stalls, or when a worker
+    reports nothing. ``job_threads`` 0 leaves ``OMP_NUM_THREADS`` to the launcher (it splits the cores).
+    """
+    argv = [sys.executable, "-m", "parallel.launch", "-n", str(workers), "-s", str(workers),
+            "--stall-timeout", str(stall_timeout)]
+    env = _child_env()
+    env.pop("OMP_NUM_THREADS", None)
+    if job_threads:
+        argv += ["--env", f"OMP_NUM_THREADS:{job_threads}"]
+    argv += list(command)
+    started = time.perf_counter()
+    launcher = subprocess.Popen(argv, cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+    out_lines, err_lines = queue.Queue(), []
+    err_queue = queue.Queue()
+    readers = [threading.Thread(target=_drain, args=(launcher.stdout, out_lines), daemon=True),
+               threading.Thread(target=_drain, args=(launcher.stderr, err_queue), daemon=True)]
+    for reader in readers:
+        reader.start()
+    results, processes, finished = {}, [], False
+    try:
+        while not finished:
+            try:
+                line = out_lines.get(timeout=1.0)
+            except queue.Empty:
+                if time.perf_counter() - started > timeout:
+                    raise BenchmarkError(f"{label}: the job ran longer than {timeout:g} s; stopped it")
+                continue
+            if line is None:
+                finished = True
+                continue
+            match = _WORKER_LINE.match(line)
+            if not match:
+                continue
+            text = match.group(2)
+            if text == READY_LINE and not processes:   # every process of the job is up: read their settings
+                processes = _children_environments(launcher.pid)
+            elif text.startswith(RESULT_PREFIX):
+                result = json.loads(text[len(RESULT_PREFIX):])
+                result["launch_index"] = int(match.group(1))
+                results[result["rank"]] = result
+        status = launcher.wait(timeout=120)
+    except BaseException:
+        if launcher.poll() is None:
+            launcher.terminate()   # SIGTERM: the launcher stops every process it started
+            try:
+                launcher.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                launcher.kill()
+                launcher.wait()
+        raise
+    finally:
+        for reader in readers:
+            reader.join(5)
+        while not err_queue.empty():
+            line = err_queue.get()
+            if line is not None:
+                err_lines.append(line)
+    if status != 0:
+        errors = [line for line in err_lines if line.startswith("error:")]
+        raise BenchmarkError(f"{label}: python -m parallel.launch exited with status {status}: "
+                             f"{errors[-1] if errors else _stderr_tail(err_lines)}")
+    if sorted(results) != list(range(workers)):
+        raise BenchmarkError(f"{label}: expected a {RESULT_PREFIX.strip()} line from ranks 0..{workers - 1}, got "
+                             f"{sorted(results)}; the launcher's stderr: {_stderr_tail(err_lines)}")
+    return {"results": [results[r] for r in range(workers)], "processes": processes,
+            "seconds": time.perf_counter() - started}
+
+
+def run_local(command, threads, timeout=3600):
+    """Configuration a: one process with ``OMP_NUM_THREADS=threads``; returns its RESULT dict."""
+    proc = subprocess.run(command, cwd=ROOT, env=_child_env({"OMP_NUM_THREADS": str(threads)}),
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout)
+    if proc.returncode != 0:
+        raise BenchmarkError(f"a (one process): exited with status {proc.returncode}: "
+                             f"{_stderr_tail(proc.stderr.splitlines())}")
+    lines = [line for line in proc.stdout.splitlines() if line.startswith(RESULT_PREFIX)]
+    if not lines:
+        raise BenchmarkError(f"a (one process): printed no {RESULT_PREFIX.strip()} line")
+    return json.loads(lines[-1][len(RESULT_PREFIX):])
+
+
+def _omp_by_role(job):
+    """``{"scheduler": [...], "server": [...], "worker": [...]}``: OMP_NUM_THREADS of each process."""
+    roles = {}
+    for p in job["processes"]:
+        roles.setdefault(p["role"], []).append(p["OMP_NUM_THREADS"])
+    if "worker" not in roles:   # /proc unreadable: the workers' own reports
+        roles["worker"] = [r["env"]["OMP_NUM_THREADS"] for r in job["results"]]
+    return roles
+
+
+def _median(values):
+    return statistics.median(values)
+
+
+def summarize_kvstore(job, workers):
+    results = job["results"]
+    rank0 = results[0]
+    bound = rank0["env"]["MXNET_KVSTORE_BIGARRAY_BOUND"]
+    sizes = []
+    for key in rank0["pushpull_s"]:
+        nbytes = int(key)
+        pushpull, memcpy = _median(rank0["pushpull_s"][key]), _median(rank0["memcpy_s"][key])
+        floats = nbytes // ITEMSIZE
+        sizes.append({
+            "bytes": nbytes, "label": _size_label(nbytes), "floats": floats,
+            "split_over_servers": bool(floats >= bound and rank0["num_servers"] > 1),
+            "pushpull_s": pushpull, "memcpy_s": memcpy,
+            "pushpull_gbps": nbytes / pushpull / 1e9, "memcpy_gbps": nbytes / memcpy / 1e9,
+            "fraction_of_memcpy": memcpy / pushpull,
+            "per_rank": [{"rank": r["rank"], "pushpull_s": _median(r["pushpull_s"][key]),
+                          "memcpy_s": _median(r["memcpy_s"][key]),
+                          "samples": {"pushpull_s": r["pushpull_s"][key], "memcpy_s": r["memcpy_s"][key]}}
+                         for r in results]})
+    sizes.sort(key=lambda s: s["bytes"])
+    allreduce_ms = _median(rank0["allreduce_across_s"]) * 1000
+    step_ms = _median(rank0["train_batch_s"]) * 1000
+    lenet_floats = rank0["lenet_floats"]
+    reduction = {
+        "floats": lenet_floats, "bytes": lenet_floats * ITEMSIZE,
+        "split_over_servers": bool(lenet_floats >= bound and rank0["num_servers"] > 1),
+        "allreduce_across_ms": allreduce_ms, "train_batch_ms": step_ms, "fraction": allreduce_ms / step_ms,
+        "per_rank": [{"rank": r["rank"], "allreduce_across_ms": _median(r["allreduce_across_s"]) * 1000,
+                      "train_batch_ms": _median(r["train_batch_s"]) * 1000,
+                      "samples_ms": {"allreduce_across": [s * 1000 for s in r["allreduce_across_s"]],
+                                     "train_batch": [s * 1000 for s in r["train_batch_s"]]}} for r in results]}
+    common = {"workers": workers, "servers": rank0["num_servers"], "kvstore": rank0["kvstore"],
+              "MXNET_KVSTORE_BIGARRAY_BOUND": bound, "timings_from": "rank 0 (every rank in per_rank)",
+              "omp_num_threads": _omp_by_role(job), "processes": job["processes"]}
+    return {**common, "sizes": sizes}, {**common, **reduction}
+
+
+def run(args):
+    cores = _cores()
+    local_threads = args.local_threads or cores
+    print(f"kvstore job: push+pull sweep and LeNet reduction, {args.workers} workers ...", file=sys.stderr,
+          flush=True)
+    started = time.perf_counter()
+    kv_job = launch_job("push+pull sweep job", _worker_command("kvstore", args, sizes=",".join(map(str, args.sizes)),
+                                                                 rounds=args.rounds),
+                        args.workers, args.stall_timeout, args.job_threads)
+    kv_job_seconds = time.perf_counter() - started
+    sweep, reduction = summarize_kvstore(kv_job, args.workers)
+
+    rounds = []
+    samples = {c: [] for c in CONFIGS}
+    detail = {c: [] for c in CONFIGS}
+    for r in range(args.rounds):
+        order = list(CONFIGS[r % 3:] + CONFIGS[:r % 3])   # the order rotates every round
+        row = {"round": r + 1, "order": order}
+        for config in order:
+            if config == "a":
+                result = run_local(_worker_command("local", args, local_k=args.local_k), local_threads)
+                ranks, omp = [result], {"process": [result["env"]["OMP_NUM_THREADS"]]}
+            else:
+                kind = "scratch" if config == "b" else "gluon"
+                job = launch_job(f"{config} ({CONFIG_NAMES[config]})", _worker_command(kind, args), args.workers,
+                                 args.stall_timeout, args.job_threads)
+                ranks, omp = job["results"], _omp_by_role(job)
+            images = args.batch_size * args.steps / ranks[0]["seconds"]   # rank 0's time
+            samples[config].append(images)
+            detail[config].append({"round": r + 1, "images_per_second": images, "omp_num_threads": omp,
+                                   "per_rank": [{"rank": x["rank"], "seconds": x["seconds"],
+                                                 "images_per_second": args.batch_size * args.steps / x["seconds"],
+                                                 "OMP_NUM_THREADS": x["env"]["OMP_NUM_THREADS"],
+                                                 "params_checksum": x["params_checksum"]} for x in ranks],
+                                   **({"update_on_kvstore": ranks[0]["update_on_kvstore"]} if config == "c" else {})})
+            row[config] = images
+        rounds.append(row)
+        print(f"round {r + 1}/{args.rounds}: " + ", ".join(f"{c} {row[c]:.0f} images/s" for c in CONFIGS),
+              file=sys.stderr, flush=True)
+
+    medians = {c: _median(samples[c]) for c in CONFIGS}
+    ratio_pairs = {"b/a": ("b", "a"), "c/a": ("c", "a"), "b/c": ("b", "c")}
+    omp = {c: detail[c][-1]["omp_num_threads"] for c in CONFIGS}
+    configs = {}
+    for c in CONFIGS:
+        agree = all(len({p["params_checksum"] for p in d["per_rank"]}) == 1 for d in detail[c])
+        configs[c] = {"name": CONFIG_NAMES[c].replace("W", str(args.workers)), "images_per_second": medians[c],
+                      "samples": samples[c], "omp_num_threads": omp[c], "rounds": detail[c],
+                      "params_agree_across_ranks": agree,
+                      "params_checksum": detail[c][0]["per_rank"][0]["params_checksum"],
+                      "processes": (1 if c == "a" else f"{args.workers} workers + {args.workers} servers + scheduler"),
+                      "contexts_per_process": args.local_k if c == "a" else 1}
+    configs["c"]["update_on_kvstore"] = all(d["update_on_kvstore"] for d in detail["c"])
+    images = {
+        "global_batch": args.batch_size, "steps": args.steps, "warmup": args.warmup, "rounds": args.rounds,
+        "timing": "rank 0's seconds for the timed steps (every rank's in configs.<c>.rounds[].per_rank); images/s = "
+                  "global batch x steps / seconds; medians over rounds",
+        "configs": configs,
+        "ratios": {name: medians[x] / medians[y] for name, (x, y) in ratio_pairs.items()},
+        "ratios_per_round": {name: [row[x] / row[y] for row in rounds] for name, (x, y) in ratio_pairs.items()},
+        "per_round": rounds}
+    env0 = kv_job["results"][0]["env"]
+    return {
+        "command": "python benchmarks/distributed.py " + " ".join(args.argv),
+        "machine": {"cores": cores, "cpu_count": os.cpu_count(), "platform": platform.platform(),
+                    "python": platform.python_version(), "mxnet": env0["mxnet"],
+                    "MXNET_CPU_WORKER_NTHREADS": env0["MXNET_CPU_WORKER_NTHREADS"]},
+        "settings": {"workers": args.workers, "servers": args.workers, "rounds": args.rounds, "steps": args.steps,
+                     "warmup": args.warmup, "batch_size": args.batch_size, "lr": args.lr, "local_k": args.local_k,
+                     "local_threads": local_threads,
+                     "job_threads": args.job_threads or "the launcher's split of the cores",
+                     "sizes": args.sizes, "stall_timeout": args.stall_timeout, "quick": args.quick,
+                     "MXNET_KVSTORE_BIGARRAY_BOUND": env0["MXNET_KVSTORE_BIGARRAY_BOUND"]},
+        "omp_num_threads": {"pushpull_job": sweep["omp_num_threads"], **{c: omp[c] for c in CONFIGS}},
+        "pushpull": sweep,
+        "lenet_reduction": reduction,
+        "images_per_second": images,
+        "wall_seconds": {"kvstore_job": kv_job_seconds},
+    }
+
+
+def _omp_text(roles):
+    """``workers 1,1; servers 1,1; scheduler 1`` or ``2`` for one process."""
+    if "process" in roles:
+        return roles["process"][0]
+    names = {"worker": "workers", "server": "servers", "scheduler": "scheduler"}
+    return "; ".join(f"{names.get(role, role)} {','.join(values)}" for role, values in
+                     sorted(roles.items(), key=lambda kv: ["worker", "server", "scheduler"].index(kv[0])
+                            if kv[0] in names else 3))
+
+
+def render_table(result):
+    sweep, reduction, images = result["pushpull"], result["lenet_reduction"], result["images_per_second"]
+    lines = [f"push+pull sweep: {sweep['workers']} workers, {sweep['servers']} servers ({sweep['kvstore']}), "
+             f"MXNET_KVSTORE_BIGARRAY_BOUND={sweep['MXNET_KVSTORE_BIGARRAY_BOUND']}; OMP_NUM_THREADS: "
+             f"{_omp_text(sweep['omp_num_threads'])}; rank 0's medians",
+             "",
+             "| size | floats | split over servers | push+pull ms | push+pull GB/s | memcpy ms | memcpy GB/s "
+             "| push+pull / memcpy |",
+             "|---|---|---|---|---|---|---|---|"]
+    for s in sweep["sizes"]:
+        lines.append(f"| {s['label']} | {s['floats']:,} | {'yes' if s['split_over_servers'] else 'no'} "
+                     f"| {s['pushpull_s'] * 1000:.3f} | {s['pushpull_gbps']:.3f} | {s['memcpy_s'] * 1000:.3f} "
+                     f"| {s['memcpy_gbps']:.2f} | {s['fraction_of_memcpy']:.3f} |")
+    lines += ["",
+              f"LeNet's reduction per step (global batch {images['global_batch']}, {reduction['workers']} workers; "
+              f"flat gradient {reduction['floats']:,} floats = {reduction['bytes'] / KB:.0f} KB, "
+              f"{'split over' if reduction['split_over_servers'] else 'on one of'} the servers); rank 0's medians",
+              "",
+              "| allreduce_across ms | train_batch step ms | allreduce / step |",
+              "|---|---|---|",
+              f"| {reduction['allreduce_across_ms']:.2f} | {reduction['train_batch_ms']:.2f} "
+              f"| {reduction['fraction']:.3f} |",
+              "",
+              f"LeNet images/s, global batch {images['global_batch']}, {images['steps']} timed steps after "
+              f"{images['warmup']} warm-up, median of {images['rounds']} interleaved round(s), rank 0's time",
+              "",
+              "| configuration | OMP_NUM_THREADS of each process | images/s | per round |",
+              "|---|---|---|---|"]
+    for c in CONFIGS:
+        cfg = images["configs"][c]
+        extra = f", K={cfg['contexts_per_process']}" if c == "a" else ""
+        if c == "c":
+            extra += f", update_on_kvstore={cfg['update_on_kvstore']}"
+        lines.append(f"| ({c}) {cfg['name']}{extra} | {_omp_text(cfg['omp_num_threads'])} "
+                     f"| {cfg['images_per_second']:.0f} | {', '.join(f'{v:.0f}' for v in cfg['samples'])} |")
+    lines.append("")
+    checksums = ", ".join(f"{c} {images['configs'][c]['params_checksum']:.6f}" for c in CONFIGS)
+    agree = all(images["configs"][c]["params_agree_across_ranks"] for c in CONFIGS)
+    lines.append(f"sum of |parameters| after the warm-up and timed steps (round 1, rank 0): {checksums}; "
+                 f"the ranks of each job {'agree' if agree else 'DISAGREE'}")
+    lines.append("ratios of the medians: " + ", ".join(f"{name} = {value:.2f}"
+                                                       for name, value in images["ratios"].items()))
+    return "\n".join(lines)
+
+
+def plot(result, path):
+    """Two panels: GB/s against size (push+pull and memcpy), and images/s of a, b, c. No pyplot: a Figure on
+    the Agg canvas, written atomically."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import FixedLocator, NullLocator
+    from parallel.files import atomic_write
+
+    sweep, images = result["pushpull"], result["images_per_second"]
+    fig = Figure(figsize=(12, 4.8))
+    FigureCanvasAgg(fig)
+    ax_bw, ax_img = fig.subplots(1, 2, gridspec_kw={"width_ratios": [3, 2]})
+    sizes = [s["bytes"] for s in sweep["sizes"]]
+    ax_bw.plot(sizes, [s["pushpull_gbps"] for s in sweep["sizes"]], "o-",
+               label=f"kvstore push + pull ({sweep['workers']} workers, {sweep['servers']} servers)")
+    ax_bw.plot(sizes, [s["memcpy_gbps"] for s in sweep["sizes"]], "s--", label="memcpy (copyto, same process)")
+    bound = sweep["MXNET_KVSTORE_BIGARRAY_BOUND"]
+    if min(sizes) <= bound * ITEMSIZE <= max(sizes):
+        ax_bw.axvline(bound * ITEMSIZE, color="gray", linestyle=":",
+                      label=f"MXNET_KVSTORE_BIGARRAY_BOUND ({bound:,} floats): larger arrays split over the servers")
+    ax_bw.set_xscale("log")
+    ax_bw.set_yscale("log")
+    ax_bw.xaxis.set_major_locator(FixedLocator(sizes))
+    ax_bw.xaxis.set_minor_locator(NullLocator())
+    ax_bw.set_xticklabels([_size_label(n) for n in sizes])
+    ax_bw.set_xlabel("array size (float32)")
+    ax_bw.set_ylabel("GB/s (10^9 bytes / s, median)")
+    ax_bw.set_title(f"push+pull vs memcpy, OMP_NUM_THREADS: {_omp_text(sweep['omp_num_threads'])}", fontsize=9)
+    ax_bw.grid(True, which="both", alpha=0.3)
+    ax_bw.legend(fontsize=8, loc="lower right")
+    labels, values = [], []
+    for c in CONFIGS:
+        cfg = images["configs"][c]
+        labels.append(f"({c}) " + {"a": f"1 process\nK={cfg['contexts_per_process']}",
+                                   "b": f"from scratch\n{sweep['workers']} workers",
+                                   "c": f"gluon.Trainer\n{sweep['workers']} workers"}[c]
+                      + f"\nOMP {_omp_text(cfg['omp_num_threads']).replace('; ', chr(10))}")
+        values.append(cfg["images_per_second"])
+    bars = ax_img.bar(range(len(values)), values, color=["tab:gray", "tab:blue", "tab:orange"])
+    for bar, value in zip(bars, values):
+        ax_img.annotate(f"{value:.0f}", (bar.get_x() + bar.get_width() / 2, value), ha="center", va="bottom",
+                        fontsize=8)
+    ax_img.set_xticks(range(len(values)))
+    ax_img.set_xticklabels(labels, fontsize=7)
+    ax_img.set_ylabel(f"images / s (median of {images['rounds']} round(s))")
+    ratios = ", ".join(f"{k} {v:.2f}" for k, v in images["ratios"].items())
+    ax_img.set_title(f"LeNet, global batch {images['global_batch']}; {ratios}", fontsize=9)
+    ax_img.grid(axis="y", alpha=0.3)
+    ax_img.set_ylim(0, max(values) * 1.15)
+    fig.tight_layout()
+    with atomic_write(path, "wb") as f:
+        fig.savefig(f, format="png", dpi=100)
+
+
+def _int_list(text):
+    return [int(x) for x in text.split(",")]
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(prog="python benchmarks/distributed.py", description=__doc__.split("\n")[0])
+    parser.add_argument("--workers", type=int, default=2, help="workers (and servers) of every job; default 2")
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds; medians reported; default 5")
+    parser.add_argument("--steps", type=int, default=40, help="timed LeNet steps per measurement; default 40")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed steps before each measurement; default 3")
+    parser.add_argument("--batch-size", type=int, default=256, help="global batch; default 256")
+    parser.add_argument("--lr", type=float, default=0.1)
+    parser.add_argument("--local-k", type=int, default=1, help="contexts of configuration a; default 1")
+    parser.add_argument("--local-threads", type=int, default=0,
+                        help="OMP_NUM_THREADS of configuration a; default 0: every core")
+    parser.add_argument("--job-threads", type=int, default=0,
+                        help="OMP_NUM_THREADS of every worker and server of a job; default 0: the launcher's split")
+    parser.add_argument("--sizes", type=_int_list, default=None,
+                        help="push+pull sizes in bytes, e.g. 4096,1048576; default 4 KB .. 64 MB")
+    parser.add_argument("--stall-timeout", type=float, default=120.0,
+                        help="the launcher's --stall-timeout for every job; default 120 s")
+    parser.add_argument("--quick", action="store_true",
+                        help="a smoke test: 1 round, 3 steps, batch 32, sizes 4 KB and 1 MB")
+    parser.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results"),
+                        help="directory for distributed.json and distributed.png; default benchmarks/results")
+    return parser
+
+
+def main(argv=None):
+    """Run the benchmark; 0 on success, 1 when a job or process failed, 2 for bad arguments."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] == WORKER_FLAG:
+        return worker_main(argv[1:])
+    args = build_parser().parse_args(argv)
+    args.argv = argv
+    if args.quick:
+        args.rounds, args.steps, args.warmup, args.batch_size = 1, 3, 1, 32
+        args.sizes = args.sizes or QUICK_SIZES
+    args.sizes = args.sizes or SIZES
+    from parallel.files import atomic_write, check_writable
+    try:
+        for flag, value in (("--workers", args.workers), ("--rounds", args.rounds), ("--steps", args.steps),
+                            ("--batch-size", args.batch_size), ("--local-k", args.local_k)):
+            if value < 1:
+                raise ValueError(f"{flag} must be >= 1, got {value}")
+        if args.batch_size < args.workers:
+            raise ValueError(f"--batch-size {args.batch_size} leaves a worker without an example; "
+                             f"give at least --workers ({args.workers})")
+        if any(n < ITEMSIZE or n % ITEMSIZE for n in args.sizes):
+            raise ValueError(f"--sizes must be multiples of {ITEMSIZE} bytes (float32), got {args.sizes}")
+        os.makedirs(args.out, exist_ok=True)
+        json_path, png_path = os.path.join(args.out, "distributed.json"), os.path.join(args.out, "distributed.png")
+        check_writable(json_path, "benchmark results")
+    except (ValueError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    try:
+        result = run(args)
+    except BenchmarkError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    with atomic_write(json_path) as f:
+        json.dump(result, f, indent=2)
+    plot(result, png_path)
+    print(f"{result['command']}\nmachine: {result['machine']}\n")
+    print(render_table(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
