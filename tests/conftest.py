@@ -1,3 +1,4 @@
+import importlib.util
 import os
 
 import mxnet as mx
@@ -114,3 +115,39 @@ def strict_contexts(monkeypatch):
         monkeypatch.setattr(mx.nd, name, guard(f"mx.nd.{name}", getattr(mx.nd, name)))
     for name in _STRICT_METHODS:
         monkeypatch.setattr(mx.nd.NDArray, name, guard(f"NDArray.{name}", getattr(mx.nd.NDArray, name)))
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def load_benchmark(name):
+    """The script ``benchmarks/<name>.py`` as a module (benchmarks are scripts, not a package)."""
+    spec = importlib.util.spec_from_file_location(f"benchmarks_{name}", os.path.join(ROOT, "benchmarks", f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def write_idx_files(directory, dataset):
+    """Write ``dataset`` as the four raw IDX files of an MNIST-format directory; return the directory."""
+    from parallel import write_idx
+    from parallel.data import FILES
+    for role, name in FILES.items():
+        write_idx(os.path.join(directory, name), getattr(dataset, role))
+    return directory
+
+
+def job_processes(mark_name, mark, role=None):
+    """Pids of live processes of a kvstore job (``DMLC_ROLE`` in their environment, optionally this role)
+    whose environment has ``mark_name=mark``: other jobs on the machine are not ours to judge."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+        except OSError:
+            continue
+        roles = [v[len(b"DMLC_ROLE="):].decode() for v in env if v.startswith(b"DMLC_ROLE=")]
+        if roles and f"{mark_name}={mark}".encode() in env and role in (None, roles[0]):
+            found.append(int(pid))
+    return found

@@ -1,7 +1,5 @@
 """Smoke test of benchmarks/allreduce.py: structure of its output, never its timings."""
-import importlib.util
 import json
-import pathlib
 
 import mxnet as mx
 import pytest
@@ -9,15 +7,12 @@ import pytest
 from parallel import ALLREDUCE_ALGORITHMS
 from parallel.comm import bytes_moved
 
-SCRIPT = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "allreduce.py"
+from conftest import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("benchmarks_allreduce", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("allreduce")
 
 
 def test_quick_run_writes_every_configuration(bench, tmp_path, capsys):

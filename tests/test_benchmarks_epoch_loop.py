@@ -1,15 +1,11 @@
 """Smoke test of benchmarks/epoch_loop.py: it runs both loops for every K and writes its JSON (no timings asserted)."""
-import importlib.util
 import json
-import os
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from conftest import load_benchmark
 
 
 def test_quick_run_writes_json(tmp_path, capsys):
-    spec = importlib.util.spec_from_file_location("epoch_loop", os.path.join(ROOT, "benchmarks", "epoch_loop.py"))
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_benchmark("epoch_loop")
     from parallel import training
     assert bench.main(["--quick", "--json", str(tmp_path / "e.json")]) == 0
     result = json.loads((tmp_path / "e.json").read_text())

@@ -1,21 +1,12 @@
 """Smoke test of benchmarks/step_time.py: it runs, and its JSON holds every configuration (no timings asserted)."""
-import importlib.util
 import json
-import os
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def load_benchmark():
-    spec = importlib.util.spec_from_file_location("step_time", os.path.join(ROOT, "benchmarks", "step_time.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from conftest import load_benchmark
 
 
 def test_quick_run_writes_json_and_png(tmp_path, capsys):
     from parallel import ALLREDUCE_ALGORITHMS, DEFAULT_ALGORITHM
-    bench = load_benchmark()
+    bench = load_benchmark("step_time")
     assert bench.main(["--quick", "--devices", "cpu:2", "--ks", "1,2", "--threads", "1",
                        "--out", str(tmp_path)]) == 0
     result = json.loads((tmp_path / "step_time.json").read_text())

@@ -16,20 +16,14 @@ import tempfile
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from parallel import write_idx
-from parallel.data import FILES
 from parallel.settings import ALLREDUCE_NAMES, STRATEGIES
 from parallel.train import main
-from conftest import easy_dataset
+from conftest import easy_dataset, write_idx_files
 
 
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("tiny")
-    ds = easy_dataset(num_train=40, num_test=20, seed=3)
-    for role, name in FILES.items():
-        write_idx(directory / name, getattr(ds, role))
-    return str(directory)
+    return str(write_idx_files(tmp_path_factory.mktemp("tiny"), easy_dataset(num_train=40, num_test=20, seed=3)))
 
 
 def _flag(valid, invalid):

@@ -16,6 +16,7 @@ import uuid
 import pytest
 
 from parallel.launch import main
+from conftest import job_processes
 
 MARK = "PARALLEL_LAUNCH_TEST"
 
@@ -65,16 +66,7 @@ time.sleep(300)
 
 def dmlc_processes(mark):
     """Pids of live processes whose environment has ``DMLC_ROLE`` and this test's mark."""
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                env = f.read().split(b"\0")
-        except OSError:
-            continue
-        if any(v.startswith(b"DMLC_ROLE=") for v in env) and f"{MARK}={mark}".encode() in env:
-            found.append(int(pid))
-    return found
+    return job_processes(MARK, mark)
 
 
 def assert_nothing_left(mark, wait=5.0):

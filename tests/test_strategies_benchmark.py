@@ -1,21 +1,15 @@
 """benchmarks/pipeline.py runs end to end in --quick mode and writes a well-formed JSON (no timing asserts)."""
-import importlib.util
 import json
 import math
-import os
 
 import pytest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+from conftest import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def benchmark():
-    path = os.path.join(HERE, os.pardir, "benchmarks", "pipeline.py")
-    spec = importlib.util.spec_from_file_location("benchmark_pipeline", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("pipeline")
 
 
 def test_quick_run_writes_json_and_png(benchmark, tmp_path, capsys):

@@ -13,20 +13,15 @@ import pytest
 from mxnet import gluon
 
 from parallel import checkpoint as ckpt
-from parallel import write_idx
-from parallel.data import FILES
 from parallel.model import lenet
 from parallel.train import main
-from conftest import easy_dataset
+from conftest import easy_dataset, write_idx_files
 
 
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("idx")
-    ds = easy_dataset(num_train=300, num_test=60, seed=6)   # 30 batches of 10 per epoch
-    for role, name in FILES.items():
-        write_idx(directory / name, getattr(ds, role))
-    return directory
+    # 30 batches of 10 per epoch
+    return write_idx_files(tmp_path_factory.mktemp("idx"), easy_dataset(num_train=300, num_test=60, seed=6))
 
 
 def _args(data_dir, *extra):
@@ -106,9 +101,7 @@ def test_resume_refuses_a_change_of_computation(one_epoch, data_dir, change, mes
 def test_resume_refuses_another_dataset(one_epoch, tmp_path, capsys):
     other = tmp_path / "other"
     other.mkdir()
-    ds = easy_dataset(num_train=300, num_test=60, seed=7)
-    for role, name in FILES.items():
-        write_idx(other / name, getattr(ds, role))
+    write_idx_files(other, easy_dataset(num_train=300, num_test=60, seed=7))
     before = _snapshot(one_epoch)
     assert main(_args(other, "--devices", "cpu:2", "--epochs", "2", "--checkpoint-dir", str(one_epoch),
                       "--resume")) == 2
