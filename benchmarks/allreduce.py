@@ -7,18 +7,22 @@ Run from the repository root::
 
 One run measures, as medians of ``--repeats`` timings:
 
-a. ``allreduce`` of 4 KB .. 64 MB of float32 over K = 2 and 4 contexts (K up to the number of contexts in
+a. ``allreduce`` of 1 KB .. 64 MB of float32 over K = 2 and 4 contexts (K up to the number of contexts in
    ``--devices``), for every algorithm in ``ALLREDUCE_ALGORITHMS`` and for MXNet's own
    ``kvstore('device')`` push + pull (the same in-place sum);
 b. one large copy between two contexts with MXNet (and with numpy, for reference): the memory-copy
    bandwidth, hence each algorithm's bound ``bytes_moved(...).total / bandwidth`` and the fraction of
-   it that the algorithm achieves (bound time / measured time; 1 would be a perfect memcpy);
+   it that the algorithm achieves (bound time / measured time; 1 would be a perfect memcpy), for every
+   algorithm, K and size (the JSON's ``fraction_of_bound`` table: K -> algorithm -> bytes -> fraction);
 c. LeNet's gradient (the 8 tensors of ``LENET_SHAPES``, 129,068 floats): the textbook's per-tensor
    ``naive`` allreduce against one allreduce of the flat gradient buffer with each algorithm.
 
 Every configuration is measured in every repeat, in a fresh shuffled order (round-robin, not one
 configuration after another), so a slow spell caused by other processes hits all configurations alike.
 Each timing is ``waitall(); start; call; waitall(); stop``: the work is asynchronous.
+``allreduce`` receives into persistent buffers (``parallel.comm.buffer_info``): the warm-up call of each
+configuration allocates them, the timed calls reuse them; the JSON's ``buffers`` says how many there are
+and whether any was dropped for the cache's bound (``evictions``: then timed calls allocated again).
 Prints tables and writes ``allreduce.json`` and ``allreduce.png`` to ``--out``.
 """
 import argparse
@@ -35,12 +39,13 @@ import mxnet as mx
 import numpy as np
 
 from parallel import ALLREDUCE_ALGORITHMS, LENET_SHAPES, allreduce, parse_devices
+from parallel import comm
 from parallel.comm import bytes_moved
 from parallel.files import atomic_write, check_writable
 
 KB, MB = 1024, 1024 ** 2
-SIZES = [4 * KB, 16 * KB, 64 * KB, 256 * KB, 1 * MB, 4 * MB, 16 * MB, 64 * MB]
-QUICK_SIZES = [4 * KB, 64 * KB, 1 * MB]
+SIZES = [1 * KB, 4 * KB, 16 * KB, 64 * KB, 256 * KB, 1 * MB, 4 * MB, 16 * MB, 64 * MB]
+QUICK_SIZES = [1 * KB, 64 * KB, 1 * MB]
 ALGORITHMS = list(ALLREDUCE_ALGORITHMS)
 METHODS = ALGORITHMS + ["kvstore"]
 LENET_SIZE = sum(int(np.prod(shape)) for shape in LENET_SHAPES)   # 129,068 floats
@@ -193,6 +198,16 @@ def summarize(times, ks, sizes, memcpy_bytes):
     return records, lenet, memcpy, fastest
 
 
+def fraction_table(records):
+    """The fraction of the memcpy bound for every K, algorithm and size: {"K": {algorithm: {"bytes": f}}}."""
+    table = {}
+    for r in records:
+        if r["method"] in ALLREDUCE_ALGORITHMS:
+            table.setdefault(str(r["k"]), {}).setdefault(r["method"], {})[str(r["nbytes"])] = \
+                r["fraction_of_bound"]
+    return table
+
+
 def fmt_bytes(n):
     return f"{n // MB} MB" if n >= MB else f"{n // KB} KB"
 
@@ -217,12 +232,22 @@ def print_tables(result):
             bound = rows[nbytes, ALGORITHMS[0]]["bound_s"]
             print(f"{fmt_bytes(nbytes):>6}" + "".join(f"{fmt_time(rows[nbytes, m]['median_s']):>10}"
                                                       for m in METHODS) + f"{fmt_time(bound):>10}")
-        print(f"fraction of the memcpy bound (bound / measured), K={k}; kvstore/fused = time ratio")
+        print(f"fraction of the memcpy bound (bound / measured, 2 significant digits), K={k}; "
+              "kvstore/fused = time ratio")
         print(f"{'size':>6}" + "".join(f"{m:>10}" for m in ALGORITHMS) + f"{'kv/fused':>10}")
         for nbytes in settings["sizes"]:
             ratio = rows[nbytes, "kvstore"]["median_s"] / rows[nbytes, "fused"]["median_s"]
-            print(f"{fmt_bytes(nbytes):>6}" + "".join(f"{rows[nbytes, m]['fraction_of_bound']:>10.2f}"
+            print(f"{fmt_bytes(nbytes):>6}" + "".join(f"{rows[nbytes, m]['fraction_of_bound']:>10.2g}"
                                                       for m in ALGORITHMS) + f"{ratio:>10.2f}")
+    largest = max(settings["sizes"])
+    print(f"\nfraction of the memcpy bound at {fmt_bytes(largest)}: " + "; ".join(
+        f"K={k}: " + ", ".join(f"{m} {result['fraction_of_bound'][str(k)][m][str(largest)]:.2f}"
+                               for m in ALGORITHMS) for k in settings["ks"]))
+    buffers = result["buffers"]
+    print(f"receive buffers: {buffers['entries']} kept, {buffers['nbytes'] / MB:.1f} MB of a "
+          f"{buffers['limit'] / MB:.0f} MB bound, {buffers['allocations']} allocated, "
+          f"{buffers['evictions']} dropped" + ("" if not buffers["evictions"] else
+                                              " (some timed calls allocated afresh: raise the bound)"))
     for k in settings["ks"]:
         print(f"\nLeNet gradient allreduce, K={k} ({len(LENET_SHAPES)} tensors, {LENET_SIZE:,} floats)")
         print(f"{'method':<20}{'ms':>10}{'speed-up':>10}")
@@ -287,6 +312,7 @@ def main(argv=None):
     sizes = QUICK_SIZES if args.quick else SIZES
     memcpy_bytes = max(sizes)
     kv = mx.kv.create("device")
+    comm.free_buffers()              # count only this run's receive buffers
     cases = {**allreduce_cases(ctx_list, ks, sizes, kv), **memcpy_cases(ctx_list, memcpy_bytes),
              **lenet_cases(ctx_list, ks, kv)}
     start = time.perf_counter()
@@ -297,8 +323,9 @@ def main(argv=None):
                 "methods": METHODS, "dtype": "float32", "lenet_size": LENET_SIZE,
                 "seconds": time.perf_counter() - start,
                 "order": "every configuration once per repeat, in a fresh shuffled order (seed 0)"}
-    result = {"settings": settings, "memcpy": memcpy, "allreduce": records, "lenet": lenet,
-              "fastest_lenet_flat": fastest}
+    result = {"settings": settings, "memcpy": memcpy, "allreduce": records,
+              "fraction_of_bound": fraction_table(records), "lenet": lenet, "fastest_lenet_flat": fastest,
+              "buffers": comm.buffer_info()._asdict()}
     print_tables(result)
     with atomic_write(json_path) as f:
         json.dump(result, f, indent=1)

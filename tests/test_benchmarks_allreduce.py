@@ -42,6 +42,20 @@ def test_quick_run_writes_every_configuration(bench, tmp_path, capsys):
             assert (r["bytes_total"], r["bytes_per_context_max"]) == tuple(moved)
             assert r["bound_s"] > 0 and r["fraction_of_bound"] == pytest.approx(r["bound_s"] / r["median_s"])
 
+    # the fraction of the bound for every K, algorithm and size, as in the records
+    fractions = result["fraction_of_bound"]
+    assert set(fractions) == {"2", "4"}
+    for k in (2, 4):
+        assert set(fractions[str(k)]) == set(ALLREDUCE_ALGORITHMS)
+        for method, by_size in fractions[str(k)].items():
+            assert by_size == {str(n): records[k, n, method]["fraction_of_bound"] for n in sizes}
+
+    # the receive buffers were reused: the warm-up allocated them, nothing was dropped for the bound
+    buffers = result["buffers"]
+    assert set(buffers) == {"entries", "nbytes", "limit", "allocations", "evictions"}
+    assert buffers["evictions"] == 0 and buffers["entries"] == buffers["allocations"] > 0
+    assert 0 < buffers["nbytes"] <= buffers["limit"]
+
     memcpy = result["memcpy"]
     assert memcpy["nbytes"] == max(sizes)
     assert memcpy["mxnet_bytes_per_s"] > 0 and memcpy["numpy_bytes_per_s"] > 0
@@ -57,7 +71,15 @@ def test_quick_run_writes_every_configuration(bench, tmp_path, capsys):
 
     out = capsys.readouterr().out
     assert "LeNet gradient allreduce, K=4" in out and "fraction of the memcpy bound" in out
+    assert "fraction of the memcpy bound at 1 MB: K=2: naive" in out and "receive buffers:" in out
+    assert " 1 KB " in out
     assert f"MXNET_CPU_WORKER_NTHREADS={settings['MXNET_CPU_WORKER_NTHREADS']}" in out
+
+
+def test_sizes_go_from_1_kb_to_64_mb(bench):
+    """Issue 10: the fraction of the bound for 1 KB .. 64 MB (the quick run starts at 1 KB too)."""
+    assert bench.SIZES[0] == bench.QUICK_SIZES[0] == 1024 and bench.SIZES[-1] == 64 * 1024 ** 2
+    assert bench.SIZES == sorted(bench.SIZES) and set(bench.QUICK_SIZES) <= set(bench.SIZES)
 
 
 def test_thread_settings_come_from_the_environment(bench, monkeypatch):

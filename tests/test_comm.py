@@ -259,3 +259,203 @@ def test_bytes_moved_rejects_bad_arguments():
 def test_the_cli_offers_exactly_the_algorithms_that_exist():
     from parallel.settings import ALLREDUCE_NAMES, DEFAULT_ALGORITHM
     assert tuple(ALLREDUCE_ALGORITHMS) == ALLREDUCE_NAMES and DEFAULT_ALGORITHM in ALLREDUCE_NAMES
+
+
+# ---- persistent receive buffers --------------------------------------------------------------------
+
+@pytest.fixture
+def fresh_buffers():
+    """An empty receive-buffer cache with the default limit, emptied and restored afterwards."""
+    comm.free_buffers()
+    limit = comm.set_buffer_limit(comm.DEFAULT_BUFFER_LIMIT)
+    yield
+    comm.set_buffer_limit(limit)
+    comm.free_buffers()
+
+
+def cached():
+    """The cached buffers, by key."""
+    return dict(comm._buffers.buffers)
+
+
+def full_arrays(shape, ctx_list, dtype="float32", scale=1):
+    return [mx.nd.full(shape, scale * (i + 1), ctx=c, dtype=dtype) for i, c in enumerate(ctx_list)]
+
+
+@pytest.mark.parametrize("algorithm, k, entries", [
+    ("naive", 2, 1), ("naive", 4, 1), ("fused", 2, 1), ("fused", 4, 3), ("ring", 2, 2), ("ring", 4, 4),
+    ("tree", 4, 2), ("tree", 5, 2), ("tree", 3, 1)])
+def test_buffers_are_reused_across_calls(algorithm, k, entries, fresh_buffers, monkeypatch):
+    """The second call with the same shapes allocates nothing: it copies into the first call's buffers."""
+    copies, copy = [], comm._copy
+
+    def recording_copy(src, dst):
+        copies.append(dst)
+        return copy(src, dst)
+    monkeypatch.setattr(comm, "_copy", recording_copy)
+    ctx_list = SCRAMBLED[:k]
+    allreduce(full_arrays((1000,), ctx_list), algorithm)
+    first, info = cached(), comm.buffer_info()
+    assert len(first) == info.entries == info.allocations == entries and info.evictions == 0
+    # the documented memory cost: fused keeps K-1 arrays, naive 1, tree 1 per receiver, ring a chunk each
+    whole = 1000 * 4
+    assert info.nbytes == {"naive": whole, "fused": (k - 1) * whole, "tree": entries * whole,
+                           "ring": whole}[algorithm]
+    handles = {key: buffer.handle.value for key, buffer in first.items()}
+    for scale in (10, 100):
+        copies.clear()
+        arrays = full_arrays((1000,), ctx_list, scale=scale)
+        allreduce(arrays, algorithm)
+        assert all((a.asnumpy() == scale * k * (k + 1) // 2).all() for a in arrays)
+        assert comm.buffer_info() == info                     # nothing allocated, nothing dropped
+        now = cached()
+        assert set(now) == set(first) and all(now[key] is first[key] for key in first)
+        assert {key: b.handle.value for key, b in now.items()} == handles
+        # every copy lands in an existing array: a cached buffer (receive) or a caller's array (send back)
+        assert all(isinstance(dst, mx.nd.NDArray) for dst in copies)
+        received = [dst for dst in copies if any(dst is b for b in first.values())]
+        assert len(received) == (k * (k - 1) if algorithm == "ring" else k - 1)
+
+
+def test_algorithms_share_buffers_of_one_shape(fresh_buffers):
+    """fused's first slot is naive's and tree's: four algorithms over K=4 keep 3 + 1 + 4 buffers."""
+    ctx_list = contexts(4)
+    for algorithm in ALGORITHMS:
+        allreduce(full_arrays((64,), ctx_list), algorithm)
+    info = comm.buffer_info()
+    # cpu(0): fused slots 0-2 (naive and tree use slot 0); cpu(2): tree; ring: a chunk on each context
+    assert info.entries == 3 + 1 + 4 and info.nbytes == (4 * 64 + 4 * 16) * 4
+
+
+def test_the_cache_stays_within_its_limit(fresh_buffers):
+    """Many shapes: least recently used buffers go, the total never exceeds the limit, sums stay right."""
+    assert comm.set_buffer_limit(10_000) == comm.DEFAULT_BUFFER_LIMIT
+    ctx_list, sizes = contexts(3), range(100, 1300, 100)   # 400 .. 4,800 bytes per buffer, 2 per call
+    for size in sizes:
+        arrays = full_arrays((size,), ctx_list)
+        allreduce(arrays, "fused")
+        assert all((a.asnumpy() == 6).all() for a in arrays)
+        info = comm.buffer_info()
+        assert info.nbytes <= 10_000 and info.limit == 10_000
+        assert info.nbytes == sum(b.size * 4 for b in cached().values())
+    assert info.evictions > 0 and info.allocations == 2 * len(sizes)
+    # the most recent call's two buffers are the ones kept (first-context slots 0 and 1)
+    assert sorted((key[2], key[4]) for key in cached()) == [((1200,), 0), ((1200,), 1)]
+    # lowering the limit drops buffers at once; a buffer larger than the limit is never kept
+    comm.set_buffer_limit(4000)
+    assert comm.buffer_info().nbytes <= 4000
+    arrays = full_arrays((1001,), ctx_list)
+    allreduce(arrays, "naive")
+    assert all((a.asnumpy() == 6).all() for a in arrays)
+    assert all(key[2] != (1001,) for key in cached())
+    comm.set_buffer_limit(0)                     # no cache at all: still right
+    assert comm.buffer_info().entries == 0
+    for algorithm in ALGORITHMS:
+        arrays = full_arrays((7,), ctx_list)
+        allreduce(arrays, algorithm)
+        assert all((a.asnumpy() == 6).all() for a in arrays)
+    assert comm.buffer_info().entries == 0
+
+
+def test_set_buffer_limit_rejects_bad_values(fresh_buffers):
+    with pytest.raises(ValueError, match="nbytes must be >= 0, got -1"):
+        comm.set_buffer_limit(-1)
+    with pytest.raises(TypeError, match="nbytes must be an int, got 1.5"):
+        comm.set_buffer_limit(1.5)
+    with pytest.raises(TypeError, match="nbytes must be an int, got True"):
+        comm.set_buffer_limit(True)
+    assert comm.buffer_info().limit == comm.DEFAULT_BUFFER_LIMIT
+
+
+def test_free_buffers_empties_the_cache(fresh_buffers):
+    ctx_list = contexts(4)
+    allreduce(full_arrays((100,), ctx_list), "fused")
+    assert comm.buffer_info().entries == 3
+    comm.free_buffers()
+    assert comm.buffer_info() == (0, 0, comm.DEFAULT_BUFFER_LIMIT, 0, 0)
+    arrays = full_arrays((100,), ctx_list)
+    allreduce(arrays, "fused")
+    assert all((a.asnumpy() == 10).all() for a in arrays) and comm.buffer_info().allocations == 3
+
+
+def naive_reference(values):
+    """The textbook's order: ((a0 + a1) + a2) + ..."""
+    total = values[0].copy()
+    for value in values[1:]:
+        total = total + value
+    return total
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_interleaved_shapes_and_dtypes_give_the_same_bits_as_a_fresh_cache(algorithm, fresh_buffers, rng):
+    """Shapes and dtypes interleaved, buffers reused between them: every result is bit-identical to the
+    one computed with an empty cache (and to the documented order, where numpy can re-enact it)."""
+    k, cases = 4, []
+    for shape in [(3,), (1001,), (20, 1, 3, 3), (1001,), (3,), (4, 5)]:
+        for dtype in ["float32", "float64", "int32"]:
+            cases.append(random_values(rng, shape, dtype, k))
+    references = {"naive": naive_reference, "ring": ring_reference, "tree": tree_reference}
+
+    def run(values):
+        arrays = [mx.nd.array(v, ctx=c, dtype=v.dtype) for v, c in zip(values, SCRAMBLED)]
+        return allreduce(arrays, algorithm)
+    fresh = []
+    for values in cases:
+        comm.free_buffers()
+        fresh.append(run(values)[0].asnumpy())
+    results = [run(values) for values in cases * 2]           # queued back to back, the cache warm
+    for values, want, arrays in zip(cases * 2, fresh * 2, results):
+        for array in arrays:
+            got = array.asnumpy()
+            assert got.dtype == want.dtype
+            np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8))
+        if algorithm in references and values[0].dtype == np.float32:
+            np.testing.assert_array_equal(want, references[algorithm](values))
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_back_to_back_calls_do_not_corrupt_the_buffers(algorithm, fresh_buffers, monkeypatch):
+    """Calls queued without waiting (MXNet's engine is asynchronous) share the buffers; each call's adds
+    still read its own copies: the engine runs a buffer's next copy only after this call has read it."""
+    ctx_list, n = SCRAMBLED[:4], 1 << 20      # 4 MB per array: slow enough for the calls to overlap
+    calls = [full_arrays((n,), ctx_list, scale=10 ** j) for j in range(4)]
+    algorithms = [algorithm, algorithm, "fused", algorithm]   # another algorithm in between, same buffers
+    mx.nd.waitall()
+
+    def blocked(*args, **kwargs):
+        raise AssertionError("allreduce blocked on the engine")
+    with monkeypatch.context() as m:
+        for name in ("asnumpy", "asscalar", "wait_to_read"):
+            m.setattr(mx.nd.NDArray, name, blocked)
+        m.setattr(mx.nd, "waitall", blocked)
+        for arrays, name in zip(calls, algorithms):
+            allreduce(arrays, name)
+        for arrays in calls:                  # then overwrite the inputs while the work may still run
+            for array in arrays:
+                array += 0
+    for j, arrays in enumerate(calls):
+        for array in arrays:
+            got = array.asnumpy()
+            assert got.min() == got.max() == 10 * 10 ** j, f"call {j} read another call's buffer"
+
+
+def test_threads_calling_allreduce_at_once_do_not_mix_their_buffers(fresh_buffers):
+    """Two threads reduce arrays of one shape on the same contexts: their calls queue one at a time."""
+    import threading
+    ctx_list, errors = contexts(3), []
+
+    def work(scale):
+        try:
+            for _ in range(20):
+                arrays = full_arrays((50_000,), ctx_list, scale=scale)
+                allreduce(arrays, "naive")
+                results = [array.asnumpy() for array in arrays]
+                assert all(r.min() == r.max() == 6 * scale for r in results)
+        except Exception as e:   # noqa: BLE001 - reported below
+            errors.append(e)
+    threads = [threading.Thread(target=work, args=(scale,)) for scale in (1, 1000)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors, errors
