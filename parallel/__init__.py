@@ -22,11 +22,12 @@ __version__ = "0.1.0"
 # Every public name, and the module that defines it.
 _SOURCES = {
     "comm": ["get_params", "FlatReplica", "allreduce", "ALLREDUCE_ALGORITHMS", "DEFAULT_ALGORITHM",
-             "bytes_moved", "BytesMoved"],
+             "bytes_moved", "BytesMoved", "free_buffers", "set_buffer_limit", "buffer_info"],
     "split": ["split_and_load", "shard_sizes"],
     "step": ["sgd", "train_batch", "train_step", "allreduce_grads", "update_replicas", "loss_and_correct"],
-    "model": ["init_lenet_params", "lenet", "lenet_layers", "lenet_cached", "CachedNet", "softmax_cross_entropy",
-              "LENET_SHAPES", "LENET_LAYERS"],
+    "models": ["init_lenet_params", "lenet", "lenet_layers", "lenet_cached", "CachedNet", "softmax_cross_entropy",
+              "LENET_SHAPES", "LENET_LAYERS", "GluonNet", "set_block_params",
+               "resnet18", "init_resnet18"],
     "evaluate": ["evaluate_accuracy", "accuracy"],
     "devices": ["try_gpu", "try_all_gpus", "parse_devices"],
     "settings": ["recommended_omp_threads"],

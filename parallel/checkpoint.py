@@ -14,7 +14,7 @@ then removes the previous parameter file; every write is atomic (temporary file,
 full disk at any moment leaves the previous checkpoint complete and loadable.
 
 >>> import tempfile
->>> from parallel.model import init_lenet_params
+>>> from parallel.models import init_lenet_params
 >>> state = TrainingState(epoch=2, batch=0, loss_sum=0.0, correct=0.0, seconds=0.0, shuffle_seed=7, history=[])
 >>> with tempfile.TemporaryDirectory() as d:
 ...     _ = save_checkpoint(d, init_lenet_params(seed=0), state, {"batch_size": 256, "lr": 0.2})
@@ -32,7 +32,7 @@ import numpy as np
 
 from .export import LENET_PARAM_NAMES, check_lenet_params, save_arrays
 from .files import atomic_write, fsync_directory
-from .model import LENET_SHAPES
+from .models import LENET_SHAPES
 
 __all__ = ["FORMAT", "VERSION", "MANIFEST", "CheckpointError", "TrainingState", "Checkpoint", "save_checkpoint",
            "load_checkpoint", "has_checkpoint", "check_compatible", "dataset_fingerprint", "COMPATIBLE_FIELDS"]

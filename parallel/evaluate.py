@@ -4,7 +4,7 @@ import functools
 import mxnet as mx
 
 from .kvstore import sum_values, worker_slice
-from .model import lenet_cached
+from .models import as_net, lenet_cached
 from .split import split_and_load
 
 __all__ = ["accuracy", "evaluate_accuracy"]
@@ -48,7 +48,7 @@ def accuracy(data_iter, predictors, ctx_list, job=None):
                                              predictors):
             out = predict(X_shard)
             right = out.argmax(axis=1) == y_shard.as_in_context(out.context).astype(out.dtype)
-            correct += right.sum().as_in_context(ctx_list[0])
+            correct += right.sum().astype(correct.dtype).as_in_context(ctx_list[0])
     if total == 0:
         raise ValueError("data_iter yielded no examples")
     correct = float(correct.asscalar())
@@ -72,7 +72,8 @@ def evaluate_accuracy(data_iter, device_params, ctx_list, net=lenet_cached, job=
     ctx_list : list of mxnet.Context
     net : callable
         ``net(X, params)`` returns the outputs; the default is the cached graph training uses
-        (``lenet_cached``), ``net=lenet`` runs op by op.
+        (``lenet_cached``), ``net=lenet`` runs op by op. A gluon block runs as ``GluonNet(block)``, with
+        BatchNorm's running statistics (identical on every replica after synchronized training).
     job : parallel.kvstore.Job, optional
         In a distributed job: each worker scores its slice of each batch and the counts are summed over the
         workers, so every worker returns the same accuracy (see ``accuracy``).
@@ -85,6 +86,7 @@ def evaluate_accuracy(data_iter, device_params, ctx_list, net=lenet_cached, job=
     if len(device_params) != len(ctx_list):
         raise ValueError(f"device_params has {len(device_params)} replicas but ctx_list has "
                          f"{len(ctx_list)} contexts")
+    net = as_net(net)
     predictors = [functools.partial(_apply, net, params) for params in device_params]
     return accuracy(data_iter, predictors, ctx_list, job)
 

@@ -1,6 +1,6 @@
 """From scratch into the MXNet ecosystem: LeNet's plain arrays as a symbol + params pair, or as a gluon network.
 
-The from-scratch LeNet (``parallel.model.lenet``) is a function of ``(X, params)``. This module hands the same
+The from-scratch LeNet (``parallel.models.lenet``) is a function of ``(X, params)``. This module hands the same
 network to the rest of MXNet in two ways:
 
 - ``export_lenet`` writes MXNet's standard deployable pair ``PREFIX-symbol.json`` + ``PREFIX-0000.params``,
@@ -12,7 +12,7 @@ Both predict what ``lenet(X, params)`` predicts.
 >>> import os, tempfile
 >>> import mxnet as mx
 >>> from mxnet import gluon
->>> from parallel.model import init_lenet_params, lenet
+>>> from parallel.models import init_lenet_params, lenet
 >>> params = init_lenet_params(seed=0)
 >>> X = mx.nd.ones((2, 1, 28, 28))
 >>> with tempfile.TemporaryDirectory() as tmp:
@@ -29,7 +29,7 @@ import numpy as np
 from mxnet import gluon
 
 from .files import atomic_path, atomic_write
-from .model import LENET_SHAPES, lenet
+from .models import LENET_SHAPES, lenet
 
 __all__ = ["LENET_PARAM_NAMES", "lenet_symbol", "check_lenet_params", "save_arrays", "export_lenet", "to_gluon"]
 
@@ -52,7 +52,7 @@ def lenet_symbol():
         followed by ``LENET_PARAM_NAMES``. The operators get the same names on every call (a fresh name
         manager), so two exports write the same JSON.
 
-    >>> from parallel.model import LENET_SHAPES
+    >>> from parallel.models import LENET_SHAPES
     >>> sym = lenet_symbol()
     >>> sym.list_arguments()[:3]
     ['data', 'conv1_weight', 'conv1_bias']
@@ -158,7 +158,7 @@ def export_lenet(params, prefix, epoch=0):
 
     >>> import os, tempfile
     >>> import mxnet as mx
-    >>> from parallel.model import init_lenet_params
+    >>> from parallel.models import init_lenet_params
     >>> with tempfile.TemporaryDirectory() as tmp:
     ...     paths = export_lenet(init_lenet_params(seed=0), os.path.join(tmp, "lenet"))
     ...     print(sorted(os.listdir(tmp)))
@@ -216,7 +216,7 @@ def to_gluon(params, ctx=None):
         For bad params, as ``export_lenet``; TypeError for a ctx that is not a Context or a list of them.
 
     >>> import mxnet as mx
-    >>> from parallel.model import init_lenet_params, lenet
+    >>> from parallel.models import init_lenet_params, lenet
     >>> params = init_lenet_params(seed=0)
     >>> net = to_gluon(params)
     >>> X = mx.nd.ones((2, 1, 28, 28))

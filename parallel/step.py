@@ -7,7 +7,7 @@ from mxnet import autograd, gluon
 
 from .comm import DEFAULT_ALGORITHM, FlatReplica, allreduce
 from .kvstore import allreduce_across, worker_slice
-from .model import lenet_cached, softmax_cross_entropy
+from .models import as_net, lenet_cached, softmax_cross_entropy
 from .settings import check_lr
 from .split import split_and_load
 
@@ -138,10 +138,13 @@ def train_step(X, y, device_params, ctx_list, lr, net=lenet_cached, loss=softmax
     ctx_list : list of mxnet.Context
     lr : float
         Learning rate; the summed gradient is divided by the global batch size ``len(X)``.
-    net : callable
+    net : callable or mxnet.gluon.HybridBlock
         ``net(X, params)`` returns the outputs. The default, ``lenet_cached``, is the from-scratch ``lenet``
         run as a cached graph: the same values and gradients, less overhead per step; pass ``net=lenet``
-        to run it op by op.
+        to run it op by op. A gluon block (whose replicas come from ``get_params(block, ctx)``) runs as
+        ``GluonNet(block)``: BatchNorm statistics over the whole batch; pass
+        ``net=GluonNet(block, sync_batchnorm=False)`` for per-context statistics. A net with a
+        ``forward_all(X_shards, device_params)`` method is given every shard in one call.
     loss : callable
         ``loss(outputs, y)`` returns per-example losses.
     algorithm : str
@@ -174,11 +177,19 @@ def train_step(X, y, device_params, ctx_list, lr, net=lenet_cached, loss=softmax
             return zero, zero.copy()
         X, y = X[start:stop], y[start:stop]
     X_shards, y_shards = split_and_load(X, ctx_list), split_and_load(y, ctx_list)
+    net = as_net(net)         # a gluon block runs as the function of its replicas
+    forward_all = getattr(net, "forward_all", None)   # a net that needs every shard at once (BatchNorm)
     with autograd.record():   # forward on every context that holds a shard
-        outputs = [net(X_shard, params) for X_shard, params in zip(X_shards, device_params)]
+        if forward_all is not None:
+            outputs = forward_all(X_shards, device_params[:len(X_shards)])
+        else:
+            outputs = [net(X_shard, params) for X_shard, params in zip(X_shards, device_params)]
         losses = [loss(out, y_shard) for out, y_shard in zip(outputs, y_shards)]
     check_labels(y, outputs[0].shape[-1], loss)   # before anything is updated
     autograd.backward(losses)  # each context computes the gradient of its own shard
+    for params in device_params[len(X_shards):]:   # an idle replica takes the running statistics of the first
+        for aux, first in zip(getattr(params, "aux", ()), getattr(device_params[0], "aux", ())):
+            first.copyto(aux)
     allreduce_grads(device_params, algorithm, active=len(X_shards))   # sum each gradient across contexts
     if job is not None:
         allreduce_across(job, device_params)                          # ... and across the workers

@@ -326,7 +326,7 @@ def run(args):
         from .devices import parse_devices
         from .export import export_lenet
         from .kvstore import join, sum_values
-        from .model import init_lenet_params
+        from .models import init_lenet_params
         from .training import (NonFiniteLossError, TrainingStopped, fit, format_epoch, load_data, make_strategy,
                                plot_format, plot_metrics, write_metrics)
 

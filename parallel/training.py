@@ -31,7 +31,7 @@ from .checkpoint import TrainingState
 from .evaluate import evaluate_accuracy
 from .files import atomic_write
 from .kvstore import broadcast_object, broadcast_params, sum_values
-from .model import init_lenet_params
+from .models import init_lenet_params
 from .settings import DEFAULT_ALGORITHM, DEFAULT_MICRO_BATCHES, STRATEGIES, check_lr, check_seed
 from .step import train_step
 from .strategies import Hybrid, ModelParallel, Pipeline

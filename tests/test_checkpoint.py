@@ -9,7 +9,7 @@ import pytest
 from parallel import checkpoint as ckpt
 from parallel import training
 from parallel.export import LENET_PARAM_NAMES
-from parallel.model import init_lenet_params
+from parallel.models import init_lenet_params
 from conftest import assert_same_parameters, easy_dataset
 
 BATCH = 32

@@ -12,7 +12,7 @@ import pytest
 from mxnet import gluon
 
 from parallel.export import LENET_PARAM_NAMES, export_lenet, lenet_symbol, to_gluon
-from parallel.model import LENET_SHAPES, init_lenet_params, lenet
+from parallel.models import LENET_SHAPES, init_lenet_params, lenet
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ import pytest
 from mxnet import gluon
 
 from parallel import checkpoint as ckpt
-from parallel.model import lenet
+from parallel.models import lenet
 from parallel.train import main
 from conftest import easy_dataset, write_idx_files
 

@@ -9,7 +9,7 @@ import mxnet as mx
 import numpy as np
 from mxnet import gluon
 
-from .settings import check_seed
+from ..settings import check_seed
 
 __all__ = ["LENET_SHAPES", "LENET_LAYERS", "init_lenet_params", "lenet", "lenet_layers", "lenet_cached",
            "CachedNet", "softmax_cross_entropy"]

@@ -2,7 +2,7 @@
 import mxnet as mx
 import numpy as np
 
-from ..model import LENET_SHAPES
+from ..models import LENET_SHAPES
 from ..step import check_labels
 
 

@@ -19,7 +19,7 @@ from mxnet import autograd
 
 from ..comm import ALLREDUCE_ALGORITHMS, DEFAULT_ALGORITHM
 from ..evaluate import accuracy
-from ..model import softmax_cross_entropy
+from ..models import softmax_cross_entropy
 from ..split import split_and_load
 from ..step import allreduce_grads, check_lr, loss_and_correct
 from ._checks import check_batch, check_contexts

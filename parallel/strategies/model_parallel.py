@@ -1,6 +1,6 @@
 """Model parallelism: LeNet cut into stages, each stage on its own context.
 
-A *stage* is a run of consecutive layers of ``parallel.model.LENET_LAYERS`` (conv1, conv2, dense1, dense2).
+A *stage* is a run of consecutive layers of ``parallel.models.LENET_LAYERS`` (conv1, conv2, dense1, dense2).
 Stage boundaries are layer indices: ``boundaries=[2]`` makes the stages [0, 2) and [2, 4) (the convolutional
 part, then the dense part); ``stages=N`` splits the four layers as evenly as possible. Stage ``s`` runs on
 ``ctx_list[s]``; its output is copied to the next stage's context inside ``autograd.record()``, where MXNet
@@ -24,7 +24,7 @@ from mxnet import autograd
 
 from ..comm import get_params
 from ..evaluate import accuracy
-from ..model import LENET_LAYERS, LENET_SHAPES, lenet_layers, softmax_cross_entropy
+from ..models import LENET_LAYERS, LENET_SHAPES, lenet_layers, softmax_cross_entropy
 from ..settings import DEFAULT_STAGES
 from ..split import shard_sizes
 from ..step import check_lr, loss_and_correct, update_replicas

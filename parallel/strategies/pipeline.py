@@ -19,7 +19,7 @@ the forward (and of the backward): the *bubble fraction* ``(K-1)/(M+K-1)``:
 The overlap needs stages that compute at the same time on separate hardware; CPU contexts that share the
 same cores cannot (see benchmarks/pipeline.py).
 """
-from ..model import softmax_cross_entropy
+from ..models import softmax_cross_entropy
 from ..settings import DEFAULT_MICRO_BATCHES
 from ..split import split_and_load
 from ..step import check_lr

@@ -1,0 +1,235 @@
+"""Any gluon ``HybridBlock`` on the from-scratch path: a function ``net(X, params)`` of flat replicas.
+
+``get_params(block, ctx)`` (``parallel.comm``) copies a block's parameters to a context as one flat
+buffer, like LeNet's; ``GluonNet(block)`` is the block as the function the training step calls,
+``net(X, params)``: the block's graph (``block(mx.sym.var("data"))``) run as a cached graph with the
+replica's arrays as its inputs. The block's own ``Parameter`` objects are read once, by ``get_params``,
+and never used afterwards: every replica is independent, exactly like the textbook's ``get_params``.
+
+BatchNorm. A network with BatchNorm normalises each context's shard by that shard's own mean and
+variance, so K contexts do not train the same model as one (whose statistics cover the whole batch).
+``GluonNet(block, sync_batchnorm=True)`` (the default) restores the invariant: in training, its
+``forward_all`` runs the graph on every context in lockstep, one operator at a time, and at every
+BatchNorm sums the per-channel sums of all contexts (then the sums of squared deviations) through
+copies that autograd records, so the backward pass flows through the same reduction and every
+gradient is the one-context gradient. The running statistics are then computed from the same bits
+on every context, so every replica keeps identical running statistics and evaluation agrees on any
+context. MXNet's ``contrib.nn.SyncBatchNorm`` is not used: it averages the contexts' means with equal
+weights, which is wrong for shards of unequal size (a batch of 10 over 4 contexts), and it synchronises
+inside the engine with a barrier keyed by a global name.
+"""
+import collections
+import json
+import numbers
+
+import mxnet as mx
+from mxnet import autograd, gluon
+
+__all__ = ["GluonNet", "as_net", "block_state", "set_block_params"]
+
+
+def block_state(block):
+    """The arrays of an initialized gluon block, by role: ``(names, arrays, aux_names, aux_arrays)``.
+
+    ``names``/``arrays`` are the trainable parameters (``grad_req != "null"``), ``aux_names``/``aux_arrays``
+    the rest (BatchNorm's running statistics, frozen parameters), each in the block's registration order.
+    The arrays are the block's own (first context's) data, not copies.
+
+    Raises
+    ------
+    TypeError
+        ``block`` is not a gluon ``Block``.
+    ValueError
+        A parameter is not initialized, or its shape is not known yet (deferred initialization).
+    """
+    if not isinstance(block, gluon.Block):
+        raise TypeError(f"expected a gluon Block, got {type(block).__name__}")
+    names, arrays, aux_names, aux_arrays = [], [], [], []
+    for param in block.collect_params().values():
+        try:
+            data = param.list_data()[0]
+        except (RuntimeError, mx.MXNetError) as error:   # not initialized, or deferred (shape unknown)
+            raise ValueError(f"parameter {param.name} of the block has no value yet ({type(error).__name__}): "
+                             "call block.initialize() and run the block once on an example batch, "
+                             "e.g. block(X[:1]), so that gluon knows every shape") from None
+        if param.grad_req == "null":
+            aux_names.append(param.name)
+            aux_arrays.append(data)
+        else:
+            names.append(param.name)
+            arrays.append(data)
+    return names, arrays, aux_names, aux_arrays
+
+
+def set_block_params(block, params):
+    """Copy a replica (from ``get_params(block, ctx)``) back into ``block``'s parameters, on every context.
+
+    Use it to hand the trained model to gluon: ``block.export(...)``, ``block(X)``, a ``gluon.Trainer``.
+    """
+    names, _, aux_names, _ = block_state(block)
+    replica_names = list(getattr(params, "names", ()))
+    if replica_names != names or list(getattr(params, "aux_names", ())) != aux_names:
+        raise ValueError("params is not a replica of this block: make it with get_params(block, ctx)")
+    by_name = block.collect_params()
+    for name, array in zip(names + aux_names, list(params) + list(params.aux)):
+        by_name[name].set_data(array)
+
+
+class GluonNet:
+    """A gluon ``HybridBlock`` as the function ``net(X, params)`` of a replica from ``get_params(block, ctx)``.
+
+    ``net(X, params)`` runs the block's graph on ``X``'s context as a cached graph (``static_alloc``,
+    one graph per context and input shape) whose inputs are the replica's arrays: the same values and
+    gradients as the block itself. In training (inside ``autograd.record()``) BatchNorm layers update the
+    replica's running statistics (``params.aux``); outside, they use them.
+
+    Parameters
+    ----------
+    block : mxnet.gluon.HybridBlock
+        Initialized, with known shapes (run it once on an example batch). Its graph is taken once, here:
+        change the block afterwards and make a new ``GluonNet``.
+    sync_batchnorm : bool
+        With several contexts, train BatchNorm on the statistics of the whole batch (``forward_all``,
+        which ``train_step`` calls), so K contexts train the same model as one. ``False``: each context
+        normalises its own shard (what ``gluon.Trainer`` training does), faster but not the same model.
+    max_shapes : int
+        Cached graphs kept per context (one per input shape), least recently used dropped first.
+
+    Attributes
+    ----------
+    names, aux_names : list of str
+        The trainable parameters (a replica's order) and the others (``params.aux``'s order).
+    has_batchnorm : bool
+        Whether the graph holds a BatchNorm.
+    """
+
+    def __init__(self, block, sync_batchnorm=True, max_shapes=4):
+        if not isinstance(block, gluon.HybridBlock):
+            raise TypeError(f"block must be a gluon HybridBlock (its graph is needed), got {type(block).__name__}")
+        if not isinstance(sync_batchnorm, bool):
+            raise TypeError(f"sync_batchnorm must be True or False, got {sync_batchnorm!r}")
+        if isinstance(max_shapes, bool) or not isinstance(max_shapes, numbers.Integral) or max_shapes < 1:
+            raise ValueError(f"max_shapes must be an int >= 1, got {max_shapes!r}")
+        self.names, _, self.aux_names, _ = block_state(block)
+        self.symbol = block(mx.sym.var("data"))
+        if not isinstance(self.symbol, mx.sym.Symbol) or len(self.symbol.list_outputs()) != 1:
+            raise ValueError("the block must return one output")
+        inputs = self.symbol.list_inputs()
+        known = {"data"} | set(self.names) | set(self.aux_names)
+        unknown = [name for name in inputs if name not in known]
+        if unknown or "data" not in inputs:
+            raise ValueError(f"the block's graph takes inputs {unknown or ['(no data)']} that are not its "
+                             "parameters; GluonNet runs blocks of one input, block(X)")
+        self._inputs = inputs
+        self._nodes = json.loads(self.symbol.tojson())["nodes"]
+        self._head = json.loads(self.symbol.tojson())["heads"][0]
+        self.has_batchnorm = any(node["op"] in ("BatchNorm", "_contrib_SyncBatchNorm") for node in self._nodes)
+        self.sync_batchnorm = sync_batchnorm
+        self.max_shapes = int(max_shapes)
+        self.graphs_built = 0
+        self._graphs = {}   # context -> OrderedDict(shape -> CachedOp)
+
+    def __repr__(self):
+        return (f"GluonNet({len(self.names)} trainable arrays, {len(self.aux_names)} others, "
+                f"sync_batchnorm={self.sync_batchnorm})")
+
+    def _arrays(self, X, params):
+        names = getattr(params, "names", None)
+        if names is not None and list(names) != self.names:
+            raise ValueError("params is a replica of another block: make it with get_params(block, ctx) "
+                             "from the block this GluonNet wraps")
+        if len(params) != len(self.names) or len(getattr(params, "aux", ())) != len(self.aux_names):
+            raise ValueError(f"params holds {len(params)} arrays (+{len(getattr(params, 'aux', ()))} others) "
+                             f"but the block has {len(self.names)} (+{len(self.aux_names)}); make it with "
+                             "get_params(block, ctx)")
+        by_name = dict(zip(self.names, params))
+        by_name.update(zip(self.aux_names, params.aux))
+        by_name["data"] = X
+        return by_name
+
+    def __call__(self, X, params):
+        by_name = self._arrays(X, params)
+        graphs = self._graphs.setdefault(X.context, collections.OrderedDict())
+        graph = graphs.get(X.shape)
+        if graph is None:
+            graph = graphs[X.shape] = mx.nd.CachedOp(self.symbol, flags=[("static_alloc", True)])
+            self.graphs_built += 1
+            if len(graphs) > self.max_shapes:
+                graphs.popitem(last=False)
+        graphs.move_to_end(X.shape)
+        return graph(*[by_name[name] for name in self._inputs])
+
+    def forward_all(self, X_shards, device_params):
+        """The outputs of every shard on its replica's context, in one forward of the whole batch.
+
+        With BatchNorm, ``sync_batchnorm`` and more than one shard, in training: the graph is run on all
+        contexts in lockstep, operator by operator, and each BatchNorm normalises over the whole batch
+        (see the module's docstring). Otherwise ``[self(X, params) for ...]``.
+        """
+        if len(X_shards) != len(device_params):
+            raise ValueError(f"{len(X_shards)} shards but {len(device_params)} replicas")
+        if not (self.has_batchnorm and self.sync_batchnorm and len(X_shards) > 1 and autograd.is_training()):
+            return [self(X, params) for X, params in zip(X_shards, device_params)]
+        values = [self._arrays(X, params) for X, params in zip(X_shards, device_params)]
+        outputs = {}   # node index -> list over contexts of the node's outputs (a list each)
+        for index, node in enumerate(self._nodes):
+            if node["op"] == "null":
+                outputs[index] = [[value[node["name"]]] for value in values]
+                continue
+            attrs = {key: value for key, value in node.get("attrs", {}).items() if not key.startswith("__")}
+            inputs = [[outputs[i][k][j] for i, j, _ in node["inputs"]] for k in range(len(values))]
+            if node["op"] == "BatchNorm" and attrs.get("use_global_stats", "False") not in ("True", "1", "true"):
+                outputs[index] = [[out] for out in _sync_batchnorm(inputs, attrs)]
+            else:
+                outputs[index] = [_invoke(node["op"], args, attrs) for args in inputs]
+        i, j, _ = self._head
+        return [out[j] for out in outputs[i]]
+
+
+def _invoke(op, args, attrs):
+    """Run the operator called ``op`` on ``args`` with ``attrs`` (strings, as in a symbol's JSON)."""
+    function = getattr(mx.nd, op, None) or getattr(mx.nd._internal, op)
+    result = function(*args, **attrs)
+    return result if isinstance(result, list) else [result]
+
+
+def _sum_everywhere(arrays):
+    """On every array's context, the sum of all ``arrays`` (recorded: gradients flow back to each)."""
+    return [mx.nd.add_n(*[array.as_in_context(target.context) for array in arrays]) for target in arrays]
+
+
+def _sync_batchnorm(inputs, attrs):
+    """BatchNorm in training over the union of the shards; ``inputs[k]`` = (x, gamma, beta, mean, var)."""
+    xs = [args[0] for args in inputs]
+    ndim = xs[0].ndim
+    axis = int(attrs.get("axis", 1)) % ndim
+    eps, momentum = float(attrs.get("eps", 1e-3)), float(attrs.get("momentum", 0.9))
+    fix_gamma = attrs.get("fix_gamma", "True") in ("True", "1", "true")
+    reduce = tuple(a for a in range(ndim) if a != axis)
+    shape = tuple(-1 if a == axis else 1 for a in range(ndim))
+    count = sum(x.size // x.shape[axis] for x in xs)
+    means = [total / count for total in _sum_everywhere([x.sum(axis=reduce) for x in xs])]
+    centered = [x - mean.reshape(shape) for x, mean in zip(xs, means)]
+    variances = [total / count for total in _sum_everywhere([(c * c).sum(axis=reduce) for c in centered])]
+    outputs = []
+    for (x, gamma, beta, running_mean, running_var), c, mean, var in zip(inputs, centered, means, variances):
+        scale = (var + eps).rsqrt()
+        if not fix_gamma:
+            scale = scale * gamma
+        outputs.append(c * scale.reshape(shape) + beta.reshape(shape))
+        with autograd.pause():   # what MXNet's BatchNorm does to its running statistics (biased variance)
+            running_mean[:] = running_mean * momentum + mean * (1 - momentum)
+            running_var[:] = running_var * momentum + var * (1 - momentum)
+    return outputs
+
+
+def as_net(net, sync_batchnorm=True):
+    """``net`` as a function ``net(X, params)``: a gluon ``HybridBlock`` becomes its ``GluonNet`` (made once
+    per block and kept on it), anything else is returned as it is."""
+    if isinstance(net, gluon.Block):
+        cached = getattr(net, "_parallel_gluon_net", None)
+        if cached is None or cached.sync_batchnorm != sync_batchnorm:
+            cached = GluonNet(net, sync_batchnorm=sync_batchnorm)
+            net._parallel_gluon_net = cached
+        return cached
+    return net
