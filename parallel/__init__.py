@@ -35,7 +35,7 @@ _SOURCES = {
              "default_data_dir", "synthetic_dataset", "iterate_batches"],
     "training": ["fit", "plot_metrics", "TrainingStopped"],
     "checkpoint": ["TrainingState", "save_checkpoint", "load_checkpoint", "CheckpointError"],
-    "export": ["export_lenet", "to_gluon", "lenet_symbol"],
+    "export": ["export_lenet", "export_gluon", "to_gluon", "lenet_symbol"],
     "kvstore": ["join", "Job", "broadcast_params", "allreduce_across"],
 }
 _MODULE_OF = {name: module for module, names in _SOURCES.items() for name in names}

@@ -2,12 +2,15 @@
 
 A checkpoint directory holds two files:
 
-- ``params-NNNNNN.params``: LeNet's eight parameter arrays in MXNet's own format (``mx.nd.load`` reads it),
-  named as in ``parallel.export.LENET_PARAM_NAMES``. They are the model, whatever strategy trained it, so a
-  checkpoint resumes on any number of contexts and under any strategy.
-- ``checkpoint.json``: the format and its version, the parameter file's name and sha256, the position (the
-  epoch in progress and how many of its batches are done), the partial sums of that epoch, the seed of the
-  generator that orders its data, the metrics history, and the run's configuration.
+- ``params-NNNNNN.params``: the model's arrays in MXNet's own format (``mx.nd.load`` reads it), by name
+  (``model_layout``): LeNet's eight, named as in ``parallel.export.LENET_PARAM_NAMES``; or ResNet-18's 76
+  trainable arrays and the 34 running statistics of its BatchNorm layers, under gluon's structural names
+  (``"1.0.conv1.weight"``, ``"1.0.bn1.running_mean"``: what ``save_parameters`` writes). They are the model,
+  whatever strategy trained it, so a checkpoint resumes on any number of contexts and under any strategy.
+- ``checkpoint.json``: the format and its version, the model's name, the parameter file's name and sha256,
+  the position (the epoch in progress and how many of its batches are done), the partial sums of that epoch,
+  the seed of the generator that orders its data, the metrics history, and the run's configuration. A
+  manifest without a model name (written before ResNet-18 was added) holds LeNet.
 
 A new checkpoint first writes a new parameter file, then replaces ``checkpoint.json`` (the commit point),
 then removes the previous parameter file; every write is atomic (temporary file, fsync, rename). A crash or a
@@ -22,6 +25,7 @@ full disk at any moment leaves the previous checkpoint complete and loadable.
 >>> loaded.state == state, len(loaded.params), loaded.config["lr"]
 (True, 8, 0.2)
 """
+import functools
 import hashlib
 import json
 import os
@@ -30,12 +34,13 @@ from typing import List, NamedTuple
 import mxnet as mx
 import numpy as np
 
-from .export import LENET_PARAM_NAMES, check_lenet_params, save_arrays
+from .export import LENET_PARAM_NAMES, check_arrays, check_lenet_params, save_arrays
 from .files import atomic_write, fsync_directory
-from .models import LENET_SHAPES
+from .models import LENET_SHAPES, resnet18
 
-__all__ = ["FORMAT", "VERSION", "MANIFEST", "CheckpointError", "TrainingState", "Checkpoint", "save_checkpoint",
-           "load_checkpoint", "has_checkpoint", "check_compatible", "dataset_fingerprint", "COMPATIBLE_FIELDS"]
+__all__ = ["FORMAT", "VERSION", "MANIFEST", "MODELS", "CheckpointError", "TrainingState", "Checkpoint", "Layout",
+           "model_layout", "block_names", "save_checkpoint", "load_checkpoint", "has_checkpoint", "check_compatible",
+           "dataset_fingerprint", "COMPATIBLE_FIELDS"]
 
 FORMAT = "parallel-checkpoint"
 #: Bumped whenever a field changes meaning; a checkpoint of another version is refused, never misread.
@@ -43,9 +48,12 @@ VERSION = 1
 #: The file that makes a checkpoint exist: written last, it names the parameter file.
 MANIFEST = "checkpoint.json"
 
+#: The models a checkpoint can hold (``--model``): their arrays and names are ``model_layout``'s.
+MODELS = ("lenet", "resnet18")
+
 #: Configuration fields that decide the computation: a resume that changes one is refused. The layout
 #: (strategy, devices, allreduce, stages) may change, and the number of epochs may grow.
-COMPATIBLE_FIELDS = ("dataset", "batch_size", "lr", "seed")
+COMPATIBLE_FIELDS = ("model", "dataset", "batch_size", "lr", "seed")
 
 
 class CheckpointError(ValueError):
@@ -72,11 +80,73 @@ class TrainingState(NamedTuple):
 
 
 class Checkpoint(NamedTuple):
-    """A loaded checkpoint: LeNet's eight arrays on the CPU, the training state, the configuration, the manifest."""
+    """A loaded checkpoint: the model's arrays on the CPU, the training state, the configuration, the manifest."""
+    #: The trainable arrays, in ``model_layout(model).names`` order (LeNet's eight in ``LENET_SHAPES`` order).
     params: list
     state: TrainingState
     config: dict
     path: str
+    #: The arrays that are not trained (BatchNorm's running statistics), in ``model_layout(model).aux_names``
+    #: order; empty for LeNet.
+    aux: list = ()
+    #: ``"lenet"`` or ``"resnet18"`` (``MODELS``).
+    model: str = "lenet"
+
+
+class Layout(NamedTuple):
+    """How a checkpoint stores a model: the names and shapes of its trainable arrays, then of the others."""
+    names: tuple
+    shapes: tuple
+    aux_names: tuple
+    aux_shapes: tuple
+
+
+def block_names(block):
+    """The names of a gluon block's arrays that are the same for every instance of the network.
+
+    gluon's ``Parameter.name`` counts the instances made so far (``hybridsequential3_conv0_weight``), so a
+    fresh ``init_resnet18()`` names its arrays differently from the one that wrote a checkpoint. The
+    structural names (``"0.0.weight"``: child 0, its child 0, ``weight``), which ``save_parameters`` writes,
+    do not change.
+
+    Returns
+    -------
+    (list of str, list of str)
+        The trainable arrays' names and the others', in ``parallel.models.block_state`` order (which is what
+        ``get_params(block, ctx)`` replicas and the strategies' ``params()`` and ``aux()`` follow). The block
+        need not be initialized.
+    """
+    structural = {id(param): name for name, param in block._collect_params_with_prefix().items()}
+    names, aux_names = [], []
+    for param in block.collect_params().values():
+        (aux_names if param.grad_req == "null" else names).append(structural[id(param)])
+    return names, aux_names
+
+
+@functools.lru_cache(maxsize=None)
+def model_layout(model):
+    """The ``Layout`` of a model of ``MODELS``: what its checkpoint holds.
+
+    ResNet-18's shapes are inferred from its graph on 1x28x28 images with 10 classes (what ``fit`` trains),
+    without allocating its arrays.
+
+    >>> layout = model_layout("resnet18")
+    >>> len(layout.names), len(layout.aux_names), layout.names[0], layout.shapes[0], layout.aux_names[0]
+    (76, 34, '0.0.weight', (64, 1, 3, 3), '0.1.running_mean')
+    """
+    if model == "lenet":
+        return Layout(tuple(LENET_PARAM_NAMES), tuple(LENET_SHAPES), (), ())
+    if model != "resnet18":
+        raise ValueError(f"unknown model {model!r}; choose one of {', '.join(MODELS)}")
+    block = resnet18(num_classes=10)
+    symbol = block(mx.sym.var("data"))
+    arg_shapes, _, aux_shapes = symbol.infer_shape(data=(1, 1, 28, 28))
+    shapes = dict(zip(symbol.list_arguments(), arg_shapes))
+    shapes.update(zip(symbol.list_auxiliary_states(), aux_shapes))
+    by_structure = {name: shapes[param.name] for name, param in block._collect_params_with_prefix().items()}
+    names, aux_names = block_names(block)
+    return Layout(tuple(names), tuple(by_structure[n] for n in names), tuple(aux_names),
+                  tuple(by_structure[n] for n in aux_names))
 
 
 def has_checkpoint(directory):
@@ -108,17 +178,24 @@ def _sha256(path):
     return digest.hexdigest()
 
 
-def save_checkpoint(directory, params, state, config):
+def save_checkpoint(directory, params, state, config, aux=(), model="lenet"):
     """Write a checkpoint into ``directory`` (created if needed), replacing the previous one atomically.
 
     Parameters
     ----------
     directory : str or os.PathLike
     params : list of NDArray
-        LeNet's eight arrays, on any context (read once, which waits for the device).
+        The model's trainable arrays in ``model_layout(model).names`` order (LeNet's eight; ResNet-18's in
+        ``block_state`` order, as ``get_params`` replicas and the strategies' ``params()`` give them), on any
+        context (read once, which waits for the device).
     state : TrainingState
     config : dict
         The run's configuration, JSON-serialisable; ``check_compatible`` compares its ``COMPATIBLE_FIELDS``.
+    aux : list of NDArray
+        The arrays that are not trained, in ``model_layout(model).aux_names`` order (a replica's ``aux``, a
+        strategy's ``aux()``); none for LeNet.
+    model : str
+        One of ``MODELS``.
 
     Returns
     -------
@@ -128,21 +205,29 @@ def save_checkpoint(directory, params, state, config):
     Raises
     ------
     ValueError, TypeError
-        For parameters that are not LeNet's or not finite (``check_lenet_params``): nothing is written, so a
+        For arrays that are not the model's or not finite (``check_arrays``): nothing is written, so a
         diverged run never replaces the last good checkpoint.
     OSError
         When a write fails (a full disk, a file size limit): the previous checkpoint is left as it was.
     """
     directory = os.fspath(directory)
-    arrays = check_lenet_params(params)   # LeNet's 8 finite arrays, on the host: checked before any write
+    layout = model_layout(model)
+    if model == "lenet":   # LeNet's 8 finite arrays, on the host: checked before any write
+        if list(aux):
+            raise ValueError(f"LeNet has no arrays besides its parameters, got {len(list(aux))} aux arrays")
+        arrays = dict(zip(LENET_PARAM_NAMES, check_lenet_params(params)))
+    else:
+        arrays = dict(zip(layout.names, check_arrays(params, layout.names, layout.shapes, "ResNet-18's")))
+        arrays.update(zip(layout.aux_names, check_arrays(aux, layout.aux_names, layout.aux_shapes,
+                                                         "ResNet-18's running statistics")))
     os.makedirs(directory, exist_ok=True)
     manifest_path = os.path.join(directory, MANIFEST)
     previous = _previous_params_file(manifest_path)
     generation = _next_generation(directory)
     params_file = f"params-{generation:06d}.params"
     params_path = os.path.join(directory, params_file)
-    save_arrays(params_path, dict(zip(LENET_PARAM_NAMES, arrays)))
-    manifest = {"format": FORMAT, "version": VERSION, "params_file": params_file,
+    save_arrays(params_path, arrays)
+    manifest = {"format": FORMAT, "version": VERSION, "model": model, "params_file": params_file,
                 "params_sha256": _sha256(params_path), "state": state._asdict(), "config": config}
     try:
         with atomic_write(manifest_path, "w") as f:   # the commit point
@@ -180,20 +265,27 @@ def _next_generation(directory):
     return max(numbers, default=0) + 1
 
 
-def load_checkpoint(directory):
+def load_checkpoint(directory, model=None):
     """Read and check the checkpoint in ``directory``.
+
+    Parameters
+    ----------
+    directory : str or os.PathLike
+    model : str, optional
+        The model the run trains (one of ``MODELS``): a checkpoint of another model is refused.
 
     Returns
     -------
     Checkpoint
-        LeNet's eight arrays as NDArrays on ``mx.cpu()``, the state, the configuration and the manifest path.
+        The model's arrays as NDArrays on ``mx.cpu()`` (trainable, then the others), the state, the
+        configuration, the manifest path and the model's name.
 
     Raises
     ------
     CheckpointError
         One line naming the file: no checkpoint, a truncated or corrupt manifest or parameter file, a file that
-        is not a checkpoint of this package, another format version, a parameter file whose sha256 differs from
-        the manifest's, or arrays that are not LeNet's.
+        is not a checkpoint of this package, another format version, a checkpoint of another model than
+        ``model``, a parameter file whose sha256 differs from the manifest's, or arrays that are not the model's.
     """
     directory = os.fspath(directory)
     manifest_path = os.path.join(directory, MANIFEST)
@@ -212,6 +304,13 @@ def load_checkpoint(directory):
     if manifest.get("version") != VERSION:
         raise CheckpointError(f"{manifest_path}: checkpoint format version {manifest.get('version')!r}, this "
                               f"package reads version {VERSION}; resume it with the version that wrote it")
+    saved_model = manifest.get("model", "lenet")   # manifests without a model name hold LeNet
+    if saved_model not in MODELS:
+        raise CheckpointError(f"{manifest_path}: a checkpoint of model {saved_model!r}, which this package does not "
+                              f"know (it trains {', '.join(MODELS)})")
+    if model is not None and saved_model != model:
+        raise CheckpointError(f"{manifest_path}: a checkpoint of {saved_model}, but this run trains {model}; resume "
+                              f"it with --model {saved_model}, or start a new run in another --checkpoint-dir")
     try:
         params_file = manifest["params_file"]
         expected_sha = manifest["params_sha256"]
@@ -233,14 +332,23 @@ def load_checkpoint(directory):
         loaded = mx.nd.load(params_path)
     except mx.base.MXNetError:
         raise CheckpointError(f"{params_path}: not an MXNet parameter file") from None
-    if not isinstance(loaded, dict) or sorted(loaded) != sorted(LENET_PARAM_NAMES):
-        raise CheckpointError(f"{params_path}: holds {sorted(loaded) if isinstance(loaded, dict) else 'a list'}, "
-                              f"not LeNet's parameters {list(LENET_PARAM_NAMES)}")
-    params = [loaded[name] for name in LENET_PARAM_NAMES]
-    for name, param, shape in zip(LENET_PARAM_NAMES, params, LENET_SHAPES):
-        if param.shape != shape:
-            raise CheckpointError(f"{params_path}: {name} has shape {param.shape}, LeNet's is {shape}")
-    return Checkpoint(params, state, config, manifest_path)
+    layout = model_layout(saved_model)
+    title = "LeNet" if saved_model == "lenet" else "ResNet-18"
+    expected = layout.names + layout.aux_names
+    if not isinstance(loaded, dict) or sorted(loaded) != sorted(expected):
+        if saved_model == "lenet":
+            found = sorted(loaded) if isinstance(loaded, dict) else "a list"
+        else:
+            found = ("a list" if not isinstance(loaded, dict) else
+                     f"{len(loaded)} arrays ({len(set(loaded) - set(expected))} unknown, "
+                     f"{len(set(expected) - set(loaded))} missing, e.g. {sorted(set(expected) ^ set(loaded))[:2]})")
+        raise CheckpointError(f"{params_path}: holds {found}, not {title}'s parameters "
+                              f"{list(expected) if saved_model == 'lenet' else f'({len(expected)} arrays)'}")
+    for name, shape in zip(expected, layout.shapes + layout.aux_shapes):
+        if loaded[name].shape != shape:
+            raise CheckpointError(f"{params_path}: {name} has shape {loaded[name].shape}, {title}'s is {shape}")
+    return Checkpoint([loaded[name] for name in layout.names], state, config, manifest_path,
+                      [loaded[name] for name in layout.aux_names], saved_model)
 
 
 def _describe(field, value):

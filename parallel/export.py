@@ -1,4 +1,4 @@
-"""From scratch into the MXNet ecosystem: LeNet's plain arrays as a symbol + params pair, or as a gluon network.
+"""From scratch into the MXNet ecosystem: trained arrays as a symbol + params pair, or as a gluon network.
 
 The from-scratch LeNet (``parallel.models.lenet``) is a function of ``(X, params)``. This module hands the same
 network to the rest of MXNet in two ways:
@@ -7,7 +7,9 @@ network to the rest of MXNet in two ways:
   which ``gluon.SymbolBlock.imports`` and ``mx.model.load_checkpoint`` read;
 - ``to_gluon`` builds the textbook's gluon LeNet (``Conv2D``, ``AvgPool2D``, ``Dense``) holding the same weights.
 
-Both predict what ``lenet(X, params)`` predicts.
+Both predict what ``lenet(X, params)`` predicts. A gluon network trained on flat replicas (ResNet-18:
+``get_params(block, ctx)``, or a strategy's ``params()`` and ``aux()``) goes back into its block and out through
+gluon's own ``export``: ``export_gluon``.
 
 >>> import os, tempfile
 >>> import mxnet as mx
@@ -23,15 +25,18 @@ Both predict what ``lenet(X, params)`` predicts.
 """
 import errno
 import os
+import shutil
+import tempfile
 
 import mxnet as mx
 import numpy as np
 from mxnet import gluon
 
-from .files import atomic_path, atomic_write
-from .models import LENET_SHAPES, lenet
+from .files import atomic_path, atomic_write, fsync_directory
+from .models import LENET_SHAPES, block_state, lenet
 
-__all__ = ["LENET_PARAM_NAMES", "lenet_symbol", "check_lenet_params", "save_arrays", "export_lenet", "to_gluon"]
+__all__ = ["LENET_PARAM_NAMES", "lenet_symbol", "check_arrays", "check_lenet_params", "save_arrays", "export_lenet",
+           "export_gluon", "to_gluon"]
 
 #: Names of LeNet's eight parameters, in ``LENET_SHAPES`` order: the one source of truth for the exported
 #: symbol's arguments and for anything else that stores the parameters by name.
@@ -63,37 +68,63 @@ def lenet_symbol():
         return lenet(mx.sym.var("data"), [mx.sym.var(name) for name in LENET_PARAM_NAMES], F=mx.sym)
 
 
+def check_arrays(arrays, names, shapes, what="the model's"):
+    """Raise unless ``arrays`` are finite float NDArrays of ``shapes``, all of one dtype; return numpy copies.
+
+    Parameters
+    ----------
+    arrays : list or tuple of NDArray
+        On any context; ``asnumpy`` waits for them and copies them to the host.
+    names, shapes : sequence
+        The expected arrays, in order; the messages name the offending one (``params[4] (dense1_weight)``).
+    what : str
+        How the messages name the set of arrays, e.g. "LeNet's" or "ResNet-18's running statistics".
+
+    Raises
+    ------
+    TypeError
+        For a container that is not a list or tuple, a member that is not an NDArray, a dtype that is not
+        float16, float32 or float64, or mixed dtypes.
+    ValueError
+        For the wrong number of arrays, a wrong shape, or a NaN or infinite value.
+    """
+    if not isinstance(arrays, (list, tuple)):
+        raise TypeError(f"params must be a list of {what} {len(shapes)} NDArrays, got {type(arrays).__name__}")
+    if len(arrays) != len(shapes):
+        listed = f" ({', '.join(names)})" if len(names) <= 8 else ""
+        raise ValueError(f"{what} {len(shapes)} arrays{listed} are expected, got {len(arrays)}; pass all of them "
+                         "in order")
+    copies = []
+    for i, (p, name, shape) in enumerate(zip(arrays, names, shapes)):
+        if not isinstance(p, mx.nd.NDArray):
+            raise TypeError(f"params[{i}] ({name}) must be an NDArray, got {type(p).__name__}; "
+                            f"convert it with mx.nd.array")
+        if p.shape != tuple(shape):
+            raise ValueError(f"params[{i}] ({name}) has shape {p.shape}, expected {tuple(shape)}; "
+                             f"pass {what} arrays in order")
+        if np.dtype(p.dtype) not in _FLOAT_DTYPES:
+            raise TypeError(f"params[{i}] ({name}) has dtype {np.dtype(p.dtype).name}; "
+                            f"{what} arrays must be float16, float32 or float64")
+        a = p.asnumpy()
+        if not np.isfinite(a).all():
+            raise ValueError(f"params[{i}] ({name}) holds {np.size(a) - np.isfinite(a).sum()} non-finite values "
+                             f"(NaN or inf); refusing to export a diverged network, use earlier parameters")
+        copies.append(a)
+    dtypes = sorted({a.dtype.name for a in copies})
+    if len(dtypes) > 1:
+        raise TypeError(f"params mix dtypes {dtypes}; cast them all to one (e.g. p.astype('float32'))")
+    return copies
+
+
 def check_lenet_params(params):
     """Raise unless ``params`` are LeNet's eight finite float NDArrays; return copies as numpy arrays.
 
     The arrays may live on any context; ``asnumpy`` waits for them and copies them to the host.
     """
-    if not isinstance(params, (list, tuple)):
-        raise TypeError(f"params must be a list of LeNet's {len(LENET_SHAPES)} NDArrays, "
-                        f"got {type(params).__name__}")
-    if len(params) != len(LENET_SHAPES):
+    if isinstance(params, (list, tuple)) and len(params) != len(LENET_SHAPES):
         raise ValueError(f"LeNet has {len(LENET_SHAPES)} parameters ({', '.join(LENET_PARAM_NAMES)}), "
                          f"got {len(params)}; pass all of them in LENET_SHAPES order")
-    arrays = []
-    for i, (p, name, shape) in enumerate(zip(params, LENET_PARAM_NAMES, LENET_SHAPES)):
-        if not isinstance(p, mx.nd.NDArray):
-            raise TypeError(f"params[{i}] ({name}) must be an NDArray, got {type(p).__name__}; "
-                            f"convert it with mx.nd.array")
-        if p.shape != shape:
-            raise ValueError(f"params[{i}] ({name}) has shape {p.shape}, expected {shape}; "
-                             f"pass LeNet's parameters in LENET_SHAPES order")
-        if np.dtype(p.dtype) not in _FLOAT_DTYPES:
-            raise TypeError(f"params[{i}] ({name}) has dtype {np.dtype(p.dtype).name}; "
-                            f"LeNet's parameters must be float16, float32 or float64")
-        a = p.asnumpy()
-        if not np.isfinite(a).all():
-            raise ValueError(f"params[{i}] ({name}) holds {np.size(a) - np.isfinite(a).sum()} non-finite values "
-                             f"(NaN or inf); refusing to export a diverged network, use earlier parameters")
-        arrays.append(a)
-    dtypes = sorted({a.dtype.name for a in arrays})
-    if len(dtypes) > 1:
-        raise TypeError(f"params mix dtypes {dtypes}; cast them all to one (e.g. p.astype('float32'))")
-    return arrays
+    return check_arrays(params, LENET_PARAM_NAMES, LENET_SHAPES, "LeNet's")
 
 
 def _ctx_list(ctx):
@@ -119,6 +150,22 @@ def save_arrays(path, arrays):
     except mx.base.MXNetError as e:
         last = [line for line in str(e).splitlines() if line.strip()][-1:] or ["no detail"]
         raise OSError(errno.EIO, f"MXNet could not write the file ({last[0].strip()})", os.fspath(path)) from None
+
+
+def _export_paths(prefix, epoch):
+    """``(symbol file, params file, directory)`` of an export; raise for a bad prefix or epoch."""
+    if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)):
+        raise TypeError(f"epoch must be an int, got {type(epoch).__name__} {epoch!r}")
+    if not 0 <= epoch <= 9999:
+        raise ValueError(f"epoch must be between 0 and 9999 (the file name's four digits), got {epoch}")
+    prefix = os.fspath(prefix)
+    if not os.path.basename(prefix):
+        raise ValueError(f"prefix {prefix!r} names a directory; add a file name prefix, "
+                         f"e.g. {os.path.join(prefix, 'lenet')!r}")
+    directory = os.path.dirname(os.path.abspath(prefix))
+    if not os.path.isdir(directory):
+        raise ValueError(f"cannot export to prefix {prefix!r}: directory {directory!r} does not exist; create it first")
+    return f"{prefix}-symbol.json", "%s-%04d.params" % (prefix, epoch), directory
 
 
 def export_lenet(params, prefix, epoch=0):
@@ -168,23 +215,100 @@ def export_lenet(params, prefix, epoch=0):
     ((800, 128), {})
     """
     arrays = check_lenet_params(params)
-    if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)):
-        raise TypeError(f"epoch must be an int, got {type(epoch).__name__} {epoch!r}")
-    if not 0 <= epoch <= 9999:
-        raise ValueError(f"epoch must be between 0 and 9999 (the file name's four digits), got {epoch}")
-    prefix = os.fspath(prefix)
-    if not os.path.basename(prefix):
-        raise ValueError(f"prefix {prefix!r} names a directory; add a file name prefix, "
-                         f"e.g. {os.path.join(prefix, 'lenet')!r}")
-    directory = os.path.dirname(os.path.abspath(prefix))
-    if not os.path.isdir(directory):
-        raise ValueError(f"cannot export to prefix {prefix!r}: directory {directory!r} does not exist; create it first")
-
-    symbol_file = f"{prefix}-symbol.json"
-    params_file = "%s-%04d.params" % (prefix, epoch)
+    symbol_file, params_file, _ = _export_paths(prefix, epoch)
     save_arrays(params_file, {f"arg:{name}": a for name, a in zip(LENET_PARAM_NAMES, arrays)})
     with atomic_write(symbol_file, "w") as f:
         f.write(lenet_symbol().tojson())
+    return symbol_file, params_file
+
+
+def export_gluon(block, prefix, params=None, aux=None, epoch=0, input_shape=(1, 1, 28, 28)):
+    """Write a gluon block holding trained arrays as MXNet's deployable pair, with gluon's own ``export``.
+
+    The arrays (``params``, ``aux``) are copied into ``block`` (in place: they replace its parameters on every
+    context), then ``block.hybridize(); block(zeros(input_shape)); block.export(prefix, epoch)`` writes
+    ``PREFIX-symbol.json`` and ``PREFIX-%04d.params`` (``arg:`` and ``aux:`` names), which
+    ``gluon.SymbolBlock.imports(symbol_file, ['data'], params_file)`` and ``mx.model.load_checkpoint`` read.
+    gluon writes both files into a temporary directory beside ``prefix``; each is then renamed into place
+    (params first), so an interrupted export leaves each file whole or as it was.
+
+    Parameters
+    ----------
+    block : mxnet.gluon.HybridBlock
+        Initialized, with known shapes (``init_resnet18()``): a network of the same architecture as the one
+        trained; its own values do not matter when ``params`` is given. It is left hybridized.
+    prefix : str or os.PathLike
+        Path prefix of the two files, e.g. ``"out/resnet18"``; its directory must exist.
+    params : list of NDArray, optional
+        The trainable arrays in ``block_state(block)`` order: a replica from ``get_params`` (its ``aux`` is
+        taken too unless ``aux`` is given), or a strategy's ``params()``. On any context; all finite. Default:
+        export the block as it is.
+    aux : list of NDArray, optional
+        The block's other arrays (BatchNorm's running statistics) in ``block_state(block)`` order: a
+        strategy's ``aux()``.
+    epoch : int
+        0 .. 9999, the number in the params file name.
+    input_shape : tuple of int
+        The shape of the example batch that builds the graph (zeros).
+
+    Returns
+    -------
+    (str, str)
+        The paths of the symbol file and of the params file.
+
+    Raises
+    ------
+    TypeError, ValueError
+        For arrays that are not the block's (count, shapes, dtypes) or not finite, a bad epoch, or a prefix
+        whose directory does not exist; nothing is written then.
+    OSError
+        When a write fails.
+
+    >>> import os, tempfile
+    >>> import mxnet as mx
+    >>> from mxnet import gluon
+    >>> from parallel import get_params, init_resnet18
+    >>> replica = get_params(init_resnet18(seed=0), mx.cpu())   # trained elsewhere
+    >>> X = mx.nd.ones((2, 1, 28, 28))
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     symbol_file, params_file = export_gluon(init_resnet18(seed=1), os.path.join(tmp, "resnet18"), replica)
+    ...     net = gluon.SymbolBlock.imports(symbol_file, ["data"], params_file)
+    ...     same = init_resnet18(seed=0)(X)
+    >>> net(X).shape, (net(X) - same).abs().max().asscalar() < 1e-5
+    ((2, 10), True)
+    """
+    if not isinstance(block, gluon.HybridBlock):
+        raise TypeError(f"block must be a gluon HybridBlock, got {type(block).__name__}")
+    names, arrays, aux_names, aux_arrays = block_state(block)
+    if params is not None:
+        if aux is None:
+            aux = getattr(params, "aux", None)
+        values = check_arrays(list(params), names, [a.shape for a in arrays], "the block's")
+        aux_values = [] if aux is None else check_arrays(list(aux), aux_names, [a.shape for a in aux_arrays],
+                                                         "the block's non-trained")
+        by_name = block.collect_params()
+        for name, value in zip(names + aux_names, values + aux_values):
+            by_name[name].set_data(mx.nd.array(value, dtype=value.dtype))
+    else:
+        check_arrays(arrays, names, [a.shape for a in arrays], "the block's")
+    symbol_file, params_file, directory = _export_paths(prefix, epoch)
+    block.hybridize()
+    block(mx.nd.zeros(input_shape, ctx=arrays[0].context, dtype=arrays[0].dtype))
+    staging = tempfile.mkdtemp(prefix=f".{os.path.basename(prefix)}.", suffix=".tmp", dir=directory)
+    try:
+        try:
+            block.export(os.path.join(staging, "net"), epoch)
+        except mx.base.MXNetError as e:
+            last = [line for line in str(e).splitlines() if line.strip()][-1:] or ["no detail"]
+            raise OSError(errno.EIO, f"MXNet could not write the export ({last[0].strip()})", prefix) from None
+        for name, target in ((f"net-{epoch:04d}.params", params_file), ("net-symbol.json", symbol_file)):
+            source = os.path.join(staging, name)
+            with open(source, "rb") as f:
+                os.fsync(f.fileno())
+            os.replace(source, target)
+        fsync_directory(directory)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
     return symbol_file, params_file
 
 

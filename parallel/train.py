@@ -1,4 +1,5 @@
-"""Train LeNet on Fashion-MNIST with data parallelism written from scratch, or with the other parallel styles.
+"""Train LeNet (or ResNet-18) on Fashion-MNIST with data parallelism written from scratch, or with the other
+parallel styles.
 
 Run::
 
@@ -13,6 +14,8 @@ distributed kvstore): ``--batch-size`` stays the global batch, each worker train
 alone prints the epochs and writes the metrics, plot, checkpoints and export.
 
 Every strategy runs the same SGD step on the same batches: the same ``--seed`` gives the same loss curve.
+``--model resnet18`` trains the textbook's ResNet-18 (a gluon block, 11.2 million parameters, BatchNorm) the same
+ways instead of LeNet; on a CPU it costs a few hundred times LeNet's time per example.
 
 The arguments are parsed and checked before MXNet is imported, so ``--help`` and argument errors answer at
 once; then, unless ``OMP_NUM_THREADS`` is set, the command sets it to every core (MXNet reads it when it is
@@ -35,7 +38,13 @@ import threading
 from .settings import (ALLREDUCE_NAMES, DEFAULT_ALGORITHM, DEFAULT_MICRO_BATCHES, LR_RANGE, MAX_SEED, STRATEGIES,
                        recommended_omp_threads)
 
-__all__ = ["main", "build_parser", "check_args", "run", "UsageError"]
+__all__ = ["main", "build_parser", "check_args", "run", "UsageError", "MODELS"]
+
+#: ``--model``'s choices: ``parallel.checkpoint.MODELS`` (which imports MXNet), spelled out here so that
+#: ``--help`` and argument errors answer before MXNet starts; a test keeps the two equal.
+MODELS = ("lenet", "resnet18")
+#: How the messages name each model (``parallel.training.MODEL_TITLES``).
+_TITLES = {"lenet": "LeNet", "resnet18": "ResNet-18"}
 
 
 class UsageError(Exception):
@@ -72,7 +81,12 @@ def _layer_indices(text):
 def build_parser():
     """The argument parser of ``python -m parallel.train`` (it imports nothing heavy)."""
     parser = _Parser(prog="python -m parallel.train",
-                     description="Train LeNet with data parallelism written from scratch on MXNet.")
+                     description="Train LeNet or ResNet-18 with data parallelism written from scratch on MXNet.")
+    parser.add_argument("--model", choices=MODELS, default="lenet",
+                        help="lenet: the textbook's LeNet, from scratch; resnet18: the textbook's ResNet-18 for "
+                             "28x28 images (a gluon block with BatchNorm, statistics over the whole batch across "
+                             "one process's devices; in a distributed job each worker keeps its own); default "
+                             "lenet")
     parser.add_argument("--devices", default="auto",
                         help="'auto' (all GPUs, else one CPU context), 'cpu:N' (N CPU contexts) or "
                              "'gpu:I,J,...' (GPU indices as CUDA_VISIBLE_DEVICES numbers them); default auto")
@@ -89,15 +103,17 @@ def build_parser():
     parser.add_argument("--allreduce", choices=sorted(ALLREDUCE_NAMES), default=DEFAULT_ALGORITHM,
                         help=f"how gradients are summed across devices; default {DEFAULT_ALGORITHM}")
     parser.add_argument("--strategy", choices=STRATEGIES, default="data",
-                        help="data: a replica per device; model: LeNet cut into stages, one per device; "
+                        help="data: a replica per device; model: the model cut into stages, one per device; "
                              "pipeline: micro-batches through the stages; hybrid: data parallelism over "
                              "groups of stages; default data")
     parser.add_argument("--stages", type=int, default=None,
-                        help="model/pipeline/hybrid: cut LeNet's 4 layers into N stages as evenly as possible "
-                             "(default 2)")
+                        help="model/pipeline/hybrid: cut the model's layers (LeNet's 4, ResNet-18's 7 children) "
+                             "into N stages as evenly as possible (default 2)")
     parser.add_argument("--boundaries", type=_layer_indices, default=None, metavar="I,J",
                         help="model/pipeline/hybrid: instead of --stages, the layer indices where stages start, "
-                             "e.g. 2 (conv | dense) or 1,3; LeNet's layers are conv1, conv2, dense1, dense2")
+                             "e.g. 2 (conv | dense) or 1,3; LeNet's layers are 0 conv1, 1 conv2, 2 dense1, "
+                             "3 dense2; ResNet-18's children are 0 stem (conv, BatchNorm, ReLU), 1-4 its four "
+                             "stages of residual blocks (64, 128, 256, 512 channels), 5 pooling, 6 dense")
     parser.add_argument("--micro-batches", type=int, default=None, metavar="M",
                         help=f"pipeline: micro-batches per batch, at most --batch-size "
                              f"(default {DEFAULT_MICRO_BATCHES}); a shorter last batch uses one per example")
@@ -112,7 +128,8 @@ def build_parser():
                         help="continue from the checkpoint in --checkpoint-dir (any strategy or devices; "
                              "--epochs may grow)")
     parser.add_argument("--export", metavar="PREFIX",
-                        help="write the trained LeNet as MXNet's PREFIX-symbol.json + PREFIX-0000.params")
+                        help="write the trained model as MXNet's PREFIX-symbol.json + PREFIX-0000.params "
+                             "(gluon.SymbolBlock.imports reads it)")
     parser.add_argument("--kvstore", choices=["dist_sync", "dist_device_sync"], default=None,
                         help="under python -m parallel.launch: the distributed kvstore that sums the workers' "
                              "gradients; default dist_sync (dist_device_sync for GPUs)")
@@ -324,11 +341,10 @@ def run(args):
                                  load_checkpoint, save_checkpoint)
         from .data import DataError
         from .devices import parse_devices
-        from .export import export_lenet
+        from .export import export_gluon, export_lenet
         from .kvstore import join, sum_values
-        from .models import init_lenet_params
-        from .training import (NonFiniteLossError, TrainingStopped, fit, format_epoch, load_data, make_strategy,
-                               plot_format, plot_metrics, write_metrics)
+        from .training import (NonFiniteLossError, TrainingStopped, fit, format_epoch, init_model, load_data,
+                               make_strategy, plot_format, plot_metrics, write_metrics)
 
     job = join(args.kvstore or "dist_sync") if _launched() else None   # waits for every worker and server
     main_rank = job is None or job.rank == 0   # the one that reads, prints and writes
@@ -341,7 +357,7 @@ def run(args):
     if args.checkpoint_dir is not None and main_rank:
         with _users_input(CheckpointError):
             if args.resume:
-                checkpoint = load_checkpoint(args.checkpoint_dir)
+                checkpoint = load_checkpoint(args.checkpoint_dir, model=args.model)
                 if checkpoint.state.epoch - 1 > args.epochs:
                     raise UsageError(f"--epochs {args.epochs} is fewer than the {checkpoint.state.epoch - 1} epochs "
                                      f"the checkpoint in {args.checkpoint_dir} has finished; give --epochs "
@@ -361,9 +377,13 @@ def run(args):
         data_name = _describe_data(args)
         if job is not None and main_rank:
             sum_values(job, [0])
+    title = _TITLES[args.model]
     with _users_input(ValueError):
-        params = init_lenet_params(args.seed) if checkpoint is None else checkpoint.params
-        strategy = make_strategy(args.strategy, params, ctx_list, args.stages, args.boundaries, args.micro_batches,
+        if checkpoint is None:
+            initial = init_model(args.model, args.seed)   # in a job, replaced by rank 0's in make_strategy
+        else:
+            initial = init_model(args.model, args.seed, checkpoint.params, checkpoint.aux)
+        strategy = make_strategy(args.strategy, initial, ctx_list, args.stages, args.boundaries, args.micro_batches,
                                  args.batch_size, args.allreduce, job)   # in a job: every replica gets rank 0's
     used = strategy.ctx_list
     if len(used) < len(ctx_list):
@@ -372,7 +392,7 @@ def run(args):
               f"--devices {args.devices} (one per stage); {idle} stay idle", file=sys.stderr, flush=True)
     # the dataset's fingerprint hashes every example: only a run that checkpoints needs it
     fingerprint = None if args.checkpoint_dir is None or not main_rank else dataset_fingerprint(dataset)
-    config = {"dataset": {"name": args.dataset, "fingerprint": fingerprint},
+    config = {"model": args.model, "dataset": {"name": args.dataset, "fingerprint": fingerprint},
               "batch_size": args.batch_size, "lr": args.lr, "seed": args.seed, "epochs": args.epochs,
               "strategy": args.strategy, "allreduce": args.allreduce, "devices": args.devices,
               "stages": args.stages, "boundaries": args.boundaries, "micro_batches": args.micro_batches,
@@ -386,13 +406,13 @@ def run(args):
             print(line, flush=True)
 
     layout = f"{len(used)} context(s)" if job is None else f"{workers} worker(s) x {len(used)} context(s)"
-    say(f"training LeNet on {data_name}: {len(dataset.train_labels)} train / {len(dataset.test_labels)} test "
+    say(f"training {title} on {data_name}: {len(dataset.train_labels)} train / {len(dataset.test_labels)} test "
         f"examples, batch {args.batch_size}, lr {args.lr}, on {layout}")
     say(f"strategy {strategy.name}: {strategy.description}; operator threads: OMP_NUM_THREADS="
         f"{os.environ.get('OMP_NUM_THREADS', 'unset (MXNet default: half the cores)')}")
 
     def write_plot(history, path):
-        plot_metrics(history, path, title=f"LeNet on {data_name}, {strategy.name} parallel on {layout}")
+        plot_metrics(history, path, title=f"{title} on {data_name}, {strategy.name} parallel on {layout}")
 
     def on_epoch(metrics, history):
         say(format_epoch(metrics, used, strategy.name, workers))
@@ -409,11 +429,11 @@ def run(args):
                 except OSError as e:   # the disk filled up or the directory went away mid-run
                     raise UsageError(f"cannot write {flag} {path!r}: {e.strerror or e}") from None
 
-    def save(state, params):
+    def save(state, params, aux):
         if args.checkpoint_dir is None or not main_rank:
             return
         try:
-            save_checkpoint(args.checkpoint_dir, params, state, config)
+            save_checkpoint(args.checkpoint_dir, params, state, config, aux=aux, model=args.model)
         except OSError as e:   # a full disk, a file size limit: the previous checkpoint is intact
             raise UsageError(f"cannot write the checkpoint in {args.checkpoint_dir!r} ({e.strerror or e}); the "
                              "previous checkpoint there is intact") from None
@@ -440,10 +460,13 @@ def run(args):
             raise _Stopped(line, 128 + stop.signum) from None
     if args.export is not None and main_rank:
         try:
-            export_lenet(strategy.params(), args.export)
+            if args.model == "lenet":
+                export_lenet(strategy.params(), args.export)
+            else:   # into the initial block (unused since make_strategy copied it), then gluon's export
+                export_gluon(initial, args.export, strategy.params(), strategy.aux())
         except OSError as e:
             raise UsageError(f"cannot write --export {args.export!r}: {e.strerror or e}") from None
-        print(f"exported LeNet to {' and '.join(_export_files(args.export))}", flush=True)
+        print(f"exported {title} to {' and '.join(_export_files(args.export))}", flush=True)
 
 
 def main(argv=None):

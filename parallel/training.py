@@ -1,8 +1,8 @@
-"""The training loop behind ``python -m parallel.train``: lay LeNet out for a strategy, train, report.
+"""The training loop behind ``python -m parallel.train``: lay a model out for a strategy, train, report.
 
-``fit`` trains LeNet with data parallelism written from scratch, or with the model, pipeline or hybrid
-strategy, on the same batches with the same SGD step; ``plot_metrics`` and ``write_metrics`` write what it
-measured. A tiny run on two CPU contexts:
+``fit`` trains LeNet (from scratch) or the textbook's ResNet-18 (a gluon block on flat replicas) with data
+parallelism written from scratch, or with the model, pipeline or hybrid strategy, on the same batches with the
+same SGD step; ``plot_metrics`` and ``write_metrics`` write what it measured. A tiny run on two CPU contexts:
 
 >>> import mxnet as mx
 >>> from parallel import fit, synthetic_dataset
@@ -25,21 +25,31 @@ from typing import Callable, List, NamedTuple
 import numpy as np
 from tqdm import tqdm
 
+import mxnet as mx
+from mxnet import gluon
+
 from .comm import get_params
 from .data import iterate_batches, load_fashion_mnist, num_batches, synthetic_dataset
-from .checkpoint import TrainingState
+from .checkpoint import MODELS, TrainingState
 from .evaluate import evaluate_accuracy
 from .files import atomic_write
 from .kvstore import broadcast_object, broadcast_params, sum_values
-from .models import init_lenet_params
+from .models import block_state, init_lenet_params, init_resnet18, lenet_cached
 from .settings import DEFAULT_ALGORITHM, DEFAULT_MICRO_BATCHES, STRATEGIES, check_lr, check_seed
 from .step import train_step
 from .strategies import Hybrid, ModelParallel, Pipeline
 from .strategies._checks import check_contexts
 
-__all__ = ["fit", "make_strategy", "Strategy", "STRATEGIES", "load_data", "plot_metrics", "write_metrics",
-           "format_epoch", "epoch_seed", "plot_format", "plot_formats", "NonFiniteLossError", "TrainingStopped",
-           "TrainingState", "IN_FLIGHT"]
+__all__ = ["fit", "make_strategy", "init_model", "Strategy", "STRATEGIES", "MODELS", "MODEL_TITLES", "load_data",
+           "plot_metrics", "write_metrics", "format_epoch", "epoch_seed", "plot_format", "plot_formats",
+           "NonFiniteLossError", "TrainingStopped", "TrainingState", "IN_FLIGHT"]
+
+#: How the epoch lines, plots and messages name each model of ``MODELS``.
+MODEL_TITLES = {"lenet": "LeNet", "resnet18": "ResNet-18"}
+
+#: The kvstore key that broadcasts rank 0's non-trained arrays (BatchNorm's running statistics), beside
+#: ``parallel.kvstore``'s own keys (0 .. 2, 100 + n, 1000 + i).
+AUX_KEY = 3
 
 #: How many steps the host queues ahead of the devices. It then waits for the oldest step, reads its loss
 #: (checking it is finite) and advances the progress bar: the bar counts finished batches, not queued ones,
@@ -86,8 +96,8 @@ def epoch_seed(seed, epoch):
 class Strategy(NamedTuple):
     """What ``fit`` needs from a parallel style: a train step and an evaluation over the contexts it uses."""
     name: str
-    #: ``device_params`` (one replica per context) for ``"data"``; the ``ModelParallel``, ``Pipeline`` or
-    #: ``Hybrid`` object otherwise. Trained in place.
+    #: ``device_params`` (one replica per context, ``get_params``'s) for ``"data"``; the ``ModelParallel``,
+    #: ``Pipeline`` or ``Hybrid`` object otherwise. Trained in place.
     model: object
     #: The contexts actually used (model and pipeline parallelism use one per stage).
     ctx_list: List
@@ -97,15 +107,84 @@ class Strategy(NamedTuple):
     evaluate: Callable
     #: One line saying how the model is laid out on the contexts.
     description: str
-    #: ``params()`` -> LeNet's eight live arrays (replica 0's, or each on its stage's context): what a
-    #: checkpoint stores and ``parallel.export`` writes.
+    #: ``params()`` -> the model's trainable live arrays (replica 0's, or each on its stage's context): LeNet's
+    #: eight, or a gluon block's in ``block_state(block)`` order. What a checkpoint stores and
+    #: ``parallel.export`` writes.
     params: Callable
     #: The distributed job (``parallel.kvstore.join()``) this worker trains in, or None for one process.
     job: object = None
+    #: ``aux()`` -> the live arrays that are not trained (a block's BatchNorm running statistics), in
+    #: ``block_state(block)`` order; ``[]`` for LeNet. Stored and exported with ``params()``.
+    aux: Callable = list
 
 
-def _data_step(X, y, lr, device_params, ctx_list, algorithm, job):
-    return train_step(X, y, device_params, ctx_list, lr, algorithm=algorithm, job=job)
+def init_model(model="lenet", seed=0, params=None, aux=None):
+    """The initial model of a run, as ``make_strategy`` takes it.
+
+    Parameters
+    ----------
+    model : str
+        ``"lenet"`` (the from-scratch LeNet) or ``"resnet18"`` (the textbook's ResNet-18 for 1x28x28 images and
+        10 classes, ``init_resnet18``): one of ``MODELS``.
+    seed : int
+        Seeds the initial values when ``params`` is not given.
+    params, aux : list of NDArray, optional
+        Values to start from (a checkpoint's): the trainable arrays and the others (BatchNorm's running
+        statistics), in ``block_state`` order for ResNet-18 (``aux`` is required with it); LeNet's eight, and
+        no ``aux``, for LeNet. Copied, not modified.
+
+    Returns
+    -------
+    list of NDArray or mxnet.gluon.nn.HybridSequential
+        LeNet's eight arrays (on the CPU), or ResNet-18 as an initialized gluon block on the CPU.
+
+    Raises
+    ------
+    ValueError
+        For an unknown model, or arrays that do not fit it (count, shape).
+    """
+    if model not in MODELS:
+        raise ValueError(f"unknown model {model!r}; choose one of {', '.join(MODELS)}")
+    if model == "lenet":
+        if aux:
+            raise ValueError(f"LeNet has no arrays besides its parameters, got {len(aux)} aux arrays")
+        return init_lenet_params(seed) if params is None else list(params)
+    block = init_resnet18(seed, num_classes=10, input_shape=(1, 1, 28, 28))
+    if params is None:
+        return block
+    names, arrays, aux_names, aux_arrays = block_state(block)
+    aux = [] if aux is None else list(aux)
+    for what, values, targets, target_names in (("trainable", list(params), arrays, names),
+                                                ("non-trained", aux, aux_arrays, aux_names)):
+        if len(values) != len(targets):
+            raise ValueError(f"ResNet-18 has {len(targets)} {what} arrays, got {len(values)}")
+        for name, value, target in zip(target_names, values, targets):
+            if value.shape != target.shape:
+                raise ValueError(f"{name} has shape {target.shape} in ResNet-18, got {value.shape}")
+            target[:] = value.as_in_context(target.context)
+    return block
+
+
+def _data_step(X, y, lr, device_params, ctx_list, algorithm, job, net):
+    return train_step(X, y, device_params, ctx_list, lr, net=net, algorithm=algorithm, job=job)
+
+
+def _replica_aux(replica):
+    return list(getattr(replica, "aux", ()))
+
+
+def _broadcast_aux(job, device_params):
+    """Give every replica of every worker rank 0's non-trained arrays (BatchNorm's running statistics), in
+    place: one broadcast of their concatenation. A collective call, like ``broadcast_params``."""
+    aux = _replica_aux(device_params[0])
+    if not aux:
+        return
+    flat = job.broadcast(AUX_KEY, mx.nd.concat(*[a.reshape(-1) for a in aux], dim=0))
+    for params in device_params:
+        offset = 0
+        for array in _replica_aux(params):
+            flat[offset:offset + array.size].reshape(array.shape).copyto(array)
+            offset += array.size
 
 
 def _pipeline_step(X, y, lr, model):
@@ -115,15 +194,17 @@ def _pipeline_step(X, y, lr, model):
 
 def make_strategy(name, params, ctx_list, stages=None, boundaries=None, micro_batches=None, batch_size=None,
                   algorithm=DEFAULT_ALGORITHM, job=None):
-    """Lay LeNet's ``params`` out on ``ctx_list`` for one parallel style.
+    """Lay a model out on ``ctx_list`` for one parallel style.
 
     Parameters
     ----------
     name : str
         ``"data"`` (one replica per context, ``train_step``), ``"model"`` (``ModelParallel``),
         ``"pipeline"`` (``Pipeline``) or ``"hybrid"`` (``Hybrid``).
-    params : list of NDArray
-        Initial parameters; copied, not modified.
+    params : list of NDArray, or mxnet.gluon.nn.HybridSequential
+        The initial model (``init_model``): LeNet's eight arrays, or an initialized gluon block with known
+        shapes (ResNet-18; data parallelism replicates it with ``get_params(block, ctx)`` and runs it with
+        ``net=block``, the other strategies cut it at its children). Copied, not modified.
     ctx_list : list of mxnet.Context
         Distinct contexts, at least one.
     stages, boundaries
@@ -137,8 +218,11 @@ def make_strategy(name, params, ctx_list, stages=None, boundaries=None, micro_ba
         Allreduce algorithm for ``"data"`` and ``"hybrid"``.
     job : parallel.kvstore.Job, optional
         ``"data"`` only: train as one worker of a distributed job. Every worker's replicas get rank 0's
-        ``params`` (a collective call: every worker must make it); each step trains this worker's slice of
-        the global batch and sums the gradients over the workers; evaluation combines the workers' counts.
+        ``params`` and, for a block, its running statistics (a collective call: every worker must make it);
+        each step trains this worker's slice of the global batch and sums the gradients over the workers;
+        evaluation combines the workers' counts. BatchNorm normalises over the worker's slice, synchronized
+        across its contexts but not across the workers, so each worker's running statistics drift apart
+        from the others' and a job with BatchNorm is not the same computation as one context.
 
     Returns
     -------
@@ -165,17 +249,24 @@ def make_strategy(name, params, ctx_list, stages=None, boundaries=None, micro_ba
         raise ValueError(f"micro-batches apply to the pipeline strategy only, not to {name}; drop them or "
                          "choose the pipeline strategy")
     if name == "data":
+        net = params if isinstance(params, gluon.Block) else lenet_cached
         device_params = [get_params(params, ctx) for ctx in ctx_list]
         description = f"one replica per context, gradients summed with the {algorithm} allreduce"
+        if net is not lenet_cached and len(ctx_list) > 1:
+            description += ", BatchNorm over the whole batch"
         if job is not None:
             broadcast_params(job, device_params)
+            _broadcast_aux(job, device_params)
             description += f", then over {job.num_workers} worker(s) through the {job.kv.type} kvstore"
+            if _replica_aux(device_params[0]):
+                description += " (BatchNorm statistics per worker)"
         return Strategy(name, device_params, list(ctx_list),
                         functools.partial(_data_step, device_params=device_params, ctx_list=ctx_list,
-                                          algorithm=algorithm, job=job),
-                        functools.partial(evaluate_accuracy, device_params=device_params, ctx_list=ctx_list,
-                                          job=job),
-                        description, functools.partial(list, device_params[0]), job)
+                                          algorithm=algorithm, job=job, net=net),
+                        functools.partial(evaluate_accuracy,
+                                          device_params=device_params, ctx_list=ctx_list, net=net, job=job),
+                        description, functools.partial(list, device_params[0]), job,
+                        functools.partial(_replica_aux, device_params[0]))
     if name == "model":
         model = ModelParallel(params, ctx_list, stages, boundaries)
         step = model.train_step
@@ -189,7 +280,8 @@ def make_strategy(name, params, ctx_list, stages=None, boundaries=None, micro_ba
     else:
         model = Hybrid(params, ctx_list, stages, boundaries, algorithm)
         step = model.train_step
-    return Strategy(name, model, model.ctx_list, step, model.evaluate, model.describe(), model.params)
+    return Strategy(name, model, model.ctx_list, step, model.evaluate, model.describe(), model.params, None,
+                    model.aux)
 
 
 def _read_finished(loss, right, epoch, batch):
@@ -203,8 +295,8 @@ def _read_finished(loss, right, epoch, batch):
 
 def fit(dataset, ctx_list, num_epochs, batch_size, lr, seed=0, algorithm=DEFAULT_ALGORITHM, progress=False,
         on_epoch=None, strategy="data", stages=None, boundaries=None, micro_batches=None, params=None, start=None,
-        stop=None, on_checkpoint=None, job=None):
-    """Train LeNet from scratch over ``ctx_list`` with data parallelism or another ``strategy``.
+        stop=None, on_checkpoint=None, job=None, model="lenet", aux=None):
+    """Train LeNet or ResNet-18 from scratch over ``ctx_list`` with data parallelism or another ``strategy``.
 
     Parameters
     ----------
@@ -230,8 +322,9 @@ def fit(dataset, ctx_list, num_epochs, batch_size, lr, seed=0, algorithm=DEFAULT
         (its parameters and contexts are used as they are; ``seed`` then only seeds the shuffling).
     stages, boundaries, micro_batches
         Passed to ``make_strategy`` with a strategy name.
-    params : list of NDArray, optional
-        LeNet's initial parameters with a strategy name (default ``init_lenet_params(seed)``); a checkpoint's.
+    params, aux : list of NDArray, optional
+        With a strategy name: the initial values (a checkpoint's), the model's trainable arrays and, for
+        ResNet-18, its running statistics (see ``init_model``); default ``init_model(model, seed)``.
     start : parallel.checkpoint.TrainingState, optional
         Where to continue: a checkpoint's state (its epoch, the batches of it already trained, their sums, the
         history). With the checkpoint's parameters, the same layout and the same arguments, the run ends with
@@ -240,15 +333,19 @@ def fit(dataset, ctx_list, num_epochs, batch_size, lr, seed=0, algorithm=DEFAULT
         ``stop()`` is asked before each batch; when it returns True the queued steps are finished,
         ``on_checkpoint`` is called and ``TrainingStopped`` is raised: the run stops at a batch boundary.
     on_checkpoint : callable, optional
-        ``on_checkpoint(state, params)`` with a ``TrainingState`` and LeNet's eight live arrays: after every
+        ``on_checkpoint(state, params, aux)`` with a ``TrainingState``, the model's trainable live arrays and
+        its others (``Strategy.params()`` and ``Strategy.aux()``; ``aux`` is ``[]`` for LeNet): after every
         epoch (the state then points at the next epoch's first batch) and when ``stop`` stops the run. Not
         called when the loss becomes NaN or infinite.
+    model : str
+        ``"lenet"`` or ``"resnet18"`` (``MODELS``), with a strategy name; a ``Strategy`` brings its own model.
     job : parallel.kvstore.Job, optional
         Train as one worker of a distributed job (``parallel.kvstore.join()``; data strategy only). Every
         worker calls ``fit`` with the same dataset and arguments; the parameters, ``seed`` and ``start``
         are rank 0's (the others' are ignored). Each worker trains its slice of every global batch
         (``batch_size`` stays the global batch), and the loss and accuracies are summed over the workers,
-        so every worker returns the same history but for ``seconds``. Let ``on_epoch`` and
+        so every worker returns the same history but for ``seconds`` (for ResNet-18 the test accuracy
+        scores each worker's slice with that worker's BatchNorm statistics). Let ``on_epoch`` and
         ``on_checkpoint`` act on rank 0 alone when one copy of what they write is wanted. A state saved by
         ``stop`` mid-epoch holds rank 0's share of that epoch's loss and accuracy so far (the parameters
         are the job's), so after resuming, that epoch's train metrics leave out the other workers' batches
@@ -260,8 +357,9 @@ def fit(dataset, ctx_list, num_epochs, batch_size, lr, seed=0, algorithm=DEFAULT
         One dict per epoch with ``epoch``, ``train_loss``, ``train_acc``, ``test_acc``, ``seconds``,
         ``images_per_second`` (a resumed run's history includes the checkpoint's epochs); and the trained
         model, ``Strategy.model``: for ``"data"`` the replicas (``device_params``, one per context; LeNet's
-        eight arrays are ``device_params[0]``), else the ``ModelParallel``, ``Pipeline`` or ``Hybrid`` object
-        (``.params()`` gives them). Either is what ``parallel.export`` takes. The host queues at most
+        eight arrays are ``device_params[0]``, a block's replica also holds ``.aux``), else the
+        ``ModelParallel``, ``Pipeline`` or ``Hybrid`` object (``.params()`` and ``.aux()`` give them). Either
+        is what ``parallel.export`` takes (``export_lenet``, or ``export_gluon`` for ResNet-18). The host queues at most
         ``IN_FLIGHT`` steps ahead of the devices, then reads the oldest step's loss.
 
     Raises
@@ -282,8 +380,8 @@ def fit(dataset, ctx_list, num_epochs, batch_size, lr, seed=0, algorithm=DEFAULT
     state = start if start is not None else TrainingState(1, 0, 0.0, 0.0, 0.0, epoch_seed(seed, 1), [])
     _check_start(state, seed, per_epoch)
     if not isinstance(strategy, Strategy):
-        strategy = make_strategy(strategy, init_lenet_params(seed) if params is None else params, ctx_list, stages,
-                                 boundaries, micro_batches, batch_size, algorithm, job)
+        strategy = make_strategy(strategy, init_model(model, seed, params, aux), ctx_list, stages, boundaries,
+                                 micro_batches, batch_size, algorithm, job)
     elif job is not None and strategy.job is not job:
         raise ValueError("fit got a job but the strategy was built without it; pass job to make_strategy")
     job = strategy.job
@@ -323,7 +421,7 @@ def fit(dataset, ctx_list, num_epochs, batch_size, lr, seed=0, algorithm=DEFAULT
                 bar.close()
                 here = TrainingState(epoch, b - 1, *totals, epoch_seed(seed, epoch), history)
                 if on_checkpoint is not None:
-                    on_checkpoint(here, strategy.params())
+                    on_checkpoint(here, strategy.params(), strategy.aux())
                 raise TrainingStopped(here)
             in_flight.append((b, *strategy.train_step(X, y, lr)))
             if len(in_flight) > IN_FLIGHT:
@@ -340,7 +438,7 @@ def fit(dataset, ctx_list, num_epochs, batch_size, lr, seed=0, algorithm=DEFAULT
             on_epoch(metrics, history)
         if on_checkpoint is not None:
             on_checkpoint(TrainingState(epoch + 1, 0, 0.0, 0.0, 0.0, epoch_seed(seed, epoch + 1), list(history)),
-                          strategy.params())
+                          strategy.params(), strategy.aux())
     return history, strategy.model
 
 

@@ -36,6 +36,25 @@ def assert_same_parameters(got, want, dtype):
         np.testing.assert_allclose(g, w, rtol=1e-5, atol=atol)
 
 
+def small_cnn(batchnorm=False, dtype="float64", seed=0):
+    """A small gluon CNN of 8x8 one-channel images, initialized and run once (shapes known): 5 children, 7 with
+    BatchNorm."""
+    from mxnet.gluon import nn
+    mx.random.seed(seed)
+    net = nn.HybridSequential()
+    net.add(nn.Conv2D(4, 3, padding=1))
+    if batchnorm:
+        net.add(nn.BatchNorm())
+    net.add(nn.Activation("relu"), nn.MaxPool2D(2), nn.Dense(16, activation="relu"))
+    if batchnorm:
+        net.add(nn.BatchNorm())
+    net.add(nn.Dense(10))
+    net.initialize(mx.init.Xavier())
+    net.cast(dtype)
+    net(mx.nd.zeros((1, 1, 8, 8), dtype=dtype))
+    return net
+
+
 @pytest.fixture
 def rng():
     return np.random.RandomState(1234)

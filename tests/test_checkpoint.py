@@ -72,7 +72,7 @@ def test_interrupted_and_resumed_equals_uninterrupted_bitwise(layout, where, uni
     parameters are bitwise those of the run never stopped, and the history holds every epoch once, equal."""
     saves = []
 
-    def save(state, params):
+    def save(state, params, aux):
         saves.append(state)
         ckpt.save_checkpoint(tmp_path, params, state, {"batch_size": BATCH, "lr": 0.3, "seed": 5})
 
@@ -101,7 +101,7 @@ def test_a_checkpoint_resumes_on_another_layout(source, target, tmp_path):
     """
     with pytest.raises(training.TrainingStopped):
         _run(source, stop=_stop_before(4), lr=0.1,
-             on_checkpoint=lambda state, params: ckpt.save_checkpoint(tmp_path, params, state, {}))
+             on_checkpoint=lambda state, params, aux: ckpt.save_checkpoint(tmp_path, params, state, {}))
     loaded = ckpt.load_checkpoint(tmp_path)
     params, history = _run(target, params=loaded.params, start=loaded.state, lr=0.1)
     assert_same_parameters(params, _run(source, lr=0.1)[0], "float32")
@@ -112,7 +112,7 @@ def test_data_on_2_contexts_resumes_on_4():
     saved = {}
     with pytest.raises(training.TrainingStopped):
         training.fit(DATA, [mx.cpu(0), mx.cpu(1)], EPOCHS, BATCH, 0.1, seed=5, stop=_stop_before(9),
-                     on_checkpoint=lambda state, params: saved.update(state=state, params=[p.copy() for p in params]))
+                     on_checkpoint=lambda state, params, aux: saved.update(state=state, params=[p.copy() for p in params]))
     _, on_two = training.fit(DATA, [mx.cpu(0), mx.cpu(1)], EPOCHS, BATCH, 0.1, seed=5)
     _, on_four = training.fit(DATA, [mx.cpu(i) for i in range(4)], EPOCHS, BATCH, 0.1, seed=5,
                               params=saved["params"], start=saved["state"])
@@ -122,7 +122,7 @@ def test_data_on_2_contexts_resumes_on_4():
 def test_checkpoint_after_every_epoch_and_growing_epochs(tmp_path, uninterrupted):
     states = []
 
-    def save(state, params):
+    def save(state, params, aux):
         states.append((state.epoch, state.batch))
         ckpt.save_checkpoint(tmp_path, params, state, {})
 
@@ -211,3 +211,30 @@ def test_resume_refuses_a_start_from_another_order():
     with pytest.raises(ValueError, match="an epoch here has 7 batches"):
         training.fit(DATA, [mx.cpu(0)], 1, BATCH, 0.3, seed=5, start=state._replace(batch=9,
                                                                                       shuffle_seed=training.epoch_seed(5, 1)))
+
+
+def test_a_checkpoint_written_before_resnet18_loads_as_lenet(tmp_path):
+    """Manifests without a model name (the first format) hold LeNet: they load, and only as LeNet."""
+    state = training.TrainingState(1, 2, 0.5, 1.0, 0.1, training.epoch_seed(0, 1), [])
+    ckpt.save_checkpoint(tmp_path, init_lenet_params(seed=1), state, {"lr": 0.1})
+    manifest_path = tmp_path / ckpt.MANIFEST
+    manifest = json.loads(manifest_path.read_text())
+    assert manifest.pop("model") == "lenet"
+    manifest_path.write_text(json.dumps(manifest))
+    loaded = ckpt.load_checkpoint(tmp_path, model="lenet")
+    assert (loaded.model, len(loaded.params), list(loaded.aux), loaded.state) == ("lenet", 8, [], state)
+    with pytest.raises(ckpt.CheckpointError, match="a checkpoint of lenet, but this run trains resnet18"):
+        ckpt.load_checkpoint(tmp_path, model="resnet18")
+
+
+def test_resnet18_checkpoint_round_trip_with_running_statistics(tmp_path):
+    replica = training.get_params(training.init_model("resnet18", seed=3), mx.cpu())
+    replica.aux[1][:] = 0.5   # running statistics that differ from their initial values
+    state = training.TrainingState(2, 0, 0.0, 0.0, 0.0, training.epoch_seed(0, 2), [{"epoch": 1}])
+    ckpt.save_checkpoint(tmp_path, list(replica), state, {}, aux=replica.aux, model="resnet18")
+    loaded = ckpt.load_checkpoint(tmp_path)
+    assert loaded.model == "resnet18" and (len(loaded.params), len(loaded.aux)) == (76, 34)
+    for got, want in zip(loaded.params + loaded.aux, list(replica) + replica.aux):
+        np.testing.assert_array_equal(got.asnumpy(), want.asnumpy())
+    with pytest.raises(ValueError, match="ResNet-18's running statistics 34 arrays are expected, got 33"):
+        ckpt.save_checkpoint(tmp_path, list(replica), state, {}, aux=replica.aux[:-1], model="resnet18")

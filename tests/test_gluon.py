@@ -5,27 +5,10 @@ import pytest
 from mxnet import autograd, gluon
 from mxnet.gluon import nn
 
-from conftest import assert_same_parameters, contexts
+from conftest import assert_same_parameters, contexts, small_cnn
 from parallel import GluonNet, evaluate_accuracy, get_params, set_block_params, train_batch, train_step
 from parallel.comm import FlatReplica
 from parallel.split import split_and_load
-
-
-def small_cnn(batchnorm=False, dtype="float64", seed=0):
-    """A small CNN of 8x8 one-channel inputs, initialized and run once (shapes known)."""
-    mx.random.seed(seed)
-    net = nn.HybridSequential()
-    net.add(nn.Conv2D(4, 3, padding=1))
-    if batchnorm:
-        net.add(nn.BatchNorm())
-    net.add(nn.Activation("relu"), nn.MaxPool2D(2), nn.Dense(16, activation="relu"))
-    if batchnorm:
-        net.add(nn.BatchNorm())
-    net.add(nn.Dense(10))
-    net.initialize(mx.init.Xavier())
-    net.cast(dtype)
-    net(mx.nd.zeros((1, 1, 8, 8), dtype=dtype))
-    return net
 
 
 def batches(sizes, dtype="float64", seed=0):

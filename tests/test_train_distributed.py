@@ -148,3 +148,20 @@ def test_distributed_flags_outside_or_inside_a_job(monkeypatch, capsys):
     assert main(["--strategy", "pipeline", "--dataset", "synthetic"]) == 2
     assert capsys.readouterr().err.strip() == ("error: a distributed job trains with --strategy data, not pipeline; "
                                                "run the pipeline strategy in one process")
+
+
+def test_resnet18_trains_in_a_job_and_rank_0_exports_it(tmp_path):
+    """ResNet-18 (BatchNorm: statistics per worker, so not the one-context model) runs under the launcher from
+    rank 0's parameters and running statistics; rank 0 alone writes, and the export loads back in gluon."""
+    (tmp_path / "idx").mkdir()
+    data_dir = write_idx_files(tmp_path / "idx", easy_dataset(num_train=6, num_test=3, seed=4))
+    process = launch(2, tmp_path, "--model", "resnet18", "--data-dir", str(data_dir), "--devices", "cpu:1",
+                     "--epochs", "1", "--batch-size", "3", "--lr", "0.05", "--no-progress", "--export", "resnet",
+                     "--metrics-json", "m.json", servers=1)
+    out, err = finish(process)
+    assert process.returncode == 0, err[-3000:]
+    assert sum(" epoch 1, loss " in line for line in out.splitlines()) == 1, out
+    assert len(json.loads((tmp_path / "m.json").read_text())) == 1
+    net = mx.gluon.SymbolBlock.imports(str(tmp_path / "resnet-symbol.json"), ["data"],
+                                       str(tmp_path / "resnet-0000.params"))
+    assert np.isfinite(net(mx.nd.ones((2, 1, 28, 28))).asnumpy()).all()

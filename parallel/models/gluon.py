@@ -79,9 +79,9 @@ class GluonNet:
     """A gluon ``HybridBlock`` as the function ``net(X, params)`` of a replica from ``get_params(block, ctx)``.
 
     ``net(X, params)`` runs the block's graph on ``X``'s context as a cached graph (``static_alloc``,
-    one graph per context and input shape) whose inputs are the replica's arrays: the same values and
-    gradients as the block itself. In training (inside ``autograd.record()``) BatchNorm layers update the
-    replica's running statistics (``params.aux``); outside, they use them.
+    ``static_shape``: one graph per context and input shape) whose inputs are the replica's arrays: the
+    same values and gradients as the block itself. In training (inside ``autograd.record()``) BatchNorm
+    layers update the replica's running statistics (``params.aux``); outside, they use them.
 
     Parameters
     ----------
@@ -148,11 +148,17 @@ class GluonNet:
         return by_name
 
     def __call__(self, X, params):
+        if not autograd.is_training():
+            # In inference MXNet's oneDNN convolution reorders its weight array in place into a blocked
+            # layout, which a view into a replica's flat buffer cannot take (it writes past the view, or
+            # fails MXNet's is_view check and crashes the process): run on copies, made for this call.
+            params = _Copies(params)
         by_name = self._arrays(X, params)
         graphs = self._graphs.setdefault(X.context, collections.OrderedDict())
         graph = graphs.get(X.shape)
         if graph is None:
-            graph = graphs[X.shape] = mx.nd.CachedOp(self.symbol, flags=[("static_alloc", True)])
+            graph = graphs[X.shape] = mx.nd.CachedOp(self.symbol,
+                                                     flags=[("static_alloc", True), ("static_shape", True)])
             self.graphs_built += 1
             if len(graphs) > self.max_shapes:
                 graphs.popitem(last=False)
@@ -184,6 +190,15 @@ class GluonNet:
                 outputs[index] = [_invoke(node["op"], args, attrs) for args in inputs]
         i, j, _ = self._head
         return [out[j] for out in outputs[i]]
+
+
+class _Copies(list):
+    """Copies of a replica's trainable arrays (not views into its buffer), with its ``names`` and ``aux``."""
+
+    def __init__(self, params):
+        super().__init__(param.copy() for param in params)
+        self.names = getattr(params, "names", None)
+        self.aux = getattr(params, "aux", ())
 
 
 def _invoke(op, args, attrs):

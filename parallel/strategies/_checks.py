@@ -26,11 +26,12 @@ def check_contexts(ctx_list, needed=1, what="this"):
                          "use fewer stages or more contexts")
 
 
-def check_batch(X, y, loss):
-    """Raise unless ``X`` and ``y`` hold the same number (>= 1) of examples, and ``y`` holds LeNet's classes
-    (see ``parallel.step.check_labels``)."""
+def check_batch(X, y, loss, num_classes=LENET_SHAPES[-1][0]):
+    """Raise unless ``X`` and ``y`` hold the same number (>= 1) of examples, and ``y`` holds ``num_classes``
+    classes (LeNet's 10 by default; ``None``: not checked here, see ``parallel.step.check_labels``)."""
     if X.shape[0] != y.shape[0]:
         raise ValueError(f"X has {X.shape[0]} examples but y has {y.shape[0]}; give one label per example")
     if X.shape[0] < 1:
         raise ValueError("cannot train on an empty batch (0 examples); give at least one example")
-    check_labels(y, LENET_SHAPES[-1][0], loss)
+    if num_classes is not None:
+        check_labels(y, num_classes, loss)

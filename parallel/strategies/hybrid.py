@@ -14,6 +14,11 @@ that hold stage ``s`` only (cpu(0) with cpu(2), cpu(1) with cpu(3)); then every 
 '2 replicas x 2 stages: conv1,conv2 @ cpu(0),cpu(2) | dense1,dense2 @ cpu(1),cpu(3)'
 >>> X, y = mx.nd.ones((8, 1, 28, 28)), mx.nd.array([0, 1, 2, 3, 4, 5, 6, 7])
 >>> loss_sum, correct = model.train_step(X, y, lr=0.2)   # the same step as train_batch on one context
+
+A gluon ``HybridSequential`` is cut at its children, as ``ModelParallel`` cuts it. The replicas run stage by
+stage in lockstep (stage ``s`` on every replica, then stage ``s+1``), so a stage with BatchNorm normalises
+over the whole batch, not over one replica's shard (``GluonNet.forward_all`` sums the statistics across the
+contexts holding the stage): the same model as one context, and the same running statistics on every replica.
 """
 from mxnet import autograd
 
@@ -22,8 +27,8 @@ from ..evaluate import accuracy
 from ..models import softmax_cross_entropy
 from ..split import split_and_load
 from ..step import allreduce_grads, check_lr, loss_and_correct
-from ._checks import check_batch, check_contexts
-from .model_parallel import ModelParallel, _describe, stage_ranges
+from ._checks import check_contexts
+from .model_parallel import ModelParallel, _Cut, _forward_all
 
 __all__ = ["Hybrid", "hybrid_groups"]
 
@@ -54,8 +59,9 @@ class Hybrid:
 
     Parameters
     ----------
-    params : list of NDArray
-        LeNet's eight parameters; copied to every replica, not modified.
+    model : list of NDArray, or mxnet.gluon.nn.HybridSequential
+        LeNet's eight parameters, or an initialized gluon ``HybridSequential`` with known shapes, cut at its
+        children (see ``ModelParallel``); copied to every replica, not modified.
     ctx_list : list of mxnet.Context
         Distinct contexts, a multiple of the number of stages: replica ``r`` holds stage ``s`` on
         ``ctx_list[r*S + s]``.
@@ -67,36 +73,68 @@ class Hybrid:
     Attributes
     ----------
     replicas : list of ModelParallel
-        ``replicas[r]`` runs on ``ctx_list[r*S:(r+1)*S]``; all hold the same values after every step.
+        ``replicas[r]`` runs on ``ctx_list[r*S:(r+1)*S]``; all hold the same values (and running statistics)
+        after every step.
+    nets : list of callable
+        ``nets[s](X, params)`` runs stage ``s``, shared by the replicas.
     ranges, ctx_list, algorithm
     """
 
-    def __init__(self, params, ctx_list, stages=None, boundaries=None, algorithm=DEFAULT_ALGORITHM):
+    def __init__(self, model, ctx_list, stages=None, boundaries=None, algorithm=DEFAULT_ALGORITHM):
         if algorithm not in ALLREDUCE_ALGORITHMS:
             raise ValueError(f"unknown allreduce algorithm {algorithm!r}; choose one of "
                              f"{', '.join(sorted(ALLREDUCE_ALGORITHMS))}")
-        self.ranges = stage_ranges(stages, boundaries)
+        cut = _Cut(model, stages, boundaries)
+        self.ranges, self.nets = cut.ranges, cut.nets
         groups = hybrid_groups(ctx_list, len(self.ranges))
         self.ctx_list = list(ctx_list)
         self.algorithm = algorithm
-        boundaries = [start for start, _ in self.ranges[1:]]
-        self.replicas = [ModelParallel(params, group, boundaries=boundaries) for group in groups]
+        self._cut = cut
+        self.replicas = [ModelParallel._from_cut(cut, group) for group in groups]
 
     def __repr__(self):
         return f"Hybrid({self.describe()})"
 
     def describe(self):
         """One line: each stage and the contexts holding it, e.g.
-        '2 replicas x 2 stages: conv1,conv2 @ cpu(0),cpu(2) | dense1,dense2 @ cpu(1),cpu(3)'."""
-        names = _describe(self.ranges).split(" | ")
+        '2 replicas x 2 stages: conv1,conv2 @ cpu(0),cpu(2) | dense1,dense2 @ cpu(1),cpu(3)' (for a block:
+        'children 0-2 @ cpu(0),cpu(2) | 3-6 @ cpu(1),cpu(3)')."""
+        names = self._cut.labels
         return (f"{len(self.replicas)} replica{'s' if len(self.replicas) > 1 else ''} x {len(self.ranges)} "
                 f"stage{'s' if len(self.ranges) > 1 else ''}: " +
                 " | ".join(f"{name} @ {','.join(str(r.ctx_list[s]) for r in self.replicas)}"
                            for s, name in enumerate(names)))
 
     def params(self):
-        """Replica 0's eight LeNet parameters (every replica holds the same values)."""
+        """Replica 0's trainable arrays (every replica holds the same values), in ``ModelParallel.params``
+        order: LeNet's eight, or the block's in ``block_state(block)[0]`` order."""
         return self.replicas[0].params()
+
+    def aux(self):
+        """Replica 0's running statistics (identical on every replica) in ``block_state(block)[2]`` order;
+        ``[]`` for LeNet."""
+        return self.replicas[0].aux()
+
+    def names(self):
+        """The block's trainable parameter names, in ``params()`` order; ``[]`` for LeNet."""
+        return self.replicas[0].names()
+
+    def aux_names(self):
+        """The names of ``aux()``'s arrays; ``[]`` for LeNet."""
+        return self.replicas[0].aux_names()
+
+    def forward_all(self, X_shards):
+        """Outputs of each shard ``X_shards[r]`` through replica ``r``, stage by stage in lockstep.
+
+        Stage ``s`` runs on every replica before stage ``s+1`` (``forward_all`` of the stage's net): in
+        training, a block's BatchNorm normalises over all the shards together. Returns the outputs, each on
+        its replica's last context; nothing waits for the devices.
+        """
+        replicas = self.replicas[:len(X_shards)]
+        for s, net in enumerate(self.nets):
+            X_shards = [X.as_in_context(replica.ctx_list[s]) for X, replica in zip(X_shards, replicas)]
+            X_shards = _forward_all(net, X_shards, [replica.stage_params[s] for replica in replicas])
+        return X_shards
 
     def allreduce_grads(self, active=None):
         """Sum the gradients of each stage across the replicas holding it, in place (``allreduce_grads``).
@@ -126,16 +164,21 @@ class Hybrid:
         -------
         (NDArray, NDArray)
             Summed loss and count of correct predictions, each (1,) on ``ctx_list[0]``, not yet computed.
-            Every replica's parameters are updated in place.
+            Every replica's parameters (and a block's running statistics) are updated in place.
         """
         check_lr(lr)
-        check_batch(X, y, loss)
+        first = self.replicas[0]
+        first._check_batch(X, y, loss)
         X_shards = split_and_load(X, [replica.ctx_list[0] for replica in self.replicas])
         y_shards = split_and_load(y, [replica.ctx_list[-1] for replica in self.replicas])
         with autograd.record():
-            outputs = [replica.forward(X_shard) for replica, X_shard in zip(self.replicas, X_shards)]
+            outputs = self.forward_all(X_shards)
             losses = [loss(out, y_shard) for out, y_shard in zip(outputs, y_shards)]
+        first._check_labels(y, outputs, loss)   # before anything is updated
         autograd.backward(losses)
+        for replica in self.replicas[len(X_shards):]:   # an idle replica takes the running statistics of the first
+            for first_aux, aux in zip(first.aux(), replica.aux()):
+                first_aux.copyto(aux)
         self.allreduce_grads(active=len(X_shards))
         for replica in self.replicas:
             replica.update(lr, X.shape[0])

@@ -1,10 +1,12 @@
-"""Model parallelism: LeNet cut into stages, each stage on its own context.
+"""Model parallelism: a model cut into stages, each stage on its own context.
 
-A *stage* is a run of consecutive layers of ``parallel.models.LENET_LAYERS`` (conv1, conv2, dense1, dense2).
-Stage boundaries are layer indices: ``boundaries=[2]`` makes the stages [0, 2) and [2, 4) (the convolutional
-part, then the dense part); ``stages=N`` splits the four layers as evenly as possible. Stage ``s`` runs on
-``ctx_list[s]``; its output is copied to the next stage's context inside ``autograd.record()``, where MXNet
-records the copy, so the backward pass sends gradients back across the same contexts:
+A *stage* is a run of consecutive layers: of ``parallel.models.LENET_LAYERS`` (conv1, conv2, dense1, dense2)
+for LeNet's parameter list, or of the children of a gluon ``HybridSequential`` (``init_resnet18()`` has seven:
+stem, four stages of residual blocks, pooling, classifier). Stage boundaries are layer (child) indices:
+``boundaries=[2]`` makes the stages [0, 2) and [2, 4) (LeNet's convolutional part, then its dense part);
+``stages=N`` splits the layers as evenly as possible. Stage ``s`` runs on ``ctx_list[s]``; its output is copied
+to the next stage's context inside ``autograd.record()``, where MXNet records the copy, so the backward pass
+sends gradients back across the same contexts:
 
 >>> import mxnet as mx
 >>> from parallel import init_lenet_params
@@ -17,24 +19,31 @@ ModelParallel(conv1,conv2 @ cpu(0) | dense1,dense2 @ cpu(1))
 >>> loss_sum.shape, loss_sum.context
 ((1,), cpu(0))
 
+A gluon block is cut at its children; each stage is a ``HybridSequential`` of its children, run as one cached
+graph (``GluonNet``) on a flat replica of its own parameters (``get_params(stage, ctx)``). The whole batch
+goes through every stage, so BatchNorm sees the whole batch: the same model as one context.
+
+>>> from parallel import init_resnet18
+>>> ModelParallel(init_resnet18(seed=0), [mx.cpu(0), mx.cpu(1)], boundaries=[3])
+ModelParallel(children 0-2 @ cpu(0) | 3-6 @ cpu(1))
+
 Only one stage computes at a time (stage s+1 waits for stage s): the point is to fit a model that does not
 fit on one device, not speed. ``parallel.strategies.pipeline`` overlaps the stages with micro-batches.
 """
-from mxnet import autograd
+from mxnet import autograd, gluon
 
 from ..comm import get_params
 from ..evaluate import accuracy
-from ..models import LENET_LAYERS, LENET_SHAPES, lenet_layers, softmax_cross_entropy
+from ..models import LENET_LAYERS, LENET_SHAPES, GluonNet, block_state, lenet_layers, softmax_cross_entropy
 from ..settings import DEFAULT_STAGES
 from ..split import shard_sizes
-from ..step import check_lr, loss_and_correct, update_replicas
+from ..step import check_labels, check_lr, loss_and_correct, update_replicas
 from ._checks import check_batch, check_contexts, is_int
 
 __all__ = ["stage_ranges", "forward_stages", "ModelParallel"]
 
 
-
-def stage_ranges(stages=None, boundaries=None, num_layers=len(LENET_LAYERS)):
+def stage_ranges(stages=None, boundaries=None, num_layers=len(LENET_LAYERS), what=None, unit="layer"):
     """The layer range ``(start, stop)`` of each stage.
 
     Parameters
@@ -47,7 +56,9 @@ def stage_ranges(stages=None, boundaries=None, num_layers=len(LENET_LAYERS)):
         boundary ``b`` cuts between layer ``b - 1`` and layer ``b``. ``[]`` is one stage.
         Give ``stages`` or ``boundaries``, not both.
     num_layers : int
-        Layers in the model (LeNet's four by default).
+        Layers in the model (LeNet's four by default; a ``HybridSequential``'s ``len(block)`` children).
+    what, unit : str
+        How error messages name the model's layers (default "LeNet's 4 layers") and one of them ("layer").
 
     Returns
     -------
@@ -59,6 +70,7 @@ def stage_ranges(stages=None, boundaries=None, num_layers=len(LENET_LAYERS)):
     ValueError, TypeError
         For more stages than layers, a boundary outside the model, unsorted or repeated boundaries.
     """
+    what = f"LeNet's {num_layers} layers" if what is None else what
     if stages is not None and boundaries is not None:
         raise ValueError(f"give stages or boundaries, not both (got stages={stages!r}, "
                          f"boundaries={list(boundaries)!r})")
@@ -67,8 +79,7 @@ def stage_ranges(stages=None, boundaries=None, num_layers=len(LENET_LAYERS)):
         if not is_int(stages):
             raise TypeError(f"stages must be an int, got {stages!r}")
         if not 1 <= stages <= num_layers:
-            raise ValueError(f"{stages} stages cannot split LeNet's {num_layers} layers; "
-                             f"use 1 to {num_layers} stages")
+            raise ValueError(f"{stages} stages cannot split {what}; use 1 to {num_layers} stages")
         cuts, start = [], 0
         for size in shard_sizes(num_layers, stages)[:-1]:
             start += size
@@ -77,10 +88,10 @@ def stage_ranges(stages=None, boundaries=None, num_layers=len(LENET_LAYERS)):
         cuts = list(boundaries)
         for b in cuts:
             if not is_int(b):
-                raise TypeError(f"stage boundaries must be layer indices (ints), got {b!r}")
+                raise TypeError(f"stage boundaries must be {unit} indices (ints), got {b!r}")
             if not 1 <= b < num_layers:
-                raise ValueError(f"stage boundary {b} is outside LeNet's {num_layers} layers; a boundary b "
-                                 f"cuts before layer b, so use values in 1..{num_layers - 1}")
+                raise ValueError(f"stage boundary {b} is outside {what}; a boundary b cuts before {unit} b, "
+                                 f"so use values in 1..{num_layers - 1}")
         if any(a >= b for a, b in zip(cuts, cuts[1:])):
             raise ValueError(f"stage boundaries {cuts} must be strictly increasing without repeats, "
                              f"e.g. {sorted(set(cuts))}")
@@ -93,79 +104,188 @@ def _describe(ranges):
     return " | ".join(",".join(name for name, _ in LENET_LAYERS[start:stop]) for start, stop in ranges)
 
 
-def forward_stages(X, stage_params, ranges):
+class _LenetStage:
+    """LeNet's layers ``start .. stop-1`` as a function ``net(X, params)`` of their parameters."""
+
+    def __init__(self, start, stop):
+        self.start, self.stop = start, stop
+
+    def __call__(self, X, params):
+        return lenet_layers(X, params, self.start, self.stop)
+
+
+class _Cut:
+    """A model cut into stages, not yet placed: what stage ``s`` runs (``nets[s]``, a function
+    ``net(X, params)``) and what ``get_params`` copies to its context (``sources[s]``)."""
+
+    def __init__(self, model, stages=None, boundaries=None):
+        if isinstance(model, gluon.Block):
+            self._cut_block(model, stages, boundaries)
+        elif isinstance(model, (list, tuple)):
+            if len(model) != len(LENET_SHAPES):
+                raise ValueError(f"params has {len(model)} arrays but LeNet takes {len(LENET_SHAPES)}; "
+                                 "use init_lenet_params")
+            self.block = None
+            self.ranges = stage_ranges(stages, boundaries)
+            self.sources = [list(model[2 * start:2 * stop]) for start, stop in self.ranges]
+            self.nets = [_LenetStage(start, stop) for start, stop in self.ranges]
+            self.names, self.aux_names = [], []
+            self.labels = _describe(self.ranges).split(" | ")
+        else:
+            raise TypeError(f"model must be LeNet's list of parameters (init_lenet_params) or an initialized "
+                            f"gluon HybridSequential, got {type(model).__name__}")
+
+    def _cut_block(self, block, stages, boundaries):
+        if not isinstance(block, gluon.nn.HybridSequential):
+            raise TypeError(f"a gluon model is cut at its children, so it must be a gluon HybridSequential, got "
+                            f"{type(block).__name__}; put its parts in an nn.HybridSequential")
+        if len(block) == 0:
+            raise ValueError("the HybridSequential has no children to cut into stages; add its layers first")
+        self.block = block
+        self.names, _, self.aux_names, _ = block_state(block)   # ValueError while shapes are unknown
+        self.ranges = stage_ranges(stages, boundaries, len(block), what=f"the block's {len(block)} children",
+                                   unit="child")
+        self.sources = []
+        for s, (start, stop) in enumerate(self.ranges):
+            # An explicit prefix: no new name is drawn from gluon's global counters. The children are
+            # shared with ``block``, not copied; their parameter names are the block's own.
+            stage = gluon.nn.HybridSequential(prefix=f"{block.prefix}stage{s}_")
+            for i in range(start, stop):
+                stage.add(block[i])
+            self.sources.append(stage)
+        self.nets = [GluonNet(stage) for stage in self.sources]
+        self.labels = [f"{start}" if stop - start == 1 else f"{start}-{stop - 1}" for start, stop in self.ranges]
+        self.labels[0] = f"children {self.labels[0]}"
+
+
+def _forward_all(net, X_shards, device_params):
+    """``net`` on every shard, each on its replica's context: ``net.forward_all`` when it has one (a
+    ``GluonNet``: BatchNorm over all the shards at once), else ``[net(X, params) for ...]``."""
+    method = getattr(net, "forward_all", None)
+    if method is not None:
+        return method(X_shards, device_params)
+    return [net(X, params) for X, params in zip(X_shards, device_params)]
+
+
+def forward_stages(X, stage_params, ranges, nets=None):
     """Run ``X`` through the stages; each stage runs on the context of its parameters.
 
     Parameters
     ----------
     X : NDArray
-        Images (batch, 1, 28, 28) on any context; they are copied to the first stage's context.
+        Inputs on any context (LeNet's images are (batch, 1, 28, 28)); copied to the first stage's context.
     stage_params : list of list of NDArray
-        ``stage_params[s]`` holds the parameters of layers ``ranges[s]``, all on one context.
+        ``stage_params[s]`` holds the parameters of stage ``s`` (``ranges[s]``), all on one context.
     ranges : list of (int, int)
         From ``stage_ranges``.
+    nets : list of callable, optional
+        ``nets[s](X, params)`` runs stage ``s`` (``ModelParallel.nets``); default: LeNet's layers ``ranges[s]``.
 
     Returns
     -------
     NDArray
-        Logits (batch, 10) on the last stage's context. Inside ``autograd.record()`` the copies between
-        contexts are recorded, so ``backward`` sends each stage's input gradient back to the previous
-        stage's context. Nothing waits for the devices.
+        Outputs (LeNet's logits (batch, 10)) on the last stage's context. Inside ``autograd.record()`` the
+        copies between contexts are recorded, so ``backward`` sends each stage's input gradient back to the
+        previous stage's context. Nothing waits for the devices.
     """
-    for params, (start, stop) in zip(stage_params, ranges):
-        X = lenet_layers(X.as_in_context(params[0].context), params, start, stop)
+    nets = [_LenetStage(start, stop) for start, stop in ranges] if nets is None else nets
+    for net, params in zip(nets, stage_params):
+        X = net(X.as_in_context(params[0].context), params)
     return X
 
 
 class ModelParallel:
-    """LeNet cut into stages, stage ``s`` on ``ctx_list[s]``, trained with the same SGD step as ``train_batch``.
+    """A model cut into stages, stage ``s`` on ``ctx_list[s]``, trained with the same SGD step as ``train_batch``.
 
     Parameters
     ----------
-    params : list of NDArray
-        LeNet's eight parameters (``init_lenet_params``); copied, not modified.
+    model : list of NDArray, or mxnet.gluon.nn.HybridSequential
+        LeNet's eight parameters (``init_lenet_params``), cut at ``LENET_LAYERS``; or an initialized gluon
+        ``HybridSequential`` whose shapes are known (run it once on an example batch), cut at its children:
+        stage ``s`` is a ``HybridSequential`` of its children, run as one cached graph (``GluonNet``). Copied,
+        not modified.
     ctx_list : list of mxnet.Context
         Distinct contexts, at least one per stage; stage ``s`` lives on ``ctx_list[s]`` and contexts beyond
         the number of stages are not used.
     stages, boundaries
-        Where to cut, see ``stage_ranges`` (default: two stages, [0, 2) and [2, 4)).
+        Where to cut, see ``stage_ranges`` (default: two stages; LeNet's [0, 2) and [2, 4)).
 
     Attributes
     ----------
     ranges : list of (int, int)
-        The layer range of each stage.
+        The layer (child) range of each stage.
     ctx_list : list of mxnet.Context
         The contexts used, one per stage.
+    nets : list of callable
+        ``nets[s](X, params)`` runs stage ``s``.
     stage_params : list of list of NDArray
-        ``stage_params[s]``: the parameters of stage ``s`` on ``ctx_list[s]``, gradients attached
-        (from ``get_params``). Updated in place by ``train_step``.
+        ``stage_params[s]``: the parameters of stage ``s`` on ``ctx_list[s]``, gradients attached (from
+        ``get_params``; for a block, a ``FlatReplica`` whose ``aux`` holds the stage's BatchNorm running
+        statistics). Updated in place by ``train_step``.
+
+    Raises
+    ------
+    TypeError
+        For a model that is neither a list of arrays nor a ``HybridSequential``.
+    ValueError
+        For a list that is not LeNet's eight arrays, a block without known shapes or children, a bad layout
+        (``stage_ranges``), too few contexts.
     """
 
-    def __init__(self, params, ctx_list, stages=None, boundaries=None):
-        if len(params) != len(LENET_SHAPES):
-            raise ValueError(f"params has {len(params)} arrays but LeNet takes {len(LENET_SHAPES)}; "
-                             "use init_lenet_params")
-        self.ranges = stage_ranges(stages, boundaries)
+    def __init__(self, model, ctx_list, stages=None, boundaries=None):
+        self._place(_Cut(model, stages, boundaries), ctx_list)
+
+    @classmethod
+    def _from_cut(cls, cut, ctx_list):
+        """A ``ModelParallel`` of an existing ``_Cut`` (``Hybrid``'s replicas share one)."""
+        model = cls.__new__(cls)
+        model._place(cut, ctx_list)
+        return model
+
+    def _place(self, cut, ctx_list):
+        self._cut = cut
+        self.ranges = cut.ranges
+        self.nets = cut.nets
         check_contexts(ctx_list, len(self.ranges), f"{len(self.ranges)} stages")
         self.ctx_list = list(ctx_list[:len(self.ranges)])
-        self.stage_params = [get_params(params[2 * start:2 * stop], ctx)
-                             for (start, stop), ctx in zip(self.ranges, self.ctx_list)]
+        self.stage_params = [get_params(source, ctx) for source, ctx in zip(cut.sources, self.ctx_list)]
 
     def __repr__(self):
         return f"{type(self).__name__}({self.describe()})"
 
     def describe(self):
-        """One line: the stages and where they run, e.g. 'conv1,conv2 @ cpu(0) | dense1,dense2 @ cpu(1)'."""
-        return " | ".join(f"{names} @ {ctx}" for names, ctx in
-                          zip(_describe(self.ranges).split(" | "), self.ctx_list))
+        """One line: the stages and where they run, e.g. 'conv1,conv2 @ cpu(0) | dense1,dense2 @ cpu(1)' for
+        LeNet, 'children 0-2 @ cpu(0) | 3-6 @ cpu(1)' for a block."""
+        return " | ".join(f"{label} @ {ctx}" for label, ctx in zip(self._cut.labels, self.ctx_list))
 
     def params(self):
-        """LeNet's eight parameters in ``LENET_SHAPES`` order: the live arrays, each on its stage's context."""
-        return [param for params in self.stage_params for param in params]
+        """The model's trainable arrays, live, each on its stage's context: LeNet's eight in ``LENET_SHAPES``
+        order, or a block's in the order of its trainable names (``block_state(block)[0]``, ``names()``)."""
+        arrays = [param for params in self.stage_params for param in params]
+        if self._cut.block is None:
+            return arrays
+        by_name = dict(zip([name for params in self.stage_params for name in params.names], arrays))
+        return [by_name[name] for name in self._cut.names]
+
+    def aux(self):
+        """The block's arrays that are not trained (BatchNorm's running statistics), live, each on its stage's
+        context, in ``aux_names()`` order (``block_state(block)[2]``); ``[]`` for LeNet."""
+        by_name = {name: array for params in self.stage_params
+                   for name, array in zip(getattr(params, "aux_names", ()), getattr(params, "aux", ()))}
+        return [by_name[name] for name in self._cut.aux_names]
+
+    def names(self):
+        """The block's trainable parameter names, in ``params()`` order; ``[]`` for LeNet."""
+        return list(self._cut.names)
+
+    def aux_names(self):
+        """The names of ``aux()``'s arrays; ``[]`` for LeNet."""
+        return list(self._cut.aux_names)
 
     def forward(self, X):
-        """Logits of ``X`` on the last stage's context (see ``forward_stages``)."""
-        return forward_stages(X, self.stage_params, self.ranges)
+        """Outputs of ``X`` on the last stage's context (see ``forward_stages``); outside ``autograd.record()``
+        BatchNorm uses its running statistics."""
+        return forward_stages(X, self.stage_params, self.ranges, self.nets)
 
     def __call__(self, X):
         return self.forward(X)
@@ -174,7 +294,16 @@ class ModelParallel:
         """SGD on every stage, in place: ``param -= lr * param.grad / batch_size`` (``update_replicas``)."""
         update_replicas(self.stage_params, lr, batch_size)
 
-    def _train_parts(self, X_parts, y_parts, lr, batch_size, loss):
+    def _check_batch(self, X, y, loss):
+        """``check_batch``; LeNet's labels are checked against its 10 classes here, a block's after the forward
+        (``_check_labels``), when its number of outputs is known."""
+        check_batch(X, y, loss, None if self._cut.block is not None else LENET_SHAPES[-1][0])
+
+    def _check_labels(self, y, outputs, loss):
+        if self._cut.block is not None:
+            check_labels(y, outputs[0].shape[-1], loss)
+
+    def _train_parts(self, X_parts, y_parts, lr, batch_size, loss, y=None):
         """Forward every part (recorded), then one backward over all of their losses, then one update.
 
         ``autograd.backward`` over the list of losses sums each parameter's gradient over the parts: the
@@ -183,6 +312,8 @@ class ModelParallel:
         with autograd.record():
             outputs = [self.forward(X_part) for X_part in X_parts]
             losses = [loss(out, y_part) for out, y_part in zip(outputs, y_parts)]
+        if y is not None:
+            self._check_labels(y, outputs, loss)   # before anything is updated
         autograd.backward(losses)
         self.update(lr, batch_size)
         return loss_and_correct(outputs, y_parts, losses, self.ctx_list[0])
@@ -193,7 +324,7 @@ class ModelParallel:
         Parameters
         ----------
         X, y : NDArray
-            A batch of images and labels (any context, any batch size >= 1).
+            A batch of inputs and labels (any context, any batch size >= 1).
         lr : float
             Learning rate; the summed gradient is divided by ``len(X)``, as in ``train_batch``.
         loss : callable
@@ -203,11 +334,11 @@ class ModelParallel:
         -------
         (NDArray, NDArray)
             Summed loss and count of correct predictions, each (1,) on ``ctx_list[0]``, not yet computed.
-            ``stage_params`` are updated in place.
+            ``stage_params`` (and a block's running statistics) are updated in place.
         """
         check_lr(lr)
-        check_batch(X, y, loss)
-        return self._train_parts([X], [y.as_in_context(self.ctx_list[-1])], lr, X.shape[0], loss)
+        self._check_batch(X, y, loss)
+        return self._train_parts([X], [y.as_in_context(self.ctx_list[-1])], lr, X.shape[0], loss, y)
 
     def evaluate(self, data_iter):
         """Accuracy over ``data_iter``, whole batches through the stages (see ``parallel.evaluate.accuracy``)."""

@@ -18,12 +18,18 @@ the forward (and of the backward): the *bubble fraction* ``(K-1)/(M+K-1)``:
 
 The overlap needs stages that compute at the same time on separate hardware; CPU contexts that share the
 same cores cannot (see benchmarks/pipeline.py).
+
+BatchNorm. A gluon ``HybridSequential`` with BatchNorm (``init_resnet18()``) is *not* trained as on one
+context: each micro-batch is normalised by its own mean and variance, and the running statistics are
+updated once per micro-batch, as GPipe does. Gradients are then those of M smaller batches, not of the
+batch; ``ModelParallel`` (the whole batch through each stage) and ``Hybrid`` (statistics synchronized
+across its replicas) train the one-context model. Without BatchNorm the pipeline is exact.
 """
 from ..models import softmax_cross_entropy
 from ..settings import DEFAULT_MICRO_BATCHES
 from ..split import split_and_load
 from ..step import check_lr
-from ._checks import check_batch, is_int
+from ._checks import is_int
 from .model_parallel import ModelParallel
 
 __all__ = ["Pipeline", "bubble_fraction", "DEFAULT_MICRO_BATCHES"]
@@ -53,10 +59,15 @@ def bubble_fraction(stages, micro_batches):
 class Pipeline(ModelParallel):
     """``ModelParallel`` trained on micro-batches: all forwards, all backwards, one update per batch.
 
+    The same step as ``train_batch`` on one context for LeNet and for blocks without BatchNorm; a block's
+    BatchNorm normalises each micro-batch separately (see the module's docstring), so with BatchNorm it is
+    another model.
+
     Parameters
     ----------
-    params, ctx_list, stages, boundaries
-        As for ``ModelParallel``: stage ``s`` on ``ctx_list[s]``.
+    model, ctx_list, stages, boundaries
+        As for ``ModelParallel`` (LeNet's parameters or a gluon ``HybridSequential``): stage ``s`` on
+        ``ctx_list[s]``.
     micro_batches : int
         M >= 1, micro-batches per batch. ``train_step`` refuses a batch with fewer than M examples.
 
@@ -67,9 +78,9 @@ class Pipeline(ModelParallel):
         As for ``ModelParallel``.
     """
 
-    def __init__(self, params, ctx_list, stages=None, boundaries=None, micro_batches=DEFAULT_MICRO_BATCHES):
+    def __init__(self, model, ctx_list, stages=None, boundaries=None, micro_batches=DEFAULT_MICRO_BATCHES):
         _check_micro_batches(micro_batches)
-        super().__init__(params, ctx_list, stages, boundaries)
+        super().__init__(model, ctx_list, stages, boundaries)
         self.micro_batches = int(micro_batches)
 
     def describe(self):
@@ -81,7 +92,8 @@ class Pipeline(ModelParallel):
         return bubble_fraction(len(self.ranges), self.micro_batches)
 
     def train_step(self, X, y, lr, loss=softmax_cross_entropy, micro_batches=None):
-        """One SGD step on the batch, computed in micro-batches; the same step as ``train_batch``.
+        """One SGD step on the batch, computed in micro-batches; the same step as ``train_batch`` (but for
+        BatchNorm, which normalises each micro-batch).
 
         Parameters
         ----------
@@ -106,7 +118,7 @@ class Pipeline(ModelParallel):
             When the batch has fewer examples than micro-batches.
         """
         check_lr(lr)
-        check_batch(X, y, loss)
+        self._check_batch(X, y, loss)
         m = self.micro_batches if micro_batches is None else micro_batches
         _check_micro_batches(m)
         if m > X.shape[0]:
@@ -115,4 +127,4 @@ class Pipeline(ModelParallel):
         # split_and_load over M copies of one context: M micro-batches, sizes differing by at most one
         X_parts = split_and_load(X, [self.ctx_list[0]] * m)
         y_parts = split_and_load(y, [self.ctx_list[-1]] * m)
-        return self._train_parts(X_parts, y_parts, lr, X.shape[0], loss)
+        return self._train_parts(X_parts, y_parts, lr, X.shape[0], loss, y)

@@ -1,0 +1,74 @@
+"""A small real dataset for ResNet-18 on a CPU: scikit-learn's handwritten digits as MNIST-format IDX files.
+
+scikit-learn bundles UCI's 1797 8x8 images of handwritten digits (16 grey levels, no download). This script
+scales them to 0..255, resizes them to 28x28 (bilinear, ``mx.nd.contrib.BilinearResize2D``), shuffles them with
+``--seed`` and writes the first ``--num-train`` as the training set, the rest as the test set, in the four IDX
+files of an MNIST-format directory (each written atomically by ``parallel.data.write_idx``), which
+``python -m parallel.train --data-dir DIR`` reads:
+
+    python benchmarks/digits_dataset.py --out digits
+    python -m parallel.train --model resnet18 --data-dir digits --devices cpu:1 --epochs 3 --batch-size 64 --lr 0.05
+
+Needs scikit-learn (``pip install scikit-learn``), which the package itself does not depend on.
+"""
+import argparse
+import os
+import sys
+
+import numpy as np
+
+
+def digits_dataset(num_train=1500, size=28, seed=0):
+    """scikit-learn's digits as a ``parallel.data.Dataset``: uint8 images (n, size, size), uint8 labels.
+
+    Parameters
+    ----------
+    num_train : int
+        Examples in the training set (1 .. 1796); the other 1797 - num_train are the test set.
+    size : int
+        Side of the resized images (>= 8).
+    seed : int
+        Seeds the shuffle that splits the examples.
+    """
+    import mxnet as mx
+    from sklearn.datasets import load_digits
+    from parallel.data import Dataset
+
+    digits = load_digits()
+    n = len(digits.target)
+    if not 1 <= num_train < n:
+        raise ValueError(f"--num-train must be between 1 and {n - 1} (the digits hold {n} examples), got {num_train}")
+    if size < 8:
+        raise ValueError(f"--size must be >= 8 (the digits are 8x8), got {size}")
+    images = mx.nd.array(digits.images[:, None] * (255.0 / 16.0))   # 0..16 grey levels -> 0..255
+    resized = mx.nd.contrib.BilinearResize2D(images, height=size, width=size).asnumpy()[:, 0]
+    images = np.clip(np.rint(resized), 0, 255).astype(np.uint8)
+    labels = digits.target.astype(np.uint8)
+    order = np.random.RandomState(seed).permutation(n)
+    train, test = order[:num_train], order[num_train:]
+    return Dataset(images[train], labels[train], images[test], labels[test])
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description="Write scikit-learn's digits, resized, as MNIST-format IDX files.")
+    parser.add_argument("--out", required=True, help="directory to write the four IDX files into (created)")
+    parser.add_argument("--num-train", type=int, default=1500, help="training examples; the rest are the test set "
+                                                                    "(default 1500 of 1797)")
+    parser.add_argument("--size", type=int, default=28, help="side of the resized images (default 28)")
+    parser.add_argument("--seed", type=int, default=0, help="seeds the train/test split (default 0)")
+    args = parser.parse_args(argv)
+    from parallel.data import FILES, write_idx
+    try:
+        dataset = digits_dataset(args.num_train, args.size, args.seed)
+    except ValueError as e:
+        parser.error(str(e))
+    os.makedirs(args.out, exist_ok=True)
+    for role, name in FILES.items():
+        write_idx(os.path.join(args.out, name), getattr(dataset, role))
+    print(f"wrote {len(dataset.train_labels)} train / {len(dataset.test_labels)} test digits of "
+          f"{args.size}x{args.size} to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
