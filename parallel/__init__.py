@@ -30,7 +30,7 @@ _SOURCES = {
                "resnet18", "init_resnet18"],
     "evaluate": ["evaluate_accuracy", "accuracy"],
     "devices": ["try_gpu", "try_all_gpus", "parse_devices"],
-    "settings": ["recommended_omp_threads"],
+    "settings": ["recommended_omp_threads", "set_omp_threads", "omp_threads"],
     "data": ["DataError", "Dataset", "read_idx", "write_idx", "load_idx_dataset", "load_fashion_mnist",
              "default_data_dir", "synthetic_dataset", "iterate_batches"],
     "training": ["fit", "plot_metrics", "TrainingStopped"],

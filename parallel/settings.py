@@ -1,8 +1,9 @@
 """What the CLI must know before MXNet starts: names, defaults, argument checks and the thread setting.
 
-Nothing here imports MXNet, so ``python -m parallel.train --help`` and every argument error answer at once,
-and the CLI can set ``OMP_NUM_THREADS`` in its own process before MXNet reads it (MXNet reads it only when
-it is imported). The modules that do the work take their names and defaults from here.
+Nothing here imports MXNet at import time, so ``python -m parallel.train --help`` and every argument error
+answer at once, and the CLI can set ``OMP_NUM_THREADS`` in its own process before MXNet reads it (MXNet
+reads it only when it is imported). The modules that do the work take their names and defaults from here.
+``omp_threads`` and ``set_omp_threads``, for API users who imported MXNet already, import it when called.
 
 >>> from parallel.settings import check_lr, check_seed
 >>> check_lr(0.2)
@@ -15,12 +16,15 @@ Traceback (most recent call last):
     ...
 ValueError: seed must be between 0 and 4294967295 (2**32 - 1), got 4294967296
 """
+import ctypes
 import math
 import numbers
 import os
+import threading
 
 __all__ = ["ALLREDUCE_NAMES", "DEFAULT_ALGORITHM", "STRATEGIES", "DEFAULT_STAGES", "DEFAULT_MICRO_BATCHES",
-           "MAX_SEED", "LR_RANGE", "check_lr", "check_seed", "recommended_omp_threads"]
+           "MAX_SEED", "LR_RANGE", "check_lr", "check_seed", "recommended_omp_threads", "omp_threads",
+           "set_omp_threads"]
 
 #: The allreduce algorithms of ``parallel.comm.allreduce``, by name.
 ALLREDUCE_NAMES = ("naive", "fused", "ring", "tree")
@@ -88,6 +92,7 @@ def recommended_omp_threads(cores=None):
 
     MXNet reads ``OMP_NUM_THREADS`` when it is imported, so the value must be in the environment before
     ``import mxnet``; ``python -m parallel.train`` sets it for you, in its own process, unless you set it.
+    After ``import mxnet``, ``set_omp_threads`` applies it to the worker threads of given CPU contexts.
 
     Parameters
     ----------
@@ -105,3 +110,234 @@ def recommended_omp_threads(cores=None):
     if cores is None:
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return max(1, int(cores))
+
+
+# ----------------------------------------------------------------------------------------------
+# Operator threads after ``import mxnet``: run OpenMP's setting on the engine's worker threads
+# ----------------------------------------------------------------------------------------------
+
+class _ContextHandle(ctypes.Structure):
+    """``mxnet::Context`` as the C API's ``ContextHandle`` points to it: device type and id, two int32."""
+    _fields_ = [("dev_type", ctypes.c_int32), ("dev_id", ctypes.c_int32)]
+
+
+#: ``EngineSyncFunc`` of MXNet's C API: ``void (*)(void *run_context, void *param)``.
+_ENGINE_SYNC_FUNC = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p)
+
+#: Seconds a worker thread waits for the context's other worker threads (MXNET_CPU_WORKER_NTHREADS > 1).
+_BARRIER_TIMEOUT = 60
+
+
+def _cpu_worker_threads():
+    """Engine threads that run one CPU context's operators, as MXNet read them at import.
+
+    The default engine (``ThreadedEnginePerDevice``) gives each CPU context ``MXNET_CPU_WORKER_NTHREADS``
+    threads (default 1); ``NaiveEngine`` runs every operator in the thread that issues it.
+    """
+    engine = os.environ.get("MXNET_ENGINE_TYPE", "ThreadedEnginePerDevice")
+    if engine == "NaiveEngine":
+        return 1
+    if engine != "ThreadedEnginePerDevice":
+        raise RuntimeError(f"MXNET_ENGINE_TYPE={engine} shares one pool of threads between all devices, so the "
+                           "threads of a context cannot be reached; set OMP_NUM_THREADS before importing "
+                           "mxnet instead, or use the default engine (ThreadedEnginePerDevice)")
+    text = os.environ.get("MXNET_CPU_WORKER_NTHREADS", "1")
+    try:
+        return max(1, int(text))
+    except ValueError:
+        raise RuntimeError(f"MXNET_CPU_WORKER_NTHREADS={text!r} is not an integer") from None
+
+
+def _on_worker_threads(ctx, fn):
+    """Run ``fn()`` once in each engine worker thread of the CPU context ``ctx``; return the results.
+
+    Pushes one operator per worker thread through MXNet's C API (``MXEnginePushSyncND``), each writing its
+    own empty marker array so the engine may run them at once, and waits for the markers. With several
+    worker threads, each operator waits at a barrier until all have started, so each lands on a
+    different thread. Blocks until the operators already queued on ``ctx`` have run.
+    """
+    import mxnet as mx
+
+    threads = _cpu_worker_threads()
+    barrier = threading.Barrier(threads, timeout=_BARRIER_TIMEOUT) if threads > 1 else None
+    results, errors = [], []
+
+    def run(run_context, param):   # in an engine worker thread; ctypes takes the GIL for it
+        try:
+            if barrier is not None:
+                barrier.wait()
+            results.append((threading.get_native_id(), fn()))
+        except BaseException as error:   # nothing may propagate into MXNet's thread
+            errors.append(error)
+
+    callback = _ENGINE_SYNC_FUNC(run)
+    handle = _ContextHandle(ctx.device_typeid, ctx.device_id)
+    markers = [mx.nd.empty((1,), ctx=ctx) for _ in range(threads)]
+    for marker in markers:
+        mx.base.check_call(mx.base._LIB.MXEnginePushSyncND(
+            callback, None, None, ctypes.byref(handle), None, 0, ctypes.byref(marker.handle), 1, None, 0,
+            None))
+    for marker in markers:
+        marker.wait_to_read()       # the operator has returned: the callback may be freed now
+    if errors:
+        if isinstance(errors[0], threading.BrokenBarrierError):
+            raise RuntimeError(f"the {threads} operators pushed to {ctx} did not run in {threads} worker "
+                               f"threads at once; does MXNET_CPU_WORKER_NTHREADS={threads} still match the "
+                               "value mxnet was imported with?") from errors[0]
+        raise errors[0]
+    return [value for _, value in results]
+
+
+def _omp_library():
+    """libmxnet with its OpenMP runtime's ``omp_get_max_threads`` reachable, or a clear error."""
+    import mxnet as mx
+
+    lib = mx.base._LIB
+    if not mx.runtime.Features().is_enabled("OPENMP") or not hasattr(lib, "omp_get_max_threads"):
+        raise RuntimeError("this MXNet build has no OpenMP: every operator runs one thread, there is "
+                           "nothing to set")
+    return lib
+
+
+def _check_cpu_context(ctx, name):
+    import mxnet as mx
+
+    if not isinstance(ctx, mx.Context):
+        raise TypeError(f"{name} must be an mxnet Context such as mx.cpu(0), got {ctx!r}")
+
+
+def omp_threads(ctx=None):
+    """Threads each operator on CPU context ``ctx`` may use now: OpenMP's setting in its worker thread.
+
+    MXNet runs a CPU context's operators in that context's engine worker thread, never in the Python
+    thread, so this asks the worker thread itself (``omp_get_max_threads`` there). It blocks until the
+    operators already queued on ``ctx`` have run, and starts the context's worker thread if none ran yet.
+
+    Parameters
+    ----------
+    ctx : mxnet.Context, optional
+        A CPU context (``cpu``, ``cpu_pinned`` or ``cpu_shared``); defaults to ``mx.cpu(0)``.
+
+    Returns
+    -------
+    int
+        The smallest setting over the context's worker threads (one thread unless
+        ``MXNET_CPU_WORKER_NTHREADS`` says otherwise).
+
+    >>> import mxnet as mx
+    >>> omp_threads(mx.cpu(0)) >= 1
+    True
+    >>> omp_threads(mx.gpu(0))
+    Traceback (most recent call last):
+        ...
+    ValueError: gpu(0) is not a CPU context; GPU operators use no OpenMP threads
+    """
+    import mxnet as mx
+
+    ctx = mx.cpu(0) if ctx is None else ctx
+    _check_cpu_context(ctx, "ctx")
+    if ctx.device_type == "gpu":
+        raise ValueError(f"{ctx} is not a CPU context; GPU operators use no OpenMP threads")
+    lib = _omp_library()
+    return min(_on_worker_threads(ctx, lambda: int(lib.omp_get_max_threads())))
+
+
+def set_omp_threads(n=None, ctx_list=None):
+    """Let each operator on the given CPU contexts use ``n`` threads, after ``import mxnet``.
+
+    The API counterpart of setting ``OMP_NUM_THREADS`` before MXNet starts, as ``python -m parallel.train``
+    does. A CPU context's operators run in its engine worker thread, whose OpenMP thread count MXNet sets
+    once, when the thread starts: to half the cores unless ``OMP_NUM_THREADS`` was set before ``import
+    mxnet``. Calling MXNet's ``MXSetNumOMPThreads`` from Python changes only the Python thread, where no
+    operator runs (measured: no change in step time). This function pushes an operator onto each context
+    that calls ``MXSetNumOMPThreads(n)`` in the worker thread itself (through ``MXEnginePushSyncND``), and
+    blocks until that has run.
+
+    What changes, and what does not:
+
+    - oneDNN operators (convolution, fully connected, pooling, activation: most of LeNet's time) use ``n``
+      threads. MXNet's own kernels (elementwise arithmetic, the SGD update, softmax) keep at most the
+      limit MXNet fixed at import (half the cores, unless ``OMP_NUM_THREADS`` or ``MXNET_OMP_MAX_THREADS``
+      was set before); nothing after import can raise that limit. For LeNet on 2 cores the step time
+      matches ``OMP_NUM_THREADS=2`` set before import all the same: 68 ms against 69 ms, and 125 ms
+      with neither (benchmarks/threads.py, medians of 15 fresh processes each).
+    - Call it before the first training step on those contexts. oneDNN operators that already ran keep,
+      for the same shapes, the thread count they were set up with (MXNet caches them per shape): called
+      after three LeNet steps it gave 83 ms.
+    - Only the contexts in ``ctx_list``: a CPU context used for the first time later starts with MXNet's
+      default again, so pass every CPU context you will train on. ``cpu(i)``, ``cpu_pinned(i)`` and
+      ``cpu_shared(i)`` share one worker thread. Not changed: the Python thread, MXNet's pool of
+      prioritized CPU operators (the kvstore's CPU reductions), other processes, and a forked child
+      (MXNet starts new worker threads after a fork).
+    - GPU contexts in ``ctx_list`` are skipped: a GPU operator runs on the device, and its worker thread
+      only launches kernels, with one OpenMP thread by MXNet's design.
+
+    Parameters
+    ----------
+    n : int, optional
+        Threads per operator, 1 .. the cores this process may run on; defaults to
+        ``recommended_omp_threads()`` (every core).
+    ctx_list : list of mxnet.Context or mxnet.Context, optional
+        The contexts you train on; defaults to ``[mx.cpu(0)]``.
+
+    Returns
+    -------
+    dict
+        The previous setting of each CPU context in ``ctx_list``: ``{context: threads}``. Passing the value
+        back restores the setting, for operators set up from then on.
+
+    Raises
+    ------
+    TypeError
+        When ``n`` is not an int, or ``ctx_list`` holds something other than contexts.
+    ValueError
+        When ``n`` is below 1 or above the cores, or ``ctx_list`` is empty.
+    RuntimeError
+        For an MXNet built without OpenMP, or an engine without per-device threads
+        (``MXNET_ENGINE_TYPE=ThreadedEngine``).
+
+    >>> set_omp_threads(0)
+    Traceback (most recent call last):
+        ...
+    ValueError: n must be a number of threads >= 1, got 0
+    >>> set_omp_threads(2.0)
+    Traceback (most recent call last):
+        ...
+    TypeError: n must be an int (threads per operator), got 2.0
+    """
+    cores = recommended_omp_threads()
+    if n is None:
+        n = cores
+    if isinstance(n, bool) or not isinstance(n, numbers.Integral):
+        raise TypeError(f"n must be an int (threads per operator), got {n!r}")
+    if n < 1:
+        raise ValueError(f"n must be a number of threads >= 1, got {n}")
+    if n > cores:
+        raise ValueError(f"n={n} threads per operator is more than the {cores} cores this process may run on; "
+                         f"use at most {cores} (more threads than cores only contend for them)")
+    import mxnet as mx
+
+    if ctx_list is None:
+        ctx_list = [mx.cpu(0)]
+    elif isinstance(ctx_list, mx.Context):
+        ctx_list = [ctx_list]
+    elif not isinstance(ctx_list, (list, tuple)):
+        raise TypeError(f"ctx_list must be a list of mxnet Contexts such as [mx.cpu(0), mx.cpu(1)], "
+                        f"got {ctx_list!r}")
+    if not ctx_list:
+        raise ValueError("ctx_list is empty; give the contexts you train on, such as [mx.cpu(0)]")
+    for i, ctx in enumerate(ctx_list):
+        _check_cpu_context(ctx, f"ctx_list[{i}]")
+    lib = _omp_library()
+    threads = int(n)
+
+    def swap():
+        previous = int(lib.omp_get_max_threads())
+        mx.base.check_call(lib.MXSetNumOMPThreads(ctypes.c_int(threads)))
+        return previous
+
+    previous_by_id = {}
+    for ctx in ctx_list:
+        if ctx.device_type != "gpu" and ctx.device_id not in previous_by_id:
+            previous_by_id[ctx.device_id] = min(_on_worker_threads(ctx, swap))
+    return {ctx: previous_by_id[ctx.device_id] for ctx in ctx_list if ctx.device_type != "gpu"}

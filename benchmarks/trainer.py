@@ -1,0 +1,177 @@
+"""The from-scratch step against MXNet's ``gluon.Trainer`` on the same hybridized network, LeNet and ResNet-18.
+
+Run from the repository root (thread settings change timings 1.5-2x: always state them)::
+
+    OMP_NUM_THREADS=2 python benchmarks/trainer.py            # a few minutes on 2 cores
+    OMP_NUM_THREADS=1 python benchmarks/trainer.py --quick    # smoke test
+
+One process, one thread setting (``OMP_NUM_THREADS``, read by MXNet at start), every configuration
+measured in every repeat in a fresh shuffled order (interleaved: a slow spell hits all alike); medians.
+For each network (the textbook's LeNet, batch 256; ResNet-18, batch ``--resnet-batch``) and K contexts:
+
+- ``trainer``: gluon's way, the concise chapter: the block initialized on the K contexts, hybridized
+  (``static_alloc``, ``static_shape``), ``gluon.utils.split_and_load``, one backward per context and
+  ``gluon.Trainer(..., "sgd", kvstore="device").step`` (one reduction and one update per parameter array);
+- ``parallel``: this package's step on the very same block: ``get_params(block, ctx)`` flat replicas,
+  ``train_step(..., net=GluonNet(block, sync_batchnorm=False))``: per-context BatchNorm, the same
+  arithmetic as the Trainer, one flat allreduce and one fused ``sgd_update`` per replica;
+- ``parallel/syncbn`` (ResNet-18, K > 1): the same with synchronized BatchNorm (the default of
+  ``train_step(net=block)``): whole-batch statistics, the one-context model; runs the graph op by op;
+- ``parallel/lenet`` (LeNet): the package's from-scratch ``lenet_cached`` (parameters as plain arrays).
+
+Writes ``trainer.json`` to ``--out``.
+"""
+import argparse
+import json
+import os
+import platform
+import random
+import statistics
+import sys
+import time
+
+LENET_BATCH = 256
+
+
+def build(network, method, ctx_list, batch_size, lr=0.05):
+    """A function that runs one training step of ``network`` by ``method`` on ``ctx_list``."""
+    import mxnet as mx
+    import numpy as np
+    from mxnet import autograd, gluon
+
+    import parallel
+    from parallel.export import to_gluon
+
+    rng = np.random.RandomState(0)
+    X = mx.nd.array(rng.rand(batch_size, 1, 28, 28))
+    y = mx.nd.array(rng.randint(0, 10, batch_size))
+    if network == "lenet":
+        lenet_params = parallel.init_lenet_params(seed=0)
+        block = to_gluon(lenet_params)
+    else:
+        block = parallel.init_resnet18(seed=0)
+    if method == "trainer":
+        block.collect_params().reset_ctx(ctx_list)
+        block.hybridize(static_alloc=True, static_shape=True)
+        trainer = gluon.Trainer(block.collect_params(), "sgd", {"learning_rate": lr}, kvstore="device")
+        loss = gluon.loss.SoftmaxCrossEntropyLoss()
+
+        def step():
+            X_shards = gluon.utils.split_and_load(X, ctx_list, even_split=False)
+            y_shards = gluon.utils.split_and_load(y, ctx_list, even_split=False)
+            with autograd.record():
+                losses = [loss(block(X_shard), y_shard) for X_shard, y_shard in zip(X_shards, y_shards)]
+            for l in losses:
+                l.backward()
+            trainer.step(batch_size)
+        return step
+    if method == "parallel/lenet":
+        device_params = [parallel.get_params(lenet_params, ctx) for ctx in ctx_list]
+        return lambda: parallel.train_step(X, y, device_params, ctx_list, lr)
+    device_params = [parallel.get_params(block, ctx) for ctx in ctx_list]
+    net = parallel.GluonNet(block, sync_batchnorm=method == "parallel/syncbn")
+    return lambda: parallel.train_step(X, y, device_params, ctx_list, lr, net=net)
+
+
+def configurations(ks, networks):
+    configs = []
+    for network in networks:
+        for k in ks:
+            methods = ["trainer", "parallel"]
+            methods += ["parallel/lenet"] if network == "lenet" else (["parallel/syncbn"] if k > 1 else [])
+            configs += [(network, method, k) for method in methods]
+    return configs
+
+
+def run(args):
+    import mxnet as mx
+
+    import parallel
+
+    ctx_all = parallel.parse_devices(f"cpu:{max(args.ks)}")
+    batch = {"lenet": LENET_BATCH, "resnet18": args.resnet_batch}
+    configs = configurations(args.ks, args.networks)
+    steps = {}
+    for network, method, k in configs:   # build and warm up (graphs, receive buffers) before any timing
+        steps[network, method, k] = build(network, method, ctx_all[:k], batch[network])
+        for _ in range(2):
+            steps[network, method, k]()
+        mx.nd.waitall()
+    samples = {config: [] for config in configs}
+    order = random.Random(0)
+    for _ in range(args.repeats):
+        for config in order.sample(configs, len(configs)):
+            mx.nd.waitall()
+            start = time.perf_counter()
+            for _ in range(args.steps):
+                steps[config]()
+            mx.nd.waitall()
+            samples[config].append((time.perf_counter() - start) / args.steps * 1000)
+    records = []
+    for network, method, k in configs:
+        median = statistics.median(samples[network, method, k])
+        records.append({"network": network, "method": method, "k": k, "batch_size": batch[network],
+                        "median_ms": median, "ms": samples[network, method, k]})
+    for r in records:
+        trainer = next(t for t in records if (t["network"], t["k"], t["method"]) == (r["network"], r["k"], "trainer"))
+        r["ratio_to_trainer"] = r["median_ms"] / trainer["median_ms"]
+    return records
+
+
+def print_table(result):
+    settings = result["settings"]
+    print(f"ms per training step, median of {settings['repeats']} interleaved repeats of {settings['steps']} "
+          f"step(s); OMP_NUM_THREADS={settings['OMP_NUM_THREADS']}, {settings['cores']} cores")
+    print(f"{'network':<10}{'K':>3}  {'method':<18}{'ms':>10}{'/ trainer':>11}")
+    for r in result["records"]:
+        print(f"{r['network']:<10}{r['k']:>3}  {r['method']:<18}{r['median_ms']:>10.1f}{r['ratio_to_trainer']:>11.2f}")
+
+
+def _int_list(text):
+    try:
+        values = [int(v) for v in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected integers >= 1, got {text!r}")
+    return values
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--ks", type=_int_list, default=[1, 2, 4], help="numbers of CPU contexts; default 1,2,4")
+    parser.add_argument("--networks", default="lenet,resnet18",
+                        help="comma-separated: lenet, resnet18; default both")
+    parser.add_argument("--resnet-batch", type=int, default=32, help="ResNet-18's global batch; default 32")
+    parser.add_argument("--repeats", type=int, default=5, help="interleaved repeats; default 5")
+    parser.add_argument("--steps", type=int, default=2, help="steps timed per repeat; default 2")
+    parser.add_argument("--quick", action="store_true", help="smoke test: K=1,2, 2 repeats of 1 step, batch 4")
+    parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"),
+                        help="directory for trainer.json; default benchmarks/results")
+    args = parser.parse_args(argv)
+    args.networks = args.networks.split(",")
+    if not set(args.networks) <= {"lenet", "resnet18"} or not args.networks:
+        parser.error(f"--networks takes lenet and/or resnet18, got {','.join(args.networks)!r}")
+    if args.quick:
+        args.ks, args.repeats, args.steps, args.resnet_batch = [1, 2], 2, 1, 4
+    from parallel.files import atomic_write, check_writable
+    os.makedirs(args.out, exist_ok=True)
+    path = os.path.join(args.out, "trainer.json")
+    check_writable(path)
+    start = time.perf_counter()
+    records = run(args)
+    settings = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "unset (MXNet: half the cores)"),
+                "cores": os.cpu_count(), "ks": args.ks, "networks": args.networks, "repeats": args.repeats,
+                "steps": args.steps, "lenet_batch": LENET_BATCH, "resnet_batch": args.resnet_batch,
+                "machine": platform.processor() or platform.machine(), "seconds": time.perf_counter() - start,
+                "order": "every configuration once per repeat, in a fresh shuffled order (seed 0)"}
+    result = {"settings": settings, "records": records}
+    print_table(result)
+    with atomic_write(path) as f:
+        json.dump(result, f, indent=1)
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

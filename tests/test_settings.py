@@ -1,0 +1,154 @@
+"""set_omp_threads / omp_threads: argument checks here, effects in fresh processes (they are process-wide).
+
+The effect is checked without timing: each worker thread reports OpenMP's setting back from inside the
+thread (``omp_threads``); benchmarks/threads.py measures what it does to the step time.
+"""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import mxnet as mx
+import pytest
+
+from parallel.settings import omp_threads, recommended_omp_threads, set_omp_threads
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CORES = recommended_omp_threads()
+
+
+def run_fresh(code, **env):
+    """Run ``code`` in a fresh Python with OMP_NUM_THREADS unset plus ``env``; return the JSON it prints last."""
+    environ = dict(os.environ)
+    for name in ("OMP_NUM_THREADS", "MXNET_OMP_MAX_THREADS", "MXNET_CPU_WORKER_NTHREADS", "MXNET_ENGINE_TYPE"):
+        environ.pop(name, None)
+    environ.update(env)
+    environ["PYTHONPATH"] = ROOT + os.pathsep + environ.get("PYTHONPATH", "")
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=environ, cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("n, error, message", [
+    (0, ValueError, "n must be a number of threads >= 1, got 0"),
+    (-3, ValueError, "got -3"),
+    (CORES + 1, ValueError, f"more than the {CORES} cores this process may run on; use at most {CORES}"),
+    (2.0, TypeError, "n must be an int (threads per operator), got 2.0"),
+    (True, TypeError, "got True"),
+    ("2", TypeError, "got '2'"),
+])
+def test_bad_thread_counts_are_refused(n, error, message):
+    with pytest.raises(error) as info:
+        set_omp_threads(n)
+    assert message in str(info.value)
+
+
+@pytest.mark.parametrize("ctx_list, error, message", [
+    ([], ValueError, "ctx_list is empty; give the contexts you train on"),
+    ("cpu:2", TypeError, "ctx_list must be a list of mxnet Contexts such as [mx.cpu(0), mx.cpu(1)], got 'cpu:2'"),
+    ([mx.cpu(0), "cpu"], TypeError, "ctx_list[1] must be an mxnet Context such as mx.cpu(0), got 'cpu'"),
+])
+def test_bad_context_lists_are_refused(ctx_list, error, message):
+    with pytest.raises(error) as info:
+        set_omp_threads(1, ctx_list)
+    assert message in str(info.value)
+
+
+def test_omp_threads_takes_one_cpu_context():
+    with pytest.raises(ValueError, match=r"gpu\(1\) is not a CPU context"):
+        omp_threads(mx.gpu(1))
+    with pytest.raises(TypeError, match="ctx must be an mxnet Context"):
+        omp_threads([mx.cpu(0)])
+
+
+def test_sets_the_worker_threads_of_the_given_contexts_only():
+    """After import: the given contexts' worker threads change, the Python thread and other contexts do not."""
+    result = run_fresh("""
+        import json
+        import mxnet as mx
+        from parallel.settings import omp_threads, set_omp_threads
+
+        python_thread = mx.base._LIB.omp_get_max_threads
+        default = omp_threads(mx.cpu(0))
+        out = {"default": default, "python_before": python_thread()}
+        x = (mx.nd.ones((64, 64)) * 2).sum()   # operators ran on cpu(0) before the call
+        previous = set_omp_threads(1, [mx.cpu(0), mx.cpu_pinned(0), mx.gpu(0), mx.cpu(1)])
+        out["previous"] = {str(c): t for c, t in previous.items()}
+        out["after_1"] = [omp_threads(mx.cpu(i)) for i in range(3)] + [omp_threads(mx.cpu_pinned(0))]
+        out["previous_again"] = set_omp_threads(ctx_list=mx.cpu(0))[mx.cpu(0)]
+        out["after_default"] = omp_threads(mx.cpu(0))
+        (mx.nd.ones((64, 64)) * 3).wait_to_read()   # the setting stays while operators run
+        out["after_ops"] = omp_threads(mx.cpu(0))
+        out["python_after"] = python_thread()
+        print(json.dumps(out))
+        """)
+    default = result["default"]
+    assert default >= 1
+    assert result["previous"] == {"cpu(0)": default, "cpu_pinned(0)": default, "cpu(1)": default}   # no gpu
+    assert result["after_1"] == [1, 1, default, 1]                  # cpu(2) was not in the list
+    assert result["previous_again"] == 1
+    assert result["after_default"] == result["after_ops"] == CORES  # None: recommended_omp_threads()
+    assert result["python_after"] == result["python_before"]        # the Python thread is not touched
+
+
+def test_mxnet_default_is_what_the_call_changes():
+    """Unset, MXNet gives each worker half the cores (x86); OMP_NUM_THREADS before import gives it that."""
+    unset = run_fresh("""
+        import json, platform
+        import mxnet as mx
+        from parallel.settings import omp_threads
+        print(json.dumps({"threads": omp_threads(), "machine": platform.machine()}))
+        """)
+    if unset["machine"] in ("x86_64", "AMD64", "i386", "i686") and CORES >= 2:
+        assert unset["threads"] == CORES // 2
+    env = run_fresh("""
+        import json
+        from parallel.settings import omp_threads
+        print(json.dumps(omp_threads()))
+        """, OMP_NUM_THREADS="1")
+    assert env == 1
+
+
+def test_every_worker_thread_of_a_context_is_set():
+    """MXNET_CPU_WORKER_NTHREADS=2: two worker threads run cpu(0)'s operators; both change."""
+    result = run_fresh("""
+        import json
+        import threading
+        import mxnet as mx
+        from parallel.settings import _on_worker_threads, set_omp_threads
+
+        lib = mx.base._LIB
+        ids = set(_on_worker_threads(mx.cpu(0), threading.get_native_id))
+        set_omp_threads(1)
+        after_1 = _on_worker_threads(mx.cpu(0), lambda: int(lib.omp_get_max_threads()))
+        set_omp_threads()
+        after_all = _on_worker_threads(mx.cpu(0), lambda: int(lib.omp_get_max_threads()))
+        print(json.dumps({"threads": len(ids), "after_1": after_1, "after_all": after_all}))
+        """, MXNET_CPU_WORKER_NTHREADS="2")
+    assert result == {"threads": 2, "after_1": [1, 1], "after_all": [CORES, CORES]}
+
+
+def test_naive_engine_sets_the_calling_thread():
+    """NaiveEngine runs operators in the thread that issues them: that thread is the one set."""
+    result = run_fresh("""
+        import json
+        import mxnet as mx
+        from parallel.settings import omp_threads, set_omp_threads
+        set_omp_threads(1)
+        print(json.dumps([omp_threads(), int(mx.base._LIB.omp_get_max_threads())]))
+        """, MXNET_ENGINE_TYPE="NaiveEngine")
+    assert result == [1, 1]
+
+
+def test_a_shared_pool_engine_is_refused_with_the_fix():
+    result = run_fresh("""
+        import json
+        from parallel.settings import set_omp_threads
+        try:
+            set_omp_threads(1)
+        except RuntimeError as e:
+            print(json.dumps(str(e)))
+        """, MXNET_ENGINE_TYPE="ThreadedEngine")
+    assert "MXNET_ENGINE_TYPE=ThreadedEngine" in result and "set OMP_NUM_THREADS before importing" in result
