@@ -1,4 +1,4 @@
-"""The notebooks in notebooks/ run top to bottom without error, and are committed executed.
+"""The notebooks in notebooks/ run top to bottom without error, check what they claim, and are committed executed.
 
 Each notebook is executed with nbclient in a fresh kernel of *this* interpreter (a kernelspec written for
 ``sys.executable``, not whatever ``python3`` kernel Jupyter would find first), with a temporary working
@@ -8,6 +8,7 @@ port; the kernel inherits that environment, though notebooks use synthetic data 
     python -m pytest -q tests/test_notebooks.py
 """
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -23,6 +24,9 @@ NOTEBOOKS = sorted(NOTEBOOK_DIR.glob("*.ipynb"))
 
 #: Seconds one cell may run before the test fails.
 CELL_TIMEOUT = 600
+
+#: Paths that would read as broken in a stored notebook: a temporary directory or this checkout's location.
+_LOCAL_PATH = re.compile(r"/tmp/|/var/folders/|" + re.escape(str(NOTEBOOK_DIR.parent)))
 
 #: Appended to the copy that is executed: reports which interpreter ran the notebook, and where.
 _PROBE = "import json, os, sys\nprint(json.dumps({'executable': sys.executable, 'cwd': os.getcwd()}))"
@@ -46,8 +50,47 @@ def _kernel_manager(kernels_dir):
                               kernel_spec_manager=KernelSpecManager(kernel_dirs=[str(kernels_dir)]))
 
 
+def _output_text(cell):
+    """Everything a code cell shows as text: streams, plain-text results and tracebacks."""
+    parts = []
+    for out in cell.get("outputs", []):
+        parts.append("".join(out.get("text", "")))
+        parts.append("".join(out.get("data", {}).get("text/plain", "")))
+        parts.extend(out.get("traceback", []))
+    return "\n".join(parts)
+
+
 def test_notebooks_exist():
     assert NOTEBOOKS, f"no notebook found in {NOTEBOOK_DIR}"
+
+
+def test_notebooks_readme_gives_the_learning_path():
+    """notebooks/README.md names every notebook, in the order of their numbers, each with its time."""
+    readme = (NOTEBOOK_DIR / "README.md").read_text()
+    positions = [readme.find(path.name) for path in NOTEBOOKS]
+    missing = [path.name for path, at in zip(NOTEBOOKS, positions) if at < 0]
+    assert not missing, f"notebooks/README.md does not mention {missing}"
+    assert positions == sorted(positions), "notebooks/README.md lists the notebooks out of order"
+    for path in NOTEBOOKS:
+        line = next(line for line in readme.splitlines() if path.name in line)
+        assert re.search(r"\d+ s\b", line), f"notebooks/README.md gives no time (e.g. '40 s') for {path.name}"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
+def test_notebook_asserts_what_it_claims(path):
+    """A lesson checks its claims (an invariant holds, a buggy variant fails, a sum is right) with assert."""
+    nb = nbformat.read(str(path), as_version=4)
+    checks = sum(len(re.findall(r"^\s*assert\b", cell.source, re.MULTILINE)) for cell in _code_cells(nb))
+    assert checks >= 3, f"{path.name} holds {checks} assert statement(s); a lesson asserts what it shows"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
+def test_notebook_outputs_hold_no_local_paths(path):
+    """Stored outputs read well anywhere: no temporary directory or checkout path that would look broken."""
+    nb = nbformat.read(str(path), as_version=4)
+    found = [(i, m.group(0)) for i, cell in enumerate(nb.cells) if cell.cell_type == "code"
+             for m in [_LOCAL_PATH.search(_output_text(cell))] if m]
+    assert not found, f"{path.name} stores outputs with local paths (cell index, match): {found}"
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
@@ -76,4 +119,4 @@ def test_notebook_executes(path, tmp_path):
     assert not _errors(nb)
     probe = json.loads(nb.cells[-1].outputs[0]["text"])
     assert probe["executable"] == sys.executable, "the notebook ran in another interpreter's kernel"
-    assert Path(probe["cwd"]).resolve() == workdir.resolve()
+    assert Path(probe["cwd"]).resolve() == workdir.resolve(), "the notebook must leave its working directory as it found it"
