@@ -102,6 +102,32 @@ def test_synchronized_batchnorm_trains_the_same_model_as_one_context(k):
             np.testing.assert_array_equal(a.asnumpy(), b.asnumpy())
 
 
+def _batchnorm_variant(variant):
+    """Small blocks whose BatchNorm takes the other paths of the synchronized version: a 3-D input (NCW),
+    no learned scale (fix_gamma), and channels on another axis than 1."""
+    mx.random.seed(3)
+    net = nn.HybridSequential()
+    if variant == "conv1d, fixed gamma":
+        net.add(nn.Conv2D(4, 3), nn.HybridLambda(lambda F, x: F.reshape(x, (0, 0, -1))),   # (N, 4, 36)
+                nn.BatchNorm(scale=False), nn.Activation("relu"), nn.Dense(10))
+    else:   # "axis 2": normalise each of the 6 rows of (N, 4, 6, 6)
+        net.add(nn.Conv2D(4, 3), nn.BatchNorm(axis=2), nn.Activation("relu"), nn.Dense(10))
+    net.initialize(mx.init.Xavier())
+    net.cast("float64")
+    net(mx.nd.zeros((1, 1, 8, 8), dtype="float64"))
+    return net
+
+
+@pytest.mark.parametrize("variant", ["conv1d, fixed gamma", "axis 2"])
+def test_synchronized_batchnorm_equals_mxnets_batchnorm_on_one_context(variant):
+    """K=1 runs MXNet's own BatchNorm operator in the cached graph; K=3 the synchronized one, shards 4, 3, 3."""
+    data = batches([10, 7])
+    want = train(_batchnorm_variant(variant), 1, data, steps=2)[0]
+    got = train(_batchnorm_variant(variant), 3, data, steps=2)
+    for params in got:
+        assert_same_model(params, want)
+
+
 def test_evaluation_agrees_on_every_context_after_synchronized_training():
     block = small_cnn(batchnorm=True)
     got = train(block, 3, batches([10, 9]), steps=2)
