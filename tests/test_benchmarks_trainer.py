@@ -12,14 +12,61 @@ def test_trainer_quick_run_measures_every_configuration(tmp_path, capsys):
     assert bench.main(["--quick", "--out", str(tmp_path)]) == 0
     result = json.loads((tmp_path / "trainer.json").read_text())
     got = {(r["network"], r["method"], r["k"]) for r in result["records"]}
-    assert got == {("lenet", m, k) for m in ("trainer", "parallel", "parallel/lenet") for k in (1, 2)} | {
-        ("resnet18", "trainer", 1), ("resnet18", "parallel", 1), ("resnet18", "trainer", 2),
-        ("resnet18", "parallel", 2), ("resnet18", "parallel/syncbn", 2)}
+    everywhere = ("trainer", "parallel", "trainer/reduce+update", "parallel/reduce+update")
+    overlap = ("parallel/buckets=1", "parallel/buckets=8")
+    assert got == ({("lenet", m, k) for m in everywhere + ("parallel/lenet",) for k in (1, 2)}
+                   | {("resnet18", m, k) for m in everywhere for k in (1, 2)}
+                   | {(network, m, 2) for network in ("lenet", "resnet18") for m in overlap}
+                   | {("resnet18", "parallel/syncbn", 2)})
     for r in result["records"]:
-        assert len(r["ms"]) == 2 and r["median_ms"] > 0 and r["ratio_to_trainer"] > 0
-        if r["method"] == "trainer":
-            assert r["ratio_to_trainer"] == 1.0
+        assert len(r["ms"]) == 2 and r["median_ms"] > 0 and r["ratio"] > 0
+        want = ("trainer/reduce+update" if r["method"].endswith("reduce+update")
+                else "parallel/buckets=1" if r["method"].startswith("parallel/buckets") else "trainer")
+        assert r["reference"] == want
+        if r["method"] == want:
+            assert r["ratio"] == 1.0
     assert "OMP_NUM_THREADS=" in capsys.readouterr().out
+
+
+def test_bucketed_gradients_train_what_one_buffer_trains():
+    """The overlap measurement's buckets change where gradients live, not the step: 1 and 3 buckets give the
+    parameters of the package's own train_step on the same block (per-context BatchNorm)."""
+    import mxnet as mx
+    import numpy as np
+    from mxnet.gluon import nn
+
+    import parallel
+
+    bench = load_benchmark("trainer")
+    ctx_list = [mx.cpu(0), mx.cpu(1)]
+    X = mx.nd.array(np.random.RandomState(0).rand(6, 1, 8, 8))
+    y = mx.nd.array([0, 1, 2, 3, 1, 0])
+
+    def block():
+        mx.random.seed(0)
+        net = nn.HybridSequential()
+        net.add(nn.Conv2D(4, 3), nn.Activation("relu"), nn.Dense(16), nn.Dense(4))
+        net.initialize(mx.init.Xavier())
+        net(X[:1])
+        return net
+
+    results = []
+    for num_buckets in (None, 1, 3):
+        net = block()
+        device_params = [parallel.get_params(net, ctx) for ctx in ctx_list]
+        if num_buckets is None:
+            step = lambda: parallel.train_step(X, y, device_params, ctx_list, 0.1,
+                                               net=parallel.GluonNet(net, sync_batchnorm=False))
+        else:
+            step = bench.bucketed_step(net, device_params, ctx_list, X, y, 0.1, num_buckets)
+            if num_buckets == 3:
+                assert len(bench.bucket_gradients(parallel.get_params(net, mx.cpu(0)), 3)) == 3
+        for _ in range(3):
+            step()
+        results.append([p.asnumpy() for p in device_params[1]])
+    for got in results[1:]:
+        for a, b in zip(got, results[0]):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6 * np.abs(b).max())
 
 
 def test_trainer_rejects_unknown_networks(capsys):
