@@ -98,7 +98,8 @@ def build(network, method, ctx_list, batch_size, lr=0.05):
     net = parallel.GluonNet(block, sync_batchnorm=method == "parallel/syncbn")
     if method == "parallel/reduce+update":
         parallel.train_step(X, y, device_params, ctx_list, lr, net=net)   # gradients in place, then only:
-        return lambda: (parallel.allreduce_grads(device_params), parallel.update_replicas(device_params, lr, batch_size))
+        return lambda: (parallel.allreduce_grads(device_params),
+                        parallel.update_replicas(device_params, lr, batch_size))
     return lambda: parallel.train_step(X, y, device_params, ctx_list, lr, net=net)
 
 
@@ -207,7 +208,8 @@ def run(args):
         records.append({"network": network, "method": method, "k": k, "batch_size": batch[network],
                         "median_ms": median, "ms": samples[network, method, k]})
     for r in records:
-        ref = next(t for t in records if (t["network"], t["k"], t["method"]) == (r["network"], r["k"], reference(r["method"])))
+        key = (r["network"], r["k"], reference(r["method"]))
+        ref = next(t for t in records if (t["network"], t["k"], t["method"]) == key)
         r["reference"] = ref["method"]
         r["ratio"] = r["median_ms"] / ref["median_ms"]
     return records
@@ -220,7 +222,8 @@ def print_table(result):
           f"{settings['cores']} cores")
     print(f"{'network':<10}{'K':>3}  {'method':<24}{'ms':>10}{'ratio':>8}  to")
     for r in result["records"]:
-        print(f"{r['network']:<10}{r['k']:>3}  {r['method']:<24}{r['median_ms']:>10.2f}{r['ratio']:>8.2f}  {r['reference']}")
+        print(f"{r['network']:<10}{r['k']:>3}  {r['method']:<24}{r['median_ms']:>10.2f}{r['ratio']:>8.2f}  "
+              f"{r['reference']}")
 
 
 def _int_list(text):
@@ -261,7 +264,8 @@ def main(argv=None):
     records = run(args)
     settings = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "unset (MXNet: half the cores)"),
                 "cores": os.cpu_count(), "ks": args.ks, "networks": args.networks, "repeats": args.repeats,
-                "steps": args.steps, "lenet_steps": args.lenet_steps, "buckets": args.buckets, "lenet_batch": LENET_BATCH, "resnet_batch": args.resnet_batch,
+                "steps": args.steps, "lenet_steps": args.lenet_steps, "buckets": args.buckets,
+                "lenet_batch": LENET_BATCH, "resnet_batch": args.resnet_batch,
                 "machine": platform.processor() or platform.machine(), "seconds": time.perf_counter() - start,
                 "order": "every configuration once per repeat, in a fresh shuffled order (seed 0)"}
     result = {"settings": settings, "records": records}
