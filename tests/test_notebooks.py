@@ -119,4 +119,5 @@ def test_notebook_executes(path, tmp_path):
     assert not _errors(nb)
     probe = json.loads(nb.cells[-1].outputs[0]["text"])
     assert probe["executable"] == sys.executable, "the notebook ran in another interpreter's kernel"
-    assert Path(probe["cwd"]).resolve() == workdir.resolve(), "the notebook must leave its working directory as it found it"
+    assert Path(probe["cwd"]).resolve() == workdir.resolve(), \
+        "the notebook must leave its working directory as it found it"
