@@ -59,13 +59,23 @@ def _conv_block(F, X, W, b, kernel, num_filter):
     return F.Pooling(h, pool_type="avg", kernel=(2, 2), stride=(2, 2))
 
 
+def _dense(F, X, W, b, num_hidden):
+    # ``X W + b`` with W of shape (in, out), the textbook's layout, as MXNet's FullyConnected (which takes the
+    # weight as (out, in), hence the transpose). Not ``dot``: on CPU contexts ``dot`` calls the OpenBLAS 0.3.13
+    # bundled with MXNet 1.9.1 (an OpenMP build), which hangs for good when two contexts run a matrix product
+    # at the same time with more than one OpenMP thread each (seen here: hybrid parallelism, whose replicas run
+    # a stage in lockstep, hung at its first batch with OMP_NUM_THREADS=2). FullyConnected runs on oneDNN in
+    # float32, which is safe to call from several threads.
+    return F.FullyConnected(X, F.transpose(W), b, num_hidden=num_hidden, flatten=True)
+
+
 #: LeNet as a sequence of layers: (name, function of (F, X, W, b)). Each layer takes two parameters,
 #: so layer ``i`` owns ``params[2*i:2*i+2]``. Model and pipeline parallelism cut the model between layers.
 LENET_LAYERS = [
     ("conv1", lambda F, X, W, b: _conv_block(F, X, W, b, (3, 3), 20)),
     ("conv2", lambda F, X, W, b: _conv_block(F, X, W, b, (5, 5), 50)),
-    ("dense1", lambda F, X, W, b: _relu(F, F.broadcast_add(F.dot(F.flatten(X), W), b))),
-    ("dense2", lambda F, X, W, b: F.broadcast_add(F.dot(X, W), b)),
+    ("dense1", lambda F, X, W, b: _relu(F, _dense(F, X, W, b, LENET_SHAPES[5][0]))),
+    ("dense2", lambda F, X, W, b: _dense(F, X, W, b, LENET_SHAPES[7][0])),
 ]
 
 
