@@ -261,9 +261,11 @@ def set_omp_threads(n=None, ctx_list=None):
       was set before); nothing after import can raise that limit. For LeNet on 2 cores the step time
       matches ``OMP_NUM_THREADS=2`` set before import all the same: 68 ms against 69 ms, and 125 ms
       with neither (benchmarks/threads.py, medians of 15 fresh processes each).
-    - Call it before the first training step on those contexts. oneDNN operators that already ran keep,
-      for the same shapes, the thread count they were set up with (MXNet caches them per shape): called
-      after three LeNet steps it gave 83 ms.
+    - Call it before anything runs on those contexts (``omp_threads`` included): it refuses with a
+      ``RuntimeError`` to change the setting of a context whose worker thread has already run operators.
+      Changing it then corrupted the heap here (one LeNet step, then ``set_omp_threads(2)`` with
+      ``OMP_NUM_THREADS`` unset: 10 of 12 fresh processes aborted in ``free()``, 2 hung): oneDNN keeps
+      per-thread state set up for the old thread count. A call that changes nothing is always allowed.
     - Only the contexts in ``ctx_list``: a CPU context used for the first time later starts with MXNet's
       default again, so pass every CPU context you will train on. ``cpu(i)``, ``cpu_pinned(i)`` and
       ``cpu_shared(i)`` share one worker thread. Not changed: the Python thread, MXNet's pool of
@@ -293,7 +295,8 @@ def set_omp_threads(n=None, ctx_list=None):
     ValueError
         When ``n`` is below 1 or above the cores, or ``ctx_list`` is empty.
     RuntimeError
-        For an MXNet built without OpenMP, or an engine without per-device threads
+        When operators already ran on a context whose setting would change (nothing is changed then), for
+        an MXNet built without OpenMP, or an engine without per-device threads
         (``MXNET_ENGINE_TYPE=ThreadedEngine``).
 
     >>> set_omp_threads(0)
@@ -330,14 +333,52 @@ def set_omp_threads(n=None, ctx_list=None):
         _check_cpu_context(ctx, f"ctx_list[{i}]")
     lib = _omp_library()
     threads = int(n)
-
-    def swap():
-        previous = int(lib.omp_get_max_threads())
-        mx.base.check_call(lib.MXSetNumOMPThreads(ctypes.c_int(threads)))
-        return previous
-
     previous_by_id = {}
     for ctx in ctx_list:
         if ctx.device_type != "gpu" and ctx.device_id not in previous_by_id:
-            previous_by_id[ctx.device_id] = min(_on_worker_threads(ctx, swap))
+            previous_by_id[ctx.device_id] = _swap_threads(lib, ctx, threads)
     return {ctx: previous_by_id[ctx.device_id] for ctx in ctx_list if ctx.device_type != "gpu"}
+
+
+def _thread_ids():
+    """Native ids of this process's threads now, or None where the system does not list them (no
+    ``/proc/self/task``)."""
+    try:
+        return {int(name) for name in os.listdir("/proc/self/task")}
+    except OSError:
+        return None
+
+
+def _swap_threads(lib, ctx, threads):
+    """Set ``threads`` in every worker thread of ``ctx`` if that is safe; return the previous setting.
+
+    Safe means: the setting does not change, or the worker threads are new, started by this very call, so
+    that no operator ran in them before. Each worker thread decides, all of them wait until every one has,
+    and then all of them change or none does.
+    """
+    import mxnet as mx
+
+    existing = _thread_ids()
+    workers = _cpu_worker_threads()
+    barrier = threading.Barrier(workers, timeout=_BARRIER_TIMEOUT) if workers > 1 else None
+    verdicts = []
+
+    def swap():
+        previous = int(lib.omp_get_max_threads())
+        fresh = existing is not None and threading.get_native_id() not in existing
+        verdicts.append(previous == threads or fresh)
+        if barrier is not None:
+            barrier.wait()   # every worker thread has given its verdict
+        if all(verdicts) and previous != threads:
+            mx.base.check_call(lib.MXSetNumOMPThreads(ctypes.c_int(threads)))
+        return previous
+
+    previous = min(_on_worker_threads(ctx, swap))
+    if not all(verdicts):
+        raise RuntimeError(
+            f"operators already ran on {ctx} (its engine worker thread was started before this call), and "
+            f"changing its OpenMP threads from {previous} to {threads} now can corrupt the heap (oneDNN keeps "
+            "per-thread state sized for the old count; seen as aborts and hangs with MXNet 1.9.1); call "
+            "set_omp_threads before anything runs on that context, omp_threads included, or set "
+            "OMP_NUM_THREADS before importing mxnet (python -m parallel.train does)")
+    return previous

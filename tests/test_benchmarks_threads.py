@@ -25,7 +25,7 @@ def test_quick_run_writes_every_setting(bench, tmp_path, capsys):
     assert (settings["batch_size"], settings["steps_per_sample"], settings["warmup"], settings["repeats"]) == (32, 2, 1, 1)
 
     results = {r["setting"]: r for r in result["results"]}
-    assert list(results) == list(bench.SETTINGS) == ["unset", "env", "api", "api-late"]
+    assert list(results) == list(bench.SETTINGS) == ["unset", "env", "api"]
     for setting, r in results.items():
         assert len(r["ms"]) == 1 and r["ms"][0] > 0 and r["median_ms"] == r["ms"][0]
         assert r["ratio_to_unset"] == pytest.approx(r["median_ms"] / results["unset"]["median_ms"])
@@ -33,13 +33,13 @@ def test_quick_run_writes_every_setting(bench, tmp_path, capsys):
         assert r["label"] == bench.LABELS[setting].format(n=threads)
     # the settings really differ: env sets the variable, the API sets the worker thread itself
     assert results["env"]["OMP_NUM_THREADS"] == str(threads)
-    assert all(results[s]["OMP_NUM_THREADS"] == "unset" for s in ("unset", "api", "api-late"))
-    assert all(results[s]["worker_omp_threads"] == [threads] for s in ("env", "api", "api-late"))
+    assert all(results[s]["OMP_NUM_THREADS"] == "unset" for s in ("unset", "api"))
+    assert all(results[s]["worker_omp_threads"] == [threads] for s in ("env", "api"))
 
     out = capsys.readouterr().out
     assert "| setting | worker threads | median ms/step | x unset | x env |" in out
     assert f"| unset + set_omp_threads({threads}) after import, before the first step |" in out
-    assert "unset / env = " in out and "api-late / env = " in out
+    assert "unset / env = " in out and "api / env = " in out
 
 
 @pytest.mark.parametrize("argv, message", [

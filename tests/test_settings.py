@@ -71,26 +71,58 @@ def test_sets_the_worker_threads_of_the_given_contexts_only():
         from parallel.settings import omp_threads, set_omp_threads
 
         python_thread = mx.base._LIB.omp_get_max_threads
-        default = omp_threads(mx.cpu(0))
-        out = {"default": default, "python_before": python_thread()}
-        x = (mx.nd.ones((64, 64)) * 2).sum()   # operators ran on cpu(0) before the call
+        out = {"python_before": python_thread()}
         previous = set_omp_threads(1, [mx.cpu(0), mx.cpu_pinned(0), mx.gpu(0), mx.cpu(1)])
         out["previous"] = {str(c): t for c, t in previous.items()}
         out["after_1"] = [omp_threads(mx.cpu(i)) for i in range(3)] + [omp_threads(mx.cpu_pinned(0))]
-        out["previous_again"] = set_omp_threads(ctx_list=mx.cpu(0))[mx.cpu(0)]
-        out["after_default"] = omp_threads(mx.cpu(0))
         (mx.nd.ones((64, 64)) * 3).wait_to_read()   # the setting stays while operators run
         out["after_ops"] = omp_threads(mx.cpu(0))
+        out["again"] = set_omp_threads(1, [mx.cpu(0)])[mx.cpu(0)]   # no change: allowed at any time
         out["python_after"] = python_thread()
         print(json.dumps(out))
         """)
-    default = result["default"]
+    default = result["after_1"][2]   # cpu(2) was not in the list: MXNet's default
     assert default >= 1
     assert result["previous"] == {"cpu(0)": default, "cpu_pinned(0)": default, "cpu(1)": default}   # no gpu
-    assert result["after_1"] == [1, 1, default, 1]                  # cpu(2) was not in the list
-    assert result["previous_again"] == 1
-    assert result["after_default"] == result["after_ops"] == CORES  # None: recommended_omp_threads()
+    assert result["after_1"] == [1, 1, default, 1]
+    assert result["after_ops"] == result["again"] == 1
     assert result["python_after"] == result["python_before"]        # the Python thread is not touched
+
+
+@pytest.mark.parametrize("before", [
+    "device_params = [get_params(init_lenet_params(seed=0), mx.cpu(0))]\n"
+    "X, y = mx.nd.ones((32, 1, 28, 28)), mx.nd.array(np.arange(32) % 10)\n"
+    "train_batch(X, y, device_params, [mx.cpu(0)], 0.1)\n"
+    "mx.nd.waitall()",
+    "omp_threads(mx.cpu(0))",
+], ids=["after a training step", "after omp_threads"])
+def test_a_change_after_operators_ran_is_refused_and_changes_nothing(before):
+    """Changing the threads of a worker thread that ran oneDNN operators aborted or hung most fresh processes
+    (heap corruption): refused, with the fix, and the process goes on training normally."""
+    other = 2 if CORES >= 2 and CORES // 2 != 2 else 1
+    result = run_fresh(f"""
+        import json
+        import mxnet as mx
+        import numpy as np
+        from parallel import get_params, init_lenet_params, train_batch
+        from parallel.settings import omp_threads, set_omp_threads
+
+{textwrap.indent(before, " " * 8)}
+        default = omp_threads(mx.cpu(0))
+        try:
+            set_omp_threads({other} if default != {other} else 1, [mx.cpu(0)])
+            error = None
+        except RuntimeError as e:
+            error = str(e)
+        device_params = [get_params(init_lenet_params(seed=0), mx.cpu(0))]
+        for _ in range(2):
+            train_batch(mx.nd.ones((32, 1, 28, 28)), mx.nd.array(np.arange(32) % 10), device_params, [mx.cpu(0)], 0.1)
+        mx.nd.waitall()
+        print(json.dumps({{"error": error, "default": default, "after": omp_threads(mx.cpu(0))}}))
+        """)
+    assert result["error"] is not None and "operators already ran on cpu(0)" in result["error"]
+    assert "set OMP_NUM_THREADS before importing mxnet" in result["error"]
+    assert result["after"] == result["default"]
 
 
 def test_mxnet_default_is_what_the_call_changes():
@@ -120,11 +152,11 @@ def test_every_worker_thread_of_a_context_is_set():
         from parallel.settings import _on_worker_threads, set_omp_threads
 
         lib = mx.base._LIB
+        set_omp_threads(1, [mx.cpu(0)])
+        set_omp_threads(ctx_list=[mx.cpu(1)])
         ids = set(_on_worker_threads(mx.cpu(0), threading.get_native_id))
-        set_omp_threads(1)
         after_1 = _on_worker_threads(mx.cpu(0), lambda: int(lib.omp_get_max_threads()))
-        set_omp_threads()
-        after_all = _on_worker_threads(mx.cpu(0), lambda: int(lib.omp_get_max_threads()))
+        after_all = _on_worker_threads(mx.cpu(1), lambda: int(lib.omp_get_max_threads()))
         print(json.dumps({"threads": len(ids), "after_1": after_1, "after_all": after_all}))
         """, MXNET_CPU_WORKER_NTHREADS="2")
     assert result == {"threads": 2, "after_1": [1, 1], "after_all": [CORES, CORES]}
