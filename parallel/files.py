@@ -1,15 +1,69 @@
-"""Atomic file output: write to a temporary file beside the target, then rename over it.
+"""Files a run writes: atomic writes (a temporary file beside the target, then a rename over it), the checks
+made before long work starts, and the lock that keeps two runs out of one directory.
 
-An interrupted run never leaves a half-written file; the previous version stays until the rename.
+An interrupted run never leaves a half-written file; the previous version stays until the rename. A path that
+is a symbolic link is written through, to the file it points to (the link stays a link); a path that is not a
+regular file (a device such as ``/dev/full``, a FIFO, a socket, ``/dev/stdout``) is refused, since replacing
+it would destroy it and writing it in place would not be atomic.
 """
 import contextlib
 import errno
+import fcntl
+import json
 import os
 import secrets
+import socket
 import stat
+import sys
 import tempfile
 
-__all__ = ["atomic_write", "atomic_path", "fsync_directory", "check_writable"]
+__all__ = ["atomic_write", "atomic_path", "fsync_directory", "check_writable", "output_target",
+           "remove_temporaries", "DirectoryLock", "DirectoryLocked", "LOCK_FILE"]
+
+#: Temporary files being written now (``atomic_write``, ``atomic_path``): what ``remove_temporaries``
+#: removes when the process must end at once.
+_PENDING = set()
+
+_KINDS = {stat.S_ISCHR: "a character device", stat.S_ISBLK: "a block device", stat.S_ISFIFO: "a FIFO (named pipe)",
+          stat.S_ISSOCK: "a socket", stat.S_ISDIR: "a directory"}
+
+
+def _kind(mode):
+    return next((kind for test, kind in _KINDS.items() if test(mode)), "not a regular file")
+
+
+def output_target(path):
+    """The file a write to ``path`` replaces: ``path`` itself, or the file its symbolic links lead to.
+
+    Raises
+    ------
+    ValueError
+        When ``path`` exists but is not a regular file (a directory, a device, a FIFO, a socket).
+
+    >>> output_target("/dev/null")
+    Traceback (most recent call last):
+        ...
+    ValueError: '/dev/null' is a character device, not a regular file; give the path of a file to write
+    """
+    path = os.fspath(path)
+    try:
+        mode = os.stat(path).st_mode   # follows symbolic links, as the kernel does
+    except FileNotFoundError:
+        return os.path.realpath(path)  # a new file, or the missing target of a dangling link
+    except OSError as e:
+        raise ValueError(f"{path!r} cannot be examined ({e.strerror or e})") from None
+    if not stat.S_ISREG(mode):
+        raise ValueError(f"{path!r} is {_kind(mode)}, not a regular file; give the path of a file to write")
+    return os.path.realpath(path)
+
+
+def remove_temporaries():
+    """Remove the temporary files of the atomic writes in progress: for a process that must end at once
+    (``os._exit``), so that not even a temporary file is left behind. Their targets are untouched."""
+    for tmp in list(_PENDING):
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        _PENDING.discard(tmp)
 
 #: How many random temporary names ``atomic_write`` tries before giving up (a clash is already
 #: vanishingly unlikely with 64 random bits; the bound only stops an endless loop).
@@ -28,9 +82,11 @@ def _create_temp(path):
     for _ in range(_TEMP_ATTEMPTS):
         tmp = os.path.join(directory, prefix + secrets.token_hex(8) + ".tmp")
         try:
-            return os.open(tmp, flags, 0o666), tmp
+            fd = os.open(tmp, flags, 0o666)
         except FileExistsError:
             continue
+        _PENDING.add(tmp)
+        return fd, tmp
     raise FileExistsError(errno.EEXIST, "no unused temporary file name after %d attempts" % _TEMP_ATTEMPTS,
                           os.path.join(directory, prefix + "*.tmp"))
 
@@ -42,7 +98,8 @@ def atomic_write(path, mode="w"):
     The temporary file ``.<basename>.<random>.tmp`` is created in the same directory, so the final
     ``os.replace`` is atomic; it is flushed and fsynced before the rename. A new file gets the
     permissions ``open()`` would give it (0o666 less the umask, applied by the kernel); a file that
-    is replaced keeps its permission bits.
+    is replaced keeps its permission bits. A symbolic link is written through: the file it leads to is
+    replaced, and the link stays.
 
     Parameters
     ----------
@@ -54,8 +111,13 @@ def atomic_write(path, mode="w"):
     ------
     file object
         On an exception inside the block the temporary file is removed and ``path`` is untouched.
+
+    Raises
+    ------
+    ValueError
+        When ``path`` is not a regular file (``output_target``), before anything is written.
     """
-    path = os.fspath(path)
+    path = output_target(path)
     fd, tmp = _create_temp(path)
     try:
         try:
@@ -69,9 +131,14 @@ def atomic_write(path, mode="w"):
             os.fsync(f.fileno())
         _commit(tmp, path)
     except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
+        _discard(tmp)
         raise
+
+
+def _discard(tmp):
+    with contextlib.suppress(OSError):
+        os.unlink(tmp)
+    _PENDING.discard(tmp)
 
 
 @contextlib.contextmanager
@@ -79,7 +146,8 @@ def atomic_path(path):
     """Yield a temporary path beside ``path`` for a writer that takes a file name (``mx.nd.save``, ``savefig``);
     afterwards fsync it and rename it to ``path``, as ``atomic_write`` does.
 
-    On an exception inside the block the temporary file is removed and ``path`` is untouched.
+    On an exception inside the block the temporary file is removed and ``path`` is untouched. A symbolic
+    link is written through, and a path that is not a regular file is refused, as by ``atomic_write``.
 
     >>> import os, tempfile
     >>> with tempfile.TemporaryDirectory() as d:
@@ -88,7 +156,7 @@ def atomic_path(path):
     ...     print(os.listdir(d), open(os.path.join(d, "a.txt")).read())
     ['a.txt'] hello
     """
-    path = os.fspath(path)
+    path = output_target(path)
     fd, tmp = _create_temp(path)
     os.close(fd)
     try:
@@ -100,8 +168,7 @@ def atomic_path(path):
             os.close(fd)
         _commit(tmp, path)
     except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
+        _discard(tmp)
         raise
 
 
@@ -113,6 +180,7 @@ def _commit(tmp, path):
     except FileNotFoundError:
         pass   # a new file: the kernel already applied the umask to 0o666 at creation
     os.replace(tmp, path)
+    _PENDING.discard(tmp)
     fsync_directory(os.path.dirname(os.path.abspath(path)))
 
 
@@ -131,11 +199,19 @@ def fsync_directory(directory):
 
 
 def check_writable(path, what="output"):
-    """Raise ``ValueError`` unless a file can be created at ``path`` (checked before long work starts)."""
+    """Raise ``ValueError`` unless ``atomic_write`` can write ``path`` (checked before long work starts):
+    its directory exists and takes new files, and ``path`` is a regular file or does not exist yet.
+
+    ``what`` names the output in the message (``"metrics_json"``).
+    """
     path = os.fspath(path)
-    directory = os.path.dirname(os.path.abspath(path))
-    if os.path.isdir(path):
-        raise ValueError(f"cannot write {what} {path!r}: it is a directory; give a file name")
+    if path == "":
+        raise ValueError(f"{what} needs a file name, got an empty string")
+    try:
+        target = output_target(path)
+    except ValueError as e:
+        raise ValueError(f"cannot write {what}: {e}") from None
+    directory = os.path.dirname(target)
     if not os.path.isdir(directory):
         raise ValueError(f"cannot write {what} {path!r}: directory {directory!r} does not exist")
     try:
@@ -144,3 +220,79 @@ def check_writable(path, what="output"):
         raise ValueError(f"cannot write {what} {path!r}: {e.strerror or e}") from None
     os.close(fd)
     os.unlink(tmp)
+
+
+#: The lock file a run keeps in the directory it owns (its checkpoint directory).
+LOCK_FILE = ".lock"
+
+
+class DirectoryLocked(RuntimeError):
+    """Another process holds the directory's lock; ``holder`` says who (pid, host, command), as it wrote."""
+
+    def __init__(self, directory, holder):
+        who = (f"process {holder.get('pid')} on {holder.get('host')} ({holder.get('command')})"
+               if holder else "another process")
+        super().__init__(f"{directory} is in use by {who}; wait for that run to end, or use another directory")
+        self.directory, self.holder = directory, holder
+
+
+class DirectoryLock:
+    """An advisory lock on a directory for the life of a run (``flock`` on ``DIR/.lock``).
+
+    The lock file records who holds it (pid, host, command line), so that a second run is refused with a
+    message that names the holder. The operating system drops the lock when the holding process ends, however
+    it ends (even ``SIGKILL``), so a stale lock file never blocks a later run. ``flock`` locks may not reach
+    across machines on some network file systems.
+
+    >>> import tempfile
+    >>> with tempfile.TemporaryDirectory() as d:
+    ...     with DirectoryLock(d):
+    ...         try:
+    ...             DirectoryLock(d).acquire()
+    ...         except DirectoryLocked as e:
+    ...             print("refused:", e.holder["pid"] == os.getpid())
+    refused: True
+    """
+
+    def __init__(self, directory):
+        self.directory = os.fspath(directory)
+        self.path = os.path.join(self.directory, LOCK_FILE)
+        self._fd = None
+
+    def acquire(self):
+        """Take the lock, or raise ``DirectoryLocked`` at once (never waits). Returns ``self``."""
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _read_holder(fd)
+            os.close(fd)
+            raise DirectoryLocked(self.directory, holder) from None
+        except BaseException:
+            os.close(fd)
+            raise
+        holder = {"pid": os.getpid(), "host": socket.gethostname(), "command": " ".join(sys.argv)}
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(holder).encode(), 0)
+        self._fd = fd
+        return self
+
+    def release(self):
+        """Let go of the lock (the lock file stays: removing it would race with the next holder)."""
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            os.ftruncate(fd, 0)
+            os.close(fd)   # closing the descriptor drops the flock
+
+    def __enter__(self):
+        return self.acquire()
+
+    def __exit__(self, *exc):
+        self.release()
+
+
+def _read_holder(fd):
+    try:
+        return json.loads(os.pread(fd, 4096, 0).decode() or "{}")
+    except (OSError, ValueError):
+        return {}

@@ -1,4 +1,5 @@
 import os
+import re
 
 import pytest
 
@@ -77,3 +78,73 @@ def test_temp_name_clash_is_retried(tmp_path, monkeypatch):
     assert (tmp_path / "out.txt").read_text() == "mine"
     assert (tmp_path / ".out.txt.taken.tmp").read_text() == "someone else's"
     assert sorted(os.listdir(tmp_path)) == [".out.txt.taken.tmp", "out.txt"]
+
+
+def test_a_symbolic_link_is_written_through_to_its_target(tmp_path):
+    target = tmp_path / "real.json"
+    target.write_text("old")
+    link = tmp_path / "link.json"
+    link.symlink_to(target)
+    with atomic_write(link) as f:
+        f.write("new")
+    assert link.is_symlink() and target.read_text() == "new"    # the link stays a link, its target is new
+    dangling = tmp_path / "dangling.json"
+    dangling.symlink_to(tmp_path / "created.json")
+    with atomic_write(dangling) as f:
+        f.write("made")
+    assert dangling.is_symlink() and (tmp_path / "created.json").read_text() == "made"
+    assert sorted(os.listdir(tmp_path)) == ["created.json", "dangling.json", "link.json", "real.json"]
+
+
+@pytest.mark.parametrize("make, kind", [
+    (lambda d: "/dev/full", "a character device"),
+    (lambda d: (os.mkfifo(d / "fifo"), str(d / "fifo"))[1], "a FIFO (named pipe)"),
+    (lambda d: ((d / "to-dev").symlink_to("/dev/null"), str(d / "to-dev"))[1], "a character device"),
+])
+def test_what_is_not_a_regular_file_is_refused_and_left_alone(tmp_path, make, kind):
+    """As root, --metrics-json /dev/full once replaced the device node with a JSON file."""
+    path = make(tmp_path)
+    before = os.stat(path)
+    with pytest.raises(ValueError, match=re.escape(f"is {kind}, not a regular file")):
+        check_writable(path, "metrics_json")
+    with pytest.raises(ValueError, match="not a regular file"):
+        with atomic_write(path) as f:
+            f.write("x")
+    after = os.stat(path)
+    assert (after.st_mode, after.st_ino, after.st_rdev) == (before.st_mode, before.st_ino, before.st_rdev)
+
+
+def test_remove_temporaries_leaves_no_temporary_file(tmp_path):
+    from parallel.files import remove_temporaries
+    (tmp_path / "out.json").write_text("old")
+    with pytest.raises(SystemExit):
+        with atomic_write(tmp_path / "out.json") as f:
+            f.write("half")
+            assert len(os.listdir(tmp_path)) == 2
+            remove_temporaries()                   # what an immediate exit does
+            assert os.listdir(tmp_path) == ["out.json"]
+            raise SystemExit
+    assert (tmp_path / "out.json").read_text() == "old"
+
+
+def test_a_directory_lock_refuses_a_second_holder_until_released(tmp_path):
+    import subprocess
+    import sys
+    import textwrap
+    from parallel.files import DirectoryLock, DirectoryLocked
+    with DirectoryLock(tmp_path) as lock:
+        code = textwrap.dedent(f"""
+            from parallel.files import DirectoryLock, DirectoryLocked
+            try:
+                DirectoryLock({str(tmp_path)!r}).acquire()
+                print("acquired")
+            except DirectoryLocked as e:
+                print(e)
+            """)
+        other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+        assert f"is in use by process {os.getpid()} on " in other.stdout, other.stderr
+        with pytest.raises(DirectoryLocked):
+            DirectoryLock(tmp_path).acquire()
+        assert lock.path.endswith(".lock")
+    again = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert again.stdout.strip() == "acquired", again.stderr
