@@ -31,10 +31,9 @@ import argparse
 import contextlib
 import math
 import os
-import signal
 import sys
-import threading
 
+from .interrupt import INTERRUPTED_STATUS, end_on_signals, hold_interrupts, stop_between_batches
 from .settings import (ALLREDUCE_NAMES, DEFAULT_ALGORITHM, DEFAULT_MICRO_BATCHES, LR_RANGE, MAX_SEED, STRATEGIES,
                        recommended_omp_threads)
 
@@ -226,77 +225,6 @@ def _users_input(*errors):
         raise UsageError(str(e)) from None
 
 
-@contextlib.contextmanager
-def _interrupt_after():
-    """Hold Ctrl-C until the block is done, then raise ``KeyboardInterrupt`` if it was pressed.
-
-    For MXNet's import (about a second): a ``KeyboardInterrupt`` raised inside it, even when caught, can
-    leave CPython marked as killed by an unhandled interrupt, so that it ends by SIGINT (status -2) after
-    printing our one line (seen here in about half the runs interrupted 0.2-0.9 s after start).
-    """
-    if threading.current_thread() is not threading.main_thread():   # only the main thread gets signals
-        yield
-        return
-    pressed = []
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: pressed.append(signum))
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-    if pressed:
-        raise KeyboardInterrupt
-
-
-class _StopRequest:
-    """Set by the first SIGINT or SIGTERM during training: ``fit`` stops at the next batch boundary."""
-
-    def __init__(self):
-        self.signum = None
-
-    def __call__(self):
-        return self.signum is not None
-
-
-@contextlib.contextmanager
-def _graceful_stop():
-    """During the block, a first SIGINT/SIGTERM asks training to stop at the next batch boundary (and to write
-    its checkpoint); a second one raises ``KeyboardInterrupt`` at once (atomic writes keep the last complete
-    checkpoint)."""
-    request = _StopRequest()
-    if threading.current_thread() is not threading.main_thread():
-        yield request
-        return
-
-    def handler(signum, frame):
-        if request.signum is not None:
-            raise KeyboardInterrupt
-        request.signum = signum
-
-    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield request
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
-
-
-@contextlib.contextmanager
-def _end_on_signals():
-    """For a worker of a distributed job: during the block, SIGINT and SIGTERM end the process at once (their
-    default action). A worker spends its time blocked inside ps-lite, where no Python handler can run, so a
-    stop at the next batch boundary would only hold up the launcher's grace period; the job resumes from its
-    last epoch's checkpoint instead."""
-    if threading.current_thread() is not threading.main_thread():
-        yield None
-        return
-    previous = {sig: signal.signal(sig, signal.SIG_DFL) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield None
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
-
-
 class _Stopped(Exception):
     """Training stopped cleanly on a signal; ``main`` prints ``line`` and returns ``status``."""
 
@@ -336,7 +264,7 @@ def run(args):
     checkpoint (and broadcasts it), prints and writes. Raises ``UsageError`` for input the user controls
     (devices, layout, data, output files, divergence).
     """
-    with _interrupt_after():   # imports MXNet
+    with hold_interrupts():   # imports MXNet
         from .checkpoint import (CheckpointError, check_compatible, dataset_fingerprint, has_checkpoint,
                                  load_checkpoint, save_checkpoint)
         from .data import DataError
@@ -444,7 +372,7 @@ def run(args):
             "(give a larger --epochs to train further)")
     elif start is not None:
         say(f"resuming from {checkpoint.path}: epoch {start.epoch}, after {start.batch} batch(es)")
-    with (_graceful_stop() if job is None else _end_on_signals()) as stop, _users_input(NonFiniteLossError):
+    with (stop_between_batches() if job is None else end_on_signals()) as stop, _users_input(NonFiniteLossError):
         try:
             fit(dataset, ctx_list, args.epochs, args.batch_size, args.lr, seed=args.seed, algorithm=args.allreduce,
                 progress=progress, on_epoch=on_epoch, strategy=strategy, start=start, stop=stop,
@@ -493,7 +421,7 @@ def main(argv=None):
         return e.status
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
-        return 130
+        return INTERRUPTED_STATUS
     return 0
 
 
