@@ -1,0 +1,67 @@
+"""What the two commands (``python -m parallel.train``, ``python -m parallel.launch``) share: the user's mistakes
+as one ``error:`` line and exit status 2, and an argument parser that makes them so.
+
+A mistake in the user's input is a ``UsageError``; ``main`` prints it and returns 2. The package's functions
+raise ``TypeError``/``ValueError`` naming their arguments (``lr``, ``data_dir``); where the command passed the
+user's input straight to them, ``users_input`` turns those errors into ``UsageError`` and ``flag_message``
+names the command's flags instead (``--lr``, ``--data-dir``). Anywhere else a ``ValueError`` is a bug in the
+package, and shows its traceback. Nothing here imports MXNet.
+
+>>> flag_message("lr must be a finite number > 0, got -1.0", {"lr": "--lr"})
+'--lr must be a finite number > 0, got -1.0'
+"""
+import argparse
+import contextlib
+import re
+
+__all__ = ["UsageError", "Parser", "flag_message", "users_input", "finite_float"]
+
+
+class UsageError(Exception):
+    """Input the user controls cannot work; the command prints the message on one line and exits with 2.
+
+    Deliberately not a ``ValueError``: a ``ValueError`` escaping from the package's own code is a bug and
+    must show its traceback, not pass for the user's mistake.
+    """
+
+
+class Parser(argparse.ArgumentParser):
+    """``argparse`` with one-line errors (raised as ``UsageError``, no usage dump) and no abbreviations: a
+    prefix such as ``--epoch`` is refused, not taken for ``--epochs``."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message):
+        raise UsageError(message)
+
+
+def finite_float(text):
+    """An ``argparse`` type: a finite float."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if value != value or value in (float("inf"), float("-inf")):
+        raise argparse.ArgumentTypeError(f"{text!r} is not finite")
+    return value
+
+
+def flag_message(message, flags):
+    """``message`` with the argument name it starts with replaced by the command's flag for it (``flags``
+    maps names to flags); unchanged when it starts with no name in ``flags``."""
+    match = re.match(r"(\w+)\b", message)
+    if match and match.group(1) in flags:
+        return flags[match.group(1)] + message[match.end():]
+    return message
+
+
+@contextlib.contextmanager
+def users_input(*errors, flags=None):
+    """Turn ``errors`` raised inside the block, which can only come from the user's input, into ``UsageError``
+    (the message's argument name mapped to the flag, see ``flag_message``)."""
+    try:
+        yield
+    except errors as e:
+        raise UsageError(flag_message(str(e), flags or {})) from None
