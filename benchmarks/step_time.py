@@ -20,7 +20,7 @@ LeNet training step (batch 256) at K contexts for:
 
 Each thread setting (``OMP_NUM_THREADS``, which MXNet reads at start-up) runs in its own worker
 process; the parent asks the workers in turn, so only one measures at a time. Each configuration is
-reported at its best thread setting. Also measured: a whole epoch through ``parallel.training.fit`` (data
+reported at its best thread setting. Also measured: a whole epoch through ``parallel.fit`` (data
 loading, loss accumulation and NaN checks included) against the pure step time, and the resident
 memory over many steps. Writes ``step_time.json`` and ``step_time.png`` to ``--out``.
 """
@@ -120,8 +120,8 @@ class Worker:
         return (time.perf_counter() - start) / steps * 1000
 
     def epoch(self, k, num_batches):
-        """Seconds per step of one epoch through parallel.training.fit (data loading included)."""
-        from parallel.training import fit
+        """Seconds per step of one epoch through parallel.fit (data loading included)."""
+        from parallel import fit
         if self.dataset is None or len(self.dataset.train_labels) != num_batches * self.batch_size:
             self.dataset = self.parallel.synthetic_dataset(num_batches * self.batch_size, self.batch_size)
         history, _ = fit(self.dataset, self.ctx_all[:k], 1, self.batch_size, self.lr)

@@ -14,7 +14,7 @@ allreduce, one context ``mx.cpu(0)``, ``get_params(init_lenet_params(), mx.cpu(0
   notebook gets;
 - ``env``: ``OMP_NUM_THREADS=--threads`` (default: every core, ``recommended_omp_threads()``) set before
   MXNet is imported, what ``python -m parallel.train`` does;
-- ``api``: ``OMP_NUM_THREADS`` unset, ``parallel.settings.set_omp_threads(--threads)`` called after
+- ``api``: ``OMP_NUM_THREADS`` unset, ``parallel.threads.set_omp_threads(--threads)`` called after
   ``import mxnet``, before the first step.
 
 The same call after the warm-up steps is not measured: changing the threads of a context that has run
@@ -62,7 +62,7 @@ def worker_main(argv):
     import mxnet as mx
     import numpy as np
     import parallel
-    from parallel.settings import omp_threads, set_omp_threads
+    from parallel.threads import omp_threads, set_omp_threads
 
     ctx = mx.cpu(0)
     if args.setting == "api":
@@ -156,7 +156,7 @@ def render_table(result):
 
 
 def build_parser():
-    from parallel.settings import recommended_omp_threads
+    from parallel.threads import recommended_omp_threads
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--threads", type=int, default=recommended_omp_threads(),
@@ -181,7 +181,7 @@ def main(argv=None):
     if args.quick:
         args.steps, args.warmup, args.repeats, args.batch_size = 2, 1, 1, 32
     from parallel.files import atomic_write, check_writable
-    from parallel.settings import recommended_omp_threads
+    from parallel.threads import recommended_omp_threads
     try:
         for flag, value in (("--threads", args.threads), ("--batch-size", args.batch_size),
                             ("--steps", args.steps), ("--repeats", args.repeats)):

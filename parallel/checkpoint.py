@@ -3,7 +3,7 @@
 A checkpoint directory holds two files:
 
 - ``params-NNNNNN.params``: the model's arrays in MXNet's own format (``mx.nd.load`` reads it), by name
-  (``model_layout``): LeNet's eight, named as in ``parallel.export.LENET_PARAM_NAMES``; or ResNet-18's 76
+  (``parallel.models.model_layout``): LeNet's eight, named as in ``parallel.models.LENET_PARAM_NAMES``; or ResNet-18's 76
   trainable arrays and the 34 running statistics of its BatchNorm layers, under gluon's structural names
   (``"1.0.conv1.weight"``, ``"1.0.bn1.running_mean"``: what ``save_parameters`` writes). They are the model,
   whatever strategy trained it, so a checkpoint resumes on any number of contexts and under any strategy.
@@ -34,22 +34,20 @@ from typing import List, NamedTuple
 import mxnet as mx
 import numpy as np
 
-from .export import LENET_PARAM_NAMES, check_arrays, check_lenet_params, save_arrays
+from .export import check_arrays, check_lenet_params, save_arrays
 from .files import atomic_write, fsync_directory
-from .models import LENET_SHAPES, resnet18
+from .models import MODELS
+from .models.layout import model_layout
+from .models.lenet import LENET_PARAM_NAMES
 
-__all__ = ["FORMAT", "VERSION", "MANIFEST", "MODELS", "CheckpointError", "TrainingState", "Checkpoint", "Layout",
-           "model_layout", "block_names", "save_checkpoint", "load_checkpoint", "has_checkpoint", "check_compatible",
-           "dataset_fingerprint", "COMPATIBLE_FIELDS"]
+__all__ = ["FORMAT", "VERSION", "MANIFEST", "CheckpointError", "TrainingState", "Checkpoint", "save_checkpoint",
+           "load_checkpoint", "has_checkpoint", "check_compatible", "dataset_fingerprint", "COMPATIBLE_FIELDS"]
 
 FORMAT = "parallel-checkpoint"
 #: Bumped whenever a field changes meaning; a checkpoint of another version is refused, never misread.
 VERSION = 1
 #: The file that makes a checkpoint exist: written last, it names the parameter file.
 MANIFEST = "checkpoint.json"
-
-#: The models a checkpoint can hold (``--model``): their arrays and names are ``model_layout``'s.
-MODELS = ("lenet", "resnet18")
 
 #: Configuration fields that decide the computation: a resume that changes one is refused. The layout
 #: (strategy, devices, allreduce, stages) may change, and the number of epochs may grow.
@@ -91,62 +89,6 @@ class Checkpoint(NamedTuple):
     aux: list = ()
     #: ``"lenet"`` or ``"resnet18"`` (``MODELS``).
     model: str = "lenet"
-
-
-class Layout(NamedTuple):
-    """How a checkpoint stores a model: the names and shapes of its trainable arrays, then of the others."""
-    names: tuple
-    shapes: tuple
-    aux_names: tuple
-    aux_shapes: tuple
-
-
-def block_names(block):
-    """The names of a gluon block's arrays that are the same for every instance of the network.
-
-    gluon's ``Parameter.name`` counts the instances made so far (``hybridsequential3_conv0_weight``), so a
-    fresh ``init_resnet18()`` names its arrays differently from the one that wrote a checkpoint. The
-    structural names (``"0.0.weight"``: child 0, its child 0, ``weight``), which ``save_parameters`` writes,
-    do not change.
-
-    Returns
-    -------
-    (list of str, list of str)
-        The trainable arrays' names and the others', in ``parallel.models.block_state`` order (which is what
-        ``get_params(block, ctx)`` replicas and the strategies' ``params()`` and ``aux()`` follow). The block
-        need not be initialized.
-    """
-    structural = {id(param): name for name, param in block._collect_params_with_prefix().items()}
-    names, aux_names = [], []
-    for param in block.collect_params().values():
-        (aux_names if param.grad_req == "null" else names).append(structural[id(param)])
-    return names, aux_names
-
-
-@functools.lru_cache(maxsize=None)
-def model_layout(model):
-    """The ``Layout`` of a model of ``MODELS``: what its checkpoint holds.
-
-    ResNet-18's shapes are inferred from its graph on 1x28x28 images with 10 classes (what ``fit`` trains),
-    without allocating its arrays.
-
-    >>> layout = model_layout("resnet18")
-    >>> len(layout.names), len(layout.aux_names), layout.names[0], layout.shapes[0], layout.aux_names[0]
-    (76, 34, '0.0.weight', (64, 1, 3, 3), '0.1.running_mean')
-    """
-    if model == "lenet":
-        return Layout(tuple(LENET_PARAM_NAMES), tuple(LENET_SHAPES), (), ())
-    if model != "resnet18":
-        raise ValueError(f"unknown model {model!r}; choose one of {', '.join(MODELS)}")
-    block = resnet18(num_classes=10)
-    symbol = block(mx.sym.var("data"))
-    arg_shapes, _, aux_shapes = symbol.infer_shape(data=(1, 1, 28, 28))
-    shapes = dict(zip(symbol.list_arguments(), arg_shapes))
-    shapes.update(zip(symbol.list_auxiliary_states(), aux_shapes))
-    by_structure = {name: shapes[param.name] for name, param in block._collect_params_with_prefix().items()}
-    names, aux_names = block_names(block)
-    return Layout(tuple(names), tuple(by_structure[n] for n in names), tuple(aux_names),
-                  tuple(by_structure[n] for n in aux_names))
 
 
 def has_checkpoint(directory):
@@ -290,8 +232,32 @@ def load_checkpoint(directory, model=None):
     directory = os.fspath(directory)
     manifest_path = os.path.join(directory, MANIFEST)
     if not os.path.isfile(manifest_path):
-        raise CheckpointError(f"{directory}: no checkpoint ({MANIFEST} is missing); run without --resume to "
-                              "start one, or point --checkpoint-dir at the directory that holds it")
+        raise CheckpointError(f"{directory}: no checkpoint ({MANIFEST} is missing); start a new run there "
+                              "instead of resuming, or give the directory that holds the checkpoint")
+    manifest, saved_model = _read_manifest(manifest_path, model)
+    try:
+        params_file = manifest["params_file"]
+        expected_sha = manifest["params_sha256"]
+        state = TrainingState(**manifest["state"])
+        config = manifest["config"]
+        if not (isinstance(params_file, str) and os.path.basename(params_file) == params_file
+                and isinstance(config, dict) and isinstance(state.history, list)):
+            raise TypeError("malformed fields")
+    except (KeyError, TypeError) as e:
+        raise CheckpointError(f"{manifest_path}: a field is missing or malformed ({e}); the checkpoint cannot be "
+                              "resumed") from None
+    params_path = os.path.join(directory, params_file)
+    if not os.path.isfile(params_path):
+        raise CheckpointError(f"{params_path}: missing, but {MANIFEST} names it; the checkpoint is incomplete")
+    if _sha256(params_path) != expected_sha:
+        raise CheckpointError(f"{params_path}: its sha256 differs from the one in {MANIFEST}; the file is "
+                              "truncated, corrupt or from another checkpoint")
+    params, aux = _read_arrays(params_path, saved_model)
+    return Checkpoint(params, state, config, manifest_path, aux, saved_model)
+
+
+def _read_manifest(manifest_path, model):
+    """The manifest as a dict and the name of the model it holds, checked: format, version, model."""
     try:
         with open(manifest_path) as f:
             manifest = json.load(f)
@@ -310,45 +276,32 @@ def load_checkpoint(directory, model=None):
                               f"know (it trains {', '.join(MODELS)})")
     if model is not None and saved_model != model:
         raise CheckpointError(f"{manifest_path}: a checkpoint of {saved_model}, but this run trains {model}; resume "
-                              f"it with --model {saved_model}, or start a new run in another --checkpoint-dir")
-    try:
-        params_file = manifest["params_file"]
-        expected_sha = manifest["params_sha256"]
-        state = TrainingState(**manifest["state"])
-        config = manifest["config"]
-        if not (isinstance(params_file, str) and os.path.basename(params_file) == params_file
-                and isinstance(config, dict) and isinstance(state.history, list)):
-            raise TypeError("malformed fields")
-    except (KeyError, TypeError) as e:
-        raise CheckpointError(f"{manifest_path}: a field is missing or malformed ({e}); the checkpoint cannot be "
-                              "resumed") from None
-    params_path = os.path.join(directory, params_file)
-    if not os.path.isfile(params_path):
-        raise CheckpointError(f"{params_path}: missing, but {MANIFEST} names it; the checkpoint is incomplete")
-    if _sha256(params_path) != expected_sha:
-        raise CheckpointError(f"{params_path}: its sha256 differs from the one in {MANIFEST}; the file is "
-                              "truncated, corrupt or from another checkpoint")
+                              f"it as a {saved_model} run, or start a new run in another directory")
+    return manifest, saved_model
+
+
+def _read_arrays(params_path, model):
+    """The trainable arrays and the others of ``model`` from its parameter file, checked against its layout."""
     try:
         loaded = mx.nd.load(params_path)
     except mx.base.MXNetError:
         raise CheckpointError(f"{params_path}: not an MXNet parameter file") from None
-    layout = model_layout(saved_model)
-    title = "LeNet" if saved_model == "lenet" else "ResNet-18"
+    layout = model_layout(model)
+    title = MODELS[model].title
     expected = layout.names + layout.aux_names
     if not isinstance(loaded, dict) or sorted(loaded) != sorted(expected):
-        if saved_model == "lenet":
+        if model == "lenet":
             found = sorted(loaded) if isinstance(loaded, dict) else "a list"
         else:
             found = ("a list" if not isinstance(loaded, dict) else
                      f"{len(loaded)} arrays ({len(set(loaded) - set(expected))} unknown, "
                      f"{len(set(expected) - set(loaded))} missing, e.g. {sorted(set(expected) ^ set(loaded))[:2]})")
         raise CheckpointError(f"{params_path}: holds {found}, not {title}'s parameters "
-                              f"{list(expected) if saved_model == 'lenet' else f'({len(expected)} arrays)'}")
+                              f"{list(expected) if model == 'lenet' else f'({len(expected)} arrays)'}")
     for name, shape in zip(expected, layout.shapes + layout.aux_shapes):
         if loaded[name].shape != shape:
             raise CheckpointError(f"{params_path}: {name} has shape {loaded[name].shape}, {title}'s is {shape}")
-    return Checkpoint([loaded[name] for name in layout.names], state, config, manifest_path,
-                      [loaded[name] for name in layout.aux_names], saved_model)
+    return [loaded[name] for name in layout.names], [loaded[name] for name in layout.aux_names]
 
 
 def _describe(field, value):
@@ -364,10 +317,18 @@ def check_compatible(saved, current):
     >>> check_compatible({"lr": 0.2}, {"lr": 0.1})
     Traceback (most recent call last):
         ...
-    parallel.checkpoint.CheckpointError: the checkpoint was trained with lr 0.2, this run asks for 0.1; resume with the same lr, or start a new run in another --checkpoint-dir
+    parallel.checkpoint.CheckpointError: the checkpoint was trained with lr 0.2, this run asks for 0.1; resume with the same lr, or start a new run in another directory
+
+    Datasets are compared by their fingerprint (``dataset_fingerprint``) alone: the same examples read from
+    another directory are the same dataset; their names only serve the message.
     """
     for field in COMPATIBLE_FIELDS:
-        if field in saved and saved[field] != current.get(field):
+        if field in saved and _key(field, saved[field]) != _key(field, current.get(field)):
             raise CheckpointError(f"the checkpoint was trained with {field} {_describe(field, saved[field])}, this "
                                   f"run asks for {_describe(field, current.get(field))}; resume with the same "
-                                  f"{field}, or start a new run in another --checkpoint-dir")
+                                  f"{field}, or start a new run in another directory")
+
+
+def _key(field, value):
+    """What decides whether two values of ``field`` are the same: a dataset's fingerprint, else the value."""
+    return value.get("fingerprint") if field == "dataset" and isinstance(value, dict) else value

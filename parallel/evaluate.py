@@ -1,10 +1,12 @@
-"""Accuracy of a model spread over contexts, computed on all of them."""
+"""Accuracy of a model spread over contexts (and workers), computed on all of them: each shard is scored on its
+own context, by its own replica."""
 import functools
 
 import mxnet as mx
 
 from .kvstore import sum_values, worker_slice
-from .models import as_net, lenet_cached
+from .models.gluon import as_net
+from .models.lenet import lenet_cached
 from .split import split_and_load
 
 __all__ = ["accuracy", "evaluate_accuracy"]

@@ -33,15 +33,11 @@ import numpy as np
 from mxnet import gluon
 
 from .files import atomic_path, atomic_write, fsync_directory
-from .models import LENET_SHAPES, block_state, lenet
+from .comm.replica import block_state
+from .models.lenet import LENET_PARAM_NAMES, LENET_SHAPES, lenet
 
-__all__ = ["LENET_PARAM_NAMES", "lenet_symbol", "check_arrays", "check_lenet_params", "save_arrays", "export_lenet",
+__all__ = ["lenet_symbol", "check_arrays", "check_lenet_params", "save_arrays", "export_lenet",
            "export_gluon", "to_gluon"]
-
-#: Names of LeNet's eight parameters, in ``LENET_SHAPES`` order: the one source of truth for the exported
-#: symbol's arguments and for anything else that stores the parameters by name.
-LENET_PARAM_NAMES = ("conv1_weight", "conv1_bias", "conv2_weight", "conv2_bias",
-                     "dense1_weight", "dense1_bias", "dense2_weight", "dense2_bias")
 
 #: Floating-point types a LeNet can be exported in (the from-scratch network runs in any of them).
 _FLOAT_DTYPES = (np.float16, np.float32, np.float64)

@@ -240,9 +240,9 @@ class DirectoryLock:
     """An advisory lock on a directory for the life of a run (``flock`` on ``DIR/.lock``).
 
     The lock file records who holds it (pid, host, command line), so that a second run is refused with a
-    message that names the holder. The operating system drops the lock when the holding process ends, however
-    it ends (even ``SIGKILL``), so a stale lock file never blocks a later run. ``flock`` locks may not reach
-    across machines on some network file systems.
+    message that names the holder; it is removed when the lock is released. The operating system drops the
+    lock when the holding process ends, however it ends (even ``SIGKILL``): a lock file left by a killed run
+    never blocks a later one. ``flock`` locks may not reach across machines on some network file systems.
 
     >>> import tempfile
     >>> with tempfile.TemporaryDirectory() as d:
@@ -261,16 +261,20 @@ class DirectoryLock:
 
     def acquire(self):
         """Take the lock, or raise ``DirectoryLocked`` at once (never waits). Returns ``self``."""
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o666)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = _read_holder(fd)
-            os.close(fd)
-            raise DirectoryLocked(self.directory, holder) from None
-        except BaseException:
-            os.close(fd)
-            raise
+        while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o666)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = _read_holder(fd)
+                os.close(fd)
+                raise DirectoryLocked(self.directory, holder) from None
+            except BaseException:
+                os.close(fd)
+                raise
+            if _same_file(fd, self.path):
+                break
+            os.close(fd)   # the holder removed the file as we opened it: lock the one that is there now
         holder = {"pid": os.getpid(), "host": socket.gethostname(), "command": " ".join(sys.argv)}
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps(holder).encode(), 0)
@@ -278,10 +282,12 @@ class DirectoryLock:
         return self
 
     def release(self):
-        """Let go of the lock (the lock file stays: removing it would race with the next holder)."""
+        """Let go of the lock and remove the lock file (first, while still holding it: a process that opened
+        it meanwhile sees that it is gone once it gets the lock, and tries again)."""
         if self._fd is not None:
             fd, self._fd = self._fd, None
-            os.ftruncate(fd, 0)
+            with contextlib.suppress(OSError):
+                os.unlink(self.path)
             os.close(fd)   # closing the descriptor drops the flock
 
     def __enter__(self):
@@ -289,6 +295,16 @@ class DirectoryLock:
 
     def __exit__(self, *exc):
         self.release()
+
+
+def _same_file(fd, path):
+    """Whether the open ``fd`` is still the file at ``path``."""
+    try:
+        there = os.stat(path)
+    except FileNotFoundError:
+        return False
+    here = os.fstat(fd)
+    return (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino)
 
 
 def _read_holder(fd):

@@ -13,16 +13,22 @@ NCCL do it). W workers of K contexts then train the same model as one context.
 import json
 import math
 
-from .comm import FlatReplica
+from .comm.replica import FlatReplica
 from .split import shard_sizes
 
-__all__ = ["Job", "join", "abandon", "worker_slice", "broadcast_params", "allreduce_across", "broadcast_object",
-           "sum_values", "PARAMS_KEY", "GRADS_KEY"]
+__all__ = ["Job", "join", "abandon", "worker_slice", "broadcast_params", "broadcast_aux", "allreduce_across",
+           "broadcast_object", "sum_values", "KEYS"]
 
-#: kvstore keys of the package: the flat parameter buffer (rank 0's, broadcast), the flat gradient buffer,
-#: the length and the pieces of a broadcast object, and small sums of n numbers (key ``SUMS_KEY + n``). A
-#: ``gluon.Trainer`` numbers its keys from 0 as well: give it a kvstore of its own, not the job's.
-PARAMS_KEY, GRADS_KEY, LENGTH_KEY, SUMS_KEY, CHUNK_KEY = 0, 1, 2, 100, 1000
+#: Every kvstore key the package uses, by what it carries. A ``gluon.Trainer`` numbers its keys from 0 as well:
+#: give it a kvstore of its own, not the job's.
+KEYS = {
+    "params": 0,      # the flat parameter buffer: rank 0's, broadcast
+    "grads": 1,       # the flat gradient buffer, summed every step
+    "length": 2,      # the length of a broadcast object (broadcast_object)
+    "aux": 3,         # the arrays that are not trained (BatchNorm's running statistics): rank 0's, broadcast
+    "sums": 100,      # small sums of n numbers use key 100 + n (n < 900)
+    "chunks": 1000,   # the pieces of a broadcast object use keys 1000, 1001, ...
+}
 #: ``broadcast_object`` sends its JSON text in pieces of this many bytes (one float64 per byte).
 CHUNK = 4096
 
@@ -165,9 +171,25 @@ def broadcast_params(job, device_params):
     """Give every worker rank 0's parameters, in place; then every replica of this worker holds them. Call it
     on every worker, before training (again after loading parameters on rank 0 alone)."""
     replicas = _flat(device_params)
-    job.broadcast(PARAMS_KEY, replicas[0].data)
+    job.broadcast(KEYS["params"], replicas[0].data)
     for params in replicas[1:]:
         replicas[0].data.copyto(params.data)
+
+
+def broadcast_aux(job, device_params):
+    """Give every replica of every worker rank 0's arrays that are not trained (BatchNorm's running
+    statistics), in place: one broadcast of their concatenation. A collective call, like ``broadcast_params``;
+    nothing to do for replicas without such arrays."""
+    import mxnet as mx
+    aux = list(getattr(device_params[0], "aux", ()))
+    if not aux:
+        return
+    flat = job.broadcast(KEYS["aux"], mx.nd.concat(*[a.reshape(-1) for a in aux], dim=0))
+    for params in device_params:
+        offset = 0
+        for array in getattr(params, "aux", ()):
+            flat[offset:offset + array.size].reshape(array.shape).copyto(array)
+            offset += array.size
 
 
 def allreduce_across(job, device_params):
@@ -176,7 +198,7 @@ def allreduce_across(job, device_params):
     servers split big buffers between them, ``MXNET_KVSTORE_BIGARRAY_BOUND``)."""
     replicas = _flat(device_params)
     grad = replicas[0].grad
-    job.allsum(GRADS_KEY, grad)
+    job.allsum(KEYS["grads"], grad)
     for params in replicas[1:]:
         grad.copyto(params.grad)
 
@@ -187,12 +209,12 @@ def broadcast_object(job, obj):
     import mxnet as mx
     import numpy as np
     data = json.dumps(obj).encode() if job.rank == 0 else b""
-    length = int(job.broadcast(LENGTH_KEY, mx.nd.array([len(data)], dtype="float64")).asscalar())
+    length = int(job.broadcast(KEYS["length"], mx.nd.array([len(data)], dtype="float64")).asscalar())
     buffer = np.zeros(math.ceil(length / CHUNK) * CHUNK)
     buffer[:len(data)] = np.frombuffer(data, dtype=np.uint8)
     for i in range(len(buffer) // CHUNK):
         piece = mx.nd.array(buffer[i * CHUNK:(i + 1) * CHUNK], dtype="float64")
-        buffer[i * CHUNK:(i + 1) * CHUNK] = job.broadcast(CHUNK_KEY + i, piece).asnumpy()
+        buffer[i * CHUNK:(i + 1) * CHUNK] = job.broadcast(KEYS["chunks"] + i, piece).asnumpy()
     return json.loads(buffer[:length].astype(np.uint8).tobytes().decode())
 
 
@@ -201,4 +223,4 @@ def sum_values(job, values):
     Blocks until they arrive. Summed in float64: counts up to 2**53 are exact."""
     import mxnet as mx
     values = [float(v) for v in values]
-    return job.allsum(SUMS_KEY + len(values), mx.nd.array(values, dtype="float64")).asnumpy().tolist()
+    return job.allsum(KEYS["sums"] + len(values), mx.nd.array(values, dtype="float64")).asnumpy().tolist()

@@ -58,6 +58,8 @@ import sys
 import threading
 import time
 
+from .cli import Parser, UsageError
+
 __all__ = ["main", "build_parser", "check_args", "parse_hostfile", "plan_processes", "ssh_argv", "UsageError",
            "START_LINE"]
 
@@ -79,10 +81,6 @@ _TAIL_LINES = 20
 _READER_JOIN_SECONDS = 2.0
 
 
-class UsageError(Exception):
-    """Input the user controls cannot work; ``main`` prints the message on one line and returns 2."""
-
-
 class _Failure(Exception):
     """The job ended badly; ``main`` prints ``error: <message>`` and returns ``status``."""
 
@@ -91,14 +89,9 @@ class _Failure(Exception):
         self.status = status
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):   # one line, no usage dump: main() prints "error: ..." and returns 2
-        raise UsageError(message)
-
-
 def build_parser():
     """The argument parser of ``python -m parallel.launch``."""
-    parser = _Parser(prog="python -m parallel.launch",
+    parser = Parser(prog="python -m parallel.launch",
                      description="Start a distributed MXNet kvstore job (scheduler, servers, workers) and watch it: "
                                  "any process that fails, a start that does not complete, or a stall ends the "
                                  "whole job with one error line.")

@@ -1,4 +1,5 @@
-"""Split a batch across contexts."""
+"""Split a batch across contexts: ``split_and_load`` copies shard ``i`` to context ``i``, any batch size, the
+shards' sizes differing by at most one (``shard_sizes``)."""
 import mxnet as mx
 import numpy as np
 

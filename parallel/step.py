@@ -1,18 +1,36 @@
-"""One synchronous data-parallel SGD step: split, forward/backward per context, allreduce, update."""
-import numbers
+"""The one training step every strategy takes: split, forward/backward per replica, allreduce, update.
 
+``step_replicas(replicas, X, y, lr)`` is the step itself, written once: split the batch over the replicas,
+run each replica's forward (recorded) and loss, check the labels, run one backward, give replicas that got no
+example the first one's running statistics, sum the gradients (``replicas.allreduce_grads``) and take the same
+SGD step everywhere (``replicas.update``). What a "replica" is differs between strategies, behind four members:
+
+- ``in_ctx_list`` / ``out_ctx_list``: where each replica takes its shard of ``X`` and gives its outputs (the
+  labels go there);
+- ``forward_all(X_shards)``: the outputs of every shard, each through its replica (in lockstep where
+  BatchNorm is synchronized);
+- ``aux(r)``: replica ``r``'s arrays that are not trained (BatchNorm's running statistics);
+- ``allreduce_grads(active)`` and ``update(lr, batch_size)``.
+
+Data parallelism (``train_step``, the textbook's ``train_batch``, and ``strategies.DataParallel``) has one
+replica per context; hybrid parallelism one model-parallel group of contexts per replica; model and pipeline
+parallelism one model whose micro-batches take the replicas' place.
+"""
 import mxnet as mx
 import numpy as np
 from mxnet import autograd, gluon
 
-from .comm import DEFAULT_ALGORITHM, FlatReplica, allreduce
+from .comm import DEFAULT_ALGORITHM
+from .comm.algorithms import allreduce
+from .comm.replica import FlatReplica
 from .kvstore import allreduce_across, worker_slice
-from .models import as_net, lenet_cached, softmax_cross_entropy
-from .settings import check_lr
+from .models.gluon import as_net
+from .models.lenet import lenet_cached, softmax_cross_entropy
 from .split import split_and_load
+from .validate import check_contexts, check_int, check_lr
 
-__all__ = ["sgd", "allreduce_grads", "update_replicas", "loss_and_correct", "train_step", "train_batch",
-           "check_lr", "check_labels"]
+__all__ = ["check_labels", "check_batch", "sgd", "allreduce_grads", "update_replicas", "loss_and_correct",
+           "step_replicas", "DeviceReplicas", "train_step", "train_batch"]
 
 
 def check_labels(y, num_classes, loss=softmax_cross_entropy):
@@ -52,8 +70,7 @@ def sgd(params, lr, batch_size):
 
 
 def _check_replicas(device_params, ctx_list):
-    if not ctx_list:
-        raise ValueError("ctx_list is empty; give at least one context")
+    check_contexts(ctx_list)
     if len(device_params) != len(ctx_list):
         raise ValueError(f"device_params has {len(device_params)} replicas but ctx_list has "
                          f"{len(ctx_list)} contexts; make one replica per context with get_params")
@@ -104,8 +121,7 @@ def update_replicas(device_params, lr, batch_size):
         The global batch size, which the summed gradient is divided by.
     """
     check_lr(lr)
-    if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) or batch_size < 1:
-        raise ValueError(f"batch_size must be the global batch size, an int >= 1, got {batch_size!r}")
+    check_int(batch_size, "batch_size", low=1)
     for params in device_params:
         if isinstance(params, FlatReplica):        # one fused operation over the flat buffer
             mx.nd.sgd_update(params.data, params.grad, lr=lr, wd=0.0, rescale_grad=1.0 / batch_size,
@@ -123,6 +139,82 @@ def loss_and_correct(outputs, y_shards, losses, ctx):
     correct = mx.nd.add_n(*[(out.argmax(axis=1) == y_shard.astype(out.dtype)).sum().as_in_context(ctx)
                             for out, y_shard in zip(outputs, y_shards)])
     return loss_sum, correct
+
+
+def check_batch(X, y):
+    """Raise ``ValueError`` unless ``X`` and ``y`` hold the same number of examples, at least one."""
+    if X.shape[0] != y.shape[0]:
+        raise ValueError(f"X has {X.shape[0]} examples but y has {y.shape[0]}; give one label per example")
+    if X.shape[0] < 1:
+        raise ValueError("X is an empty batch (0 examples); give at least one example")
+
+
+def step_replicas(replicas, X, y, lr, loss=softmax_cross_entropy, batch_size=None):
+    """One synchronous SGD step of every replica on the batch ``X``, ``y`` (see the module's docstring).
+
+    Parameters
+    ----------
+    replicas : object
+        ``in_ctx_list``, ``out_ctx_list``, ``forward_all``, ``aux``, ``allreduce_grads``, ``update``.
+    X, y : NDArray
+        A batch (any context, any size >= 1), split over the replicas as ``split_and_load`` splits it: a
+        batch smaller than the number of replicas leaves the last ones idle.
+    lr : float
+    loss : callable
+        ``loss(outputs, y)`` returns per-example losses.
+    batch_size : int, optional
+        What the summed gradient is divided by: the global batch, ``len(X)`` unless this is one worker's slice.
+
+    Returns
+    -------
+    (NDArray, NDArray)
+        Summed loss and count of correct argmax predictions, each of shape (1,) on ``in_ctx_list[0]``; nothing
+        here waits for the devices.
+    """
+    check_batch(X, y)
+    X_shards, y_shards = split_and_load(X, replicas.in_ctx_list), split_and_load(y, replicas.out_ctx_list)
+    with autograd.record():   # forward on every replica that holds a shard
+        outputs = replicas.forward_all(X_shards)
+        losses = [loss(out, y_shard) for out, y_shard in zip(outputs, y_shards)]
+    check_labels(y, outputs[0].shape[-1], loss)   # before anything is updated
+    autograd.backward(losses)  # each replica computes the gradient of its own shard
+    active = len(X_shards)
+    for r in range(active, len(replicas.in_ctx_list)):   # an idle replica takes the first one's statistics
+        for first, aux in zip(replicas.aux(0), replicas.aux(r)):
+            first.copyto(aux)
+    replicas.allreduce_grads(active)                      # sum each gradient across the replicas
+    replicas.update(lr, X.shape[0] if batch_size is None else batch_size)   # every replica takes the same step
+    return loss_and_correct(outputs, y_shards, losses, replicas.in_ctx_list[0])
+
+
+class DeviceReplicas:
+    """Data parallelism's replicas: ``device_params[i]`` on ``ctx_list[i]``, each running ``net``.
+
+    ``allreduce_grads`` sums the gradients over the contexts with ``algorithm`` and, in a distributed job,
+    over the workers through the kvstore; ``update`` is ``update_replicas``.
+    """
+
+    def __init__(self, device_params, ctx_list, net=lenet_cached, algorithm=DEFAULT_ALGORITHM, job=None):
+        self.device_params, self.in_ctx_list = device_params, list(ctx_list)
+        self.out_ctx_list = self.in_ctx_list
+        self.net, self.algorithm, self.job = as_net(net), algorithm, job
+
+    def forward_all(self, X_shards):
+        forward_all = getattr(self.net, "forward_all", None)   # a net that needs every shard at once (BatchNorm)
+        if forward_all is not None:
+            return forward_all(X_shards, self.device_params[:len(X_shards)])
+        return [self.net(X, params) for X, params in zip(X_shards, self.device_params)]
+
+    def aux(self, r):
+        return list(getattr(self.device_params[r], "aux", ()))
+
+    def allreduce_grads(self, active=None):
+        allreduce_grads(self.device_params, self.algorithm, active)
+        if self.job is not None:
+            allreduce_across(self.job, self.device_params)   # ... and across the workers
+
+    def update(self, lr, batch_size):
+        update_replicas(self.device_params, lr, batch_size)
 
 
 def train_step(X, y, device_params, ctx_list, lr, net=lenet_cached, loss=softmax_cross_entropy,
@@ -164,37 +256,18 @@ def train_step(X, y, device_params, ctx_list, lr, net=lenet_cached, loss=softmax
     """
     check_lr(lr)
     _check_replicas(device_params, ctx_list)
-    if X.shape[0] != y.shape[0]:
-        raise ValueError(f"X has {X.shape[0]} examples but y has {y.shape[0]}; give one label per example")
+    check_batch(X, y)
+    replicas = DeviceReplicas(device_params, ctx_list, net, algorithm, job)
     n = X.shape[0]   # the global batch
     if job is not None:
         start, stop = worker_slice(n, len(ctx_list), job.rank, job.num_workers)
         if start == stop:   # no example for this worker: it adds a zero gradient and takes the same step
-            allreduce_grads(device_params, algorithm, active=0)
-            allreduce_across(job, device_params)
-            update_replicas(device_params, lr, n)
+            replicas.allreduce_grads(active=0)
+            replicas.update(lr, n)
             zero = mx.nd.zeros((1,), ctx=ctx_list[0])
             return zero, zero.copy()
         X, y = X[start:stop], y[start:stop]
-    X_shards, y_shards = split_and_load(X, ctx_list), split_and_load(y, ctx_list)
-    net = as_net(net)         # a gluon block runs as the function of its replicas
-    forward_all = getattr(net, "forward_all", None)   # a net that needs every shard at once (BatchNorm)
-    with autograd.record():   # forward on every context that holds a shard
-        if forward_all is not None:
-            outputs = forward_all(X_shards, device_params[:len(X_shards)])
-        else:
-            outputs = [net(X_shard, params) for X_shard, params in zip(X_shards, device_params)]
-        losses = [loss(out, y_shard) for out, y_shard in zip(outputs, y_shards)]
-    check_labels(y, outputs[0].shape[-1], loss)   # before anything is updated
-    autograd.backward(losses)  # each context computes the gradient of its own shard
-    for params in device_params[len(X_shards):]:   # an idle replica takes the running statistics of the first
-        for aux, first in zip(getattr(params, "aux", ()), getattr(device_params[0], "aux", ())):
-            first.copyto(aux)
-    allreduce_grads(device_params, algorithm, active=len(X_shards))   # sum each gradient across contexts
-    if job is not None:
-        allreduce_across(job, device_params)                          # ... and across the workers
-    update_replicas(device_params, lr, n)                              # every replica takes the same step
-    return loss_and_correct(outputs, y_shards, losses, ctx_list[0])
+    return step_replicas(replicas, X, y, lr, loss, batch_size=n)
 
 
 def train_batch(X, y, device_params, ctx_list, lr, net=lenet_cached, loss=softmax_cross_entropy,

@@ -116,6 +116,6 @@ def check_contexts(ctx_list, name="ctx_list", needed=1, what="this"):
         if ctx in ctx_list[:i]:
             raise ValueError(f"{name}[{i}] repeats {ctx}; list each context once")
     if len(ctx_list) < needed:
-        raise ValueError(f"{name} has {len(ctx_list)} context(s) but {what} need(s) {needed}; use fewer stages or "
-                         "more contexts")
+        raise ValueError(f"{name}: {what} need {needed} contexts, got {len(ctx_list)}; use fewer stages or more "
+                         "contexts")
     return list(ctx_list)

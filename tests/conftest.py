@@ -6,10 +6,12 @@ import numpy as np
 import pytest
 from hypothesis import settings
 
-# Property-based tests (Hypothesis): in CI the examples are derived from each test's name, so a run is
-# reproducible and a failure shows up again on re-run; locally every run explores new examples.
-settings.register_profile("ci", derandomize=True, print_blob=True)
-settings.load_profile("ci" if os.environ.get("CI") else "default")
+# Property-based tests (Hypothesis, marked ``property``): how many examples each draws comes from a profile, never
+# from the test. The fast tier's default draws a few new ones every run; the slow tier's command loads "full"
+# (``--hypothesis-profile=full``): many examples, derived from each test's name, so that a failure reproduces.
+settings.register_profile("default", max_examples=10, deadline=None)
+settings.register_profile("full", max_examples=100, deadline=None, derandomize=True, print_blob=True)
+settings.load_profile("default")
 
 
 def contexts(k):
@@ -94,12 +96,13 @@ def no_network_downloads(monkeypatch):
     in this process and in subprocesses (through the environment variable)."""
     mirror = f"http://127.0.0.1:{_closed_port()}/"
     monkeypatch.setenv("PARALLEL_FASHION_MNIST_MIRRORS", mirror)
-    monkeypatch.setattr("parallel.data.FASHION_MNIST_MIRRORS", [mirror])
+    monkeypatch.setattr("parallel.data.fashion_mnist.FASHION_MNIST_MIRRORS", [mirror])
     monkeypatch.setenv("MXNET_HOME", "/nonexistent-mxnet-home-for-tests")
 
 
 # Operators the package calls through mx.nd (LeNet's layers, the loss, the update, the reductions).
-_STRICT_OPS = ["Convolution", "Pooling", "Activation", "relu", "dot", "broadcast_add", "flatten", "log_softmax", "pick",
+_STRICT_OPS = ["Convolution", "Pooling", "Activation", "relu", "dot", "FullyConnected", "transpose", "broadcast_add",
+               "flatten", "log_softmax", "pick",
                "add_n", "concat", "sgd_update", "elemwise_add", "argmax", "stack"]
 _STRICT_METHODS = ["__add__", "__iadd__", "__sub__", "__isub__", "__mul__", "__imul__", "__truediv__",
                    "__itruediv__", "__eq__", "__setitem__"]
@@ -170,3 +173,61 @@ def job_processes(mark_name, mark, role=None):
         if roles and f"{mark_name}={mark}".encode() in env and role in (None, roles[0]):
             found.append(int(pid))
     return found
+
+
+# ---- processes a test starts: each in its own process group, each with a timeout, none left behind ----------
+
+def stop_process(process, grace=10):
+    """End ``process`` and everything in its process group: SIGTERM (a launcher then stops what it started), and
+    SIGKILL after ``grace`` seconds. A no-op for a group that is gone."""
+    import signal
+    import subprocess
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 30)):
+        try:
+            os.killpg(process.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            process.wait(timeout=wait)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+    try:   # what the group may still hold once its leader exited
+        os.killpg(process.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def run_process(argv, timeout, **kwargs):
+    """``subprocess.run(argv, capture_output=True, text=True)`` in a process group of its own; on a timeout (or
+    any interruption) the whole group is stopped before ``subprocess.TimeoutExpired`` propagates."""
+    import subprocess
+    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               start_new_session=True, **kwargs)
+    try:
+        out, err = process.communicate(timeout=timeout)
+    except BaseException:
+        stop_process(process)
+        raise
+    return subprocess.CompletedProcess(argv, process.returncode, out, err)
+
+
+_STARTED = []   # every process start_process started in the current test
+
+
+def start_process(argv, **kwargs):
+    """``subprocess.Popen(argv, ...)`` in a process group of its own; whatever is still running when the test
+    ends is stopped with its group (``stop_process``), however the test ends."""
+    import subprocess
+    process = subprocess.Popen(argv, start_new_session=True, **kwargs)
+    _STARTED.append(process)
+    return process
+
+
+@pytest.fixture(autouse=True)
+def _stop_started_processes():
+    yield
+    while _STARTED:
+        process = _STARTED.pop()
+        if process.poll() is None:
+            stop_process(process)

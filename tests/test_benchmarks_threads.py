@@ -4,7 +4,7 @@ import json
 import mxnet as mx
 import pytest
 
-from parallel.settings import recommended_omp_threads
+from parallel.threads import recommended_omp_threads
 
 from conftest import load_benchmark
 

@@ -7,9 +7,14 @@ import numpy as np
 import pytest
 
 from parallel import checkpoint as ckpt
-from parallel import training
-from parallel.export import LENET_PARAM_NAMES
+from parallel.models import LENET_PARAM_NAMES
 from parallel.models import init_lenet_params
+from parallel.checkpoint import TrainingState
+from parallel.comm import get_params
+from parallel.data.batches import epoch_seed
+from parallel.loop import NonFiniteLossError, TrainingStopped, fit
+from parallel.models import init_model
+from parallel.strategies import make_strategy
 from conftest import assert_same_parameters, easy_dataset
 
 BATCH = 32
@@ -29,13 +34,13 @@ def _strategy(layout, params):
     name, k, options = LAYOUTS[layout]
     options = dict(options)
     algorithm = options.pop("algorithm", "fused")
-    return training.make_strategy(name, params, [mx.cpu(i) for i in range(k)], batch_size=BATCH,
+    return make_strategy(name, params, [mx.cpu(i) for i in range(k)], batch_size=BATCH,
                                   algorithm=algorithm, **options)
 
 
 def _run(layout, params=None, start=None, stop=None, on_checkpoint=None, epochs=EPOCHS, lr=0.3):
     strategy = _strategy(layout, init_lenet_params(seed=5) if params is None else params)
-    history, _ = training.fit(DATA, None, epochs, BATCH, lr, seed=5, strategy=strategy, start=start, stop=stop,
+    history, _ = fit(DATA, None, epochs, BATCH, lr, seed=5, strategy=strategy, start=start, stop=stop,
                               on_checkpoint=on_checkpoint)
     return [p.asnumpy() for p in strategy.params()], history
 
@@ -76,7 +81,7 @@ def test_interrupted_and_resumed_equals_uninterrupted_bitwise(layout, where, uni
         saves.append(state)
         ckpt.save_checkpoint(tmp_path, params, state, {"batch_size": BATCH, "lr": 0.3, "seed": 5})
 
-    with pytest.raises(training.TrainingStopped) as stopped:
+    with pytest.raises(TrainingStopped) as stopped:
         _run(layout, stop=_stop_before(STOPS[where]), on_checkpoint=save)
     position = stopped.value.state
     call = STOPS[where] - 1
@@ -99,7 +104,7 @@ def test_a_checkpoint_resumes_on_another_layout(source, target, tmp_path):
     At lr 0.1: at lr 0.3 the runs reach the unstable escape from LeNet's initial plateau, which amplifies
     float32 rounding until even two uninterrupted layouts differ by ~6e-3 on the conv biases after 14 steps.
     """
-    with pytest.raises(training.TrainingStopped):
+    with pytest.raises(TrainingStopped):
         _run(source, stop=_stop_before(4), lr=0.1,
              on_checkpoint=lambda state, params, aux: ckpt.save_checkpoint(tmp_path, params, state, {}))
     loaded = ckpt.load_checkpoint(tmp_path)
@@ -110,11 +115,11 @@ def test_a_checkpoint_resumes_on_another_layout(source, target, tmp_path):
 
 def test_data_on_2_contexts_resumes_on_4():
     saved = {}
-    with pytest.raises(training.TrainingStopped):
-        training.fit(DATA, [mx.cpu(0), mx.cpu(1)], EPOCHS, BATCH, 0.1, seed=5, stop=_stop_before(9),
+    with pytest.raises(TrainingStopped):
+        fit(DATA, [mx.cpu(0), mx.cpu(1)], EPOCHS, BATCH, 0.1, seed=5, stop=_stop_before(9),
                      on_checkpoint=lambda state, params, aux: saved.update(state=state, params=[p.copy() for p in params]))
-    _, on_two = training.fit(DATA, [mx.cpu(0), mx.cpu(1)], EPOCHS, BATCH, 0.1, seed=5)
-    _, on_four = training.fit(DATA, [mx.cpu(i) for i in range(4)], EPOCHS, BATCH, 0.1, seed=5,
+    _, on_two = fit(DATA, [mx.cpu(0), mx.cpu(1)], EPOCHS, BATCH, 0.1, seed=5)
+    _, on_four = fit(DATA, [mx.cpu(i) for i in range(4)], EPOCHS, BATCH, 0.1, seed=5,
                               params=saved["params"], start=saved["state"])
     assert_same_parameters([p.asnumpy() for p in on_four[0]], [p.asnumpy() for p in on_two[0]], "float32")
 
@@ -138,7 +143,7 @@ def test_checkpoint_after_every_epoch_and_growing_epochs(tmp_path, uninterrupted
 def test_files_on_disk(tmp_path):
     """checkpoint.json names the parameter file; mx.nd.load reads it with LeNet's names; one file per
     checkpoint: the previous parameter file goes once the new manifest is in place."""
-    state = training.TrainingState(1, 3, 1.5, 2.0, 0.25, training.epoch_seed(0, 1), [])
+    state = TrainingState(1, 3, 1.5, 2.0, 0.25, epoch_seed(0, 1), [])
     ckpt.save_checkpoint(tmp_path, init_lenet_params(seed=1), state, {"lr": 0.1})
     ckpt.save_checkpoint(tmp_path, init_lenet_params(seed=2), state._replace(batch=4), {"lr": 0.1})
     manifest = json.loads((tmp_path / ckpt.MANIFEST).read_text())
@@ -152,7 +157,7 @@ def test_files_on_disk(tmp_path):
 
 
 def test_non_finite_parameters_never_replace_a_good_checkpoint(tmp_path):
-    state = training.TrainingState(2, 0, 0.0, 0.0, 0.0, training.epoch_seed(0, 2), [{"epoch": 1}])
+    state = TrainingState(2, 0, 0.0, 0.0, 0.0, epoch_seed(0, 2), [{"epoch": 1}])
     ckpt.save_checkpoint(tmp_path, init_lenet_params(seed=1), state, {})
     before = {name: (tmp_path / name).read_bytes() for name in os.listdir(tmp_path)}
     bad = init_lenet_params(seed=1)
@@ -164,8 +169,8 @@ def test_non_finite_parameters_never_replace_a_good_checkpoint(tmp_path):
 
 def test_a_diverging_run_writes_no_checkpoint(tmp_path):
     saves = []
-    with pytest.raises(training.NonFiniteLossError):
-        training.fit(DATA, [mx.cpu(0)], 1, BATCH, 1e10, seed=1, on_checkpoint=lambda *a: saves.append(a))
+    with pytest.raises(NonFiniteLossError):
+        fit(DATA, [mx.cpu(0)], 1, BATCH, 1e10, seed=1, on_checkpoint=lambda *a: saves.append(a))
     assert saves == []
 
 
@@ -179,7 +184,7 @@ def test_a_diverging_run_writes_no_checkpoint(tmp_path):
     ("field missing", "a field is missing or malformed"),
 ])
 def test_damaged_checkpoints_are_refused_with_one_line(tmp_path, damage, message):
-    state = training.TrainingState(1, 2, 0.5, 1.0, 0.1, training.epoch_seed(0, 1), [])
+    state = TrainingState(1, 2, 0.5, 1.0, 0.1, epoch_seed(0, 1), [])
     ckpt.save_checkpoint(tmp_path, init_lenet_params(), state, {})
     manifest_path = tmp_path / ckpt.MANIFEST
     manifest = json.loads(manifest_path.read_text())
@@ -205,17 +210,17 @@ def test_damaged_checkpoints_are_refused_with_one_line(tmp_path, damage, message
 
 
 def test_resume_refuses_a_start_from_another_order():
-    state = training.TrainingState(1, 2, 0.0, 0.0, 0.0, training.epoch_seed(6, 1), [])
+    state = TrainingState(1, 2, 0.0, 0.0, 0.0, epoch_seed(6, 1), [])
     with pytest.raises(ValueError, match="the data order would change"):
-        training.fit(DATA, [mx.cpu(0)], 1, BATCH, 0.3, seed=5, start=state)
+        fit(DATA, [mx.cpu(0)], 1, BATCH, 0.3, seed=5, start=state)
     with pytest.raises(ValueError, match="an epoch here has 7 batches"):
-        training.fit(DATA, [mx.cpu(0)], 1, BATCH, 0.3, seed=5, start=state._replace(batch=9,
-                                                                                      shuffle_seed=training.epoch_seed(5, 1)))
+        fit(DATA, [mx.cpu(0)], 1, BATCH, 0.3, seed=5, start=state._replace(batch=9,
+                                                                                      shuffle_seed=epoch_seed(5, 1)))
 
 
 def test_a_checkpoint_written_before_resnet18_loads_as_lenet(tmp_path):
     """Manifests without a model name (the first format) hold LeNet: they load, and only as LeNet."""
-    state = training.TrainingState(1, 2, 0.5, 1.0, 0.1, training.epoch_seed(0, 1), [])
+    state = TrainingState(1, 2, 0.5, 1.0, 0.1, epoch_seed(0, 1), [])
     ckpt.save_checkpoint(tmp_path, init_lenet_params(seed=1), state, {"lr": 0.1})
     manifest_path = tmp_path / ckpt.MANIFEST
     manifest = json.loads(manifest_path.read_text())
@@ -228,9 +233,9 @@ def test_a_checkpoint_written_before_resnet18_loads_as_lenet(tmp_path):
 
 
 def test_resnet18_checkpoint_round_trip_with_running_statistics(tmp_path):
-    replica = training.get_params(training.init_model("resnet18", seed=3), mx.cpu())
+    replica = get_params(init_model("resnet18", seed=3), mx.cpu())
     replica.aux[1][:] = 0.5   # running statistics that differ from their initial values
-    state = training.TrainingState(2, 0, 0.0, 0.0, 0.0, training.epoch_seed(0, 2), [{"epoch": 1}])
+    state = TrainingState(2, 0, 0.0, 0.0, 0.0, epoch_seed(0, 2), [{"epoch": 1}])
     ckpt.save_checkpoint(tmp_path, list(replica), state, {}, aux=replica.aux, model="resnet18")
     loaded = ckpt.load_checkpoint(tmp_path)
     assert loaded.model == "resnet18" and (len(loaded.params), len(loaded.aux)) == (76, 34)

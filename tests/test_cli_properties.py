@@ -16,9 +16,10 @@ import tempfile
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from parallel.settings import ALLREDUCE_NAMES, STRATEGIES
+from parallel.comm import ALGORITHMS as ALLREDUCE_NAMES
+from parallel.strategies import STRATEGIES
 from parallel.train import main
-from conftest import easy_dataset, write_idx_files
+from conftest import easy_dataset, write_idx_files, run_process
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +42,7 @@ FLAGS = {
                   ["0", "-1", "nan", "inf", "1e-40", "1e-300", "1e39", "fast"]),
     "--seed": _flag(st.sampled_from(["0", "42950", "4294967295"]) | st.integers(0, 2 ** 32 - 1).map(str),
                     ["-1", "4294967296", str(2 ** 40)]),
-    "--strategy": _flag(st.sampled_from(STRATEGIES), ["diagonal"]),
+    "--strategy": _flag(st.sampled_from(list(STRATEGIES)), ["diagonal"]),
     "--stages": _flag(st.integers(1, 4).map(str), ["0", "-1", "5"]),
     "--boundaries": _flag(st.sampled_from(["2", "1,3", "1,2,3", "1"]), ["0", "4", "2,1", "2,2", "conv", "", " "]),
     "--micro-batches": _flag(st.integers(1, 8).map(str), ["0", "-1"]),
@@ -91,7 +92,8 @@ def _run(argv, cwd):
     return status, out.getvalue(), err.getvalue()
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@pytest.mark.property
+@settings(suppress_health_check=[HealthCheck.too_slow])
 @given(argv=command_lines())
 def test_any_flags_train_or_exit_2_with_one_error_line(tiny_dir, argv):
     """main() never raises for user input: it trains (0) or prints one ``error:`` line and returns 2."""
@@ -114,14 +116,15 @@ def test_any_flags_train_or_exit_2_with_one_error_line(tiny_dir, argv):
             assert os.path.getsize(os.path.join(cwd, argv[argv.index("--plot") + 1])) > 0
 
 
-@settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@pytest.mark.slow
+# each example is a process (~2 s): a twentieth of the profile's examples, at least 2
+@settings(max_examples=max(2, settings.default.max_examples // 20), suppress_health_check=[HealthCheck.too_slow])
 @given(argv=command_lines())
 def test_any_flags_in_a_real_process_never_show_a_traceback(tiny_dir, argv):
     """The same contract as a user sees it: a separate process, its exit status and stderr."""
     argv = argv + ["--data-dir", tiny_dir, "--no-progress", "--epochs", "1"]
     with tempfile.TemporaryDirectory() as cwd:
-        result = subprocess.run([sys.executable, "-m", "parallel.train", *argv], capture_output=True, text=True,
-                                cwd=cwd, timeout=300)
+        result = run_process([sys.executable, "-m", "parallel.train", *argv], cwd=cwd, timeout=300)
     assert "Traceback" not in result.stderr, (argv, result.stderr)
     assert result.returncode in (0, 2), (argv, result.returncode, result.stderr)
     errors = [line for line in result.stderr.splitlines() if not line.startswith("warning: ")]

@@ -44,6 +44,6 @@ def test_textbook_path_and_evaluation_copy_explicitly(strict_contexts):
 
 
 def test_fit_copies_explicitly(strict_contexts):
-    from parallel.training import fit
+    from parallel import fit
     history, _ = fit(easy_dataset(num_train=40, num_test=10), contexts(2), 1, 16, 0.1)
     assert history[0]["epoch"] == 1

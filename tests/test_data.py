@@ -8,6 +8,8 @@ import re
 import shutil
 import socket
 import struct
+import subprocess
+import sys
 import threading
 
 import mxnet as mx
@@ -15,6 +17,8 @@ import numpy as np
 import pytest
 
 import parallel.data as data
+from parallel.data import fashion_mnist
+from conftest import run_process
 from parallel.data import (FILES, DataError, default_data_dir, download_fashion_mnist, identify_dataset,
                            iterate_batches, load_fashion_mnist, load_idx_dataset, num_batches, read_idx,
                            synthetic_dataset, write_idx)
@@ -178,7 +182,8 @@ def test_missing_files_are_listed(tmp_path):
     with pytest.raises(DataError) as info:
         load_idx_dataset(tmp_path)
     message = str(info.value)
-    assert str(tmp_path) in message and "--dataset synthetic" in message
+    assert str(tmp_path) in message and "or use the synthetic dataset" in message
+    assert "--" not in message   # the library names its own terms, not the CLI's flags
     for role in ("train_labels", "test_images", "test_labels"):
         assert FILES[role] in message
     assert FILES["train_images"] not in message
@@ -235,7 +240,7 @@ def mirror_dir(tmp_path, monkeypatch):
     src.mkdir()
     write_dataset(src, small_dataset(), gz=True)
     sha1 = {name: hashlib.sha1((src / name).read_bytes()).hexdigest() for name in GZ_NAMES}
-    monkeypatch.setattr(data, "FASHION_MNIST_SHA1", sha1)
+    monkeypatch.setattr(fashion_mnist, "FASHION_MNIST_SHA1", sha1)
     return src
 
 
@@ -284,7 +289,8 @@ def test_unreachable_mirror_fails_fast_and_leaves_nothing(tmp_path, mirror_dir):
     with pytest.raises(DataError) as info:
         download_fashion_mnist(dest, mirrors=[closed_port_url(), closed_port_url()], progress=False)
     message = str(info.value)
-    assert "\n" not in message and str(dest) in message and "--dataset synthetic" in message
+    assert "\n" not in message and str(dest) in message and "or use the synthetic dataset" in message
+    assert "--" not in message
     assert "Connection refused" in message or "connect" in message.lower()
     for name in GZ_NAMES:
         assert name in message
@@ -302,7 +308,7 @@ def test_mirror_missing_some_files(tmp_path, mirror_dir, serve):
 
 
 def test_sha1_mismatch_everywhere_leaves_nothing(tmp_path, mirror_dir, serve, monkeypatch):
-    monkeypatch.setitem(data.FASHION_MNIST_SHA1, GZ_NAMES[0], "0" * 40)
+    monkeypatch.setitem(fashion_mnist.FASHION_MNIST_SHA1, GZ_NAMES[0], "0" * 40)
     dest = tmp_path / "dest"
     with pytest.raises(DataError, match="sha1 mismatch"):
         download_fashion_mnist(dest, mirrors=[serve(mirror_dir)], progress=False)
@@ -311,8 +317,9 @@ def test_sha1_mismatch_everywhere_leaves_nothing(tmp_path, mirror_dir, serve, mo
 
 def test_uncreatable_data_dir(tmp_path):
     blocker = write_bytes(tmp_path / "file", b"x")
-    with pytest.raises(DataError, match="cannot create the data directory"):
+    with pytest.raises(DataError, match="cannot create the data directory.*or use the synthetic dataset$") as info:
         download_fashion_mnist(os.path.join(blocker, "sub"), mirrors=[closed_port_url()], progress=False)
+    assert "--" not in str(info.value)
 
 
 def test_default_data_dir_follows_mxnet_home(tmp_path, monkeypatch):
@@ -322,7 +329,7 @@ def test_default_data_dir_follows_mxnet_home(tmp_path, monkeypatch):
 
 def test_load_fashion_mnist_without_download(tmp_path, monkeypatch):
     monkeypatch.setenv("MXNET_HOME", str(tmp_path))
-    monkeypatch.setattr(data, "FASHION_MNIST_MIRRORS", [closed_port_url()])
+    monkeypatch.setattr(fashion_mnist, "FASHION_MNIST_MIRRORS", [closed_port_url()])
     with pytest.raises(DataError, match="missing") as info:
         load_fashion_mnist(download=False)
     assert default_data_dir() in str(info.value) and FILES["test_labels"] in str(info.value)
@@ -396,7 +403,8 @@ def test_no_download_into_another_dataset(tmp_path, mirror_dir, serve, foreign):
     message = str(info.value)
     assert "\n" not in message and message.startswith(str(dest) + ": missing ")
     assert "not Fashion-MNIST" in message and "empty directory" in message
-    assert "put the missing files there" in message
+    assert "put the missing files there" in message and "the default directory, data_dir=None" in message
+    assert "--" not in message
     assert missing_in(message) == sorted(n for n in FILES.values() if n not in before and n + ".gz" not in before)
     held = message.split("(raw or .gz), and ", 1)[1]
     assert all(name in held for name in bad) and GZ_NAMES[3] not in message
@@ -414,6 +422,7 @@ def test_all_files_present_loads_without_download(tmp_path, mirror_dir, serve):
     with pytest.raises(DataError, match="not downloading Fashion-MNIST over another dataset") as info:
         download_fashion_mnist(dest, mirrors=[serve(mirror_dir)], progress=False)
     assert "missing" not in str(info.value) and FILES["test_labels"] in str(info.value)
+    assert "data_dir=None" in str(info.value) and "--" not in str(info.value)
     assert sorted(os.listdir(dest)) == sorted(FILES.values())
 
 
@@ -464,9 +473,55 @@ def test_failed_download_keeps_directories_that_are_no_longer_empty(tmp_path, mi
     assert sorted(os.listdir(dest)) == sorted(GZ_NAMES[:3])
 
 
+def test_default_mirrors_are_read_at_call_time(tmp_path, mirror_dir, serve, monkeypatch):
+    # What the autouse no_network_downloads fixture relies on: the module global, patched where the code reads it.
+    monkeypatch.delenv("PARALLEL_FASHION_MNIST_MIRRORS")
+    monkeypatch.setattr(fashion_mnist, "FASHION_MNIST_MIRRORS", [serve(mirror_dir)])
+    got = download_fashion_mnist(tmp_path / "dest", progress=False)
+    assert sorted(os.path.basename(p) for p in got) == sorted(GZ_NAMES)
+
+
 def test_module_docstring_examples_run():
     result = doctest.testmod(data, optionflags=doctest.ELLIPSIS)
     assert result.attempted >= 5 and result.failed == 0
+
+
+def test_import_loads_neither_mxnet_nor_the_submodules():
+    code = ("import sys, parallel.data as d; "
+            "print(d.DATASETS, sorted(m for m in sys.modules if m.split('.')[0] in ('mxnet', 'numpy') "
+            "or m.startswith('parallel.data.')))")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    result = run_process([sys.executable, "-c", code], cwd=root, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "('fashion-mnist', 'synthetic') []"
+
+
+def test_every_public_name_is_re_exported():
+    import importlib
+    for module, names in data._SOURCES.items():
+        submodule = importlib.import_module("parallel.data." + module)
+        assert sorted(names) == sorted(submodule.__all__), module
+        for name in names:   # (the autouse no_network_downloads fixture patched the mirrors in the submodule)
+            assert getattr(data, name) is getattr(submodule, name) or name == "FASHION_MNIST_MIRRORS"
+    assert set(data.__all__) <= set(dir(data))
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        data.nope
+
+
+# --- load_data -----------------------------------------------------------------------------------------
+
+def test_load_data_by_name(tmp_path, monkeypatch):
+    from parallel.data import DATASETS, load, load_data
+    assert DATASETS == ("fashion-mnist", "synthetic")
+    write_dataset(tmp_path, small_dataset(seed=2), gz=True)
+    np.testing.assert_array_equal(load_data("fashion-mnist", tmp_path, progress=False).train_images,
+                                  small_dataset(seed=2).train_images)
+    monkeypatch.setattr(load, "synthetic_dataset", lambda seed: ("synthetic", seed))   # the full size takes a second
+    assert load_data("synthetic", seed=4) == ("synthetic", 4)
+    with pytest.raises(ValueError, match="name must be one of fashion-mnist, synthetic; got 'cifar'"):
+        load_data("cifar")
+    with pytest.raises(TypeError, match="name must be a string"):
+        load_data(None)
 
 
 # --- synthetic data --------------------------------------------------------------------------------
@@ -501,11 +556,27 @@ def test_synthetic_is_learnable_but_not_trivial():
     assert 0.5 <= accuracy < 0.97
 
 
-@pytest.mark.parametrize("kwargs", [dict(num_train=0), dict(num_test=-1), dict(num_train=1.5),
-                                    dict(num_train=True), dict(seed=-1), dict(seed="0")])
-def test_synthetic_bad_arguments(kwargs):
-    with pytest.raises(ValueError, match=repr(list(kwargs.values())[0]).replace(".", r"\.")):
+@pytest.mark.parametrize("kwargs, error, message", [
+    (dict(num_train=0), ValueError, "num_train must be >= 1, got 0"),
+    (dict(num_test=-1), ValueError, "num_test must be >= 1, got -1"),
+    (dict(seed=-1), ValueError, "seed must be >= 0, got -1"),
+    (dict(num_train=2.0), TypeError, "num_train must be an int, got 2.0"),
+    (dict(num_train=1.5), TypeError, "num_train must be an int, got 1.5"),
+    (dict(num_test=True), TypeError, "num_test must be an int, got True"),
+    (dict(seed="0"), TypeError, "seed must be an int, got '0'"),
+    (dict(seed=None), TypeError, "seed must be an int, got None"),
+])
+def test_synthetic_bad_arguments(kwargs, error, message):
+    # A wrong type is a TypeError, a wrong value a ValueError; the message starts with the argument's name.
+    with pytest.raises(error) as info:
         synthetic_dataset(**kwargs)
+    assert type(info.value) is error and str(info.value) == message
+
+
+def test_synthetic_takes_numpy_ints():
+    a, b = synthetic_dataset(np.int64(20), np.uint8(10), seed=np.int32(3)), synthetic_dataset(20, 10, seed=3)
+    for x, y in zip(a, b):
+        np.testing.assert_array_equal(x, y)
 
 
 # --- batches ----------------------------------------------------------------------------------------
@@ -552,13 +623,42 @@ def test_shuffle_is_seeded():
     np.testing.assert_array_equal(order(3), expected)
 
 
-@pytest.mark.parametrize("bad", [0, -2, 2.5, True, "4", None])
-def test_bad_batch_size(bad):
+@pytest.mark.parametrize("bad, error, message", [
+    (0, ValueError, "batch_size must be >= 1, got 0"),
+    (-2, ValueError, "batch_size must be >= 1, got -2"),
+    (2.0, TypeError, "batch_size must be an int, got 2.0"),
+    (2.5, TypeError, "batch_size must be an int, got 2.5"),
+    (True, TypeError, "batch_size must be an int, got True"),
+    ("4", TypeError, "batch_size must be an int, got '4'"),
+    (None, TypeError, "batch_size must be an int, got None"),
+])
+def test_bad_batch_size(bad, error, message):
     images, labels = indexed(4)
-    with pytest.raises(ValueError, match="batch_size must be an int >= 1, got %s" % repr(bad).replace(".", r"\.")):
-        iterate_batches(images, labels, bad)  # raised at the call, not at the first next()
-    with pytest.raises(ValueError, match="batch_size"):
-        num_batches(4, bad)
+    for call in (lambda: iterate_batches(images, labels, bad),   # raised at the call, not at the first next()
+                 lambda: num_batches(4, bad)):
+        with pytest.raises(error) as info:
+            call()
+        assert type(info.value) is error and str(info.value) == message
+
+
+@pytest.mark.parametrize("bad, error, message", [
+    (-1, ValueError, "start must be >= 0, got -1"),
+    (1.0, TypeError, "start must be an int, got 1.0"),
+    (None, TypeError, "start must be an int, got None"),
+])
+def test_bad_start(bad, error, message):
+    images, labels = indexed(4)
+    with pytest.raises(error) as info:
+        iterate_batches(images, labels, 2, start=bad)
+    assert type(info.value) is error and str(info.value) == message
+
+
+def test_start_skips_batches():
+    images, labels = indexed(10)
+    whole = [y.asnumpy().tolist() for _, y in iterate_batches(images, labels, 3, shuffle=True, seed=5)]
+    rest = [y.asnumpy().tolist() for _, y in iterate_batches(images, labels, 3, shuffle=True, seed=5,
+                                                             start=np.int64(2))]
+    assert rest == whole[2:] and list(iterate_batches(images, labels, 3, start=4)) == []
 
 
 def test_mismatched_images_and_labels():
@@ -571,5 +671,15 @@ def test_mismatched_images_and_labels():
 
 def test_num_batches():
     assert [num_batches(n, 4) for n in (0, 1, 4, 5, 8, 9)] == [0, 1, 1, 2, 2, 3]
-    with pytest.raises(ValueError, match="n must be"):
+    assert num_batches(np.int64(9), np.int32(4)) == 3
+    with pytest.raises(ValueError, match="^n must be >= 0, got -1$"):
         num_batches(-1, 4)
+    with pytest.raises(TypeError, match=r"^n must be an int, got 9\.0$"):
+        num_batches(9.0, 4)
+
+
+@pytest.mark.parametrize("bad, error", [(-1, ValueError), (2 ** 32, ValueError), (1.0, TypeError),
+                                        (None, TypeError), (True, TypeError)])
+def test_epoch_seed_bad_seed(bad, error):
+    with pytest.raises(error, match="^seed must be"):
+        data.epoch_seed(bad, 1)

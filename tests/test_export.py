@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 from mxnet import gluon
 
-from parallel.export import LENET_PARAM_NAMES, export_lenet, lenet_symbol, to_gluon
+from parallel.models import LENET_PARAM_NAMES
+from parallel.export import export_lenet, lenet_symbol, to_gluon
 from parallel.models import LENET_SHAPES, init_lenet_params, lenet
 
 

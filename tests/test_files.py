@@ -3,6 +3,8 @@ import re
 
 import pytest
 
+from conftest import run_process
+
 from parallel.files import atomic_write, check_writable
 
 
@@ -141,10 +143,10 @@ def test_a_directory_lock_refuses_a_second_holder_until_released(tmp_path):
             except DirectoryLocked as e:
                 print(e)
             """)
-        other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+        other = run_process([sys.executable, "-c", code], timeout=60)
         assert f"is in use by process {os.getpid()} on " in other.stdout, other.stderr
         with pytest.raises(DirectoryLocked):
             DirectoryLock(tmp_path).acquire()
         assert lock.path.endswith(".lock")
-    again = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    again = run_process([sys.executable, "-c", code], timeout=60)
     assert again.stdout.strip() == "acquired", again.stderr

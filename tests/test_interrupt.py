@@ -9,15 +9,15 @@ import time
 
 import pytest
 
-from conftest import ROOT, easy_dataset, write_idx_files
+from conftest import ROOT, easy_dataset, start_process, stop_process, write_idx_files
 
 # A training run whose every step pushes an engine operator that never returns: reading the step's loss
 # blocks the main thread inside MXNet (WaitToRead) for good, as a deadlocked operator would.
 STUCK = """
 import ctypes, sys, threading
 import mxnet as mx
-import parallel.training as training
-from parallel.settings import _ContextHandle, _ENGINE_SYNC_FUNC
+import parallel.train_steps as steps
+from parallel.threads import _ContextHandle, _ENGINE_SYNC_FUNC
 from parallel.train import main
 
 never = threading.Event()
@@ -33,8 +33,12 @@ def stuck_step(X, y, lr):
         block, None, None, ctypes.byref(handle), None, 0, ctypes.byref(out.handle), 1, None, 0, None))
     return out, out
 
-make_strategy = training.make_strategy
-training.make_strategy = lambda *a, **k: make_strategy(*a, **k)._replace(train_step=stuck_step)
+def stuck_strategy(*args, **kwargs):
+    strategy = make_strategy(*args, **kwargs)
+    strategy.train_step = stuck_step
+    return strategy
+
+make_strategy, steps.make_strategy = steps.make_strategy, stuck_strategy
 sys.exit(main({argv!r}))
 """
 
@@ -48,8 +52,8 @@ def data_dir(tmp_path):
 def test_a_second_signal_ends_a_run_stuck_inside_mxnet(sig, data_dir, tmp_path):
     argv = ["--devices", "cpu:1", "--epochs", "1", "--batch-size", "20", "--data-dir", str(data_dir),
             "--no-progress", "--metrics-json", str(tmp_path / "m.json")]
-    process = subprocess.Popen([sys.executable, "-c", textwrap.dedent(STUCK).format(argv=argv)], cwd=ROOT,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    process = start_process([sys.executable, "-c", textwrap.dedent(STUCK).format(argv=argv)], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert process.stdout.readline().startswith("training LeNet"), process.stderr.read()
         time.sleep(1.0)                         # the main thread is now blocked reading the first step's loss
@@ -61,8 +65,7 @@ def test_a_second_signal_ends_a_run_stuck_inside_mxnet(sig, data_dir, tmp_path):
         err = process.stderr.read()
     finally:
         if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+            stop_process(process)
     assert status == 130, err
     assert err.strip().splitlines()[-1] == "error: interrupted", err
     assert not (tmp_path / "m.json").exists()    # no epoch finished

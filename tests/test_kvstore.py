@@ -1,7 +1,6 @@
 """Training across processes: W workers x K contexts, launched by parallel.launch, train the same model as one
 context (rtol 1e-5 of each array's scale), for batch sizes that leave some workers without an example."""
 import os
-import subprocess
 import sys
 
 import numpy as np
@@ -9,7 +8,7 @@ import pytest
 
 from parallel import get_params, init_lenet_params, train_batch
 from parallel.kvstore import worker_slice
-from conftest import assert_same_parameters, contexts, make_batches
+from conftest import assert_same_parameters, contexts, make_batches, run_process
 
 SIZES = [13, 7, 3, 12, 1, 5]   # 3 and 1 leave workers with empty slices when W x K > 3
 
@@ -49,22 +48,20 @@ def test_worker_slices_cover_the_batch_in_order():
                 assert all(a[1] == b[0] for a, b in zip(slices, slices[1:]))
 
 
-@pytest.mark.parametrize("workers, k, servers", [(1, 2, 1), (2, 1, 1), (2, 2, 2), (3, 1, 1), (3, 2, 2)])
-def test_workers_times_contexts_train_the_same_model_as_one_context(workers, k, servers, tmp_path):
+@pytest.mark.slow
+def test_the_textbook_loop_across_processes_trains_the_same_model_as_one_context(tmp_path):
+    """The API's textbook loop (train_batch with job=) under the launcher, 3 workers x 2 contexts on batches
+    that leave some workers without an example, in float64. The whole W x K matrix, through the CLI, is
+    tests/test_train_distributed.py's."""
+    workers, k, servers = 3, 2, 2
     out = str(tmp_path / "params")
     script = tmp_path / "worker.py"
     script.write_text(WORKER.format(tests=os.path.dirname(os.path.abspath(__file__)), k=k, sizes=SIZES, out=out))
-    launcher = subprocess.Popen([sys.executable, "-m", "parallel.launch", "-n", str(workers), "-s", str(servers),
-                                 "--stall-timeout", "60",   # a deadlocked step ends the job, not the test run
-                                 "--env", "MXNET_KVSTORE_BIGARRAY_BOUND:1000",   # split the buffer over servers
-                                 sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True)
-    try:
-        _, err = launcher.communicate(timeout=300)
-    except subprocess.TimeoutExpired:   # SIGTERM, not SIGKILL: the launcher then stops every process it started
-        launcher.terminate()
-        _, err = launcher.communicate(timeout=60)
-    assert launcher.returncode == 0, err[-3000:]
+    result = run_process([sys.executable, "-m", "parallel.launch", "-n", str(workers), "-s", str(servers),
+                          "--stall-timeout", "60",   # a deadlocked step ends the job, not the test run
+                          "--env", "MXNET_KVSTORE_BIGARRAY_BOUND:1000",   # split the buffer over servers
+                          sys.executable, str(script)], timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
     ctx_list = contexts(1)
     want = [get_params(init_lenet_params(seed=0, dtype="float64"), ctx_list[0])]
     for X, y in make_batches(SIZES, seed=3, dtype="float64"):

@@ -16,7 +16,7 @@ import uuid
 import pytest
 
 from parallel.launch import main
-from conftest import job_processes
+from conftest import job_processes, run_process, start_process, stop_process
 
 MARK = "PARALLEL_LAUNCH_TEST"
 
@@ -98,7 +98,7 @@ def launcher(mark, *args):
 
 def run_launcher(mark, *args, timeout=120):
     argv, env = launcher(mark, *args)
-    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout)
+    return run_process(argv, env=env, timeout=timeout)
 
 
 def error_lines(stderr):
@@ -153,8 +153,8 @@ def test_launcher_never_imports_mxnet(mark):
     code = ("import sys; from parallel.launch import main; "
             "status = main(['-n', '1', '-s', '1', sys.executable, '-c', 'print(42)']); "
             "print('mxnet imported:', 'mxnet' in sys.modules, 'status:', status)")
-    result = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, **{MARK: mark}),
-                            capture_output=True, text=True, timeout=60)
+    result = run_process([sys.executable, "-c", code], env=dict(os.environ, **{MARK: mark}),
+                            timeout=60)
     assert "[worker 0] 42" in result.stdout, result.stderr
     assert "mxnet imported: False status: 0" in result.stdout, result.stderr
     assert_nothing_left(mark)
@@ -184,7 +184,7 @@ def test_nonexistent_command_ends_the_job_at_once(mark):
 def test_sigkill_of_a_worker_mid_job_ends_the_job(tmp_path, mark):
     script = write_script(tmp_path, "loop.py", LOOPING_SCRIPT)
     argv, env = launcher(mark, "-n", 2, "-s", 1, "--grace", 5, sys.executable, script, tmp_path)
-    process = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process = start_process(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         pids = wait_for_pids(tmp_path, 2, process)
         killed = time.monotonic()
@@ -193,8 +193,7 @@ def test_sigkill_of_a_worker_mid_job_ends_the_job(tmp_path, mark):
         seconds = time.monotonic() - killed
     finally:
         if process.poll() is None:
-            process.kill()
-            process.communicate(timeout=30)
+            stop_process(process)
     print(f"\nfrom SIGKILL of a worker to the launcher's exit: {seconds:.2f} s")
     assert process.returncode == 1, err
     (line,) = error_lines(err)
@@ -220,15 +219,14 @@ def test_start_timeout_names_the_missing_worker(tmp_path, mark):
 def test_signal_to_the_launcher_stops_everything(sig, status, tmp_path, mark):
     script = write_script(tmp_path, "loop.py", LOOPING_SCRIPT)
     argv, env = launcher(mark, "-n", 2, "-s", 1, sys.executable, script, tmp_path)
-    process = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process = start_process(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         wait_for_pids(tmp_path, 2, process)
         process.send_signal(sig)
         out, err = process.communicate(timeout=60)
     finally:
         if process.poll() is None:
-            process.kill()
-            process.communicate(timeout=30)
+            stop_process(process)
     assert process.returncode == status, err
     (line,) = error_lines(err)
     assert f"interrupted by {sig.name}" in line
@@ -276,8 +274,8 @@ def test_user_errors_exit_2_with_one_line(case, tmp_path, capsys):
 
 
 def test_user_error_in_a_subprocess_is_one_line():
-    result = subprocess.run([sys.executable, "-m", "parallel.launch", "-n", "0", "python", "x.py"],
-                            capture_output=True, text=True, timeout=60)
+    result = run_process([sys.executable, "-m", "parallel.launch", "-n", "0", "python", "x.py"],
+                            timeout=60)
     assert result.returncode == 2
     assert result.stderr == "error: -n/--num-workers must be >= 1, got 0\n"
 
@@ -313,7 +311,7 @@ def sshd(tmp_path):
         PidFile {directory / 'sshd.pid'}
         """))
     os.makedirs("/run/sshd", exist_ok=True)   # sshd's privilege separation directory
-    daemon = subprocess.Popen(["/usr/sbin/sshd", "-D", "-e", "-f", str(config)], stderr=subprocess.PIPE, text=True)
+    daemon = start_process(["/usr/sbin/sshd", "-D", "-e", "-f", str(config)], stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 20
         while True:
@@ -328,12 +326,7 @@ def sshd(tmp_path):
                "--ssh-option", f"IdentityFile={directory / 'client_key'}",
                "--ssh-option", f"UserKnownHostsFile={directory / 'known_hosts'}"]
     finally:
-        daemon.terminate()
-        try:
-            daemon.communicate(timeout=10)
-        except subprocess.TimeoutExpired:
-            daemon.kill()
-            daemon.communicate(timeout=10)
+        stop_process(daemon)
 
 
 def test_ssh_kvstore_job(sshd, tmp_path, mark):

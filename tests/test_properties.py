@@ -1,8 +1,8 @@
 """Property-based tests (Hypothesis) of the primitives' contracts: ``split_and_load``, ``shard_sizes``,
 ``allreduce`` and ``parse_devices``, on generated input.
 
-Each test keeps its examples few (``max_examples`` 40-60) and has no deadline, since MXNet calls vary in
-time; the profile (derandomized in CI) comes from ``conftest.py``.
+How many examples each test draws comes from the Hypothesis profile (``conftest.py``): a few by default, many
+and derandomized in the slow tier (``--hypothesis-profile=full``); no deadline, since MXNet calls vary in time.
 """
 import re
 import sys
@@ -42,7 +42,7 @@ def batches(draw, min_n=1, max_n=40):
     return (mx.nd.array(values, dtype=dtype) if as_ndarray else values), values
 
 
-@settings(max_examples=60, deadline=None)
+@pytest.mark.property
 @given(batch=batches(), k=st.integers(1, 9))
 def test_split_and_load_contract(batch, k):
     """For any batch of n >= 1 examples and K contexts: exactly min(n, K) shards, shard i on context i,
@@ -66,7 +66,7 @@ def test_split_and_load_contract(batch, k):
     assert joined.tobytes() == values.tobytes()
 
 
-@settings(max_examples=60, deadline=None)
+@pytest.mark.property
 @given(n=st.integers(1, 10 ** 6), k=st.integers(1, 2000))
 @example(n=256, k=6)
 @example(n=1, k=2000)
@@ -80,7 +80,7 @@ def test_shard_sizes_contract(n, k):
     assert all(isinstance(size, int) for size in sizes)
 
 
-@settings(max_examples=40, deadline=None)
+@pytest.mark.property
 @given(shape=st.lists(st.integers(0, 4), min_size=1, max_size=4).filter(lambda s: 0 in s),
        dtype=st.sampled_from(DTYPES), as_ndarray=st.booleans(), k=st.integers(1, 9))
 @example(shape=[0, 5], dtype=np.float32, as_ndarray=True, k=1)
@@ -114,7 +114,8 @@ def allreduce_inputs(draw):
     return values
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@pytest.mark.property
+@settings(suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(algorithm=st.sampled_from(ALGORITHMS), values=allreduce_inputs())
 @example(algorithm="ring", values=np.arange(1.0, 6.0, dtype=np.float32).reshape(5, 1))   # 1 element, K = 5
 @example(algorithm="ring", values=np.arange(18.0).reshape(6, 3))                        # 3 elements, K = 6
@@ -139,7 +140,7 @@ def test_allreduce_contract(algorithm, values, strict_contexts):
         assert got[i].tobytes() == got[0].tobytes()
 
 
-@settings(max_examples=40, deadline=None)
+@pytest.mark.property
 @given(k=st.integers(2, 6), data=st.data())
 def test_allreduce_refuses_mismatches(k, data):
     """A different shape, a different dtype or a context used twice raises ValueError naming the
@@ -219,7 +220,7 @@ def near_valid_specs(draw):
     return pad + kind + colon + ",".join(args) + pad
 
 
-@settings(max_examples=60, deadline=None)
+@pytest.mark.property
 @given(spec=st.one_of(st.text(), near_valid_specs()))
 @example(spec="cpu:")
 @example(spec="gpu:")
@@ -240,7 +241,7 @@ def test_parse_devices_returns_contexts_or_a_clear_error(spec):
     _check_parse(spec)
 
 
-@settings(max_examples=40, deadline=None)
+@pytest.mark.property
 @given(kind=st.sampled_from(["cpu:", "gpu:"]), digits=st.text(st.sampled_from(UNICODE_DIGITS), min_size=1,
                                                                max_size=3))
 def test_parse_devices_refuses_non_ascii_digits(kind, digits):
@@ -249,7 +250,7 @@ def test_parse_devices_refuses_non_ascii_digits(kind, digits):
         parse_devices(kind + digits)
 
 
-@settings(max_examples=40, deadline=None)
+@pytest.mark.property
 @given(n=st.integers(1, 64), upper=st.booleans(), left=st.sampled_from(["", " ", "\t"]),
        right=st.sampled_from(["", " ", "\n"]), zeros=st.sampled_from(["", "0", "00"]))
 def test_parse_devices_cpu_n_gives_n_contexts(n, upper, left, right, zeros):
@@ -259,7 +260,7 @@ def test_parse_devices_cpu_n_gives_n_contexts(n, upper, left, right, zeros):
     assert parse_devices(spec) == [mx.cpu(i) for i in range(n)]
 
 
-@settings(max_examples=20, deadline=None)
+@pytest.mark.property
 @given(n=st.one_of(st.integers(MAX_CPU_CONTEXTS + 1, 10 ** 40), st.just(MAX_CPU_CONTEXTS + 1)))
 def test_parse_devices_caps_cpu_contexts(n):
     """More CPU contexts than MAX_CPU_CONTEXTS raise ValueError naming the limit (MXNet refuses device
@@ -268,7 +269,7 @@ def test_parse_devices_caps_cpu_contexts(n):
         parse_devices(f"cpu:{n}")
 
 
-@settings(max_examples=40, deadline=None)
+@pytest.mark.property
 @given(spec=st.one_of(st.none(), st.integers(), st.floats(), st.binary(), st.lists(st.text(), max_size=2),
                       st.builds(mx.cpu, st.integers(0, 3))))
 def test_parse_devices_refuses_non_strings_with_type_error(spec):

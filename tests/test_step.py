@@ -82,7 +82,7 @@ def test_bad_arguments():
     ctx_list = contexts(2)
     device_params = [get_params(init_lenet_params(), c) for c in ctx_list]
     for lr in (0, -1, float("nan"), float("inf")):
-        with pytest.raises(ValueError, match="learning rate"):
+        with pytest.raises(ValueError, match="lr must be a finite number > 0"):
             train_batch(X, y, device_params, ctx_list, lr)
     with pytest.raises(TypeError, match="lr must be a number"):
         train_batch(X, y, device_params, ctx_list, "0.1")

@@ -8,7 +8,7 @@ from mxnet.gluon import nn
 
 from conftest import assert_same_parameters, contexts, small_cnn
 from parallel import evaluate_accuracy, get_params, init_lenet_params, init_resnet18, train_batch
-from parallel.models import block_state
+from parallel.comm import block_state
 from parallel.strategies import Hybrid, ModelParallel, Pipeline
 
 LR = 0.1

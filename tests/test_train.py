@@ -11,7 +11,8 @@ import pytest
 from parallel import read_idx, write_idx
 from parallel.data import FILES
 from parallel.train import main
-from conftest import easy_dataset
+from parallel.loop import IN_FLIGHT, NonFiniteLossError, fit
+from conftest import easy_dataset, run_process, start_process
 
 KEYS = {"epoch", "train_loss", "train_acc", "test_acc", "seconds", "images_per_second"}
 
@@ -30,8 +31,8 @@ def data_dir(tmp_path_factory):
 
 def run_cli(*args):
     """Run ``python -m parallel.train`` in a subprocess (for exit status and stderr as a user sees them)."""
-    return subprocess.run([sys.executable, "-m", "parallel.train", "--no-progress", *args],
-                          capture_output=True, text=True, timeout=300)
+    return run_process([sys.executable, "-m", "parallel.train", "--no-progress", *args],
+                          timeout=300)
 
 
 def test_trains_above_chance_and_writes_outputs(data_dir, tmp_path, capsys):
@@ -120,7 +121,7 @@ def test_loss_becoming_nan_stops_with_epoch_and_batch(data_dir, capsys):
                    "--data-dir", str(data_dir), "--no-progress", "--seed", "1"])
     assert status == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("error: loss became nan at epoch 1, batch 3;") and "--lr" in err
+    assert err.startswith("error: --lr is too large: the loss became nan at epoch 1, batch 3 (training diverged)")
     assert len(err.splitlines()) == 1
 
 
@@ -176,8 +177,8 @@ def test_broken_data_exits_2(broken_dirs, case, message, capsys):
     (["--batch-size", "0"], "--batch-size must be >= 1"),
     (["--epochs", "0"], "--epochs must be >= 1"),
     (["--epochs", "-2"], "--epochs must be >= 1"),
-    (["--lr", "0"], "--lr must be > 0"),
-    (["--lr", "-0.1"], "--lr must be > 0"),
+    (["--lr", "0"], "--lr must be a finite number > 0"),
+    (["--lr", "-0.1"], "--lr must be a finite number > 0"),
     (["--lr", "nan"], "not finite"),
     (["--lr", "inf"], "not finite"),
     (["--lr", "fast"], "not a number"),
@@ -195,10 +196,10 @@ def test_broken_data_exits_2(broken_dirs, case, message, capsys):
     (["--strategy", "hybrid", "--devices", "cpu:2", "--stages", "0"], "0 stages cannot split"),
     # more micro-batches than examples in a batch
     (["--strategy", "pipeline", "--devices", "cpu:2", "--micro-batches", "300"],
-     "--micro-batches must be between 1 and --batch-size (256), got 300"),
+     "--micro-batches=300 cannot split batches of 256 examples; use at most 256 micro-batches"),
     (["--strategy", "pipeline", "--devices", "cpu:2", "--batch-size", "3", "--micro-batches", "4"],
-     "--micro-batches must be between 1 and --batch-size (3), got 4"),
-    (["--strategy", "pipeline", "--devices", "cpu:2", "--micro-batches", "0"], "--micro-batches must be between 1"),
+     "--micro-batches=4 cannot split batches of 3 examples"),
+    (["--strategy", "pipeline", "--devices", "cpu:2", "--micro-batches", "0"], "--micro-batches must be >= 1, got 0"),
     # contexts that cannot be divided into equal replica groups
     (["--strategy", "hybrid", "--devices", "cpu:4", "--stages", "3"],
      "4 contexts cannot form equal groups of 3 stages; use a multiple of 3 contexts"),
@@ -210,10 +211,10 @@ def test_broken_data_exits_2(broken_dirs, case, message, capsys):
     (["--strategy", "pipeline", "--devices", "cpu:3", "--boundaries", "2,2"], "without repeats"),
     (["--strategy", "model", "--devices", "cpu:2", "--boundaries", "conv"], "not a comma-separated list"),
     # options that do not apply to the chosen strategy
-    (["--stages", "2"], "--stages applies to --strategy model, pipeline or hybrid, not data"),
-    (["--boundaries", "2"], "--boundaries applies to --strategy model, pipeline or hybrid, not data"),
+    (["--stages", "2"], "--stages apply to the model, pipeline and hybrid strategies, not to data"),
+    (["--boundaries", "2"], "--boundaries apply to the model, pipeline and hybrid strategies, not to data"),
     (["--strategy", "model", "--devices", "cpu:2", "--micro-batches", "2"],
-     "--micro-batches applies to --strategy pipeline, not model"),
+     "--micro-batches apply to the pipeline strategy only, not to model"),
     (["--strategy", "model", "--devices", "cpu:2", "--stages", "2", "--boundaries", "2"],
      "give --stages or --boundaries, not both"),
     (["--strategy", "diagonal"], "invalid choice"),
@@ -224,8 +225,10 @@ def test_broken_data_exits_2(broken_dirs, case, message, capsys):
     (["--lr", "1e-300"], "--lr must be between"),
     (["--lr", "1e39"], "--lr must be between"),
     (["--devices", "cpu:"], "cpu:"),
-    (["--metrics-json", ""], "--metrics-json needs a file name"),
-    (["--plot", ""], "--plot needs a file name"),
+    (["--metrics-json", ""], "--metrics-json needs a path"),
+    (["--plot", ""], "--plot needs a path"),
+    (["--metrics-json", "/dev/full"], "is a character device, not a regular file"),
+    (["--epoch", "1"], "unrecognized arguments: --epoch"),
     (["--plot", "curves"], "end the file name with a format matplotlib writes"),
     (["--plot", "curves.xyz"], "end the file name with a format matplotlib writes"),
     (["--metrics-json", "out.png", "--plot", "./out.png"], "--metrics-json and --plot both name"),
@@ -255,7 +258,7 @@ def test_offline_download_names_missing_files_and_directory(tmp_path, capsys):
     assert main(["--data-dir", str(target), "--epochs", "1", "--no-progress"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and err.startswith("error: could not download")
-    assert "train-images-idx3-ubyte.gz" in err and str(target) in err and "--dataset synthetic" in err
+    assert "train-images-idx3-ubyte.gz" in err and str(target) in err and "use the synthetic dataset" in err
 
 
 def test_bad_input_in_a_real_process_has_no_traceback(tmp_path):
@@ -282,34 +285,36 @@ class _RecordingBar:
 
 
 def _counting_strategy(log, nan_at=None):
+    """A strategy (see parallel.strategies) that counts the steps queued and trains nothing."""
+    import types
     import mxnet as mx
-    from parallel.training import Strategy
 
     def train_step(X, y, lr):
         log["queued"] += 1
         value = float("nan") if log["queued"] == nan_at else 1.0
         return mx.nd.array([value * X.shape[0]]), mx.nd.array([X.shape[0]])
 
-    return Strategy("data", None, [mx.cpu(0)], train_step, lambda data_iter: 0.5, "counting", list)
+    return types.SimpleNamespace(name="data", ctx_list=[mx.cpu(0)], job=None, train_step=train_step,
+                                 evaluate=lambda data_iter: 0.5, params=list, aux=list, model=None,
+                                 describe=lambda: "counting")
 
 
 @pytest.mark.parametrize("nan_at", [None, 1, 5, 9])
 def test_progress_counts_finished_batches_and_nan_names_its_batch(monkeypatch, nan_at):
     """The host stays at most IN_FLIGHT steps ahead; the bar moves when a step's loss has been read, and a
     NaN loss stops the run naming exactly its batch (9 batches of 10 examples, the last one of 6)."""
-    from parallel import training
     log = {"queued": 0, "at_update": []}
-    monkeypatch.setattr(training, "tqdm", lambda *a, **k: _RecordingBar(log))
+    monkeypatch.setattr("parallel.loop.tqdm", lambda *a, **k: _RecordingBar(log))
     dataset = easy_dataset(num_train=86, num_test=10)
     if nan_at is not None:
-        with pytest.raises(training.NonFiniteLossError, match=rf"at epoch 1, batch {nan_at};"):
-            training.fit(dataset, None, 1, 10, 0.1, strategy=_counting_strategy(log, nan_at))
-        assert log["queued"] <= nan_at + training.IN_FLIGHT
+        with pytest.raises(NonFiniteLossError, match=rf"at epoch 1, batch {nan_at} \(training diverged\)"):
+            fit(dataset, None, 1, 10, 0.1, strategy=_counting_strategy(log, nan_at))
+        assert log["queued"] <= nan_at + IN_FLIGHT
         return
-    history, _ = training.fit(dataset, None, 1, 10, 0.1, strategy=_counting_strategy(log))
+    history, _ = fit(dataset, None, 1, 10, 0.1, strategy=_counting_strategy(log))
     assert [n for n, _ in log["at_update"]] == list(range(1, 10))
-    assert all(queued - n <= training.IN_FLIGHT for n, queued in log["at_update"])
-    assert log["at_update"][0] == (1, 1 + training.IN_FLIGHT)     # batch 1 is read once batch 3 is queued
+    assert all(queued - n <= IN_FLIGHT for n, queued in log["at_update"])
+    assert log["at_update"][0] == (1, 1 + IN_FLIGHT)     # batch 1 is read once batch 3 is queued
     assert history[0]["train_loss"] == pytest.approx(1.0) and history[0]["train_acc"] == pytest.approx(1.0)
 
 
@@ -319,8 +324,8 @@ def test_ctrl_c_at_any_moment_exits_130_with_one_line(delay):
     one line and status 130, never a traceback."""
     import signal
     import time
-    process = subprocess.Popen([sys.executable, "-m", "parallel.train", "--dataset", "synthetic", "--epochs", "1",
-                                "--no-progress"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process = start_process([sys.executable, "-m", "parallel.train", "--dataset", "synthetic", "--epochs", "1",
+                             "--no-progress"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     time.sleep(delay)
     process.send_signal(signal.SIGINT)
     _, err = process.communicate(timeout=120)
@@ -339,7 +344,7 @@ def test_help_and_argument_errors_do_not_load_mxnet():
             "    assert main(argv) == 2\n"
             "try:\n    main(['--help'])\nexcept SystemExit as e:\n    assert e.code == 0\n"
             "assert 'mxnet' not in sys.modules, 'mxnet was imported'\n")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    result = run_process([sys.executable, "-c", code], timeout=60)
     assert result.returncode == 0, result.stderr
 
 
@@ -377,12 +382,10 @@ def test_a_strategy_that_leaves_contexts_idle_says_so(data_dir, capsys):
 
 def test_a_bug_is_not_disguised_as_a_user_error(data_dir, monkeypatch):
     """A ValueError from the package's own code propagates (traceback, status 1), not 'error:' and 2."""
-    from parallel import training
-
     def broken_fit(*args, **kwargs):
         raise ValueError("an internal invariant failed")
 
-    monkeypatch.setattr(training, "fit", broken_fit)
+    monkeypatch.setattr("parallel.train_steps.fit", broken_fit)
     with pytest.raises(ValueError, match="an internal invariant failed"):
         main(["--devices", "cpu:1", "--epochs", "1", "--data-dir", str(data_dir), "--no-progress"])
 
@@ -390,18 +393,77 @@ def test_a_bug_is_not_disguised_as_a_user_error(data_dir, monkeypatch):
 def test_a_bug_in_a_real_process_shows_its_traceback_and_exits_1(data_dir, tmp_path):
     """The same in a real process: a bug planted through sitecustomize must not come out as exit 2."""
     (tmp_path / "sitecustomize.py").write_text(
-        "import parallel.training as t\n"
+        "import parallel.train_steps as t\n"
         "def fit(*a, **k):\n    raise ValueError('an internal invariant failed')\n"
         "t.fit = fit\n")
     env = dict(os.environ, PYTHONPATH=str(tmp_path))
-    result = subprocess.run([sys.executable, "-m", "parallel.train", "--devices", "cpu:1", "--epochs", "1",
-                             "--data-dir", str(data_dir), "--no-progress"], capture_output=True, text=True,
-                            timeout=300, env=env)
+    result = run_process([sys.executable, "-m", "parallel.train", "--devices", "cpu:1", "--epochs", "1",
+                             "--data-dir", str(data_dir), "--no-progress"], timeout=300, env=env)
     assert result.returncode == 1 and "Traceback" in result.stderr, result.stderr
     assert "ValueError: an internal invariant failed" in result.stderr
 
 
 def test_fit_refuses_an_empty_context_list():
     from parallel import fit
-    with pytest.raises(ValueError, match="ctx_list must be a non-empty list of contexts"):
+    with pytest.raises(ValueError, match="ctx_list is empty"):
         fit(easy_dataset(num_train=20, num_test=10), [], 1, 10, 0.1)
+
+
+# The layouts that hung at their first batch with the CLI's default threads (every core per operator): two
+# contexts ran OpenBLAS's dot at the same time. One fresh process runs them all, as a user would, with
+# OMP_NUM_THREADS unset so that the command sets it; a hang fails the test at its timeout.
+LAYOUTS_AT_DEFAULT_THREADS = [
+    ["--devices", "cpu:4", "--strategy", "data"],
+    ["--devices", "cpu:4", "--strategy", "model"],
+    ["--devices", "cpu:4", "--strategy", "pipeline"],
+    ["--devices", "cpu:4", "--strategy", "hybrid"],
+    ["--devices", "cpu:4", "--strategy", "hybrid", "--stages", "2"],
+    ["--devices", "cpu:6", "--strategy", "hybrid", "--stages", "3"],
+    ["--devices", "cpu:4", "--strategy", "hybrid", "--boundaries", "2"],
+]
+
+
+def test_every_strategy_on_four_contexts_at_the_clis_default_threads(tmp_path):
+    from parallel.data import FILES as files
+    small = easy_dataset(num_train=300, num_test=60, seed=3)
+    for role, name in files.items():
+        write_idx(tmp_path / name, getattr(small, role))
+    code = ("import json, os, sys\n"
+            "from parallel.train import main\n"
+            f"layouts = {LAYOUTS_AT_DEFAULT_THREADS!r}\n"
+            "common = ['--data-dir', sys.argv[1], '--epochs', '1', '--batch-size', '64', '--lr', '0.1', '--seed', '0',\n"
+            "          '--no-progress']\n"
+            "statuses = [main(layout + common) for layout in layouts]\n"
+            "print(json.dumps({'statuses': statuses, 'threads': os.environ['OMP_NUM_THREADS']}))\n")
+    env = {name: value for name, value in os.environ.items() if name != "OMP_NUM_THREADS"}
+    result = run_process([sys.executable, "-c", code, str(tmp_path)], timeout=300, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report == {"statuses": [0] * len(LAYOUTS_AT_DEFAULT_THREADS), "threads": str(len(os.sched_getaffinity(0)))}, result
+    assert result.stdout.count("epoch 1, loss ") == len(LAYOUTS_AT_DEFAULT_THREADS)
+
+
+def test_outputs_are_written_through_symbolic_links(data_dir, tmp_path):
+    target = tmp_path / "metrics" / "m.json"
+    target.parent.mkdir()
+    target.write_text("old")
+    (tmp_path / "link.json").symlink_to(target)
+    assert main(["--devices", "cpu:1", "--epochs", "1", "--batch-size", "500", "--data-dir", str(data_dir),
+                 "--metrics-json", str(tmp_path / "link.json"), "--no-progress"]) == 0
+    assert (tmp_path / "link.json").is_symlink() and [m["epoch"] for m in json.loads(target.read_text())] == [1]
+
+
+def test_a_one_epoch_plot_has_one_tick_at_its_epoch():
+    from parallel.report import plot_metrics
+    fig = plot_metrics([{"epoch": 1, "train_loss": 2.3, "train_acc": 0.1, "test_acc": 0.1}])
+    for ax in fig.axes:
+        assert ax.get_xlim() == (0.5, 1.5) and list(ax.get_xticks()) == [1]
+
+
+def test_running_the_file_instead_of_the_module_says_how(tmp_path):
+    from conftest import ROOT
+    result = run_process([sys.executable, os.path.join(ROOT, "parallel", "train.py"), "--help"], timeout=60,
+                         cwd=tmp_path)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.strip() == ("error: run the command as a module, from the directory that holds parallel/: "
+                                     "python -m parallel.train ...")

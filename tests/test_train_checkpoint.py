@@ -15,7 +15,7 @@ from mxnet import gluon
 from parallel import checkpoint as ckpt
 from parallel.models import lenet
 from parallel.train import main
-from conftest import easy_dataset, write_idx_files
+from conftest import easy_dataset, run_process, start_process, write_idx_files
 
 
 @pytest.fixture(scope="module")
@@ -98,7 +98,7 @@ def test_resume_refuses_a_change_of_computation(one_epoch, data_dir, change, mes
     assert _snapshot(one_epoch) == before
 
 
-def test_resume_refuses_another_dataset(one_epoch, tmp_path, capsys):
+def test_resume_refuses_another_dataset(one_epoch, data_dir, tmp_path, capsys):
     other = tmp_path / "other"
     other.mkdir()
     write_idx_files(other, easy_dataset(num_train=300, num_test=60, seed=7))
@@ -106,7 +106,9 @@ def test_resume_refuses_another_dataset(one_epoch, tmp_path, capsys):
     assert main(_args(other, "--devices", "cpu:2", "--epochs", "2", "--checkpoint-dir", str(one_epoch),
                       "--resume")) == 2
     err = capsys.readouterr().err.strip()
-    assert "trained with dataset fashion-mnist (" in err and len(err.splitlines()) == 1
+    # named as what they are: other MNIST-format files than Fashion-MNIST, in their directories
+    assert (f"trained with dataset the MNIST-format files in {data_dir} (" in err
+            and f"asks for the MNIST-format files in {other} (" in err and len(err.splitlines()) == 1), err
     assert _snapshot(one_epoch) == before
 
 
@@ -130,8 +132,8 @@ def test_an_existing_checkpoint_is_never_overwritten_by_a_new_run(one_epoch, dat
 def test_resume_errors(data_dir, tmp_path, capsys):
     for args, message in ((["--resume"], "--resume needs --checkpoint-dir"),
                           (["--resume", "--checkpoint-dir", str(tmp_path / "none")], "no checkpoint"),
-                          (["--checkpoint-dir", ""], "--checkpoint-dir needs a directory"),
-                          (["--export", ""], "--export needs a path prefix"),
+                          (["--checkpoint-dir", ""], "--checkpoint-dir needs a path"),
+                          (["--export", ""], "--export needs a path"),
                           (["--export", str(tmp_path / "missing" / "lenet")], "does not exist")):
         assert main(_args(data_dir, "--epochs", "1", *args)) == 2
         err = capsys.readouterr().err.strip()
@@ -150,8 +152,8 @@ def test_resume_refuses_fewer_epochs_than_finished(data_dir, tmp_path, capsys):
 
 def _start(data_dir, cwd, *extra, preexec_fn=None):
     command = [sys.executable, "-m", "parallel.train", *_args(data_dir, "--devices", "cpu:2", *extra)]
-    return subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=preexec_fn)
+    return start_process(command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         preexec_fn=preexec_fn)
 
 
 def _wait_for_epoch_line(process):
@@ -184,8 +186,7 @@ def test_a_signal_stops_at_a_batch_boundary_and_the_resume_command_finishes_the_
     assert [m["epoch"] for m in json.loads((stopped / "m.json").read_text())] == list(range(1, state.epoch))
     command = shlex.split(lines[0].split("Resume with: ")[1])
     assert command[:3] == ["python", "-m", "parallel.train"] and command[-1] == "--resume"
-    resumed = subprocess.run([sys.executable, *command[1:]], cwd=stopped, capture_output=True, text=True,
-                             timeout=300)
+    resumed = run_process([sys.executable, *command[1:]], cwd=stopped, timeout=300)
     assert resumed.returncode == 0, resumed.stderr
     for got, want in zip(_params(stopped / "ckpt"), _params(straight / "ckpt")):
         np.testing.assert_array_equal(got, want)
@@ -251,3 +252,41 @@ def test_a_damaged_checkpoint_exits_2_with_one_line_and_nothing_overwritten(one_
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and len(err.splitlines()) == 1, err
     assert _snapshot(one_epoch) == before
+
+
+def test_a_second_run_into_a_held_checkpoint_dir_is_refused_naming_the_holder(data_dir, tmp_path, capsys):
+    """Two runs into one directory both succeeded and the last writer won: the directory is locked for a run's
+    life, and a second run is refused, before it trains, with one line that names the holder."""
+    from parallel.files import DirectoryLock
+    directory = tmp_path / "ckpt"
+    directory.mkdir()
+    with DirectoryLock(directory):   # what a run in progress holds
+        status = main(_args(data_dir, "--devices", "cpu:1", "--epochs", "1", "--checkpoint-dir", str(directory)))
+        out, err = capsys.readouterr()
+    assert status == 2 and len(err.strip().splitlines()) == 1, err
+    assert f"is in use by process {os.getpid()} on " in err and "training LeNet" not in out
+    assert os.listdir(directory) == []   # the holder's lock file went with it; nothing else was written
+    assert main(_args(data_dir, "--devices", "cpu:1", "--epochs", "1", "--checkpoint-dir", str(directory))) == 0
+    assert sorted(os.listdir(directory)) == ["checkpoint.json", "params-000001.params"]   # no lock file left
+
+
+def test_a_checkpoint_dir_that_cannot_be_made_is_refused_before_training(data_dir, tmp_path, capsys):
+    (tmp_path / "file").write_text("x")
+    status = main(_args(data_dir, "--devices", "cpu:1", "--epochs", "1", "--checkpoint-dir",
+                        str(tmp_path / "file" / "ckpt")))
+    out, err = capsys.readouterr()
+    assert status == 2 and "training LeNet" not in out, out
+    assert err.strip() == (f"error: --checkpoint-dir {str(tmp_path / 'file' / 'ckpt')!r} cannot hold the checkpoint: "
+                           "Not a directory")
+
+
+def test_outputs_inside_a_new_checkpoint_dir_and_no_empty_directory_left(data_dir, tmp_path, capsys, monkeypatch):
+    """--export run1/model with a fresh --checkpoint-dir run1 was refused (run1 did not exist yet); a run that
+    fails before writing anything leaves no empty directory behind."""
+    monkeypatch.chdir(tmp_path)
+    assert main(_args(data_dir, "--devices", "cpu:1", "--epochs", "1", "--checkpoint-dir", "run1",
+                      "--export", "run1/model", "--metrics-json", "run1/m.json")) == 0, capsys.readouterr().err
+    assert sorted(os.listdir("run1")) == ["checkpoint.json", "m.json", "model-0000.params", "model-symbol.json",
+                                          "params-000001.params"]
+    assert main(_args(data_dir, "--devices", "tpu:1", "--epochs", "1", "--checkpoint-dir", "run2")) == 2
+    assert "unknown device spec" in capsys.readouterr().err and not os.path.exists("run2")

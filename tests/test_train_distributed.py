@@ -14,9 +14,10 @@ import pytest
 
 from parallel import fit
 from parallel.checkpoint import load_checkpoint
-from parallel.export import LENET_PARAM_NAMES
+from parallel.models import LENET_PARAM_NAMES
 from parallel.train import main
-from conftest import assert_same_parameters, easy_dataset, job_processes, write_idx_files
+from conftest import (assert_same_parameters, easy_dataset, job_processes, start_process, stop_process,
+                      write_idx_files)
 
 MARK = "PARALLEL_TEST_JOB"
 TRAIN = ["--batch-size", "13", "--lr", "0.1", "--seed", "3", "--no-progress"]
@@ -35,15 +36,15 @@ def launch(workers, cwd, *train_args, servers=None, mark=None):
     command = [sys.executable, "-m", "parallel.launch", "-n", str(workers), "-s", str(servers or workers),
                "--stall-timeout", "120", "--env", "MXNET_KVSTORE_BIGARRAY_BOUND:1000", *env,
                sys.executable, "-m", "parallel.train", *train_args]
-    return subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return start_process(command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def finish(process, timeout=300):
     try:
         return process.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:   # SIGTERM, not SIGKILL: the launcher then stops every process it started
-        process.terminate()
-        return process.communicate(timeout=60)
+    except subprocess.TimeoutExpired:   # SIGTERM first: the launcher then stops every process it started
+        stop_process(process, grace=60)
+        raise
 
 
 def exported(prefix):
@@ -89,9 +90,9 @@ with open({out!r} + str(job.rank), "w") as f:
 def test_fit_in_a_job_gives_every_rank_the_same_metrics(tiny, tmp_path):
     script = tmp_path / "worker.py"
     script.write_text(API_WORKER.format(tests=os.path.dirname(os.path.abspath(__file__)), out=str(tmp_path / "h")))
-    process = subprocess.Popen([sys.executable, "-m", "parallel.launch", "-n", "3", "-s", "1", "--stall-timeout",
-                                "120", sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               text=True)
+    process = start_process([sys.executable, "-m", "parallel.launch", "-n", "3", "-s", "1", "--stall-timeout",
+                             "120", sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
     _, err = finish(process)
     assert process.returncode == 0, err[-3000:]
     histories = [json.loads((tmp_path / f"h{rank}").read_text()) for rank in range(3)]
@@ -146,8 +147,8 @@ def test_distributed_flags_outside_or_inside_a_job(monkeypatch, capsys):
     assert "--kvstore applies to a distributed job" in capsys.readouterr().err
     monkeypatch.setenv("DMLC_ROLE", "worker")
     assert main(["--strategy", "pipeline", "--dataset", "synthetic"]) == 2
-    assert capsys.readouterr().err.strip() == ("error: a distributed job trains with --strategy data, not pipeline; "
-                                               "run the pipeline strategy in one process")
+    assert capsys.readouterr().err.strip() == ("error: --strategy pipeline cannot train across processes, only data "
+                                               "can; run the pipeline strategy in one process")
 
 
 def test_resnet18_trains_in_a_job_and_rank_0_exports_it(tmp_path):

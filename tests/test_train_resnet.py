@@ -18,12 +18,14 @@ import pytest
 from mxnet import gluon
 
 from parallel import checkpoint as ckpt
-from parallel import training
 from parallel.comm import get_params
 from parallel.models import init_resnet18
 from parallel.step import train_step
-from parallel.train import MODELS, main
-from conftest import easy_dataset, write_idx_files
+from parallel.train import build_parser, main
+from parallel.checkpoint import TrainingState
+from parallel.data.batches import epoch_seed
+from parallel.models import MODELS, init_model, model_layout
+from conftest import easy_dataset, write_idx_files, run_process
 
 TRAIN = ["--batch-size", "3", "--lr", "0.05", "--seed", "2", "--no-progress"]
 
@@ -41,7 +43,7 @@ def _run(data_dir, *args):
 def _arrays(directory):
     """A checkpoint's arrays by name: the trainable ones, then the running statistics."""
     loaded = ckpt.load_checkpoint(directory, model="resnet18")
-    layout = ckpt.model_layout("resnet18")
+    layout = model_layout("resnet18")
     assert loaded.model == "resnet18"
     return (dict(zip(layout.names, (p.asnumpy() for p in loaded.params))),
             dict(zip(layout.aux_names, (a.asnumpy() for a in loaded.aux))))
@@ -62,8 +64,9 @@ def straight(data_dir, tmp_path_factory):
     return out
 
 
-def test_model_names_agree():
-    assert MODELS == ckpt.MODELS == tuple(training.MODEL_TITLES) == training.MODELS
+def test_the_cli_offers_the_registrys_models():
+    model_flag = next(a for a in build_parser()._actions if a.dest == "model")
+    assert model_flag.choices == list(MODELS) == ["lenet", "resnet18"]
 
 
 def test_a_two_context_run_prints_checkpoints_and_writes_metrics(straight, capsys):
@@ -87,7 +90,7 @@ def test_k2_trains_the_one_context_model_to_float32_accuracy(data_dir, tmp_path,
                      "--checkpoint-dir", str(tmp_path / str(k))]) == 0
     assert "training ResNet-18 on the MNIST-format files" in capsys.readouterr().out
     (one, one_aux), (two, two_aux) = _arrays(tmp_path / "1"), _arrays(tmp_path / "2")
-    initial = dict(zip(ckpt.model_layout("resnet18").names,
+    initial = dict(zip(model_layout("resnet18").names,
                        (p.asnumpy() for p in get_params(init_resnet18(seed=2), mx.cpu()))))
     for name in one:
         if _followed_by_batchnorm(name):
@@ -149,7 +152,7 @@ def test_the_export_loads_into_gluon_and_predicts_what_the_checkpoint_holds(stra
     net = gluon.SymbolBlock.imports(str(straight / "resnet18-symbol.json"), ["data"],
                                     str(straight / "resnet18-0000.params"))
     loaded = ckpt.load_checkpoint(straight / "ckpt")
-    block = training.init_model("resnet18", 0, loaded.params, loaded.aux)   # another seed: every value replaced
+    block = init_model("resnet18", 0, loaded.params, loaded.aux)   # another seed: every value replaced
     X = mx.nd.array(np.random.RandomState(3).rand(4, 1, 28, 28))
     want = block(X).asnumpy()
     np.testing.assert_allclose(net(X).asnumpy(), want, rtol=1e-4, atol=1e-5 * np.abs(want).max())
@@ -167,13 +170,13 @@ def test_bad_model_exits_2_with_one_line(capsys):
 
 @pytest.mark.parametrize("saved, asked", [("lenet", "resnet18"), ("resnet18", "lenet")])
 def test_a_checkpoint_of_another_model_is_refused(saved, asked, data_dir, tmp_path, capsys):
-    model = training.init_model(saved, 0)
+    model = init_model(saved, 0)
     if saved == "lenet":
         params, aux = model, []
     else:
         replica = get_params(model, mx.cpu())
         params, aux = list(replica), replica.aux
-    state = training.TrainingState(1, 1, 0.5, 1.0, 0.1, training.epoch_seed(2, 1), [])
+    state = TrainingState(1, 1, 0.5, 1.0, 0.1, epoch_seed(2, 1), [])
     ckpt.save_checkpoint(tmp_path, params, state, {"model": saved}, aux=aux, model=saved)
     before = sorted(os.listdir(tmp_path))
     status = main(["--model", asked, "--data-dir", str(data_dir), *TRAIN, "--checkpoint-dir", str(tmp_path),
@@ -181,7 +184,7 @@ def test_a_checkpoint_of_another_model_is_refused(saved, asked, data_dir, tmp_pa
     err = capsys.readouterr().err
     assert status == 2 and len(err.strip().splitlines()) == 1, err
     assert err.startswith(f"error: {tmp_path}/checkpoint.json: a checkpoint of {saved}, but this run trains "
-                          f"{asked}; resume it with --model {saved}")
+                          f"{asked}; resume it as a {saved} run")
     assert sorted(os.listdir(tmp_path)) == before
 
 
@@ -197,7 +200,7 @@ def test_other_strategies_resume_the_data_checkpoint_and_export(layout, data_dir
     command = [sys.executable, "-m", "parallel.train", "--model", "resnet18", "--data-dir", str(data_dir), *TRAIN,
                *layout, "--epochs", "2", "--checkpoint-dir", str(tmp_path / "one"), "--resume",
                "--export", str(tmp_path / "resnet18")]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=600,
+    result = run_process(command, timeout=600,
                             env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert result.returncode == 0, result.stderr[-3000:]
     assert "exported ResNet-18" in result.stdout

@@ -1,13 +1,44 @@
-"""Networks, one per file: the from-scratch LeNet (``lenet``), any gluon block as ``net(X, params)``
-(``gluon``), the textbook's ResNet-18 (``resnet``).
+"""Networks, one per file, and the one registry of the models the CLI trains.
 
-Each module's public names are re-exported here; ``parallel`` re-exports them in turn.
+- ``lenet``: the textbook's LeNet written from scratch, a function ``lenet(X, params)`` of plain arrays, and
+  ``CachedNet`` (``lenet_cached``) that runs such a function as a cached graph.
+- ``resnet``: the textbook's ResNet-18 for 28x28 images, a gluon ``HybridSequential``.
+- ``gluon``: any gluon ``HybridBlock`` as a function ``net(X, params)`` of flat replicas (``GluonNet``), with
+  BatchNorm synchronized across contexts.
+- ``layout``: what each model of ``MODELS`` is made of: its initial arrays (``init_model``) and the names and
+  shapes a checkpoint stores (``model_layout``).
+
+``MODELS`` needs no MXNet, so the CLI offers its names before MXNet starts:
+
+>>> list(MODELS), MODELS["resnet18"].title
+(['lenet', 'resnet18'], 'ResNet-18')
 """
-from .lenet import (LENET_LAYERS, LENET_SHAPES, CachedNet, init_lenet_params, lenet, lenet_cached,  # noqa: F401
-                    lenet_layers, softmax_cross_entropy)
-from .gluon import GluonNet, as_net, block_state, set_block_params  # noqa: F401
-from .resnet import Residual, init_resnet18, resnet18  # noqa: F401
+from typing import NamedTuple
 
-__all__ = ["init_lenet_params", "lenet", "lenet_layers", "lenet_cached", "CachedNet", "softmax_cross_entropy",
-           "LENET_SHAPES", "LENET_LAYERS", "GluonNet", "as_net", "block_state", "set_block_params",
-           "Residual", "resnet18", "init_resnet18"]
+from ..lazy import lazy_exports
+
+
+class ModelInfo(NamedTuple):
+    """A model of the registry: how messages name it, and what the CLI says of its layers."""
+    #: How the epoch lines, plots and messages name it.
+    title: str
+    #: Its layers (children), as ``--boundaries`` numbers them.
+    layers: str
+
+
+#: The models ``python -m parallel.train --model`` trains and a checkpoint can hold, by name.
+MODELS = {
+    "lenet": ModelInfo("LeNet", "0 conv1, 1 conv2, 2 dense1, 3 dense2"),
+    "resnet18": ModelInfo("ResNet-18", "0 stem (conv, BatchNorm, ReLU), 1-4 its four stages of residual blocks "
+                                       "(64, 128, 256, 512 channels), 5 pooling, 6 dense"),
+}
+
+_SOURCES = {
+    "lenet": ["init_lenet_params", "lenet", "lenet_layers", "lenet_cached", "CachedNet", "softmax_cross_entropy",
+              "LENET_SHAPES", "LENET_LAYERS", "LENET_PARAM_NAMES"],
+    "gluon": ["GluonNet", "as_net", "set_block_params"],
+    "resnet": ["Residual", "resnet18", "init_resnet18"],
+    "layout": ["init_model", "model_layout", "Layout", "block_names"],
+}
+__all__ = ["MODELS", "ModelInfo"] + [name for names in _SOURCES.values() for name in names]
+__getattr__, __dir__ = lazy_exports(__name__, _SOURCES)

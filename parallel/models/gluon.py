@@ -20,45 +20,14 @@ inside the engine with a barrier keyed by a global name.
 """
 import collections
 import json
-import numbers
 
 import mxnet as mx
 from mxnet import autograd, gluon
 
-__all__ = ["GluonNet", "as_net", "block_state", "set_block_params"]
+from ..comm.replica import block_state
+from ..validate import check_bool, check_int
 
-
-def block_state(block):
-    """The arrays of an initialized gluon block, by role: ``(names, arrays, aux_names, aux_arrays)``.
-
-    ``names``/``arrays`` are the trainable parameters (``grad_req != "null"``), ``aux_names``/``aux_arrays``
-    the rest (BatchNorm's running statistics, frozen parameters), each in the block's registration order.
-    The arrays are the block's own (first context's) data, not copies.
-
-    Raises
-    ------
-    TypeError
-        ``block`` is not a gluon ``Block``.
-    ValueError
-        A parameter is not initialized, or its shape is not known yet (deferred initialization).
-    """
-    if not isinstance(block, gluon.Block):
-        raise TypeError(f"expected a gluon Block, got {type(block).__name__}")
-    names, arrays, aux_names, aux_arrays = [], [], [], []
-    for param in block.collect_params().values():
-        try:
-            data = param.list_data()[0]
-        except (RuntimeError, mx.MXNetError) as error:   # not initialized, or deferred (shape unknown)
-            raise ValueError(f"parameter {param.name} of the block has no value yet ({type(error).__name__}): "
-                             "call block.initialize() and run the block once on an example batch, "
-                             "e.g. block(X[:1]), so that gluon knows every shape") from None
-        if param.grad_req == "null":
-            aux_names.append(param.name)
-            aux_arrays.append(data)
-        else:
-            names.append(param.name)
-            arrays.append(data)
-    return names, arrays, aux_names, aux_arrays
+__all__ = ["GluonNet", "as_net", "set_block_params"]
 
 
 def set_block_params(block, params):
@@ -106,10 +75,8 @@ class GluonNet:
     def __init__(self, block, sync_batchnorm=True, max_shapes=4):
         if not isinstance(block, gluon.HybridBlock):
             raise TypeError(f"block must be a gluon HybridBlock (its graph is needed), got {type(block).__name__}")
-        if not isinstance(sync_batchnorm, bool):
-            raise TypeError(f"sync_batchnorm must be True or False, got {sync_batchnorm!r}")
-        if isinstance(max_shapes, bool) or not isinstance(max_shapes, numbers.Integral) or max_shapes < 1:
-            raise ValueError(f"max_shapes must be an int >= 1, got {max_shapes!r}")
+        check_bool(sync_batchnorm, "sync_batchnorm")
+        check_int(max_shapes, "max_shapes", low=1)
         self.names, _, self.aux_names, _ = block_state(block)
         self.symbol = block(mx.sym.var("data"))
         if not isinstance(self.symbol, mx.sym.Symbol) or len(self.symbol.list_outputs()) != 1:

@@ -9,10 +9,10 @@ import mxnet as mx
 import numpy as np
 from mxnet import gluon
 
-from ..settings import check_seed
+from ..validate import check_int, check_seed
 
-__all__ = ["LENET_SHAPES", "LENET_LAYERS", "init_lenet_params", "lenet", "lenet_layers", "lenet_cached",
-           "CachedNet", "softmax_cross_entropy"]
+__all__ = ["LENET_SHAPES", "LENET_PARAM_NAMES", "LENET_LAYERS", "init_lenet_params", "lenet", "lenet_layers",
+           "lenet_cached", "CachedNet", "softmax_cross_entropy"]
 
 #: Shapes of the eight LeNet parameters, in the order ``lenet`` takes them.
 LENET_SHAPES = [
@@ -21,6 +21,10 @@ LENET_SHAPES = [
     (800, 128), (128,),        # dense1 weight, bias
     (128, 10), (10,),          # dense2 weight, bias
 ]
+
+#: Names of LeNet's eight parameters, in ``LENET_SHAPES`` order: what checkpoints and exports store them as.
+LENET_PARAM_NAMES = ("conv1_weight", "conv1_bias", "conv2_weight", "conv2_bias",
+                     "dense1_weight", "dense1_bias", "dense2_weight", "dense2_bias")
 
 
 def init_lenet_params(seed=0, scale=0.01, dtype="float32"):
@@ -177,10 +181,8 @@ class CachedNet:
     """
 
     def __init__(self, net, max_shapes=4):
-        if isinstance(max_shapes, bool) or not isinstance(max_shapes, (int, np.integer)) or max_shapes < 1:
-            raise ValueError(f"max_shapes must be an int >= 1, got {max_shapes!r}")
         self.net = net
-        self.max_shapes = int(max_shapes)
+        self.max_shapes = check_int(max_shapes, "max_shapes", low=1)
         self.graphs_built = 0
         self._blocks = {}   # context -> OrderedDict(shape -> block), least recently used shape first
 

@@ -11,7 +11,7 @@ It is a gluon ``HybridSequential``: train it on the from-scratch path (``get_par
 import mxnet as mx
 from mxnet.gluon import nn
 
-from ..settings import check_seed
+from ..validate import check_seed
 
 __all__ = ["Residual", "resnet18", "init_resnet18"]
 

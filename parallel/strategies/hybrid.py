@@ -20,15 +20,12 @@ stage in lockstep (stage ``s`` on every replica, then stage ``s+1``), so a stage
 over the whole batch, not over one replica's shard (``GluonNet.forward_all`` sums the statistics across the
 contexts holding the stage): the same model as one context, and the same running statistics on every replica.
 """
-from mxnet import autograd
-
-from ..comm import ALLREDUCE_ALGORITHMS, DEFAULT_ALGORITHM
+from ..comm import ALGORITHMS, DEFAULT_ALGORITHM
 from ..evaluate import accuracy
-from ..models import softmax_cross_entropy
-from ..split import split_and_load
-from ..step import allreduce_grads, check_lr, loss_and_correct
-from ._checks import check_contexts
-from .model_parallel import ModelParallel, _Cut, _forward_all
+from ..models.lenet import softmax_cross_entropy
+from ..step import allreduce_grads, step_replicas
+from ..validate import check_choice, check_contexts, check_lr
+from .model import ModelParallel, _Cut, _forward_all
 
 __all__ = ["Hybrid", "hybrid_groups"]
 
@@ -46,7 +43,7 @@ def hybrid_groups(ctx_list, num_stages):
     ValueError
         Unless ``len(ctx_list)`` is a positive multiple of ``num_stages``.
     """
-    check_contexts(ctx_list, num_stages, f"{num_stages} stages")
+    check_contexts(ctx_list, needed=num_stages, what=f"{num_stages} stages")
     if len(ctx_list) % num_stages:
         lower = len(ctx_list) // num_stages * num_stages
         raise ValueError(f"{len(ctx_list)} contexts cannot form equal groups of {num_stages} stages; "
@@ -80,10 +77,11 @@ class Hybrid:
     ranges, ctx_list, algorithm
     """
 
+    name = "hybrid"
+    job = None
+
     def __init__(self, model, ctx_list, stages=None, boundaries=None, algorithm=DEFAULT_ALGORITHM):
-        if algorithm not in ALLREDUCE_ALGORITHMS:
-            raise ValueError(f"unknown allreduce algorithm {algorithm!r}; choose one of "
-                             f"{', '.join(sorted(ALLREDUCE_ALGORITHMS))}")
+        check_choice(algorithm, "algorithm", ALGORITHMS)
         cut = _Cut(model, stages, boundaries)
         self.ranges, self.nets = cut.ranges, cut.nets
         groups = hybrid_groups(ctx_list, len(self.ranges))
@@ -94,6 +92,27 @@ class Hybrid:
 
     def __repr__(self):
         return f"Hybrid({self.describe()})"
+
+    @property
+    def model(self):
+        """What the training loop returns: the strategy itself."""
+        return self
+
+    # ``parallel.step.step_replicas`` takes a Hybrid as its replicas: one model-parallel group of contexts each.
+    @property
+    def in_ctx_list(self):
+        """Where each replica takes its shard: its first stage's context."""
+        return [replica.ctx_list[0] for replica in self.replicas]
+
+    @property
+    def out_ctx_list(self):
+        """Where each replica gives its outputs: its last stage's context."""
+        return [replica.ctx_list[-1] for replica in self.replicas]
+
+    def update(self, lr, batch_size):
+        """SGD on every replica's stages, in place (``ModelParallel.update``)."""
+        for replica in self.replicas:
+            replica.update(lr, batch_size)
 
     def describe(self):
         """One line: each stage and the contexts holding it, e.g.
@@ -110,10 +129,10 @@ class Hybrid:
         order: LeNet's eight, or the block's in ``block_state(block)[0]`` order."""
         return self.replicas[0].params()
 
-    def aux(self):
-        """Replica 0's running statistics (identical on every replica) in ``block_state(block)[2]`` order;
+    def aux(self, r=0):
+        """Replica ``r``'s running statistics (identical on every replica) in ``block_state(block)[2]`` order;
         ``[]`` for LeNet."""
-        return self.replicas[0].aux()
+        return self.replicas[r].aux()
 
     def names(self):
         """The block's trainable parameter names, in ``params()`` order; ``[]`` for LeNet."""
@@ -167,22 +186,7 @@ class Hybrid:
             Every replica's parameters (and a block's running statistics) are updated in place.
         """
         check_lr(lr)
-        first = self.replicas[0]
-        first._check_batch(X, y, loss)
-        X_shards = split_and_load(X, [replica.ctx_list[0] for replica in self.replicas])
-        y_shards = split_and_load(y, [replica.ctx_list[-1] for replica in self.replicas])
-        with autograd.record():
-            outputs = self.forward_all(X_shards)
-            losses = [loss(out, y_shard) for out, y_shard in zip(outputs, y_shards)]
-        first._check_labels(y, outputs, loss)   # before anything is updated
-        autograd.backward(losses)
-        for replica in self.replicas[len(X_shards):]:   # an idle replica takes the running statistics of the first
-            for first_aux, aux in zip(first.aux(), replica.aux()):
-                first_aux.copyto(aux)
-        self.allreduce_grads(active=len(X_shards))
-        for replica in self.replicas:
-            replica.update(lr, X.shape[0])
-        return loss_and_correct(outputs, y_shards, losses, self.ctx_list[0])
+        return step_replicas(self, X, y, lr, loss)
 
     def evaluate(self, data_iter):
         """Accuracy over ``data_iter``, each batch split across the replicas (see ``parallel.evaluate.accuracy``)."""

@@ -25,21 +25,17 @@ updated once per micro-batch, as GPipe does. Gradients are then those of M small
 batch; ``ModelParallel`` (the whole batch through each stage) and ``Hybrid`` (statistics synchronized
 across its replicas) train the one-context model. Without BatchNorm the pipeline is exact.
 """
-from ..models import softmax_cross_entropy
-from ..settings import DEFAULT_MICRO_BATCHES
-from ..split import split_and_load
-from ..step import check_lr
-from ._checks import is_int
-from .model_parallel import ModelParallel
+from ..models.lenet import softmax_cross_entropy
+from ..step import step_replicas
+from ..validate import check_bool, check_int, check_lr
+from . import DEFAULT_MICRO_BATCHES
+from .model import MicroBatches, ModelParallel
 
-__all__ = ["Pipeline", "bubble_fraction", "DEFAULT_MICRO_BATCHES"]
+__all__ = ["Pipeline", "bubble_fraction"]
 
 
 def _check_micro_batches(micro_batches):
-    if not is_int(micro_batches):
-        raise TypeError(f"micro_batches must be an int, got {micro_batches!r}")
-    if micro_batches < 1:
-        raise ValueError(f"micro_batches must be >= 1, got {micro_batches}")
+    return check_int(micro_batches, "micro_batches", low=1)
 
 
 def bubble_fraction(stages, micro_batches):
@@ -51,8 +47,7 @@ def bubble_fraction(stages, micro_batches):
         0 for one stage; tends to 0 as M grows.
     """
     _check_micro_batches(micro_batches)
-    if not is_int(stages) or stages < 1:
-        raise ValueError(f"stages must be an int >= 1, got {stages!r}")
+    check_int(stages, "stages", low=1)
     return (stages - 1) / (micro_batches + stages - 1)
 
 
@@ -70,6 +65,9 @@ class Pipeline(ModelParallel):
         ``ctx_list[s]``.
     micro_batches : int
         M >= 1, micro-batches per batch. ``train_step`` refuses a batch with fewer than M examples.
+    short_batches : bool
+        True: a batch with fewer than M examples (an epoch's short last batch) runs in one micro-batch per
+        example instead of being refused (what the training loop asks for).
 
     Attributes
     ----------
@@ -78,10 +76,13 @@ class Pipeline(ModelParallel):
         As for ``ModelParallel``.
     """
 
-    def __init__(self, model, ctx_list, stages=None, boundaries=None, micro_batches=DEFAULT_MICRO_BATCHES):
-        _check_micro_batches(micro_batches)
+    name = "pipeline"
+
+    def __init__(self, model, ctx_list, stages=None, boundaries=None, micro_batches=DEFAULT_MICRO_BATCHES,
+                 short_batches=False):
+        self.micro_batches = _check_micro_batches(micro_batches)
+        self.short_batches = check_bool(short_batches, "short_batches")
         super().__init__(model, ctx_list, stages, boundaries)
-        self.micro_batches = int(micro_batches)
 
     def describe(self):
         """One line: the stages, where they run, and the number of micro-batches."""
@@ -115,16 +116,14 @@ class Pipeline(ModelParallel):
         Raises
         ------
         ValueError
-            When the batch has fewer examples than micro-batches.
+            When the batch has fewer examples than micro-batches (unless ``short_batches``).
         """
         check_lr(lr)
-        self._check_batch(X, y, loss)
-        m = self.micro_batches if micro_batches is None else micro_batches
-        _check_micro_batches(m)
-        if m > X.shape[0]:
-            raise ValueError(f"a batch of {X.shape[0]} examples cannot form {m} micro-batches; "
-                             f"use at most {X.shape[0]} micro-batches or a larger batch")
-        # split_and_load over M copies of one context: M micro-batches, sizes differing by at most one
-        X_parts = split_and_load(X, [self.ctx_list[0]] * m)
-        y_parts = split_and_load(y, [self.ctx_list[-1]] * m)
-        return self._train_parts(X_parts, y_parts, lr, X.shape[0], loss, y)
+        m = _check_micro_batches(self.micro_batches if micro_batches is None else micro_batches)
+        if m > X.shape[0] >= 1:
+            if not self.short_batches:
+                raise ValueError(f"micro_batches={m} cannot split a batch of {X.shape[0]} examples; use at most "
+                                 f"{X.shape[0]} micro-batches or a larger batch")
+            m = X.shape[0]
+        # M micro-batches through one model, sizes differing by at most one (split_and_load's split)
+        return step_replicas(MicroBatches(self, m), X, y, lr, loss)

@@ -12,7 +12,9 @@ import textwrap
 import mxnet as mx
 import pytest
 
-from parallel.settings import omp_threads, recommended_omp_threads, set_omp_threads
+from conftest import run_process
+
+from parallel.threads import omp_threads, recommended_omp_threads, set_omp_threads
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CORES = recommended_omp_threads()
@@ -25,17 +27,17 @@ def run_fresh(code, **env):
         environ.pop(name, None)
     environ.update(env)
     environ["PYTHONPATH"] = ROOT + os.pathsep + environ.get("PYTHONPATH", "")
-    done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=environ, cwd=ROOT,
-                          capture_output=True, text=True, timeout=300)
+    done = run_process([sys.executable, "-c", textwrap.dedent(code)], env=environ, cwd=ROOT,
+                          timeout=300)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 @pytest.mark.parametrize("n, error, message", [
-    (0, ValueError, "n must be a number of threads >= 1, got 0"),
+    (0, ValueError, "n must be >= 1, got 0"),
     (-3, ValueError, "got -3"),
     (CORES + 1, ValueError, f"more than the {CORES} cores this process may run on; use at most {CORES}"),
-    (2.0, TypeError, "n must be an int (threads per operator), got 2.0"),
+    (2.0, TypeError, "n must be an int, got 2.0"),
     (True, TypeError, "got True"),
     ("2", TypeError, "got '2'"),
 ])
@@ -68,7 +70,7 @@ def test_sets_the_worker_threads_of_the_given_contexts_only():
     result = run_fresh("""
         import json
         import mxnet as mx
-        from parallel.settings import omp_threads, set_omp_threads
+        from parallel.threads import omp_threads, set_omp_threads
 
         python_thread = mx.base._LIB.omp_get_max_threads
         out = {"python_before": python_thread()}
@@ -105,7 +107,7 @@ def test_a_change_after_operators_ran_is_refused_and_changes_nothing(before):
         import mxnet as mx
         import numpy as np
         from parallel import get_params, init_lenet_params, train_batch
-        from parallel.settings import omp_threads, set_omp_threads
+        from parallel.threads import omp_threads, set_omp_threads
 
 {textwrap.indent(before, " " * 8)}
         default = omp_threads(mx.cpu(0))
@@ -130,14 +132,14 @@ def test_mxnet_default_is_what_the_call_changes():
     unset = run_fresh("""
         import json, platform
         import mxnet as mx
-        from parallel.settings import omp_threads
+        from parallel.threads import omp_threads
         print(json.dumps({"threads": omp_threads(), "machine": platform.machine()}))
         """)
     if unset["machine"] in ("x86_64", "AMD64", "i386", "i686") and CORES >= 2:
         assert unset["threads"] == CORES // 2
     env = run_fresh("""
         import json
-        from parallel.settings import omp_threads
+        from parallel.threads import omp_threads
         print(json.dumps(omp_threads()))
         """, OMP_NUM_THREADS="1")
     assert env == 1
@@ -149,7 +151,7 @@ def test_every_worker_thread_of_a_context_is_set():
         import json
         import threading
         import mxnet as mx
-        from parallel.settings import _on_worker_threads, set_omp_threads
+        from parallel.threads import _on_worker_threads, set_omp_threads
 
         lib = mx.base._LIB
         set_omp_threads(1, [mx.cpu(0)])
@@ -167,7 +169,7 @@ def test_naive_engine_sets_the_calling_thread():
     result = run_fresh("""
         import json
         import mxnet as mx
-        from parallel.settings import omp_threads, set_omp_threads
+        from parallel.threads import omp_threads, set_omp_threads
         set_omp_threads(1)
         print(json.dumps([omp_threads(), int(mx.base._LIB.omp_get_max_threads())]))
         """, MXNET_ENGINE_TYPE="NaiveEngine")
@@ -177,7 +179,7 @@ def test_naive_engine_sets_the_calling_thread():
 def test_a_shared_pool_engine_is_refused_with_the_fix():
     result = run_fresh("""
         import json
-        from parallel.settings import set_omp_threads
+        from parallel.threads import set_omp_threads
         try:
             set_omp_threads(1)
         except RuntimeError as e:

@@ -1,6 +1,8 @@
-"""A DataParallel wrapper in the style of PyTorch's ``nn.DataParallel``: scatter, replicate, parallel apply, gather.
+"""Data parallelism: one replica of the model per context, the batch split across them, the gradients summed.
 
-``DataParallel(module, ctx_list)`` wraps a gluon Block, or a function of (inputs, params) with
+``DataParallel`` is the data strategy the training loop and ``python -m parallel.train`` use (``train_step``
+runs ``parallel.step.train_step``, the textbook's step), and a wrapper in the style of PyTorch's
+``nn.DataParallel``: scatter, replicate, parallel apply, gather. ``DataParallel(module, ctx_list)`` wraps a gluon Block, or a function of (inputs, params) with
 ``params=[...]``. Calling it splits the batch across the contexts (``split_and_load``: shards differ by
 at most one example), runs one replica per shard, and concatenates the outputs on ``ctx_list[0]``:
 
@@ -30,10 +32,14 @@ import mxnet as mx
 from mxnet import autograd, gluon
 from mxnet.gluon.parameter import DeferredInitializationError
 
-from ..comm import DEFAULT_ALGORITHM, get_params
+from ..comm import ALGORITHMS, DEFAULT_ALGORITHM
+from ..comm.replica import get_params
+from ..evaluate import evaluate_accuracy
+from ..kvstore import broadcast_aux, broadcast_params
+from ..models.gluon import GluonNet
 from ..split import split_and_load
-from ..step import allreduce_grads, update_replicas
-from ._checks import check_contexts
+from ..step import allreduce_grads, train_step, update_replicas
+from ..validate import check_choice, check_contexts
 
 __all__ = ["DataParallel", "data_parallel", "replicate", "parallel_apply", "gather"]
 
@@ -148,46 +154,80 @@ def data_parallel(module, X, ctx_list, device_params=None, output_ctx=None):
     return gather(outputs, ctx_list[0] if output_ctx is None else output_ctx)
 
 
+class _BlockFunction:
+    """A gluon Block as a function ``net(X, params)`` that ignores ``params``: the Block reads its own
+    parameters on ``X``'s context."""
+
+    def __init__(self, block):
+        self.block = block
+
+    def __call__(self, X, params):
+        return self.block(X)
+
+
 class DataParallel:
-    """Run ``module`` data-parallel over ``ctx_list`` (PyTorch's ``nn.DataParallel`` for MXNet contexts).
+    """Run ``module`` data-parallel over ``ctx_list``: the data strategy, and PyTorch's ``nn.DataParallel`` for
+    MXNet contexts.
 
     Parameters
     ----------
-    module : gluon.Block or callable
-        A Block, initialized on any context: its parameters are moved, in place, to every context of
-        ``ctx_list`` (``Parameter.reset_ctx``; values kept). Or a function ``module(X, params)``.
+    module : callable or gluon.Block
+        A function ``module(X, params)`` of a replica's arrays (``lenet_cached``, or a ``GluonNet`` for a gluon
+        network on flat replicas, as the training loop uses), given its initial ``params``. Or a gluon Block,
+        initialized on any context: its parameters are moved, in place, to every context of ``ctx_list``
+        (``Parameter.reset_ctx``; values kept), and it normalises BatchNorm per context, as gluon does.
     ctx_list : list of mxnet.Context
         Distinct contexts; ``ctx_list[0]`` holds the primary copy and receives the outputs.
-    params : list of NDArray, optional
-        Required for a function, refused for a Block: its initial parameters, copied to every context
-        (``replicate``); not modified.
+    params : list of NDArray or gluon.Block, optional
+        Required for a function, refused for a Block: its initial parameters (LeNet's arrays, or a gluon block
+        whose arrays ``get_params`` copies into flat replicas), copied to every context; not modified.
     algorithm : str
-        How ``allreduce_grads`` sums gradients, see ``parallel.comm.allreduce``.
+        How ``allreduce_grads`` sums gradients, one of ``parallel.comm.ALGORITHMS``.
+    job : parallel.kvstore.Job, optional
+        Train as one worker of a distributed job (a function module only): every worker's replicas get rank
+        0's parameters and running statistics (a collective call: every worker must make it), each step
+        trains this worker's slice of the global batch and sums the gradients over the workers, evaluation
+        combines the workers' counts. BatchNorm is synchronized across a worker's contexts, not across workers.
 
     Attributes
     ----------
-    module, ctx_list, algorithm
+    module, ctx_list, algorithm, job
+    name : str
+        ``"data"``.
     device_params : list of list of NDArray
         For a function: the replica on each context, ``device_params[0]`` the primary. For a Block: each
         context's ``param.data(ctx)`` (parameters with ``grad_req='null'`` left out), in
         ``collect_params()`` order; ``param.data(ctx).grad`` is ``param.grad(ctx)``.
     """
 
-    def __init__(self, module, ctx_list, params=None, algorithm=DEFAULT_ALGORITHM):
-        check_contexts(ctx_list)
-        self.module, self.ctx_list, self.algorithm = module, list(ctx_list), algorithm
+    name = "data"
+
+    def __init__(self, module, ctx_list, params=None, algorithm=DEFAULT_ALGORITHM, job=None):
+        self.ctx_list = check_contexts(ctx_list)
+        self.module, self.algorithm, self.job = module, check_choice(algorithm, "algorithm", ALGORITHMS), job
         if isinstance(module, gluon.Block):
             if params is not None:
                 raise TypeError("params= is for a function of (inputs, params); a gluon Block holds its own "
                                 "parameters: drop params=")
+            if job is not None:
+                raise TypeError("job= takes a function of (inputs, params) on flat replicas, not a gluon Block; "
+                                "pass GluonNet(block) with params=block")
             _place_block(module, self.ctx_list)
+            self._net = _BlockFunction(module)
         elif callable(module):
             if params is None:
                 raise TypeError(f"module {getattr(module, '__name__', module)!r} is a function: pass its "
                                 "parameters with params=[...] (e.g. init_lenet_params())")
             self._device_params = replicate(params, self.ctx_list)
+            self._net = module
+            if job is not None:
+                broadcast_params(job, self._device_params)
+                broadcast_aux(job, self._device_params)
         else:
             raise TypeError(f"module must be a gluon Block or a function of (inputs, params), got {module!r}")
+
+    def __repr__(self):
+        return f"DataParallel({self.describe()})"
 
     @property
     def device_params(self):
@@ -195,6 +235,31 @@ class DataParallel:
             params = _block_params(self.module)
             return [[param.data(ctx) for param in params] for ctx in self.ctx_list]
         return self._device_params
+
+    @property
+    def model(self):
+        """What the training loop returns for data parallelism: ``device_params``, one replica per context."""
+        return self.device_params
+
+    def describe(self):
+        """One line: how the replicas are kept and summed."""
+        line = f"one replica per context, gradients summed with the {self.algorithm} allreduce"
+        if isinstance(self._net, GluonNet) and self._net.has_batchnorm and len(self.ctx_list) > 1:
+            line += ", BatchNorm over the whole batch" if self._net.sync_batchnorm else ", BatchNorm per context"
+        if self.job is not None:
+            line += f", then over {self.job.num_workers} worker(s) through the {self.job.kv.type} kvstore"
+            if self.aux():
+                line += " (BatchNorm statistics per worker)"
+        return line
+
+    def params(self):
+        """The primary replica's trainable arrays, live (every replica holds the same values)."""
+        return list(self.device_params[0])
+
+    def aux(self):
+        """The primary replica's arrays that are not trained (BatchNorm's running statistics), live; ``[]``
+        when there are none (LeNet, or a Block, whose own Parameters hold them)."""
+        return list(getattr(self.device_params[0], "aux", ()))
 
     def __call__(self, X):
         return self.forward(X)
@@ -238,3 +303,14 @@ class DataParallel:
         """
         self.allreduce_grads()
         self.update(lr, batch_size)
+
+    def train_step(self, X, y, lr, loss=None):
+        """One whole SGD step on the batch: ``parallel.train_step`` over the replicas (forward, backward,
+        allreduce, update); returns (summed loss, correct count), each (1,) on ``ctx_list[0]``, not waited for."""
+        kwargs = {} if loss is None else {"loss": loss}
+        return train_step(X, y, self.device_params, self.ctx_list, lr, net=self._net, algorithm=self.algorithm,
+                          job=self.job, **kwargs)
+
+    def evaluate(self, data_iter):
+        """Accuracy over ``data_iter``, each batch split across the replicas (see ``evaluate_accuracy``)."""
+        return evaluate_accuracy(data_iter, self.device_params, self.ctx_list, net=self._net, job=self.job)

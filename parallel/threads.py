@@ -1,82 +1,21 @@
-"""What the CLI must know before MXNet starts: names, defaults, argument checks and the thread setting.
+"""Operator threads on CPU contexts: how many each operator uses, the CLI's rule before MXNet starts, and
+setting it in the engine's worker threads after ``import mxnet``.
 
-Nothing here imports MXNet at import time, so ``python -m parallel.train --help`` and every argument error
-answer at once, and the CLI can set ``OMP_NUM_THREADS`` in its own process before MXNet reads it (MXNet
-reads it only when it is imported). The modules that do the work take their names and defaults from here.
-``omp_threads`` and ``set_omp_threads``, for API users who imported MXNet already, import it when called.
+Each CPU context runs its operators in its own engine worker thread, and each operator uses that thread's
+OpenMP setting, which MXNet fixes when the thread starts (from ``OMP_NUM_THREADS`` if it was set before
+``import mxnet``, else half the cores). ``recommended_omp_threads`` is the CLI's rule, ``omp_threads`` reads a
+context's setting, ``set_omp_threads`` changes it from the API. Nothing here imports MXNet until called.
 
->>> from parallel.settings import check_lr, check_seed
->>> check_lr(0.2)
->>> check_lr(1e-40)
-Traceback (most recent call last):
-    ...
-ValueError: learning rate must be between 1.18e-38 and 3.40e+38 (float32's normal range, which MXNet's update takes), got 1e-40
->>> check_seed(2**32)
-Traceback (most recent call last):
-    ...
-ValueError: seed must be between 0 and 4294967295 (2**32 - 1), got 4294967296
+>>> recommended_omp_threads(cores=4)
+4
 """
 import ctypes
-import math
-import numbers
 import os
 import threading
 
-__all__ = ["ALLREDUCE_NAMES", "DEFAULT_ALGORITHM", "STRATEGIES", "DEFAULT_STAGES", "DEFAULT_MICRO_BATCHES",
-           "MAX_SEED", "LR_RANGE", "check_lr", "check_seed", "recommended_omp_threads", "omp_threads",
-           "set_omp_threads"]
+from .validate import check_int
 
-#: The allreduce algorithms of ``parallel.comm.allreduce``, by name.
-ALLREDUCE_NAMES = ("naive", "fused", "ring", "tree")
-
-#: The algorithm ``train_batch`` and the CLI use unless told otherwise: the fastest measured
-#: (benchmarks/allreduce.py, LeNet's flat gradient: fastest at K=4, within 0.1 ms of tree at K=2);
-#: ``allreduce`` itself defaults to the textbook's ``"naive"``.
-DEFAULT_ALGORITHM = "fused"
-
-#: The ways ``fit`` can spread LeNet over the contexts (``--strategy``).
-STRATEGIES = ("data", "model", "pipeline", "hybrid")
-
-#: Stages of the model, pipeline and hybrid strategies when neither stages nor boundaries are given.
-DEFAULT_STAGES = 2
-
-#: Micro-batches per batch of the pipeline strategy when not given.
-DEFAULT_MICRO_BATCHES = 4
-
-#: Seeds are those numpy's ``RandomState`` takes: 0 .. 2**32 - 1.
-MAX_SEED = 2 ** 32 - 1
-
-#: Learning rates MXNet's ``sgd_update`` accepts: its parameters are float32, and it refuses a value that
-#: does not parse as a normal float32 ("Out of range value for lr").
-LR_RANGE = (1.1754943508222875e-38, 3.4028234663852886e+38)
-
-
-def check_lr(lr):
-    """Raise unless ``lr`` is a number MXNet can step with: finite, > 0, in float32's normal range.
-
-    Raises
-    ------
-    TypeError
-        For anything but a real number.
-    ValueError
-        For a value outside ``LR_RANGE`` (zero, negative, NaN, inf, or beyond float32).
-    """
-    if isinstance(lr, bool) or not isinstance(lr, numbers.Real):
-        raise TypeError(f"lr must be a number, got {lr!r}")
-    low, high = LR_RANGE
-    if not (math.isfinite(lr) and lr > 0):
-        raise ValueError(f"learning rate must be a finite number > 0, got {lr!r}")
-    if not low <= lr <= high:
-        raise ValueError(f"learning rate must be between {low:.2e} and {high:.2e} (float32's normal range, "
-                         f"which MXNet's update takes), got {lr!r}")
-
-
-def check_seed(seed):
-    """Raise unless ``seed`` is an int in 0 .. ``MAX_SEED`` (what numpy's ``RandomState`` takes)."""
-    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
-        raise TypeError(f"seed must be an int, got {seed!r}")
-    if not 0 <= seed <= MAX_SEED:
-        raise ValueError(f"seed must be between 0 and {MAX_SEED} (2**32 - 1), got {seed}")
+__all__ = ["recommended_omp_threads", "omp_threads", "set_omp_threads"]
 
 
 def recommended_omp_threads(cores=None):
@@ -302,19 +241,14 @@ def set_omp_threads(n=None, ctx_list=None):
     >>> set_omp_threads(0)
     Traceback (most recent call last):
         ...
-    ValueError: n must be a number of threads >= 1, got 0
+    ValueError: n must be >= 1, got 0
     >>> set_omp_threads(2.0)
     Traceback (most recent call last):
         ...
-    TypeError: n must be an int (threads per operator), got 2.0
+    TypeError: n must be an int, got 2.0
     """
     cores = recommended_omp_threads()
-    if n is None:
-        n = cores
-    if isinstance(n, bool) or not isinstance(n, numbers.Integral):
-        raise TypeError(f"n must be an int (threads per operator), got {n!r}")
-    if n < 1:
-        raise ValueError(f"n must be a number of threads >= 1, got {n}")
+    n = cores if n is None else check_int(n, "n", low=1)
     if n > cores:
         raise ValueError(f"n={n} threads per operator is more than the {cores} cores this process may run on; "
                          f"use at most {cores} (more threads than cores only contend for them)")

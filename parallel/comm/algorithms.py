@@ -1,4 +1,5 @@
-"""Communication between contexts: copy parameters to a context, and allreduce.
+"""Allreduce across contexts: the four algorithms (naive, fused, ring, tree), their receive buffers, and the
+bytes each one moves.
 
 ``allreduce`` leaves the elementwise *sum* of all arrays in every array (not the mean): the SGD step
 divides by the global batch size.
@@ -9,97 +10,16 @@ fresh ``malloc``, and a large one is a fresh ``mmap`` whose pages fault on first
 per receive made every step pay for its page faults as well as for its copies.
 """
 import math
-import numbers
 import threading
 from collections import OrderedDict, namedtuple
 
 import mxnet as mx
-from mxnet import autograd, gluon
 
-from .models.gluon import block_state
-from .settings import DEFAULT_ALGORITHM
+from ..validate import check_choice, check_int
+from . import ALGORITHMS
 
-__all__ = ["get_params", "FlatReplica", "allreduce", "check_same_arrays", "ALLREDUCE_ALGORITHMS",
-           "DEFAULT_ALGORITHM", "bytes_moved", "BytesMoved", "free_buffers", "set_buffer_limit", "buffer_info",
-           "BufferInfo", "DEFAULT_BUFFER_LIMIT"]
-
-
-class FlatReplica(list):
-    """The parameters of one replica: a list of arrays that are views into one flat buffer.
-
-    It is a list, so the textbook code (``for param in params: ...``) works unchanged; besides, the
-    whole replica is reachable at once, which is what makes one reduction and one update per step
-    possible (like DDP's buckets and Horovod's tensor fusion).
-
-    Attributes
-    ----------
-    data : NDArray
-        1-D buffer holding every parameter; ``self[i]`` is a reshaped view of a slice of it.
-    grad : NDArray
-        1-D buffer holding every gradient; ``self[i].grad`` is the matching view of it.
-
-    names : list of str
-        The parameters' names, for a replica of a gluon block (``get_params(block, ctx)``); else empty.
-    aux : list of NDArray
-        The block's arrays that are not trained (BatchNorm's running statistics, frozen parameters),
-        copies on the same context, in ``aux_names``' order; empty for a list of arrays.
-
-    Calling ``attach_grad()`` on a member would give it a separate gradient and break the link.
-    """
-
-    def __init__(self, views, data, grad, names=(), aux=(), aux_names=()):
-        super().__init__(views)
-        self.data = data
-        self.grad = grad
-        self.names = list(names)
-        self.aux = list(aux)
-        self.aux_names = list(aux_names)
-
-
-def get_params(params, ctx):
-    """Copy ``params`` to ``ctx`` with gradients attached, all in one flat buffer.
-
-    Parameters
-    ----------
-    params : list of NDArray, or mxnet.gluon.Block
-        Parameters on any context; they are not modified. A gluon block (initialized, run once so that
-        its shapes are known) gives its trainable parameters, in its registration order, and keeps the
-        others (BatchNorm's running statistics) as copies in the replica's ``aux``.
-    ctx : mxnet.Context
-        Where the copies live.
-
-    Returns
-    -------
-    FlatReplica or list of NDArray
-        New arrays on ``ctx`` (gradients start at zero). When all ``params`` share one dtype they are
-        views into one buffer (a ``FlatReplica``, still a list); otherwise a plain list of copies.
-    """
-    if not isinstance(ctx, mx.Context):
-        raise TypeError(f"ctx must be an mxnet Context such as mx.cpu(0), got {ctx!r}")
-    if isinstance(params, gluon.Block):
-        names, arrays, aux_names, aux = block_state(params)
-        if len({array.dtype for array in arrays}) > 1:
-            raise ValueError("the block's trainable parameters have several dtypes; cast the block to one "
-                             "(block.cast(dtype)) to replicate it in one flat buffer")
-        replica = get_params(arrays, ctx)
-        return FlatReplica(replica, replica.data, replica.grad, names, [a.copyto(ctx) for a in aux], aux_names)
-    for i, param in enumerate(params):
-        if not isinstance(param, mx.nd.NDArray):
-            raise TypeError(f"params[{i}] must be an NDArray, got {type(param).__name__}")
-    if not params or len({param.dtype for param in params}) != 1:
-        copies = [param.copyto(ctx) for param in params]
-        for copy in copies:
-            copy.attach_grad()
-        return copies
-    data = mx.nd.concat(*[param.reshape(-1) for param in params], dim=0).copyto(ctx)
-    grad = mx.nd.zeros(data.shape, ctx=ctx, dtype=data.dtype)
-    views, grads, offset = [], [], 0
-    for param in params:   # basic slices and reshapes of an NDArray share its memory
-        views.append(data[offset:offset + param.size].reshape(param.shape))
-        grads.append(grad[offset:offset + param.size].reshape(param.shape))
-        offset += param.size
-    autograd.mark_variables(views, grads)
-    return FlatReplica(views, data, grad)
+__all__ = ["allreduce", "check_same_arrays", "ALLREDUCE_ALGORITHMS", "bytes_moved", "BytesMoved",
+           "free_buffers", "set_buffer_limit", "buffer_info", "BufferInfo", "DEFAULT_BUFFER_LIMIT"]
 
 
 def check_same_arrays(arrays, name="arrays"):
@@ -110,8 +30,10 @@ def check_same_arrays(arrays, name="arrays"):
     TypeError, ValueError
         Naming the offending index.
     """
-    if not isinstance(arrays, (list, tuple)) or not arrays:
-        raise TypeError(f"{name} must be a non-empty list of NDArrays, got {arrays!r}")
+    if not isinstance(arrays, (list, tuple)):
+        raise TypeError(f"{name} must be a list of NDArrays, one per context, got {arrays!r}")
+    if not arrays:
+        raise ValueError(f"{name} is empty; give one NDArray per context")
     first = arrays[0]
     seen = {}
     for i, array in enumerate(arrays):
@@ -230,10 +152,7 @@ def set_buffer_limit(nbytes):
     bound, the least recently used are dropped and allocated again when next needed: still correct,
     but the page faults come back. A buffer larger than the bound is never kept. 0 disables the cache.
     """
-    if isinstance(nbytes, bool) or not isinstance(nbytes, numbers.Integral):
-        raise TypeError(f"nbytes must be an int, got {nbytes!r}")
-    if nbytes < 0:
-        raise ValueError(f"nbytes must be >= 0, got {nbytes}")
+    check_int(nbytes, "nbytes", low=0)
     with _buffers.lock:
         previous, _buffers.limit = _buffers.limit, int(nbytes)
         _buffers.shrink(_buffers.limit)
@@ -343,8 +262,8 @@ def _tree(arrays):
             _copy(arrays[i], arrays[i + stride])
 
 
-#: The algorithms by name; ``parallel.settings.ALLREDUCE_NAMES`` lists the same names for the CLI, before MXNet loads.
-ALLREDUCE_ALGORITHMS = {"naive": _naive, "fused": _fused, "ring": _ring, "tree": _tree}
+#: The algorithms by name (``parallel.comm.ALGORITHMS``, in that order).
+ALLREDUCE_ALGORITHMS = dict(zip(ALGORITHMS, (_naive, _fused, _ring, _tree)))
 
 BytesMoved = namedtuple("BytesMoved", ["total", "per_context_max"])
 BytesMoved.__doc__ = """Bytes an allreduce copies between contexts.
@@ -384,14 +303,9 @@ def bytes_moved(algorithm, nbytes, k, itemsize=4):
     BytesMoved
         ``(total, per_context_max)`` in bytes.
     """
-    if algorithm not in ALLREDUCE_ALGORITHMS:
-        raise ValueError(f"unknown allreduce algorithm {algorithm!r}; choose one of "
-                         f"{', '.join(sorted(ALLREDUCE_ALGORITHMS))}")
+    check_choice(algorithm, "algorithm", ALGORITHMS)
     for name, value, low in (("nbytes", nbytes, 0), ("k", k, 1), ("itemsize", itemsize, 1)):
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-            raise TypeError(f"{name} must be an int, got {value!r}")
-        if value < low:
-            raise ValueError(f"{name} must be >= {low}, got {value}")
+        check_int(value, name, low=low)
     if nbytes % itemsize:
         raise ValueError(f"nbytes={nbytes} is not a whole number of {itemsize}-byte elements; "
                          "give nbytes = array.size * itemsize")
@@ -442,9 +356,7 @@ def allreduce(arrays, algorithm="naive"):
     of one buffer.
     """
     check_same_arrays(arrays)
-    if algorithm not in ALLREDUCE_ALGORITHMS:
-        raise ValueError(f"unknown allreduce algorithm {algorithm!r}; choose one of "
-                         f"{', '.join(sorted(ALLREDUCE_ALGORITHMS))}")
+    check_choice(algorithm, "algorithm", ALGORITHMS)
     if len(arrays) > 1:
         with _buffers.lock:   # queue one call's copies and adds together: they share the buffers
             ALLREDUCE_ALGORITHMS[algorithm](arrays)

@@ -30,17 +30,18 @@ ModelParallel(children 0-2 @ cpu(0) | 3-6 @ cpu(1))
 Only one stage computes at a time (stage s+1 waits for stage s): the point is to fit a model that does not
 fit on one device, not speed. ``parallel.strategies.pipeline`` overlaps the stages with micro-batches.
 """
-from mxnet import autograd, gluon
+from mxnet import gluon
 
-from ..comm import get_params
+from ..comm.replica import block_state, get_params
 from ..evaluate import accuracy
-from ..models import LENET_LAYERS, LENET_SHAPES, GluonNet, block_state, lenet_layers, softmax_cross_entropy
-from ..settings import DEFAULT_STAGES
+from ..models.gluon import GluonNet
+from ..models.lenet import LENET_LAYERS, LENET_SHAPES, lenet_layers, softmax_cross_entropy
 from ..split import shard_sizes
-from ..step import check_labels, check_lr, loss_and_correct, update_replicas
-from ._checks import check_batch, check_contexts, is_int
+from ..step import step_replicas, update_replicas
+from ..validate import check_contexts, check_int, check_lr
+from . import DEFAULT_STAGES
 
-__all__ = ["stage_ranges", "forward_stages", "ModelParallel"]
+__all__ = ["stage_ranges", "forward_stages", "ModelParallel", "MicroBatches"]
 
 
 def stage_ranges(stages=None, boundaries=None, num_layers=len(LENET_LAYERS), what=None, unit="layer"):
@@ -75,9 +76,7 @@ def stage_ranges(stages=None, boundaries=None, num_layers=len(LENET_LAYERS), wha
         raise ValueError(f"give stages or boundaries, not both (got stages={stages!r}, "
                          f"boundaries={list(boundaries)!r})")
     if boundaries is None:
-        stages = DEFAULT_STAGES if stages is None else stages
-        if not is_int(stages):
-            raise TypeError(f"stages must be an int, got {stages!r}")
+        stages = check_int(DEFAULT_STAGES if stages is None else stages, "stages")
         if not 1 <= stages <= num_layers:
             raise ValueError(f"{stages} stages cannot split {what}; use 1 to {num_layers} stages")
         cuts, start = [], 0
@@ -86,9 +85,8 @@ def stage_ranges(stages=None, boundaries=None, num_layers=len(LENET_LAYERS), wha
             cuts.append(start)
     else:
         cuts = list(boundaries)
-        for b in cuts:
-            if not is_int(b):
-                raise TypeError(f"stage boundaries must be {unit} indices (ints), got {b!r}")
+        for i, b in enumerate(cuts):
+            check_int(b, f"boundaries[{i}]")
             if not 1 <= b < num_layers:
                 raise ValueError(f"stage boundary {b} is outside {what}; a boundary b cuts before {unit} b, "
                                  f"so use values in 1..{num_layers - 1}")
@@ -194,6 +192,29 @@ def forward_stages(X, stage_params, ranges, nets=None):
     return X
 
 
+class MicroBatches:
+    """A model cut into stages, run on ``m`` micro-batches of each batch, as ``parallel.step.step_replicas``
+    takes it: every micro-batch enters at the first stage's context and leaves at the last one's, through the
+    same parameters, so there is nothing to reduce; one update for the whole batch."""
+
+    def __init__(self, model, m):
+        self.model = model
+        self.in_ctx_list = [model.ctx_list[0]] * m
+        self.out_ctx_list = [model.ctx_list[-1]] * m
+
+    def forward_all(self, X_parts):
+        return [self.model.forward(X) for X in X_parts]
+
+    def aux(self, r):
+        return []   # the micro-batches share one model: none is ever idle with its own statistics
+
+    def allreduce_grads(self, active=None):
+        pass        # ``backward`` over all the parts' losses already summed each gradient over them
+
+    def update(self, lr, batch_size):
+        self.model.update(lr, batch_size)
+
+
 class ModelParallel:
     """A model cut into stages, stage ``s`` on ``ctx_list[s]``, trained with the same SGD step as ``train_batch``.
 
@@ -232,8 +253,16 @@ class ModelParallel:
         (``stage_ranges``), too few contexts.
     """
 
+    name = "model"
+    job = None
+
     def __init__(self, model, ctx_list, stages=None, boundaries=None):
         self._place(_Cut(model, stages, boundaries), ctx_list)
+
+    @property
+    def model(self):
+        """What the training loop returns: the strategy itself (``params()``, ``aux()``, ``forward``)."""
+        return self
 
     @classmethod
     def _from_cut(cls, cut, ctx_list):
@@ -246,7 +275,7 @@ class ModelParallel:
         self._cut = cut
         self.ranges = cut.ranges
         self.nets = cut.nets
-        check_contexts(ctx_list, len(self.ranges), f"{len(self.ranges)} stages")
+        check_contexts(ctx_list, needed=len(self.ranges), what=f"{len(self.ranges)} stages")
         self.ctx_list = list(ctx_list[:len(self.ranges)])
         self.stage_params = [get_params(source, ctx) for source, ctx in zip(cut.sources, self.ctx_list)]
 
@@ -294,30 +323,6 @@ class ModelParallel:
         """SGD on every stage, in place: ``param -= lr * param.grad / batch_size`` (``update_replicas``)."""
         update_replicas(self.stage_params, lr, batch_size)
 
-    def _check_batch(self, X, y, loss):
-        """``check_batch``; LeNet's labels are checked against its 10 classes here, a block's after the forward
-        (``_check_labels``), when its number of outputs is known."""
-        check_batch(X, y, loss, None if self._cut.block is not None else LENET_SHAPES[-1][0])
-
-    def _check_labels(self, y, outputs, loss):
-        if self._cut.block is not None:
-            check_labels(y, outputs[0].shape[-1], loss)
-
-    def _train_parts(self, X_parts, y_parts, lr, batch_size, loss, y=None):
-        """Forward every part (recorded), then one backward over all of their losses, then one update.
-
-        ``autograd.backward`` over the list of losses sums each parameter's gradient over the parts: the
-        gradient of the whole batch, as on one context.
-        """
-        with autograd.record():
-            outputs = [self.forward(X_part) for X_part in X_parts]
-            losses = [loss(out, y_part) for out, y_part in zip(outputs, y_parts)]
-        if y is not None:
-            self._check_labels(y, outputs, loss)   # before anything is updated
-        autograd.backward(losses)
-        self.update(lr, batch_size)
-        return loss_and_correct(outputs, y_parts, losses, self.ctx_list[0])
-
     def train_step(self, X, y, lr, loss=softmax_cross_entropy):
         """One SGD step on the whole batch: forward through the stages, backward, update every stage.
 
@@ -337,8 +342,7 @@ class ModelParallel:
             ``stage_params`` (and a block's running statistics) are updated in place.
         """
         check_lr(lr)
-        self._check_batch(X, y, loss)
-        return self._train_parts([X], [y.as_in_context(self.ctx_list[-1])], lr, X.shape[0], loss, y)
+        return step_replicas(MicroBatches(self, 1), X, y, lr, loss)
 
     def evaluate(self, data_iter):
         """Accuracy over ``data_iter``, whole batches through the stages (see ``parallel.evaluate.accuracy``)."""

@@ -1,0 +1,250 @@
+"""The training loop, ``fit``: epochs of shuffled batches through a strategy, a few steps in flight, checkpoints
+and stops.
+
+``fit`` trains LeNet (from scratch) or the textbook's ResNet-18 (a gluon block on flat replicas) with any
+strategy of ``parallel.strategies`` on the same batches with the same SGD step, in one process or as one worker
+of a distributed job. It reports nothing itself: ``on_epoch`` and ``on_checkpoint`` receive what it measured
+(``parallel.report`` formats and writes it). A tiny run on two CPU contexts:
+
+>>> import mxnet as mx
+>>> from parallel import fit, synthetic_dataset
+>>> history, device_params = fit(synthetic_dataset(num_train=512, num_test=128), [mx.cpu(0), mx.cpu(1)],
+...                              num_epochs=2, batch_size=64, lr=0.2)
+>>> [sorted(m) for m in history][0]
+['epoch', 'images_per_second', 'seconds', 'test_acc', 'train_acc', 'train_loss']
+>>> [m["epoch"] for m in history], len(device_params)
+([1, 2], 2)
+"""
+import collections
+import math
+import sys
+import time
+
+from tqdm import tqdm
+
+from .checkpoint import TrainingState
+from .comm import DEFAULT_ALGORITHM
+from .data import iterate_batches, num_batches
+from .data.batches import epoch_seed
+from .kvstore import broadcast_object, sum_values
+from .models.layout import init_model
+from .strategies.registry import make_strategy
+from .validate import check_int, check_lr, check_seed
+
+__all__ = ["fit", "NonFiniteLossError", "TrainingStopped", "IN_FLIGHT"]
+
+#: How many steps the host queues ahead of the devices. It then waits for the oldest step, reads its loss
+#: (checking it is finite) and advances the progress bar: the bar counts finished batches, not queued ones,
+#: and a NaN stops the run at the batch where it appeared. Two queued steps keep the devices busy while
+#: Python queues the next one.
+IN_FLIGHT = 2
+
+
+class NonFiniteLossError(ValueError):
+    """The training loss became NaN or infinite (``lr`` too large: the run diverged)."""
+
+
+class TrainingStopped(Exception):
+    """``fit`` stopped at a batch boundary because ``stop()`` asked it to; ``state`` says where."""
+
+    def __init__(self, state):
+        super().__init__(f"stopped at epoch {state.epoch} after {state.batch} batch(es)")
+        self.state = state
+
+
+class _Epoch:
+    """One epoch's steps in flight: queue a step's (loss, correct) and read the oldest once ``IN_FLIGHT`` are
+    queued; ``totals`` holds the summed loss, correct predictions and seconds of the finished batches."""
+
+    def __init__(self, epoch, per_epoch, skip, totals, progress):
+        self.epoch, self.totals = epoch, list(totals)
+        self.in_flight = collections.deque()   # (batch number, loss, correct count) of the queued steps
+        self.bar = tqdm(total=per_epoch, initial=skip, desc=f"epoch {epoch}", unit="batch", leave=False,
+                        disable=not progress, file=sys.stderr)
+        self.started = time.perf_counter()
+
+    def queue(self, batch, loss, correct):
+        self.in_flight.append((batch, loss, correct))
+        if len(self.in_flight) > IN_FLIGHT:
+            self._finish_oldest()
+
+    def _finish_oldest(self):
+        batch, loss, correct = self.in_flight.popleft()
+        value = float(loss.asscalar())   # waits for the step
+        if not math.isfinite(value):
+            raise NonFiniteLossError(f"lr is too large: the loss became {value} at epoch {self.epoch}, batch "
+                                     f"{batch} (training diverged); lower it")
+        self.totals[0] += value
+        self.totals[1] += float(correct.asscalar())
+        self.bar.update(1)
+
+    def finish(self):
+        """Wait for every queued step; returns ``totals``."""
+        while self.in_flight:
+            self._finish_oldest()
+        self.totals[2] += time.perf_counter() - self.started
+        self.bar.close()
+        return self.totals
+
+
+def _train_epoch(strategy, dataset, epoch, state, seed, batch_size, lr, stop, on_checkpoint, progress, history):
+    """Train one epoch from ``state`` (its first batch, or where a checkpoint left it); return the totals, or
+    raise ``TrainingStopped`` after writing the checkpoint when ``stop()`` asks."""
+    per_epoch = num_batches(len(dataset.train_labels), batch_size)
+    resumed = epoch == state.epoch
+    skip = state.batch if resumed else 0
+    run = _Epoch(epoch, per_epoch, skip, [state.loss_sum, state.correct, state.seconds] if resumed else [0.0] * 3,
+                 progress)
+    batches = iterate_batches(dataset.train_images, dataset.train_labels, batch_size, shuffle=True,
+                              seed=epoch_seed(seed, epoch), start=skip)
+    for b, (X, y) in enumerate(batches, start=skip + 1):
+        if stop is not None and stop():
+            here = TrainingState(epoch, b - 1, *run.finish(), epoch_seed(seed, epoch), history)
+            if on_checkpoint is not None:
+                on_checkpoint(here, strategy.params(), strategy.aux())
+            raise TrainingStopped(here)
+        run.queue(b, *strategy.train_step(X, y, lr))
+    return run.finish()
+
+
+def _check_start(state, seed, per_epoch):
+    """Raise ``ValueError`` unless ``state`` is a position this run can continue from."""
+    if not isinstance(state, TrainingState):
+        raise TypeError(f"start must be a TrainingState (a checkpoint's state), got {type(state).__name__}")
+    if state.epoch < 1 or not 0 <= state.batch < per_epoch:
+        raise ValueError(f"start points at epoch {state.epoch}, batch {state.batch}, but an epoch here has "
+                         f"{per_epoch} batches; the checkpoint belongs to another batch size or dataset")
+    if len(state.history) != state.epoch - 1:
+        raise ValueError(f"start is in epoch {state.epoch} but holds {len(state.history)} finished epochs")
+    if state.shuffle_seed != epoch_seed(seed, state.epoch):
+        raise ValueError(f"start orders epoch {state.epoch} with seed {state.shuffle_seed}, but seed {seed} gives "
+                         f"{epoch_seed(seed, state.epoch)}: the data order would change")
+
+
+def _shared_start(job, state, seed, per_epoch):
+    """In a job, rank 0's seed (the data order) and start (a checkpoint it read), for every worker; the other
+    workers' sums of a started epoch start at zero. Returns ``(state, seed)``."""
+    if job is None:
+        return state, seed
+    shared = broadcast_object(job, {"seed": seed, "start": state._asdict()})
+    seed, state = shared["seed"], TrainingState(**shared["start"])
+    _check_start(state, seed, per_epoch)
+    if job.rank != 0:
+        state = state._replace(loss_sum=0.0, correct=0.0)
+    return state, seed
+
+
+def _epoch_metrics(strategy, dataset, epoch, totals, batch_size):
+    """The finished epoch's metrics: the train sums (over every worker of a job) and the test accuracy."""
+    n_train = len(dataset.train_labels)
+    if strategy.job is not None:   # each worker summed the loss and the correct predictions of its slices
+        totals[:2] = sum_values(strategy.job, totals[:2])
+    test_acc = strategy.evaluate(iterate_batches(dataset.test_images, dataset.test_labels, batch_size))
+    return {"epoch": epoch, "train_loss": totals[0] / n_train, "train_acc": totals[1] / n_train,
+            "test_acc": test_acc, "seconds": totals[2], "images_per_second": n_train / totals[2]}
+
+
+def fit(dataset, ctx_list, num_epochs, batch_size, lr, seed=0, algorithm=DEFAULT_ALGORITHM, progress=False,
+        on_epoch=None, strategy="data", stages=None, boundaries=None, micro_batches=None, params=None, start=None,
+        stop=None, on_checkpoint=None, job=None, model="lenet", aux=None):
+    """Train LeNet or ResNet-18 from scratch over ``ctx_list`` with data parallelism or another ``strategy``.
+
+    Parameters
+    ----------
+    dataset : parallel.data.Dataset
+        Train and test images (n, 28, 28) uint8 and labels.
+    ctx_list : list of mxnet.Context
+        Distinct contexts, at least one.
+    num_epochs, batch_size : int
+        Both >= 1. The last batch of an epoch may be smaller; it is trained on, not dropped.
+    lr : float
+        Learning rate, finite and > 0, within float32's range (see ``parallel.validate.check_lr``).
+    seed : int
+        0 .. 2**32-1. Seeds the initial parameters and the shuffling (``epoch_seed``); the same seed gives
+        the same run.
+    algorithm : str
+        Allreduce algorithm (see ``parallel.comm.allreduce``).
+    progress : bool
+        Show a tqdm progress bar per epoch (on stderr) that counts finished batches.
+    on_epoch : callable, optional
+        Called with each epoch's metrics dict and the history so far, after the epoch.
+    strategy : str or strategy object
+        One of ``parallel.strategies.STRATEGIES`` (built by ``make_strategy``), or a strategy already built
+        (its parameters and contexts are used as they are; ``seed`` then only seeds the shuffling).
+    stages, boundaries, micro_batches
+        Passed to ``make_strategy`` with a strategy name.
+    params, aux : list of NDArray, optional
+        With a strategy name: the initial values (a checkpoint's), the model's trainable arrays and, for
+        ResNet-18, its running statistics (see ``init_model``); default ``init_model(model, seed)``.
+    start : parallel.checkpoint.TrainingState, optional
+        Where to continue: a checkpoint's state (its epoch, the batches of it already trained, their sums, the
+        history). With the checkpoint's parameters, the same layout and the same arguments, the run ends with
+        parameters bitwise equal to a run never interrupted.
+    stop : callable, optional
+        ``stop()`` is asked before each batch; when it returns True the queued steps are finished,
+        ``on_checkpoint`` is called and ``TrainingStopped`` is raised: the run stops at a batch boundary.
+    on_checkpoint : callable, optional
+        ``on_checkpoint(state, params, aux)`` with a ``TrainingState``, the model's trainable live arrays and
+        its others (the strategy's ``params()`` and ``aux()``; ``aux`` is ``[]`` for LeNet): after every
+        epoch (the state then points at the next epoch's first batch) and when ``stop`` stops the run. Not
+        called when the loss becomes NaN or infinite.
+    model : str
+        ``"lenet"`` or ``"resnet18"`` (``parallel.models.MODELS``), with a strategy name; a strategy object
+        brings its own model.
+    job : parallel.kvstore.Job, optional
+        Train as one worker of a distributed job (``parallel.kvstore.join()``; data strategy only). Every
+        worker calls ``fit`` with the same dataset and arguments; the parameters, ``seed`` and ``start``
+        are rank 0's (the others' are ignored). Each worker trains its slice of every global batch
+        (``batch_size`` stays the global batch), and the loss and accuracies are summed over the workers,
+        so every worker returns the same history but for ``seconds`` (for ResNet-18 the test accuracy
+        scores each worker's slice with that worker's BatchNorm statistics). Let ``on_epoch`` and
+        ``on_checkpoint`` act on rank 0 alone when one copy of what they write is wanted. A state saved by
+        ``stop`` mid-epoch holds rank 0's share of that epoch's loss and accuracy so far (the parameters
+        are the job's), so after resuming, that epoch's train metrics leave out the other workers' batches
+        before the stop.
+
+    Returns
+    -------
+    (list of dict, object)
+        One dict per epoch with ``epoch``, ``train_loss``, ``train_acc``, ``test_acc``, ``seconds``,
+        ``images_per_second`` (a resumed run's history includes the checkpoint's epochs); and the trained
+        model, the strategy's ``model``: for ``"data"`` the replicas (``device_params``, one per context;
+        LeNet's eight arrays are ``device_params[0]``, a block's replica also holds ``.aux``), else the
+        ``ModelParallel``, ``Pipeline`` or ``Hybrid`` object (``.params()`` and ``.aux()`` give them). Either is
+        what ``parallel.export`` takes (``export_lenet``, or ``export_gluon`` for ResNet-18). The host queues
+        at most ``IN_FLIGHT`` steps ahead of the devices, then reads the oldest step's loss.
+
+    Raises
+    ------
+    NonFiniteLossError
+        When the loss becomes NaN or infinite, naming the epoch and the batch.
+    TrainingStopped
+        When ``stop()`` returned True.
+    ValueError, TypeError
+        For an argument out of range (checked before any training).
+    """
+    check_int(num_epochs, "num_epochs", low=1)
+    check_int(batch_size, "batch_size", low=1)
+    check_lr(lr)
+    check_seed(seed)
+    per_epoch = num_batches(len(dataset.train_labels), batch_size)
+    state = start if start is not None else TrainingState(1, 0, 0.0, 0.0, 0.0, epoch_seed(seed, 1), [])
+    _check_start(state, seed, per_epoch)
+    if isinstance(strategy, str):
+        strategy = make_strategy(strategy, init_model(model, seed, params, aux), ctx_list, stages, boundaries,
+                                 micro_batches, batch_size, algorithm, job)
+    elif job is not None and strategy.job is not job:
+        raise ValueError("job: fit got a job but the strategy was built without it; pass job to make_strategy")
+    state, seed = _shared_start(strategy.job, state, seed, per_epoch)
+    history = list(state.history)
+    for epoch in range(state.epoch, num_epochs + 1):
+        totals = _train_epoch(strategy, dataset, epoch, state, seed, batch_size, lr, stop, on_checkpoint, progress,
+                              history)
+        metrics = _epoch_metrics(strategy, dataset, epoch, totals, batch_size)
+        history.append(metrics)
+        if on_epoch is not None:
+            on_epoch(metrics, history)
+        if on_checkpoint is not None:
+            on_checkpoint(TrainingState(epoch + 1, 0, 0.0, 0.0, 0.0, epoch_seed(seed, epoch + 1), list(history)),
+                          strategy.params(), strategy.aux())
+    return history, strategy.model

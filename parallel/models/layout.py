@@ -1,0 +1,124 @@
+"""What each model of ``MODELS`` is made of: its initial arrays, and the names and shapes a checkpoint stores.
+
+``init_model(name, seed)`` gives a run's initial model: LeNet's eight arrays, or ResNet-18 as an initialized
+gluon block; ``model_layout(name)`` the ``Layout`` of its arrays, by name, independent of how a strategy lays
+them out on contexts:
+
+>>> layout = model_layout("lenet")
+>>> layout.names[:2], layout.shapes[0], layout.aux_names
+(('conv1_weight', 'conv1_bias'), (20, 1, 3, 3), ())
+"""
+import functools
+from typing import NamedTuple
+
+import mxnet as mx
+
+from ..comm.replica import block_state
+from ..validate import check_choice
+from . import MODELS
+from .lenet import LENET_PARAM_NAMES, LENET_SHAPES, init_lenet_params
+from .resnet import init_resnet18, resnet18
+
+__all__ = ["Layout", "model_layout", "block_names", "init_model"]
+
+
+class Layout(NamedTuple):
+    """How a checkpoint stores a model: the names and shapes of its trainable arrays, then of the others."""
+    names: tuple
+    shapes: tuple
+    aux_names: tuple
+    aux_shapes: tuple
+
+
+def block_names(block):
+    """The names of a gluon block's arrays that are the same for every instance of the network.
+
+    gluon's ``Parameter.name`` counts the instances made so far (``hybridsequential3_conv0_weight``), so a
+    fresh ``init_resnet18()`` names its arrays differently from the one that wrote a checkpoint. The
+    structural names (``"0.0.weight"``: child 0, its child 0, ``weight``), which ``save_parameters`` writes,
+    do not change.
+
+    Returns
+    -------
+    (list of str, list of str)
+        The trainable arrays' names and the others', in ``parallel.models.block_state`` order (which is what
+        ``get_params(block, ctx)`` replicas and the strategies' ``params()`` and ``aux()`` follow). The block
+        need not be initialized.
+    """
+    structural = {id(param): name for name, param in block._collect_params_with_prefix().items()}
+    names, aux_names = [], []
+    for param in block.collect_params().values():
+        (aux_names if param.grad_req == "null" else names).append(structural[id(param)])
+    return names, aux_names
+
+
+@functools.lru_cache(maxsize=None)
+def model_layout(model):
+    """The ``Layout`` of a model of ``MODELS``: what its checkpoint holds.
+
+    ResNet-18's shapes are inferred from its graph on 1x28x28 images with 10 classes (what ``fit`` trains),
+    without allocating its arrays.
+
+    >>> layout = model_layout("resnet18")
+    >>> len(layout.names), len(layout.aux_names), layout.names[0], layout.shapes[0], layout.aux_names[0]
+    (76, 34, '0.0.weight', (64, 1, 3, 3), '0.1.running_mean')
+    """
+    check_choice(model, "model", tuple(MODELS))
+    if model == "lenet":
+        return Layout(tuple(LENET_PARAM_NAMES), tuple(LENET_SHAPES), (), ())
+    block = resnet18(num_classes=10)
+    symbol = block(mx.sym.var("data"))
+    arg_shapes, _, aux_shapes = symbol.infer_shape(data=(1, 1, 28, 28))
+    shapes = dict(zip(symbol.list_arguments(), arg_shapes))
+    shapes.update(zip(symbol.list_auxiliary_states(), aux_shapes))
+    by_structure = {name: shapes[param.name] for name, param in block._collect_params_with_prefix().items()}
+    names, aux_names = block_names(block)
+    return Layout(tuple(names), tuple(by_structure[n] for n in names), tuple(aux_names),
+                  tuple(by_structure[n] for n in aux_names))
+
+
+
+def init_model(model="lenet", seed=0, params=None, aux=None):
+    """The initial model of a run, as ``make_strategy`` takes it.
+
+    Parameters
+    ----------
+    model : str
+        ``"lenet"`` (the from-scratch LeNet) or ``"resnet18"`` (the textbook's ResNet-18 for 1x28x28 images and
+        10 classes, ``init_resnet18``): one of ``MODELS``.
+    seed : int
+        Seeds the initial values when ``params`` is not given.
+    params, aux : list of NDArray, optional
+        Values to start from (a checkpoint's): the trainable arrays and the others (BatchNorm's running
+        statistics), in ``block_state`` order for ResNet-18 (``aux`` is required with it); LeNet's eight, and
+        no ``aux``, for LeNet. Copied, not modified.
+
+    Returns
+    -------
+    list of NDArray or mxnet.gluon.nn.HybridSequential
+        LeNet's eight arrays (on the CPU), or ResNet-18 as an initialized gluon block on the CPU.
+
+    Raises
+    ------
+    ValueError
+        For an unknown model, or arrays that do not fit it (count, shape).
+    """
+    check_choice(model, "model", tuple(MODELS))
+    if model == "lenet":
+        if aux:
+            raise ValueError(f"LeNet has no arrays besides its parameters, got {len(aux)} aux arrays")
+        return init_lenet_params(seed) if params is None else list(params)
+    block = init_resnet18(seed, num_classes=10, input_shape=(1, 1, 28, 28))
+    if params is None:
+        return block
+    names, arrays, aux_names, aux_arrays = block_state(block)
+    aux = [] if aux is None else list(aux)
+    for what, values, targets, target_names in (("trainable", list(params), arrays, names),
+                                                ("non-trained", aux, aux_arrays, aux_names)):
+        if len(values) != len(targets):
+            raise ValueError(f"ResNet-18 has {len(targets)} {what} arrays, got {len(values)}")
+        for name, value, target in zip(target_names, values, targets):
+            if value.shape != target.shape:
+                raise ValueError(f"{name} has shape {target.shape} in ResNet-18, got {value.shape}")
+            target[:] = value.as_in_context(target.context)
+    return block

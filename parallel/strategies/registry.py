@@ -1,0 +1,76 @@
+"""A strategy of ``STRATEGIES`` by name: what the training loop and ``python -m parallel.train --strategy`` use.
+
+>>> import mxnet as mx
+>>> from parallel import init_lenet_params
+>>> strategy = make_strategy("hybrid", init_lenet_params(seed=0), [mx.cpu(i) for i in range(4)])
+>>> strategy.name, strategy.describe()
+('hybrid', '2 replicas x 2 stages: conv1,conv2 @ cpu(0),cpu(2) | dense1,dense2 @ cpu(1),cpu(3)')
+"""
+from mxnet import gluon
+
+from ..comm import DEFAULT_ALGORITHM
+from ..models.gluon import as_net
+from ..models.lenet import lenet_cached
+from ..validate import check_contexts
+from . import DEFAULT_MICRO_BATCHES, check_options
+from .data import DataParallel
+from .hybrid import Hybrid
+from .model import ModelParallel
+from .pipeline import Pipeline
+
+__all__ = ["make_strategy"]
+
+
+def make_strategy(name, params, ctx_list, stages=None, boundaries=None, micro_batches=None, batch_size=None,
+                  algorithm=DEFAULT_ALGORITHM, job=None):
+    """Lay ``model`` out on ``ctx_list`` for the parallel style ``name``.
+
+    Parameters
+    ----------
+    name : str
+        One of ``STRATEGIES``: ``"data"`` (``DataParallel``: one replica per context), ``"model"``
+        (``ModelParallel``), ``"pipeline"`` (``Pipeline``) or ``"hybrid"`` (``Hybrid``).
+    params : list of NDArray, or mxnet.gluon.nn.HybridSequential
+        The initial model (``parallel.models.init_model``): LeNet's eight arrays, or an initialized gluon block
+        with known shapes (ResNet-18: data parallelism replicates it into flat replicas run by ``GluonNet``,
+        with BatchNorm synchronized across the contexts; the other strategies cut it at its children). Copied,
+        not modified.
+    ctx_list : list of mxnet.Context
+        Distinct contexts, at least one.
+    stages, boundaries
+        Where to cut the model (see ``stage_ranges``; default two stages); not for ``"data"``.
+    micro_batches : int, optional
+        Pipeline only (default ``DEFAULT_MICRO_BATCHES``). A batch with fewer examples than micro-batches (the
+        short last batch of an epoch) is trained in one micro-batch per example.
+    batch_size : int, optional
+        When given, more micro-batches than ``batch_size`` are refused up front.
+    algorithm : str
+        Allreduce algorithm for ``"data"`` and ``"hybrid"``.
+    job : parallel.kvstore.Job, optional
+        ``"data"`` only: train as one worker of a distributed job (see ``DataParallel``; a collective call).
+        BatchNorm normalises over the worker's slice, synchronized across its contexts but not across the
+        workers, so a job with BatchNorm is not the same computation as one context.
+
+    Returns
+    -------
+    object
+        The strategy (see ``parallel.strategies``); its ``ctx_list`` holds the contexts it uses: model and
+        pipeline parallelism use one per stage and leave the rest of ``ctx_list`` idle.
+
+    Raises
+    ------
+    ValueError, TypeError
+        For an unknown name, an empty or repeated ``ctx_list``, an option the strategy does not take, or a
+        layout the contexts cannot hold.
+    """
+    check_options(name, stages, boundaries, micro_batches, batch_size, distributed=job is not None)
+    check_contexts(ctx_list)
+    if name == "data":
+        net = as_net(params) if isinstance(params, gluon.Block) else lenet_cached
+        return DataParallel(net, ctx_list, params=params, algorithm=algorithm, job=job)
+    if name == "model":
+        return ModelParallel(params, ctx_list, stages, boundaries)
+    if name == "pipeline":
+        return Pipeline(params, ctx_list, stages, boundaries,
+                        DEFAULT_MICRO_BATCHES if micro_batches is None else micro_batches, short_batches=True)
+    return Hybrid(params, ctx_list, stages, boundaries, algorithm)

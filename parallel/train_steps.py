@@ -1,0 +1,202 @@
+"""The steps of ``python -m parallel.train`` once MXNet is loaded, in the order ``parallel.train.run`` takes them.
+
+Each step takes the checked command-line ``args`` and what the earlier steps gave; each turns the user's
+mistakes into one ``UsageError`` line naming the flag. In a distributed job every worker takes every step;
+rank 0 alone reads the checkpoint (and broadcasts it), prints and writes.
+"""
+import os
+import sys
+
+from .checkpoint import (CheckpointError, check_compatible, dataset_fingerprint, has_checkpoint, load_checkpoint,
+                         save_checkpoint)
+from .cli import UsageError, users_input
+from .data import DataError, identify_dataset, load_data
+from .data.fashion_mnist import default_data_dir
+from .devices import parse_devices
+from .export import export_gluon, export_lenet
+from .loop import NonFiniteLossError, TrainingStopped, fit
+from .kvstore import join, sum_values
+from .models import MODELS
+from .models.layout import init_model
+from .report import format_epoch, plot_metrics, write_metrics
+from .strategies import make_strategy
+from .train import FLAGS, _export_files, _launched
+
+__all__ = ["join_job", "read_checkpoint", "devices", "load_dataset", "lay_out", "Report", "start_of", "train",
+           "export", "TrainingStopped"]
+
+
+def join_job(args):
+    """Join the distributed job this worker was launched into (waits for every worker and server), or None."""
+    if not _launched():
+        return None
+    job = join(args.kvstore or "dist_sync")
+    print(f"joined the job as rank {job.rank} of {job.num_workers} ({job.kv.type})", flush=True)
+    return job
+
+
+def read_checkpoint(args, job):
+    """The checkpoint to resume (rank 0 reads it), or None; refuse a new run over an existing checkpoint."""
+    if args.checkpoint_dir is None or (job is not None and job.rank != 0):
+        return None
+    with users_input(CheckpointError):
+        if not args.resume:
+            if has_checkpoint(args.checkpoint_dir):
+                raise UsageError(f"{args.checkpoint_dir} already holds a checkpoint; add --resume to continue it, "
+                                 "or choose another --checkpoint-dir to start a new run")
+            return None
+        checkpoint = load_checkpoint(args.checkpoint_dir, model=args.model)
+    if checkpoint.state.epoch - 1 > args.epochs:
+        raise UsageError(f"--epochs {args.epochs} is fewer than the {checkpoint.state.epoch - 1} epochs the checkpoint "
+                         f"in {args.checkpoint_dir} has finished; give --epochs {checkpoint.state.epoch - 1} or more")
+    return checkpoint
+
+
+def devices(args):
+    """The contexts of ``--devices``."""
+    with users_input(ValueError, flags=FLAGS):
+        return parse_devices(args.devices)
+
+
+def describe_data(args):
+    """How messages name the run's data: ``synthetic``, ``fashion-mnist`` (genuine files), or the MNIST-format
+    files of a directory."""
+    if args.dataset == "synthetic":
+        return "synthetic"
+    data_dir = default_data_dir() if args.data_dir is None else args.data_dir
+    if identify_dataset(data_dir) == "fashion-mnist":
+        return "fashion-mnist" if args.data_dir is None else f"fashion-mnist ({data_dir})"
+    return f"the MNIST-format files in {data_dir}"
+
+
+def load_dataset(args, job):
+    """The dataset and how to name it. In a job rank 0 goes first, so that a download happens once."""
+    main_rank = job is None or job.rank == 0
+    with users_input(DataError, flags=FLAGS):
+        if not main_rank:   # one download at a time: rank 0 fetches, then the others read
+            sum_values(job, [0])
+        dataset = load_data(args.dataset, args.data_dir, progress=not args.no_progress and main_rank)
+        if job is not None and main_rank:
+            sum_values(job, [0])
+        return dataset, describe_data(args)
+
+
+def lay_out(args, checkpoint, ctx_list, job):
+    """The initial model (the checkpoint's, else seeded) and the strategy that lays it out on ``ctx_list``."""
+    with users_input(ValueError, TypeError, flags=FLAGS):
+        if checkpoint is None:
+            initial = init_model(args.model, args.seed)   # in a job, replaced by rank 0's in make_strategy
+        else:
+            initial = init_model(args.model, args.seed, checkpoint.params, checkpoint.aux)
+        strategy = make_strategy(args.strategy, initial, ctx_list, args.stages, args.boundaries, args.micro_batches,
+                                 args.batch_size, args.allreduce, job)   # in a job: every replica gets rank 0's
+    if len(strategy.ctx_list) < len(ctx_list):
+        idle = ", ".join(str(ctx) for ctx in ctx_list[len(strategy.ctx_list):])
+        print(f"warning: --strategy {args.strategy} uses {len(strategy.ctx_list)} of the {len(ctx_list)} contexts "
+              f"of --devices {args.devices} (one per stage); {idle} stay idle", file=sys.stderr, flush=True)
+    return initial, strategy
+
+
+class Report:
+    """What the run shows and writes (rank 0 of a job alone): its lines, the metrics JSON and plot after every
+    epoch, and the checkpoints."""
+
+    def __init__(self, args, strategy, dataset, data_name, checkpoint, job):
+        self.args, self.strategy, self.job = args, strategy, job
+        self.main_rank = job is None or job.rank == 0
+        self.workers = 1 if job is None else job.num_workers
+        self.title = MODELS[args.model].title
+        self.data_name = data_name
+        used = len(strategy.ctx_list)
+        self.layout = f"{used} context(s)" if job is None else f"{self.workers} worker(s) x {used} context(s)"
+        # the dataset's fingerprint hashes every example: only a run that checkpoints needs it
+        fingerprint = None if args.checkpoint_dir is None or not self.main_rank else dataset_fingerprint(dataset)
+        self.config = {"model": args.model, "dataset": {"name": data_name, "fingerprint": fingerprint},
+                       "batch_size": args.batch_size, "lr": args.lr, "seed": args.seed, "epochs": args.epochs,
+                       "strategy": args.strategy, "allreduce": args.allreduce, "devices": args.devices,
+                       "stages": args.stages, "boundaries": args.boundaries, "micro_batches": args.micro_batches,
+                       "workers": self.workers}
+        if checkpoint is not None:
+            with users_input(CheckpointError):
+                check_compatible(checkpoint.config, self.config)
+        self.say(f"training {self.title} on {data_name}: {len(dataset.train_labels)} train / "
+                 f"{len(dataset.test_labels)} test examples, batch {args.batch_size}, lr {args.lr}, on {self.layout}")
+        self.say(f"strategy {strategy.name}: {strategy.describe()}; operator threads: OMP_NUM_THREADS="
+                 f"{os.environ.get('OMP_NUM_THREADS', 'unset (MXNet default: half the cores)')}")
+
+    def say(self, line):
+        if self.main_rank:
+            print(line, flush=True)
+
+    def epoch(self, metrics, history):
+        """After each epoch: its line, then the metrics JSON and the plot."""
+        self.say(format_epoch(metrics, self.strategy.ctx_list, self.strategy.name, self.workers))
+        self.write_outputs(history)
+
+    def write_outputs(self, history):
+        if not self.main_rank:
+            return
+        title = f"{self.title} on {self.data_name}, {self.strategy.name} parallel on {self.layout}"
+        for path, flag, write in ((self.args.metrics_json, "--metrics-json", write_metrics),
+                                  (self.args.plot, "--plot", lambda h, p: plot_metrics(h, p, title=title))):
+            if path is not None:
+                try:
+                    write(history, path)
+                except OSError as e:   # the disk filled up or the directory went away mid-run
+                    raise UsageError(f"cannot write {flag} {path!r}: {e.strerror or e}") from None
+
+    def save(self, state, params, aux):
+        """Write a checkpoint (``fit``'s ``on_checkpoint``)."""
+        if self.args.checkpoint_dir is None or not self.main_rank:
+            return
+        try:
+            save_checkpoint(self.args.checkpoint_dir, params, state, self.config, aux=aux, model=self.args.model)
+        except OSError as e:   # a full disk, a file size limit: what was there before stays intact
+            kept = ("the previous checkpoint there is intact" if has_checkpoint(self.args.checkpoint_dir)
+                    else "no checkpoint was written")
+            raise UsageError(f"cannot write the checkpoint in {self.args.checkpoint_dir!r} ({e.strerror or e}); "
+                             f"{kept}") from None
+
+    def stopped(self, state, resume_command):
+        """The outputs of a run stopped by a signal, and the line that says so."""
+        if state.history:
+            self.write_outputs(state.history)
+        where = f"stopped at epoch {state.epoch} after {state.batch} batch(es)"
+        if self.args.checkpoint_dir is None:
+            return f"{where}; no --checkpoint-dir, so there is nothing to resume from"
+        return f"{where}; checkpoint in {self.args.checkpoint_dir}. Resume with: {resume_command}"
+
+
+def start_of(args, checkpoint, report):
+    """Where training starts: the checkpoint's position, or None for a new run."""
+    if checkpoint is None:
+        return None
+    start = checkpoint.state
+    if start.epoch > args.epochs:
+        report.say(f"the checkpoint in {args.checkpoint_dir} has finished all {args.epochs} epochs; nothing to "
+                   "train (give a larger --epochs to train further)")
+    else:
+        report.say(f"resuming from {checkpoint.path}: epoch {start.epoch}, after {start.batch} batch(es)")
+    return start
+
+
+def train(args, strategy, dataset, start, stop, report):
+    """``fit`` with the run's arguments; raises ``TrainingStopped`` when a signal stopped it."""
+    with users_input(NonFiniteLossError, flags=FLAGS):
+        fit(dataset, strategy.ctx_list, args.epochs, args.batch_size, args.lr, seed=args.seed, progress=
+            not args.no_progress and report.main_rank, on_epoch=report.epoch, strategy=strategy, start=start,
+            stop=stop, on_checkpoint=report.save)
+
+
+def export(args, strategy, initial, report):
+    """``--export``: the trained model as MXNet's symbol + params pair (rank 0 of a job alone)."""
+    if args.export is None or not report.main_rank:
+        return
+    try:
+        if args.model == "lenet":
+            export_lenet(strategy.params(), args.export)
+        else:   # into the initial block (unused since make_strategy copied it), then gluon's export
+            export_gluon(initial, args.export, strategy.params(), strategy.aux())
+    except OSError as e:
+        raise UsageError(f"cannot write --export {args.export!r}: {e.strerror or e}") from None
+    print(f"exported {report.title} to {' and '.join(_export_files(args.export))}", flush=True)
