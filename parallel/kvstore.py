@@ -17,12 +17,20 @@ from .comm import FlatReplica
 from .split import shard_sizes
 
 __all__ = ["Job", "join", "abandon", "worker_slice", "broadcast_params", "allreduce_across", "broadcast_object",
-           "sum_values", "PARAMS_KEY", "GRADS_KEY"]
+           "sum_values", "PARAMS_KEY", "GRADS_KEY", "KEYS"]
 
 #: kvstore keys of the package: the flat parameter buffer (rank 0's, broadcast), the flat gradient buffer,
 #: the length and the pieces of a broadcast object, and small sums of n numbers (key ``SUMS_KEY + n``). A
 #: ``gluon.Trainer`` numbers its keys from 0 as well: give it a kvstore of its own, not the job's.
 PARAMS_KEY, GRADS_KEY, LENGTH_KEY, SUMS_KEY, CHUNK_KEY = 0, 1, 2, 100, 1000
+#: The key on which the training loop broadcasts rank 0's BatchNorm running statistics (``AUX_KEY`` of the
+#: training loop's module, which must stay equal to this).
+AUX_KEY = 3
+#: Every kvstore key the package uses, as ranges: 0-3 (parameters, gradients, the length of a broadcast
+#: object, BatchNorm statistics), 100-199 (sums of n < 100 numbers, key ``SUMS_KEY + n``) and 1000 upwards
+#: (the pieces of a broadcast object, key ``CHUNK_KEY + i``; kvstore keys are int32). A kvstore shared with
+#: anything else must keep clear of all of them.
+KEYS = (range(PARAMS_KEY, AUX_KEY + 1), range(SUMS_KEY, SUMS_KEY + 100), range(CHUNK_KEY, 2 ** 31))
 #: ``broadcast_object`` sends its JSON text in pieces of this many bytes (one float64 per byte).
 CHUNK = 4096
 
