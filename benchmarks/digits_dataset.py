@@ -9,7 +9,8 @@ files of an MNIST-format directory (each written atomically by ``parallel.data.w
     python benchmarks/digits_dataset.py --out digits
     python -m parallel.train --model resnet18 --data-dir digits --devices cpu:1 --epochs 3 --batch-size 64 --lr 0.05
 
-Needs scikit-learn (``pip install scikit-learn``), which the package itself does not depend on.
+Needs scikit-learn, which the package itself does not depend on. Install it with numpy pinned, or pip upgrades
+numpy past 1.23 and ``import mxnet`` fails: ``pip install 'scikit-learn>=1.2,<1.4' 'numpy>=1.21,<1.24'``.
 """
 import argparse
 import os

@@ -1,20 +1,34 @@
-"""Executed documentation: every code block and command in README.md, and every docstring example, runs.
+"""Executed documentation: every code block and command of every Markdown file, and every docstring example, runs.
 
-- A ```python block of README.md runs as it is written, in a fresh namespace and an empty working
+The Markdown files are every ``*.md`` of the repository (``markdown_files()``: README.md, docs/*.md,
+benchmarks/README.md, notebooks/README.md, and any added later); every test id names the file and the line.
+
+- A ```python block runs as it is written, in a fresh Python process whose working directory is an empty
   directory; a ```text block right after it is its expected output (``...`` stands for any text).
-- A ``$ python -m parallel.train ...`` command of README.md or of a module docstring runs for one epoch
-  (``--epochs 1`` appended) on a tiny MNIST-format set in ``$MXNET_HOME``; GPU commands must fail cleanly
-  on a machine without GPUs.
-- A ``$ python benchmarks/NAME.py ...`` command must name a script that exists, and each of its flags
-  must be one the script's ``--help`` lists (the benchmarks themselves have smoke tests).
-- The install and test commands are what ``.ci/run`` runs.
+- A ``$ python -m parallel.train ...`` line (at any indentation, in fenced blocks too) runs for one epoch
+  (``--epochs 1`` appended) on a tiny MNIST-format set in ``$MXNET_HOME``. A command with ``--resume`` runs after
+  the earlier commands of its file that name its ``--checkpoint-dir``, in the same directory, as a user runs
+  them. GPU commands must fail cleanly on a machine without GPUs; under ``python -m parallel.launch`` the whole
+  job runs.
+- A ```console block is a recorded run: its first line is ``$ python -m parallel.train ...`` and the rest is
+  what the command printed. The slow tier runs the command as written and compares every line exactly, except
+  the timing fields (``N sec/epoch``, ``N examples/sec``), where a number must be present.
+- A ``$ python benchmarks/NAME.py ...`` command must name a script that exists, and each of its flags must be
+  one the script's ``--help`` lists (the benchmarks themselves have smoke tests).
+- ``pip install``: the README's first is the one ``.ci/run`` runs. Every other one shown, as a ``$`` line or as
+  inline code, installs this package itself (its setup.cfg pins numpy) or pins numpy to setup.cfg's range:
+  MXNet 1.9.1 does not import with numpy 1.24. CUDA builds of MXNet are not installed here.
+- ``python -m pytest`` commands name test files that exist and markers setup.cfg registers; ``jupyter lab DIR``
+  names a directory that exists, and JupyterLab is installed (the test extra brings it).
+- Relative links between the Markdown files lead to files and headings that exist, ``parallel.x`` names in
+  inline code import, repository paths in inline code exist, and the README's flag tables list every flag of
+  ``python -m parallel.train`` and ``python -m parallel.launch``.
 - Docstring examples are doctests, run by ``--doctest-modules`` (setup.cfg); a ``::`` literal block of
   Python code in a docstring would not run, so none is allowed.
 """
 import ast
-import contextlib
 import doctest
-import io
+import importlib
 import os
 import re
 import shlex
@@ -27,40 +41,140 @@ import pytest
 from conftest import easy_dataset, write_idx_files
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-README = os.path.join(ROOT, "README.md")
+README = "README.md"
 PACKAGE = os.path.join(ROOT, "parallel")
+#: Directories that hold no documentation of the repository (besides hidden ones and *.egg-info).
+_NOT_DOCS = {"build", "dist", "venv", "node_modules", "__pycache__"}
+#: The pages the README links to; markdown_files() must find them all.
+DOCS_PAGES = ["checkpoints", "distributed", "strategies", "gluon", "threads", "fast-path", "data", "testing"]
+
+
+# ----------------------------------------------------------------------------------------------
+# Reading the Markdown files
+# ----------------------------------------------------------------------------------------------
+
+def markdown_files():
+    """Every Markdown file of the repository, as a path relative to its root: README.md first, then in order."""
+    found = []
+    for directory, subdirectories, names in os.walk(ROOT):
+        subdirectories[:] = sorted(d for d in subdirectories if not d.startswith(".") and d not in _NOT_DOCS
+                                   and not d.endswith(".egg-info"))
+        found += [os.path.relpath(os.path.join(directory, name), ROOT) for name in names if name.endswith(".md")]
+    return sorted(found, key=lambda path: (path != README, path))
+
+
+def _read(path):
+    with open(os.path.join(ROOT, path), encoding="utf-8") as f:
+        return f.read()
 
 
 def fenced_blocks(text):
-    """(language, code, line number) of every fenced block, in order."""
+    """(language, code, line number of the code's first line) of every fenced block, in order."""
     blocks, lines, i = [], text.splitlines(), 0
     while i < len(lines):
         match = re.match(r"^```(\w*)\s*$", lines[i])
         if match:
-            start, i = i + 1, i + 1
-            while not lines[i].startswith("```"):
+            start = i = i + 1
+            while i < len(lines) and not lines[i].startswith("```"):
                 i += 1
+            assert i < len(lines), f"the fenced block opened at line {start} is never closed"
             blocks.append((match.group(1), "\n".join(lines[start:i]) + "\n", start + 1))
         i += 1
     return blocks
 
 
-def readme_examples():
-    """Each ```python block of the README with the ```text block that follows it, if any."""
-    blocks = fenced_blocks(open(README).read())
+def _prose(text):
+    """``text`` with the lines of its fenced blocks blanked out (as ``fenced_blocks`` reads them; line numbers
+    kept)."""
+    lines, inside = [], False
+    for line in text.splitlines():
+        if not inside and re.match(r"^```(\w*)\s*$", line):
+            inside, line = True, ""
+        elif inside:
+            inside, line = not line.startswith("```"), ""
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def python_examples():
+    """Each ```python block of every Markdown file, with the ```text block that follows it, if any."""
     examples = []
-    for n, (lang, code, line) in enumerate(blocks):
-        if lang == "python":
-            following = blocks[n + 1] if n + 1 < len(blocks) else None
-            expected = following[1] if following and following[0] == "text" else None
-            examples.append(pytest.param(code, expected, line, id=f"README.md:{line}"))
+    for path in markdown_files():
+        blocks = fenced_blocks(_read(path))
+        for n, (lang, code, line) in enumerate(blocks):
+            if lang == "python":
+                following = blocks[n + 1] if n + 1 < len(blocks) else None
+                expected = following[1] if following and following[0] == "text" else None
+                examples.append(pytest.param(path, line, code, expected, id=f"{path}:{line}"))
     return examples
 
 
-def readme_commands():
-    """The ``$ command`` lines of the README, at any indentation (in recorded output blocks too)."""
-    return [re.sub(r"^\s*\$ ", "", line).split("  #")[0].strip()
-            for line in open(README).read().splitlines() if re.match(r"^\s*\$ ", line)]
+def commands(path):
+    """(line number, command) of each ``$ command`` line of a file, at any indentation (in blocks too)."""
+    return [(number, re.sub(r"^\s*\$ ", "", line).split("  #")[0].strip())
+            for number, line in enumerate(_read(path).splitlines(), 1) if re.match(r"^\s*\$ ", line)]
+
+
+def recorded_runs():
+    """Every ```console block of every file: (path, line of its ``$`` line, its lines)."""
+    return [pytest.param(path, line, code.splitlines(), id=f"{path}:{line}")
+            for path in markdown_files() for lang, code, line in fenced_blocks(_read(path)) if lang == "console"]
+
+
+def _classify(command):
+    words = shlex.split(command)
+    while words and re.match(r"^\w+=", words[0]):   # environment assignments such as OMP_NUM_THREADS=2
+        words = words[1:]
+    if words[:3] == ["python", "-m", "parallel.train"]:
+        return "train"
+    if words[:3] == ["python", "-m", "parallel.launch"] and "parallel.train" in words:
+        return "train"   # a training job: in order with the other training commands
+    if words[:3] == ["python", "-m", "parallel.launch"]:
+        return "launch"
+    if words[:2] == ["python", "-m"] and words[2:3] == ["pytest"]:
+        return "test"
+    if words[:2] == ["pip", "install"]:
+        return "install"
+    if len(words) >= 2 and words[0] == "python" and words[1].startswith("benchmarks/"):
+        return "benchmark"
+    if words[:2] == ["jupyter", "lab"]:
+        return "jupyter"
+    return "unknown"
+
+
+def _flag_value(words, flag):
+    for i, word in enumerate(words):
+        if word == flag and i + 1 < len(words):
+            return words[i + 1]
+        if word.startswith(flag + "="):
+            return word.split("=", 1)[1]
+    return None
+
+
+def train_runs():
+    """The training commands of each file, as runs: each command starts a run of its own, unless it resumes
+    (``--resume``) the ``--checkpoint-dir`` of an earlier command of its file, whose run it then continues."""
+    params = []
+    for path in markdown_files():
+        runs, run_of_directory = [], {}
+        for line, command in commands(path):
+            if _classify(command) != "train":
+                continue
+            words = shlex.split(command)
+            directory = _flag_value(words, "--checkpoint-dir")
+            if "--resume" in words and directory in run_of_directory:
+                run_of_directory[directory].append((line, command))
+            else:
+                runs.append([(line, command)])
+                if directory is not None:
+                    run_of_directory[directory] = runs[-1]
+        params += [pytest.param(path, run, id=f"{path}:{'+'.join(str(line) for line, _ in run)}") for run in runs]
+    return params
+
+
+def other_commands():
+    return [pytest.param(path, line, command, id=f"{path}:{line}")
+            for path in markdown_files() for line, command in commands(path) if _classify(command) != "train"]
 
 
 def docstring_commands():
@@ -75,23 +189,135 @@ def docstring_commands():
     return found
 
 
-def test_the_readme_has_examples_and_commands():
-    assert len(readme_examples()) >= 3
-    assert any(c.startswith("python -m parallel.train") for c in readme_commands())
+def _env(**changes):
+    """This environment for a subprocess, with this checkout's ``parallel`` first on the path."""
+    env = dict(os.environ, **changes)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)
+    return env
 
 
-@pytest.mark.parametrize("code, expected, line", readme_examples())
-def test_readme_python_block_runs_as_written(code, expected, line, tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        exec(compile("\n" * (line - 1) + code, README, "exec"), {"__name__": "__readme__"})   # errors name README lines
-    mx.nd.waitall()
+# ----------------------------------------------------------------------------------------------
+# What the files hold
+# ----------------------------------------------------------------------------------------------
+
+def test_every_markdown_file_is_found_and_has_its_examples():
+    found = markdown_files()
+    expected = [README, "benchmarks/README.md", "notebooks/README.md"] + [f"docs/{page}.md" for page in DOCS_PAGES]
+    assert not set(expected) - set(found), f"missing Markdown files: {sorted(set(expected) - set(found))}"
+    assert len(python_examples()) >= 7
+    assert any(_classify(c) == "train" for _, c in commands(README))
+    assert recorded_runs(), "no ```console block: the recorded CLI output is gone"
+
+
+@pytest.mark.parametrize("path", markdown_files())
+def test_fences_start_at_the_margin(path):
+    """An indented fence is not read as a block here, so its code would never run."""
+    offenders = [n for n, line in enumerate(_read(path).splitlines(), 1) if re.match(r"^\s+```", line)]
+    assert not offenders, f"{path}: indented fences at lines {offenders}; start them at the margin"
+
+
+def _slug(heading):
+    """The anchor GitHub gives a heading."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+@pytest.mark.parametrize("path", markdown_files())
+def test_links_lead_to_files_and_headings_that_exist(path):
+    text = _prose(_read(path))
+    broken = []
+    for number, line in enumerate(text.splitlines(), 1):
+        for target in re.findall(r"\]\(([^)\s]+)\)", line):
+            if re.match(r"^[a-z]+:", target):
+                continue   # http:, https:, mailto:
+            file, _, anchor = target.partition("#")
+            linked = os.path.normpath(os.path.join(os.path.dirname(path), file)) if file else path
+            if not os.path.exists(os.path.join(ROOT, linked)):
+                broken.append(f"{path}:{number}: {target} (no file {linked})")
+            elif anchor and linked.endswith(".md"):
+                headings = {_slug(h) for h in re.findall(r"^#+ (.*)$", _prose(_read(linked)), re.M)}
+                if anchor not in headings:
+                    broken.append(f"{path}:{number}: {target} (no heading #{anchor} in {linked})")
+    assert not broken, "\n".join(broken)
+
+
+def _resolve(dotted):
+    """The object ``parallel.a.b`` names: the longest importable module prefix, then attributes."""
+    parts = dotted.split(".")
+    for i in range(len(parts), 0, -1):
+        try:
+            target = importlib.import_module(".".join(parts[:i]))
+        except ImportError:
+            continue
+        for name in parts[i:]:
+            target = getattr(target, name)
+        return target
+    raise ImportError(dotted)
+
+
+@pytest.mark.parametrize("path", markdown_files())
+def test_names_and_paths_in_inline_code_exist(path):
+    """``parallel.x`` in inline code imports; ``tests/...``, ``benchmarks/...`` and the like exist."""
+    problems = []
+    for number, line in enumerate(_prose(_read(path)).splitlines(), 1):
+        for name in re.findall(r"`(parallel(?:\.\w+)+)", line):
+            try:
+                _resolve(name)
+            except (ImportError, AttributeError) as e:
+                problems.append(f"{path}:{number}: `{name}` does not resolve ({e})")
+        # a path of a file (with a suffix) or of a directory (with a trailing /); `parallel/lenet` is a label
+        for repo_path in re.findall(r"`((?:tests|benchmarks|parallel|notebooks|docs|\.ci)/(?:[\w./\-]*\.\w+|[\w./\-]*/)?)`",
+                                    line):
+            if not os.path.exists(os.path.join(ROOT, repo_path)):
+                problems.append(f"{path}:{number}: `{repo_path}` does not exist")
+    assert not problems, "\n".join(problems)
+
+
+def _table_flags(heading):
+    """The flags named in the first column of the tables of the README section under ``heading``."""
+    text = _read(README)
+    assert heading in text, f"README.md has no section {heading!r}"
+    section = text.split(heading, 1)[1].split("\n## ", 1)[0]
+    flags = set()
+    for first_cell in re.findall(r"^\|([^|]*)\|", section, re.M):
+        flags.update(re.findall(r"`(--?[A-Za-z][\w-]*)", first_cell))
+    return flags
+
+
+@pytest.mark.parametrize("heading, module", [("## The CLI: `python -m parallel.train`", "parallel.train"),
+                                             ("## The launcher: `python -m parallel.launch`", "parallel.launch")],
+                         ids=["README.md:parallel.train", "README.md:parallel.launch"])
+def test_readme_flag_table_lists_every_flag(heading, module):
+    parser = importlib.import_module(module).build_parser()
+    flags = {option for action in parser._actions for option in action.option_strings} - {"-h", "--help"}
+    documented = _table_flags(heading)
+    assert documented == flags, (f"README.md's table for {module}: missing {sorted(flags - documented)}, "
+                                 f"not flags {sorted(documented - flags)}")
+
+
+# ----------------------------------------------------------------------------------------------
+# Running the blocks and commands
+# ----------------------------------------------------------------------------------------------
+
+#: Runs one ```python block as a script would run (``__name__ == "__main__"``); errors name the Markdown lines.
+_BLOCK_RUNNER = """
+import sys
+path, line = sys.argv[1], int(sys.argv[2])
+exec(compile("\\n" * (line - 1) + sys.stdin.read(), path, "exec"), {"__name__": "__main__"})
+if "mxnet" in sys.modules:
+    sys.modules["mxnet"].nd.waitall()
+"""
+
+
+@pytest.mark.parametrize("path, line, code, expected", python_examples())
+def test_python_block_runs_as_written(path, line, code, expected, tmp_path):
+    result = subprocess.run([sys.executable, "-c", _BLOCK_RUNNER, path, str(line)], input=code, capture_output=True,
+                            text=True, timeout=600, cwd=tmp_path, env=_env(MXNET_HOME=str(tmp_path / "mxnet")))
+    assert result.returncode == 0, f"{path}:{line}: the block failed:\n{result.stderr[-3000:]}"
     if expected is not None:
         checker = doctest.OutputChecker()
         flags = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
-        assert checker.check_output(expected, out.getvalue(), flags), (
-            f"README shows:\n{expected}\nbut the block printed:\n{out.getvalue()}")
+        assert checker.check_output(expected, result.stdout, flags), (
+            f"{path}:{line} shows:\n{expected}\nbut the block printed:\n{result.stdout}")
 
 
 @pytest.fixture(scope="module")
@@ -110,7 +336,7 @@ def _run_launched_train_command(words, home, tmp_path):
     argv = [sys.executable, *words[1:i], "--stall-timeout", "120", sys.executable, *words[i + 1:], "--epochs", "1",
             "--no-progress"]
     result = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=tmp_path,
-                            env=dict(os.environ, MXNET_HOME=str(home)))
+                            env=_env(MXNET_HOME=str(home)))
     assert result.returncode == 0, (words, result.stderr[-3000:])
     assert sum(" epoch 1, loss " in line for line in result.stdout.splitlines()) == 1, result.stdout
 
@@ -132,69 +358,209 @@ def _run_train_command(command, home, tmp_path, monkeypatch, capsys):
         assert status == 0, (command, err)
 
 
-def _classify(command):
-    words = shlex.split(command)
-    while words and re.match(r"^\w+=", words[0]):   # environment assignments such as OMP_NUM_THREADS=2
-        words = words[1:]
-    if words[:3] == ["python", "-m", "parallel.train"]:
-        return "train"
-    if words[:3] == ["python", "-m", "parallel.launch"] and "parallel.train" in words:
-        return "train"   # a training job: in order with the other training commands
-    if words[:3] == ["python", "-m", "parallel.launch"]:
-        return "launch"
-    if words[:2] == ["python", "-m"] and words[2:3] == ["pytest"]:
-        return "test"
-    if words[:2] == ["pip", "install"]:
-        return "install"
-    if len(words) >= 2 and words[0] == "python" and words[1].startswith("benchmarks/"):
-        return "benchmark"
-    return "unknown"
+@pytest.mark.parametrize("path, run", train_runs())
+def test_train_commands_run_in_order(path, run, tiny_mxnet_home, tmp_path, monkeypatch, capsys):
+    """The ``python -m parallel.train`` commands of one run, in the file's order and in one directory, as a user
+    runs them (a ``--resume`` continues the checkpoint an earlier command wrote)."""
+    for line, command in run:
+        try:
+            _run_train_command(command, tiny_mxnet_home, tmp_path, monkeypatch, capsys)
+        except AssertionError as e:
+            raise AssertionError(f"{path}:{line}: {e}") from None
 
 
-def test_readme_train_commands_run_in_order(tiny_mxnet_home, tmp_path, monkeypatch, capsys):
-    """Every ``python -m parallel.train`` command of the README, in the README's order and in one directory,
-    as a user runs them (a ``--resume`` continues the checkpoint an earlier command wrote)."""
-    commands = [c for c in readme_commands() if _classify(c) == "train"]
-    assert commands
-    for command in commands:
-        _run_train_command(command, tiny_mxnet_home, tmp_path, monkeypatch, capsys)
+def _numpy_requirement():
+    """setup.cfg's numpy requirement, e.g. ``numpy>=1.21,<1.24``."""
+    match = re.search(r"^\s+(numpy[<>=!~][^\s#]*)\s*$", _read("setup.cfg"), re.M)
+    assert match, "setup.cfg's install_requires has no numpy line"
+    return match.group(1)
 
 
-@pytest.mark.parametrize("command", [c for c in readme_commands() if _classify(c) != "train"])
-def test_readme_command_runs(command, tiny_mxnet_home, tmp_path, monkeypatch, capsys):
+def _shell_commands(command):
+    """The simple commands of a shell line (split at ``&&``, ``||``, ``;`` and ``|``), environment assignments
+    dropped."""
+    parts, words = [], []
+    for word in shlex.split(command) + ["&&"]:
+        if word in ("&&", "||", ";", "|"):
+            while words and re.match(r"^\w+=", words[0]):
+                words = words[1:]
+            parts.append(words)
+            words = []
+        else:
+            words.append(word)
+    return [part for part in parts if part]
+
+
+def _unpinned_installs(command):
+    """The ``pip install`` commands in ``command`` that install something other than this package without
+    pinning numpy as setup.cfg does (pip would upgrade numpy past what MXNet 1.9.1 imports with)."""
+    pin, unpinned = _numpy_requirement(), []
+    for words in _shell_commands(command):
+        if words[:2] != ["pip", "install"] and words[:4] != ["python", "-m", "pip", "install"]:
+            continue
+        targets = [w for w in words[words.index("install") + 1:] if not w.startswith("-")]
+        if any(t == "." or t.startswith(".[") for t in targets):
+            continue   # this package: setup.cfg pins numpy
+        if pin not in targets:
+            unpinned.append(" ".join(words))
+    return unpinned
+
+
+def _ci_line(program):
+    """(line number, command) of the README line .ci/run extracts: its first ``    $ <program> ...`` line."""
+    for number, line in enumerate(_read(README).splitlines(), 1):
+        match = re.match(rf"^    \$ ({re.escape(program)} .*)$", line)
+        if match:
+            return number, match.group(1)
+    return None
+
+
+def test_ci_runs_the_readme_install_and_test_commands():
+    ci = _read(os.path.join(".ci", "run"))
+    assert r"s/^    \$ \(pip install .*\)$/\1/p" in ci and r"s/^    \$ \(python -m pytest.*\)$/\1/p" in ci, (
+        ".ci/run no longer extracts the README's commands the way this test reads them")
+    install, tests = _ci_line("pip install"), _ci_line("python -m pytest")
+    assert install and install[1] == "pip install -e '.[test]'", install
+    assert tests and _classify(tests[1]) == "test", tests
+
+
+def _registered_markers():
+    match = re.search(r"^markers\s*=\s*\n((?:[ \t]+.*\n?)*)", _read("setup.cfg"), re.M)
+    return set(re.findall(r"^\s+(\w+)\s*:", match.group(1), re.M)) if match else set()
+
+
+def _check_pytest_command(command):
+    words = shlex.split(command)[3:]
+    takes_value = {"-m", "-k", "-p", "-c", "-o", "--rootdir", "--timeout", "--maxfail"}
+    i = 0
+    while i < len(words):
+        word = words[i]
+        if word == "-m":
+            names = set(re.findall(r"\w+", words[i + 1])) - {"and", "or", "not"}
+            assert names <= _registered_markers(), f"{command!r}: markers {names - _registered_markers()} " \
+                                                   "are not registered in setup.cfg"
+        if word in takes_value:
+            i += 2
+            continue
+        if not word.startswith("-"):
+            assert os.path.exists(os.path.join(ROOT, word.split("::")[0])), f"{command!r}: no such path {word}"
+        i += 1
+
+
+@pytest.mark.parametrize("path, line, command", other_commands())
+def test_command_runs(path, line, command, tmp_path):
     kind = _classify(command)
-    assert kind != "unknown", f"README command {command!r}: tests/test_docs.py does not know how to check it"
+    where = f"{path}:{line}: {command!r}"
+    assert kind != "unknown", f"{where}: tests/test_docs.py does not know how to check it"
     if kind == "launch":   # a whole kvstore job through the launcher, as written
         words = shlex.split(command)
         result = subprocess.run([sys.executable, *words[1:]], capture_output=True, text=True, timeout=180,
-                                cwd=tmp_path)
-        assert result.returncode == 0, result.stderr
+                                cwd=tmp_path, env=_env())
+        assert result.returncode == 0, f"{where}: {result.stderr}"
         assert sum(line.startswith("[worker ") for line in result.stdout.splitlines()) >= 1, result.stdout
     elif kind == "benchmark":
         words = shlex.split(command)
         while re.match(r"^\w+=", words[0]):
             words = words[1:]
         script = os.path.join(ROOT, words[1])
-        assert os.path.isfile(script), f"{command!r}: no such script"
+        assert os.path.isfile(script), f"{where}: no such script"
         help_text = subprocess.run([sys.executable, script, "--help"], capture_output=True, text=True,
-                                   timeout=120, cwd=ROOT)
+                                   timeout=120, cwd=ROOT, env=_env())
         assert help_text.returncode == 0, help_text.stderr
         for flag in (w.split("=")[0] for w in words[2:] if w.startswith("--")):
-            assert flag in help_text.stdout, f"{command!r}: {flag} is not a flag of {words[1]}"
+            assert flag in help_text.stdout, f"{where}: {flag} is not a flag of {words[1]}"
     elif kind == "install":
+        assert not _unpinned_installs(command), (
+            f"{where}: pins no numpy; add '{_numpy_requirement()}' so that pip keeps a numpy MXNet imports with")
         if "mxnet-cu" in command:
             pytest.skip("installs MXNet's CUDA build: needs a GPU machine")
-        ci = open(os.path.join(ROOT, ".ci", "run")).read()
-        assert "pip install" in ci and command == readme_commands()[0], "CI runs the README's first install"
-        assert re.search(r"pip install -e '\.\[test\]'", command), command
-    else:
-        assert "python -m pytest" in open(os.path.join(ROOT, ".ci", "run")).read()
+    elif kind == "test":
+        _check_pytest_command(command)
+    elif kind == "jupyter":
+        for word in shlex.split(command)[2:]:
+            if not word.startswith("-"):
+                assert os.path.isdir(os.path.join(ROOT, word)), f"{where}: no directory {word}"
+        result = subprocess.run([sys.executable, "-m", "jupyterlab", "--version"], capture_output=True, text=True,
+                                timeout=120)
+        assert result.returncode == 0, f"{where}: JupyterLab is not installed: {result.stderr[-500:]}"
+
+
+@pytest.mark.parametrize("path", markdown_files())
+def test_every_pip_install_shown_pins_numpy(path):
+    """Inline code such as `pip install ...` follows the rule of the ``$ pip install`` lines too."""
+    unpinned = []
+    for number, line in enumerate(_prose(_read(path)).splitlines(), 1):
+        for code in re.findall(r"`([^`]*\bpip install [^`]*)`", line):
+            unpinned += [f"{path}:{number}: {c}" for c in _unpinned_installs(code)]
+    assert not unpinned, f"pin numpy ('{_numpy_requirement()}') in: {unpinned}"
+
+
+def test_pip_install_rule():
+    pin = _numpy_requirement()
+    assert not _unpinned_installs("pip install -e '.[test]' && pip uninstall -y mxnet && pip install "
+                                  f"'mxnet-cu112==1.9.1' '{pin}'")
+    assert _unpinned_installs("pip install -e . && pip install scikit-learn") == ["pip install scikit-learn"]
+    assert not _unpinned_installs(f"python -m pip install scikit-learn '{pin}'")
 
 
 @pytest.mark.parametrize("module, command", docstring_commands())
 def test_docstring_command_runs(module, command, tiny_mxnet_home, tmp_path, monkeypatch, capsys):
     _run_train_command(command, tiny_mxnet_home, tmp_path, monkeypatch, capsys)
 
+
+# ----------------------------------------------------------------------------------------------
+# Recorded runs: ```console blocks
+# ----------------------------------------------------------------------------------------------
+
+_TIMING = re.compile(r"\b\d+(?:\.\d+)? (sec/epoch|examples/sec)\b")
+
+
+def _without_timings(line):
+    """``line`` with each timing field's number replaced by ``N``; a field without a number stays as it is."""
+    return _TIMING.sub(r"N \1", line)
+
+
+def test_timing_fields_are_compared_as_numbers_present():
+    recorded = "epoch 1, loss 2.303, train acc 0.101, test acc 0.100, 22.0 sec/epoch, 2729 examples/sec on [cpu(0)]"
+    assert _without_timings(recorded) == _without_timings(recorded.replace("22.0", "19.5").replace("2729", "3101"))
+    assert _without_timings(recorded) != _without_timings(recorded.replace("2.303", "2.304"))
+    assert _without_timings(recorded) != _without_timings(recorded.replace("22.0 sec", "sec"))
+
+
+@pytest.mark.parametrize("path, line, lines", recorded_runs())
+def test_console_blocks_are_recorded_training_runs(path, line, lines):
+    assert lines and lines[0].startswith("$ python -m parallel.train "), (
+        f"{path}:{line}: a ```console block must start with '$ python -m parallel.train ...' (the slow tier runs "
+        "it and compares its output); use an untagged block for other recordings")
+    assert len(lines) > 1, f"{path}:{line}: the recording holds no output"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path, line, lines", recorded_runs())
+def test_recorded_run_prints_what_is_recorded(path, line, lines, tmp_path):
+    """The command of a ```console block, run as written, prints the recorded lines. It runs with the
+    ``OMP_NUM_THREADS`` the recording names (the CLI's own choice on the machine that recorded it: every core),
+    so that a machine with another number of cores reproduces the recording."""
+    words = shlex.split(lines[0][2:])
+    assert words[:3] == ["python", "-m", "parallel.train"], f"{path}:{line}: {lines[0]}"
+    env = _env(MXNET_HOME=str(tmp_path / "mxnet"))
+    threads = re.search(r"OMP_NUM_THREADS=(\d+)", "\n".join(lines[1:]))
+    if threads:
+        env["OMP_NUM_THREADS"] = threads.group(1)
+    else:
+        env.pop("OMP_NUM_THREADS", None)
+    result = subprocess.run([sys.executable, *words[1:]], capture_output=True, text=True, timeout=1200, cwd=tmp_path,
+                            env=env)
+    assert result.returncode == 0, f"{path}:{line}: {lines[0]} failed:\n{result.stderr[-3000:]}"
+    expected = [_without_timings(text) for text in lines[1:]]
+    printed = [_without_timings(text) for text in result.stdout.splitlines()]
+    assert printed == expected, (f"{path}:{line}: {lines[0]} printed\n" + "\n".join(result.stdout.splitlines())
+                                 + "\nbut the recording shows\n" + "\n".join(lines[1:]))
+
+
+# ----------------------------------------------------------------------------------------------
+# Docstrings
+# ----------------------------------------------------------------------------------------------
 
 def _docstrings(tree):
     for node in ast.walk(tree):
