@@ -28,6 +28,8 @@ import argparse
 import json
 import os
 import platform
+import select
+import signal
 import statistics
 import subprocess
 import sys
@@ -158,6 +160,10 @@ def worker_main(argv):
 # Parent: spawns one worker per thread setting and interleaves the measurements
 # ----------------------------------------------------------------------------------------------
 
+#: Seconds a worker process may take to answer one request (a whole measurement) before it counts as hung.
+WORKER_TIMEOUT = 900
+
+
 class WorkerProcess:
     def __init__(self, threads, args):
         env = dict(os.environ)
@@ -169,10 +175,16 @@ class WorkerProcess:
         self.proc = subprocess.Popen(
             [sys.executable, os.path.abspath(__file__), WORKER_FLAG, "--devices", args.devices,
              "--batch-size", str(args.batch_size), "--lr", str(args.lr)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, start_new_session=True)
         self._read()
 
     def _read(self):
+        ready, _, _ = select.select([self.proc.stdout], [], [], WORKER_TIMEOUT)
+        if not ready:   # a worker that hangs (a deadlocked operator) must not hang the benchmark
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+            raise RuntimeError(f"benchmark worker (OMP_NUM_THREADS={self.threads}) answered nothing within "
+                               f"{WORKER_TIMEOUT} s; killed it")
         line = self.proc.stdout.readline()
         if not line:
             raise RuntimeError(f"benchmark worker (OMP_NUM_THREADS={self.threads}) died; see its stderr above")
@@ -185,7 +197,11 @@ class WorkerProcess:
 
     def close(self):
         self.proc.stdin.close()
-        self.proc.wait(timeout=60)
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
 
 
 def thread_label(threads):

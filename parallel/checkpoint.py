@@ -3,7 +3,8 @@
 A checkpoint directory holds two files:
 
 - ``params-NNNNNN.params``: the model's arrays in MXNet's own format (``mx.nd.load`` reads it), by name
-  (``parallel.models.model_layout``): LeNet's eight, named as in ``parallel.models.LENET_PARAM_NAMES``; or ResNet-18's 76
+  (``parallel.models.model_layout``): LeNet's eight, named as in ``parallel.models.LENET_PARAM_NAMES``; or
+  ResNet-18's 76
   trainable arrays and the 34 running statistics of its BatchNorm layers, under gluon's structural names
   (``"1.0.conv1.weight"``, ``"1.0.bn1.running_mean"``: what ``save_parameters`` writes). They are the model,
   whatever strategy trained it, so a checkpoint resumes on any number of contexts and under any strategy.

@@ -79,7 +79,7 @@ def build_parser():
              "gluon block with BatchNorm, statistics over the whole batch across one process's devices; in a "
              "distributed job each worker keeps its own); default lenet")
     add("--devices", default="auto", help="'auto' (all GPUs, else one CPU context), 'cpu:N' (N CPU contexts) or "
-                                          "'gpu:I,J,...' (GPU indices as CUDA_VISIBLE_DEVICES numbers them); default auto")
+        "'gpu:I,J,...' (GPU indices as CUDA_VISIBLE_DEVICES numbers them); default auto")
     add("--epochs", type=int, default=10, help="number of epochs (>= 1); default 10")
     add("--batch-size", type=int, default=256, help="global batch size, split across the devices (>= 1); default 256")
     add("--lr", type=finite_float, default=0.2, help=f"learning rate (> 0, at most {LR_RANGE[1]:.2e}); default 0.2")
@@ -217,7 +217,7 @@ class _Stopped(Exception):
 
 def run(args, stack):
     """Train as the checked ``args`` say, a step at a time (see ``parallel.train_steps``): join the job (in one
-    launched by ``parallel.launch``), claim the outputs, read the checkpoint, load the data, lay the model out,
+    launched by ``parallel.launch``), claim the outputs, read the checkpoint, lay the model out, load the data,
     train, export. ``stack`` holds what lives as long as the run (the checkpoint directory's lock).
 
     Raises ``UsageError`` for input the user controls (devices, layout, data, output files, divergence).
@@ -229,8 +229,8 @@ def run(args, stack):
         claim_outputs(args, stack)
     checkpoint = steps.read_checkpoint(args, job)
     ctx_list = steps.devices(args)
+    initial, strategy = steps.lay_out(args, checkpoint, ctx_list, job)   # before the data: a bad layout fails fast
     dataset, data_name = steps.load_dataset(args, job)
-    initial, strategy = steps.lay_out(args, checkpoint, ctx_list, job)
     report = steps.Report(args, strategy, dataset, data_name, checkpoint, job)
     start = steps.start_of(args, checkpoint, report)
     with (stop_between_batches() if job is None else end_on_signals()) as stop:

@@ -198,14 +198,15 @@ def stop_process(process, grace=10):
         pass
 
 
-def run_process(argv, timeout, **kwargs):
-    """``subprocess.run(argv, capture_output=True, text=True)`` in a process group of its own; on a timeout (or
-    any interruption) the whole group is stopped before ``subprocess.TimeoutExpired`` propagates."""
+def run_process(argv, timeout, input=None, **kwargs):
+    """``subprocess.run(argv, capture_output=True, text=True, input=input)`` in a process group of its own; on a
+    timeout (or any interruption) the whole group is stopped before ``subprocess.TimeoutExpired`` propagates."""
     import subprocess
-    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    stdin = subprocess.PIPE if input is not None else kwargs.pop("stdin", None)
+    process = subprocess.Popen(argv, stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                start_new_session=True, **kwargs)
     try:
-        out, err = process.communicate(timeout=timeout)
+        out, err = process.communicate(input=input, timeout=timeout)
     except BaseException:
         stop_process(process)
         raise

@@ -15,6 +15,7 @@ def bench():
     return load_benchmark("allreduce")
 
 
+@pytest.mark.slow
 def test_quick_run_writes_every_configuration(bench, tmp_path, capsys):
     assert bench.main(["--quick", "--devices", "cpu:4", "--out", str(tmp_path)]) == 0
     result = json.loads((tmp_path / "allreduce.json").read_text())

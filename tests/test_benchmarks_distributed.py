@@ -17,6 +17,7 @@ def _thread_setting(value):
     return isinstance(value, str) and value.isdigit() and int(value) >= 1
 
 
+@pytest.mark.slow
 def test_quick_run_writes_json_png_and_tables(tmp_path, capsys):
     bench = load_benchmark("distributed")
     assert bench.main(["--quick", "--out", str(tmp_path)]) == 0
@@ -73,6 +74,7 @@ def test_quick_run_writes_json_png_and_tables(tmp_path, capsys):
     assert "ratios of the medians: b/a = " in out
 
 
+@pytest.mark.slow
 def test_a_failing_job_fails_loudly_with_the_launchers_error_line():
     bench = load_benchmark("distributed")
     with pytest.raises(bench.BenchmarkError, match=r"exited with status 1: error: worker \d .* exited with status 3"):

@@ -1,9 +1,12 @@
 """Smoke test of benchmarks/epoch_loop.py: it runs both loops for every K and writes its JSON (no timings asserted)."""
 import json
 
+import pytest
+
 from conftest import load_benchmark
 
 
+@pytest.mark.slow
 def test_quick_run_writes_json(tmp_path, capsys):
     bench = load_benchmark("epoch_loop")
     import importlib

@@ -1,9 +1,12 @@
 """Smoke test of benchmarks/step_time.py: it runs, and its JSON holds every configuration (no timings asserted)."""
 import json
 
+import pytest
+
 from conftest import load_benchmark
 
 
+@pytest.mark.slow
 def test_quick_run_writes_json_and_png(tmp_path, capsys):
     from parallel import ALLREDUCE_ALGORITHMS, DEFAULT_ALGORITHM
     bench = load_benchmark("step_time")

@@ -14,6 +14,7 @@ def bench():
     return load_benchmark("threads")
 
 
+@pytest.mark.slow
 def test_quick_run_writes_every_setting(bench, tmp_path, capsys):
     assert bench.main(["--quick", "--out", str(tmp_path)]) == 0
     result = json.loads((tmp_path / "threads.json").read_text())

@@ -7,6 +7,7 @@ import pytest
 from conftest import load_benchmark
 
 
+@pytest.mark.slow
 def test_trainer_quick_run_measures_every_configuration(tmp_path, capsys):
     bench = load_benchmark("trainer")
     assert bench.main(["--quick", "--out", str(tmp_path)]) == 0
@@ -75,6 +76,7 @@ def test_trainer_rejects_unknown_networks(capsys):
     assert exit_info.value.code == 2 and "--networks takes lenet and/or resnet18" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_profile_quick_run_times_operators_and_convolution_flops(tmp_path, capsys):
     bench = load_benchmark("profile_step")
     assert bench.main(["--quick", "--out", str(tmp_path)]) == 0

@@ -194,7 +194,7 @@ def test_missing_files_are_listed(tmp_path):
     (lambda d: d._replace(test_images=d.test_images[:-1]), "has 3 images but .* has 4 labels"),
     (lambda d: d._replace(test_images=d.test_images[:, :27, :27]),
      "28x28 images but .*t10k-images-idx3-ubyte has 27x27"),
-    (lambda d: small_dataset(size=32), "images are 32x32 but the LeNet model needs 28x28"),
+    (lambda d: small_dataset(size=32), "images are 32x32 but the models take 28x28 images"),
     (lambda d: d._replace(test_labels=np.array([0, 1, 10, 2], np.uint8)), "t10k-labels.*label 10 is out of range"),
     (lambda d: d._replace(train_labels=np.full(6, 255, np.uint8)), "label 255 is out of range.*10 classes"),
     (lambda d: d._replace(train_labels=d.train_images), "train-labels-idx1-ubyte should be 1-d labels"),

@@ -38,7 +38,7 @@ import sys
 import mxnet as mx
 import pytest
 
-from conftest import easy_dataset, write_idx_files
+from conftest import easy_dataset, run_process, write_idx_files
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 README = "README.md"
@@ -173,7 +173,10 @@ def train_runs():
 
 
 def other_commands():
-    return [pytest.param(path, line, command, id=f"{path}:{line}")
+    """Every command but the training runs; those that start processes (a kvstore job, a script's --help,
+    JupyterLab) belong to the slow tier."""
+    return [pytest.param(path, line, command, id=f"{path}:{line}",
+                         marks=[pytest.mark.slow] if _classify(command) in ("launch", "benchmark", "jupyter") else [])
             for path in markdown_files() for line, command in commands(path) if _classify(command) != "train"]
 
 
@@ -310,8 +313,8 @@ if "mxnet" in sys.modules:
 
 @pytest.mark.parametrize("path, line, code, expected", python_examples())
 def test_python_block_runs_as_written(path, line, code, expected, tmp_path):
-    result = subprocess.run([sys.executable, "-c", _BLOCK_RUNNER, path, str(line)], input=code, capture_output=True,
-                            text=True, timeout=600, cwd=tmp_path, env=_env(MXNET_HOME=str(tmp_path / "mxnet")))
+    result = run_process([sys.executable, "-c", _BLOCK_RUNNER, path, str(line)], input=code, timeout=600,
+                         cwd=tmp_path, env=_env(MXNET_HOME=str(tmp_path / "mxnet")))
     assert result.returncode == 0, f"{path}:{line}: the block failed:\n{result.stderr[-3000:]}"
     if expected is not None:
         checker = doctest.OutputChecker()
@@ -335,7 +338,7 @@ def _run_launched_train_command(words, home, tmp_path):
     i = next(i for i in range(len(words)) if words[i:i + 3] == ["python", "-m", "parallel.train"])
     argv = [sys.executable, *words[1:i], "--stall-timeout", "120", sys.executable, *words[i + 1:], "--epochs", "1",
             "--no-progress"]
-    result = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=tmp_path,
+    result = run_process(argv, timeout=300, cwd=tmp_path,
                             env=_env(MXNET_HOME=str(home)))
     assert result.returncode == 0, (words, result.stderr[-3000:])
     assert sum(" epoch 1, loss " in line for line in result.stdout.splitlines()) == 1, result.stdout
@@ -358,6 +361,7 @@ def _run_train_command(command, home, tmp_path, monkeypatch, capsys):
         assert status == 0, (command, err)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path, run", train_runs())
 def test_train_commands_run_in_order(path, run, tiny_mxnet_home, tmp_path, monkeypatch, capsys):
     """The ``python -m parallel.train`` commands of one run, in the file's order and in one directory, as a user
@@ -419,9 +423,11 @@ def test_ci_runs_the_readme_install_and_test_commands():
     ci = _read(os.path.join(".ci", "run"))
     assert r"s/^    \$ \(pip install .*\)$/\1/p" in ci and r"s/^    \$ \(python -m pytest.*\)$/\1/p" in ci, (
         ".ci/run no longer extracts the README's commands the way this test reads them")
-    install, tests = _ci_line("pip install"), _ci_line("python -m pytest")
+    install = _ci_line("pip install")
     assert install and install[1] == "pip install -e '.[test]'", install
-    assert tests and _classify(tests[1]) == "test", tests
+    tiers = [command for _, command in commands("README.md") if command.startswith("python -m pytest")]
+    assert tiers == ["python -m pytest -q", 'python -m pytest -q -m "slow or property" --hypothesis-profile=full'], (
+        "the README shows the fast tier, then the slow tier; .ci/run runs both")
 
 
 def _registered_markers():
@@ -454,7 +460,7 @@ def test_command_runs(path, line, command, tmp_path):
     assert kind != "unknown", f"{where}: tests/test_docs.py does not know how to check it"
     if kind == "launch":   # a whole kvstore job through the launcher, as written
         words = shlex.split(command)
-        result = subprocess.run([sys.executable, *words[1:]], capture_output=True, text=True, timeout=180,
+        result = run_process([sys.executable, *words[1:]], timeout=180,
                                 cwd=tmp_path, env=_env())
         assert result.returncode == 0, f"{where}: {result.stderr}"
         assert sum(line.startswith("[worker ") for line in result.stdout.splitlines()) >= 1, result.stdout
@@ -464,8 +470,7 @@ def test_command_runs(path, line, command, tmp_path):
             words = words[1:]
         script = os.path.join(ROOT, words[1])
         assert os.path.isfile(script), f"{where}: no such script"
-        help_text = subprocess.run([sys.executable, script, "--help"], capture_output=True, text=True,
-                                   timeout=120, cwd=ROOT, env=_env())
+        help_text = run_process([sys.executable, script, "--help"], timeout=120, cwd=ROOT, env=_env())
         assert help_text.returncode == 0, help_text.stderr
         for flag in (w.split("=")[0] for w in words[2:] if w.startswith("--")):
             assert flag in help_text.stdout, f"{where}: {flag} is not a flag of {words[1]}"
@@ -480,8 +485,7 @@ def test_command_runs(path, line, command, tmp_path):
         for word in shlex.split(command)[2:]:
             if not word.startswith("-"):
                 assert os.path.isdir(os.path.join(ROOT, word)), f"{where}: no directory {word}"
-        result = subprocess.run([sys.executable, "-m", "jupyterlab", "--version"], capture_output=True, text=True,
-                                timeout=120)
+        result = run_process([sys.executable, "-m", "jupyterlab", "--version"], timeout=120)
         assert result.returncode == 0, f"{where}: JupyterLab is not installed: {result.stderr[-500:]}"
 
 
@@ -503,6 +507,7 @@ def test_pip_install_rule():
     assert not _unpinned_installs(f"python -m pip install scikit-learn '{pin}'")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("module, command", docstring_commands())
 def test_docstring_command_runs(module, command, tiny_mxnet_home, tmp_path, monkeypatch, capsys):
     _run_train_command(command, tiny_mxnet_home, tmp_path, monkeypatch, capsys)
@@ -549,7 +554,7 @@ def test_recorded_run_prints_what_is_recorded(path, line, lines, tmp_path):
         env["OMP_NUM_THREADS"] = threads.group(1)
     else:
         env.pop("OMP_NUM_THREADS", None)
-    result = subprocess.run([sys.executable, *words[1:]], capture_output=True, text=True, timeout=1200, cwd=tmp_path,
+    result = run_process([sys.executable, *words[1:]], timeout=1200, cwd=tmp_path,
                             env=env)
     assert result.returncode == 0, f"{path}:{line}: {lines[0]} failed:\n{result.stderr[-3000:]}"
     expected = [_without_timings(text) for text in lines[1:]]

@@ -48,6 +48,7 @@ def data_dir(tmp_path):
     return write_idx_files(tmp_path, easy_dataset(num_train=200, num_test=50))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_a_second_signal_ends_a_run_stuck_inside_mxnet(sig, data_dir, tmp_path):
     argv = ["--devices", "cpu:1", "--epochs", "1", "--batch-size", "20", "--data-dir", str(data_dir),

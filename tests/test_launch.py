@@ -140,6 +140,7 @@ def check_kvstore_output(result, num_workers):
     assert f"the scheduler is connected to {num_workers} workers" in result.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("num_workers, num_servers", [(2, 1), (3, 2)])
 def test_kvstore_job_sums_every_workers_push(num_workers, num_servers, tmp_path, mark):
     script = write_script(tmp_path, "job.py", KVSTORE_SCRIPT)
@@ -160,6 +161,7 @@ def test_launcher_never_imports_mxnet(mark):
     assert_nothing_left(mark)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["every worker exits", "one worker exits, the others wait in the kvstore"])
 def test_worker_failing_at_start_ends_the_job_at_once(case, tmp_path, mark):
     if case == "every worker exits":
@@ -173,6 +175,7 @@ def test_worker_failing_at_start_ends_the_job_at_once(case, tmp_path, mark):
     assert_nothing_left(mark)
 
 
+@pytest.mark.slow
 def test_nonexistent_command_ends_the_job_at_once(mark):
     result = run_launcher(mark, "-n", 2, "--start-timeout", 120, "no-such-command-xyz", timeout=60)
     assert result.returncode == 1, result.stderr
@@ -181,6 +184,7 @@ def test_nonexistent_command_ends_the_job_at_once(mark):
     assert_nothing_left(mark)
 
 
+@pytest.mark.slow
 def test_sigkill_of_a_worker_mid_job_ends_the_job(tmp_path, mark):
     script = write_script(tmp_path, "loop.py", LOOPING_SCRIPT)
     argv, env = launcher(mark, "-n", 2, "-s", 1, "--grace", 5, sys.executable, script, tmp_path)
@@ -201,6 +205,7 @@ def test_sigkill_of_a_worker_mid_job_ends_the_job(tmp_path, mark):
     assert_nothing_left(mark)
 
 
+@pytest.mark.slow
 def test_start_timeout_names_the_missing_worker(tmp_path, mark):
     script = write_script(tmp_path, "odd.py", ONE_ODD_WORKER_SCRIPT)
     started = time.monotonic()
@@ -215,6 +220,7 @@ def test_start_timeout_names_the_missing_worker(tmp_path, mark):
     assert_nothing_left(mark)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig, status", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_signal_to_the_launcher_stops_everything(sig, status, tmp_path, mark):
     script = write_script(tmp_path, "loop.py", LOOPING_SCRIPT)
@@ -233,6 +239,7 @@ def test_signal_to_the_launcher_stops_everything(sig, status, tmp_path, mark):
     assert_nothing_left(mark)
 
 
+@pytest.mark.slow
 def test_stall_timeout_ends_a_silent_job(tmp_path, mark):
     result = run_launcher(mark, "-n", 1, "-s", 1, "--stall-timeout", 2, "--start-timeout", 120,
                           sys.executable, "-c", "import time; time.sleep(300)", timeout=60)
@@ -273,6 +280,7 @@ def test_user_errors_exit_2_with_one_line(case, tmp_path, capsys):
     assert err.count("\n") == 1 and err.startswith("error: ") and message in err, err
 
 
+@pytest.mark.slow
 def test_user_error_in_a_subprocess_is_one_line():
     result = run_process([sys.executable, "-m", "parallel.launch", "-n", "0", "python", "x.py"],
                             timeout=60)
@@ -329,6 +337,7 @@ def sshd(tmp_path):
         stop_process(daemon)
 
 
+@pytest.mark.slow
 def test_ssh_kvstore_job(sshd, tmp_path, mark):
     script = write_script(tmp_path, "job.py", KVSTORE_SCRIPT)
     result = run_launcher(mark, "-n", 2, "-s", 1, *sshd, sys.executable, script)
@@ -336,6 +345,7 @@ def test_ssh_kvstore_job(sshd, tmp_path, mark):
     assert_nothing_left(mark)
 
 
+@pytest.mark.slow
 def test_ssh_remote_processes_end_with_the_job(sshd, tmp_path, mark):
     """Stopping the local ssh (here at the start timeout) ends the remote processes too (-tt: SIGHUP)."""
     result = run_launcher(mark, "-n", 2, "-s", 1, "--start-timeout", 5, "--grace", 2, *sshd,

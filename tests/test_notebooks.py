@@ -106,6 +106,7 @@ def test_notebook_is_stored_executed(path):
     assert any(cell.outputs for cell in cells), f"{path.name} is stored without outputs"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
 def test_notebook_executes(path, tmp_path):
     nb = nbformat.read(str(path), as_version=4)

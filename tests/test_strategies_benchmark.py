@@ -12,6 +12,7 @@ def benchmark():
     return load_benchmark("pipeline")
 
 
+@pytest.mark.slow
 def test_quick_run_writes_json_and_png(benchmark, tmp_path, capsys):
     json_path, png_path = tmp_path / "pipeline.json", tmp_path / "pipeline.png"
     assert benchmark.main(["--quick", "--devices", "cpu:4", "--batch-size", "32",

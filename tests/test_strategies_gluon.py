@@ -230,6 +230,7 @@ def test_bad_blocks_and_layouts(make, kwargs, error, message):
             strategy(make(), contexts(4), **kwargs)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["model", "pipeline", "hybrid"])
 def test_resnet18_smoke(name):
     """The textbook's ResNet-18 (7 children) cut in two, one step of 6 examples of 28x28: the stages hold the

@@ -65,6 +65,7 @@ def test_omp_threads_takes_one_cpu_context():
         omp_threads([mx.cpu(0)])
 
 
+@pytest.mark.slow
 def test_sets_the_worker_threads_of_the_given_contexts_only():
     """After import: the given contexts' worker threads change, the Python thread and other contexts do not."""
     result = run_fresh("""
@@ -91,6 +92,7 @@ def test_sets_the_worker_threads_of_the_given_contexts_only():
     assert result["python_after"] == result["python_before"]        # the Python thread is not touched
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("before", [
     "device_params = [get_params(init_lenet_params(seed=0), mx.cpu(0))]\n"
     "X, y = mx.nd.ones((32, 1, 28, 28)), mx.nd.array(np.arange(32) % 10)\n"
@@ -127,6 +129,7 @@ def test_a_change_after_operators_ran_is_refused_and_changes_nothing(before):
     assert result["after"] == result["default"]
 
 
+@pytest.mark.slow
 def test_mxnet_default_is_what_the_call_changes():
     """Unset, MXNet gives each worker half the cores (x86); OMP_NUM_THREADS before import gives it that."""
     unset = run_fresh("""
@@ -145,6 +148,7 @@ def test_mxnet_default_is_what_the_call_changes():
     assert env == 1
 
 
+@pytest.mark.slow
 def test_every_worker_thread_of_a_context_is_set():
     """MXNET_CPU_WORKER_NTHREADS=2: two worker threads run cpu(0)'s operators; both change."""
     result = run_fresh("""
@@ -164,6 +168,7 @@ def test_every_worker_thread_of_a_context_is_set():
     assert result == {"threads": 2, "after_1": [1, 1], "after_all": [CORES, CORES]}
 
 
+@pytest.mark.slow
 def test_naive_engine_sets_the_calling_thread():
     """NaiveEngine runs operators in the thread that issues them: that thread is the one set."""
     result = run_fresh("""
@@ -176,6 +181,7 @@ def test_naive_engine_sets_the_calling_thread():
     assert result == [1, 1]
 
 
+@pytest.mark.slow
 def test_a_shared_pool_engine_is_refused_with_the_fix():
     result = run_fresh("""
         import json

@@ -96,6 +96,7 @@ def test_same_seed_same_curve_under_every_strategy(data_dir, tmp_path, capsys):
             assert b["test_acc"] == pytest.approx(a["test_acc"], abs=1 / 300 + 1e-9)
 
 
+@pytest.mark.slow
 def test_subprocess_entry_point_runs_with_every_core_per_operator(data_dir, monkeypatch):
     from parallel import recommended_omp_threads
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
@@ -106,6 +107,7 @@ def test_subprocess_entry_point_runs_with_every_core_per_operator(data_dir, monk
     assert f"OMP_NUM_THREADS={recommended_omp_threads()}" in result.stdout   # set, then re-executed
 
 
+@pytest.mark.slow
 def test_subprocess_keeps_the_users_thread_setting(data_dir, monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     result = run_cli("--devices", "cpu:1", "--epochs", "1", "--batch-size", "256",
@@ -261,6 +263,7 @@ def test_offline_download_names_missing_files_and_directory(tmp_path, capsys):
     assert "train-images-idx3-ubyte.gz" in err and str(target) in err and "use the synthetic dataset" in err
 
 
+@pytest.mark.slow
 def test_bad_input_in_a_real_process_has_no_traceback(tmp_path):
     for args in (["--devices", "nope"], ["--lr", "nan"], ["--data-dir", str(tmp_path), "--epochs", "1"],
                  ["--strategy", "hybrid", "--devices", "cpu:4", "--stages", "3"]):
@@ -318,6 +321,7 @@ def test_progress_counts_finished_batches_and_nan_names_its_batch(monkeypatch, n
     assert history[0]["train_loss"] == pytest.approx(1.0) and history[0]["train_acc"] == pytest.approx(1.0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("delay", [0.2, 0.4, 0.6, 0.9, 1.5, 4.0])
 def test_ctrl_c_at_any_moment_exits_130_with_one_line(delay):
     """Ctrl-C while MXNet is imported (the first second), while the data is made, or while training:
@@ -348,6 +352,7 @@ def test_help_and_argument_errors_do_not_load_mxnet():
     assert result.returncode == 0, result.stderr
 
 
+@pytest.mark.slow
 def test_any_seed_up_to_2_to_the_32_trains(data_dir, capsys):
     """Seeds from 42950 up overflowed numpy's range after training had started (seed * 100003 + epoch)."""
     for seed in ("42950", "4294967295"):
@@ -355,6 +360,7 @@ def test_any_seed_up_to_2_to_the_32_trains(data_dir, capsys):
                      "--data-dir", str(data_dir), "--no-progress"]) == 0, capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_plot_is_written_in_the_format_its_suffix_names(data_dir, tmp_path):
     magic = {"curves.jpg": b"\xff\xd8", "curves.pdf": b"%PDF", "curves.svg": b"<?xml", "curves.png": b"\x89PNG"}
     for name in magic:
@@ -390,6 +396,7 @@ def test_a_bug_is_not_disguised_as_a_user_error(data_dir, monkeypatch):
         main(["--devices", "cpu:1", "--epochs", "1", "--data-dir", str(data_dir), "--no-progress"])
 
 
+@pytest.mark.slow
 def test_a_bug_in_a_real_process_shows_its_traceback_and_exits_1(data_dir, tmp_path):
     """The same in a real process: a bug planted through sitecustomize must not come out as exit 2."""
     (tmp_path / "sitecustomize.py").write_text(
@@ -431,15 +438,16 @@ def test_every_strategy_on_four_contexts_at_the_clis_default_threads(tmp_path):
     code = ("import json, os, sys\n"
             "from parallel.train import main\n"
             f"layouts = {LAYOUTS_AT_DEFAULT_THREADS!r}\n"
-            "common = ['--data-dir', sys.argv[1], '--epochs', '1', '--batch-size', '64', '--lr', '0.1', '--seed', '0',\n"
-            "          '--no-progress']\n"
+            "common = ['--data-dir', sys.argv[1], '--epochs', '1', '--batch-size', '64', '--lr', '0.1',\n"
+            "          '--seed', '0', '--no-progress']\n"
             "statuses = [main(layout + common) for layout in layouts]\n"
             "print(json.dumps({'statuses': statuses, 'threads': os.environ['OMP_NUM_THREADS']}))\n")
     env = {name: value for name, value in os.environ.items() if name != "OMP_NUM_THREADS"}
     result = run_process([sys.executable, "-c", code, str(tmp_path)], timeout=300, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(result.stdout.strip().splitlines()[-1])
-    assert report == {"statuses": [0] * len(LAYOUTS_AT_DEFAULT_THREADS), "threads": str(len(os.sched_getaffinity(0)))}, result
+    cores = len(os.sched_getaffinity(0))
+    assert report == {"statuses": [0] * len(LAYOUTS_AT_DEFAULT_THREADS), "threads": str(cores)}, result
     assert result.stdout.count("epoch 1, loss ") == len(LAYOUTS_AT_DEFAULT_THREADS)
 
 

@@ -163,6 +163,7 @@ def _wait_for_epoch_line(process):
     raise AssertionError("the run ended before its first epoch: " + process.stderr.read())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig, status", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_a_signal_stops_at_a_batch_boundary_and_the_resume_command_finishes_the_run(data_dir, tmp_path, sig,
                                                                                      status):
@@ -195,6 +196,7 @@ def test_a_signal_stops_at_a_batch_boundary_and_the_resume_command_finishes_the_
     assert _without_timings(history) == _without_timings(json.loads((straight / "m.json").read_text()))
 
 
+@pytest.mark.slow
 def test_a_second_ctrl_c_exits_at_once_keeping_the_last_checkpoint(data_dir, tmp_path):
     process = _start(data_dir, tmp_path, "--epochs", "50", "--checkpoint-dir", "ckpt")
     _wait_for_epoch_line(process)
@@ -212,6 +214,7 @@ def _limit_file_size():
     resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, 100_000))   # a parameter file is ~516 KB
 
 
+@pytest.mark.slow
 def test_a_failed_checkpoint_write_ends_the_run_and_keeps_the_previous_checkpoint(data_dir, tmp_path):
     assert main(_args(data_dir, "--devices", "cpu:2", "--epochs", "1", "--checkpoint-dir",
                       str(tmp_path / "ckpt"))) == 0

@@ -52,6 +52,7 @@ def exported(prefix):
     return [arrays[f"arg:{name}"].asnumpy() for name in LENET_PARAM_NAMES]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("workers, k", [(1, 1), (1, 2), (2, 1), (2, 2), (3, 1), (3, 2)])
 def test_workers_times_contexts_train_the_same_model_as_one_context_through_the_cli(workers, k, tiny, tmp_path):
     data_dir, dataset = tiny
@@ -87,6 +88,7 @@ with open({out!r} + str(job.rank), "w") as f:
 """
 
 
+@pytest.mark.slow
 def test_fit_in_a_job_gives_every_rank_the_same_metrics(tiny, tmp_path):
     script = tmp_path / "worker.py"
     script.write_text(API_WORKER.format(tests=os.path.dirname(os.path.abspath(__file__)), out=str(tmp_path / "h")))
@@ -103,6 +105,7 @@ def test_fit_in_a_job_gives_every_rank_the_same_metrics(tiny, tmp_path):
     np.testing.assert_allclose([m["train_loss"] for m in timeless[0]], [m["train_loss"] for m in want], rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_a_killed_worker_ends_the_job_and_resume_finishes_the_same_run(tmp_path):
     data_dir = write_idx_files(tmp_path, easy_dataset(num_train=1200, num_test=60, seed=7))   # 120 batches of 10
     args = ["--data-dir", str(data_dir), "--batch-size", "10", "--lr", "0.1", "--seed", "5", "--no-progress",
@@ -151,6 +154,7 @@ def test_distributed_flags_outside_or_inside_a_job(monkeypatch, capsys):
                                                "can; run the pipeline strategy in one process")
 
 
+@pytest.mark.slow
 def test_resnet18_trains_in_a_job_and_rank_0_exports_it(tmp_path):
     """ResNet-18 (BatchNorm: statistics per worker, so not the one-context model) runs under the launcher from
     rank 0's parameters and running statistics; rank 0 alone writes, and the export loads back in gluon."""

@@ -69,6 +69,7 @@ def test_the_cli_offers_the_registrys_models():
     assert model_flag.choices == list(MODELS) == ["lenet", "resnet18"]
 
 
+@pytest.mark.slow
 def test_a_two_context_run_prints_checkpoints_and_writes_metrics(straight, capsys):
     history = json.loads((straight / "m.json").read_text())
     assert [sorted(m) for m in history] == [['epoch', 'images_per_second', 'seconds', 'test_acc', 'train_acc',
@@ -81,6 +82,7 @@ def test_a_two_context_run_prints_checkpoints_and_writes_metrics(straight, capsy
     assert not np.array_equal(aux["0.1.running_mean"], np.zeros_like(aux["0.1.running_mean"]))   # it trained
 
 
+@pytest.mark.slow
 def test_k2_trains_the_one_context_model_to_float32_accuracy(data_dir, tmp_path, capsys):
     """One step of 6 examples on cpu:2 and on cpu:1 (more steps amplify float32's differences chaotically:
     after 4 steps at lr 0.05 they reached half the update)."""
@@ -105,6 +107,7 @@ def test_k2_trains_the_one_context_model_to_float32_accuracy(data_dir, tmp_path,
         np.testing.assert_allclose(two_aux[name], one_aux[name], rtol=0, atol=1e-4 * scale, err_msg=name)
 
 
+@pytest.mark.slow
 def test_k_contexts_step_equals_one_context_in_float64():
     """The invariant itself, where rounding does not hide it: one float64 step of ResNet-18 on 2 and 3
     contexts (shards of 2+1 and 1+1+1 examples, BatchNorm over the whole batch) equals one context's."""
@@ -125,6 +128,7 @@ def test_k_contexts_step_equals_one_context_in_float64():
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
 
 
+@pytest.mark.slow
 def test_resume_is_bitwise_the_straight_run_and_resumes_on_another_layout(data_dir, straight, tmp_path, capsys):
     """1 epoch, then --resume --epochs 2 on the same layout: the same arrays, running statistics included,
     bit for bit; resumed on one context instead: the same to float32's accuracy (see above)."""
@@ -148,6 +152,7 @@ def test_resume_is_bitwise_the_straight_run_and_resumes_on_another_layout(data_d
         np.testing.assert_allclose(got_aux[name], want_aux[name], rtol=0, atol=0.05 * np.abs(want_aux[name]).max())
 
 
+@pytest.mark.slow
 def test_the_export_loads_into_gluon_and_predicts_what_the_checkpoint_holds(straight):
     net = gluon.SymbolBlock.imports(str(straight / "resnet18-symbol.json"), ["data"],
                                     str(straight / "resnet18-0000.params"))
@@ -162,12 +167,14 @@ def test_the_export_loads_into_gluon_and_predicts_what_the_checkpoint_holds(stra
     assert sorted(os.listdir(straight)) == ["ckpt", "m.json", "resnet18-0000.params", "resnet18-symbol.json"]
 
 
+@pytest.mark.slow
 def test_bad_model_exits_2_with_one_line(capsys):
     assert main(["--model", "vgg16", "--dataset", "synthetic"]) == 2
     err = capsys.readouterr().err
     assert err.strip() == ("error: argument --model: invalid choice: 'vgg16' (choose from 'lenet', 'resnet18')")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("saved, asked", [("lenet", "resnet18"), ("resnet18", "lenet")])
 def test_a_checkpoint_of_another_model_is_refused(saved, asked, data_dir, tmp_path, capsys):
     model = init_model(saved, 0)
@@ -188,6 +195,7 @@ def test_a_checkpoint_of_another_model_is_refused(saved, asked, data_dir, tmp_pa
     assert sorted(os.listdir(tmp_path)) == before
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", [
     ["--strategy", "model", "--devices", "cpu:2", "--boundaries", "3"],
     ["--strategy", "pipeline", "--devices", "cpu:2", "--micro-batches", "3"],

@@ -2,8 +2,8 @@
 
 MNIST, Fashion-MNIST and KMNIST all come as four IDX files (images and labels, train and test) with the
 same names, each raw or gzipped (``NAME.gz``). ``load_idx_dataset(dir)`` loads any of them and checks that
-the four files agree with each other and with the LeNet model (28x28 images, 10 classes). Needs numpy,
-not MXNet.
+the four files agree with each other and with the models (28x28 images, 10 classes: what LeNet and ResNet-18
+take). Needs numpy, not MXNet.
 
 >>> import os, tempfile
 >>> from parallel.data import synthetic_dataset, write_idx
@@ -90,7 +90,7 @@ def load_idx_dataset(data_dir):
         raise DataError('%s has %dx%d images but %s has %dx%d; train and test must come from the same dataset'
                         % (paths['train_images'], *train_hw, paths['test_images'], *test_hw))
     if train_hw != IMAGE_SHAPE:
-        raise DataError('%s: images are %dx%d but the LeNet model needs 28x28; '
+        raise DataError('%s: images are %dx%d but the models take 28x28 images; '
                         'use an MNIST-format dataset of 28x28 images' % (paths['train_images'], *train_hw))
     for split in ('train', 'test'):
         labels = arrays[split + '_labels']

@@ -3,7 +3,8 @@
 An IDX file is a header (two zero bytes, the data type, the number of dimensions, then each dimension as a
 big-endian uint32) followed by the values. MNIST-format datasets use two kinds of IDX file, both of unsigned
 bytes: 3-d images and 1-d labels, raw or gzipped. ``Dataset`` holds a dataset's four arrays in memory;
-``IMAGE_SHAPE`` and ``NUM_CLASSES`` are what the LeNet model takes. Needs numpy, not MXNet.
+``IMAGE_SHAPE`` and ``NUM_CLASSES`` are what the models take (LeNet and ResNet-18 alike). Needs numpy, not
+MXNet.
 
 >>> import os, tempfile
 >>> import numpy as np
@@ -27,7 +28,7 @@ from ..files import atomic_write
 
 __all__ = ['DataError', 'Dataset', 'read_idx', 'write_idx', 'IMAGE_SHAPE', 'NUM_CLASSES']
 
-#: The LeNet model takes 28x28 grey images and predicts 10 classes.
+#: The models (LeNet, ResNet-18) take 28x28 grey images and predict 10 classes.
 IMAGE_SHAPE = (28, 28)
 NUM_CLASSES = 10
 

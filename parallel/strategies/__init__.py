@@ -44,10 +44,10 @@ def check_options(name, stages=None, boundaries=None, micro_batches=None, batch_
     ``distributed``: the strategy is to train one worker's share of a distributed job, which only data
     parallelism does. Needs no MXNet: the CLI checks its flags with it before MXNet starts.
 
-    >>> check_options("data", stages=2)
+    >>> check_options("data", stages=2)   # doctest: +ELLIPSIS
     Traceback (most recent call last):
         ...
-    ValueError: stages apply to the model, pipeline and hybrid strategies, not to data; drop them or choose another strategy
+    ValueError: stages apply to the model, pipeline and hybrid strategies, not to data; ...
     """
     check_choice(name, "strategy", tuple(STRATEGIES))
     for given, value in (("stages", stages), ("boundaries", boundaries)):

@@ -2,9 +2,10 @@
 
 ``DataParallel`` is the data strategy the training loop and ``python -m parallel.train`` use (``train_step``
 runs ``parallel.step.train_step``, the textbook's step), and a wrapper in the style of PyTorch's
-``nn.DataParallel``: scatter, replicate, parallel apply, gather. ``DataParallel(module, ctx_list)`` wraps a gluon Block, or a function of (inputs, params) with
-``params=[...]``. Calling it splits the batch across the contexts (``split_and_load``: shards differ by
-at most one example), runs one replica per shard, and concatenates the outputs on ``ctx_list[0]``:
+``nn.DataParallel``: scatter, replicate, parallel apply, gather. ``DataParallel(module, ctx_list)`` wraps a
+gluon Block, or a function of (inputs, params) with ``params=[...]``. Calling it splits the batch across the
+contexts (``split_and_load``: shards differ by at most one example), runs one replica per shard, and concatenates
+the outputs on ``ctx_list[0]``:
 
 >>> import mxnet as mx
 >>> from mxnet import autograd, gluon
