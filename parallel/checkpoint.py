@@ -26,7 +26,6 @@ full disk at any moment leaves the previous checkpoint complete and loadable.
 >>> loaded.state == state, len(loaded.params), loaded.config["lr"]
 (True, 8, 0.2)
 """
-import functools
 import hashlib
 import json
 import os

@@ -69,16 +69,26 @@ def describe_data(args):
     return f"the MNIST-format files in {data_dir}"
 
 
+#: How the data errors' advice reads in the command's terms.
+_DATA_ADVICE = (("use the synthetic dataset", "use --dataset synthetic"),
+                ("the default directory, data_dir=None", "the default directory, without --data-dir"))
+
+
 def load_dataset(args, job):
     """The dataset and how to name it. In a job rank 0 goes first, so that a download happens once."""
     main_rank = job is None or job.rank == 0
-    with users_input(DataError, flags=FLAGS):
+    try:
         if not main_rank:   # one download at a time: rank 0 fetches, then the others read
             sum_values(job, [0])
         dataset = load_data(args.dataset, args.data_dir, progress=not args.no_progress and main_rank)
         if job is not None and main_rank:
             sum_values(job, [0])
-        return dataset, describe_data(args)
+    except DataError as e:   # the library's advice, in the command's terms
+        message = str(e)
+        for api, flag in _DATA_ADVICE:
+            message = message.replace(api, flag)
+        raise UsageError(message) from None
+    return dataset, describe_data(args)
 
 
 def lay_out(args, checkpoint, ctx_list, job):

@@ -9,7 +9,6 @@ import contextlib
 import io
 import json
 import os
-import subprocess
 import sys
 import tempfile
 

@@ -8,7 +8,6 @@ import re
 import shutil
 import socket
 import struct
-import subprocess
 import sys
 import threading
 

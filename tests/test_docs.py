@@ -32,7 +32,6 @@ import importlib
 import os
 import re
 import shlex
-import subprocess
 import sys
 
 import mxnet as mx

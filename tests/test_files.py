@@ -130,7 +130,6 @@ def test_remove_temporaries_leaves_no_temporary_file(tmp_path):
 
 
 def test_a_directory_lock_refuses_a_second_holder_until_released(tmp_path):
-    import subprocess
     import sys
     import textwrap
     from parallel.files import DirectoryLock, DirectoryLocked

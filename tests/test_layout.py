@@ -2,7 +2,6 @@
 registries need no MXNet, and the commands take their choices from the registries."""
 import ast
 import os
-import subprocess
 import sys
 
 import pytest

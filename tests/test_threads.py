@@ -5,7 +5,6 @@ thread (``omp_threads``); benchmarks/threads.py measures what it does to the ste
 """
 import json
 import os
-import subprocess
 import sys
 import textwrap
 

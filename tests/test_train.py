@@ -260,7 +260,7 @@ def test_offline_download_names_missing_files_and_directory(tmp_path, capsys):
     assert main(["--data-dir", str(target), "--epochs", "1", "--no-progress"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and err.startswith("error: could not download")
-    assert "train-images-idx3-ubyte.gz" in err and str(target) in err and "use the synthetic dataset" in err
+    assert "train-images-idx3-ubyte.gz" in err and str(target) in err and "use --dataset synthetic" in err
 
 
 @pytest.mark.slow
@@ -475,3 +475,14 @@ def test_running_the_file_instead_of_the_module_says_how(tmp_path):
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert result.stderr.strip() == ("error: run the command as a module, from the directory that holds parallel/: "
                                      "python -m parallel.train ...")
+
+
+def test_data_errors_give_their_advice_in_the_commands_terms(tmp_path, capsys):
+    """The library says 'use the synthetic dataset' and 'data_dir=None'; the command names its flags."""
+    from parallel.data import FILES as files
+    small = easy_dataset(num_train=20, num_test=10)
+    for role in ("train_images", "train_labels", "test_images"):   # another dataset, one file missing
+        write_idx(tmp_path / files[role], getattr(small, role))
+    assert main(["--devices", "cpu:1", "--epochs", "1", "--data-dir", str(tmp_path), "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "without --data-dir" in err and "data_dir=None" not in err and len(err.splitlines()) == 1, err

@@ -9,7 +9,6 @@ much (measured for this file), so the CLI's float32 runs are compared to float32
 import json
 import os
 import shutil
-import subprocess
 import sys
 
 import mxnet as mx
