@@ -20,8 +20,8 @@ import tempfile
 __all__ = ["atomic_write", "atomic_path", "fsync_directory", "check_writable", "output_target",
            "remove_temporaries", "DirectoryLock", "DirectoryLocked", "LOCK_FILE"]
 
-#: Temporary files being written now (``atomic_write``, ``atomic_path``): what ``remove_temporaries``
-#: removes when the process must end at once.
+#: Temporary files being written now (``atomic_write``, ``atomic_path``) and the lock files of the directory
+#: locks held now: what ``remove_temporaries`` removes when the process must end at once.
 _PENDING = set()
 
 _KINDS = {stat.S_ISCHR: "a character device", stat.S_ISBLK: "a block device", stat.S_ISFIFO: "a FIFO (named pipe)",
@@ -58,8 +58,9 @@ def output_target(path):
 
 
 def remove_temporaries():
-    """Remove the temporary files of the atomic writes in progress: for a process that must end at once
-    (``os._exit``), so that not even a temporary file is left behind. Their targets are untouched."""
+    """Remove the temporary files of the atomic writes in progress, and the lock files of the directory locks
+    held: for a process that must end at once (``os._exit``), so that nothing it was writing is left behind.
+    Their targets are untouched."""
     for tmp in list(_PENDING):
         with contextlib.suppress(OSError):
             os.unlink(tmp)
@@ -279,6 +280,7 @@ class DirectoryLock:
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps(holder).encode(), 0)
         self._fd = fd
+        _PENDING.add(self.path)
         return self
 
     def release(self):
@@ -288,6 +290,7 @@ class DirectoryLock:
             fd, self._fd = self._fd, None
             with contextlib.suppress(OSError):
                 os.unlink(self.path)
+            _PENDING.discard(self.path)
             os.close(fd)   # closing the descriptor drops the flock
 
     def __enter__(self):

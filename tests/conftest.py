@@ -1,10 +1,24 @@
+"""Shared fixtures and helpers of the tests: data, contexts, tolerances, and the processes a test starts.
+
+The tests' own MXNet runs one OpenMP thread per operator on every machine (what MXNet's default gives on this
+project's 2 cores): results that K contexts must reproduce do not depend on the machine, and the float64 tests
+on several contexts never run two multi-threaded OpenBLAS products at once, which hangs MXNet 1.9.1's bundled
+OpenBLAS (docs/threads.md). The variable is set only while MXNet is imported, which is when MXNet reads it:
+the processes the tests start see the environment as it was.
+"""
 import importlib.util
 import os
 
-import mxnet as mx
-import numpy as np
-import pytest
-from hypothesis import settings
+_THREADS = os.environ.get("OMP_NUM_THREADS")
+os.environ["OMP_NUM_THREADS"] = "1"
+import mxnet as mx  # noqa: E402
+if _THREADS is None:
+    del os.environ["OMP_NUM_THREADS"]
+else:
+    os.environ["OMP_NUM_THREADS"] = _THREADS
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+from hypothesis import settings  # noqa: E402
 
 # Property-based tests (Hypothesis, marked ``property``): how many examples each draws comes from a profile, never
 # from the test. The fast tier's default draws a few new ones every run; the slow tier's command loads "full"

@@ -6,6 +6,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import time
 
 import mxnet as mx
 import numpy as np
@@ -199,7 +200,10 @@ def test_a_signal_stops_at_a_batch_boundary_and_the_resume_command_finishes_the_
 @pytest.mark.slow
 def test_a_second_ctrl_c_exits_at_once_keeping_the_last_checkpoint(data_dir, tmp_path):
     process = _start(data_dir, tmp_path, "--epochs", "50", "--checkpoint-dir", "ckpt")
-    _wait_for_epoch_line(process)
+    _wait_for_epoch_line(process)   # printed just before epoch 1's checkpoint is written: wait for that too
+    deadline = time.monotonic() + 60
+    while not (tmp_path / "ckpt" / "checkpoint.json").exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
     process.send_signal(signal.SIGINT)
     process.send_signal(signal.SIGINT)
     _, err = process.communicate(timeout=120)
@@ -207,7 +211,8 @@ def test_a_second_ctrl_c_exits_at_once_keeping_the_last_checkpoint(data_dir, tmp
     assert process.returncode == 130 and len(lines) == 1 and "Traceback" not in err, err
     assert lines[0] == "error: interrupted" or lines[0].startswith("stopped at epoch"), err
     assert ckpt.load_checkpoint(tmp_path / "ckpt").state.epoch >= 2   # the last complete checkpoint loads
-    assert not [name for name in os.listdir(tmp_path / "ckpt") if name.endswith(".tmp")]
+    # nothing half-written, and no lock file: the directory is free for the next run
+    assert not [name for name in os.listdir(tmp_path / "ckpt") if name.endswith(".tmp") or name == ".lock"]
 
 
 def _limit_file_size():
