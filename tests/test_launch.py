@@ -257,7 +257,8 @@ def _listening_port():
 
 
 @pytest.mark.parametrize("case", ["-n 0", "missing hostfile", "empty hostfile", "ssh without hostfile",
-                                  "no command", "port in use", "hostfile without ssh", "bad hostfile line"])
+                                  "no command", "port in use", "hostfile without ssh", "bad hostfile line",
+                                  "abbreviated flag"])
 def test_user_errors_exit_2_with_one_line(case, tmp_path, capsys):
     empty = tmp_path / "empty"
     empty.write_text("# no hosts yet\n\n")
@@ -274,6 +275,8 @@ def test_user_errors_exit_2_with_one_line(case, tmp_path, capsys):
             "port in use": (["-n", "1", "--port", str(busy.getsockname()[1]), "python", "x.py"], "is not free"),
             "hostfile without ssh": (["-n", "1", "-H", str(empty), "python", "x.py"], "applies to --launcher ssh"),
             "bad hostfile line": (["-n", "1", "--launcher", "ssh", "-H", str(bad), "python", "x.py"], "line 1"),
+            # argparse would take --num-work for --num-workers; a flag is spelled out or refused
+            "abbreviated flag": (["--num-work", "2", "python", "x.py"], "required: -n/--num-workers"),
         }[case]
         assert main(args) == 2
     err = capsys.readouterr().err
