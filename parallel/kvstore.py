@@ -27,7 +27,8 @@ KEYS = {
     "length": 2,      # the length of a broadcast object (broadcast_object)
     "aux": 3,         # the arrays that are not trained (BatchNorm's running statistics): rank 0's, broadcast
     "sums": 100,      # small sums of n numbers use key 100 + n (n < 900)
-    "chunks": 1000,   # the pieces of a broadcast object use keys 1000, 1001, ...
+    "chunks": 1000,   # the pieces of a broadcast object use keys 1000 .. 9999 (objects up to 36 MB)
+    "shards": 10000,  # zero=2: context i's shard of the gradient buffer, summed over the workers, key 10000 + i
 }
 #: ``broadcast_object`` sends its JSON text in pieces of this many bytes (one float64 per byte).
 CHUNK = 4096
@@ -192,11 +193,20 @@ def broadcast_aux(job, device_params):
             offset += array.size
 
 
-def allreduce_across(job, device_params):
+def allreduce_across(job, device_params, regions=None):
     """Sum the gradient buffer over the workers, in place, after this worker's contexts have summed theirs:
     every replica of every worker then holds the global sum. One push and one pull of the flat buffer (the
-    servers split big buffers between them, ``MXNET_KVSTORE_BIGARRAY_BOUND``)."""
+    servers split big buffers between them, ``MXNET_KVSTORE_BIGARRAY_BOUND``).
+
+    With ``regions`` (ZeRO's ``zero=2``, after a reduce-scatter: replica ``i`` holds the sum of its elements
+    ``regions[i]`` alone), each replica's region is summed over the workers instead, under its own key, and
+    nothing is copied between the contexts: the same bytes as one push and pull of the whole buffer."""
     replicas = _flat(device_params)
+    if regions is not None:
+        for i, (replica, (start, stop)) in enumerate(zip(replicas, regions)):
+            if stop > start:
+                job.allsum(KEYS["shards"] + i, replica.grad[start:stop])
+        return
     grad = replicas[0].grad
     job.allsum(KEYS["grads"], grad)
     for params in replicas[1:]:
@@ -210,6 +220,9 @@ def broadcast_object(job, obj):
     import numpy as np
     data = json.dumps(obj).encode() if job.rank == 0 else b""
     length = int(job.broadcast(KEYS["length"], mx.nd.array([len(data)], dtype="float64")).asscalar())
+    if math.ceil(length / CHUNK) > KEYS["shards"] - KEYS["chunks"]:   # every worker knows the length: all raise
+        raise ValueError(f"obj is {length} bytes of JSON, more than the "
+                         f"{(KEYS['shards'] - KEYS['chunks']) * CHUNK} broadcast_object's keys can carry")
     buffer = np.zeros(math.ceil(length / CHUNK) * CHUNK)
     buffer[:len(data)] = np.frombuffer(data, dtype=np.uint8)
     for i in range(len(buffer) // CHUNK):

@@ -1,32 +1,39 @@
-"""The one training step every strategy takes: split, forward/backward per replica, allreduce, update.
+"""The one training step every strategy takes: split, forward/backward per replica, sum, update.
 
-``step_replicas(replicas, X, y, lr)`` is the step itself, written once: split the batch over the replicas,
-run each replica's forward (recorded) and loss, check the labels, run one backward, give replicas that got no
-example the first one's running statistics, sum the gradients (``replicas.allreduce_grads``) and take the same
-SGD step everywhere (``replicas.update``). What a "replica" is differs between strategies, behind four members:
+``step_replicas(replicas, X, y, optimizer=...)`` is the step itself, written once: split the batch over the
+replicas, run each replica's forward (recorded) and loss, check the labels, run one backward, give replicas that got
+no example the first one's running statistics, then take one optimizer step everywhere
+(``parallel.optim.optimizer_step``: sum the gradients, clip, update, all-gather). With ``accumulate=N`` the batch
+is run as N micro-batches one after another, their gradients summed in place, before the one optimizer step.
+What a "replica" is differs between strategies, behind these members:
 
 - ``in_ctx_list`` / ``out_ctx_list``: where each replica takes its shard of ``X`` and gives its outputs (the
   labels go there);
 - ``forward_all(X_shards)``: the outputs of every shard, each through its replica (in lockstep where
   BatchNorm is synchronized);
 - ``aux(r)``: replica ``r``'s arrays that are not trained (BatchNorm's running statistics);
-- ``allreduce_grads(active)`` and ``update(lr, batch_size)``.
+- ``groups()``: the trained arrays, as groups of replicas holding the same parameters on distinct contexts
+  (replica ``r`` of each group belongs to replica ``r`` of the step); ``algorithm``, the allreduce that sums a
+  group; ``job``, the distributed job whose workers sum them too (or None).
 
 Data parallelism (``train_step``, the textbook's ``train_batch``, and ``strategies.DataParallel``) has one
-replica per context; hybrid parallelism one model-parallel group of contexts per replica; model and pipeline
-parallelism one model whose micro-batches take the replicas' place.
+replica per context (one group of K); hybrid parallelism one model-parallel group of contexts per replica (a group
+per stage); model and pipeline parallelism one model whose micro-batches take the replicas' place (a group of one
+per stage).
 """
+import functools
+
 import mxnet as mx
 import numpy as np
 from mxnet import autograd, gluon
 
 from .comm import DEFAULT_ALGORITHM
-from .comm.algorithms import allreduce
-from .comm.replica import FlatReplica
+from .comm.replica import FlatReplica, allreduce_grads, grads_of
 from .kvstore import allreduce_across, worker_slice
 from .models.gluon import as_net
 from .models.lenet import lenet_cached, softmax_cross_entropy
-from .split import split_and_load
+from .optim.zero import as_optimizer, optimizer_step
+from .split import shard_sizes, split_and_load
 from .validate import check_contexts, check_int, check_lr
 
 __all__ = ["check_labels", "check_batch", "sgd", "allreduce_grads", "update_replicas", "loss_and_correct",
@@ -81,31 +88,6 @@ def _check_replicas(device_params, ctx_list):
                                  f"{ctx}; build device_params with get_params(params, ctx_list[i])")
 
 
-def allreduce_grads(device_params, algorithm=DEFAULT_ALGORITHM, active=None):
-    """Sum the replicas' gradients, in place: afterwards every replica's ``param.grad`` holds the sum.
-
-    Parameters
-    ----------
-    device_params : list of list of NDArray
-        One replica per context (from ``get_params``).
-    algorithm : str
-        See ``parallel.comm.allreduce``. Flat replicas (``FlatReplica``) are reduced in one call over their
-        gradient buffers, unless ``"naive"``: one call per tensor, as in the textbook.
-    active : int, optional
-        Replicas ``active..`` computed nothing this step (a batch smaller than the number of replicas):
-        their gradients are zeroed first, so they contribute nothing and stale gradients never leak in.
-    """
-    flat = all(isinstance(params, FlatReplica) for params in device_params)
-    for params in device_params[len(device_params) if active is None else active:]:
-        for grad in ([params.grad] if flat else [param.grad for param in params]):
-            grad[:] = 0
-    if flat and algorithm != "naive":              # the whole model in one reduction
-        allreduce([params.grad for params in device_params], algorithm)
-    else:                                          # the textbook: one reduction per tensor
-        for i in range(len(device_params[0])):
-            allreduce([params[i].grad for params in device_params], algorithm)
-
-
 def update_replicas(device_params, lr, batch_size):
     """SGD on every replica, in place: ``param -= lr * param.grad / batch_size``.
 
@@ -149,21 +131,75 @@ def check_batch(X, y):
         raise ValueError("X is an empty batch (0 examples); give at least one example")
 
 
-def step_replicas(replicas, X, y, lr, loss=softmax_cross_entropy, batch_size=None):
-    """One synchronous SGD step of every replica on the batch ``X``, ``y`` (see the module's docstring).
+def _forward_backward(replicas, X, y, loss, y_all):
+    """Forward and backward of one (micro-)batch over the replicas; returns (summed loss, correct, active)."""
+    X_shards, y_shards = split_and_load(X, replicas.in_ctx_list), split_and_load(y, replicas.out_ctx_list)
+    with autograd.record():   # forward on every replica that holds a shard
+        outputs = replicas.forward_all(X_shards)
+        losses = [loss(out, y_shard) for out, y_shard in zip(outputs, y_shards)]
+    if y_all is not None:
+        check_labels(y_all, outputs[0].shape[-1], loss)   # before anything is updated
+    autograd.backward(losses)  # each replica computes the gradient of its own shard
+    active = len(X_shards)
+    for r in range(active, len(replicas.in_ctx_list)):   # an idle replica takes the first one's statistics
+        for first, aux in zip(replicas.aux(0), replicas.aux(r)):
+            first.copyto(aux)
+    return (*loss_and_correct(outputs, y_shards, losses, replicas.in_ctx_list[0]), active)
+
+
+def _trained_arrays(groups):
+    """Every trained array of ``groups`` and its gradient, for re-marking how backward writes the gradient."""
+    arrays = [param for group in groups for replica in group for param in replica]
+    return arrays, [param.grad for param in arrays]
+
+
+def _accumulate(replicas, X, y, loss, n):
+    """``n`` micro-batches of the batch one after another, their gradients summed in place (``grad_req='add'``
+    from zeroed buffers); returns (summed loss, correct) over the whole batch."""
+    groups = replicas.groups()
+    arrays, grads = _trained_arrays(groups)
+    for group in groups:
+        for replica in group:
+            for grad in grads_of(replica):
+                grad[:] = 0
+    autograd.mark_variables(arrays, grads, "add")
+    try:
+        bounds = np.cumsum([0] + shard_sizes(X.shape[0], n))
+        sums = [_forward_backward(replicas, X[a:b], y[a:b], loss, y if a == 0 else None)[:2]
+                for a, b in zip(bounds, bounds[1:])]
+    finally:
+        autograd.mark_variables(arrays, grads, "write")
+    return mx.nd.add_n(*[s[0] for s in sums]), mx.nd.add_n(*[s[1] for s in sums])
+
+
+def _across(job):
+    """The cross-process sum of a group's gradients in a distributed job, or None."""
+    return None if job is None else functools.partial(allreduce_across, job)
+
+
+def step_replicas(replicas, X, y, lr=None, loss=softmax_cross_entropy, batch_size=None, optimizer=None,
+                  accumulate=1):
+    """One synchronous optimizer step of every replica on the batch ``X``, ``y`` (see the module's docstring).
 
     Parameters
     ----------
     replicas : object
-        ``in_ctx_list``, ``out_ctx_list``, ``forward_all``, ``aux``, ``allreduce_grads``, ``update``.
+        ``in_ctx_list``, ``out_ctx_list``, ``forward_all``, ``aux``, ``groups``, ``algorithm``, ``job``.
     X, y : NDArray
         A batch (any context, any size >= 1), split over the replicas as ``split_and_load`` splits it: a
         batch smaller than the number of replicas leaves the last ones idle.
-    lr : float
+    lr : float, optional
+        Plain SGD at this rate (the textbook's step); give ``lr`` or ``optimizer``.
     loss : callable
         ``loss(outputs, y)`` returns per-example losses.
     batch_size : int, optional
         What the summed gradient is divided by: the global batch, ``len(X)`` unless this is one worker's slice.
+    optimizer : parallel.optim.Optimizer, optional
+        The update rule, its state, schedule, clipping and sharding (``zero``).
+    accumulate : int
+        Run the batch as this many micro-batches one after another (sizes differ by at most one), summing
+        their gradients, then take one optimizer step: the same step as the whole batch at once, with less
+        memory for activations. At most ``len(X)``.
 
     Returns
     -------
@@ -172,26 +208,25 @@ def step_replicas(replicas, X, y, lr, loss=softmax_cross_entropy, batch_size=Non
         here waits for the devices.
     """
     check_batch(X, y)
-    X_shards, y_shards = split_and_load(X, replicas.in_ctx_list), split_and_load(y, replicas.out_ctx_list)
-    with autograd.record():   # forward on every replica that holds a shard
-        outputs = replicas.forward_all(X_shards)
-        losses = [loss(out, y_shard) for out, y_shard in zip(outputs, y_shards)]
-    check_labels(y, outputs[0].shape[-1], loss)   # before anything is updated
-    autograd.backward(losses)  # each replica computes the gradient of its own shard
-    active = len(X_shards)
-    for r in range(active, len(replicas.in_ctx_list)):   # an idle replica takes the first one's statistics
-        for first, aux in zip(replicas.aux(0), replicas.aux(r)):
-            first.copyto(aux)
-    replicas.allreduce_grads(active)                      # sum each gradient across the replicas
-    replicas.update(lr, X.shape[0] if batch_size is None else batch_size)   # every replica takes the same step
-    return loss_and_correct(outputs, y_shards, losses, replicas.in_ctx_list[0])
+    optimizer = as_optimizer(lr, optimizer)
+    accumulate = check_int(accumulate, "accumulate", low=1)
+    if accumulate > X.shape[0]:
+        raise ValueError(f"accumulate={accumulate} cannot split a batch of {X.shape[0]} examples into micro-batches; "
+                         f"use at most {X.shape[0]}")
+    if accumulate == 1:
+        loss_sum, correct, active = _forward_backward(replicas, X, y, loss, y)
+    else:   # every gradient buffer was zeroed first: a replica idle in some micro-batch adds nothing stale
+        (loss_sum, correct), active = _accumulate(replicas, X, y, loss, accumulate), None
+    optimizer_step(optimizer, replicas.groups(), X.shape[0] if batch_size is None else batch_size,
+                   replicas.algorithm, active, _across(replicas.job))
+    return loss_sum, correct
 
 
 class DeviceReplicas:
-    """Data parallelism's replicas: ``device_params[i]`` on ``ctx_list[i]``, each running ``net``.
+    """Data parallelism's replicas: ``device_params[i]`` on ``ctx_list[i]``, each running ``net``: one group.
 
-    ``allreduce_grads`` sums the gradients over the contexts with ``algorithm`` and, in a distributed job,
-    over the workers through the kvstore; ``update`` is ``update_replicas``.
+    The gradients are summed over the contexts with ``algorithm`` and, in a distributed job, over the workers
+    through the kvstore.
     """
 
     def __init__(self, device_params, ctx_list, net=lenet_cached, algorithm=DEFAULT_ALGORITHM, job=None):
@@ -208,18 +243,13 @@ class DeviceReplicas:
     def aux(self, r):
         return list(getattr(self.device_params[r], "aux", ()))
 
-    def allreduce_grads(self, active=None):
-        allreduce_grads(self.device_params, self.algorithm, active)
-        if self.job is not None:
-            allreduce_across(self.job, self.device_params)   # ... and across the workers
-
-    def update(self, lr, batch_size):
-        update_replicas(self.device_params, lr, batch_size)
+    def groups(self):
+        return [self.device_params]
 
 
-def train_step(X, y, device_params, ctx_list, lr, net=lenet_cached, loss=softmax_cross_entropy,
-               algorithm=DEFAULT_ALGORITHM, job=None):
-    """One SGD step on every replica; returns the batch's summed loss and number of correct predictions.
+def train_step(X, y, device_params, ctx_list, lr=None, net=lenet_cached, loss=softmax_cross_entropy,
+               algorithm=DEFAULT_ALGORITHM, job=None, optimizer=None, accumulate=1):
+    """One optimizer step on every replica; returns the batch's summed loss and number of correct predictions.
 
     Parameters
     ----------
@@ -228,8 +258,9 @@ def train_step(X, y, device_params, ctx_list, lr, net=lenet_cached, loss=softmax
     device_params : list of list of NDArray
         ``device_params[i]`` is the replica on ``ctx_list[i]`` (from ``get_params``). Updated in place.
     ctx_list : list of mxnet.Context
-    lr : float
-        Learning rate; the summed gradient is divided by the global batch size ``len(X)``.
+    lr : float, optional
+        Plain SGD at this learning rate (the textbook's step): the summed gradient divided by the global batch
+        size ``len(X)``. Give ``lr`` or ``optimizer``, not both.
     net : callable or mxnet.gluon.HybridBlock
         ``net(X, params)`` returns the outputs. The default, ``lenet_cached``, is the from-scratch ``lenet``
         run as a cached graph: the same values and gradients, less overhead per step; pass ``net=lenet``
@@ -247,6 +278,11 @@ def train_step(X, y, device_params, ctx_list, lr, net=lenet_cached, loss=softmax
         trains its slice (``parallel.kvstore.worker_slice``), its contexts' gradient sum is summed over the
         workers through the kvstore, and the step divides by the global batch size. Every worker must call
         it for every batch, even one whose slice is empty.
+    optimizer : parallel.optim.Optimizer, optional
+        The update: ``SGD`` with momentum, ``Adam``, ``AdamW``, with a schedule, clipping and ZeRO sharding
+        (``parallel.optim``). It keeps its state between calls: pass the same object at every step.
+    accumulate : int
+        Micro-batches per batch, run one after another before one update (see ``step_replicas``).
 
     Returns
     -------
@@ -254,7 +290,7 @@ def train_step(X, y, device_params, ctx_list, lr, net=lenet_cached, loss=softmax
         Summed loss and count of correct argmax predictions (of this worker's slice, in a job), each of shape
         (1,) on ``ctx_list[0]``. Nothing here waits for the device, except the kvstore's pull in a job.
     """
-    check_lr(lr)
+    optimizer = as_optimizer(lr, optimizer)
     _check_replicas(device_params, ctx_list)
     check_batch(X, y)
     replicas = DeviceReplicas(device_params, ctx_list, net, algorithm, job)
@@ -262,22 +298,23 @@ def train_step(X, y, device_params, ctx_list, lr, net=lenet_cached, loss=softmax
     if job is not None:
         start, stop = worker_slice(n, len(ctx_list), job.rank, job.num_workers)
         if start == stop:   # no example for this worker: it adds a zero gradient and takes the same step
-            replicas.allreduce_grads(active=0)
-            replicas.update(lr, n)
+            optimizer_step(optimizer, replicas.groups(), n, algorithm, 0, _across(job))
             zero = mx.nd.zeros((1,), ctx=ctx_list[0])
             return zero, zero.copy()
         X, y = X[start:stop], y[start:stop]
-    return step_replicas(replicas, X, y, lr, loss, batch_size=n)
+        accumulate = min(accumulate, stop - start)   # a worker's slice may hold fewer examples than micro-batches
+    return step_replicas(replicas, X, y, loss=loss, batch_size=n, optimizer=optimizer, accumulate=accumulate)
 
 
-def train_batch(X, y, device_params, ctx_list, lr, net=lenet_cached, loss=softmax_cross_entropy,
-                algorithm=DEFAULT_ALGORITHM, job=None):
-    """One synchronous SGD step on every replica (the textbook's ``train_batch``).
+def train_batch(X, y, device_params, ctx_list, lr=None, net=lenet_cached, loss=softmax_cross_entropy,
+                algorithm=DEFAULT_ALGORITHM, job=None, optimizer=None, accumulate=1):
+    """One synchronous step on every replica (the textbook's ``train_batch``).
 
     Splits the batch across ``ctx_list``, computes each shard's gradient on its context, sums the
-    gradients with ``allreduce`` and updates every replica in place with the same step
-    ``param -= lr * summed_grad / len(X)``. With ``job`` (``parallel.kvstore.join()``), ``X`` and ``y`` are
-    the global batch and the gradients are summed over every worker too (see ``train_step``).
+    gradients with ``allreduce`` and updates every replica in place with the same step: with ``lr``, plain
+    SGD ``param -= lr * summed_grad / len(X)``; with ``optimizer``, its update (see ``train_step``). With
+    ``job`` (``parallel.kvstore.join()``), ``X`` and ``y`` are the global batch and the gradients are summed
+    over every worker too.
 
     Returns
     -------
@@ -285,4 +322,4 @@ def train_batch(X, y, device_params, ctx_list, lr, net=lenet_cached, loss=softma
         The batch's summed loss (this worker's slice in a job), shape (1,) on ``ctx_list[0]``, not yet
         computed: reading it syncs.
     """
-    return train_step(X, y, device_params, ctx_list, lr, net, loss, algorithm, job)[0]
+    return train_step(X, y, device_params, ctx_list, lr, net, loss, algorithm, job, optimizer, accumulate)[0]

@@ -4,7 +4,8 @@
   gradients, as views into one flat buffer (a ``FlatReplica``); ``block_state`` reads a block's arrays by role.
 - ``algorithms``: ``allreduce(arrays, algorithm)`` leaves the elementwise *sum* in every array, by one of the
   ``ALGORITHMS``; its persistent receive buffers (``free_buffers``, ``set_buffer_limit``, ``buffer_info``); and
-  ``bytes_moved``, what each algorithm copies between contexts.
+  ``bytes_moved``, what each algorithm copies between contexts; ``reduce_scatter`` and ``all_gather``, an
+  allreduce's two halves (``shard_range`` tells which shard each context owns between them).
 
 The algorithms' names are here, without MXNet, so that the CLI offers them before MXNet starts:
 
@@ -22,10 +23,14 @@ ALGORITHMS = ("naive", "fused", "ring", "tree")
 #: ``allreduce`` itself defaults to the textbook's ``"naive"``.
 DEFAULT_ALGORITHM = "fused"
 
+#: The algorithms that split into a reduce-scatter and an all-gather (``reduce_scatter``, ``all_gather``), which
+#: sharded optimizer state with ``zero=2`` needs.
+SHARDED_ALGORITHMS = ("fused", "ring")
+
 _SOURCES = {
-    "replica": ["FlatReplica", "get_params", "block_state"],
-    "algorithms": ["allreduce", "check_same_arrays", "ALLREDUCE_ALGORITHMS", "bytes_moved", "BytesMoved",
+    "replica": ["FlatReplica", "get_params", "block_state", "allreduce_grads", "grads_of"],
+    "algorithms": ["allreduce", "reduce_scatter", "all_gather", "shard_range", "check_same_arrays", "ALLREDUCE_ALGORITHMS", "bytes_moved", "BytesMoved",
                   "free_buffers", "set_buffer_limit", "buffer_info", "BufferInfo", "DEFAULT_BUFFER_LIMIT"],
 }
-__all__ = ["ALGORITHMS", "DEFAULT_ALGORITHM"] + [name for names in _SOURCES.values() for name in names]
+__all__ = ["ALGORITHMS", "DEFAULT_ALGORITHM", "SHARDED_ALGORITHMS"] + [name for names in _SOURCES.values() for name in names]
 __getattr__, __dir__ = lazy_exports(__name__, _SOURCES)

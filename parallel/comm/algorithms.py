@@ -16,10 +16,11 @@ from collections import OrderedDict, namedtuple
 import mxnet as mx
 
 from ..validate import check_choice, check_int
-from . import ALGORITHMS
+from . import ALGORITHMS, SHARDED_ALGORITHMS
 
-__all__ = ["allreduce", "check_same_arrays", "ALLREDUCE_ALGORITHMS", "bytes_moved", "BytesMoved",
-           "free_buffers", "set_buffer_limit", "buffer_info", "BufferInfo", "DEFAULT_BUFFER_LIMIT"]
+__all__ = ["allreduce", "reduce_scatter", "all_gather", "shard_range", "check_same_arrays", "ALLREDUCE_ALGORITHMS",
+           "bytes_moved", "BytesMoved", "free_buffers", "set_buffer_limit", "buffer_info", "BufferInfo",
+           "DEFAULT_BUFFER_LIMIT"]
 
 
 def check_same_arrays(arrays, name="arrays"):
@@ -212,32 +213,77 @@ def _chunk_bounds(n, k):
     return bounds
 
 
-def _ring(arrays):
-    """Ring allreduce: reduce-scatter, then all-gather, over the flat arrays cut into K chunks.
+def _ring_chunks(arrays):
+    """Each array's flat views cut into K chunks (``_chunk_bounds``); ``None`` for an empty chunk."""
+    bounds = _chunk_bounds(arrays[0].size, len(arrays))
+    return [[flat[a:b] if a < b else None for a, b in zip(bounds, bounds[1:])]
+            for flat in [array.reshape(-1) for array in arrays]]
 
-    Context ``i`` only ever sends to context ``i + 1`` (mod K). In round ``s = 0 .. K-2`` of the
-    *reduce-scatter*, context ``i`` sends chunk ``i - s`` (mod K) and the receiver adds it into its own
-    copy of that chunk; afterwards context ``i`` holds the full sum of chunk ``i + 1``. In round ``s`` of
-    the *all-gather*, context ``i`` sends chunk ``i + 1 - s``, now complete, and the receiver overwrites
-    its copy: every context ends with the very same bits, each chunk summed once, in one order.
-    Each context sends (and receives) ``2 (K-1) / K`` of the array, whatever K: bandwidth-optimal.
-    Every context receives into one buffer of a chunk (two when the chunks differ in size): ``1 / K`` of
-    the array of extra memory per context.
+
+def _ring_reduce_scatter(arrays):
+    """The first half of the ring: afterwards context ``i`` holds the full sum of chunk ``i + 1`` (mod K).
+
+    In round ``s = 0 .. K-2`` context ``i`` sends chunk ``i - s`` (mod K) to context ``i + 1``, which adds it
+    into its own copy of that chunk. Each context sends and receives ``(K-1) / K`` of the array.
     """
-    k = len(arrays)
-    bounds = _chunk_bounds(arrays[0].size, k)
-    chunks = [[flat[a:b] if a < b else None    # views; with fewer elements than K some chunks are empty
-               for a, b in zip(bounds, bounds[1:])] for flat in [array.reshape(-1) for array in arrays]]
-    for s in range(k - 1):                     # reduce-scatter
+    k, chunks = len(arrays), _ring_chunks(arrays)
+    for s in range(k - 1):
         for i in range(k):
             c, dst = (i - s) % k, (i + 1) % k
             if chunks[i][c] is not None:
                 _add_into(chunks[dst][c], _receive(chunks[i][c], arrays[dst].context))   # on dst
-    for s in range(k - 1):                     # all-gather
+
+
+def _ring_all_gather(arrays):
+    """The second half of the ring: from context ``i`` holding chunk ``i + 1`` (mod K), every context holds
+    every chunk. In round ``s`` context ``i`` sends chunk ``i + 1 - s``, complete, and the receiver overwrites
+    its copy: every context ends with the very same bits."""
+    k, chunks = len(arrays), _ring_chunks(arrays)
+    for s in range(k - 1):
         for i in range(k):
             c, dst = (i + 1 - s) % k, (i + 1) % k
             if chunks[i][c] is not None:
                 _copy(chunks[i][c], chunks[dst][c])
+
+
+def _ring(arrays):
+    """Ring allreduce: reduce-scatter, then all-gather, over the flat arrays cut into K chunks.
+
+    Context ``i`` only ever sends to context ``i + 1`` (mod K). After the *reduce-scatter*
+    (``_ring_reduce_scatter``) context ``i`` holds the full sum of chunk ``i + 1``; the *all-gather*
+    (``_ring_all_gather``) passes the complete chunks on around the ring: every context ends with the very
+    same bits, each chunk summed once, in one order.
+    Each context sends (and receives) ``2 (K-1) / K`` of the array, whatever K: bandwidth-optimal.
+    Every context receives into one buffer of a chunk (two when the chunks differ in size): ``1 / K`` of
+    the array of extra memory per context.
+    """
+    _ring_reduce_scatter(arrays)
+    _ring_all_gather(arrays)
+
+
+def _direct_reduce_scatter(arrays):
+    """Each chunk summed at once where it is owned (context ``i`` owns chunk ``i + 1``, as after the ring's
+    reduce-scatter): the owner receives the chunk from every other context and adds them with one ``add_n``
+    (its own copy first, then the others in context order)."""
+    k, chunks = len(arrays), _ring_chunks(arrays)
+    for i in range(k):
+        c = (i + 1) % k
+        if chunks[i][c] is None:
+            continue
+        others = [j for j in range(k) if j != i]
+        mx.nd.add_n(chunks[i][c], *[_receive(chunks[j][c], arrays[i].context, slot)
+                                    for slot, j in enumerate(others)], out=chunks[i][c])
+
+
+def _direct_all_gather(arrays):
+    """Each owner (context ``i``, chunk ``i + 1``) copies its chunk straight to every other context."""
+    k, chunks = len(arrays), _ring_chunks(arrays)
+    for i in range(k):
+        c = (i + 1) % k
+        if chunks[i][c] is not None:
+            for j in range(k):
+                if j != i:
+                    _copy(chunks[i][c], chunks[j][c])
 
 
 def _tree(arrays):
@@ -264,6 +310,9 @@ def _tree(arrays):
 
 #: The algorithms by name (``parallel.comm.ALGORITHMS``, in that order).
 ALLREDUCE_ALGORITHMS = dict(zip(ALGORITHMS, (_naive, _fused, _ring, _tree)))
+
+#: The two halves of an allreduce, by the name of the allreduce they split (``SHARDED_ALGORITHMS``).
+_HALVES = {"ring": (_ring_reduce_scatter, _ring_all_gather), "fused": (_direct_reduce_scatter, _direct_all_gather)}
 
 BytesMoved = namedtuple("BytesMoved", ["total", "per_context_max"])
 BytesMoved.__doc__ = """Bytes an allreduce copies between contexts.
@@ -360,4 +409,73 @@ def allreduce(arrays, algorithm="naive"):
     if len(arrays) > 1:
         with _buffers.lock:   # queue one call's copies and adds together: they share the buffers
             ALLREDUCE_ALGORITHMS[algorithm](arrays)
+    return arrays
+
+
+def shard_range(size, k, i):
+    """The elements ``[start, stop)`` of a flat array of ``size`` elements that context ``i`` of ``k`` owns after
+    ``reduce_scatter``: chunk ``i + 1`` (mod k) of ``k`` chunks whose sizes differ by at most one (the first
+    ``size % k`` chunks one element longer), where the ring's reduce-scatter leaves it. With ``size < k`` some
+    contexts own nothing (``start == stop``).
+
+    >>> [shard_range(10, 3, i) for i in range(3)]
+    [(4, 7), (7, 10), (0, 4)]
+    """
+    check_int(size, "size", low=0)
+    check_int(k, "k", low=1)
+    check_int(i, "i", low=0, high=k - 1)
+    bounds = _chunk_bounds(size, k)
+    c = (i + 1) % k
+    return bounds[c], bounds[c + 1]
+
+
+def reduce_scatter(arrays, algorithm="ring"):
+    """Sum ``arrays`` elementwise, each context keeping one shard of the sum: the first half of an allreduce.
+
+    Afterwards ``arrays[i]`` holds, in its elements ``shard_range(size, K, i)``, the sum of those elements over
+    every array; its other elements hold partial sums (undefined). ``all_gather`` then completes the allreduce.
+    This is what ZeRO's stage 2 runs instead of an allreduce: each context updates only the shard it owns.
+
+    Parameters
+    ----------
+    arrays : list of NDArray
+        One array per context, all of one shape and dtype. Modified in place.
+    algorithm : str
+        ``"ring"``: the ring's reduce-scatter, K-1 rounds in which each context sends one chunk to the next
+        (``allreduce(arrays, "ring")`` is ``reduce_scatter`` then ``all_gather``, bit for bit). ``"fused"``:
+        every owner receives its chunk from all the others at once and sums them with one ``add_n``. Either
+        way each context sends and receives ``(K-1) / K`` of the array.
+
+    Returns
+    -------
+    list of NDArray
+        ``arrays`` itself; the work is queued, nothing waits for the devices.
+
+    >>> import mxnet as mx
+    >>> arrays = [mx.nd.array([1, 2, 3, 4, 5]) * (i + 1) for i in range(2)]   # on two contexts in practice
+    >>> arrays = [a.as_in_context(mx.cpu(i)) for i, a in enumerate(arrays)]
+    >>> _ = reduce_scatter(arrays)
+    >>> [arrays[i][slice(*shard_range(5, 2, i))].asnumpy().tolist() for i in range(2)]
+    [[12.0, 15.0], [3.0, 6.0, 9.0]]
+    """
+    return _halve(arrays, algorithm, 0)
+
+
+def all_gather(arrays, algorithm="ring"):
+    """Give every context every shard, in place: the second half of an allreduce.
+
+    Before, ``arrays[i]`` holds a valid value in its elements ``shard_range(size, K, i)``; afterwards every
+    array holds all the shards, copies of the owners' bits. ZeRO runs it on the parameters after each context
+    updated its shard. ``algorithm``: ``"ring"`` (passed on around the ring) or ``"fused"`` (each owner copies
+    its shard to every other context); see ``reduce_scatter``.
+    """
+    return _halve(arrays, algorithm, 1)
+
+
+def _halve(arrays, algorithm, half):
+    check_same_arrays(arrays)
+    check_choice(algorithm, "algorithm", SHARDED_ALGORITHMS)
+    if len(arrays) > 1:
+        with _buffers.lock:
+            _HALVES[algorithm][half](arrays)
     return arrays

@@ -1,14 +1,17 @@
 """Replicas: a model's parameters copied to a context with their gradients, in one flat buffer.
 
 ``get_params(params, ctx)`` is the textbook's first step of data parallelism: copy the parameters to a context
-and attach gradients. Here the copies are views into one flat buffer (a ``FlatReplica``, still a list), so one
+and attach gradients; ``allreduce_grads`` sums the replicas' gradients. Here the copies are views into one flat buffer (a ``FlatReplica``, still a list), so one
 allreduce and one fused update move the whole model. A gluon block is replicated the same way
 (``block_state`` reads its arrays, by role).
 """
 import mxnet as mx
 from mxnet import autograd, gluon
 
-__all__ = ["FlatReplica", "get_params", "block_state"]
+from . import DEFAULT_ALGORITHM
+from .algorithms import allreduce
+
+__all__ = ["FlatReplica", "get_params", "block_state", "allreduce_grads", "grads_of"]
 
 
 class FlatReplica(list):
@@ -122,3 +125,31 @@ def block_state(block):
     return names, arrays, aux_names, aux_arrays
 
 
+def allreduce_grads(device_params, algorithm=DEFAULT_ALGORITHM, active=None):
+    """Sum the replicas' gradients, in place: afterwards every replica's ``param.grad`` holds the sum.
+
+    Parameters
+    ----------
+    device_params : list of list of NDArray
+        One replica per context (from ``get_params``).
+    algorithm : str
+        See ``parallel.comm.allreduce``. Flat replicas (``FlatReplica``) are reduced in one call over their
+        gradient buffers, unless ``"naive"``: one call per tensor, as in the textbook.
+    active : int, optional
+        Replicas ``active..`` computed nothing this step (a batch smaller than the number of replicas):
+        their gradients are zeroed first, so they contribute nothing and stale gradients never leak in.
+    """
+    flat = all(isinstance(params, FlatReplica) for params in device_params)
+    for params in device_params[len(device_params) if active is None else active:]:
+        for grad in grads_of(params):
+            grad[:] = 0
+    if flat and algorithm != "naive":              # the whole model in one reduction
+        allreduce([params.grad for params in device_params], algorithm)
+    else:                                          # the textbook: one reduction per tensor
+        for i in range(len(device_params[0])):
+            allreduce([params[i].grad for params in device_params], algorithm)
+
+
+def grads_of(params):
+    """A replica's gradient buffers: ``[params.grad]`` for a ``FlatReplica`` (one buffer), else each array's."""
+    return [params.grad] if isinstance(params, FlatReplica) else [param.grad for param in params]

@@ -305,12 +305,18 @@ class DataParallel:
         self.allreduce_grads()
         self.update(lr, batch_size)
 
-    def train_step(self, X, y, lr, loss=None):
-        """One whole SGD step on the batch: ``parallel.train_step`` over the replicas (forward, backward,
-        allreduce, update); returns (summed loss, correct count), each (1,) on ``ctx_list[0]``, not waited for."""
+    def train_step(self, X, y, lr=None, loss=None, optimizer=None, accumulate=1):
+        """One whole step on the batch: ``parallel.train_step`` over the replicas (forward, backward, allreduce,
+        update), plain SGD at ``lr`` or ``optimizer``'s update (``zero`` shards its state over the contexts), with
+        ``accumulate`` micro-batches; returns (summed loss, correct count), each (1,) on ``ctx_list[0]``, not
+        waited for."""
         kwargs = {} if loss is None else {"loss": loss}
         return train_step(X, y, self.device_params, self.ctx_list, lr, net=self._net, algorithm=self.algorithm,
-                          job=self.job, **kwargs)
+                          job=self.job, optimizer=optimizer, accumulate=accumulate, **kwargs)
+
+    def groups(self):
+        """The replicas as ``parallel.optim.optimizer_step`` takes them: one group of one replica per context."""
+        return [self.device_params]
 
     def evaluate(self, data_iter):
         """Accuracy over ``data_iter``, each batch split across the replicas (see ``evaluate_accuracy``)."""

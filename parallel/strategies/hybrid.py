@@ -23,8 +23,8 @@ contexts holding the stage): the same model as one context, and the same running
 from ..comm import ALGORITHMS, DEFAULT_ALGORITHM
 from ..evaluate import accuracy
 from ..models.lenet import softmax_cross_entropy
-from ..step import allreduce_grads, step_replicas
-from ..validate import check_choice, check_contexts, check_lr
+from ..step import step_replicas
+from ..validate import check_choice, check_contexts
 from .model import ModelParallel, _Cut, _forward_all
 
 __all__ = ["Hybrid", "hybrid_groups"]
@@ -109,10 +109,10 @@ class Hybrid:
         """Where each replica gives its outputs: its last stage's context."""
         return [replica.ctx_list[-1] for replica in self.replicas]
 
-    def update(self, lr, batch_size):
-        """SGD on every replica's stages, in place (``ModelParallel.update``)."""
-        for replica in self.replicas:
-            replica.update(lr, batch_size)
+    def groups(self):
+        """The trained arrays as ``parallel.optim.optimizer_step`` takes them: stage ``s``'s replicas form group
+        ``s``, summed over the R contexts holding the stage (and sharded over them with ``zero``)."""
+        return [[replica.stage_params[s] for replica in self.replicas] for s in range(len(self.ranges))]
 
     def describe(self):
         """One line: each stage and the contexts holding it, e.g.
@@ -155,29 +155,22 @@ class Hybrid:
             X_shards = _forward_all(net, X_shards, [replica.stage_params[s] for replica in replicas])
         return X_shards
 
-    def allreduce_grads(self, active=None):
-        """Sum the gradients of each stage across the replicas holding it, in place (``allreduce_grads``).
-
-        Parameters
-        ----------
-        active : int, optional
-            Replicas ``active..R-1`` computed nothing this step (a batch smaller than R); their gradients
-            are zeroed first so that they contribute nothing.
-        """
-        for s in range(len(self.ranges)):
-            allreduce_grads([replica.stage_params[s] for replica in self.replicas], self.algorithm, active)
-
-    def train_step(self, X, y, lr, loss=softmax_cross_entropy):
-        """One SGD step: split across replicas, forward/backward through the stages, allreduce, update.
+    def train_step(self, X, y, lr=None, loss=softmax_cross_entropy, optimizer=None, accumulate=1):
+        """One optimizer step: split across replicas, forward/backward through the stages, sum, update.
 
         Parameters
         ----------
         X, y : NDArray
             A batch of images and labels (any context, any batch size >= 1).
-        lr : float
-            Learning rate; the summed gradient is divided by the global batch size ``len(X)``.
+        lr : float, optional
+            Plain SGD at this rate; the summed gradient is divided by the global batch size ``len(X)``.
         loss : callable
             ``loss(outputs, y)`` returns per-example losses.
+        optimizer : parallel.optim.Optimizer, optional
+            Instead of ``lr``: the update; with ``zero`` 1 or 2 each stage's state is sharded over the R
+            contexts holding the stage.
+        accumulate : int
+            Micro-batches run one after another before the update (``parallel.step.step_replicas``).
 
         Returns
         -------
@@ -185,8 +178,7 @@ class Hybrid:
             Summed loss and count of correct predictions, each (1,) on ``ctx_list[0]``, not yet computed.
             Every replica's parameters (and a block's running statistics) are updated in place.
         """
-        check_lr(lr)
-        return step_replicas(self, X, y, lr, loss)
+        return step_replicas(self, X, y, lr, loss, optimizer=optimizer, accumulate=accumulate)
 
     def evaluate(self, data_iter):
         """Accuracy over ``data_iter``, each batch split across the replicas (see ``parallel.evaluate.accuracy``)."""

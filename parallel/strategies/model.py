@@ -37,11 +37,20 @@ from ..evaluate import accuracy
 from ..models.gluon import GluonNet
 from ..models.lenet import LENET_LAYERS, LENET_SHAPES, lenet_layers, softmax_cross_entropy
 from ..split import shard_sizes
-from ..step import step_replicas, update_replicas
-from ..validate import check_contexts, check_int, check_lr
+from ..comm import DEFAULT_ALGORITHM
+from ..step import step_replicas
+from ..validate import check_contexts, check_int
 from . import DEFAULT_STAGES
 
 __all__ = ["stage_ranges", "forward_stages", "ModelParallel", "MicroBatches"]
+
+
+def _unsharded(optimizer, strategy):
+    """``optimizer``, refused when it asks to shard state that the ``strategy`` never replicates."""
+    if optimizer is not None and getattr(optimizer, "zero", 0):
+        raise ValueError(f"zero={optimizer.zero} shards replicated state, but the {strategy} strategy holds one copy "
+                         f"of each stage, with its optimizer state, on its own context; use zero=0")
+    return optimizer
 
 
 def stage_ranges(stages=None, boundaries=None, num_layers=len(LENET_LAYERS), what=None, unit="layer"):
@@ -208,15 +217,16 @@ class MicroBatches:
     def aux(self, r):
         return []   # the micro-batches share one model: none is ever idle with its own statistics
 
-    def allreduce_grads(self, active=None):
-        pass        # ``backward`` over all the parts' losses already summed each gradient over them
+    #: ``backward`` over all the parts' losses already sums each gradient over them: each stage is a group of one.
+    algorithm = DEFAULT_ALGORITHM
+    job = None
 
-    def update(self, lr, batch_size):
-        self.model.update(lr, batch_size)
+    def groups(self):
+        return self.model.groups()
 
 
 class ModelParallel:
-    """A model cut into stages, stage ``s`` on ``ctx_list[s]``, trained with the same SGD step as ``train_batch``.
+    """A model cut into stages, stage ``s`` on ``ctx_list[s]``, trained with the same step as ``train_batch``.
 
     Parameters
     ----------
@@ -319,21 +329,27 @@ class ModelParallel:
     def __call__(self, X):
         return self.forward(X)
 
-    def update(self, lr, batch_size):
-        """SGD on every stage, in place: ``param -= lr * param.grad / batch_size`` (``update_replicas``)."""
-        update_replicas(self.stage_params, lr, batch_size)
+    def groups(self):
+        """The trained arrays as ``parallel.optim.optimizer_step`` takes them: each stage a group of one replica
+        (nothing is replicated, so nothing is summed; the optimizer's state lives with each stage)."""
+        return [[params] for params in self.stage_params]
 
-    def train_step(self, X, y, lr, loss=softmax_cross_entropy):
-        """One SGD step on the whole batch: forward through the stages, backward, update every stage.
+    def train_step(self, X, y, lr=None, loss=softmax_cross_entropy, optimizer=None, accumulate=1):
+        """One optimizer step on the whole batch: forward through the stages, backward, update every stage.
 
         Parameters
         ----------
         X, y : NDArray
             A batch of inputs and labels (any context, any batch size >= 1).
-        lr : float
-            Learning rate; the summed gradient is divided by ``len(X)``, as in ``train_batch``.
+        lr : float, optional
+            Plain SGD at this rate; the summed gradient is divided by ``len(X)``, as in ``train_batch``.
         loss : callable
             ``loss(outputs, y)`` returns per-example losses.
+        optimizer : parallel.optim.Optimizer, optional
+            Instead of ``lr``: the update, its state kept with each stage on its context. Its ``zero`` must be
+            0: nothing here is replicated, so there is nothing to shard.
+        accumulate : int
+            Micro-batches run one after another before the update (``parallel.step.step_replicas``).
 
         Returns
         -------
@@ -341,8 +357,8 @@ class ModelParallel:
             Summed loss and count of correct predictions, each (1,) on ``ctx_list[0]``, not yet computed.
             ``stage_params`` (and a block's running statistics) are updated in place.
         """
-        check_lr(lr)
-        return step_replicas(MicroBatches(self, 1), X, y, lr, loss)
+        return step_replicas(MicroBatches(self, 1), X, y, lr, loss, optimizer=_unsharded(optimizer, self.name),
+                             accumulate=accumulate)
 
     def evaluate(self, data_iter):
         """Accuracy over ``data_iter``, whole batches through the stages (see ``parallel.evaluate.accuracy``)."""

@@ -27,9 +27,9 @@ across its replicas) train the one-context model. Without BatchNorm the pipeline
 """
 from ..models.lenet import softmax_cross_entropy
 from ..step import step_replicas
-from ..validate import check_bool, check_int, check_lr
+from ..validate import check_bool, check_int
 from . import DEFAULT_MICRO_BATCHES
-from .model import MicroBatches, ModelParallel
+from .model import MicroBatches, ModelParallel, _unsharded
 
 __all__ = ["Pipeline", "bubble_fraction"]
 
@@ -92,20 +92,24 @@ class Pipeline(ModelParallel):
         """``(K-1)/(M+K-1)`` for this pipeline's K stages and M micro-batches."""
         return bubble_fraction(len(self.ranges), self.micro_batches)
 
-    def train_step(self, X, y, lr, loss=softmax_cross_entropy, micro_batches=None):
-        """One SGD step on the batch, computed in micro-batches; the same step as ``train_batch`` (but for
+    def train_step(self, X, y, lr=None, loss=softmax_cross_entropy, micro_batches=None, optimizer=None, accumulate=1):
+        """One optimizer step on the batch, computed in micro-batches; the same step as ``train_batch`` (but for
         BatchNorm, which normalises each micro-batch).
 
         Parameters
         ----------
         X, y : NDArray
             A batch of images and labels with at least ``micro_batches`` examples.
-        lr : float
-            Learning rate; the gradient summed over every micro-batch is divided by ``len(X)``.
+        lr : float, optional
+            Plain SGD at this rate; the gradient summed over every micro-batch is divided by ``len(X)``.
         loss : callable
             ``loss(outputs, y)`` returns per-example losses.
         micro_batches : int, optional
             Overrides ``self.micro_batches`` for this step (e.g. a short last batch of an epoch).
+        optimizer : parallel.optim.Optimizer, optional
+            Instead of ``lr`` (see ``ModelParallel.train_step``; ``zero`` must be 0).
+        accumulate : int
+            Parts of the batch run one after another, each pipelined in its micro-batches, before the update.
 
         Returns
         -------
@@ -118,7 +122,6 @@ class Pipeline(ModelParallel):
         ValueError
             When the batch has fewer examples than micro-batches (unless ``short_batches``).
         """
-        check_lr(lr)
         m = _check_micro_batches(self.micro_batches if micro_batches is None else micro_batches)
         if m > X.shape[0] >= 1:
             if not self.short_batches:
@@ -126,4 +129,5 @@ class Pipeline(ModelParallel):
                                  f"{X.shape[0]} micro-batches or a larger batch")
             m = X.shape[0]
         # M micro-batches through one model, sizes differing by at most one (split_and_load's split)
-        return step_replicas(MicroBatches(self, m), X, y, lr, loss)
+        return step_replicas(MicroBatches(self, m), X, y, lr, loss, optimizer=_unsharded(optimizer, self.name),
+                             accumulate=accumulate)

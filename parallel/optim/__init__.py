@@ -1,0 +1,41 @@
+"""Optimizers with state, on flat buffers, sharded across contexts (ZeRO), with schedules and gradient clipping.
+
+- ``optimizers``: ``SGD`` (momentum, Nesterov, weight decay), ``Adam``, ``AdamW``, each updating a flat buffer
+  with one of MXNet's fused update operators, its state in flat buffers beside the parameters; ``make_optimizer``.
+- ``schedules``: ``Constant``, ``Step``, ``Cosine``, with a linear warm-up, counted in optimizer steps.
+- ``zero``: ``optimizer_step``, the update of every replica once the gradients are computed: sum them, clip by the
+  global norm, update (the whole buffer on every context, or each context its shard: ZeRO), all-gather; and the
+  optimizer state of a layout as the layout-free arrays a checkpoint stores (``gather_state``, ``load_state``).
+
+The registries need no MXNet, so the CLI checks its flags before MXNet starts:
+
+>>> list(OPTIMIZERS), list(SCHEDULES), ZERO_LEVELS
+(['sgd', 'adam', 'adamw'], ['constant', 'step', 'cosine'], (0, 1, 2))
+"""
+from ..lazy import lazy_exports
+
+#: The optimizers, by name, with what the CLI's help says of each.
+OPTIMIZERS = {
+    "sgd": "SGD, with --momentum (and --nesterov) and --wd as L2 weight decay",
+    "adam": "Adam (MXNet's: bias correction in the rate, --wd as L2)",
+    "adamw": "AdamW (decoupled weight decay --wd)",
+}
+
+#: The learning-rate schedules, by name.
+SCHEDULES = {
+    "constant": "the same rate at every step",
+    "step": "the rate times --lr-decay after each of --lr-decay-epochs",
+    "cosine": "half a cosine from --lr down to 0 at the last step",
+}
+
+#: ZeRO's stages: 0 (state replicated), 1 (state sharded), 2 (gradients and state sharded).
+ZERO_LEVELS = (0, 1, 2)
+
+_SOURCES = {
+    "optimizers": ["Optimizer", "SGD", "Adam", "AdamW", "make_optimizer"],
+    "schedules": ["Schedule", "Constant", "Step", "Cosine"],
+    "zero": ["optimizer_step", "as_optimizer", "gather_state", "load_state", "memory_per_context",
+             "MemoryUse"],
+}
+__all__ = ["OPTIMIZERS", "SCHEDULES", "ZERO_LEVELS"] + [name for names in _SOURCES.values() for name in names]
+__getattr__, __dir__ = lazy_exports(__name__, _SOURCES)

@@ -1,0 +1,347 @@
+"""Optimizers with state on K contexts against MXNet itself: gluon.Trainer with the same optimizer on one context.
+
+Every comparison starts from the same weights and trains on the same batches for at least 20 steps, in float32,
+within a relative 1e-5 of each array's scale (``assert_same_parameters``). The batch of 7 gives unequal shards on
+2 and 3 contexts.
+"""
+import math
+
+import mxnet as mx
+import numpy as np
+import pytest
+from mxnet import autograd, gluon
+
+import parallel.comm.replica
+import parallel.models.gluon
+from parallel import get_params, train_step
+from parallel.comm.algorithms import shard_range
+from parallel.optim import (SGD, Adam, AdamW, Constant, Cosine, Step, gather_state, load_state, make_optimizer,
+                            memory_per_context, optimizer_step)
+from conftest import assert_same_parameters, contexts, small_cnn
+
+LOSS = gluon.loss.SoftmaxCrossEntropyLoss()
+STEPS = 20
+
+
+def batches(n=STEPS, size=7, seed=0):
+    rng = np.random.RandomState(seed)
+    return [(mx.nd.array(rng.rand(size, 1, 8, 8)), mx.nd.array(rng.randint(0, 10, size))) for _ in range(n)]
+
+
+@mx.optimizer.register
+class ReferenceAdamW(mx.optimizer.Optimizer):
+    """AdamW written with plain NDArray operations (MXNet 1.9.1 has no AdamW optimizer): the oracle of the fused
+    ``contrib.adamw_update`` the package uses. Decoupled decay, bias correction in the rate, as ``AdamW``."""
+
+    def __init__(self, beta1=0.9, beta2=0.999, epsilon=1e-8, **kwargs):
+        super().__init__(**kwargs)
+        self.beta1, self.beta2, self.epsilon = beta1, beta2, epsilon
+
+    def create_state(self, index, weight):
+        return mx.nd.zeros_like(weight), mx.nd.zeros_like(weight)
+
+    def update(self, index, weight, grad, state):
+        self._update_count(index)
+        lr, wd, t = self._get_lr(index), self._get_wd(index), self._index_update_count[index]
+        mean, var = state
+        g = grad * self.rescale_grad
+        mean[:] = self.beta1 * mean + (1 - self.beta1) * g
+        var[:] = self.beta2 * var + (1 - self.beta2) * g * g
+        correction = math.sqrt(1 - self.beta2 ** t) / (1 - self.beta1 ** t)
+        weight[:] = weight - lr * (correction * mean / (mx.nd.sqrt(var) + self.epsilon) + wd * weight)
+
+
+#: (the package's optimizer, gluon.Trainer's name and arguments): each pair the same update.
+CASES = {
+    "sgd": (lambda **kw: SGD(0.3, **kw), "sgd", {"learning_rate": 0.3}),
+    "sgd-wd": (lambda **kw: SGD(0.3, wd=0.01, **kw), "sgd", {"learning_rate": 0.3, "wd": 0.01}),
+    "momentum": (lambda **kw: SGD(0.1, momentum=0.9, **kw), "sgd", {"learning_rate": 0.1, "momentum": 0.9}),
+    "momentum-wd": (lambda **kw: SGD(0.1, momentum=0.9, wd=0.001, **kw), "sgd",
+                    {"learning_rate": 0.1, "momentum": 0.9, "wd": 0.001}),
+    "nesterov-wd": (lambda **kw: SGD(0.1, momentum=0.9, nesterov=True, wd=0.001, **kw), "nag",
+                    {"learning_rate": 0.1, "momentum": 0.9, "wd": 0.001}),
+    "adam": (lambda **kw: Adam(0.01, **kw), "adam", {"learning_rate": 0.01}),
+    "adam-wd": (lambda **kw: Adam(0.01, beta1=0.8, beta2=0.99, wd=0.001, **kw), "adam",
+                {"learning_rate": 0.01, "beta1": 0.8, "beta2": 0.99, "wd": 0.001}),
+    "adamw": (lambda **kw: AdamW(0.01, wd=0.05, **kw), "referenceadamw", {"learning_rate": 0.01, "wd": 0.05}),
+}
+
+
+def trainer_reference(name, args, data, clip_norm=None, seed=0):
+    """Train ``small_cnn`` on one context with gluon.Trainer; returns its trained arrays (trainable ones)."""
+    net = small_cnn(dtype="float32", seed=seed)
+    trainer = gluon.Trainer(net.collect_params(), name, dict(args))
+    params = [p for p in net.collect_params().values() if p.grad_req != "null"]
+    for X, y in data:
+        with autograd.record():
+            loss = LOSS(net(X), y)
+        loss.backward()
+        if clip_norm is None:
+            trainer.step(X.shape[0])
+        else:   # the gradient of the mean loss, clipped by its global norm, then a step of batch size 1
+            grads = [p.grad() for p in params]
+            for g in grads:
+                g /= X.shape[0]
+            gluon.utils.clip_global_norm(grads, clip_norm)
+            trainer.step(1)
+    return [p.data().asnumpy() for p in params]
+
+
+def package_run(optimizer, k, data, seed=0, algorithm="fused", accumulate=1):
+    """Train the same ``small_cnn`` on k contexts with the package's step; returns every replica's arrays."""
+    block = small_cnn(dtype="float32", seed=seed)
+    ctx_list = contexts(k)
+    device_params = [get_params(block, ctx) for ctx in ctx_list]
+    for X, y in data:
+        train_step(X, y, device_params, ctx_list, net=block, algorithm=algorithm, optimizer=optimizer,
+                   accumulate=accumulate)
+    return [[p.asnumpy() for p in replica] for replica in device_params]
+
+
+def assert_replicas_identical(replicas):
+    for replica in replicas[1:]:
+        for a, b in zip(replica, replicas[0]):
+            np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("k", [1, 2, 3])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_every_optimizer_on_k_contexts_matches_gluon_trainer_on_one(case, k):
+    make, name, args = CASES[case]
+    data = batches()
+    want = trainer_reference(name, args, data)
+    got = package_run(make(), k, data)
+    assert_replicas_identical(got)
+    assert_same_parameters(got[0], want, "float32")
+    assert not np.allclose(got[0][0], small_cnn(dtype="float32")[0].weight.data().asnumpy())   # it trained
+
+
+@pytest.mark.parametrize("case", ["momentum", "adam"])
+def test_a_schedule_with_warmup_matches_gluon_trainer_with_mxnets_scheduler(case):
+    make, name, args = CASES[case]
+    data = batches(24)
+    scheduler = mx.lr_scheduler.CosineScheduler(max_update=24, base_lr=args["learning_rate"], warmup_steps=5)
+    want = trainer_reference(name, {**args, "lr_scheduler": scheduler}, data)
+    got = package_run(make(schedule=Cosine(24, warmup_steps=5)), 3, data)
+    assert_same_parameters(got[0], want, "float32")
+
+
+def test_plain_sgd_through_an_optimizer_is_bitwise_the_textbook_lr_step():
+    data = batches(5)
+    block = small_cnn(dtype="float32")
+    ctx_list = contexts(2)
+    by_lr = [get_params(block, ctx) for ctx in ctx_list]
+    by_optimizer = [get_params(block, ctx) for ctx in ctx_list]
+    sgd = SGD(0.3)
+    for X, y in data:
+        train_step(X, y, by_lr, ctx_list, 0.3, net=block)
+        train_step(X, y, by_optimizer, ctx_list, net=block, optimizer=sgd)
+    for a, b in zip(by_lr[0], by_optimizer[0]):
+        np.testing.assert_array_equal(a.asnumpy(), b.asnumpy())
+
+
+# ---- schedules: MXNet's own schedulers are the oracle, step by step -------------------------------------------
+
+def test_schedules_give_mxnets_rates_at_every_step():
+    base, steps = 0.4, 60
+    pairs = [
+        (Constant(), lambda t: base),
+        (Constant(warmup_steps=7), mx.lr_scheduler.FactorScheduler(step=10 ** 6, factor=1.0, base_lr=base,
+                                                                     warmup_steps=7)),
+        (Step([10, 25, 40], factor=0.5), mx.lr_scheduler.MultiFactorScheduler([10, 25, 40], 0.5, base_lr=base)),
+        (Step([20, 30], factor=0.1, warmup_steps=8),
+         mx.lr_scheduler.MultiFactorScheduler([20, 30], 0.1, base_lr=base, warmup_steps=8)),
+        (Cosine(50), mx.lr_scheduler.CosineScheduler(50, base_lr=base)),
+        (Cosine(50, final_lr=0.01, warmup_steps=10),
+         mx.lr_scheduler.CosineScheduler(50, base_lr=base, final_lr=0.01, warmup_steps=10)),
+    ]
+    for ours, mxnets in pairs:
+        for t in range(1, steps + 1):   # MXNet's are stateful: called in order, as its optimizer calls them
+            assert ours(t, base) == pytest.approx(mxnets(t), rel=1e-12, abs=1e-15), (ours, t)
+
+
+def test_the_schedule_counts_optimizer_steps_not_contexts_or_micro_batches():
+    data = batches(6)
+    for k, accumulate in ((1, 1), (3, 1), (2, 3)):
+        optimizer = SGD(0.1, momentum=0.9, schedule=Step([2, 4], factor=0.5))
+        package_run(optimizer, k, data, accumulate=accumulate)
+        assert optimizer.num_update == 6
+        assert optimizer.lr_at(optimizer.num_update) == 0.1 * 0.25
+
+
+# ---- ZeRO: the same model, whatever the stage -----------------------------------------------------------------
+
+@pytest.mark.parametrize("k", [1, 2, 3, 4])
+@pytest.mark.parametrize("case", ["momentum-wd", "nesterov-wd", "adam-wd", "adamw"])
+def test_zero_stages_train_the_same_model_as_replicated_state(case, k):
+    make = CASES[case][0]
+    data = batches(STEPS, size=9)
+    replicated = {alg: package_run(make(), k, data, algorithm=alg) for alg in ("ring", "fused")}
+    for zero in (1, 2):
+        for algorithm in ("ring", "fused"):
+            got = package_run(make(zero=zero), k, data, algorithm=algorithm)
+            assert_replicas_identical(got)
+            if zero == 1 or algorithm == "ring":   # the same sums in the same order: the same bits
+                for a, b in zip(got[0], replicated[algorithm][0]):
+                    np.testing.assert_array_equal(a, b)
+            else:   # the direct reduce-scatter sums each shard from its owner: rounding may differ
+                assert_same_parameters(got[0], replicated[algorithm][0], "float32")
+
+
+def test_zero_1_with_naive_and_tree_allreduces_and_zero_2_refuses_them():
+    data = batches(3)
+    want = package_run(SGD(0.1, momentum=0.9), 3, data, algorithm="naive")
+    for algorithm in ("naive", "tree"):
+        got = package_run(SGD(0.1, momentum=0.9, zero=1), 3, data, algorithm=algorithm)
+        assert_same_parameters(got[0], want[0], "float32")
+        with pytest.raises(ValueError, match="zero=2 reduce-scatters"):
+            package_run(SGD(0.1, momentum=0.9, zero=2), 3, data, algorithm=algorithm)
+
+
+@pytest.mark.parametrize("zero", [0, 1, 2])
+def test_each_context_holds_its_share_of_the_state(zero):
+    block = small_cnn(dtype="float32")
+    k = 4
+    ctx_list = contexts(k)
+    device_params = [get_params(block, ctx) for ctx in ctx_list]
+    optimizer = Adam(0.01, zero=zero)
+    X, y = batches(1)[0]
+    train_step(X, y, device_params, ctx_list, net=block, optimizer=optimizer)
+    n = device_params[0].data.size
+    use = memory_per_context(optimizer, [device_params])
+    for i, ctx in enumerate(ctx_list):
+        owned = n if zero == 0 else (lambda r: r[1] - r[0])(shard_range(n, k, i))
+        assert use[ctx].params == use[ctx].grads == 4 * n
+        assert use[ctx].state == 2 * 4 * owned   # Adam: a mean and a variance per owned element
+    assert sum(u.state for u in use.values()) == (k if zero == 0 else 1) * 8 * n
+
+
+# ---- clipping by the global norm of the summed gradient --------------------------------------------------------
+
+@pytest.mark.parametrize("zero", [0, 1, 2])
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_clipping_by_global_norm_matches_gluon_clip_global_norm_on_one_context(k, zero):
+    data = batches()
+    want = trainer_reference("sgd", {"learning_rate": 0.1, "momentum": 0.9}, data, clip_norm=0.05)
+    got = package_run(SGD(0.1, momentum=0.9, clip_norm=0.05, zero=zero), k, data)
+    assert_replicas_identical(got)
+    assert_same_parameters(got[0], want, "float32")
+    unclipped = trainer_reference("sgd", {"learning_rate": 0.1, "momentum": 0.9}, data)
+    assert not np.allclose(unclipped[0], want[0], rtol=1e-3)   # the clipping acted
+
+
+def test_clipping_each_shard_separately_is_another_model():
+    """The classic mistake: each context clips its own shard's gradient by that shard's norm, then the clipped
+    gradients are summed. A shard's norm is not the batch's, so the step is not one context's; the package clips
+    the summed gradient, and K contexts stay one context."""
+    data = batches(10)
+    block = small_cnn(dtype="float32")
+    net = parallel.models.gluon.as_net(block)
+    ctx_list = contexts(2)
+    wrong = [get_params(block, ctx) for ctx in ctx_list]
+    optimizer = SGD(0.1)
+    for X, y in data:
+        for (a, b), replica, ctx in zip([(0, 4), (4, 7)], wrong, ctx_list):
+            Xs, ys = X[a:b].as_in_context(ctx), y[a:b].as_in_context(ctx)
+            with autograd.record():
+                loss = LOSS(net(Xs, replica), ys)
+            loss.backward()
+            norm = float(mx.nd.norm(replica.grad / (b - a)).asscalar())   # this shard's mean gradient
+            replica.grad[:] = replica.grad * min(1.0, 0.05 / (norm + 1e-8))
+        optimizer_step(optimizer, [wrong], X.shape[0])
+    right = package_run(SGD(0.1, clip_norm=0.05), 2, data)
+    one = package_run(SGD(0.1, clip_norm=0.05), 1, data)
+    assert_same_parameters(right[0], one[0], "float32")
+    assert not np.allclose(wrong[0][0].asnumpy(), one[0][0], rtol=1e-3, atol=1e-5)
+
+
+# ---- gradient accumulation ---------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("k", [1, 2, 3])
+@pytest.mark.parametrize("accumulate", [2, 3, 7])
+def test_accumulated_micro_batches_are_the_whole_batch_at_once(accumulate, k):
+    data = batches(STEPS, size=7)
+    whole = package_run(SGD(0.1, momentum=0.9), 1, data)
+    got = package_run(SGD(0.1, momentum=0.9), k, data, accumulate=accumulate)
+    assert_replicas_identical(got)
+    assert_same_parameters(got[0], whole[0], "float32")
+
+
+def test_accumulation_reduces_once_per_batch(monkeypatch):
+    calls = []
+    real = parallel.comm.replica.allreduce
+    monkeypatch.setattr(parallel.comm.replica, "allreduce", lambda arrays, algorithm: calls.append(1) or
+                        real(arrays, algorithm))
+    package_run(SGD(0.1), 2, batches(3), accumulate=4)
+    assert len(calls) == 3
+
+
+def test_accumulate_refuses_more_micro_batches_than_examples():
+    with pytest.raises(ValueError, match="accumulate=8 cannot split a batch of 7"):
+        package_run(SGD(0.1), 2, batches(1), accumulate=8)
+
+
+# ---- the state as a checkpoint stores it: whole, whatever the layout -------------------------------------------
+
+def test_state_gathered_from_one_layout_continues_in_another():
+    """State of zero=2 on 2 contexts, gathered, loaded into zero=1 on 3 and zero=0 on 1: the runs continue alike."""
+    data = batches(12)
+    block = small_cnn(dtype="float32")
+    first = Adam(0.01, zero=2)
+    ctx2 = contexts(2)
+    replicas = [get_params(block, ctx) for ctx in ctx2]
+    for X, y in data[:6]:
+        train_step(X, y, replicas, ctx2, net=block, optimizer=first)
+    state = gather_state(first, [replicas], list(replicas[0]))
+    assert sorted(state) == ["mean", "var"] and len(state["mean"]) == len(replicas[0])
+    results = []
+    for k, zero in ((2, 2), (3, 1), (1, 0)):
+        ctx_list = contexts(k)
+        copies = [get_params(block, ctx) for ctx in ctx_list]
+        for copy in copies:   # the parameters reached after the first 6 steps
+            replicas[0].data.copyto(copy.data)
+        optimizer = Adam(0.01, zero=zero)
+        load_state(optimizer, [copies], list(copies[0]), state)
+        optimizer.num_update = first.num_update
+        for X, y in data[6:]:
+            train_step(X, y, copies, ctx_list, net=block, optimizer=optimizer)
+        results.append([p.asnumpy() for p in copies[0]])
+    for other in results[1:]:
+        assert_same_parameters(other, results[0], "float32")
+
+
+# ---- arguments --------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("make, error, match", [
+    (lambda: SGD(0.1, momentum=1.0), ValueError, "momentum must be in"),
+    (lambda: SGD(0.1, nesterov=True), ValueError, "nesterov needs a momentum"),
+    (lambda: SGD(0.1, nesterov=1), TypeError, "nesterov must be True or False"),
+    (lambda: SGD(-1.0), ValueError, "^lr must be"),
+    (lambda: SGD(0.1, wd=-0.1), ValueError, "^wd must be >= 0"),
+    (lambda: SGD(0.1, wd="0.1"), TypeError, "^wd must be a number"),
+    (lambda: SGD(0.1, zero=3), ValueError, "^zero must be one of 0, 1, 2"),
+    (lambda: SGD(0.1, clip_norm=0.0), ValueError, "^clip_norm must be"),
+    (lambda: SGD(0.1, schedule="cosine"), TypeError, "^schedule must be"),
+    (lambda: Adam(beta2=1.0), ValueError, "^beta2 must be in"),
+    (lambda: Adam(epsilon=0), ValueError, "^epsilon must be"),
+    (lambda: Cosine(10, warmup_steps=10), ValueError, "total_steps"),
+    (lambda: Step([5, 5]), ValueError, "strictly increasing"),
+    (lambda: Step([5], factor=2.0), ValueError, "factor must be in"),
+    (lambda: make_optimizer("rmsprop"), ValueError, "^optimizer must be one of sgd, adam, adamw"),
+])
+def test_bad_arguments_name_themselves(make, error, match):
+    with pytest.raises(error, match=match):
+        make()
+
+
+def test_lr_and_optimizer_are_exclusive():
+    (X, y), = batches(1)
+    block = small_cnn(dtype="float32")
+    ctx_list = contexts(1)
+    replicas = [get_params(block, ctx_list[0])]
+    with pytest.raises(ValueError, match="lr=0.1 and an optimizer were both given"):
+        train_step(X, y, replicas, ctx_list, 0.1, net=block, optimizer=SGD(0.1))
+    with pytest.raises(TypeError, match="give lr"):
+        train_step(X, y, replicas, ctx_list, net=block)
+    with pytest.raises(TypeError, match="optimizer must be a parallel.optim.Optimizer"):
+        train_step(X, y, replicas, ctx_list, net=block, optimizer="sgd")
