@@ -1,6 +1,6 @@
 """Checkpoints: everything a run needs to continue exactly, written atomically, independent of the layout.
 
-A checkpoint directory holds two files:
+A checkpoint directory holds two or three files:
 
 - ``params-NNNNNN.params``: the model's arrays in MXNet's own format (``mx.nd.load`` reads it), by name
   (``parallel.models.model_layout``): LeNet's eight, named as in ``parallel.models.LENET_PARAM_NAMES``; or
@@ -8,13 +8,19 @@ A checkpoint directory holds two files:
   trainable arrays and the 34 running statistics of its BatchNorm layers, under gluon's structural names
   (``"1.0.conv1.weight"``, ``"1.0.bn1.running_mean"``: what ``save_parameters`` writes). They are the model,
   whatever strategy trained it, so a checkpoint resumes on any number of contexts and under any strategy.
-- ``checkpoint.json``: the format and its version, the model's name, the parameter file's name and sha256,
+- ``optimizer-NNNNNN.params``, for an optimizer with state (momentum, Adam's moments): its state for every
+  parameter, whole however it was sharded (``parallel.optim.gather_state``), under ``"<state>:<parameter>"``
+  (``"momentum:conv1_weight"``, ``"mean:0.0.weight"``). It resumes under any layout and any ``zero``.
+- ``checkpoint.json``: the format and its version, the model's name, the parameter file's name and sha256 (and
+  the optimizer file's),
   the position (the epoch in progress and how many of its batches are done), the partial sums of that epoch,
-  the seed of the generator that orders its data, the metrics history, and the run's configuration. A
-  manifest without a model name (written before ResNet-18 was added) holds LeNet.
+  the seed of the generator that orders its data, the metrics history, and the run's configuration (with the
+  optimizer's, ``Optimizer.config()``). The optimizer's step count is not stored: one step per batch, it is the
+  position's. A manifest without a model name (written before ResNet-18 was added) holds LeNet; one of version 1
+  (before optimizers had state) holds no optimizer state.
 
-A new checkpoint first writes a new parameter file, then replaces ``checkpoint.json`` (the commit point),
-then removes the previous parameter file; every write is atomic (temporary file, fsync, rename). A crash or a
+A new checkpoint first writes new parameter and optimizer files, then replaces ``checkpoint.json`` (the commit
+point),then removes the previous parameter file; every write is atomic (temporary file, fsync, rename). A crash or a
 full disk at any moment leaves the previous checkpoint complete and loadable.
 
 >>> import tempfile
@@ -40,18 +46,20 @@ from .models import MODELS
 from .models.layout import model_layout
 from .models.lenet import LENET_PARAM_NAMES
 
-__all__ = ["FORMAT", "VERSION", "MANIFEST", "CheckpointError", "TrainingState", "Checkpoint", "save_checkpoint",
+__all__ = ["FORMAT", "VERSION", "READABLE_VERSIONS", "MANIFEST", "CheckpointError", "TrainingState", "Checkpoint", "save_checkpoint",
            "load_checkpoint", "has_checkpoint", "check_compatible", "dataset_fingerprint", "COMPATIBLE_FIELDS"]
 
 FORMAT = "parallel-checkpoint"
 #: Bumped whenever a field changes meaning; a checkpoint of another version is refused, never misread.
-VERSION = 1
+VERSION = 2
+#: The versions this package reads: 1 has no optimizer state (its runs trained with plain SGD).
+READABLE_VERSIONS = (1, 2)
 #: The file that makes a checkpoint exist: written last, it names the parameter file.
 MANIFEST = "checkpoint.json"
 
 #: Configuration fields that decide the computation: a resume that changes one is refused. The layout
 #: (strategy, devices, allreduce, stages) may change, and the number of epochs may grow.
-COMPATIBLE_FIELDS = ("model", "dataset", "batch_size", "lr", "seed")
+COMPATIBLE_FIELDS = ("model", "dataset", "batch_size", "lr", "seed", "optimizer")
 
 
 class CheckpointError(ValueError):
@@ -89,6 +97,9 @@ class Checkpoint(NamedTuple):
     aux: list = ()
     #: ``"lenet"`` or ``"resnet18"`` (``MODELS``).
     model: str = "lenet"
+    #: The optimizer's state, ``{state name: [array per trainable array, in params order]}`` on the CPU; empty for
+    #: a stateless optimizer (plain SGD) and for checkpoints of version 1.
+    optimizer_state: dict = {}
 
 
 def has_checkpoint(directory):
@@ -120,7 +131,7 @@ def _sha256(path):
     return digest.hexdigest()
 
 
-def save_checkpoint(directory, params, state, config, aux=(), model="lenet"):
+def save_checkpoint(directory, params, state, config, aux=(), model="lenet", optimizer_state=None):
     """Write a checkpoint into ``directory`` (created if needed), replacing the previous one atomically.
 
     Parameters
@@ -138,6 +149,9 @@ def save_checkpoint(directory, params, state, config, aux=(), model="lenet"):
         strategy's ``aux()``); none for LeNet.
     model : str
         One of ``MODELS``.
+    optimizer_state : dict, optional
+        The optimizer's state as ``parallel.optim.gather_state`` gives it: ``{state name: [array per trainable
+        array, in params order]}``; None or empty for a stateless optimizer.
 
     Returns
     -------
@@ -153,35 +167,64 @@ def save_checkpoint(directory, params, state, config, aux=(), model="lenet"):
         When a write fails (a full disk, a file size limit): the previous checkpoint is left as it was.
     """
     directory = os.fspath(directory)
-    layout = model_layout(model)
-    if model == "lenet":   # LeNet's 8 finite arrays, on the host: checked before any write
-        if list(aux):
-            raise ValueError(f"LeNet has no arrays besides its parameters, got {len(list(aux))} aux arrays")
-        arrays = dict(zip(LENET_PARAM_NAMES, check_lenet_params(params)))
-    else:
-        arrays = dict(zip(layout.names, check_arrays(params, layout.names, layout.shapes, "ResNet-18's")))
-        arrays.update(zip(layout.aux_names, check_arrays(aux, layout.aux_names, layout.aux_shapes,
-                                                         "ResNet-18's running statistics")))
+    arrays = _model_arrays(model, params, aux)
+    optimizer_arrays = _optimizer_arrays(model, optimizer_state or {})
     os.makedirs(directory, exist_ok=True)
     manifest_path = os.path.join(directory, MANIFEST)
-    previous = _previous_params_file(manifest_path)
+    previous = _previous_files(manifest_path)
     generation = _next_generation(directory)
-    params_file = f"params-{generation:06d}.params"
-    params_path = os.path.join(directory, params_file)
-    save_arrays(params_path, arrays)
-    manifest = {"format": FORMAT, "version": VERSION, "model": model, "params_file": params_file,
-                "params_sha256": _sha256(params_path), "state": state._asdict(), "config": config}
+    written = {}
     try:
+        for prefix, content in (("params", arrays), ("optimizer", optimizer_arrays)):
+            if content:
+                written[prefix] = f"{prefix}-{generation:06d}.params"
+                save_arrays(os.path.join(directory, written[prefix]), content)
+        manifest = {"format": FORMAT, "version": VERSION, "model": model, "params_file": written["params"],
+                    "params_sha256": _sha256(os.path.join(directory, written["params"])),
+                    "optimizer_file": written.get("optimizer"),
+                    "optimizer_sha256": _sha256(os.path.join(directory, written["optimizer"]))
+                    if "optimizer" in written else None,
+                    "state": state._asdict(), "config": config}
         with atomic_write(manifest_path, "w") as f:   # the commit point
             json.dump(manifest, f, indent=2)
             f.write("\n")
     except BaseException:
-        _remove(params_path)
+        for name in written.values():
+            _remove(os.path.join(directory, name))
         raise
-    if previous is not None and previous != params_file:
-        _remove(os.path.join(directory, previous))
+    stale = [name for name in previous if name not in written.values()]
+    for name in stale:
+        _remove(os.path.join(directory, name))
+    if stale:
         fsync_directory(directory)
     return manifest_path
+
+
+def _model_arrays(model, params, aux):
+    """The model's arrays by name, as numpy, checked (finite, the model's shapes) before anything is written."""
+    layout = model_layout(model)
+    if model == "lenet":   # LeNet's 8 finite arrays, on the host: checked before any write
+        if list(aux):
+            raise ValueError(f"LeNet has no arrays besides its parameters, got {len(list(aux))} aux arrays")
+        return dict(zip(LENET_PARAM_NAMES, check_lenet_params(params)))
+    arrays = dict(zip(layout.names, check_arrays(params, layout.names, layout.shapes, "ResNet-18's")))
+    arrays.update(zip(layout.aux_names, check_arrays(aux, layout.aux_names, layout.aux_shapes,
+                                                     "ResNet-18's running statistics")))
+    return arrays
+
+
+def _optimizer_arrays(model, optimizer_state):
+    """The optimizer's state by ``"<state>:<parameter>"``, as numpy, checked against the model's layout."""
+    if not isinstance(optimizer_state, dict):
+        raise TypeError(f"optimizer_state must be a dict of state name -> arrays, got {type(optimizer_state).__name__}")
+    layout = model_layout(model)
+    arrays = {}
+    for name, values in optimizer_state.items():
+        if not isinstance(name, str) or not name or ":" in name:
+            raise ValueError(f"optimizer state name {name!r} must be a non-empty string without ':'")
+        checked = check_arrays(values, layout.names, layout.shapes, f"the optimizer's {name} of")
+        arrays.update((f"{name}:{param}", value) for param, value in zip(layout.names, checked))
+    return arrays
 
 
 def _remove(path):
@@ -191,19 +234,21 @@ def _remove(path):
         pass
 
 
-def _previous_params_file(manifest_path):
+def _previous_files(manifest_path):
+    """The parameter and optimizer files the current manifest names (to remove once a new one is committed)."""
     try:
         with open(manifest_path) as f:
-            name = json.load(f).get("params_file")
+            manifest = json.load(f)
+        names = [manifest.get("params_file"), manifest.get("optimizer_file")]
     except (OSError, ValueError, AttributeError):
-        return None
-    return name if isinstance(name, str) and os.path.basename(name) == name else None
+        return []
+    return [name for name in names if isinstance(name, str) and name and os.path.basename(name) == name]
 
 
 def _next_generation(directory):
-    """One more than any parameter file in ``directory``, so a new file never overwrites the live one."""
-    numbers = [int(name[7:13]) for name in os.listdir(directory)
-               if name.startswith("params-") and name.endswith(".params") and name[7:13].isdigit()]
+    """One more than any parameter or optimizer file in ``directory``, so a new file never overwrites a live one."""
+    numbers = [int(stem[-6:]) for stem, ext in map(os.path.splitext, os.listdir(directory))
+               if ext == ".params" and stem[:-6] in ("params-", "optimizer-") and stem[-6:].isdigit()]
     return max(numbers, default=0) + 1
 
 
@@ -220,14 +265,15 @@ def load_checkpoint(directory, model=None):
     -------
     Checkpoint
         The model's arrays as NDArrays on ``mx.cpu()`` (trainable, then the others), the state, the
-        configuration, the manifest path and the model's name.
+        configuration, the manifest path, the model's name and the optimizer's state.
 
     Raises
     ------
     CheckpointError
         One line naming the file: no checkpoint, a truncated or corrupt manifest or parameter file, a file that
         is not a checkpoint of this package, another format version, a checkpoint of another model than
-        ``model``, a parameter file whose sha256 differs from the manifest's, or arrays that are not the model's.
+        ``model``, a parameter or optimizer file whose sha256 differs from the manifest's, or arrays that are not
+        the model's.
     """
     directory = os.fspath(directory)
     manifest_path = os.path.join(directory, MANIFEST)
@@ -236,24 +282,55 @@ def load_checkpoint(directory, model=None):
                               "instead of resuming, or give the directory that holds the checkpoint")
     manifest, saved_model = _read_manifest(manifest_path, model)
     try:
-        params_file = manifest["params_file"]
-        expected_sha = manifest["params_sha256"]
         state = TrainingState(**manifest["state"])
         config = manifest["config"]
-        if not (isinstance(params_file, str) and os.path.basename(params_file) == params_file
-                and isinstance(config, dict) and isinstance(state.history, list)):
+        if not (isinstance(config, dict) and isinstance(state.history, list)):
             raise TypeError("malformed fields")
+        params_path = _verified_file(directory, manifest, "params")
+        optimizer_path = _verified_file(directory, manifest, "optimizer") if manifest.get("optimizer_file") else None
     except (KeyError, TypeError) as e:
         raise CheckpointError(f"{manifest_path}: a field is missing or malformed ({e}); the checkpoint cannot be "
                               "resumed") from None
-    params_path = os.path.join(directory, params_file)
-    if not os.path.isfile(params_path):
-        raise CheckpointError(f"{params_path}: missing, but {MANIFEST} names it; the checkpoint is incomplete")
-    if _sha256(params_path) != expected_sha:
-        raise CheckpointError(f"{params_path}: its sha256 differs from the one in {MANIFEST}; the file is "
-                              "truncated, corrupt or from another checkpoint")
     params, aux = _read_arrays(params_path, saved_model)
-    return Checkpoint(params, state, config, manifest_path, aux, saved_model)
+    optimizer_state = {} if optimizer_path is None else _read_optimizer_arrays(optimizer_path, saved_model)
+    return Checkpoint(params, state, config, manifest_path, aux, saved_model, optimizer_state)
+
+
+def _verified_file(directory, manifest, kind):
+    """The path of the manifest's ``<kind>_file``, checked: a plain name, present, with the manifest's sha256."""
+    name, expected_sha = manifest[f"{kind}_file"], manifest[f"{kind}_sha256"]
+    if not (isinstance(name, str) and name and os.path.basename(name) == name):
+        raise TypeError(f"{kind}_file is not a file name")
+    path = os.path.join(directory, name)
+    if not os.path.isfile(path):
+        raise CheckpointError(f"{path}: missing, but {MANIFEST} names it; the checkpoint is incomplete")
+    if _sha256(path) != expected_sha:
+        raise CheckpointError(f"{path}: its sha256 differs from the one in {MANIFEST}; the file is "
+                              "truncated, corrupt or from another checkpoint")
+    return path
+
+
+def _read_optimizer_arrays(path, model):
+    """The optimizer's state from its file: ``{state name: [array per trainable array, in layout order]}``."""
+    loaded = _load(path)
+    layout = model_layout(model)
+    names = sorted({key.split(":", 1)[0] for key in loaded}) if isinstance(loaded, dict) else []
+    expected = {f"{name}:{param}" for name in names for param in layout.names}
+    if not isinstance(loaded, dict) or set(loaded) != expected:
+        raise CheckpointError(f"{path}: does not hold an optimizer state of every one of {MODELS[model].title}'s "
+                              f"{len(layout.names)} trainable arrays")
+    for key in sorted(loaded):
+        shape = layout.shapes[layout.names.index(key.split(":", 1)[1])]
+        if loaded[key].shape != shape:
+            raise CheckpointError(f"{path}: {key} has shape {loaded[key].shape}, the parameter's is {shape}")
+    return {name: [loaded[f"{name}:{param}"] for param in layout.names] for name in names}
+
+
+def _load(path):
+    try:
+        return mx.nd.load(path)
+    except mx.base.MXNetError:
+        raise CheckpointError(f"{path}: not an MXNet parameter file") from None
 
 
 def _read_manifest(manifest_path, model):
@@ -267,9 +344,10 @@ def _read_manifest(manifest_path, model):
                               "resumed") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise CheckpointError(f"{manifest_path}: not a checkpoint of this package (no \"format\": \"{FORMAT}\")")
-    if manifest.get("version") != VERSION:
+    if manifest.get("version") not in READABLE_VERSIONS:
         raise CheckpointError(f"{manifest_path}: checkpoint format version {manifest.get('version')!r}, this "
-                              f"package reads version {VERSION}; resume it with the version that wrote it")
+                              f"package reads versions {', '.join(map(str, READABLE_VERSIONS))}; resume it with the "
+                              "version that wrote it")
     saved_model = manifest.get("model", "lenet")   # manifests without a model name hold LeNet
     if saved_model not in MODELS:
         raise CheckpointError(f"{manifest_path}: a checkpoint of model {saved_model!r}, which this package does not "
@@ -282,10 +360,7 @@ def _read_manifest(manifest_path, model):
 
 def _read_arrays(params_path, model):
     """The trainable arrays and the others of ``model`` from its parameter file, checked against its layout."""
-    try:
-        loaded = mx.nd.load(params_path)
-    except mx.base.MXNetError:
-        raise CheckpointError(f"{params_path}: not an MXNet parameter file") from None
+    loaded = _load(params_path)
     layout = model_layout(model)
     title = MODELS[model].title
     expected = layout.names + layout.aux_names
@@ -307,6 +382,9 @@ def _read_arrays(params_path, model):
 def _describe(field, value):
     if field == "dataset" and isinstance(value, dict):
         return f"{value.get('name')} ({str(value.get('fingerprint'))[:12]})"
+    if field == "optimizer" and isinstance(value, dict):   # {"name": "sgd", "lr": 0.2, "wd": 0.0}: sgd(lr=0.2)
+        return f"{value.get('name')}(" + ", ".join(f"{k}={v!r}" for k, v in value.items()   # unset ones left out
+                                                   if k != "name" and v not in (None, False, 0)) + ")"
     return repr(value)
 
 

@@ -16,8 +16,8 @@ import math
 from .comm.replica import FlatReplica
 from .split import shard_sizes
 
-__all__ = ["Job", "join", "abandon", "worker_slice", "broadcast_params", "broadcast_aux", "allreduce_across",
-           "broadcast_object", "sum_values", "KEYS"]
+__all__ = ["Job", "join", "abandon", "worker_slice", "broadcast_params", "broadcast_aux", "broadcast_arrays",
+           "allreduce_across", "broadcast_object", "sum_values", "KEYS"]
 
 #: Every kvstore key the package uses, by what it carries. A ``gluon.Trainer`` numbers its keys from 0 as well:
 #: give it a kvstore of its own, not the job's.
@@ -26,6 +26,7 @@ KEYS = {
     "grads": 1,       # the flat gradient buffer, summed every step
     "length": 2,      # the length of a broadcast object (broadcast_object)
     "aux": 3,         # the arrays that are not trained (BatchNorm's running statistics): rank 0's, broadcast
+    "state": 4,       # the optimizer's state buffers (4, 5: momentum, or Adam's mean and variance): rank 0's
     "sums": 100,      # small sums of n numbers use key 100 + n (n < 900)
     "chunks": 1000,   # the pieces of a broadcast object use keys 1000 .. 9999 (objects up to 36 MB)
     "shards": 10000,  # zero=2: context i's shard of the gradient buffer, summed over the workers, key 10000 + i
@@ -177,20 +178,30 @@ def broadcast_params(job, device_params):
         replicas[0].data.copyto(params.data)
 
 
+def broadcast_arrays(job, key, arrays):
+    """Give every worker rank 0's ``arrays``, in place: one broadcast of their concatenation under ``key``. A
+    collective call: every worker passes arrays of the same shapes and dtype."""
+    import mxnet as mx
+    flat = job.broadcast(key, mx.nd.concat(*[a.reshape(-1).as_in_context(arrays[0].context) for a in arrays],
+                                           dim=0))
+    offset = 0
+    for array in arrays:
+        flat[offset:offset + array.size].reshape(array.shape).copyto(array)
+        offset += array.size
+    return arrays
+
+
 def broadcast_aux(job, device_params):
     """Give every replica of every worker rank 0's arrays that are not trained (BatchNorm's running
     statistics), in place: one broadcast of their concatenation. A collective call, like ``broadcast_params``;
     nothing to do for replicas without such arrays."""
-    import mxnet as mx
     aux = list(getattr(device_params[0], "aux", ()))
     if not aux:
         return
-    flat = job.broadcast(KEYS["aux"], mx.nd.concat(*[a.reshape(-1) for a in aux], dim=0))
-    for params in device_params:
-        offset = 0
-        for array in getattr(params, "aux", ()):
-            flat[offset:offset + array.size].reshape(array.shape).copyto(array)
-            offset += array.size
+    broadcast_arrays(job, KEYS["aux"], aux)
+    for params in device_params[1:]:
+        for first, array in zip(aux, getattr(params, "aux", ())):
+            first.copyto(array)
 
 
 def allreduce_across(job, device_params, regions=None):

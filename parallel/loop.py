@@ -26,10 +26,14 @@ from .checkpoint import TrainingState
 from .comm import DEFAULT_ALGORITHM
 from .data import iterate_batches, num_batches
 from .data.batches import epoch_seed
-from .kvstore import broadcast_object, sum_values
+import mxnet as mx
+
+from .kvstore import KEYS, broadcast_arrays, broadcast_object, sum_values
 from .models.layout import init_model
+from .optim.zero import as_optimizer, gather_state, load_state
+from .strategies import check_options
 from .strategies.registry import make_strategy
-from .validate import check_int, check_lr, check_seed
+from .validate import check_int, check_seed
 
 __all__ = ["fit", "NonFiniteLossError", "TrainingStopped", "IN_FLIGHT"]
 
@@ -87,24 +91,42 @@ class _Epoch:
         return self.totals
 
 
-def _train_epoch(strategy, dataset, epoch, state, seed, batch_size, lr, stop, on_checkpoint, progress, history):
+class _Run:
+    """What every epoch of a ``fit`` shares: the strategy, the optimizer and how to step it, the data, the seed."""
+
+    def __init__(self, strategy, optimizer, accumulate, dataset, seed, batch_size):
+        self.strategy, self.optimizer, self.accumulate = strategy, optimizer, accumulate
+        self.dataset, self.seed, self.batch_size = dataset, seed, batch_size
+
+    def step(self, X, y):
+        return self.strategy.train_step(X, y, optimizer=self.optimizer, accumulate=min(self.accumulate, X.shape[0]))
+
+    def checkpoint(self, on_checkpoint, state):
+        """Hand ``on_checkpoint`` the model's arrays and the optimizer's whole state, read after the queued steps."""
+        if on_checkpoint is not None:
+            strategy = self.strategy
+            on_checkpoint(state, strategy.params(), strategy.aux(),
+                          gather_state(self.optimizer, strategy.groups(), strategy.params()))
+
+
+def _train_epoch(run, epoch, state, stop, on_checkpoint, progress, history):
     """Train one epoch from ``state`` (its first batch, or where a checkpoint left it); return the totals, or
     raise ``TrainingStopped`` after writing the checkpoint when ``stop()`` asks."""
+    dataset, batch_size, seed = run.dataset, run.batch_size, run.seed
     per_epoch = num_batches(len(dataset.train_labels), batch_size)
     resumed = epoch == state.epoch
     skip = state.batch if resumed else 0
-    run = _Epoch(epoch, per_epoch, skip, [state.loss_sum, state.correct, state.seconds] if resumed else [0.0] * 3,
-                 progress)
+    queued = _Epoch(epoch, per_epoch, skip, [state.loss_sum, state.correct, state.seconds] if resumed else [0.0] * 3,
+                    progress)
     batches = iterate_batches(dataset.train_images, dataset.train_labels, batch_size, shuffle=True,
                               seed=epoch_seed(seed, epoch), start=skip)
     for b, (X, y) in enumerate(batches, start=skip + 1):
         if stop is not None and stop():
-            here = TrainingState(epoch, b - 1, *run.finish(), epoch_seed(seed, epoch), history)
-            if on_checkpoint is not None:
-                on_checkpoint(here, strategy.params(), strategy.aux())
+            here = TrainingState(epoch, b - 1, *queued.finish(), epoch_seed(seed, epoch), history)
+            run.checkpoint(on_checkpoint, here)
             raise TrainingStopped(here)
-        run.queue(b, *strategy.train_step(X, y, lr))
-    return run.finish()
+        queued.queue(b, *run.step(X, y))
+    return queued.finish()
 
 
 def _check_start(state, seed, per_epoch):
@@ -144,9 +166,26 @@ def _epoch_metrics(strategy, dataset, epoch, totals, batch_size):
             "test_acc": test_acc, "seconds": totals[2], "images_per_second": n_train / totals[2]}
 
 
-def fit(dataset, ctx_list, num_epochs, batch_size, lr, seed=0, algorithm=DEFAULT_ALGORITHM, progress=False,
+def _shared_optimizer_state(job, optimizer, strategy, optimizer_state):
+    """Give the optimizer the checkpoint's state (rank 0's, broadcast in a job), laid out on the strategy."""
+    params = strategy.params()
+    if job is not None:
+        resumed = broadcast_object(job, {"resumed": bool(optimizer_state)})["resumed"]
+        if not resumed:
+            return
+        if job.rank != 0 or not optimizer_state:   # receive rank 0's, whatever this worker was given
+            optimizer_state = {name: [param.zeros_like().as_in_context(mx.cpu()) for param in params]
+                               for name in optimizer.state_names()}
+        for k, name in enumerate(optimizer.state_names()):
+            broadcast_arrays(job, KEYS["state"] + k, optimizer_state[name])
+    if optimizer_state:
+        load_state(optimizer, strategy.groups(), params, optimizer_state)
+
+
+def fit(dataset, ctx_list, num_epochs, batch_size, lr=None, seed=0, algorithm=DEFAULT_ALGORITHM, progress=False,
         on_epoch=None, strategy="data", stages=None, boundaries=None, micro_batches=None, params=None, start=None,
-        stop=None, on_checkpoint=None, job=None, model="lenet", aux=None):
+        stop=None, on_checkpoint=None, job=None, model="lenet", aux=None, optimizer=None, accumulate=1,
+        optimizer_state=None):
     """Train LeNet or ResNet-18 from scratch over ``ctx_list`` with data parallelism or another ``strategy``.
 
     Parameters
@@ -157,8 +196,9 @@ def fit(dataset, ctx_list, num_epochs, batch_size, lr, seed=0, algorithm=DEFAULT
         Distinct contexts, at least one.
     num_epochs, batch_size : int
         Both >= 1. The last batch of an epoch may be smaller; it is trained on, not dropped.
-    lr : float
-        Learning rate, finite and > 0, within float32's range (see ``parallel.validate.check_lr``).
+    lr : float, optional
+        Plain SGD at this learning rate, finite and > 0, within float32's range (``parallel.validate.check_lr``).
+        Give ``lr`` or ``optimizer``.
     seed : int
         0 .. 2**32-1. Seeds the initial parameters and the shuffling (``epoch_seed``); the same seed gives
         the same run.
@@ -184,10 +224,11 @@ def fit(dataset, ctx_list, num_epochs, batch_size, lr, seed=0, algorithm=DEFAULT
         ``stop()`` is asked before each batch; when it returns True the queued steps are finished,
         ``on_checkpoint`` is called and ``TrainingStopped`` is raised: the run stops at a batch boundary.
     on_checkpoint : callable, optional
-        ``on_checkpoint(state, params, aux)`` with a ``TrainingState``, the model's trainable live arrays and
-        its others (the strategy's ``params()`` and ``aux()``; ``aux`` is ``[]`` for LeNet): after every
-        epoch (the state then points at the next epoch's first batch) and when ``stop`` stops the run. Not
-        called when the loss becomes NaN or infinite.
+        ``on_checkpoint(state, params, aux, optimizer_state)`` with a ``TrainingState``, the model's trainable
+        live arrays and its others (the strategy's ``params()`` and ``aux()``; ``aux`` is ``[]`` for LeNet), and
+        the optimizer's whole state (``parallel.optim.gather_state``: ``{}`` for plain SGD): after every epoch
+        (the state then points at the next epoch's first batch) and when ``stop`` stops the run. Not called
+        when the loss becomes NaN or infinite.
     model : str
         ``"lenet"`` or ``"resnet18"`` (``parallel.models.MODELS``), with a strategy name; a strategy object
         brings its own model.
@@ -202,6 +243,17 @@ def fit(dataset, ctx_list, num_epochs, batch_size, lr, seed=0, algorithm=DEFAULT
         ``stop`` mid-epoch holds rank 0's share of that epoch's loss and accuracy so far (the parameters
         are the job's), so after resuming, that epoch's train metrics leave out the other workers' batches
         before the stop.
+
+    optimizer : parallel.optim.Optimizer, optional
+        Instead of ``lr``: SGD with momentum, Adam or AdamW, with a schedule, clipping and ``zero`` sharding
+        (data and hybrid strategies; model and pipeline keep each stage's state on its context and refuse
+        ``zero``). Its step count is set from the start position: one step per batch.
+    accumulate : int
+        Run each batch as this many micro-batches before its update (``parallel.step.step_replicas``); a batch
+        with fewer examples (an epoch's short last one) runs one per example.
+    optimizer_state : dict, optional
+        With ``start``, the checkpoint's optimizer state (``Checkpoint.optimizer_state``: whole, from any layout);
+        in a job, rank 0's is given to every worker.
 
     Returns
     -------
@@ -225,26 +277,30 @@ def fit(dataset, ctx_list, num_epochs, batch_size, lr, seed=0, algorithm=DEFAULT
     """
     check_int(num_epochs, "num_epochs", low=1)
     check_int(batch_size, "batch_size", low=1)
-    check_lr(lr)
+    optimizer = as_optimizer(lr, optimizer)
+    check_int(accumulate, "accumulate", low=1, high=batch_size)
     check_seed(seed)
     per_epoch = num_batches(len(dataset.train_labels), batch_size)
     state = start if start is not None else TrainingState(1, 0, 0.0, 0.0, 0.0, epoch_seed(seed, 1), [])
     _check_start(state, seed, per_epoch)
     if isinstance(strategy, str):
+        check_options(strategy, stages, boundaries, micro_batches, batch_size, job is not None, optimizer.zero,
+                      algorithm)
         strategy = make_strategy(strategy, init_model(model, seed, params, aux), ctx_list, stages, boundaries,
                                  micro_batches, batch_size, algorithm, job)
     elif job is not None and strategy.job is not job:
         raise ValueError("job: fit got a job but the strategy was built without it; pass job to make_strategy")
     state, seed = _shared_start(strategy.job, state, seed, per_epoch)
+    _shared_optimizer_state(strategy.job, optimizer, strategy, optimizer_state)
+    optimizer.num_update = (state.epoch - 1) * per_epoch + state.batch   # one optimizer step per batch
+    run = _Run(strategy, optimizer, accumulate, dataset, seed, batch_size)
     history = list(state.history)
     for epoch in range(state.epoch, num_epochs + 1):
-        totals = _train_epoch(strategy, dataset, epoch, state, seed, batch_size, lr, stop, on_checkpoint, progress,
-                              history)
+        totals = _train_epoch(run, epoch, state, stop, on_checkpoint, progress, history)
         metrics = _epoch_metrics(strategy, dataset, epoch, totals, batch_size)
         history.append(metrics)
         if on_epoch is not None:
             on_epoch(metrics, history)
-        if on_checkpoint is not None:
-            on_checkpoint(TrainingState(epoch + 1, 0, 0.0, 0.0, 0.0, epoch_seed(seed, epoch + 1), list(history)),
-                          strategy.params(), strategy.aux())
+        run.checkpoint(on_checkpoint, TrainingState(epoch + 1, 0, 0.0, 0.0, 0.0, epoch_seed(seed, epoch + 1),
+                                                    list(history)))
     return history, strategy.model

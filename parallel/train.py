@@ -47,6 +47,7 @@ from .data import DATASETS
 from .files import LOCK_FILE, DirectoryLock, DirectoryLocked, check_writable
 from .interrupt import INTERRUPTED_STATUS, end_on_signals, hold_interrupts, stop_between_batches
 from .models import MODELS
+from .optim import OPTIMIZERS, SCHEDULES, ZERO_LEVELS, check_hyper
 from .strategies import DEFAULT_MICRO_BATCHES, DEFAULT_STAGES, STRATEGIES, check_options
 from .threads import recommended_omp_threads
 from .validate import LR_RANGE, MAX_SEED, check_int, check_lr, check_seed
@@ -58,15 +59,24 @@ FLAGS = {"epochs": "--epochs", "num_epochs": "--epochs", "batch_size": "--batch-
          "seed": "--seed", "data_dir": "--data-dir", "ctx_list": "--devices", "stages": "--stages",
          "boundaries": "--boundaries", "micro_batches": "--micro-batches", "metrics_json": "--metrics-json",
          "plot": "--plot", "export": "--export", "checkpoint_dir": "--checkpoint-dir", "model": "--model",
-         "strategy": "--strategy", "algorithm": "--allreduce", "kvstore": "--kvstore"}
+         "strategy": "--strategy", "algorithm": "--allreduce", "kvstore": "--kvstore", "optimizer": "--optimizer",
+         "momentum": "--momentum", "nesterov": "--nesterov", "wd": "--wd", "clip_norm": "--clip-norm",
+         "accumulate": "--accumulate", "zero": "--zero", "warmup_epochs": "--warmup-epochs",
+         "lr_decay_epochs": "--lr-decay-epochs", "lr_decay": "--lr-decay", "lr_schedule": "--lr-schedule"}
 
 
-def _layer_indices(text):
-    try:
-        return [int(part) for part in text.split(",")] if text.strip() else []
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of layer indices such as 2 "
-                                         "or 1,3") from None
+def _int_list(what, example):
+    """An ``argparse`` type: a comma-separated list of ints (``what``, e.g. "layer indices")."""
+    def parse(text):
+        try:
+            return [int(part) for part in text.split(",")] if text.strip() else []
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of {what} such as "
+                                             f"{example}") from None
+    return parse
+
+
+_layer_indices = _int_list("layer indices", "2 or 1,3")
 
 
 def build_parser():
@@ -82,7 +92,8 @@ def build_parser():
         "'gpu:I,J,...' (GPU indices as CUDA_VISIBLE_DEVICES numbers them); default auto")
     add("--epochs", type=int, default=10, help="number of epochs (>= 1); default 10")
     add("--batch-size", type=int, default=256, help="global batch size, split across the devices (>= 1); default 256")
-    add("--lr", type=finite_float, default=0.2, help=f"learning rate (> 0, at most {LR_RANGE[1]:.2e}); default 0.2")
+    add("--lr", type=finite_float, default=None,
+        help=f"learning rate (> 0, at most {LR_RANGE[1]:.2e}); default 0.2 for sgd, 0.001 for adam and adamw")
     add("--dataset", choices=list(DATASETS), default="fashion-mnist",
         help="default fashion-mnist (downloaded when missing)")
     add("--data-dir", default=None, help="directory of the four IDX files of an MNIST-format dataset, raw or .gz "
@@ -100,6 +111,7 @@ def build_parser():
     add("--micro-batches", type=int, default=None, metavar="M",
         help=f"pipeline: micro-batches per batch, at most --batch-size (default {DEFAULT_MICRO_BATCHES}); a "
              "shorter last batch uses one per example")
+    _add_optimizer_flags(add)
     add("--seed", type=int, default=0, help=f"seeds initial parameters and shuffling, 0 to {MAX_SEED}; default 0")
     add("--metrics-json", metavar="PATH", help="write per-epoch metrics as JSON")
     add("--plot", metavar="PATH",
@@ -117,6 +129,63 @@ def build_parser():
     return parser
 
 
+def _add_optimizer_flags(add):
+    """The optimizer's flags: the rule, its hyper-parameters, the schedule, clipping, accumulation, sharding."""
+    add("--optimizer", choices=list(OPTIMIZERS), default="sgd",
+        help="; ".join(f"{name}: {what}" for name, what in OPTIMIZERS.items()) + "; default sgd")
+    add("--momentum", type=finite_float, default=0.0, help="sgd: momentum in [0, 1); default 0 (plain SGD)")
+    add("--nesterov", action="store_true", help="sgd: Nesterov's momentum (needs --momentum > 0)")
+    add("--wd", type=finite_float, default=None,
+        help="weight decay >= 0 (L2 for sgd and adam, decoupled for adamw); default 0, and 0.01 for adamw")
+    add("--lr-schedule", choices=list(SCHEDULES), default="constant",
+        help="; ".join(f"{name}: {what}" for name, what in SCHEDULES.items()) + "; counted in optimizer steps; "
+             "default constant")
+    add("--warmup-epochs", type=finite_float, default=0.0, metavar="E",
+        help="ramp the rate up linearly over the first E epochs (may be fractional); default 0")
+    add("--lr-decay-epochs", type=_int_list("epochs", "5,8"), default=None, metavar="E1,E2",
+        help="step schedule: the epochs after which the rate decays; default half and three quarters of --epochs")
+    add("--lr-decay", type=finite_float, default=None, metavar="F",
+        help="step schedule: what the rate is multiplied by at each decay, in (0, 1]; default 0.1")
+    add("--clip-norm", type=finite_float, default=None, metavar="N",
+        help="clip the gradient by its global norm (of the mean gradient over the global batch) to N > 0")
+    add("--accumulate", type=int, default=1, metavar="N",
+        help="run each batch as N micro-batches one after another, summing their gradients, before one update "
+             "(1 to --batch-size); default 1")
+    add("--zero", type=int, choices=list(ZERO_LEVELS), default=0,
+        help="0: optimizer state on every device; 1: each device keeps and updates its shard of the state "
+             "(ZeRO-1); 2: the gradients are reduce-scattered too (ZeRO-2); data and hybrid strategies; default 0")
+
+
+def _default_decay_epochs(epochs):
+    """The step schedule's decays when none are given: after half and three quarters of the epochs."""
+    return sorted({e for e in (round(epochs * 0.5), round(epochs * 0.75)) if 1 <= e < epochs})
+
+
+def check_optimizer_args(args):
+    """Check the optimizer's flags without MXNet; fill in the defaults that depend on the optimizer."""
+    if args.lr is None:
+        args.lr = 0.2 if args.optimizer == "sgd" else 0.001
+    if args.wd is None:
+        args.wd = 0.01 if args.optimizer == "adamw" else 0.0
+    with users_input(ValueError, TypeError, flags=FLAGS):
+        check_hyper(args.optimizer, args.momentum, args.nesterov, args.wd, args.clip_norm)
+        check_int(args.accumulate, "accumulate", low=1, high=args.batch_size)
+    if not 0 <= args.warmup_epochs < args.epochs:
+        raise UsageError(f"--warmup-epochs must be at least 0 and less than --epochs ({args.epochs}), "
+                         f"got {args.warmup_epochs:g}")
+    if args.lr_schedule != "step" and (args.lr_decay_epochs is not None or args.lr_decay is not None):
+        raise UsageError("--lr-decay-epochs and --lr-decay apply to --lr-schedule step")
+    if args.lr_schedule == "step":
+        args.lr_decay = 0.1 if args.lr_decay is None else args.lr_decay
+        if not 0 < args.lr_decay <= 1:
+            raise UsageError(f"--lr-decay must be in (0, 1], got {args.lr_decay:g}")
+        epochs = _default_decay_epochs(args.epochs) if args.lr_decay_epochs is None else args.lr_decay_epochs
+        if any(not 1 <= e < args.epochs for e in epochs) or any(a >= b for a, b in zip(epochs, epochs[1:])):
+            raise UsageError(f"--lr-decay-epochs must be strictly increasing epochs in 1..{args.epochs - 1} "
+                             f"(a decay after the last epoch would change nothing), got {epochs}")
+        args.lr_decay_epochs = epochs
+
+
 def _launched():
     """Whether this process is a worker that ``python -m parallel.launch`` started (a distributed job)."""
     return os.environ.get("DMLC_ROLE") == "worker"
@@ -129,10 +198,12 @@ def check_args(args):
     with users_input(ValueError, TypeError, flags=FLAGS):
         check_int(args.epochs, "epochs", low=1)
         check_int(args.batch_size, "batch_size", low=1)
+    check_optimizer_args(args)
+    with users_input(ValueError, TypeError, flags=FLAGS):
         check_lr(args.lr)
         check_seed(args.seed)
         check_options(args.strategy, args.stages, args.boundaries, args.micro_batches, args.batch_size,
-                      distributed=_launched())
+                      distributed=_launched(), zero=args.zero, algorithm=args.allreduce)
     for flag, value in (("--data-dir", args.data_dir), ("--checkpoint-dir", args.checkpoint_dir),
                         ("--export", args.export), ("--metrics-json", args.metrics_json), ("--plot", args.plot)):
         if value == "":
@@ -231,11 +302,12 @@ def run(args, stack):
     ctx_list = steps.devices(args)
     initial, strategy = steps.lay_out(args, checkpoint, ctx_list, job)   # before the data: a bad layout fails fast
     dataset, data_name = steps.load_dataset(args, job)
-    report = steps.Report(args, strategy, dataset, data_name, checkpoint, job)
-    start = steps.start_of(args, checkpoint, report)
+    optimizer = steps.optimizer_of(args, dataset)
+    report = steps.Report(args, strategy, optimizer, dataset, data_name, checkpoint, job)
+    steps.announce_start(args, checkpoint, report)
     with (stop_between_batches() if job is None else end_on_signals()) as stop:
         try:
-            steps.train(args, strategy, dataset, start, stop, report)
+            steps.train(args, strategy, optimizer, dataset, checkpoint, stop, report)
         except steps.TrainingStopped as e:
             raise _Stopped(report.stopped(e.state, _resume_command(args.argv)),
                            128 + stop.signum) from None

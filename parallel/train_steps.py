@@ -4,13 +4,14 @@ Each step takes the checked command-line ``args`` and what the earlier steps gav
 mistakes into one ``UsageError`` line naming the flag. In a distributed job every worker takes every step;
 rank 0 alone reads the checkpoint (and broadcasts it), prints and writes.
 """
+import math
 import os
 import sys
 
 from .checkpoint import (CheckpointError, check_compatible, dataset_fingerprint, has_checkpoint, load_checkpoint,
                          save_checkpoint)
 from .cli import UsageError, users_input
-from .data import DataError, identify_dataset, load_data
+from .data import DataError, identify_dataset, load_data, num_batches
 from .data.fashion_mnist import default_data_dir
 from .devices import parse_devices
 from .export import export_gluon, export_lenet
@@ -18,12 +19,13 @@ from .loop import NonFiniteLossError, TrainingStopped, fit
 from .kvstore import join, sum_values
 from .models import MODELS
 from .models.layout import init_model
+from .optim import SGD, Constant, Cosine, Step, make_optimizer
 from .report import format_epoch, plot_metrics, write_metrics
 from .strategies import make_strategy
 from .train import FLAGS, _export_files, _launched
 
-__all__ = ["join_job", "read_checkpoint", "devices", "load_dataset", "lay_out", "Report", "start_of", "train",
-           "export", "TrainingStopped"]
+__all__ = ["join_job", "read_checkpoint", "devices", "load_dataset", "schedule_of", "optimizer_of", "lay_out",
+           "Report", "announce_start", "train", "export", "TrainingStopped"]
 
 
 def join_job(args):
@@ -91,6 +93,25 @@ def load_dataset(args, job):
     return dataset, describe_data(args)
 
 
+def schedule_of(args, per_epoch):
+    """The learning-rate schedule of ``--lr-schedule``, in optimizer steps (``per_epoch`` a epoch), or None."""
+    warmup = math.floor(args.warmup_epochs * per_epoch)   # < epochs * per_epoch, since --warmup-epochs < --epochs
+    if args.lr_schedule == "cosine":
+        return Cosine(args.epochs * per_epoch, warmup_steps=warmup)
+    if args.lr_schedule == "step":
+        return Step([e * per_epoch for e in args.lr_decay_epochs], args.lr_decay, warmup_steps=warmup)
+    return Constant(warmup) if warmup else None
+
+
+def optimizer_of(args, dataset):
+    """The optimizer the flags describe, its schedule counted in the steps of this dataset's epochs."""
+    options = {"wd": args.wd, "clip_norm": args.clip_norm, "zero": args.zero,
+               "schedule": schedule_of(args, num_batches(len(dataset.train_labels), args.batch_size))}
+    if args.optimizer == "sgd":
+        options.update(momentum=args.momentum, nesterov=args.nesterov)
+    return make_optimizer(args.optimizer, args.lr, **options)
+
+
 def lay_out(args, checkpoint, ctx_list, job):
     """The initial model (the checkpoint's, else seeded) and the strategy that lays it out on ``ctx_list``."""
     with users_input(ValueError, TypeError, flags=FLAGS):
@@ -111,7 +132,7 @@ class Report:
     """What the run shows and writes (rank 0 of a job alone): its lines, the metrics JSON and plot after every
     epoch, and the checkpoints."""
 
-    def __init__(self, args, strategy, dataset, data_name, checkpoint, job):
+    def __init__(self, args, strategy, optimizer, dataset, data_name, checkpoint, job):
         self.args, self.strategy, self.job = args, strategy, job
         self.main_rank = job is None or job.rank == 0
         self.workers = 1 if job is None else job.num_workers
@@ -125,14 +146,20 @@ class Report:
                        "batch_size": args.batch_size, "lr": args.lr, "seed": args.seed, "epochs": args.epochs,
                        "strategy": args.strategy, "allreduce": args.allreduce, "devices": args.devices,
                        "stages": args.stages, "boundaries": args.boundaries, "micro_batches": args.micro_batches,
-                       "workers": self.workers}
-        if checkpoint is not None:
+                       "workers": self.workers, "optimizer": optimizer.config(), "zero": args.zero,
+                       "accumulate": args.accumulate}
+        if checkpoint is not None:   # a checkpoint of version 1 trained with plain SGD at its lr
+            saved = {"optimizer": SGD(checkpoint.config["lr"]).config(), **checkpoint.config} \
+                if "lr" in checkpoint.config else checkpoint.config
             with users_input(CheckpointError):
-                check_compatible(checkpoint.config, self.config)
+                check_compatible(saved, self.config)
         self.say(f"training {self.title} on {data_name}: {len(dataset.train_labels)} train / "
                  f"{len(dataset.test_labels)} test examples, batch {args.batch_size}, lr {args.lr}, on {self.layout}")
         self.say(f"strategy {strategy.name}: {strategy.describe()}; operator threads: OMP_NUM_THREADS="
                  f"{os.environ.get('OMP_NUM_THREADS', 'unset (MXNet default: half the cores)')}")
+        if optimizer.describe() != SGD(args.lr).describe() or args.accumulate > 1:   # more than the textbook's step
+            accumulate = f"; {args.accumulate} micro-batches per batch" if args.accumulate > 1 else ""
+            self.say(f"optimizer {optimizer.describe()}{accumulate}")
 
     def say(self, line):
         if self.main_rank:
@@ -155,12 +182,13 @@ class Report:
                 except OSError as e:   # the disk filled up or the directory went away mid-run
                     raise UsageError(f"cannot write {flag} {path!r}: {e.strerror or e}") from None
 
-    def save(self, state, params, aux):
+    def save(self, state, params, aux, optimizer_state):
         """Write a checkpoint (``fit``'s ``on_checkpoint``)."""
         if self.args.checkpoint_dir is None or not self.main_rank:
             return
         try:
-            save_checkpoint(self.args.checkpoint_dir, params, state, self.config, aux=aux, model=self.args.model)
+            save_checkpoint(self.args.checkpoint_dir, params, state, self.config, aux=aux, model=self.args.model,
+                            optimizer_state=optimizer_state)
         except OSError as e:   # a full disk, a file size limit: what was there before stays intact
             kept = ("the previous checkpoint there is intact" if has_checkpoint(self.args.checkpoint_dir)
                     else "no checkpoint was written")
@@ -177,25 +205,27 @@ class Report:
         return f"{where}; checkpoint in {self.args.checkpoint_dir}. Resume with: {resume_command}"
 
 
-def start_of(args, checkpoint, report):
-    """Where training starts: the checkpoint's position, or None for a new run."""
+def announce_start(args, checkpoint, report):
+    """Say where a resumed run starts: the checkpoint's position (nothing for a new run)."""
     if checkpoint is None:
-        return None
+        return
     start = checkpoint.state
     if start.epoch > args.epochs:
         report.say(f"the checkpoint in {args.checkpoint_dir} has finished all {args.epochs} epochs; nothing to "
                    "train (give a larger --epochs to train further)")
     else:
         report.say(f"resuming from {checkpoint.path}: epoch {start.epoch}, after {start.batch} batch(es)")
-    return start
 
 
-def train(args, strategy, dataset, start, stop, report):
-    """``fit`` with the run's arguments; raises ``TrainingStopped`` when a signal stopped it."""
+def train(args, strategy, optimizer, dataset, checkpoint, stop, report):
+    """``fit`` with the run's arguments, from the checkpoint's position and optimizer state when there is one;
+    raises ``TrainingStopped`` when a signal stopped it."""
+    start = None if checkpoint is None else checkpoint.state
     with users_input(NonFiniteLossError, flags=FLAGS):
-        fit(dataset, strategy.ctx_list, args.epochs, args.batch_size, args.lr, seed=args.seed, progress=
+        fit(dataset, strategy.ctx_list, args.epochs, args.batch_size, seed=args.seed, progress=
             not args.no_progress and report.main_rank, on_epoch=report.epoch, strategy=strategy, start=start,
-            stop=stop, on_checkpoint=report.save)
+            stop=stop, on_checkpoint=report.save, optimizer=optimizer, accumulate=args.accumulate,
+            optimizer_state=None if checkpoint is None else checkpoint.optimizer_state)
 
 
 def export(args, strategy, initial, report):

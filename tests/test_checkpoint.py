@@ -15,6 +15,7 @@ from parallel.data.batches import epoch_seed
 from parallel.loop import NonFiniteLossError, TrainingStopped, fit
 from parallel.models import init_model
 from parallel.strategies import make_strategy
+from parallel.optim import SGD, Adam, AdamW, Cosine, Step
 from conftest import assert_same_parameters, easy_dataset
 
 BATCH = 32
@@ -38,11 +39,23 @@ def _strategy(layout, params):
                                   algorithm=algorithm, **options)
 
 
-def _run(layout, params=None, start=None, stop=None, on_checkpoint=None, epochs=EPOCHS, lr=0.3):
+def _run(layout, params=None, start=None, stop=None, on_checkpoint=None, epochs=EPOCHS, lr=0.3, optimizer=None,
+         accumulate=1, optimizer_state=None):
     strategy = _strategy(layout, init_lenet_params(seed=5) if params is None else params)
-    history, _ = fit(DATA, None, epochs, BATCH, lr, seed=5, strategy=strategy, start=start, stop=stop,
-                              on_checkpoint=on_checkpoint)
+    history, _ = fit(DATA, None, epochs, BATCH, None if optimizer else lr, seed=5, strategy=strategy, start=start,
+                     stop=stop, on_checkpoint=on_checkpoint, optimizer=optimizer, accumulate=accumulate,
+                     optimizer_state=optimizer_state)
     return [p.asnumpy() for p in strategy.params()], history
+
+
+def _saver(tmp_path, saves=None):
+    """An on_checkpoint that writes every checkpoint (with the optimizer's state) to ``tmp_path``."""
+    def save(state, params, aux, optimizer_state):
+        if saves is not None:
+            saves.append(state)
+        ckpt.save_checkpoint(tmp_path, params, state, {"batch_size": BATCH, "lr": 0.3, "seed": 5},
+                             optimizer_state=optimizer_state)
+    return save
 
 
 def _stop_before(call):
@@ -76,13 +89,8 @@ def test_interrupted_and_resumed_equals_uninterrupted_bitwise(layout, where, uni
     """Stopped at a batch boundary, checkpointed to disk, loaded and resumed on the same layout: the
     parameters are bitwise those of the run never stopped, and the history holds every epoch once, equal."""
     saves = []
-
-    def save(state, params, aux):
-        saves.append(state)
-        ckpt.save_checkpoint(tmp_path, params, state, {"batch_size": BATCH, "lr": 0.3, "seed": 5})
-
     with pytest.raises(TrainingStopped) as stopped:
-        _run(layout, stop=_stop_before(STOPS[where]), on_checkpoint=save)
+        _run(layout, stop=_stop_before(STOPS[where]), on_checkpoint=_saver(tmp_path, saves))
     position = stopped.value.state
     call = STOPS[where] - 1
     assert (position.epoch, position.batch) == (1 + call // PER_EPOCH, call % PER_EPOCH)
@@ -96,6 +104,58 @@ def test_interrupted_and_resumed_equals_uninterrupted_bitwise(layout, where, uni
     assert _without_timings(history) == _without_timings(want_history)
 
 
+def _optimizer(name, zero):
+    return {"momentum": lambda: SGD(0.1, momentum=0.9, wd=1e-4, zero=zero),
+            "nesterov": lambda: SGD(0.1, momentum=0.9, nesterov=True, clip_norm=1.0, zero=zero,
+                                    schedule=Cosine(EPOCHS * PER_EPOCH, warmup_steps=3)),
+            "adam": lambda: Adam(0.003, wd=1e-4, zero=zero, schedule=Step([5, 10], 0.5)),
+            "adamw": lambda: AdamW(0.003, zero=zero, clip_norm=0.5)}[name]()
+
+
+#: (optimizer, zero, accumulate, layout): every optimizer, every zero and both accumulations in the fast tier;
+#: the rest of the product in the slow tier.
+_FAST = {("momentum", 0, 1, "data-fused"), ("nesterov", 1, 3, "data-ring"), ("adam", 2, 1, "data-ring"),
+         ("adamw", 2, 3, "data-fused"), ("momentum", 1, 2, "hybrid-tree"), ("adam", 0, 3, "pipeline")}
+_OPTIMIZED = sorted(_FAST) + [(o, z, a, "data-fused") for o in ("momentum", "nesterov", "adam", "adamw")
+                              for z in (0, 1, 2) for a in (1, 3) if (o, z, a, "data-fused") not in _FAST]
+
+
+@pytest.mark.parametrize("where", list(STOPS))
+@pytest.mark.parametrize("name, zero, accumulate, layout", [
+    pytest.param(*case, marks=() if case in _FAST else pytest.mark.slow) for case in _OPTIMIZED])
+def test_resume_with_optimizer_state_is_bitwise(name, zero, accumulate, layout, where, tmp_path):
+    """The optimizer's state and the schedule's position survive a stop anywhere: bitwise the run never stopped."""
+    want, want_history = _run(layout, optimizer=_optimizer(name, zero), accumulate=accumulate)
+    with pytest.raises(TrainingStopped):
+        _run(layout, stop=_stop_before(STOPS[where]), on_checkpoint=_saver(tmp_path), optimizer=_optimizer(name, zero),
+             accumulate=accumulate)
+    loaded = ckpt.load_checkpoint(tmp_path)
+    assert bool(loaded.optimizer_state) == (name != "sgd")
+    params, history = _run(layout, params=loaded.params, start=loaded.state, optimizer=_optimizer(name, zero),
+                           accumulate=accumulate, optimizer_state=loaded.optimizer_state)
+    for got, expected in zip(params, want):
+        np.testing.assert_array_equal(got, expected)
+    assert _without_timings(history) == _without_timings(want_history)
+
+
+def test_zero_2_on_two_contexts_resumes_with_zero_0_on_one_and_zero_1_on_three(tmp_path):
+    """The state is saved whole, by parameter: another number of contexts and another sharding continue it."""
+    adam = lambda zero: Adam(0.003, zero=zero)   # noqa: E731
+    with pytest.raises(TrainingStopped):
+        _run("data-ring", stop=_stop_before(5), on_checkpoint=_saver(tmp_path), optimizer=adam(2))
+    loaded = ckpt.load_checkpoint(tmp_path)
+    assert sorted(loaded.optimizer_state) == ["mean", "var"]
+    want = _run("data-ring", optimizer=adam(2))[0]
+    for k, zero in ((1, 0), (3, 1)):
+        strategy = make_strategy("data", loaded.params, [mx.cpu(i) for i in range(k)], algorithm="ring")
+        fit(DATA, None, EPOCHS, BATCH, seed=5, strategy=strategy, start=loaded.state, optimizer=adam(zero),
+            optimizer_state=loaded.optimizer_state)
+        assert_same_parameters([p.asnumpy() for p in strategy.params()], want, "float32")
+    strategy = make_strategy("data", loaded.params, [mx.cpu(0)])   # without the state: another model
+    fit(DATA, None, EPOCHS, BATCH, seed=5, strategy=strategy, start=loaded.state, optimizer=adam(0))
+    assert not np.allclose(strategy.params()[0].asnumpy(), want[0], rtol=1e-3)
+
+
 @pytest.mark.parametrize("source, target", [("data-fused", "pipeline"), ("data-fused", "hybrid-ring"),
                                             ("pipeline", "data-tree")])
 def test_a_checkpoint_resumes_on_another_layout(source, target, tmp_path):
@@ -106,7 +166,7 @@ def test_a_checkpoint_resumes_on_another_layout(source, target, tmp_path):
     """
     with pytest.raises(TrainingStopped):
         _run(source, stop=_stop_before(4), lr=0.1,
-             on_checkpoint=lambda state, params, aux: ckpt.save_checkpoint(tmp_path, params, state, {}))
+             on_checkpoint=lambda state, params, aux, _: ckpt.save_checkpoint(tmp_path, params, state, {}))
     loaded = ckpt.load_checkpoint(tmp_path)
     params, history = _run(target, params=loaded.params, start=loaded.state, lr=0.1)
     assert_same_parameters(params, _run(source, lr=0.1)[0], "float32")
@@ -117,7 +177,8 @@ def test_data_on_2_contexts_resumes_on_4():
     saved = {}
     with pytest.raises(TrainingStopped):
         fit(DATA, [mx.cpu(0), mx.cpu(1)], EPOCHS, BATCH, 0.1, seed=5, stop=_stop_before(9),
-                     on_checkpoint=lambda state, params, aux: saved.update(state=state, params=[p.copy() for p in params]))
+                     on_checkpoint=lambda state, params, aux, _: saved.update(state=state,
+                                                                             params=[p.copy() for p in params]))
     _, on_two = fit(DATA, [mx.cpu(0), mx.cpu(1)], EPOCHS, BATCH, 0.1, seed=5)
     _, on_four = fit(DATA, [mx.cpu(i) for i in range(4)], EPOCHS, BATCH, 0.1, seed=5,
                               params=saved["params"], start=saved["state"])
@@ -127,7 +188,7 @@ def test_data_on_2_contexts_resumes_on_4():
 def test_checkpoint_after_every_epoch_and_growing_epochs(tmp_path, uninterrupted):
     states = []
 
-    def save(state, params, aux):
+    def save(state, params, aux, optimizer_state):
         states.append((state.epoch, state.batch))
         ckpt.save_checkpoint(tmp_path, params, state, {})
 

@@ -16,6 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from parallel.comm import ALGORITHMS as ALLREDUCE_NAMES
+from parallel.optim import OPTIMIZERS, SCHEDULES
 from parallel.strategies import STRATEGIES
 from parallel.train import main
 from conftest import easy_dataset, write_idx_files, run_process
@@ -50,7 +51,21 @@ FLAGS = {
     "--metrics-json": _flag(st.sampled_from(["m.json", "out/m.json"]), ["", "missing/m.json", ".", "curves.png"]),
     "--plot": _flag(st.sampled_from(["curves.png", "curves.svg", "curves.jpg", "curves.pdf"]),
                     ["curves", "", "m.json", "p.xyz", "missing/p.png"]),
+    # the optimizer's flags
+    "--optimizer": _flag(st.sampled_from(list(OPTIMIZERS)), ["lamb", "SGD"]),
+    "--momentum": _flag(st.sampled_from(["0", "0.9", "0.5"]), ["1", "-0.1", "nan"]),
+    "--wd": _flag(st.sampled_from(["0", "1e-4", "0.1"]), ["-1", "inf"]),
+    "--lr-schedule": _flag(st.sampled_from(list(SCHEDULES)), ["linear"]),
+    "--warmup-epochs": _flag(st.sampled_from(["0", "0.5", "1"]), ["-1", "2", "nan"]),
+    "--lr-decay-epochs": _flag(st.sampled_from(["1", "1,2"]), ["0", "2,1", "x"]),
+    "--lr-decay": _flag(st.sampled_from(["0.1", "0.5", "1"]), ["0", "2"]),
+    "--clip-norm": _flag(st.sampled_from(["1", "0.01", "100"]), ["0", "-1"]),
+    "--accumulate": _flag(st.integers(1, 4).map(str), ["0", "-1", "1000"]),
+    "--zero": _flag(st.sampled_from(["0", "1", "2"]), ["3", "-1"]),
 }
+
+#: Flags without a value.
+SWITCHES = ("--nesterov",)
 
 
 LAYOUT_FLAGS = ("--strategy", "--stages", "--boundaries", "--micro-batches")
@@ -60,11 +75,11 @@ LAYOUT_FLAGS = ("--strategy", "--stages", "--boundaries", "--micro-batches")
 def command_lines(draw):
     """Up to six general flags, then a strategy with the layout flags that fit it (one time in ten, one
     that does not)."""
-    general = sorted(set(FLAGS) - set(LAYOUT_FLAGS))
+    general = sorted(set(FLAGS) - set(LAYOUT_FLAGS)) + list(SWITCHES)
     chosen = draw(st.lists(st.sampled_from(general), unique=True, max_size=6))
     argv = []
     for flag in chosen:
-        argv += [flag, draw(FLAGS[flag])]
+        argv += [flag] if flag in SWITCHES else [flag, draw(FLAGS[flag])]
     strategy = draw(st.sampled_from([None, *STRATEGIES]))
     if strategy is None:
         return argv

@@ -9,6 +9,7 @@ from parallel import (ALLREDUCE_ALGORITHMS, Dataset, evaluate_accuracy, get_para
 from parallel.strategies import (Hybrid, ModelParallel, Pipeline, bubble_fraction, forward_stages, hybrid_groups,
                                  stage_ranges)
 from parallel import fit, make_strategy
+from parallel.optim import SGD, Adam, Cosine
 from conftest import assert_same_parameters, contexts, make_batches
 
 # Indivisible sizes, a batch of 1 after a larger one (idle hybrid replicas must not reuse stale gradients).
@@ -245,3 +246,48 @@ def test_bad_batches_and_learning_rates():
 def test_make_strategy_refuses_options_that_do_not_apply(kwargs, message):
     with pytest.raises(ValueError, match=message):
         make_strategy(params=init_lenet_params(), ctx_list=contexts(2), **kwargs)
+
+
+# ---- optimizers with state, clipping and accumulation in every strategy ----------------------------------------
+
+def _one_context_with(optimizer_factory, sizes, accumulate=1):
+    ctx_list = contexts(1)
+    device_params = [get_params(init_lenet_params(seed=0, dtype="float64"), ctx_list[0])]
+    optimizer = optimizer_factory()
+    for X, y in make_batches(sizes, dtype="float64"):
+        train_batch(X, y, device_params, ctx_list, optimizer=optimizer, accumulate=accumulate)
+    return [p.asnumpy() for p in device_params[0]]
+
+
+#: Momentum with Nesterov and weight decay, a warm-up and clipping; and Adam (state of two buffers).
+OPTIMIZER_CASES = {
+    "nesterov": lambda zero=0: SGD(0.1, momentum=0.9, nesterov=True, wd=1e-3, clip_norm=0.5, zero=zero,
+                                   schedule=Cosine(len(SIZES), warmup_steps=2)),
+    "adam": lambda zero=0: Adam(0.01, wd=1e-3, zero=zero),
+}
+
+
+@pytest.mark.parametrize("case", sorted(OPTIMIZER_CASES))
+@pytest.mark.parametrize("strategy, k, options", [
+    ("model", 2, {"boundaries": [2]}), ("pipeline", 3, {"stages": 3, "micro_batches": 1}),
+    ("hybrid", 4, {"stages": 2}), ("hybrid", 3, {"stages": 1}),
+])
+def test_every_strategy_takes_an_optimizer_and_equals_one_context(strategy, k, options, case):
+    make = OPTIMIZER_CASES[case]
+    want = _one_context_with(make, SIZES)
+    for zero in ((0, 1, 2) if strategy == "hybrid" else (0,)):
+        model = make_strategy(strategy, init_lenet_params(seed=0, dtype="float64"), contexts(k), **options)
+        optimizer = make(zero)
+        for X, y in make_batches(SIZES, dtype="float64"):
+            model.train_step(X, y, optimizer=optimizer, accumulate=2 if X.shape[0] > 1 else 1)
+        replicas = model.replicas if strategy == "hybrid" else [model]
+        for replica in replicas:
+            assert_same_parameters([p.asnumpy() for p in replica.params()], want, "float64")
+
+
+@pytest.mark.parametrize("strategy", ["model", "pipeline"])
+def test_model_and_pipeline_refuse_zero_they_shard_nothing(strategy):
+    model = make_strategy(strategy, init_lenet_params(seed=0), contexts(2))
+    (X, y), = make_batches([8])
+    with pytest.raises(ValueError, match=f"zero=1 shards replicated state, but the {strategy} strategy"):
+        model.train_step(X, y, optimizer=SGD(0.1, momentum=0.9, zero=1))

@@ -48,6 +48,12 @@ STRATEGY_ARGS = {
     "model": ["--devices", "cpu:2", "--strategy", "model"],
     "pipeline": ["--devices", "cpu:2", "--strategy", "pipeline", "--micro-batches", "3"],
     "hybrid-tree": ["--devices", "cpu:4", "--strategy", "hybrid", "--allreduce", "tree"],
+    # optimizers with state: it is saved, resumed, and re-sharded
+    "momentum-zero1": ["--devices", "cpu:2", "--momentum", "0.9", "--wd", "1e-4", "--zero", "1"],
+    "adam-hybrid-zero2-accumulate": ["--devices", "cpu:4", "--strategy", "hybrid", "--optimizer", "adam", "--lr",
+                                     "0.003", "--zero", "2", "--accumulate", "2", "--clip-norm", "1"],
+    "nesterov-model-warmup": ["--devices", "cpu:2", "--strategy", "model", "--momentum", "0.9", "--nesterov",
+                              "--warmup-epochs", "0.5"],
 }
 
 
@@ -89,6 +95,9 @@ def one_epoch(data_dir, tmp_path):
     (["--batch-size", "20"], "trained with batch_size 10, this run asks for 20"),
     (["--seed", "4"], "trained with seed 3, this run asks for 4"),
     (["--epochs", "0"], "--epochs must be >= 1"),
+    (["--momentum", "0.9"], "trained with optimizer sgd(lr=0.1), this run asks for sgd(lr=0.1, momentum=0.9)"),
+    (["--optimizer", "adam", "--lr", "0.1"], "this run asks for adam("),
+    (["--clip-norm", "1"], "clip_norm=1.0)"),
 ])
 def test_resume_refuses_a_change_of_computation(one_epoch, data_dir, change, message, capsys):
     before = _snapshot(one_epoch)
@@ -298,3 +307,32 @@ def test_outputs_inside_a_new_checkpoint_dir_and_no_empty_directory_left(data_di
                                           "params-000001.params"]
     assert main(_args(data_dir, "--devices", "tpu:1", "--epochs", "1", "--checkpoint-dir", "run2")) == 2
     assert "unknown device spec" in capsys.readouterr().err and not os.path.exists("run2")
+
+
+def test_a_cosine_schedule_resumes_only_over_the_epochs_it_spans(data_dir, tmp_path, capsys):
+    """The schedule is part of the computation: more --epochs would stretch the cosine, so they are refused (a
+    constant rate may train further, as test_resume_with_more_epochs_is_bitwise_the_longer_run shows)."""
+    args = _args(data_dir, "--devices", "cpu:2", "--momentum", "0.9", "--lr-schedule", "cosine", "--checkpoint-dir",
+                 str(tmp_path / "ckpt"))
+    assert main([*args, "--epochs", "2"]) == 0
+    capsys.readouterr()
+    assert main([*args, "--epochs", "3", "--resume"]) == 2
+    err = capsys.readouterr().err
+    assert "'total_steps': 60" in err and "'total_steps': 90" in err and len(err.splitlines()) == 1, err
+    assert main([*args, "--epochs", "2", "--resume"]) == 0
+    assert "has finished all 2 epochs" in capsys.readouterr().out
+
+
+def test_a_checkpoint_without_optimizer_state_resumes_as_plain_sgd(one_epoch, data_dir, capsys):
+    """Version 1 checkpoints (before optimizers had state) were written by plain SGD runs: they resume so."""
+    manifest = json.loads((one_epoch / ckpt.MANIFEST).read_text())
+    assert manifest["version"] == ckpt.VERSION and manifest["optimizer_file"] is None
+    manifest["version"] = 1
+    for key in ("optimizer_file", "optimizer_sha256"):
+        del manifest[key]
+    del manifest["config"]["optimizer"]
+    (one_epoch / ckpt.MANIFEST).write_text(json.dumps(manifest))
+    resume = _args(data_dir, "--devices", "cpu:2", "--epochs", "2", "--checkpoint-dir", str(one_epoch), "--resume")
+    assert main([*resume, "--momentum", "0.9"]) == 2
+    assert "trained with optimizer sgd(lr=0.1), this run asks for sgd(lr=0.1, momentum=0.9)" in capsys.readouterr().err
+    assert main(resume) == 0

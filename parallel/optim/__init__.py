@@ -13,6 +13,7 @@ The registries need no MXNet, so the CLI checks its flags before MXNet starts:
 (['sgd', 'adam', 'adamw'], ['constant', 'step', 'cosine'], (0, 1, 2))
 """
 from ..lazy import lazy_exports
+from ..validate import check_bool, check_choice, check_number
 
 #: The optimizers, by name, with what the CLI's help says of each.
 OPTIMIZERS = {
@@ -31,11 +32,36 @@ SCHEDULES = {
 #: ZeRO's stages: 0 (state replicated), 1 (state sharded), 2 (gradients and state sharded).
 ZERO_LEVELS = (0, 1, 2)
 
+def check_hyper(name, momentum=0.0, nesterov=False, wd=0.0, clip_norm=None):
+    """Check an optimizer's hyper-parameters, without MXNet (the CLI calls it before MXNet starts); returns
+    ``(momentum, nesterov, wd, clip_norm)`` as floats and a bool. ``ValueError``/``TypeError`` naming the argument.
+
+    >>> check_hyper("adam", momentum=0.9)
+    Traceback (most recent call last):
+        ...
+    ValueError: momentum applies to sgd, not adam (Adam's first moment decays with beta1)
+    """
+    check_choice(name, "optimizer", tuple(OPTIMIZERS))
+    momentum = check_number(momentum, "momentum")
+    if not 0 <= momentum < 1:
+        raise ValueError(f"momentum must be in [0, 1), got {momentum!r}")
+    if momentum and name != "sgd":
+        raise ValueError(f"momentum applies to sgd, not {name} (Adam's first moment decays with beta1)")
+    if check_bool(nesterov, "nesterov") and not momentum:
+        raise ValueError("nesterov needs a momentum > 0 (Nesterov's momentum without momentum is plain SGD); "
+                         "give momentum=0.9, say, or drop nesterov")
+    wd = check_number(wd, "wd")
+    if wd < 0:
+        raise ValueError(f"wd must be >= 0, got {wd!r}")
+    clip_norm = None if clip_norm is None else check_number(clip_norm, "clip_norm", positive=True)
+    return momentum, nesterov, wd, clip_norm
+
+
 _SOURCES = {
     "optimizers": ["Optimizer", "SGD", "Adam", "AdamW", "make_optimizer"],
     "schedules": ["Schedule", "Constant", "Step", "Cosine"],
     "zero": ["optimizer_step", "as_optimizer", "gather_state", "load_state", "memory_per_context",
              "MemoryUse"],
 }
-__all__ = ["OPTIMIZERS", "SCHEDULES", "ZERO_LEVELS"] + [name for names in _SOURCES.values() for name in names]
+__all__ = ["OPTIMIZERS", "SCHEDULES", "ZERO_LEVELS", "check_hyper"] + [name for names in _SOURCES.values() for name in names]
 __getattr__, __dir__ = lazy_exports(__name__, _SOURCES)

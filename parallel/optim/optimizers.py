@@ -39,8 +39,8 @@ import math
 
 import mxnet as mx
 
-from ..validate import check_bool, check_choice, check_int, check_lr, check_number
-from . import OPTIMIZERS, ZERO_LEVELS
+from ..validate import check_choice, check_int, check_lr, check_number
+from . import OPTIMIZERS, ZERO_LEVELS, check_hyper
 from .schedules import Schedule
 
 __all__ = ["Optimizer", "SGD", "Adam", "AdamW", "make_optimizer"]
@@ -50,13 +50,6 @@ def _check_fraction(value, name):
     value = check_number(value, name)
     if not 0 <= value < 1:
         raise ValueError(f"{name} must be in [0, 1), got {value!r}")
-    return value
-
-
-def _check_non_negative(value, name):
-    value = check_number(value, name)
-    if value < 0:
-        raise ValueError(f"{name} must be >= 0, got {value!r}")
     return value
 
 
@@ -95,14 +88,14 @@ class Optimizer:
     #: Default base learning rate (``make_optimizer`` and the CLI use it when none is given).
     default_lr = None
 
-    def __init__(self, lr, wd=0.0, schedule=None, clip_norm=None, zero=0):
+    def __init__(self, lr, wd=0.0, schedule=None, clip_norm=None, zero=0, momentum=0.0, nesterov=False):
         check_lr(lr)
         self.lr = float(lr)
-        self.wd = _check_non_negative(wd, "wd")
+        self.momentum, self.nesterov, self.wd, self.clip_norm = check_hyper(self.name, momentum, nesterov, wd,
+                                                                            clip_norm)
         if schedule is not None and not isinstance(schedule, Schedule):
             raise TypeError(f"schedule must be a parallel.optim.Schedule (Constant, Step, Cosine), got {schedule!r}")
         self.schedule = schedule
-        self.clip_norm = None if clip_norm is None else check_number(clip_norm, "clip_norm", positive=True)
         self.zero = check_int(zero, "zero")
         if self.zero not in ZERO_LEVELS:
             raise ValueError(f"zero must be one of {', '.join(map(str, ZERO_LEVELS))}, got {zero}")
@@ -152,8 +145,9 @@ class Optimizer:
             parts.append(f"lr schedule {self.schedule.describe()}")
         if self.clip_norm is not None:
             parts.append(f"gradients clipped to norm {self.clip_norm:g}")
-        parts.append({0: "state replicated", 1: "ZeRO-1: state sharded over the contexts",
-                      2: "ZeRO-2: gradients and state sharded over the contexts"}[self.zero])
+        if self.state_names() or self.zero:
+            parts.append({0: "state replicated", 1: "ZeRO-1: state and update sharded over the contexts",
+                          2: "ZeRO-2: gradients, state and update sharded over the contexts"}[self.zero])
         return ", ".join(parts)
 
     def _describe_rule(self):
@@ -184,12 +178,7 @@ class SGD(Optimizer):
     default_lr = 0.2
 
     def __init__(self, lr=default_lr, momentum=0.0, nesterov=False, wd=0.0, schedule=None, clip_norm=None, zero=0):
-        super().__init__(lr, wd, schedule, clip_norm, zero)
-        self.momentum = _check_fraction(momentum, "momentum")
-        self.nesterov = check_bool(nesterov, "nesterov")
-        if self.nesterov and not self.momentum:
-            raise ValueError("nesterov needs a momentum > 0 (Nesterov's momentum without momentum is plain SGD); "
-                             "give momentum=0.9, say, or drop nesterov")
+        super().__init__(lr, wd, schedule, clip_norm, zero, momentum, nesterov)
 
     def state_names(self):
         return ("momentum",) if self.momentum else ()

@@ -9,17 +9,20 @@
 - ``registry``: ``make_strategy(name, model, ctx_list, ...)``, a strategy of ``STRATEGIES`` by name.
 
 A strategy is an object with ``name``, ``ctx_list`` (the contexts it uses), ``job`` (None in one process),
-``train_step(X, y, lr)`` -> (summed loss, correct count), ``evaluate(data_iter)`` -> accuracy, ``params()`` and
-``aux()`` (the model's trained arrays and the others, live, in the model's order: what a checkpoint stores),
-``describe()`` and ``model`` (what ``fit`` returns: the replicas for data parallelism, else the strategy).
-Each ``train_step`` is the same SGD step as ``parallel.train_batch`` on one context (except a pipeline of a
-network with BatchNorm, which normalises each micro-batch on its own).
+``train_step(X, y, lr=None, optimizer=None, accumulate=1)`` -> (summed loss, correct count),
+``evaluate(data_iter)`` -> accuracy, ``params()`` and ``aux()`` (the model's trained arrays and the others, live,
+in the model's order: what a checkpoint stores), ``groups()`` (the replicas of each parameter, as
+``parallel.optim.optimizer_step`` takes them: where an optimizer's state lives), ``describe()`` and ``model``
+(what ``fit`` returns: the replicas for data parallelism, else the strategy). Each ``train_step`` is the same step
+as ``parallel.train_batch`` on one context (except a pipeline of a network with BatchNorm, which normalises each
+micro-batch on its own), with plain SGD at ``lr`` or any ``parallel.optim`` optimizer.
 
 The names need no MXNet, so the CLI offers them before MXNet starts:
 
 >>> list(STRATEGIES), DEFAULT_STAGES, DEFAULT_MICRO_BATCHES
 (['data', 'model', 'pipeline', 'hybrid'], 2, 4)
 """
+from ..comm import SHARDED_ALGORITHMS
 from ..lazy import lazy_exports
 from ..validate import check_choice, check_int
 
@@ -38,11 +41,14 @@ DEFAULT_STAGES = 2
 DEFAULT_MICRO_BATCHES = 4
 
 
-def check_options(name, stages=None, boundaries=None, micro_batches=None, batch_size=None, distributed=False):
+def check_options(name, stages=None, boundaries=None, micro_batches=None, batch_size=None, distributed=False, zero=0,
+                  algorithm=None):
     """Raise ``ValueError`` (``TypeError`` for a wrong type) for options the strategy ``name`` does not take.
 
     ``distributed``: the strategy is to train one worker's share of a distributed job, which only data
-    parallelism does. Needs no MXNet: the CLI checks its flags with it before MXNet starts.
+    parallelism does. ``zero``: the optimizer's sharding (``parallel.optim``), which only data and hybrid
+    parallelism can use (they replicate the model); with ``zero=2`` the ``algorithm`` must split into a
+    reduce-scatter and an all-gather. Needs no MXNet: the CLI checks its flags with it before MXNet starts.
 
     >>> check_options("data", stages=2)   # doctest: +ELLIPSIS
     Traceback (most recent call last):
@@ -60,6 +66,12 @@ def check_options(name, stages=None, boundaries=None, micro_batches=None, batch_
     if distributed and name != "data":
         raise ValueError(f"strategy {name} cannot train across processes, only data can; run the {name} strategy "
                          "in one process")
+    if zero and name in ("model", "pipeline"):
+        raise ValueError(f"zero={zero} shards replicated optimizer state, but the {name} strategy holds one copy of "
+                         "each stage, with its state, on its own context; use zero 0 or the data or hybrid strategy")
+    if zero == 2 and algorithm is not None and algorithm not in SHARDED_ALGORITHMS:
+        raise ValueError(f"zero=2 reduce-scatters the gradients, which the {algorithm} allreduce cannot; use "
+                         f"algorithm {' or '.join(SHARDED_ALGORITHMS)}")
     if micro_batches is not None:
         if name != "pipeline":
             raise ValueError(f"micro_batches apply to the pipeline strategy only, not to {name}; drop them or "
