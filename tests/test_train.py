@@ -12,7 +12,7 @@ from parallel import read_idx, write_idx
 from parallel.data import FILES
 from parallel.train import main
 from parallel.loop import IN_FLIGHT, NonFiniteLossError, fit
-from conftest import easy_dataset, run_process, start_process
+from conftest import easy_dataset, run_process, start_process, write_idx_files
 
 KEYS = {"epoch", "train_loss", "train_acc", "test_acc", "seconds", "images_per_second"}
 
@@ -509,13 +509,13 @@ def test_data_errors_give_their_advice_in_the_commands_terms(tmp_path, capsys):
 
 
 #: Every optimizer the CLI offers, with a schedule, clipping, accumulation and each ZeRO stage, on the strategies that
-#: take them: each trains LeNet above chance in a few epochs.
+#: take them.
 OPTIMIZER_RUNS = {
     "momentum": ["--momentum", "0.9", "--wd", "1e-4", "--lr", "0.1"],
     "nesterov-cosine-warmup": ["--momentum", "0.9", "--nesterov", "--lr-schedule", "cosine", "--warmup-epochs",
                                "0.5", "--lr", "0.2"],
-    "step-clip-zero1": ["--momentum", "0.9", "--lr-schedule", "step", "--lr-decay-epochs", "3", "--clip-norm",
-                        "1", "--zero", "1", "--lr", "0.1"],
+    "step-clip-zero1": ["--momentum", "0.9", "--lr-schedule", "step", "--clip-norm", "1", "--zero", "1", "--lr",
+                        "0.1"],
     "adam-zero2-accumulate": ["--optimizer", "adam", "--zero", "2", "--allreduce", "ring", "--accumulate", "3"],
     "adamw-hybrid-zero2": ["--optimizer", "adamw", "--lr", "0.003", "--strategy", "hybrid", "--devices", "cpu:4",
                            "--zero", "2"],
@@ -523,23 +523,42 @@ OPTIMIZER_RUNS = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(OPTIMIZER_RUNS))
-def test_every_optimizer_configuration_trains_from_the_cli(name, data_dir, capsys):
+@pytest.fixture(scope="module")
+def small_dir(tmp_path_factory):
+    return write_idx_files(tmp_path_factory.mktemp("small"), easy_dataset(num_train=640, num_test=100, seed=1))
+
+
+def _optimizer_run(name, directory, epochs, capsys):
+    """Run the configuration ``name``; check the header names its optimizer and sharding; return the test accuracies."""
     args = OPTIMIZER_RUNS[name]
     devices = [] if "--devices" in args else ["--devices", "cpu:2"]
-    status = main(["--data-dir", str(data_dir), "--epochs", "4", "--batch-size", "32", "--seed", "1",
+    status = main(["--data-dir", str(directory), "--epochs", str(epochs), "--batch-size", "16", "--seed", "1",
                    "--no-progress", *devices, *args])
     out = capsys.readouterr().out
-    assert status == 0
+    assert status == 0, out
     header = [line for line in out.splitlines() if line.startswith("optimizer ")]
     assert len(header) == 1, out   # the header says which optimizer and sharding run
     optimizer = args[args.index("--optimizer") + 1] if "--optimizer" in args else "sgd"
     assert header[0].startswith(f"optimizer {optimizer}")
     zero = args[args.index("--zero") + 1] if "--zero" in args else "0"
     assert (f"ZeRO-{zero}" in header[0]) == (zero != "0")
-    accuracies = [float(line.split("test acc ")[1].split(",")[0]) for line in out.splitlines()
-                  if line.startswith("epoch ")]
-    assert len(accuracies) == 4 and accuracies[-1] > 0.5, out   # chance is 0.1
+    epochs_run = [line for line in out.splitlines() if line.startswith("epoch ")]
+    assert len(epochs_run) == epochs and all(math.isfinite(float(l.split("loss ")[1].split(",")[0]))
+                                             for l in epochs_run)
+    return [float(line.split("test acc ")[1].split(",")[0]) for line in epochs_run]
+
+
+@pytest.mark.parametrize("name", sorted(OPTIMIZER_RUNS))
+def test_every_optimizer_configuration_runs_from_the_cli(name, small_dir, capsys):
+    accuracies = _optimizer_run(name, small_dir, 2, capsys)
+    if "adam" in name:   # Adam leaves LeNet's initial plateau within two short epochs; SGD needs more steps
+        assert accuracies[-1] > 0.5
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(OPTIMIZER_RUNS))
+def test_every_optimizer_configuration_learns_from_the_cli(name, data_dir, capsys):
+    assert _optimizer_run(name, data_dir, 6, capsys)[-1] > 0.5   # chance is 0.1
 
 
 def test_plain_sgd_prints_no_optimizer_line(data_dir, capsys):
