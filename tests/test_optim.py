@@ -345,3 +345,57 @@ def test_lr_and_optimizer_are_exclusive():
         train_step(X, y, replicas, ctx_list, net=block)
     with pytest.raises(TypeError, match="optimizer must be a parallel.optim.Optimizer"):
         train_step(X, y, replicas, ctx_list, net=block, optimizer="sgd")
+
+
+# ---- across processes: the same oracle, under the launcher -----------------------------------------------------
+
+#: (case of CASES, the package's extra options, accumulate): stateful optimizers, each ZeRO stage, clipping.
+DISTRIBUTED = [("nesterov-wd", {"zero": 0}, 1), ("adam-wd", {"zero": 2}, 1), ("adamw", {"zero": 1}, 2),
+               ("momentum", {"zero": 2, "clip_norm": 0.05}, 1)]
+
+JOB_WORKER = """
+import sys
+import numpy as np
+sys.path.insert(0, {tests!r})
+import mxnet as mx
+from test_optim import CASES, DISTRIBUTED, batches
+from conftest import small_cnn
+from parallel import get_params, train_step
+from parallel.kvstore import broadcast_params, join
+
+job = join()
+ctx_list = [mx.cpu(i) for i in range({k})]
+for n, (case, options, accumulate) in enumerate(DISTRIBUTED):
+    block = small_cnn(dtype="float32", seed=0 if job.rank == 0 else 7)   # rank 0's weights must win
+    device_params = [get_params(block, ctx) for ctx in ctx_list]
+    broadcast_params(job, device_params)
+    optimizer = CASES[case][0](**options)
+    for X, y in batches():
+        train_step(X, y, device_params, ctx_list, net=block, job=job, optimizer=optimizer, accumulate=accumulate,
+                   algorithm="ring")[0].wait_to_read()
+    print("trained", case, flush=True)
+    np.savez({out!r} + f"-{{n}}-{{job.rank}}.npz", *[p.asnumpy() for p in device_params[-1]])
+"""
+
+
+@pytest.mark.slow
+def test_every_optimizer_across_processes_matches_gluon_trainer_on_one_context(tmp_path):
+    """2 workers x 2 contexts (batches of 7: unequal shards, one worker with 4 examples, the other 3), each
+    optimizer with ZeRO sharding over each worker's contexts, against gluon.Trainer on one context."""
+    import os
+    import sys
+    from conftest import run_process
+    workers, k = 2, 2
+    out = str(tmp_path / "params")
+    script = tmp_path / "worker.py"
+    script.write_text(JOB_WORKER.format(tests=os.path.dirname(os.path.abspath(__file__)), k=k, out=out))
+    result = run_process([sys.executable, "-m", "parallel.launch", "-n", str(workers), "--stall-timeout", "120",
+                          sys.executable, str(script)], timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    data = batches()
+    for n, (case, options, accumulate) in enumerate(DISTRIBUTED):
+        _, name, args = CASES[case]
+        want = trainer_reference(name, args, data, clip_norm=options.get("clip_norm"))
+        for rank in range(workers):
+            with np.load(f"{out}-{n}-{rank}.npz") as got:
+                assert_same_parameters([got[f"arr_{i}"] for i in range(len(want))], want, "float32")
