@@ -92,7 +92,7 @@ def test_cached_graphs_are_bounded_per_context_least_recently_used_first():
     for n in (2, 3, 2, 4):   # shape 3 is the least recently used when shape 4 arrives
         X = mx.nd.random.uniform(shape=(n, 1, 28, 28))
         np.testing.assert_allclose(net(X, params).asnumpy(), lenet(X, params).asnumpy(), rtol=1e-5, atol=1e-7)
-    assert [shape[0] for shape in net._blocks[mx.cpu(0)]] == [2, 4]
+    assert [shape[0] for shape in net._graphs.keys(mx.cpu(0))] == [2, 4]
     assert net.graphs_built == 3
 
 
@@ -112,3 +112,26 @@ def test_cached_graphs_are_kept_for_any_number_of_contexts():
         train_batch(X, y, device_params, ctx_list, lr=0.1, net=net)
     assert net.graphs_built == 18
     mx.nd.waitall()
+
+
+def test_the_cached_graph_takes_other_parameter_arrays_too():
+    """The graph declares the weights as parameters, bound at the first call: other arrays in a later call (a
+    copy, new values) are bound anew, and the outputs and gradients follow them."""
+    from mxnet import autograd
+    from parallel import CachedNet, get_params
+    net = CachedNet(lenet)
+    X = mx.nd.random.uniform(shape=(3, 1, 28, 28))
+    for seed in (1, 2, 2):
+        params = get_params(init_lenet_params(seed=seed), mx.cpu())
+        with autograd.record():
+            out = net(X, params)
+        out.backward()
+        want = [p.copy() for p in params]
+        for p in want:
+            p.attach_grad()
+        with autograd.record():
+            reference = lenet(X, want)
+        reference.backward()
+        np.testing.assert_allclose(out.asnumpy(), reference.asnumpy(), rtol=1e-5, atol=1e-7)
+        for got, expected in zip(params, want):
+            np.testing.assert_allclose(got.grad.asnumpy(), expected.grad.asnumpy(), rtol=1e-4, atol=1e-7)

@@ -18,7 +18,6 @@ context. MXNet's ``contrib.nn.SyncBatchNorm`` is not used: it averages the conte
 weights, which is wrong for shards of unequal size (a batch of 10 over 4 contexts), and it synchronises
 inside the engine with a barrier keyed by a global name.
 """
-import collections
 import json
 
 import mxnet as mx
@@ -26,6 +25,7 @@ from mxnet import autograd, gluon
 
 from ..comm.replica import block_state
 from ..validate import check_bool, check_int
+from .lenet import GraphCache, cached_graph
 
 __all__ = ["GluonNet", "as_net", "set_block_params"]
 
@@ -48,7 +48,8 @@ class GluonNet:
     """A gluon ``HybridBlock`` as the function ``net(X, params)`` of a replica from ``get_params(block, ctx)``.
 
     ``net(X, params)`` runs the block's graph on ``X``'s context as a cached graph (``static_alloc``,
-    ``static_shape``: one graph per context and input shape) whose inputs are the replica's arrays: the
+    ``static_shape``, parameters declared as such: ``cached_graph``; one graph per context, input shape and
+    mode, training or not) whose inputs are the replica's arrays: the
     same values and gradients as the block itself. In training (inside ``autograd.record()``) BatchNorm
     layers update the replica's running statistics (``params.aux``); outside, they use them.
 
@@ -93,8 +94,11 @@ class GluonNet:
         self.has_batchnorm = any(node["op"] in ("BatchNorm", "_contrib_SyncBatchNorm") for node in self._nodes)
         self.sync_batchnorm = sync_batchnorm
         self.max_shapes = int(max_shapes)
-        self.graphs_built = 0
-        self._graphs = {}   # context -> OrderedDict(shape -> CachedOp)
+        self._graphs = GraphCache(self.max_shapes)   # per context, by (shape, training) and the bound arrays
+
+    @property
+    def graphs_built(self):
+        return self._graphs.built
 
     def __repr__(self):
         return (f"GluonNet({len(self.names)} trainable arrays, {len(self.aux_names)} others, "
@@ -115,22 +119,21 @@ class GluonNet:
         return by_name
 
     def __call__(self, X, params):
-        if not autograd.is_training():
+        training = autograd.is_training()
+        if not training:
             # In inference MXNet's oneDNN convolution reorders its weight array in place into a blocked
             # layout, which a view into a replica's flat buffer cannot take (it writes past the view, or
             # fails MXNet's is_view check and crashes the process): run on copies, made for this call.
             params = _Copies(params)
         by_name = self._arrays(X, params)
-        graphs = self._graphs.setdefault(X.context, collections.OrderedDict())
-        graph = graphs.get(X.shape)
-        if graph is None:
-            graph = graphs[X.shape] = mx.nd.CachedOp(self.symbol,
-                                                     flags=[("static_alloc", True), ("static_shape", True)])
-            self.graphs_built += 1
-            if len(graphs) > self.max_shapes:
-                graphs.popitem(last=False)
-        graphs.move_to_end(X.shape)
-        return graph(*[by_name[name] for name in self._inputs])
+        arrays = [by_name[name] for name in self._inputs]
+        # Training passes the replica's own arrays at every call: declared as parameters, which MXNet binds once and
+        # bulks (``cached_graph``), one graph per replica. Inference passes fresh copies, which would re-bind a graph
+        # that declares them: there every input is data, and one graph serves every call.
+        bound = [array for name, array in zip(self._inputs, arrays) if name != "data"] if training else ()
+        graph = self._graphs.get(X.context, (X.shape, training), bound,
+                                 lambda: cached_graph(self.symbol, self._inputs if not training else ("data",))[0])
+        return graph(*arrays)
 
     def forward_all(self, X_shards, device_params):
         """The outputs of every shard on its replica's context, in one forward of the whole batch.

@@ -1,0 +1,35 @@
+"""Smoke test of benchmarks/optimizers.py: it runs, its JSON holds every configuration, and the memory it reports
+is what ZeRO promises (bytes, not timings: none is asserted)."""
+import json
+
+import pytest
+
+from conftest import load_benchmark
+
+
+@pytest.mark.slow
+def test_optimizers_quick_run_measures_every_configuration(tmp_path, capsys):
+    bench = load_benchmark("optimizers")
+    assert bench.main(["--quick", "--out", str(tmp_path)]) == 0
+    records = json.loads((tmp_path / "optimizers.json").read_text())["records"]
+    memory = {(r["optimizer"], r["k"], r["zero"]): r for r in records if r["part"] == "memory"}
+    assert set(memory) == {(o, k, z) for o in ("momentum", "adam") for k in (1, 2) for z in (0, 1, 2)}
+    for (optimizer, k, zero), r in memory.items():
+        state = 4 if optimizer == "momentum" else 8   # float32 bytes of state per parameter, replicated
+        shard = state if zero == 0 else state / k      # sharded: the busiest context holds one shard (+ rounding)
+        assert r["state_bytes_per_parameter"] == pytest.approx(shard, rel=1e-4)
+        assert r["bytes_per_parameter"] == pytest.approx(8 + shard, rel=1e-4)
+    updates = {(r["method"], r["optimizer"], r["k"]) for r in records if r["part"] == "update"}
+    assert updates == {(m, o, k) for m in ("trainer", "parallel") for o in bench.UPDATE_OPTIMIZERS for k in (1, 2)}
+    steps = {(r["optimizer"], r["zero"], r["k"]) for r in records if r["part"] == "step"}
+    assert steps == {(o, z, k) for o in ("momentum", "adam") for z in (0, 1, 2) for k in (1, 2)}
+    for r in records:
+        if r["part"] != "memory":
+            assert len(r["ms"]) == 2 and r["median_ms"] > 0 and r["ratio"] > 0
+    assert "bytes per parameter" in capsys.readouterr().out
+
+
+def test_optimizers_rejects_unknown_parts(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        load_benchmark("optimizers").main(["--parts", "speed"])
+    assert exit_info.value.code == 2 and "--parts memory, update and/or step" in capsys.readouterr().err
