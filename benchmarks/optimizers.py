@@ -15,7 +15,10 @@ Three parts, each for LeNet (batch 256) and ResNet-18 (batch ``--resnet-batch``)
   same hybridized block on the K contexts (``kvstore="device"``: one reduction and one update per parameter
   array), against ``parallel``, ``parallel.optim.optimizer_step`` (one fused allreduce of the flat gradient
   buffer, one fused update operator per replica) with the same optimizer: ``sgd``, ``momentum`` (0.9),
-  ``nesterov`` (the Trainer's ``nag``), ``adam``. The ratio is the package's time over the Trainer's.
+  ``nesterov`` (the Trainer's ``nag``), ``adam``; and the same with ``zero=1`` (``parallel/zero1``: each context
+  updates its shard, then an all-gather) and ``zero=2`` (``parallel/zero2``: reduce-scatter, shard update,
+  all-gather). The ratio is the package's time over the Trainer's. On CPU contexts, which share the same cores,
+  K replicated updates cost K times one update; the Trainer (``kvstore="device"``) updates once and copies.
 - ``step``: the whole training step (``train_step``, per-context BatchNorm) with ``zero`` 0, 1 and 2, SGD with
   momentum and Adam; the ratio is each over ``zero=0``.
 
@@ -39,6 +42,10 @@ UPDATE_OPTIMIZERS = {
     "nesterov": ({"momentum": 0.9, "nesterov": True}, "nag", {"momentum": 0.9}),
     "adam": ({}, "adam", {}),
 }
+
+
+#: The update comparison's methods: the Trainer, and the package with each ZeRO stage.
+UPDATE_METHODS = ("trainer", "parallel", "parallel/zero1", "parallel/zero2")
 
 
 def _block(network):
@@ -112,7 +119,7 @@ def build_update(network, method, optimizer, ctx_list, batch_size):
             trainer.step(batch_size)
         return update
     block, device_params, net = _replicas(network, ctx_list)
-    opt = _optimizer(optimizer)
+    opt = _optimizer(optimizer, zero=int(method[-1]) if method.startswith("parallel/zero") else 0)
     parallel.train_step(X, y, device_params, ctx_list, net=net, optimizer=opt)   # gradients in place
     mx.nd.waitall()
     return lambda: optimizer_step(opt, [device_params], batch_size)
@@ -164,7 +171,7 @@ def run(args):
     if "update" in args.parts:
         steps = {(network, method, optimizer, k): build_update(network, method, optimizer, ctx_all[:k], batch[network])
                  for network in args.networks for optimizer in UPDATE_OPTIMIZERS for k in args.ks
-                 for method in ("trainer", "parallel")}
+                 for method in UPDATE_METHODS}
         for (network, method, optimizer, k), (median, ms) in timed(steps, args.repeats, count).items():
             records.append({"part": "update", "network": network, "method": method, "optimizer": optimizer, "k": k,
                             "median_ms": median, "ms": ms})
@@ -205,7 +212,7 @@ def print_tables(result):
                   f"(state {r['state_bytes_per_parameter']:.2f})")
     for r in records:
         if r["part"] == "update":
-            print(f"update  {r['network']:<9} {r['optimizer']:<9} K={r['k']} {r['method']:<9} {r['median_ms']:9.2f} ms"
+            print(f"update  {r['network']:<9} {r['optimizer']:<9} K={r['k']} {r['method']:<15} {r['median_ms']:9.2f} ms"
                   f"  x{r['ratio']:.2f} the Trainer")
     for r in records:
         if r["part"] == "step":

@@ -20,7 +20,7 @@ def test_optimizers_quick_run_measures_every_configuration(tmp_path, capsys):
         assert r["state_bytes_per_parameter"] == pytest.approx(shard, rel=1e-4)
         assert r["bytes_per_parameter"] == pytest.approx(8 + shard, rel=1e-4)
     updates = {(r["method"], r["optimizer"], r["k"]) for r in records if r["part"] == "update"}
-    assert updates == {(m, o, k) for m in ("trainer", "parallel") for o in bench.UPDATE_OPTIMIZERS for k in (1, 2)}
+    assert updates == {(m, o, k) for m in bench.UPDATE_METHODS for o in bench.UPDATE_OPTIMIZERS for k in (1, 2)}
     steps = {(r["optimizer"], r["zero"], r["k"]) for r in records if r["part"] == "step"}
     assert steps == {(o, z, k) for o in ("momentum", "adam") for z in (0, 1, 2) for k in (1, 2)}
     for r in records:
@@ -33,3 +33,17 @@ def test_optimizers_rejects_unknown_parts(capsys):
     with pytest.raises(SystemExit) as exit_info:
         load_benchmark("optimizers").main(["--parts", "speed"])
     assert exit_info.value.code == 2 and "--parts memory, update and/or step" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_optimizer_accuracy_quick_run_trains_every_configuration(tmp_path, capsys):
+    from conftest import easy_dataset, write_idx_files
+    (tmp_path / "data").mkdir()
+    data_dir = write_idx_files(tmp_path / "data", easy_dataset(num_train=64, num_test=32, seed=2))
+    bench = load_benchmark("optimizer_accuracy")
+    assert bench.main(["--data-dir", str(data_dir), "--quick", "--out", str(tmp_path)]) == 0
+    records = json.loads((tmp_path / "optimizer_accuracy.json").read_text())["records"]
+    assert [r["configuration"] for r in records] == list(bench.CONFIGURATIONS)
+    for r in records:
+        assert len(r["test_acc"]) == 2 and all(0 <= a <= 1 for a in r["test_acc"]) and min(r["seconds"]) > 0
+    assert "test acc after each epoch" in capsys.readouterr().out

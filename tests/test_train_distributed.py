@@ -170,3 +170,23 @@ def test_resnet18_trains_in_a_job_and_rank_0_exports_it(tmp_path):
     net = mx.gluon.SymbolBlock.imports(str(tmp_path / "resnet-symbol.json"), ["data"],
                                        str(tmp_path / "resnet-0000.params"))
     assert np.isfinite(net(mx.nd.ones((2, 1, 28, 28))).asnumpy()).all()
+
+
+@pytest.mark.slow
+def test_a_job_resumes_its_optimizer_state_on_every_worker(tiny, tmp_path):
+    """2 workers x 2 contexts, Nesterov momentum sharded with ZeRO-2 and 2 micro-batches: 1 epoch, then --resume
+    --epochs 2, equals 2 epochs straight. Rank 0 reads the checkpoint's momentum and every worker gets it: a
+    worker that started from zero momentum would compute other gradients, and the runs would part."""
+    data_dir, _ = tiny
+    args = ["--data-dir", str(data_dir), *TRAIN, "--devices", "cpu:2", "--momentum", "0.9", "--nesterov",
+            "--zero", "2", "--allreduce", "ring", "--accumulate", "2", "--checkpoint-dir", "ckpt", "--export",
+            "lenet"]
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    straight.mkdir(), resumed.mkdir()
+    out, err = finish(launch(2, straight, *args, "--epochs", "2"))
+    assert "exported LeNet" in out and "ZeRO-2" in out, err[-3000:]
+    out, err = finish(launch(2, resumed, *args, "--epochs", "1"))
+    assert load_checkpoint(resumed / "ckpt").optimizer_state, err[-3000:]
+    out, err = finish(launch(2, resumed, *args, "--epochs", "2", "--resume"))
+    assert "resuming from" in out and "exported LeNet" in out, err[-3000:]
+    assert_same_parameters(exported(resumed / "lenet"), exported(straight / "lenet"), "float32")
