@@ -114,16 +114,19 @@ def update_replicas(device_params, lr, batch_size):
             sgd(params, lr, batch_size)
 
 
-def loss_and_correct(outputs, y_shards, losses, ctx):
+def loss_and_correct(outputs, y_shards, losses, ctx, count_correct=True):
     """Summed loss and number of correct argmax predictions over the shards, each of shape (1,) on ``ctx``.
 
     Each shard's sums are computed on its own context and copied to ``ctx``; nothing waits for the devices.
-    Labels already of the outputs' dtype are compared as they are, and one shard's sums are not added again:
-    every operator pushed costs the host time that the devices share on a CPU.
+    Labels already of the outputs' dtype are compared as they are, one shard's sums are not added again, and with
+    ``count_correct=False`` the count is not computed (None): every operator pushed costs the host time that the
+    devices share on a CPU.
     """
     loss_sums = [l.sum().as_in_context(ctx) for l in losses]
     corrects = [(out.argmax(axis=1) == y_shard.astype(out.dtype, copy=False)).sum().as_in_context(ctx)
-                for out, y_shard in zip(outputs, y_shards)]
+                for out, y_shard in zip(outputs, y_shards)] if count_correct else None
+    if not count_correct:
+        return (loss_sums[0] if len(losses) == 1 else mx.nd.add_n(*loss_sums)), None
     if len(losses) == 1:
         return loss_sums[0], corrects[0]
     return mx.nd.add_n(*loss_sums), mx.nd.add_n(*corrects)
@@ -137,7 +140,7 @@ def check_batch(X, y):
         raise ValueError("X is an empty batch (0 examples); give at least one example")
 
 
-def _forward_backward(replicas, X, y, loss, y_all):
+def _forward_backward(replicas, X, y, loss, y_all, count_correct=True):
     """Forward and backward of one (micro-)batch over the replicas; returns (summed loss, correct, active)."""
     X_shards, y_shards = split_and_load(X, replicas.in_ctx_list), split_and_load(y, replicas.out_ctx_list)
     with autograd.record():   # forward on every replica that holds a shard
@@ -150,7 +153,7 @@ def _forward_backward(replicas, X, y, loss, y_all):
     for r in range(active, len(replicas.in_ctx_list)):   # an idle replica takes the first one's statistics
         for first, aux in zip(replicas.aux(0), replicas.aux(r)):
             first.copyto(aux)
-    return (*loss_and_correct(outputs, y_shards, losses, replicas.in_ctx_list[0]), active)
+    return (*loss_and_correct(outputs, y_shards, losses, replicas.in_ctx_list[0], count_correct), active)
 
 
 def _trained_arrays(groups):
@@ -159,7 +162,7 @@ def _trained_arrays(groups):
     return arrays, [param.grad for param in arrays]
 
 
-def _accumulate(replicas, X, y, loss, n):
+def _accumulate(replicas, X, y, loss, n, count_correct=True):
     """``n`` micro-batches of the batch one after another, their gradients summed in place (``grad_req='add'``
     from zeroed buffers); returns (summed loss, correct) over the whole batch."""
     groups = replicas.groups()
@@ -171,11 +174,11 @@ def _accumulate(replicas, X, y, loss, n):
     autograd.mark_variables(arrays, grads, "add")
     try:
         bounds = np.cumsum([0] + shard_sizes(X.shape[0], n))
-        sums = [_forward_backward(replicas, X[a:b], y[a:b], loss, y if a == 0 else None)[:2]
+        sums = [_forward_backward(replicas, X[a:b], y[a:b], loss, y if a == 0 else None, count_correct)[:2]
                 for a, b in zip(bounds, bounds[1:])]
     finally:
         autograd.mark_variables(arrays, grads, "write")
-    return mx.nd.add_n(*[s[0] for s in sums]), mx.nd.add_n(*[s[1] for s in sums])
+    return mx.nd.add_n(*[s[0] for s in sums]), mx.nd.add_n(*[s[1] for s in sums]) if count_correct else None
 
 
 def _across(job):
@@ -184,7 +187,7 @@ def _across(job):
 
 
 def step_replicas(replicas, X, y, lr=None, loss=softmax_cross_entropy, batch_size=None, optimizer=None,
-                  accumulate=1):
+                  accumulate=1, count_correct=True):
     """One synchronous optimizer step of every replica on the batch ``X``, ``y`` (see the module's docstring).
 
     Parameters
@@ -206,6 +209,8 @@ def step_replicas(replicas, X, y, lr=None, loss=softmax_cross_entropy, batch_siz
         Run the batch as this many micro-batches one after another (sizes differ by at most one), summing
         their gradients, then take one optimizer step: the same step as the whole batch at once, with less
         memory for activations. At most ``len(X)``.
+    count_correct : bool
+        False: leave the count of correct predictions out (None), for a caller that reads the loss alone.
 
     Returns
     -------
@@ -220,9 +225,9 @@ def step_replicas(replicas, X, y, lr=None, loss=softmax_cross_entropy, batch_siz
         raise ValueError(f"accumulate={accumulate} cannot split a batch of {X.shape[0]} examples into micro-batches; "
                          f"use at most {X.shape[0]}")
     if accumulate == 1:
-        loss_sum, correct, active = _forward_backward(replicas, X, y, loss, y)
+        loss_sum, correct, active = _forward_backward(replicas, X, y, loss, y, count_correct)
     else:   # every gradient buffer was zeroed first: a replica idle in some micro-batch adds nothing stale
-        (loss_sum, correct), active = _accumulate(replicas, X, y, loss, accumulate), None
+        (loss_sum, correct), active = _accumulate(replicas, X, y, loss, accumulate, count_correct), None
     optimizer_step(optimizer, replicas.groups(), X.shape[0] if batch_size is None else batch_size,
                    replicas.algorithm, active, _across(replicas.job))
     return loss_sum, correct
@@ -296,6 +301,12 @@ def train_step(X, y, device_params, ctx_list, lr=None, net=lenet_cached, loss=so
         Summed loss and count of correct argmax predictions (of this worker's slice, in a job), each of shape
         (1,) on ``ctx_list[0]``. Nothing here waits for the device, except the kvstore's pull in a job.
     """
+    return _data_parallel_step(X, y, device_params, ctx_list, lr, net, loss, algorithm, job, optimizer, accumulate)
+
+
+def _data_parallel_step(X, y, device_params, ctx_list, lr, net, loss, algorithm, job, optimizer, accumulate,
+                        count_correct=True):
+    """``train_step``'s work; ``count_correct=False`` for ``train_batch``, whose caller reads the loss alone."""
     optimizer = as_optimizer(lr, optimizer)
     _check_replicas(device_params, ctx_list)
     check_batch(X, y)
@@ -306,10 +317,11 @@ def train_step(X, y, device_params, ctx_list, lr=None, net=lenet_cached, loss=so
         if start == stop:   # no example for this worker: it adds a zero gradient and takes the same step
             optimizer_step(optimizer, replicas.groups(), n, algorithm, 0, _across(job))
             zero = mx.nd.zeros((1,), ctx=ctx_list[0])
-            return zero, zero.copy()
+            return zero, zero.copy() if count_correct else None
         X, y = X[start:stop], y[start:stop]
         accumulate = min(accumulate, stop - start)   # a worker's slice may hold fewer examples than micro-batches
-    return step_replicas(replicas, X, y, loss=loss, batch_size=n, optimizer=optimizer, accumulate=accumulate)
+    return step_replicas(replicas, X, y, loss=loss, batch_size=n, optimizer=optimizer, accumulate=accumulate,
+                         count_correct=count_correct)
 
 
 def train_batch(X, y, device_params, ctx_list, lr=None, net=lenet_cached, loss=softmax_cross_entropy,
@@ -328,4 +340,5 @@ def train_batch(X, y, device_params, ctx_list, lr=None, net=lenet_cached, loss=s
         The batch's summed loss (this worker's slice in a job), shape (1,) on ``ctx_list[0]``, not yet
         computed: reading it syncs.
     """
-    return train_step(X, y, device_params, ctx_list, lr, net, loss, algorithm, job, optimizer, accumulate)[0]
+    return _data_parallel_step(X, y, device_params, ctx_list, lr, net, loss, algorithm, job, optimizer, accumulate,
+                               count_correct=False)[0]
