@@ -209,14 +209,14 @@ def test_sigkill_of_a_worker_mid_job_ends_the_job(tmp_path, mark):
 def test_start_timeout_names_the_missing_worker(tmp_path, mark):
     script = write_script(tmp_path, "odd.py", ONE_ODD_WORKER_SCRIPT)
     started = time.monotonic()
-    result = run_launcher(mark, "-n", 2, "-s", 1, "--start-timeout", 5, "--grace", 2,
+    result = run_launcher(mark, "-n", 2, "-s", 1, "--start-timeout", 15, "--grace", 2,
                           sys.executable, script, tmp_path, "sleep", timeout=60)
     elapsed = time.monotonic() - started
     assert result.returncode == 1, result.stderr
     (line,) = error_lines(result.stderr)
-    assert "did not start within 5 s (--start-timeout)" in line
+    assert "did not start within 15 s (--start-timeout)" in line
     assert "1 of 2 workers and 1 of 1 servers" in line and "missing: 1 worker;" in line
-    assert elapsed < 5 + 20, elapsed
+    assert elapsed < 15 + 20, elapsed
     assert_nothing_left(mark)
 
 
@@ -351,7 +351,7 @@ def test_ssh_kvstore_job(sshd, tmp_path, mark):
 @pytest.mark.slow
 def test_ssh_remote_processes_end_with_the_job(sshd, tmp_path, mark):
     """Stopping the local ssh (here at the start timeout) ends the remote processes too (-tt: SIGHUP)."""
-    result = run_launcher(mark, "-n", 2, "-s", 1, "--start-timeout", 5, "--grace", 2, *sshd,
+    result = run_launcher(mark, "-n", 2, "-s", 1, "--start-timeout", 15, "--grace", 2, *sshd,
                           sys.executable, "-c", "import time; time.sleep(300)", timeout=60)
     assert result.returncode == 1, result.stderr
     (line,) = error_lines(result.stderr)
