@@ -351,7 +351,7 @@ def test_ssh_kvstore_job(sshd, tmp_path, mark):
 @pytest.mark.slow
 def test_ssh_remote_processes_end_with_the_job(sshd, tmp_path, mark):
     """Stopping the local ssh (here at the start timeout) ends the remote processes too (-tt: SIGHUP)."""
-    result = run_launcher(mark, "-n", 2, "-s", 1, "--start-timeout", 15, "--grace", 2, *sshd,
+    result = run_launcher(mark, "-n", 2, "-s", 1, "--start-timeout", 5, "--grace", 2, *sshd,
                           sys.executable, "-c", "import time; time.sleep(300)", timeout=60)
     assert result.returncode == 1, result.stderr
     (line,) = error_lines(result.stderr)
