@@ -14,7 +14,28 @@ import argparse
 import contextlib
 import re
 
-__all__ = ["UsageError", "Parser", "flag_message", "users_input", "finite_float"]
+__all__ = ["UsageError", "Parser", "flag_message", "users_input", "finite_float", "RESTART_ENV", "USAGE_STATUS",
+           "restart_count"]
+
+#: The exit status of a command given input that cannot work. ``python -m parallel.launch --max-restarts`` does
+#: not restart a job whose worker exited with it: the same input would fail the same way again.
+USAGE_STATUS = 2
+
+#: The environment variable ``python -m parallel.launch`` sets for every process of a job: 0 on its first start,
+#: r on its r-th restart. ``python -m parallel.train`` resumes from its ``--checkpoint-dir`` when it is >= 1.
+RESTART_ENV = "PARALLEL_RESTART"
+
+
+def restart_count(environ=None):
+    """Which restart of its job this process belongs to (``RESTART_ENV``): 0 for a first start or a process no
+    launcher started.
+
+    >>> restart_count({}), restart_count({"PARALLEL_RESTART": "2"}), restart_count({"PARALLEL_RESTART": "x"})
+    (0, 2, 0)
+    """
+    import os
+    value = (os.environ if environ is None else environ).get(RESTART_ENV, "").strip()
+    return int(value) if value.isdigit() else 0
 
 
 class UsageError(Exception):

@@ -82,21 +82,37 @@ class _Epoch:
         self.totals[1] += float(correct.asscalar())
         self.bar.update(1)
 
-    def finish(self):
-        """Wait for every queued step; returns ``totals``."""
+    def drain(self):
+        """Wait for every queued step; returns a copy of ``totals`` so far (the epoch goes on)."""
         while self.in_flight:
             self._finish_oldest()
-        self.totals[2] += time.perf_counter() - self.started
+        now = time.perf_counter()
+        self.totals[2] += now - self.started
+        self.started = now
+        return list(self.totals)
+
+    def finish(self):
+        """Wait for every queued step and close the progress bar; returns ``totals``."""
+        totals = self.drain()
         self.bar.close()
-        return self.totals
+        return totals
 
 
 class _Run:
     """What every epoch of a ``fit`` shares: the strategy, the optimizer and how to step it, the data, the seed."""
 
-    def __init__(self, strategy, optimizer, accumulate, dataset, seed, batch_size):
+    def __init__(self, strategy, optimizer, accumulate, dataset, seed, batch_size, checkpoint_every):
         self.strategy, self.optimizer, self.accumulate = strategy, optimizer, accumulate
         self.dataset, self.seed, self.batch_size = dataset, seed, batch_size
+        self.checkpoint_every = checkpoint_every
+        self.per_epoch = num_batches(len(dataset.train_labels), batch_size)
+
+    def checkpoint_due(self, epoch, batch):
+        """Whether ``checkpoint_every`` asks for a checkpoint after ``batch`` of ``epoch``: after every
+        ``checkpoint_every``-th optimizer step counted from the run's first (so a resumed run writes them where
+        the uninterrupted one does), but not after an epoch's last batch, where the epoch's own is written."""
+        step = (epoch - 1) * self.per_epoch + batch
+        return bool(self.checkpoint_every) and batch < self.per_epoch and step % self.checkpoint_every == 0
 
     def step(self, X, y):
         return self.strategy.train_step(X, y, optimizer=self.optimizer, accumulate=min(self.accumulate, X.shape[0]))
@@ -126,6 +142,11 @@ def _train_epoch(run, epoch, state, stop, on_checkpoint, progress, history):
             run.checkpoint(on_checkpoint, here)
             raise TrainingStopped(here)
         queued.queue(b, *run.step(X, y))
+        if run.checkpoint_due(epoch, b):
+            totals = queued.drain()
+            if run.strategy.job is not None:   # the job's sums so far: a resumed epoch's metrics stay whole
+                totals[:2] = sum_values(run.strategy.job, totals[:2])
+            run.checkpoint(on_checkpoint, TrainingState(epoch, b, *totals, epoch_seed(seed, epoch), list(history)))
     return queued.finish()
 
 
@@ -185,7 +206,7 @@ def _shared_optimizer_state(job, optimizer, strategy, optimizer_state):
 def fit(dataset, ctx_list, num_epochs, batch_size, lr=None, seed=0, algorithm=DEFAULT_ALGORITHM, progress=False,
         on_epoch=None, strategy="data", stages=None, boundaries=None, micro_batches=None, params=None, start=None,
         stop=None, on_checkpoint=None, job=None, model="lenet", aux=None, optimizer=None, accumulate=1,
-        optimizer_state=None):
+        optimizer_state=None, checkpoint_every=None):
     """Train LeNet or ResNet-18 from scratch over ``ctx_list`` with data parallelism or another ``strategy``.
 
     Parameters
@@ -227,8 +248,8 @@ def fit(dataset, ctx_list, num_epochs, batch_size, lr=None, seed=0, algorithm=DE
         ``on_checkpoint(state, params, aux, optimizer_state)`` with a ``TrainingState``, the model's trainable
         live arrays and its others (the strategy's ``params()`` and ``aux()``; ``aux`` is ``[]`` for LeNet), and
         the optimizer's whole state (``parallel.optim.gather_state``: ``{}`` for plain SGD): after every epoch
-        (the state then points at the next epoch's first batch) and when ``stop`` stops the run. Not called
-        when the loss becomes NaN or infinite.
+        (the state then points at the next epoch's first batch), after every ``checkpoint_every`` optimizer
+        steps, and when ``stop`` stops the run. Not called when the loss becomes NaN or infinite.
     model : str
         ``"lenet"`` or ``"resnet18"`` (``parallel.models.MODELS``), with a strategy name; a strategy object
         brings its own model.
@@ -254,6 +275,11 @@ def fit(dataset, ctx_list, num_epochs, batch_size, lr=None, seed=0, algorithm=DE
     optimizer_state : dict, optional
         With ``start``, the checkpoint's optimizer state (``Checkpoint.optimizer_state``: whole, from any layout);
         in a job, rank 0's is given to every worker.
+    checkpoint_every : int, optional
+        Also call ``on_checkpoint`` after every this many optimizer steps (counted from the first step of the
+        run, so a resumed run checkpoints where the uninterrupted one does), the steps in flight finished
+        first; not after an epoch's last batch, whose checkpoint is the epoch's. In a job every worker must
+        give the same value; the state's sums are then the whole job's so far.
 
     Returns
     -------
@@ -280,6 +306,8 @@ def fit(dataset, ctx_list, num_epochs, batch_size, lr=None, seed=0, algorithm=DE
     optimizer = as_optimizer(lr, optimizer)
     check_int(accumulate, "accumulate", low=1, high=batch_size)
     check_seed(seed)
+    if checkpoint_every is not None:
+        check_int(checkpoint_every, "checkpoint_every", low=1)
     per_epoch = num_batches(len(dataset.train_labels), batch_size)
     state = start if start is not None else TrainingState(1, 0, 0.0, 0.0, 0.0, epoch_seed(seed, 1), [])
     _check_start(state, seed, per_epoch)
@@ -293,7 +321,7 @@ def fit(dataset, ctx_list, num_epochs, batch_size, lr=None, seed=0, algorithm=DE
     state, seed = _shared_start(strategy.job, state, seed, per_epoch)
     _shared_optimizer_state(strategy.job, optimizer, strategy, optimizer_state)
     optimizer.num_update = (state.epoch - 1) * per_epoch + state.batch   # one optimizer step per batch
-    run = _Run(strategy, optimizer, accumulate, dataset, seed, batch_size)
+    run = _Run(strategy, optimizer, accumulate, dataset, seed, batch_size, checkpoint_every)
     history = list(state.history)
     for epoch in range(state.epoch, num_epochs + 1):
         totals = _train_epoch(run, epoch, state, stop, on_checkpoint, progress, history)

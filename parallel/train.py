@@ -41,7 +41,7 @@ import contextlib
 import os
 import shlex
 
-from .cli import Parser, UsageError, finite_float, users_input
+from .cli import USAGE_STATUS, Parser, UsageError, finite_float, users_input
 from .comm import ALGORITHMS, DEFAULT_ALGORITHM
 from .data import DATASETS
 from .files import LOCK_FILE, DirectoryLock, DirectoryLocked, check_writable
@@ -62,6 +62,7 @@ FLAGS = {"epochs": "--epochs", "num_epochs": "--epochs", "batch_size": "--batch-
          "strategy": "--strategy", "algorithm": "--allreduce", "kvstore": "--kvstore", "optimizer": "--optimizer",
          "momentum": "--momentum", "nesterov": "--nesterov", "wd": "--wd", "clip_norm": "--clip-norm",
          "accumulate": "--accumulate", "zero": "--zero", "warmup_epochs": "--warmup-epochs",
+         "checkpoint_every": "--checkpoint-every",
          "lr_decay_epochs": "--lr-decay-epochs", "lr_decay": "--lr-decay", "lr_schedule": "--lr-schedule"}
 
 
@@ -118,6 +119,9 @@ def build_parser():
         help="write loss and accuracy curves; the suffix names the format (.png, .pdf, .svg, ...)")
     add("--checkpoint-dir", metavar="DIR", help="write a checkpoint there after every epoch and when interrupted "
                                                 "(Ctrl-C, SIGTERM); one run at a time holds the directory")
+    add("--checkpoint-every", type=int, default=None, metavar="N",
+        help="also write a checkpoint after every N optimizer steps (batches), so that a run killed mid-epoch "
+             "loses at most N; needs --checkpoint-dir")
     add("--resume", action="store_true",
         help="continue from the checkpoint in --checkpoint-dir (any strategy or devices; --epochs may grow)")
     add("--export", metavar="PREFIX", help="write the trained model as MXNet's PREFIX-symbol.json + "
@@ -210,6 +214,11 @@ def check_args(args):
             raise UsageError(f"{flag} needs a path, got an empty string")
     if args.data_dir is not None and args.dataset == "synthetic":
         raise UsageError("--data-dir applies to --dataset fashion-mnist, not synthetic")
+    if args.checkpoint_every is not None:
+        if args.checkpoint_dir is None:
+            raise UsageError("--checkpoint-every needs --checkpoint-dir, the directory to write the checkpoints in")
+        if args.checkpoint_every < 1:
+            raise UsageError(f"--checkpoint-every must be >= 1 optimizer steps, got {args.checkpoint_every}")
     if args.resume and args.checkpoint_dir is None:
         raise UsageError("--resume needs --checkpoint-dir, the directory that holds the checkpoint")
     if args.kvstore is not None and not _launched():
@@ -336,7 +345,7 @@ def main(argv=None):
             run(args, stack)
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
-        return 2
+        return USAGE_STATUS
     except _Stopped as e:
         print(e.line, file=sys.stderr)
         return e.status

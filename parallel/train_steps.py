@@ -10,7 +10,7 @@ import sys
 
 from .checkpoint import (CheckpointError, check_compatible, dataset_fingerprint, has_checkpoint, load_checkpoint,
                          save_checkpoint)
-from .cli import UsageError, users_input
+from .cli import UsageError, restart_count, users_input
 from .data import DataError, identify_dataset, load_data, num_batches
 from .data.fashion_mnist import default_data_dir
 from .devices import parse_devices
@@ -42,7 +42,8 @@ def read_checkpoint(args, job):
     if args.checkpoint_dir is None or (job is not None and job.rank != 0):
         return None
     with users_input(CheckpointError):
-        if not args.resume:
+        restarted = restart_count() > 0   # a job the launcher restarted continues where it was, if anywhere
+        if not (args.resume or restarted and has_checkpoint(args.checkpoint_dir)):
             if has_checkpoint(args.checkpoint_dir):
                 raise UsageError(f"{args.checkpoint_dir} already holds a checkpoint; add --resume to continue it, "
                                  "or choose another --checkpoint-dir to start a new run")
@@ -206,9 +207,17 @@ class Report:
 
 
 def announce_start(args, checkpoint, report):
-    """Say where a resumed run starts: the checkpoint's position (nothing for a new run)."""
+    """Say where a resumed run starts: the checkpoint's position (nothing for a new run); in a restarted job,
+    which restart this is."""
+    restart = restart_count()
+    if restart and checkpoint is None:
+        report.say(f"restart {restart} of the job: " + ("no checkpoint to resume, starting over"
+                                                         if args.checkpoint_dir is None else
+                                                         f"no checkpoint in {args.checkpoint_dir} yet, starting over"))
     if checkpoint is None:
         return
+    if restart:
+        report.say(f"restart {restart} of the job: resuming from its last checkpoint")
     start = checkpoint.state
     if start.epoch > args.epochs:
         report.say(f"the checkpoint in {args.checkpoint_dir} has finished all {args.epochs} epochs; nothing to "
@@ -225,7 +234,8 @@ def train(args, strategy, optimizer, dataset, checkpoint, stop, report):
         fit(dataset, strategy.ctx_list, args.epochs, args.batch_size, seed=args.seed, progress=
             not args.no_progress and report.main_rank, on_epoch=report.epoch, strategy=strategy, start=start,
             stop=stop, on_checkpoint=report.save, optimizer=optimizer, accumulate=args.accumulate,
-            optimizer_state=None if checkpoint is None else checkpoint.optimizer_state)
+            optimizer_state=None if checkpoint is None else checkpoint.optimizer_state,
+            checkpoint_every=args.checkpoint_every)
 
 
 def export(args, strategy, initial, report):
