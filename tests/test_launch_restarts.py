@@ -1,0 +1,162 @@
+"""python -m parallel.launch that heals: --max-restarts, -n MIN:MAX with a host discovery script, and a watchdog
+that ends the job when the launcher itself is killed. The kvstore jobs here are tiny scripts; the training
+jobs that restart are in test_train_healing.py."""
+import subprocess
+import sys
+
+import pytest
+
+from conftest import start_process, stop_process
+from test_launch import assert_nothing_left, dmlc_processes, error_lines, launcher, mark, run_launcher, \
+    wait_for_pids, write_script, LOOPING_SCRIPT  # noqa: F401 (mark is a fixture)
+
+# Joins the job, sums every worker's 1 and prints what it saw; with argv[2] == "die", the worker of rank 1 on
+# the job's first start SIGKILLs itself after joining; with "exit N" every worker exits with N on every start.
+WORKER_SCRIPT = """
+import os, signal, sys
+import mxnet as mx
+kv = mx.kv.create('dist_sync')
+restart = int(os.environ["PARALLEL_RESTART"])
+action = sys.argv[2:]
+if action[:1] == ["exit"]:
+    sys.exit(int(action[1]))
+if action == ["die"] and restart == 0 and kv.rank == 1:
+    os.kill(os.getpid(), signal.SIGKILL)
+a = mx.nd.zeros(2)
+kv.init(5, a)
+kv.push(5, mx.nd.ones(2))
+kv.pull(5, out=a)
+print(f"restart {restart}: rank {kv.rank} of {kv.num_workers} summed {a.asnumpy()[0]:g}", flush=True)
+"""
+
+
+def _lines(stdout, prefix="restart"):
+    return sorted(line.split("] ", 1)[1] for line in stdout.splitlines() if "] " + prefix in line)
+
+
+def test_a_dead_worker_restarts_the_job(tmp_path, mark):
+    script = write_script(tmp_path, "worker.py", WORKER_SCRIPT)
+    result = run_launcher(mark, "-n", 2, "-s", 1, "--max-restarts", 2, "--grace", 2, sys.executable, script,
+                          tmp_path, "die")
+    assert result.returncode == 0, result.stderr
+    restarts = [line for line in result.stderr.splitlines() if line.startswith("restart ")]
+    assert len(restarts) == 1, result.stderr
+    assert restarts[0].startswith("restart 1 of 2: worker ") and "was killed by SIGKILL" in restarts[0]
+    assert restarts[0].endswith("starting 2 worker(s) again")
+    assert error_lines(result.stderr) == []
+    assert _lines(result.stdout) == ["restart 1: rank 0 of 2 summed 2", "restart 1: rank 1 of 2 summed 2"]
+    assert_nothing_left(mark)
+
+
+@pytest.mark.parametrize("status, restarts", [
+    (3, ["restart 1 of 2", "restart 2 of 2"]),   # restarted up to --max-restarts, then the last error
+    (2, []),                                     # bad input: restarting would fail the same way
+])
+def test_a_failing_worker_is_restarted_up_to_max_restarts_unless_its_input_is_bad(status, restarts, tmp_path,
+                                                                                   mark):
+    script = write_script(tmp_path, "worker.py", WORKER_SCRIPT)
+    result = run_launcher(mark, "-n", 1, "-s", 1, "--max-restarts", 2, "--grace", 1, sys.executable, script,
+                          tmp_path, "exit", status)
+    assert result.returncode == 1, result.stderr
+    got = [line.split(":")[0] for line in result.stderr.splitlines() if line.startswith("restart ")]
+    assert got == restarts, result.stderr
+    (line,) = error_lines(result.stderr)
+    assert f"exited with status {status}" in line
+    assert result.stderr.rstrip().splitlines()[-1] == line   # the last error is the last line
+    assert_nothing_left(mark)
+
+
+@pytest.mark.slow
+def test_the_number_of_workers_follows_the_discovery_script(tmp_path, mark):
+    """2 workers, then 1, then 3 within one job: the script's hosts at each start decide."""
+    slots = tmp_path / "slots"
+    slots.write_text("localhost\nlocalhost\n")
+    # rank 1 of the first start shrinks the job to 1 host and dies; the second start's only worker grows it to
+    # 3 hosts and dies; the third start finishes
+    script = write_script(tmp_path, "worker.py", """
+        import os, signal, sys
+        import mxnet as mx
+        kv = mx.kv.create('dist_sync')
+        restart = int(os.environ["PARALLEL_RESTART"])
+        print(f"restart {restart}: {kv.num_workers} workers", flush=True)
+        slots = os.path.join(sys.argv[1], "slots")
+        if restart == 0 and kv.rank == 1:
+            open(slots, "w").write("localhost\\n")
+            os.kill(os.getpid(), signal.SIGKILL)
+        if restart == 1:
+            open(slots, "w").write("localhost\\n127.0.0.1\\nlocalhost\\n")
+            os.kill(os.getpid(), signal.SIGKILL)
+        if restart == 0:
+            import time; time.sleep(300)   # rank 0 waits to be stopped
+    """)
+    result = run_launcher(mark, "-n", "1:4", "--max-restarts", 2, "--grace", 2, "--host-discovery-script",
+                          f"cat {slots}", sys.executable, script, tmp_path, timeout=240)
+    assert result.returncode == 0, result.stderr
+    restarts = [line for line in result.stderr.splitlines() if line.startswith("restart ")]
+    assert [line.rsplit("; ", 1)[1] for line in restarts] == ["starting 1 worker(s) again",
+                                                              "starting 3 worker(s) again"], result.stderr
+    assert sorted(set(_lines(result.stdout))) == ["restart 0: 2 workers", "restart 1: 1 workers",
+                                                  "restart 2: 3 workers"]
+    assert_nothing_left(mark)
+
+
+def test_too_few_hosts_end_the_job_after_the_start_timeout(tmp_path, mark):
+    slots = tmp_path / "slots"
+    slots.write_text("localhost\n")
+    result = run_launcher(mark, "-n", "2:3", "--start-timeout", 2, "--host-discovery-script", f"cat {slots}",
+                          sys.executable, "-c", "pass", timeout=60)
+    assert result.returncode == 1, result.stderr
+    (line,) = error_lines(result.stderr)
+    assert "only 1 host(s) available, -n asks for at least 2" in line
+    assert_nothing_left(mark)
+
+
+@pytest.mark.slow
+def test_sigkill_of_the_launcher_leaves_nothing(tmp_path, mark):
+    """Its watchdog SIGKILLs every process group of the job, a worker's own child (here the Python a shell
+    started) included."""
+    script = write_script(tmp_path, "loop.py", LOOPING_SCRIPT)
+    argv, env = launcher(mark, "-n", 2, "-s", 1, "sh", "-c", f"{sys.executable} {script} {tmp_path}; true")
+    process = start_process(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for_pids(tmp_path, 2, process)
+        assert len(dmlc_processes(mark)) >= 5   # scheduler, server, 2 shells and their 2 Pythons
+        process.kill()
+        process.wait(timeout=30)
+    finally:
+        if process.poll() is None:
+            stop_process(process)
+    assert_nothing_left(mark, wait=5.0)
+
+
+@pytest.mark.slow
+def test_a_job_that_ends_well_leaves_nothing_when_the_launcher_returns(tmp_path, mark):
+    script = write_script(tmp_path, "worker.py", WORKER_SCRIPT)
+    result = run_launcher(mark, "-n", 7, "-s", 2, sys.executable, script, tmp_path, timeout=240)
+    assert result.returncode == 0, result.stderr
+    assert len(_lines(result.stdout)) == 7
+    assert dmlc_processes(mark) == []   # at once: the launcher returned after every process had gone
+
+
+@pytest.mark.parametrize("args, message", [
+    (["-n", "0:2"], "MIN:MAX with 1 <= MIN <= MAX"),
+    (["-n", "3:2"], "MIN:MAX with 1 <= MIN <= MAX"),
+    (["-n", "x"], "is not a number of workers N or a range MIN:MAX"),
+    (["-n", "1", "--max-restarts", "-1"], "--max-restarts must be >= 0"),
+    (["-n", "1", "--host-discovery-script", ""], "--host-discovery-script needs a command"),
+    (["-n", "1", "--launcher", "ssh", "--host-discovery-script", "true"], "needs --scheduler-host"),
+])
+def test_bad_restart_and_elastic_flags_exit_2(args, message, capsys):
+    from parallel.launch import main
+    assert main(args + ["python", "x.py"]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("error: ") and message in line
+
+
+def test_a_discovery_script_naming_another_host_in_local_mode_is_refused(tmp_path, mark):
+    result = run_launcher(mark, "-n", "1:2", "--host-discovery-script", "echo node7", sys.executable, "-c", "pass",
+                          timeout=60)
+    assert result.returncode == 1, result.stderr
+    (line,) = error_lines(result.stderr)
+    assert "named the host 'node7'" in line
+    assert_nothing_left(mark)

@@ -1,0 +1,203 @@
+"""Jobs that heal: checkpoints every N steps (``fit(checkpoint_every=N)``, ``--checkpoint-every``), and
+``python -m parallel.train`` under ``python -m parallel.launch --max-restarts`` resuming by itself after a worker
+is SIGKILLed at any point, ending bitwise equal to the job never interrupted; with ``-n MIN:MAX`` the job goes on
+with another number of workers and ends with the same model to float32 rounding."""
+import os
+import sys
+
+import mxnet as mx
+import numpy as np
+import pytest
+
+from parallel import fit
+from parallel.checkpoint import load_checkpoint
+from parallel.cli import RESTART_ENV
+from parallel.optim import make_optimizer
+from parallel.train import main
+from conftest import assert_same_parameters, easy_dataset, run_process, write_idx_files
+
+
+def _snapshot(record):
+    def on_checkpoint(state, params, aux, optimizer_state):
+        record.append((state, [p.copy() for p in params],
+                       {name: [a.copy() for a in arrays] for name, arrays in optimizer_state.items()}))
+    return on_checkpoint
+
+
+def test_checkpoint_every_n_steps_and_resume_from_each_is_bitwise(tmp_path):
+    dataset = easy_dataset(num_train=70, num_test=20, seed=1)   # batches of 16: 5 a epoch, the last of 6
+    ctx = [mx.cpu(0), mx.cpu(1)]
+    kwargs = dict(num_epochs=3, batch_size=16, seed=2, checkpoint_every=3)
+    record = []
+    history, model = fit(dataset, ctx, optimizer=make_optimizer("sgd", 0.05, momentum=0.9), on_checkpoint=_snapshot(record),
+                         **kwargs)
+    want = [p.asnumpy() for p in model[0]]
+    steps = [(s.epoch - 1) * 5 + s.batch for s, _, _ in record]
+    # every third step, and every epoch's end (steps 5, 10, 15), once
+    assert steps == [3, 5, 6, 9, 10, 12, 15], steps
+    assert [(s.epoch, s.batch) for s, _, _ in record][:3] == [(1, 3), (2, 0), (2, 1)]
+    for state, params, optimizer_state in record[:-1]:
+        again = []
+        _, resumed = fit(dataset, ctx, optimizer=make_optimizer("sgd", 0.05, momentum=0.9), start=state,
+                         params=params, optimizer_state=optimizer_state, on_checkpoint=_snapshot(again), **kwargs)
+        for got, expected in zip(resumed[0], want):
+            np.testing.assert_array_equal(got.asnumpy(), expected, err_msg=f"resumed at {state.epoch}/{state.batch}")
+        # the resumed run checkpoints where the uninterrupted one did
+        assert [(s.epoch, s.batch) for s, _, _ in again] == [(s.epoch, s.batch) for s, _, _ in record
+                                                              if (s.epoch, s.batch) > (state.epoch, state.batch)]
+
+
+@pytest.mark.parametrize("value", [0, True, 2.5])
+def test_fit_refuses_a_bad_checkpoint_every(value):
+    dataset = easy_dataset(num_train=20, num_test=10, seed=1)
+    with pytest.raises(TypeError if not isinstance(value, int) or isinstance(value, bool) else ValueError,
+                       match="checkpoint_every"):
+        fit(dataset, [mx.cpu(0)], num_epochs=1, batch_size=8, lr=0.1, checkpoint_every=value)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--checkpoint-every", "5"], "--checkpoint-every needs --checkpoint-dir"),
+    (["--checkpoint-every", "0", "--checkpoint-dir", "c"], "--checkpoint-every must be >= 1"),
+    (["--checkpoint-every", "x", "--checkpoint-dir", "c"], "invalid int value"),
+])
+def test_bad_checkpoint_every_exits_2(args, message, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(["--dataset", "synthetic", "--epochs", "1"] + args) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("error: ") and message in line
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """70 train examples: batches of 13, 6 a epoch, the last of 5."""
+    return write_idx_files(tmp_path_factory.mktemp("idx"), easy_dataset(num_train=70, num_test=23, seed=6))
+
+
+def test_a_restarted_run_resumes_by_itself_and_a_first_start_does_not(tiny, tmp_path, monkeypatch, capsys):
+    """PARALLEL_RESTART >= 1 (what the launcher sets on a restart) resumes from --checkpoint-dir, where a first
+    start over a checkpoint is refused; a restart with no checkpoint yet starts over."""
+    monkeypatch.chdir(tmp_path)
+    args = ["--data-dir", str(tiny), "--batch-size", "13", "--lr", "0.1", "--seed", "3", "--no-progress",
+            "--devices", "cpu:2", "--checkpoint-dir", "ckpt", "--checkpoint-every", "4", "--export", "m"]
+    assert main(args + ["--epochs", "2"]) == 0
+    whole = mx.nd.load("m-0000.params")
+    assert main(args + ["--epochs", "3"]) == 2
+    assert "already holds a checkpoint" in capsys.readouterr().err
+    monkeypatch.setenv(RESTART_ENV, "1")
+    assert main(args + ["--epochs", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "restart 1 of the job: resuming from its last checkpoint" in out and "epoch 3" in out
+    assert main(args[:-6] + ["--checkpoint-dir", "fresh", "--epochs", "1"]) == 0
+    assert "restart 1 of the job: no checkpoint in fresh yet, starting over" in capsys.readouterr().out
+    assert load_checkpoint("ckpt").state.epoch == 4 and set(whole) == set(mx.nd.load("m-0000.params"))
+
+
+# Runs python -m parallel.train, SIGKILLing itself where argv[1] says: "none", or plans joined by "+", each
+# "START/step:N:R" (before its N-th training step of that start of the job, on rank R) or "START/write:N"
+# (inside rank 0's N-th checkpoint write of that start, after the arrays, before the manifest that commits them),
+# optionally with "/HOST,HOST" to write into the discovery file argv[2] first. Other starts train normally.
+WRAPPER = """
+import os, signal, sys
+plans, hosts_file = sys.argv[1], sys.argv[2]
+sys.argv = [sys.argv[0]] + sys.argv[3:]
+restart = int(os.environ["PARALLEL_RESTART"])
+plan = [p.split("/") for p in plans.split("+") if p != "none" and int(p.split("/")[0]) == restart]
+
+def die(hosts):
+    if hosts:
+        with open(hosts_file, "w") as f:
+            f.write(hosts.replace(",", "\\n") + "\\n")
+    os.kill(os.getpid(), signal.SIGKILL)
+
+import parallel.checkpoint, parallel.loop
+if plan:
+    _, where, *hosts = plan[0]
+    kind, n, *rank = where.split(":")
+    count = [0]
+    if kind == "step":
+        step = parallel.loop._Run.step
+        def counted(self, X, y):
+            count[0] += 1
+            if count[0] == int(n) and self.strategy.job.rank == int(rank[0]):
+                die(hosts and hosts[0])
+            return step(self, X, y)
+        parallel.loop._Run.step = counted
+    else:
+        sha256 = parallel.checkpoint._sha256
+        def counted(path):
+            count[0] += 1
+            if count[0] == int(n):
+                die(hosts and hosts[0])
+            return sha256(path)
+        parallel.checkpoint._sha256 = counted
+from parallel.train import _main_in_job
+sys.exit(_main_in_job())
+"""
+
+TRAIN = ["--batch-size", "13", "--lr", "0.1", "--seed", "3", "--no-progress", "--devices", "cpu:1", "--epochs",
+         "3", "--momentum", "0.9", "--checkpoint-dir", "ckpt", "--checkpoint-every", "4"]
+
+
+def run_job(tmp_path, data_dir, plans, workers="2", discovery=None, timeout=400):
+    (tmp_path / "wrapper.py").write_text(WRAPPER)
+    discover = [] if discovery is None else ["--host-discovery-script", f"cat {discovery}"]
+    env = dict(os.environ, OMP_NUM_THREADS="1")   # every process, whatever the number of workers: equal rounding
+    return run_process([sys.executable, "-m", "parallel.launch", "-n", workers, "-s", "1", "--max-restarts", "2",
+                        "--grace", "2", "--stall-timeout", "120", *discover, sys.executable,
+                        str(tmp_path / "wrapper.py"), plans, str(discovery), "--data-dir", str(data_dir), *TRAIN],
+                       timeout=timeout, cwd=tmp_path, env=env)
+
+
+@pytest.fixture(scope="module")
+def straight(tiny, tmp_path_factory):
+    """The job never interrupted: its final parameters and optimizer state."""
+    directory = tmp_path_factory.mktemp("straight")
+    result = run_job(directory, tiny, "none")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "restart" not in result.stderr
+    return load_checkpoint(directory / "ckpt")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("where", [
+    "0/step:3:0",    # before the first checkpoint (after step 4): restarts from scratch
+    "0/step:10:1",   # mid-epoch 2, on the worker that does not write
+    "0/write:3",     # inside the third checkpoint write (after step 8): the second one is the last whole one
+    "0/step:18:1",   # in the last batch
+])
+def test_a_job_killed_anywhere_restarts_and_ends_bitwise_equal(where, tiny, straight, tmp_path):
+    result = run_job(tmp_path, tiny, where)
+    assert result.returncode == 0, result.stderr[-3000:]
+    restarts = [line for line in result.stderr.splitlines() if line.startswith("restart ")]
+    assert len(restarts) == 1 and "was killed by SIGKILL" in restarts[0], result.stderr[-3000:]
+    resumed = "no checkpoint in ckpt yet, starting over" if where == "0/step:3:0" else "resuming from its last"
+    assert resumed in result.stdout, result.stdout[-3000:]
+    got = load_checkpoint(tmp_path / "ckpt")
+    assert got.state.epoch == 4
+    assert len(got.params) == 8 and sorted(straight.optimizer_state) == ["momentum"]
+    for g, w in zip(got.params, straight.params):
+        np.testing.assert_array_equal(g.asnumpy(), w.asnumpy())
+    for name in straight.optimizer_state:
+        for g, w in zip(got.optimizer_state[name], straight.optimizer_state[name]):
+            np.testing.assert_array_equal(g.asnumpy(), w.asnumpy())
+
+
+@pytest.mark.slow
+def test_a_job_goes_from_2_workers_to_1_to_3_and_trains_the_same_model(tiny, straight, tmp_path):
+    """The first start's rank 1 leaves one host in the discovery file and dies before its 7th step; the second
+    start's only worker leaves three and dies before its 6th (step 13 of the run); the third start finishes."""
+    hosts = tmp_path / "hosts"
+    hosts.write_text("localhost\nlocalhost\n")
+    result = run_job(tmp_path, tiny, "0/step:7:1/localhost+1/step:6:0/localhost,localhost,localhost",
+                     workers="1:3", discovery=hosts)
+    assert result.returncode == 0, result.stderr[-3000:]
+    counts = [line.rsplit("; ", 1)[1] for line in result.stderr.splitlines() if line.startswith("restart ")]
+    assert counts == ["starting 1 worker(s) again", "starting 3 worker(s) again"], result.stderr[-3000:]
+    layouts = [line.split("] ", 1)[1] for line in result.stdout.splitlines() if "] training LeNet" in line]
+    assert [line.rsplit(" on ", 1)[1] for line in layouts] == ["2 worker(s) x 1 context(s)",
+                                                               "1 worker(s) x 1 context(s)",
+                                                               "3 worker(s) x 1 context(s)"], result.stdout[-3000:]
+    got = load_checkpoint(tmp_path / "ckpt")
+    assert got.state.epoch == 4
+    assert_same_parameters([p.asnumpy() for p in got.params], [p.asnumpy() for p in straight.params], "float32")
