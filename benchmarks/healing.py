@@ -1,0 +1,181 @@
+"""What healing costs: checkpoints every N steps against none, and a job whose worker is SIGKILLed mid-epoch.
+
+Run from the repository root (about 6 minutes on 2 cores)::
+
+    OMP_NUM_THREADS=2 python benchmarks/healing.py --data-dir digits
+    OMP_NUM_THREADS=1 python benchmarks/healing.py --quick            # smoke test, synthetic data
+
+Two parts, one after the other:
+
+- ``cost``: ``fit`` on one context with a checkpoint (``save_checkpoint`` into a temporary directory, momentum
+  state included) every 10 steps, every 50 steps, or only at the epoch's end, for LeNet (batch 64) and ResNet-18
+  (batch 32) on synthetic data; ``--repeats`` rounds, each running every configuration once in a fresh
+  shuffled order; the median seconds per epoch, and each against no checkpoint inside the epoch.
+- ``job``: ``python -m parallel.launch -n 2 --max-restarts 1`` running ``python -m parallel.train`` for 3 LeNet
+  epochs on ``--data-dir`` (batch 32, ``--checkpoint-every 20``), once uninterrupted and once with one worker
+  SIGKILLed a second into epoch 2; the time from the kill to the restarted job's ``resuming`` line (the
+  launcher's stop, the new start, joining the job, reading the checkpoint and the data), to its next
+  completed epoch line, and the total time of each job.
+
+Writes ``healing.json`` to ``--out``.
+"""
+import argparse
+import json
+import os
+import random
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def measure_cost(args):
+    import mxnet as mx
+    from parallel import fit, synthetic_dataset
+    from parallel.checkpoint import save_checkpoint
+    from parallel.optim import make_optimizer
+
+    models = {"lenet": (64, 20 if args.quick else 100), "resnet18": (32, 2 if args.quick else 20)}
+    everys = [None, 10, 50] if not args.quick else [None, 1]
+    samples = {(model, every): [] for model in models for every in everys}
+    rng = random.Random(0)
+    with tempfile.TemporaryDirectory() as tmp:
+        def saver(model, directory):
+            def on_checkpoint(state, params, aux, optimizer_state):
+                save_checkpoint(directory, params, state, {}, aux=aux, model=model, optimizer_state=optimizer_state)
+            return on_checkpoint
+        for repeat in range(args.repeats):
+            order = list(samples)
+            rng.shuffle(order)
+            for model, every in order:
+                batch, steps = models[model]
+                dataset = synthetic_dataset(num_train=batch * steps, num_test=batch, seed=repeat)
+                directory = os.path.join(tmp, f"{model}-{every}-{repeat}")
+                history, _ = fit(dataset, [mx.cpu(0)], num_epochs=1, batch_size=batch, model=model,
+                                 optimizer=make_optimizer("sgd", 0.01, momentum=0.9), checkpoint_every=every,
+                                 on_checkpoint=saver(model, directory))
+                samples[model, every].append(history[0]["seconds"])
+            print(f"cost: repeat {repeat + 1}/{args.repeats} done", file=sys.stderr, flush=True)
+    rows = []
+    for model in models:
+        base = statistics.median(samples[model, None])
+        for every in everys:
+            median = statistics.median(samples[model, every])
+            rows.append({"model": model, "checkpoint_every": every, "steps": models[model][1],
+                         "batch_size": models[model][0], "seconds": samples[model, every],
+                         "median_seconds": median, "ratio": median / base})
+    return rows
+
+
+def run_job(args, directory, kill):
+    """One 3-epoch job; with ``kill``, SIGKILL a worker a second into epoch 2. Returns its timings."""
+    command = [sys.executable, "-m", "parallel.launch", "-n", "2", "--max-restarts", "1", "--grace", "2",
+               sys.executable, "-m", "parallel.train", "--data-dir", os.path.abspath(args.data_dir), "--devices",
+               "cpu:1", "--epochs", str(args.epochs), "--batch-size", "32", "--lr", "0.1", "--momentum", "0.9",
+               "--no-progress", "--checkpoint-dir", "ckpt", "--checkpoint-every", "20"]
+    started = time.monotonic()
+    process = subprocess.Popen(command, cwd=directory, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               start_new_session=True)
+    timings, killed = {}, None
+    try:
+        for line in process.stdout:
+            now = time.monotonic()
+            if kill and killed is None and " epoch 1, loss " in line:
+                time.sleep(0.0 if args.quick else 1.0)
+                workers = _workers_of(process.pid)
+                killed = time.monotonic()
+                os.kill(workers[-1], signal.SIGKILL)
+            elif killed is not None and "resuming from its last checkpoint" in line and "resumed" not in timings:
+                timings["resumed"] = now - killed
+            elif killed is not None and "resumed" in timings and " epoch " in line and ", loss " in line \
+                    and "first_epoch_after" not in timings:
+                timings["first_epoch_after"] = now - killed
+        process.wait(timeout=600)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    stderr = process.stderr.read()
+    if process.returncode != 0:
+        raise RuntimeError(f"the job failed ({process.returncode}): {stderr[-2000:]}")
+    timings["total"] = time.monotonic() - started
+    timings["restarts"] = sum(line.startswith("restart ") for line in stderr.splitlines())
+    return timings
+
+
+def _workers_of(launcher_pid):
+    """The pids of the job's worker processes (``DMLC_ROLE=worker`` in their environment), below the launcher."""
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/environ", "rb") as f:
+                environ = f.read().split(b"\0")
+            with open(f"/proc/{name}/stat") as f:
+                parent = int(f.read().rsplit(")", 1)[1].split()[1])
+        except OSError:
+            continue
+        if b"DMLC_ROLE=worker" in environ and parent == launcher_pid:
+            found.append(int(name))
+    if not found:
+        raise RuntimeError("no worker of the job found")
+    return sorted(found)
+
+
+def measure_job(args):
+    with tempfile.TemporaryDirectory() as tmp:
+        results = {}
+        for name, kill in (("uninterrupted", False), ("killed", True)):
+            directory = os.path.join(tmp, name)
+            os.mkdir(directory)
+            results[name] = run_job(args, directory, kill)
+            print(f"job: {name} done", file=sys.stderr, flush=True)
+    results["total_ratio"] = results["killed"]["total"] / results["uninterrupted"]["total"]
+    return results
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--data-dir", default=None, help="MNIST-format data for the job part (digits); "
+                                                         "default: synthetic data written to a temporary directory")
+    parser.add_argument("--repeats", type=int, default=5, help="interleaved rounds of the cost part; default 5")
+    parser.add_argument("--epochs", type=int, default=3, help="epochs of the job part; default 3")
+    parser.add_argument("--quick", action="store_true", help="smoke test: tiny sizes, seconds")
+    parser.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results"))
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.repeats, args.epochs = 1, 3
+    result = {"command": "python benchmarks/healing.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+              "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "unset"), "cost": measure_cost(args)}
+    with tempfile.TemporaryDirectory() as data:
+        if args.data_dir is None:   # a small synthetic MNIST-format set
+            from parallel import synthetic_dataset, write_idx
+            from parallel.data import FILES
+            dataset = synthetic_dataset(num_train=640 if args.quick else 1500, num_test=64, seed=0)
+            for role, name in FILES.items():
+                write_idx(os.path.join(data, name), getattr(dataset, role))
+            args.data_dir = data
+        result["job"] = measure_job(args)
+    for row in result["cost"]:
+        every = row["checkpoint_every"] or "epoch end only"
+        print(f"{row['model']:9} checkpoint every {every!s:>14}: {row['median_seconds']:7.2f} s/epoch "
+              f"({row['ratio']:.2f}x)")
+    job = result["job"]
+    print(f"job: uninterrupted {job['uninterrupted']['total']:.1f} s; killed {job['killed']['total']:.1f} s "
+          f"({job['total_ratio']:.2f}x); kill -> resuming {job['killed'].get('resumed', float('nan')):.1f} s, "
+          f"-> next epoch line {job['killed'].get('first_epoch_after', float('nan')):.1f} s")
+    os.makedirs(args.out, exist_ok=True)
+    path = os.path.join(args.out, "healing.json")
+    with open(path + ".tmp", "w") as f:
+        json.dump(result, f, indent=2)
+    os.replace(path + ".tmp", path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
