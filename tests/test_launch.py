@@ -266,7 +266,8 @@ def test_user_errors_exit_2_with_one_line(case, tmp_path, capsys):
     bad.write_text("node1:ssh\n")
     with _listening_port() as busy:
         args, message = {
-            "-n 0": (["-n", "0", "python", "x.py"], "-n/--num-workers must be >= 1, got 0"),
+            "-n 0": (["-n", "0", "python", "x.py"],
+                     "-n/--num-workers must be N >= 1 or MIN:MAX with 1 <= MIN <= MAX, got 0"),
             "missing hostfile": (["-n", "1", "--launcher", "ssh", "-H", str(tmp_path / "nope"), "python", "x.py"],
                                  "cannot read the hostfile"),
             "empty hostfile": (["-n", "1", "--launcher", "ssh", "-H", str(empty), "python", "x.py"], "names no host"),
@@ -288,7 +289,7 @@ def test_user_error_in_a_subprocess_is_one_line():
     result = run_process([sys.executable, "-m", "parallel.launch", "-n", "0", "python", "x.py"],
                             timeout=60)
     assert result.returncode == 2
-    assert result.stderr == "error: -n/--num-workers must be >= 1, got 0\n"
+    assert result.stderr == "error: -n/--num-workers must be N >= 1 or MIN:MAX with 1 <= MIN <= MAX, got 0\n"
 
 
 # ssh mode, against an sshd of our own on 127.0.0.1.
