@@ -327,8 +327,9 @@ _WORKER_LINE = re.compile(r"^\[worker (\d+)\] (.*)$")
 
 
 def _children_environments(ppid):
-    """Role, pid and ``OMP_NUM_THREADS`` of every process whose parent is ``ppid`` (the launcher), read from
-    ``/proc/PID/environ``: the environment each one started with, which is what MXNet read."""
+    """Role, pid and ``OMP_NUM_THREADS`` of every process of the job whose parent is ``ppid`` (the launcher), read
+    from ``/proc/PID/environ``: the environment each one started with, which is what MXNet read. Children with no
+    ``DMLC_ROLE`` (the launcher's watchdog) are left out."""
     found = []
     try:
         entries = os.listdir("/proc")
@@ -347,7 +348,9 @@ def _children_environments(ppid):
         except (OSError, IndexError, ValueError):
             continue
         env = dict(item.split("=", 1) for item in raw.split("\0") if "=" in item)
-        found.append({"role": env.get("DMLC_ROLE", "?"), "pid": int(entry),
+        if "DMLC_ROLE" not in env:   # the launcher's watchdog, which is not a process of the job
+            continue
+        found.append({"role": env["DMLC_ROLE"], "pid": int(entry),
                       "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", "unset")})
     return sorted(found, key=lambda p: (["scheduler", "server", "worker"].index(p["role"])
                                         if p["role"] in ("scheduler", "server", "worker") else 3, p["pid"]))
