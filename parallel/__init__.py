@@ -44,6 +44,8 @@ _SOURCES = {
     "checkpoint": ["TrainingState", "save_checkpoint", "load_checkpoint", "CheckpointError"],
     "export": ["export_lenet", "export_gluon", "to_gluon", "lenet_symbol"],
     "kvstore": ["join", "Job", "broadcast_params", "allreduce_across"],
+    "compress": ["COMPRESSIONS", "parse_compression"],
+    "compress.compressors": ["make_compressor", "compressed_allreduce", "Compressor"],
 }
 __all__ = [name for names in _SOURCES.values() for name in names]
 __getattr__, __dir__ = lazy_exports(__name__, _SOURCES)

@@ -30,6 +30,7 @@ KEYS = {
     "sums": 100,      # small sums of n numbers use key 100 + n (n < 900)
     "chunks": 1000,   # the pieces of a broadcast object use keys 1000 .. 9999 (objects up to 36 MB)
     "shards": 10000,  # zero=2: context i's shard of the gradient buffer, summed over the workers, key 10000 + i
+    "compressed": 20000,  # the compressed gradient: 20000, or (PowerSGD) 20001 + 2t and 20002 + 2t for tensor t
 }
 #: ``broadcast_object`` sends its JSON text in pieces of this many bytes (one float64 per byte).
 CHUNK = 4096
@@ -204,15 +205,26 @@ def broadcast_aux(job, device_params):
             first.copyto(array)
 
 
-def allreduce_across(job, device_params, regions=None):
+def allreduce_across(job, device_params, regions=None, compressor=None):
     """Sum the gradient buffer over the workers, in place, after this worker's contexts have summed theirs:
     every replica of every worker then holds the global sum. One push and one pull of the flat buffer (the
     servers split big buffers between them, ``MXNET_KVSTORE_BIGARRAY_BOUND``).
 
     With ``regions`` (ZeRO's ``zero=2``, after a reduce-scatter: replica ``i`` holds the sum of its elements
     ``regions[i]`` alone), each replica's region is summed over the workers instead, under its own key, and
-    nothing is copied between the contexts: the same bytes as one push and pull of the whole buffer."""
+    nothing is copied between the contexts: the same bytes as one push and pull of the whole buffer.
+
+    With ``compressor`` (``parallel.compress``), the workers push and pull compressed payloads instead, under
+    the keys from ``KEYS["compressed"]``, with a worker-level residual (``Compressor.across``)."""
     replicas = _flat(device_params)
+    if compressor is not None:
+        if regions is not None:
+            raise ValueError("compression does not reduce-scatter (zero=2) yet")
+        grad = replicas[0].grad
+        compressor.across(job, grad, KEYS["compressed"], [param.shape for param in replicas[0]])
+        for params in replicas[1:]:
+            grad.copyto(params.grad)
+        return
     if regions is not None:
         for i, (replica, (start, stop)) in enumerate(zip(replicas, regions)):
             if stop > start:

@@ -206,7 +206,7 @@ def _shared_optimizer_state(job, optimizer, strategy, optimizer_state):
 def fit(dataset, ctx_list, num_epochs, batch_size, lr=None, seed=0, algorithm=DEFAULT_ALGORITHM, progress=False,
         on_epoch=None, strategy="data", stages=None, boundaries=None, micro_batches=None, params=None, start=None,
         stop=None, on_checkpoint=None, job=None, model="lenet", aux=None, optimizer=None, accumulate=1,
-        optimizer_state=None, checkpoint_every=None):
+        optimizer_state=None, checkpoint_every=None, compression=None):
     """Train LeNet or ResNet-18 from scratch over ``ctx_list`` with data parallelism or another ``strategy``.
 
     Parameters
@@ -280,6 +280,10 @@ def fit(dataset, ctx_list, num_epochs, batch_size, lr=None, seed=0, algorithm=DE
         run, so a resumed run checkpoints where the uninterrupted one does), the steps in flight finished
         first; not after an epoch's last batch, whose checkpoint is the epoch's. In a job every worker must
         give the same value; the state's sums are then the whole job's so far.
+    compression : str or parallel.compress.Compressor, optional
+        Data parallelism: sum the gradients between the contexts as compressed payloads with error feedback
+        (``"fp16"``, ``"2bit"``, ``"topk:RATIO"``, ``"powersgd:RANK"``; see ``parallel.compress``). Checkpoints do
+        not hold the residuals yet: a run resumed with a lossy compressor starts them from zero.
 
     Returns
     -------
@@ -315,7 +319,9 @@ def fit(dataset, ctx_list, num_epochs, batch_size, lr=None, seed=0, algorithm=DE
         check_options(strategy, stages, boundaries, micro_batches, batch_size, job is not None, optimizer.zero,
                       algorithm)
         strategy = make_strategy(strategy, init_model(model, seed, params, aux), ctx_list, stages, boundaries,
-                                 micro_batches, batch_size, algorithm, job)
+                                 micro_batches, batch_size, algorithm, job, compression)
+    elif compression not in (None, "none"):
+        raise ValueError("compression: fit got a strategy object; pass compression to make_strategy instead")
     elif job is not None and strategy.job is not job:
         raise ValueError("job: fit got a job but the strategy was built without it; pass job to make_strategy")
     state, seed = _shared_start(strategy.job, state, seed, per_epoch)

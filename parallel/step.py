@@ -181,9 +181,9 @@ def _accumulate(replicas, X, y, loss, n, count_correct=True):
     return mx.nd.add_n(*[s[0] for s in sums]), mx.nd.add_n(*[s[1] for s in sums]) if count_correct else None
 
 
-def _across(job):
-    """The cross-process sum of a group's gradients in a distributed job, or None."""
-    return None if job is None else functools.partial(allreduce_across, job)
+def _across(job, compressor=None):
+    """The cross-process sum of a group's gradients in a distributed job (compressed with ``compressor``), or None."""
+    return None if job is None else functools.partial(allreduce_across, job, compressor=compressor)
 
 
 def step_replicas(replicas, X, y, lr=None, loss=softmax_cross_entropy, batch_size=None, optimizer=None,
@@ -229,7 +229,8 @@ def step_replicas(replicas, X, y, lr=None, loss=softmax_cross_entropy, batch_siz
     else:   # every gradient buffer was zeroed first: a replica idle in some micro-batch adds nothing stale
         (loss_sum, correct), active = _accumulate(replicas, X, y, loss, accumulate, count_correct), None
     optimizer_step(optimizer, replicas.groups(), X.shape[0] if batch_size is None else batch_size,
-                   replicas.algorithm, active, _across(replicas.job))
+                   replicas.algorithm, active, _across(replicas.job, getattr(replicas, "compressor", None)),
+                   getattr(replicas, "compressor", None))
     return loss_sum, correct
 
 
@@ -240,10 +241,11 @@ class DeviceReplicas:
     through the kvstore.
     """
 
-    def __init__(self, device_params, ctx_list, net=lenet_cached, algorithm=DEFAULT_ALGORITHM, job=None):
+    def __init__(self, device_params, ctx_list, net=lenet_cached, algorithm=DEFAULT_ALGORITHM, job=None,
+                 compressor=None):
         self.device_params, self.in_ctx_list = device_params, list(ctx_list)
         self.out_ctx_list = self.in_ctx_list
-        self.net, self.algorithm, self.job = as_net(net), algorithm, job
+        self.net, self.algorithm, self.job, self.compressor = as_net(net), algorithm, job, compressor
 
     def forward_all(self, X_shards):
         forward_all = getattr(self.net, "forward_all", None)   # a net that needs every shard at once (BatchNorm)
@@ -259,7 +261,7 @@ class DeviceReplicas:
 
 
 def train_step(X, y, device_params, ctx_list, lr=None, net=lenet_cached, loss=softmax_cross_entropy,
-               algorithm=DEFAULT_ALGORITHM, job=None, optimizer=None, accumulate=1):
+               algorithm=DEFAULT_ALGORITHM, job=None, optimizer=None, accumulate=1, compression=None):
     """One optimizer step on every replica; returns the batch's summed loss and number of correct predictions.
 
     Parameters
@@ -294,6 +296,10 @@ def train_step(X, y, device_params, ctx_list, lr=None, net=lenet_cached, loss=so
         (``parallel.optim``). It keeps its state between calls: pass the same object at every step.
     accumulate : int
         Micro-batches per batch, run one after another before one update (see ``step_replicas``).
+    compression : parallel.compress.Compressor, optional
+        Sum the gradients between the contexts as compressed payloads (``parallel.make_compressor("topk:0.01")``),
+        with error feedback: its residuals carry over, so pass the same object at every step. None (or
+        ``"none"``): uncompressed, bitwise as without it.
 
     Returns
     -------
@@ -301,21 +307,35 @@ def train_step(X, y, device_params, ctx_list, lr=None, net=lenet_cached, loss=so
         Summed loss and count of correct argmax predictions (of this worker's slice, in a job), each of shape
         (1,) on ``ctx_list[0]``. Nothing here waits for the device, except the kvstore's pull in a job.
     """
-    return _data_parallel_step(X, y, device_params, ctx_list, lr, net, loss, algorithm, job, optimizer, accumulate)
+    return _data_parallel_step(X, y, device_params, ctx_list, lr, net, loss, algorithm, job, optimizer, accumulate,
+                               compression=compression)
+
+
+def _check_compression(compression):
+    """A ``Compressor`` (kept by the caller from step to step), or None for ``None`` and ``"none"``."""
+    from .compress.compressors import Compressor
+    if compression is None or compression == "none" or isinstance(compression, Compressor):
+        return None if compression == "none" else compression
+    if isinstance(compression, str):
+        raise TypeError(f"compression={compression!r} is a spec, but a step needs the compressor itself, whose "
+                        "residuals carry over between steps: pass parallel.make_compressor("
+                        f"{compression!r}) and reuse it at every step")
+    raise TypeError(f"compression must be a Compressor (parallel.make_compressor) or None, got {compression!r}")
 
 
 def _data_parallel_step(X, y, device_params, ctx_list, lr, net, loss, algorithm, job, optimizer, accumulate,
-                        count_correct=True):
+                        count_correct=True, compression=None):
     """``train_step``'s work; ``count_correct=False`` for ``train_batch``, whose caller reads the loss alone."""
     optimizer = as_optimizer(lr, optimizer)
+    compressor = _check_compression(compression)
     _check_replicas(device_params, ctx_list)
     check_batch(X, y)
-    replicas = DeviceReplicas(device_params, ctx_list, net, algorithm, job)
+    replicas = DeviceReplicas(device_params, ctx_list, net, algorithm, job, compressor)
     n = X.shape[0]   # the global batch
     if job is not None:
         start, stop = worker_slice(n, len(ctx_list), job.rank, job.num_workers)
         if start == stop:   # no example for this worker: it adds a zero gradient and takes the same step
-            optimizer_step(optimizer, replicas.groups(), n, algorithm, 0, _across(job))
+            optimizer_step(optimizer, replicas.groups(), n, algorithm, 0, _across(job, compressor), compressor)
             zero = mx.nd.zeros((1,), ctx=ctx_list[0])
             return zero, zero.copy() if count_correct else None
         X, y = X[start:stop], y[start:stop]
@@ -325,7 +345,7 @@ def _data_parallel_step(X, y, device_params, ctx_list, lr, net, loss, algorithm,
 
 
 def train_batch(X, y, device_params, ctx_list, lr=None, net=lenet_cached, loss=softmax_cross_entropy,
-                algorithm=DEFAULT_ALGORITHM, job=None, optimizer=None, accumulate=1):
+                algorithm=DEFAULT_ALGORITHM, job=None, optimizer=None, accumulate=1, compression=None):
     """One synchronous step on every replica (the textbook's ``train_batch``).
 
     Splits the batch across ``ctx_list``, computes each shard's gradient on its context, sums the
@@ -341,4 +361,4 @@ def train_batch(X, y, device_params, ctx_list, lr=None, net=lenet_cached, loss=s
         computed: reading it syncs.
     """
     return _data_parallel_step(X, y, device_params, ctx_list, lr, net, loss, algorithm, job, optimizer, accumulate,
-                               count_correct=False)[0]
+                               count_correct=False, compression=compression)[0]

@@ -43,6 +43,7 @@ import shlex
 
 from .cli import USAGE_STATUS, Parser, UsageError, finite_float, users_input
 from .comm import ALGORITHMS, DEFAULT_ALGORITHM
+from .compress import parse_compression
 from .data import DATASETS
 from .files import LOCK_FILE, DirectoryLock, DirectoryLocked, check_writable
 from .interrupt import INTERRUPTED_STATUS, end_on_signals, hold_interrupts, stop_between_batches
@@ -62,7 +63,7 @@ FLAGS = {"epochs": "--epochs", "num_epochs": "--epochs", "batch_size": "--batch-
          "strategy": "--strategy", "algorithm": "--allreduce", "kvstore": "--kvstore", "optimizer": "--optimizer",
          "momentum": "--momentum", "nesterov": "--nesterov", "wd": "--wd", "clip_norm": "--clip-norm",
          "accumulate": "--accumulate", "zero": "--zero", "warmup_epochs": "--warmup-epochs",
-         "checkpoint_every": "--checkpoint-every",
+         "checkpoint_every": "--checkpoint-every", "compression": "--compression",
          "lr_decay_epochs": "--lr-decay-epochs", "lr_decay": "--lr-decay", "lr_schedule": "--lr-schedule"}
 
 
@@ -101,6 +102,9 @@ def build_parser():
                                          "(default $MXNET_HOME/datasets/fashion-mnist, i.e. ~/.mxnet/...)")
     add("--allreduce", choices=list(ALGORITHMS), default=DEFAULT_ALGORITHM,
         help=f"how gradients are summed across devices; default {DEFAULT_ALGORITHM}")
+    add("--compression", default="none", metavar="SPEC",
+        help="send the gradients between devices compressed, with error feedback: none, fp16, 2bit[:THRESHOLD], "
+             "topk:RATIO or powersgd:RANK (data strategy); default none")
     add("--strategy", choices=list(STRATEGIES), default="data",
         help="; ".join(f"{name}: {what}" for name, what in STRATEGIES.items()) + "; default data")
     add("--stages", type=int, default=None,
@@ -212,6 +216,13 @@ def check_args(args):
                         ("--export", args.export), ("--metrics-json", args.metrics_json), ("--plot", args.plot)):
         if value == "":
             raise UsageError(f"{flag} needs a path, got an empty string")
+    with users_input(ValueError, TypeError, flags=FLAGS):
+        parse_compression(args.compression)
+    if args.compression != "none" and args.strategy != "data":
+        raise UsageError(f"--compression applies to --strategy data, not {args.strategy}")
+    if args.compression != "none" and args.zero == 2:
+        raise UsageError("--compression does not work with --zero 2 yet (it reduce-scatters the gradients); use "
+                         "--zero 0 or 1")
     if args.data_dir is not None and args.dataset == "synthetic":
         raise UsageError("--data-dir applies to --dataset fashion-mnist, not synthetic")
     if args.checkpoint_every is not None:

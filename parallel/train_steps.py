@@ -121,7 +121,8 @@ def lay_out(args, checkpoint, ctx_list, job):
         else:
             initial = init_model(args.model, args.seed, checkpoint.params, checkpoint.aux)
         strategy = make_strategy(args.strategy, initial, ctx_list, args.stages, args.boundaries, args.micro_batches,
-                                 args.batch_size, args.allreduce, job)   # in a job: every replica gets rank 0's
+                                 args.batch_size, args.allreduce, job,   # in a job: every replica gets rank 0's
+                                 args.compression)
     if len(strategy.ctx_list) < len(ctx_list):
         idle = ", ".join(str(ctx) for ctx in ctx_list[len(strategy.ctx_list):])
         print(f"warning: --strategy {args.strategy} uses {len(strategy.ctx_list)} of the {len(ctx_list)} contexts "

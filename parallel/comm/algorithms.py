@@ -326,7 +326,7 @@ per_context_max : int
 """
 
 
-def bytes_moved(algorithm, nbytes, k, itemsize=4):
+def bytes_moved(algorithm, nbytes, k, itemsize=4, compression=None, shapes=None):
     """Bytes that ``allreduce(arrays, algorithm)`` copies between contexts, for K arrays of ``nbytes``.
 
     With ``n = nbytes``: ``naive`` and ``fused`` move ``2 (K-1) n`` in total (K-1 arrays in, K-1 out
@@ -346,6 +346,10 @@ def bytes_moved(algorithm, nbytes, k, itemsize=4):
         Number of contexts, >= 1.
     itemsize : int
         Bytes per element (4 for float32): the ring cuts at element boundaries.
+    compression : parallel.compress.Compressor, optional
+        The bytes of ``parallel.compress.compressed_allreduce`` with this compressor instead (the gathered and
+        broadcast payloads, or PowerSGD's factors all-reduced with ``algorithm``), for float32 buffers laid out
+        as ``shapes`` (default: one vector).
 
     Returns
     -------
@@ -358,6 +362,8 @@ def bytes_moved(algorithm, nbytes, k, itemsize=4):
     if nbytes % itemsize:
         raise ValueError(f"nbytes={nbytes} is not a whole number of {itemsize}-byte elements; "
                          "give nbytes = array.size * itemsize")
+    if compression is not None:
+        return compression.bytes_moved(algorithm, nbytes // itemsize, k, shapes)
     n, total = nbytes, 2 * (k - 1) * nbytes
     if k == 1:
         return BytesMoved(0, 0)

@@ -125,7 +125,7 @@ def block_state(block):
     return names, arrays, aux_names, aux_arrays
 
 
-def allreduce_grads(device_params, algorithm=DEFAULT_ALGORITHM, active=None):
+def allreduce_grads(device_params, algorithm=DEFAULT_ALGORITHM, active=None, compressor=None):
     """Sum the replicas' gradients, in place: afterwards every replica's ``param.grad`` holds the sum.
 
     Parameters
@@ -138,12 +138,21 @@ def allreduce_grads(device_params, algorithm=DEFAULT_ALGORITHM, active=None):
     active : int, optional
         Replicas ``active..`` computed nothing this step (a batch smaller than the number of replicas):
         their gradients are zeroed first, so they contribute nothing and stale gradients never leak in.
+    compressor : parallel.compress.Compressor, optional
+        Move compressed payloads between the contexts instead of the flat gradient buffers, with error
+        feedback (``parallel.compress.compressed_allreduce``); flat replicas only.
     """
     flat = all(isinstance(params, FlatReplica) for params in device_params)
     for params in device_params[len(device_params) if active is None else active:]:
         for grad in grads_of(params):
             grad[:] = 0
-    if flat and algorithm != "naive":              # the whole model in one reduction
+    if compressor is not None and len(device_params) > 1:
+        if not flat:
+            raise ValueError("compression works on flat replicas: build them with get_params from parameters of "
+                             "one dtype, or train without compression")
+        compressor.reduce([params.grad for params in device_params], algorithm,
+                          [param.shape for param in device_params[0]])
+    elif flat and algorithm != "naive":            # the whole model in one reduction
         allreduce([params.grad for params in device_params], algorithm)
     else:                                          # the textbook: one reduction per tensor
         for i in range(len(device_params[0])):

@@ -76,10 +76,10 @@ def _check_groups(groups, zero, algorithm):
                              f"algorithm {' or '.join(repr(a) for a in SHARDED_ALGORITHMS)}")
 
 
-def _reduce(group, zero, algorithm, active, across, regions):
+def _reduce(group, zero, algorithm, active, across, regions, compressor=None):
     """Sum the group's gradients: all-reduced (zero 0, 1) or reduce-scattered (zero 2), then over the workers."""
     if zero < 2:
-        allreduce_grads(group, algorithm, active)
+        allreduce_grads(group, algorithm, active, compressor)
         if across is not None:
             across(group, None)
         return
@@ -132,7 +132,8 @@ def _update(optimizer, replica, region, lr, rescale, t):
                      rescale, t)
 
 
-def optimizer_step(optimizer, groups, batch_size, algorithm=DEFAULT_ALGORITHM, active=None, across=None):
+def optimizer_step(optimizer, groups, batch_size, algorithm=DEFAULT_ALGORITHM, active=None, across=None,
+                   compressor=None):
     """One optimizer step of every replica of ``groups``, from the gradients each computed, in place.
 
     Parameters
@@ -153,17 +154,22 @@ def optimizer_step(optimizer, groups, batch_size, algorithm=DEFAULT_ALGORITHM, a
     across : callable, optional
         ``across(group, regions)`` sums the group's gradients over the workers of a distributed job, in place:
         the whole buffers (``regions`` None) or each replica's region (``zero=2``).
+    compressor : parallel.compress.Compressor, optional
+        Sum the gradients between the contexts as compressed payloads, with error feedback (``zero`` 0 and 1).
 
     Afterwards every replica of a group holds the same parameters. Nothing waits for the devices.
     """
     check_int(batch_size, "batch_size", low=1)
     zero = optimizer.zero
     _check_groups(groups, zero, algorithm)
+    if compressor is not None and zero == 2:
+        raise ValueError("zero=2 reduce-scatters the gradients, which compression does not do yet; use zero=0 or "
+                         "zero=1 with compression")
     t = optimizer.num_update + 1
     lr = optimizer.lr_at(t)
     regions = [_regions(group, zero) for group in groups]
     for group, group_regions in zip(groups, regions):
-        _reduce(group, zero, algorithm, active, across, group_regions)
+        _reduce(group, zero, algorithm, active, across, group_regions, compressor)
     if optimizer.clip_norm is not None:
         _clip(optimizer.clip_norm, groups, regions, zero, batch_size)
     for group, group_regions in zip(groups, regions):

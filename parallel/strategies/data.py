@@ -35,6 +35,7 @@ from mxnet.gluon.parameter import DeferredInitializationError
 
 from ..comm import ALGORITHMS, DEFAULT_ALGORITHM
 from ..comm.replica import get_params
+from ..compress.compressors import as_compressor
 from ..evaluate import evaluate_accuracy
 from ..kvstore import broadcast_aux, broadcast_params
 from ..models.gluon import GluonNet
@@ -189,10 +190,15 @@ class DataParallel:
         0's parameters and running statistics (a collective call: every worker must make it), each step
         trains this worker's slice of the global batch and sums the gradients over the workers, evaluation
         combines the workers' counts. BatchNorm is synchronized across a worker's contexts, not across workers.
+    compression : str or parallel.compress.Compressor, optional
+        A function module only: sum the gradients between the contexts as compressed payloads with error
+        feedback (``parallel.compress``: ``"fp16"``, ``"2bit"``, ``"topk:0.01"``, ``"powersgd:4"``); None or
+        ``"none"``: uncompressed.
 
     Attributes
     ----------
     module, ctx_list, algorithm, job
+    compressor : parallel.compress.Compressor or None
     name : str
         ``"data"``.
     device_params : list of list of NDArray
@@ -203,9 +209,10 @@ class DataParallel:
 
     name = "data"
 
-    def __init__(self, module, ctx_list, params=None, algorithm=DEFAULT_ALGORITHM, job=None):
+    def __init__(self, module, ctx_list, params=None, algorithm=DEFAULT_ALGORITHM, job=None, compression=None):
         self.ctx_list = check_contexts(ctx_list)
         self.module, self.algorithm, self.job = module, check_choice(algorithm, "algorithm", ALGORITHMS), job
+        self.compressor = as_compressor(compression)
         if isinstance(module, gluon.Block):
             if params is not None:
                 raise TypeError("params= is for a function of (inputs, params); a gluon Block holds its own "
@@ -213,6 +220,9 @@ class DataParallel:
             if job is not None:
                 raise TypeError("job= takes a function of (inputs, params) on flat replicas, not a gluon Block; "
                                 "pass GluonNet(block) with params=block")
+            if self.compressor is not None:
+                raise TypeError("compression= takes a function of (inputs, params) on flat replicas, not a gluon "
+                                "Block; pass GluonNet(block) with params=block")
             _place_block(module, self.ctx_list)
             self._net = _BlockFunction(module)
         elif callable(module):
@@ -245,10 +255,15 @@ class DataParallel:
     def describe(self):
         """One line: how the replicas are kept and summed."""
         line = f"one replica per context, gradients summed with the {self.algorithm} allreduce"
+        if self.compressor is not None and len(self.ctx_list) > 1:
+            line = (f"one replica per context, gradients summed as {self.compressor.spec} payloads with error "
+                    "feedback")
         if isinstance(self._net, GluonNet) and self._net.has_batchnorm and len(self.ctx_list) > 1:
             line += ", BatchNorm over the whole batch" if self._net.sync_batchnorm else ", BatchNorm per context"
         if self.job is not None:
             line += f", then over {self.job.num_workers} worker(s) through the {self.job.kv.type} kvstore"
+            if self.compressor is not None:
+                line += f" as {self.compressor.spec} payloads"
             if self.aux():
                 line += " (BatchNorm statistics per worker)"
         return line
@@ -291,7 +306,7 @@ class DataParallel:
         Call after ``backward()`` and before an update of your own (or use ``step``). Contexts that got
         no shard in the last ``forward`` (a batch smaller than ``len(ctx_list)``) contribute zero.
         """
-        allreduce_grads(self.device_params, self.algorithm)
+        allreduce_grads(self.device_params, self.algorithm, compressor=self.compressor)
 
     def update(self, lr, batch_size):
         """SGD on every replica, in place: ``param -= lr * param.grad / batch_size`` (``update_replicas``)."""
@@ -312,7 +327,8 @@ class DataParallel:
         waited for."""
         kwargs = {} if loss is None else {"loss": loss}
         return train_step(X, y, self.device_params, self.ctx_list, lr, net=self._net, algorithm=self.algorithm,
-                          job=self.job, optimizer=optimizer, accumulate=accumulate, **kwargs)
+                          job=self.job, optimizer=optimizer, accumulate=accumulate, compression=self.compressor,
+                          **kwargs)
 
     def groups(self):
         """The replicas as ``parallel.optim.optimizer_step`` takes them: one group of one replica per context."""

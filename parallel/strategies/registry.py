@@ -22,7 +22,7 @@ __all__ = ["make_strategy"]
 
 
 def make_strategy(name, params, ctx_list, stages=None, boundaries=None, micro_batches=None, batch_size=None,
-                  algorithm=DEFAULT_ALGORITHM, job=None):
+                  algorithm=DEFAULT_ALGORITHM, job=None, compression=None):
     """Lay ``model`` out on ``ctx_list`` for the parallel style ``name``.
 
     Parameters
@@ -50,6 +50,8 @@ def make_strategy(name, params, ctx_list, stages=None, boundaries=None, micro_ba
         ``"data"`` only: train as one worker of a distributed job (see ``DataParallel``; a collective call).
         BatchNorm normalises over the worker's slice, synchronized across its contexts but not across the
         workers, so a job with BatchNorm is not the same computation as one context.
+    compression : str or parallel.compress.Compressor, optional
+        ``"data"`` only: gradients summed between the contexts as compressed payloads (see ``DataParallel``).
 
     Returns
     -------
@@ -65,9 +67,11 @@ def make_strategy(name, params, ctx_list, stages=None, boundaries=None, micro_ba
     """
     check_options(name, stages, boundaries, micro_batches, batch_size, distributed=job is not None)
     check_contexts(ctx_list)
+    if compression not in (None, "none") and name != "data":
+        raise ValueError(f"compression applies to the data strategy's allreduce; strategy {name!r} takes none")
     if name == "data":
         net = as_net(params) if isinstance(params, gluon.Block) else lenet_cached
-        return DataParallel(net, ctx_list, params=params, algorithm=algorithm, job=job)
+        return DataParallel(net, ctx_list, params=params, algorithm=algorithm, job=job, compression=compression)
     if name == "model":
         return ModelParallel(params, ctx_list, stages, boundaries)
     if name == "pipeline":

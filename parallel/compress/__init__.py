@@ -1,0 +1,72 @@
+"""Gradient compression with error feedback: send less where gradients cross a boundary.
+
+- ``compressors``: the compressors (``FP16``, ``TwoBit``, ``TopK``, ``PowerSGD``), each keeping a residual per
+  gradient buffer so that what it did not send is added to the next step's gradient; ``compressed_allreduce``,
+  the allreduce of K flat gradient buffers that copies compressed payloads between the contexts instead of the
+  buffers; ``make_compressor(spec)``.
+
+The names parse here, without MXNet, so that the CLI checks ``--compression`` before MXNet starts:
+
+>>> COMPRESSIONS
+('none', 'fp16', '2bit', 'topk', 'powersgd')
+>>> parse_compression("topk:0.01"), parse_compression("2bit")
+(('topk', 0.01), ('2bit', 0.5))
+"""
+import math
+
+from ..lazy import lazy_exports
+
+#: The compressors by name: ``none`` (nothing compressed: bitwise the uncompressed step), ``fp16`` (half
+#: precision), ``2bit`` (MXNet's threshold scheme: +t, -t or 0 per element), ``topk:RATIO`` (the largest
+#: RATIO of the elements by magnitude, with their indices), ``powersgd:RANK`` (low rank, by power iteration).
+COMPRESSIONS = ("none", "fp16", "2bit", "topk", "powersgd")
+
+#: MXNet's default threshold for its 2-bit compression (``kv.set_gradient_compression``).
+DEFAULT_THRESHOLD = 0.5
+
+
+def parse_compression(spec, name="compression"):
+    """``(name, value)`` of a compressor spec: ``"none"``, ``"fp16"``, ``"2bit"`` or ``"2bit:THRESHOLD"``,
+    ``"topk:RATIO"`` (0 < RATIO <= 1), ``"powersgd:RANK"`` (an int >= 1). ``value`` is None for none and fp16.
+
+    Raises ``TypeError`` for a spec that is not a string and ``ValueError`` (naming ``name``) for a bad one.
+    """
+    if not isinstance(spec, str):
+        raise TypeError(f"{name} must be a string such as 'none', 'fp16', '2bit', 'topk:0.01' or 'powersgd:4', "
+                        f"got {spec!r}")
+    kind, _, value = spec.partition(":")
+    if kind not in COMPRESSIONS:
+        raise ValueError(f"{name} must be one of none, fp16, 2bit[:THRESHOLD], topk:RATIO, powersgd:RANK; "
+                         f"got {spec!r}")
+    if kind in ("none", "fp16"):
+        if value:
+            raise ValueError(f"{name} {kind!r} takes no value, got {spec!r}")
+        return kind, None
+    if kind == "2bit" and not value:
+        return kind, DEFAULT_THRESHOLD
+    if not value:
+        what = "RATIO (e.g. topk:0.01)" if kind == "topk" else "RANK (e.g. powersgd:4)"
+        raise ValueError(f"{name} {kind!r} needs a {what}, got {spec!r}")
+    if kind == "powersgd":
+        try:
+            rank = int(value)
+        except ValueError:
+            rank = 0
+        if rank < 1 or str(rank) != value:
+            raise ValueError(f"{name} powersgd:RANK needs an int RANK >= 1, got {spec!r}")
+        return kind, rank
+    try:
+        number = float(value)
+    except ValueError:
+        number = math.nan
+    if kind == "topk" and not 0 < number <= 1:
+        raise ValueError(f"{name} topk:RATIO needs 0 < RATIO <= 1 (the fraction of elements sent), got {spec!r}")
+    if kind == "2bit" and not (math.isfinite(number) and number > 0):
+        raise ValueError(f"{name} 2bit:THRESHOLD needs a finite THRESHOLD > 0, got {spec!r}")
+    return kind, number
+
+
+_SOURCES = {"compressors": ["Compressor", "FP16", "TwoBit", "TopK", "PowerSGD", "make_compressor",
+                            "compressed_allreduce", "as_compressor"]}
+__all__ = ["COMPRESSIONS", "DEFAULT_THRESHOLD", "parse_compression"] + _SOURCES["compressors"]
+__getattr__, __dir__ = lazy_exports(__name__, _SOURCES)

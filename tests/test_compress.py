@@ -1,0 +1,362 @@
+"""Gradient compression with error feedback (``parallel.compress``): nothing is lost, every context ends with the
+same bits, the bytes that cross between contexts are the compressed ones, and training works through every
+interface (train_step, DataParallel, fit, the CLI)."""
+import sys
+import threading
+
+import mxnet as mx
+import numpy as np
+import pytest
+
+from parallel import fit, get_params, init_lenet_params, train_batch, train_step
+from parallel.comm import algorithms
+from parallel.compress import COMPRESSIONS, parse_compression
+from parallel.compress.compressors import FP16, PowerSGD, TopK, TwoBit, compressed_allreduce, make_compressor
+from parallel.kvstore import KEYS, Job
+from parallel.models.lenet import LENET_SHAPES
+from parallel.optim import make_optimizer
+from parallel.train import main
+from conftest import assert_same_parameters, contexts, easy_dataset, make_batches, run_process, write_idx_files
+
+LOSSY = ["fp16", "2bit:0.001", "topk:0.05", "powersgd:2"]
+
+
+@pytest.mark.parametrize("spec, expected", [
+    ("none", ("none", None)), ("fp16", ("fp16", None)), ("2bit", ("2bit", 0.5)), ("2bit:0.25", ("2bit", 0.25)),
+    ("topk:0.01", ("topk", 0.01)), ("topk:1", ("topk", 1.0)), ("powersgd:4", ("powersgd", 4)),
+])
+def test_specs_parse(spec, expected):
+    assert parse_compression(spec) == expected
+    assert expected[0] in COMPRESSIONS
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("gzip", "must be one of"), ("topk", "needs a RATIO"), ("topk:0", "0 < RATIO <= 1"), ("topk:2", "0 < RATIO"),
+    ("topk:x", "0 < RATIO"), ("powersgd", "needs a RANK"), ("powersgd:0", "RANK >= 1"), ("powersgd:1.5", "RANK"),
+    ("2bit:-1", "THRESHOLD > 0"), ("2bit:nan", "THRESHOLD > 0"), ("fp16:3", "takes no value"),
+])
+def test_bad_specs_raise_value_error_naming_the_argument(spec, message):
+    with pytest.raises(ValueError, match=message) as raised:
+        parse_compression(spec)
+    assert "compression" in str(raised.value)
+
+
+def test_a_spec_must_be_a_string():
+    with pytest.raises(TypeError, match="compression must be a string"):
+        parse_compression(0.01)
+
+
+def _gradients(k, size, steps, seed=0):
+    rng = np.random.RandomState(seed)
+    return [[rng.standard_normal(size).astype(np.float32) * (1 + j) for j in range(k)] for _ in range(steps)]
+
+
+def _shapes(size):
+    """A matrix, a vector and a small matrix, laid out in a buffer of ``size`` elements."""
+    return [(6, (size - 12) // 6), (6,), (2, 3)]
+
+
+@pytest.mark.parametrize("spec", LOSSY)
+@pytest.mark.parametrize("k", [2, 3])
+def test_error_feedback_loses_nothing_and_every_context_gets_the_same_bits(spec, k):
+    """At every step: what is applied + the residuals afterwards = the gradients + the residuals before."""
+    size = 6 * 40 + 12
+    compressor = make_compressor(spec)
+    ctx = contexts(k)
+    applied_total = np.zeros(size)
+    gradient_total = np.zeros(size)
+    arrays = [mx.nd.zeros((size,), ctx=c) for c in ctx]   # the same buffers at every step, as in training
+    for step in _gradients(k, size, 6, seed=k):
+        for array, g in zip(arrays, step):
+            array[:] = g
+        compressed_allreduce(arrays, compressor, "fused", _shapes(size))
+        got = [a.asnumpy() for a in arrays]
+        for other in got[1:]:
+            np.testing.assert_array_equal(other, got[0])
+        applied_total += got[0]
+        gradient_total += np.sum(step, axis=0)
+        residual = sum(r.asnumpy().astype(np.float64) for _, r in compressor.residuals.values())
+        scale = np.abs(gradient_total).max()
+        np.testing.assert_allclose(applied_total + residual, gradient_total, rtol=0, atol=2e-5 * scale)
+    assert len(compressor.residuals) == k
+    if spec != "fp16":   # a lossy compressor leaves something behind, which the check above accounted for
+        assert max(np.abs(r.asnumpy()).max() for _, r in compressor.residuals.values()) > 0
+
+
+def test_fp16_sends_the_sum_to_half_precision():
+    ctx = contexts(2)
+    step = _gradients(2, 1000, 1)[0]
+    arrays = [mx.nd.array(g, ctx=c) for g, c in zip(step, ctx)]
+    compressed_allreduce(arrays, FP16())
+    np.testing.assert_allclose(arrays[1].asnumpy(), step[0] + step[1], rtol=2e-3, atol=2e-3)
+
+
+def test_none_is_the_plain_allreduce_bitwise():
+    ctx = contexts(3)
+    step = _gradients(3, 1001, 1)[0]
+    plain = [mx.nd.array(g, ctx=c) for g, c in zip(step, ctx)]
+    algorithms.allreduce(plain, "ring")
+    for compressor in (None, "none"):
+        arrays = [mx.nd.array(g, ctx=c) for g, c in zip(step, ctx)]
+        compressed_allreduce(arrays, compressor, "ring")
+        np.testing.assert_array_equal(arrays[2].asnumpy(), plain[2].asnumpy())
+
+
+def test_two_bit_sends_the_threshold_and_keeps_the_rest():
+    t = 0.5
+    x = np.array([0.7, -0.6, 0.2, -0.49, 0.5, -0.5] + [0.0] * 20, dtype=np.float32)
+    compressor = TwoBit(t)
+    out = mx.nd.zeros(x.shape)
+    payload = compressor.compress(mx.nd.array(x))
+    assert payload[0].shape == (3,)   # 26 codes, twelve a float32
+    compressor.decompress(payload, out)
+    np.testing.assert_array_equal(out.asnumpy(), [t, -t, 0, 0, t, -t] + [0] * 20)
+
+
+def test_top_k_keeps_the_largest_magnitudes():
+    x = mx.nd.array([0.1, -3.0, 2.0, 0.5, -0.2, 1.0, 0.0, 0.3, 0.05, 0.02])
+    compressor = TopK(0.3)
+    out = mx.nd.zeros(x.shape)
+    compressor.decompress(compressor.compress(x), out)
+    np.testing.assert_array_equal(out.asnumpy(), [0, -3.0, 2.0, 0, 0, 1.0, 0, 0, 0, 0])
+    assert compressor.payload_nbytes(10) == 3 * 8
+
+
+def _counted_bytes(monkeypatch):
+    moved = []
+    copy = algorithms._copy
+
+    def counting(src, dst):
+        moved.append(src.size * np.dtype(src.dtype).itemsize)
+        return copy(src, dst)
+    monkeypatch.setattr(algorithms, "_copy", counting)
+    return moved
+
+
+@pytest.mark.parametrize("spec, at_least", [("fp16", 2), ("2bit", 11.9), ("topk:0.01", 12), ("powersgd:4", 8)])
+def test_the_bytes_that_cross_are_the_compressed_ones(spec, at_least, monkeypatch):
+    """Counted at the one function every copy between contexts goes through, for LeNet's flat gradient."""
+    k = 2
+    size = sum(int(np.prod(s)) for s in LENET_SHAPES)
+    step = _gradients(k, size, 1)[0]
+    moved = _counted_bytes(monkeypatch)
+    plain = [mx.nd.array(g, ctx=c) for g, c in zip(step, contexts(k))]
+    algorithms.allreduce(plain, "fused")
+    uncompressed = sum(moved)
+    assert uncompressed == algorithms.bytes_moved("fused", size * 4, k).total
+    moved.clear()
+    compressor = make_compressor(spec)
+    arrays = [mx.nd.array(g, ctx=c) for g, c in zip(step, contexts(k))]
+    compressed_allreduce(arrays, compressor, "fused", LENET_SHAPES)
+    mx.nd.waitall()
+    if isinstance(compressor, PowerSGD):
+        assert sum(moved) == 2 * (k - 1) * compressor.payload_nbytes(size, LENET_SHAPES)
+    else:   # gathered to the first context, the sum's payload broadcast back
+        assert sum(moved) == 2 * (k - 1) * compressor.payload_nbytes(size)
+    assert sum(moved) == algorithms.bytes_moved("fused", 4 * size, k, compression=compressor, shapes=LENET_SHAPES).total
+    assert sum(moved) * at_least <= uncompressed, (sum(moved), uncompressed)
+
+
+def _train(k, compression, steps=20, lr=0.1):
+    params = init_lenet_params(seed=3)
+    ctx = contexts(k)
+    device_params = [get_params(params, c) for c in ctx]
+    compressor = make_compressor(compression)
+    losses = []
+    for X, y in make_batches([24] * steps, seed=5):
+        losses.append(train_batch(X, y, device_params, ctx, lr, compression=compressor).asscalar())
+    return [p.asnumpy() for p in device_params[0]], losses
+
+
+def test_none_trains_bitwise_as_without_compression():
+    want, _ = _train(2, "none")
+    params = init_lenet_params(seed=3)
+    ctx = contexts(2)
+    device_params = [get_params(params, c) for c in ctx]
+    for X, y in make_batches([24] * 20, seed=5):
+        train_batch(X, y, device_params, ctx, 0.1)
+    for got, expected in zip(want, device_params[0]):
+        np.testing.assert_array_equal(got, expected.asnumpy())
+
+
+def test_fp16_on_two_contexts_trains_one_context_model_to_half_precision():
+    """With error feedback the fp16 rounding is delayed, not lost: after 20 steps on 2 contexts the weights are
+    within 1e-4 of each array's scale of the uncompressed model on one context, the biases within 3e-2 (their
+    gradients, about 1e-5 here, fall below fp16's normal range, 6.1e-5, where its spacing is 6e-8); uncompressed,
+    2 contexts are within 1e-5 of one."""
+    want, _ = _train(1, "none")
+    got, _ = _train(2, "fp16")
+    for g, w in zip(got, want):
+        bound = 1e-4 if w.ndim > 1 else 3e-2
+        np.testing.assert_allclose(g, w, rtol=0, atol=bound * np.abs(w).max())
+    with pytest.raises(AssertionError):   # but not to float32 rounding: the check above is not vacuous
+        assert_same_parameters(got, want, "float32")
+
+
+def test_a_step_refuses_a_spec_whose_residuals_would_be_lost():
+    ctx = contexts(2)
+    device_params = [get_params(init_lenet_params(), c) for c in ctx]
+    (X, y), = make_batches([4])
+    with pytest.raises(TypeError, match="make_compressor"):
+        train_step(X, y, device_params, ctx, 0.1, compression="topk:0.1")
+
+
+@pytest.mark.parametrize("spec", ["fp16", "2bit:0.002", "topk:0.01", "powersgd:2"])
+def test_fit_learns_with_every_lossy_compressor(spec):
+    """Adam leaves LeNet's plateau at chance within 20 steps on this set (SGD takes 150-250)."""
+    dataset = easy_dataset(num_train=640, num_test=200, seed=2)
+    history, _ = fit(dataset, contexts(2), num_epochs=2, batch_size=32, seed=1, compression=spec,
+                     optimizer=make_optimizer("adam", 0.01))
+    assert history[-1]["test_acc"] > 0.5, history   # chance: 0.1
+
+
+def test_compression_is_for_the_data_strategy_and_not_zero_2():
+    dataset = easy_dataset(num_train=64, num_test=32, seed=2)
+    with pytest.raises(ValueError, match="data strategy"):
+        fit(dataset, contexts(2), 1, 32, 0.1, strategy="model", compression="fp16")
+    with pytest.raises(ValueError, match="zero=2"):
+        fit(dataset, contexts(2), 1, 32, optimizer=make_optimizer("sgd", 0.1, momentum=0.9, zero=2),
+            compression="fp16")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--compression", "topk"], "--compression 'topk' needs a RATIO"),
+    (["--compression", "zip"], "--compression must be one of"),
+    (["--compression", "fp16", "--strategy", "model"], "--compression applies to --strategy data"),
+    (["--compression", "fp16", "--zero", "2", "--momentum", "0.9"], "--zero 2"),
+])
+def test_bad_compression_flags_exit_2(args, message, capsys):
+    assert main(["--dataset", "synthetic", "--epochs", "1"] + args) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("error: ") and message in line, line
+
+
+def test_the_cli_trains_with_compression_and_says_so(capsys, tmp_path):
+    data_dir = write_idx_files(tmp_path, easy_dataset(num_train=200, num_test=50, seed=4))
+    args = ["--data-dir", str(data_dir), "--epochs", "1", "--devices", "cpu:2", "--batch-size", "32", "--no-progress",
+            "--compression", "topk:0.05", "--metrics-json", str(tmp_path / "m.json")]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "gradients summed as topk:0.05 payloads with error feedback" in out
+    assert (tmp_path / "m.json").exists()
+
+
+# ---- across the workers of a job: a kvstore of threads standing in for ps-lite's servers --------------------
+
+class _Servers:
+    """What ps-lite's servers do for a synchronous job: each key's pushes summed (in the pushed dtype), every
+    worker's pull after every push; the bytes each push carries are recorded."""
+
+    def __init__(self, num_workers):
+        self.sums, self.pushed, self.lock = {}, [], threading.Lock()
+        self.pushes = threading.Barrier(num_workers)
+        self.pulls = threading.Barrier(num_workers, action=self.sums.clear)
+
+
+class _ThreadKV:
+    type = "threads"
+
+    def __init__(self, servers, rank, num_workers):
+        self.servers, self.rank, self.num_workers = servers, rank, num_workers
+
+    def init(self, key, value):
+        pass
+
+    def push(self, key, array):
+        value = array.asnumpy()
+        with self.servers.lock:
+            self.servers.sums[key] = self.servers.sums[key] + value if key in self.servers.sums else value
+            self.servers.pushed.append((key, value.nbytes))
+        self.servers.pushes.wait(timeout=60)
+
+    def pull(self, key, out):
+        out[:] = self.servers.sums[key]
+        self.servers.pulls.wait(timeout=60)
+
+
+def _in_threads(num_workers, work):
+    """Run ``work(job, rank)`` for every rank at once, each in its own thread with its own Job; their results."""
+    servers = _Servers(num_workers)
+    results, errors = [None] * num_workers, []
+
+    def run(rank):
+        try:
+            results[rank] = work(Job(_ThreadKV(servers, rank, num_workers)), rank)
+        except BaseException as error:   # reported below, with the others released
+            errors.append(error)
+            servers.pushes.abort()
+            servers.pulls.abort()
+    threads = [threading.Thread(target=run, args=(rank,)) for rank in range(num_workers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    if errors:
+        raise errors[0]
+    return results, servers
+
+
+@pytest.mark.parametrize("spec", LOSSY)
+@pytest.mark.parametrize("num_workers", [2, 3])
+def test_across_workers_nothing_is_lost_and_every_worker_gets_the_same_bits(spec, num_workers):
+    size, shapes = 6 * 40 + 12, _shapes(6 * 40 + 12)
+    steps = _gradients(num_workers, size, 5, seed=num_workers)
+
+    def work(job, rank):
+        compressor = make_compressor(spec)
+        x = mx.nd.zeros((size,), ctx=mx.cpu(rank))
+        applied = []
+        for step in steps:
+            x[:] = step[rank]
+            compressor.across(job, x, KEYS["compressed"], shapes)
+            applied.append(x.asnumpy())
+            residual = compressor.residual(("across", x)).asnumpy()
+            job_residual = job.allsum(KEYS["sums"], mx.nd.array(residual.astype(np.float64), dtype="float64"))
+            applied[-1] = (applied[-1], job_residual.asnumpy())
+        return applied
+
+    results, _ = _in_threads(num_workers, work)
+    applied_total = np.zeros(size)
+    for t, step in enumerate(steps):
+        for rank in range(1, num_workers):
+            np.testing.assert_array_equal(results[rank][t][0], results[0][t][0])
+        applied_total += results[0][t][0]
+        gradient_total = np.sum(steps[:t + 1], axis=(0, 1))
+        scale = np.abs(gradient_total).max()
+        bound = 2e-3 if spec == "fp16" else 2e-5   # fp16: the servers add in half precision, not fed back
+        np.testing.assert_allclose(applied_total + results[0][t][1], gradient_total, rtol=0, atol=bound * scale)
+
+
+@pytest.mark.parametrize("spec, at_least", [("fp16", 2), ("2bit", 9.9), ("topk:0.01", 12), ("powersgd:4", 8)])
+def test_across_workers_the_pushed_bytes_are_the_compressed_ones(spec, at_least):
+    """LeNet's flat gradient, 2 workers: each push carries the compressed payload, as ``across_nbytes`` says."""
+    size = sum(int(np.prod(s)) for s in LENET_SHAPES)
+
+    def work(job, rank):
+        compressor = make_compressor(spec)
+        x = mx.nd.array(_gradients(2, size, 1)[0][rank], ctx=mx.cpu(rank))
+        compressor.across(job, x, KEYS["compressed"], LENET_SHAPES)
+        x.wait_to_read()
+        return compressor
+
+    (compressor, _), servers = _in_threads(2, work)
+    pushed = sum(nbytes for _, nbytes in servers.pushed) // 2   # per worker
+    assert pushed == compressor.across_nbytes(size, 2, LENET_SHAPES) if spec.startswith("powersgd") \
+        else pushed == compressor.across_nbytes(size, 2)
+    assert pushed * at_least <= 4 * size, (pushed, 4 * size)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("spec", ["fp16", "2bit:0.002", "topk:0.01", "powersgd:2"])
+def test_a_job_of_two_workers_learns_with_every_compressor(spec, tmp_path):
+    """Under the launcher, through ps-lite: 2 workers x 2 contexts, compressed between the contexts and between
+    the workers (fp16 pushed as float16, which the servers add in half precision)."""
+    data_dir = write_idx_files(tmp_path, easy_dataset(num_train=640, num_test=100, seed=2))
+    result = run_process([sys.executable, "-m", "parallel.launch", "-n", "2", sys.executable, "-m", "parallel.train",
+                          "--data-dir", str(data_dir), "--epochs", "2", "--batch-size", "32", "--optimizer", "adam",
+                          "--lr", "0.01", "--devices", "cpu:2", "--no-progress", "--compression", spec],
+                         timeout=300, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"kvstore as {spec} payloads" in result.stdout
+    last = [line for line in result.stdout.splitlines() if "] epoch 2, " in line][-1]
+    assert float(last.split("test acc ")[1].split(",")[0]) > 0.5, last
