@@ -46,6 +46,7 @@ _SOURCES = {
     "kvstore": ["join", "Job", "broadcast_params", "allreduce_across"],
     "compress": ["COMPRESSIONS", "parse_compression"],
     "compress.compressors": ["make_compressor", "compressed_allreduce", "Compressor"],
+    "gluon_kvstore": ["AllreduceKVStore"],
 }
 __all__ = [name for names in _SOURCES.values() for name in names]
 __getattr__, __dir__ = lazy_exports(__name__, _SOURCES)
