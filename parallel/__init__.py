@@ -47,6 +47,7 @@ _SOURCES = {
     "compress": ["COMPRESSIONS", "parse_compression"],
     "compress.compressors": ["make_compressor", "compressed_allreduce", "Compressor"],
     "gluon_kvstore": ["AllreduceKVStore"],
+    "trace": ["trace", "plot_timeline", "read_trace"],
 }
 __all__ = [name for names in _SOURCES.values() for name in names]
 __getattr__, __dir__ = lazy_exports(__name__, _SOURCES)

@@ -33,9 +33,13 @@ from .models.layout import init_model
 from .optim.zero import as_optimizer, gather_state, load_state
 from .strategies import check_options
 from .strategies.registry import make_strategy
+from .trace import trace, worker_path
 from .validate import check_int, check_seed
 
-__all__ = ["fit", "NonFiniteLossError", "TrainingStopped", "IN_FLIGHT"]
+__all__ = ["fit", "NonFiniteLossError", "TrainingStopped", "IN_FLIGHT", "TRACE_FIRST", "TRACE_STEPS"]
+
+#: ``fit(trace=...)`` records steps TRACE_FIRST .. TRACE_FIRST + TRACE_STEPS - 1 of the run (counted from 1).
+TRACE_FIRST, TRACE_STEPS = 2, 3
 
 #: How many steps the host queues ahead of the devices. It then waits for the oldest step, reads its loss
 #: (checking it is finite) and advances the progress bar: the bar counts finished batches, not queued ones,
@@ -101,11 +105,12 @@ class _Epoch:
 class _Run:
     """What every epoch of a ``fit`` shares: the strategy, the optimizer and how to step it, the data, the seed."""
 
-    def __init__(self, strategy, optimizer, accumulate, dataset, seed, batch_size, checkpoint_every):
+    def __init__(self, strategy, optimizer, accumulate, dataset, seed, batch_size, checkpoint_every, trace_path=None):
         self.strategy, self.optimizer, self.accumulate = strategy, optimizer, accumulate
         self.dataset, self.seed, self.batch_size = dataset, seed, batch_size
         self.checkpoint_every = checkpoint_every
         self.per_epoch = num_batches(len(dataset.train_labels), batch_size)
+        self.trace_path, self.steps_run, self.tracing = trace_path, 0, None
 
     def checkpoint_due(self, epoch, batch):
         """Whether ``checkpoint_every`` asks for a checkpoint after ``batch`` of ``epoch``: after every
@@ -115,7 +120,20 @@ class _Run:
         return bool(self.checkpoint_every) and batch < self.per_epoch and step % self.checkpoint_every == 0
 
     def step(self, X, y):
-        return self.strategy.train_step(X, y, optimizer=self.optimizer, accumulate=min(self.accumulate, X.shape[0]))
+        self.steps_run += 1
+        if self.trace_path is not None and self.steps_run == TRACE_FIRST:
+            job = self.strategy.job
+            self.tracing = trace(worker_path(self.trace_path, job), None if job is None else job.rank).__enter__()
+        out = self.strategy.train_step(X, y, optimizer=self.optimizer, accumulate=min(self.accumulate, X.shape[0]))
+        if self.steps_run == TRACE_FIRST + TRACE_STEPS - 1:
+            self.end_trace()
+        return out
+
+    def end_trace(self):
+        """Write the trace being recorded, if any (after its last step, or when the run ends sooner)."""
+        if self.tracing is not None:
+            tracing, self.tracing = self.tracing, None
+            tracing.__exit__(None, None, None)
 
     def checkpoint(self, on_checkpoint, state):
         """Hand ``on_checkpoint`` the model's arrays and the optimizer's whole state, read after the queued steps."""
@@ -206,7 +224,7 @@ def _shared_optimizer_state(job, optimizer, strategy, optimizer_state):
 def fit(dataset, ctx_list, num_epochs, batch_size, lr=None, seed=0, algorithm=DEFAULT_ALGORITHM, progress=False,
         on_epoch=None, strategy="data", stages=None, boundaries=None, micro_batches=None, params=None, start=None,
         stop=None, on_checkpoint=None, job=None, model="lenet", aux=None, optimizer=None, accumulate=1,
-        optimizer_state=None, checkpoint_every=None, compression=None):
+        optimizer_state=None, checkpoint_every=None, compression=None, trace=None):
     """Train LeNet or ResNet-18 from scratch over ``ctx_list`` with data parallelism or another ``strategy``.
 
     Parameters
@@ -284,6 +302,10 @@ def fit(dataset, ctx_list, num_epochs, batch_size, lr=None, seed=0, algorithm=DE
         Data parallelism: sum the gradients between the contexts as compressed payloads with error feedback
         (``"fp16"``, ``"2bit"``, ``"topk:RATIO"``, ``"powersgd:RANK"``; see ``parallel.compress``). Checkpoints do
         not hold the residuals yet: a run resumed with a lossy compressor starts them from zero.
+    trace : str or os.PathLike, optional
+        Record steps ``TRACE_FIRST`` .. ``TRACE_FIRST + TRACE_STEPS - 1`` of this run (the first is left out: it
+        allocates) with MXNet's profiler and write a Chrome trace there (``parallel.trace``); in a job of several
+        workers, each writes the path with ``.workerR`` before its extension.
 
     Returns
     -------
@@ -327,14 +349,17 @@ def fit(dataset, ctx_list, num_epochs, batch_size, lr=None, seed=0, algorithm=DE
     state, seed = _shared_start(strategy.job, state, seed, per_epoch)
     _shared_optimizer_state(strategy.job, optimizer, strategy, optimizer_state)
     optimizer.num_update = (state.epoch - 1) * per_epoch + state.batch   # one optimizer step per batch
-    run = _Run(strategy, optimizer, accumulate, dataset, seed, batch_size, checkpoint_every)
+    run = _Run(strategy, optimizer, accumulate, dataset, seed, batch_size, checkpoint_every, trace)
     history = list(state.history)
-    for epoch in range(state.epoch, num_epochs + 1):
-        totals = _train_epoch(run, epoch, state, stop, on_checkpoint, progress, history)
-        metrics = _epoch_metrics(strategy, dataset, epoch, totals, batch_size)
-        history.append(metrics)
-        if on_epoch is not None:
-            on_epoch(metrics, history)
-        run.checkpoint(on_checkpoint, TrainingState(epoch + 1, 0, 0.0, 0.0, 0.0, epoch_seed(seed, epoch + 1),
-                                                    list(history)))
+    try:
+        for epoch in range(state.epoch, num_epochs + 1):
+            totals = _train_epoch(run, epoch, state, stop, on_checkpoint, progress, history)
+            metrics = _epoch_metrics(strategy, dataset, epoch, totals, batch_size)
+            history.append(metrics)
+            if on_epoch is not None:
+                on_epoch(metrics, history)
+            run.checkpoint(on_checkpoint, TrainingState(epoch + 1, 0, 0.0, 0.0, 0.0, epoch_seed(seed, epoch + 1),
+                                                        list(history)))
+    finally:
+        run.end_trace()   # a run shorter than the traced steps still writes what it recorded
     return history, strategy.model

@@ -63,7 +63,7 @@ FLAGS = {"epochs": "--epochs", "num_epochs": "--epochs", "batch_size": "--batch-
          "strategy": "--strategy", "algorithm": "--allreduce", "kvstore": "--kvstore", "optimizer": "--optimizer",
          "momentum": "--momentum", "nesterov": "--nesterov", "wd": "--wd", "clip_norm": "--clip-norm",
          "accumulate": "--accumulate", "zero": "--zero", "warmup_epochs": "--warmup-epochs",
-         "checkpoint_every": "--checkpoint-every", "compression": "--compression",
+         "checkpoint_every": "--checkpoint-every", "compression": "--compression", "trace": "--trace",
          "lr_decay_epochs": "--lr-decay-epochs", "lr_decay": "--lr-decay", "lr_schedule": "--lr-schedule"}
 
 
@@ -119,6 +119,10 @@ def build_parser():
     _add_optimizer_flags(add)
     add("--seed", type=int, default=0, help=f"seeds initial parameters and shuffling, 0 to {MAX_SEED}; default 0")
     add("--metrics-json", metavar="PATH", help="write per-epoch metrics as JSON")
+    add("--trace", metavar="PATH",
+        help="record steps 2-4 of the run with MXNet's profiler and write a Chrome trace there (chrome://tracing, "
+             "Perfetto): a lane per device, each operator named load, forward, backward, allreduce or update; in a "
+             "job each worker writes PATH with .workerR before its extension")
     add("--plot", metavar="PATH",
         help="write loss and accuracy curves; the suffix names the format (.png, .pdf, .svg, ...)")
     add("--checkpoint-dir", metavar="DIR", help="write a checkpoint there after every epoch and when interrupted "
@@ -213,7 +217,8 @@ def check_args(args):
         check_options(args.strategy, args.stages, args.boundaries, args.micro_batches, args.batch_size,
                       distributed=_launched(), zero=args.zero, algorithm=args.allreduce)
     for flag, value in (("--data-dir", args.data_dir), ("--checkpoint-dir", args.checkpoint_dir),
-                        ("--export", args.export), ("--metrics-json", args.metrics_json), ("--plot", args.plot)):
+                        ("--export", args.export), ("--metrics-json", args.metrics_json), ("--plot", args.plot),
+                        ("--trace", args.trace)):
         if value == "":
             raise UsageError(f"{flag} needs a path, got an empty string")
     with users_input(ValueError, TypeError, flags=FLAGS):
@@ -269,7 +274,8 @@ def claim_outputs(args, stack):
         except DirectoryLocked as e:
             raise UsageError(f"--checkpoint-dir {e}") from None
     outputs = [(path, flag) for path, flag in ((args.metrics_json, "--metrics-json"), (args.plot, "--plot"),
-                                                (_export_files(args.export)[1], "--export")) if path is not None]
+                                                (_export_files(args.export)[1], "--export"), (args.trace, "--trace"))
+               if path is not None]
     for path, flag in outputs:
         with users_input(ValueError, flags={}):
             check_writable(path, flag)

@@ -236,7 +236,7 @@ def train(args, strategy, optimizer, dataset, checkpoint, stop, report):
             not args.no_progress and report.main_rank, on_epoch=report.epoch, strategy=strategy, start=start,
             stop=stop, on_checkpoint=report.save, optimizer=optimizer, accumulate=args.accumulate,
             optimizer_state=None if checkpoint is None else checkpoint.optimizer_state,
-            checkpoint_every=args.checkpoint_every)
+            checkpoint_every=args.checkpoint_every, trace=args.trace)
 
 
 def export(args, strategy, initial, report):

@@ -1,0 +1,218 @@
+"""A timeline of training steps: what each context (and worker) ran, when, named as the package names it.
+
+``with trace("step.json"):`` records what MXNet's engine runs inside the block with MXNet's profiler and writes a
+Chrome trace (open it in ``chrome://tracing`` or https://ui.perfetto.dev): one lane (a "process") per context,
+prefixed with the worker in a job, each operator an event named by its phase:
+
+- ``load``: copies onto the context before its forward (its shard of the batch);
+- ``forward``: the operators of the forward pass and the loss;
+- ``backward``: MXNet's ``_backward_*`` operators;
+- ``allreduce``: copies between contexts and the sums after the backward (``add_n``, and a compressor's work);
+- ``update``: the optimizer's operators (``sgd_update``, ``sgd_mom_update``, ``adam_update``, ...).
+
+The operator itself is in each event's ``args.op``. ``plot_timeline(trace)`` draws the same as a Gantt chart.
+
+MXNet's profiler is configured once per process (a second ``set_config`` is refused), writes its events to a
+file of its own in the system's temporary directory, and runs for one ``trace`` at a time.
+"""
+import json
+import os
+import re
+import tempfile
+import threading
+from collections import namedtuple
+
+from .files import atomic_write
+
+__all__ = ["trace", "Trace", "PHASES", "plot_timeline", "read_trace", "worker_path"]
+
+#: The phases of a step, in the order they happen on every context.
+PHASES = ("load", "forward", "backward", "allreduce", "update")
+
+_UPDATES = ("sgd_update", "sgd_mom_update", "nag_mom_update", "adam_update", "_contrib_adamw_update", "adamw_update",
+            "multi_", "mp_sgd", "lamb_update", "_mul_scalar_update")
+_BOOKKEEPING = ("DeleteVariable", "SetValueOp", "WaitForVar", "ImperativeBulk")
+_CLOSED = re.compile(r"\]\s*,\s*\"displayTimeUnit\"\s*:\s*\"ms\"\s*\}\s*,")
+
+Trace = namedtuple("Trace", ["events", "lanes", "path"])
+Trace.__doc__ = """A recorded timeline.
+
+events : list of dict
+    Chrome trace events (``ph`` "X": ``name`` the phase, ``ts`` and ``dur`` in microseconds from the first event,
+    ``pid`` the lane, ``args.op`` MXNet's operator).
+lanes : list of str
+    The lanes' names, by ``pid``: ``"cpu(0)"``, or ``"worker 1 cpu(0)"`` in a job.
+path : str or None
+    Where the trace was written.
+"""
+
+_lock = threading.Lock()
+_state = {"file": None, "seen": 0}
+
+
+def _profiler_file():
+    import mxnet as mx
+    if _state["file"] is None:
+        handle, path = tempfile.mkstemp(prefix="parallel-profile-", suffix=".json")
+        os.close(handle)
+        mx.profiler.set_config(profile_all=True, filename=path, aggregate_stats=False)
+        _state["file"] = path
+    return _state["file"]
+
+
+class trace:
+    """Record the steps run inside the ``with`` block; write a Chrome trace to ``path`` (atomically) on exit.
+
+    Parameters
+    ----------
+    path : str or os.PathLike, optional
+        Where to write the trace (JSON); None: keep it in memory only (``.result``).
+    worker : int, optional
+        In a distributed job, this worker's rank: its lanes are named ``"worker R cpu(0)"``.
+
+    The block's work is waited for on entry and on exit (``mx.nd.waitall``), so the trace holds exactly it.
+    ``.result`` is the ``Trace`` after the block.
+    """
+
+    def __init__(self, path=None, worker=None):
+        self.path = None if path is None else os.fspath(path)
+        self.worker, self.result = worker, None
+
+    def __enter__(self):
+        import mxnet as mx
+        if not _lock.acquire(blocking=False):
+            raise RuntimeError("a trace is already recording in this process; MXNet has one profiler")
+        try:
+            _profiler_file()
+            mx.nd.waitall()
+            mx.profiler.set_state("run")
+        except BaseException:
+            _lock.release()
+            raise
+        return self
+
+    def __exit__(self, *exc):
+        import mxnet as mx
+        try:
+            mx.nd.waitall()
+            mx.profiler.set_state("stop")
+            mx.profiler.dump()
+            with open(_state["file"]) as f:
+                text = f.read()
+        finally:
+            _lock.release()
+        raw = json.loads(_CLOSED.sub(",", text))["traceEvents"]
+        fresh = [e for e in raw if e.get("ts", 0) > _state["seen"]]
+        _state["seen"] = max([_state["seen"]] + [e.get("ts", 0) for e in raw])
+        self.result = _timeline(raw, fresh, self.worker, self.path)
+        if self.path is not None:
+            with atomic_write(self.path, "w") as f:
+                json.dump({"traceEvents": self.result.events, "displayTimeUnit": "ms"}, f)
+        return False
+
+
+def _lane_names(raw, worker):
+    """MXNet's device "processes" (``cpu/0``, ``gpu/1``) by pid, as context names."""
+    names = {}
+    for event in raw:
+        if event.get("ph") == "M" and event.get("name") == "process_name":
+            device = event["args"]["name"]
+            kind, _, index = device.partition("/")
+            if kind in ("cpu", "gpu") and index.isdigit():
+                name = f"{kind}({index})"
+                names[event["pid"]] = name if worker is None else f"worker {worker} {name}"
+    return names
+
+
+def _phase(op, seen_forward, seen_backward, seen_allreduce):
+    """The phase of ``op`` on a lane, from what that lane ran since its last update."""
+    if op.startswith("_backward"):
+        return "backward"
+    if any(op.startswith(u) for u in _UPDATES):
+        return "update"
+    if op.startswith("Copy") or op.startswith("add_n") or op in ("_copyto", "elemwise_add", "broadcast_add"):
+        return "allreduce" if seen_backward else ("load" if not seen_forward else "forward")
+    if seen_allreduce:
+        return "allreduce"   # a compressor's or clipping's operators, between the sum and the update
+    return "backward" if seen_backward else "forward"
+
+
+def _timeline(raw, fresh, worker, path):
+    names = _lane_names(raw, worker)
+    pids = sorted(names)
+    opened, spans = {}, []
+    for event in sorted(fresh, key=lambda e: e.get("ts", 0)):
+        if event.get("pid") not in names or event.get("ph") not in ("B", "E"):
+            continue
+        key = (event["pid"], event.get("tid"), event["name"])
+        if event["ph"] == "B":
+            opened[key] = event["ts"]
+        elif key in opened:
+            spans.append((opened.pop(key), event["ts"], event["pid"], event["name"]))
+    spans = [s for s in spans if s[3] not in _BOOKKEEPING]
+    start = min((s[0] for s in spans), default=0)
+    events, state = [], {pid: [False, False, False] for pid in pids}
+    for begin, end, pid, op in sorted(spans):
+        phase = _phase(op, *state[pid])
+        if phase in ("forward", "backward", "allreduce"):
+            state[pid][("forward", "backward", "allreduce").index(phase)] = True
+        elif phase == "update":
+            state[pid] = [False, False, False]   # the next step starts
+        events.append({"name": phase, "cat": phase, "ph": "X", "ts": begin - start, "dur": max(end - begin, 0),
+                       "pid": pids.index(pid), "tid": 0, "args": {"op": op}})
+    metadata = [{"name": "process_name", "ph": "M", "pid": i, "args": {"name": names[pid]}}
+                for i, pid in enumerate(pids)]
+    return Trace(metadata + events, [names[pid] for pid in pids], path)
+
+
+def worker_path(path, job):
+    """Where worker ``job.rank`` of a job of several workers writes the trace ``path``: ``.workerR`` inserted before
+    the extension (``step.json`` -> ``step.worker1.json``); ``path`` itself with no job or one worker."""
+    path = os.fspath(path)
+    if job is None or job.num_workers == 1:
+        return path
+    stem, ext = os.path.splitext(path)
+    return f"{stem}.worker{job.rank}{ext}"
+
+
+def read_trace(path):
+    """A ``Trace`` from a file ``trace`` wrote."""
+    with open(path) as f:
+        events = json.load(f)["traceEvents"]
+    lanes = {e["pid"]: e["args"]["name"] for e in events if e.get("ph") == "M"}
+    return Trace(events, [lanes[i] for i in sorted(lanes)], os.fspath(path))
+
+
+_COLORS = {"load": "#9e9e9e", "forward": "#1f77b4", "backward": "#ff7f0e", "allreduce": "#2ca02c",
+           "update": "#d62728"}
+
+
+def plot_timeline(timeline, path=None, title=None):
+    """Draw a ``Trace`` (or the path of one) as a Gantt chart: a row per lane, a bar per event colored by its
+    phase; write it to ``path`` (atomically, the format from its extension) if given. Returns the figure."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+    if not isinstance(timeline, Trace):
+        timeline = read_trace(timeline)
+    spans = [e for e in timeline.events if e.get("ph") == "X"]
+    fig, ax = plt.subplots(figsize=(10, 1.6 + 0.6 * max(1, len(timeline.lanes))))
+    for phase in PHASES:
+        for lane in range(len(timeline.lanes)):
+            bars = [(e["ts"] / 1000, max(e["dur"], 1) / 1000) for e in spans if e["name"] == phase and e["pid"] == lane]
+            if bars:
+                ax.broken_barh(bars, (lane - 0.35, 0.7), color=_COLORS[phase])
+    ax.set_yticks(range(len(timeline.lanes)))
+    ax.set_yticklabels(timeline.lanes)
+    ax.invert_yaxis()
+    ax.set_xlabel("ms")
+    ax.set_title(title or "what each context ran")
+    fig.legend(handles=[Patch(color=_COLORS[p], label=p) for p in PHASES], loc="lower center", ncol=len(PHASES),
+               fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.1, 1, 1))
+    if path is not None:
+        fmt = os.path.splitext(os.fspath(path))[1].lstrip(".") or "png"
+        with atomic_write(path, "wb") as f:
+            fig.savefig(f, format=fmt, dpi=100)
+    return fig

@@ -1,0 +1,88 @@
+"""Timelines of steps (``parallel.trace``, ``fit(trace=)``, ``--trace``): a lane per context whose events run
+forward, backward, allreduce, update, in that order, in a Chrome trace and its plot."""
+import json
+import sys
+
+import pytest
+
+from parallel import get_params, init_lenet_params, plot_timeline, read_trace, trace, train_batch
+from parallel.compress.compressors import make_compressor
+from parallel.optim import make_optimizer
+from parallel.trace import PHASES, worker_path
+from parallel.train import main
+from conftest import contexts, easy_dataset, make_batches, run_process, write_idx_files
+
+
+def _phases_in_order(timeline, lanes):
+    """Every lane holds forward, backward, allreduce and update events, the first of each in that order, and its
+    last update after its last allreduce."""
+    assert timeline.lanes == lanes
+    for lane in range(len(lanes)):
+        events = [e for e in timeline.events if e.get("ph") == "X" and e["pid"] == lane]
+        names = [e["name"] for e in events]
+        assert set(names) <= set(PHASES), names
+        firsts = [names.index(phase) for phase in ("forward", "backward", "allreduce", "update")]
+        assert firsts == sorted(firsts), (lanes[lane], names)
+        assert len(names) - 1 - names[::-1].index("update") > len(names) - 1 - names[::-1].index("allreduce")
+        assert all(e["dur"] >= 0 and e["ts"] >= 0 for e in events)
+
+
+@pytest.mark.parametrize("compression", [None, "topk:0.05"])
+def test_a_traced_step_has_a_lane_per_context_in_step_order(compression, tmp_path):
+    ctx = contexts(2)
+    device_params = [get_params(init_lenet_params(), c) for c in ctx]
+    optimizer = make_optimizer("sgd", 0.1, momentum=0.9)
+    compressor = make_compressor(compression) if compression else None
+    batches = make_batches([32] * 3)
+    train_batch(*batches[0], device_params, ctx, optimizer=optimizer, compression=compressor)
+    for i, (X, y) in enumerate(batches[1:]):   # twice: MXNet's profiler is configured once per process
+        with trace(tmp_path / f"step{i}.json") as recorded:
+            train_batch(X, y, device_params, ctx, optimizer=optimizer, compression=compressor)
+        _phases_in_order(recorded.result, ["cpu(0)", "cpu(1)"])
+        written = read_trace(tmp_path / f"step{i}.json")
+        assert written.events == json.loads(json.dumps(recorded.result.events))
+        ops = [e["args"]["op"] for e in written.events if e.get("ph") == "X"]
+        assert ops.count("sgd_mom_update") == 2   # one update a context: this block's step alone
+    figure = plot_timeline(written, tmp_path / "step.png")
+    assert (tmp_path / "step.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert [t.get_text() for t in figure.axes[0].get_yticklabels()] == ["cpu(0)", "cpu(1)"]
+
+
+def test_one_trace_at_a_time():
+    with trace():
+        with pytest.raises(RuntimeError, match="already recording"):
+            trace().__enter__()
+
+
+def test_worker_paths():
+    class Job:
+        rank, num_workers = 1, 2
+    assert worker_path("run/step.json", Job()) == "run/step.worker1.json"
+    assert worker_path("step.json", None) == "step.json"
+
+
+def test_the_cli_writes_a_trace_of_steps_2_to_4(tmp_path, capsys):
+    data_dir = write_idx_files(tmp_path, easy_dataset(num_train=200, num_test=50, seed=4))
+    path = tmp_path / "steps.json"
+    assert main(["--data-dir", str(data_dir), "--epochs", "1", "--devices", "cpu:2", "--batch-size", "32",
+                 "--no-progress", "--trace", str(path)]) == 0
+    timeline = read_trace(path)
+    _phases_in_order(timeline, ["cpu(0)", "cpu(1)"])
+    assert [e["args"]["op"] for e in timeline.events if e.get("ph") == "X"].count("sgd_update") == 3 * 2
+
+
+def test_an_empty_trace_path_exits_2(capsys):
+    assert main(["--dataset", "synthetic", "--epochs", "1", "--trace", ""]) == 2
+    assert "--trace needs a path" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_each_worker_of_a_job_writes_its_lanes(tmp_path):
+    data_dir = write_idx_files(tmp_path, easy_dataset(num_train=200, num_test=50, seed=4))
+    result = run_process([sys.executable, "-m", "parallel.launch", "-n", "2", sys.executable, "-m", "parallel.train",
+                          "--data-dir", str(data_dir), "--epochs", "1", "--devices", "cpu:2", "--batch-size", "32",
+                          "--no-progress", "--compression", "fp16", "--trace", "steps.json"], timeout=300, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    for rank in (0, 1):
+        _phases_in_order(read_trace(tmp_path / f"steps.worker{rank}.json"),
+                         [f"worker {rank} cpu(0)", f"worker {rank} cpu(1)"])
