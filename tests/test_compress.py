@@ -1,6 +1,7 @@
 """Gradient compression with error feedback (``parallel.compress``): nothing is lost, every context ends with the
 same bits, the bytes that cross between contexts are the compressed ones, and training works through every
 interface (train_step, DataParallel, fit, the CLI)."""
+import os
 import sys
 import threading
 
@@ -360,3 +361,46 @@ def test_a_job_of_two_workers_learns_with_every_compressor(spec, tmp_path):
     assert f"kvstore as {spec} payloads" in result.stdout
     last = [line for line in result.stdout.splitlines() if "] epoch 2, " in line][-1]
     assert float(last.split("test acc ")[1].split(",")[0]) > 0.5, last
+
+
+def test_powersgd_keeps_its_queries_at_unit_length_as_the_gradient_shrinks():
+    """Unscaled, the warm-started Q shrank with the gradient until P = M Q was subnormal (a run slowed to minutes
+    an epoch); kept at unit length, tiny gradients are compressed as well as large ones."""
+    compressor = make_compressor("powersgd:2")
+    ctx = contexts(2)
+    shapes = [(20, 30)]
+    arrays = [mx.nd.zeros((600,), ctx=c) for c in ctx]
+    rng = np.random.RandomState(0)
+    for scale in (1.0, 1e-6, 1e-12, 1e-18):
+        values = [rng.standard_normal(600) * scale for _ in ctx]
+        for array, v in zip(arrays, values):
+            array[:] = v
+        compressed_allreduce(arrays, compressor, "fused", shapes)
+        for _, q in compressor.queries.values():
+            np.testing.assert_allclose(np.linalg.norm(q.asnumpy(), axis=0), 1, rtol=1e-5)
+        assert np.isfinite(arrays[0].asnumpy()).all()
+        assert np.abs(arrays[0].asnumpy()).max() > 0.01 * scale   # something of this step's size was sent
+
+
+HANG_CHECK = """
+import mxnet as mx
+from parallel import get_params, init_lenet_params, make_compressor, train_batch
+ctx = [mx.cpu(0), mx.cpu(1)]
+device_params = [get_params(init_lenet_params(), c) for c in ctx]
+X, y = mx.nd.random.uniform(shape=(32, 1, 28, 28)), mx.nd.array([i % 10 for i in range(32)])
+for spec in ["powersgd:4", "2bit"]:
+    compressor = make_compressor(spec)
+    for _ in range(10):
+        train_batch(X, y, device_params, ctx, 0.1, compression=compressor)
+    mx.nd.waitall()
+    print(spec, "done", flush=True)
+"""
+
+
+def test_compressors_do_not_stall_two_contexts_at_two_threads_each(tmp_path):
+    """With mx.nd.dot (OpenBLAS sgemm from both contexts' engine threads), PowerSGD at OMP_NUM_THREADS=2 spun in
+    exec_blas for minutes; its products now run on oneDNN (FullyConnected)."""
+    result = run_process([sys.executable, "-c", HANG_CHECK], timeout=120, cwd=tmp_path,
+                         env=dict(os.environ, OMP_NUM_THREADS="2"))
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.split() == ["powersgd:4", "done", "2bit", "done"]

@@ -157,7 +157,7 @@ class FP16(Compressor):
     def payload_nbytes(self, size):
         return 2 * size
 
-    def across_nbytes(self, size, num_workers):
+    def across_nbytes(self, size, num_workers, shapes=None):
         return 2 * size
 
 
@@ -187,7 +187,7 @@ class TwoBit(Compressor):
         pad = -x.size % _CODES
         if pad:
             codes = mx.nd.concat(codes, mx.nd.zeros((pad,), ctx=x.context, dtype=x.dtype), dim=0)
-        return [mx.nd.dot(codes.reshape((-1, _CODES)), self._powers(x.context))]   # exact: integers < 2**24
+        return [_pack(codes.reshape((-1, _CODES)), self._powers(x.context))]   # exact: integers < 2**24
 
     def decompress(self, payload, out):
         powers = self._powers(out.context).reshape((1, _CODES))
@@ -213,13 +213,13 @@ class TwoBit(Compressor):
         pad = -e.size % per
         if pad:
             digits = mx.nd.concat(digits, mx.nd.zeros((pad,), ctx=e.context, dtype=e.dtype), dim=0)
-        packed = mx.nd.dot(digits.reshape((-1, per)), powers)
+        packed = _pack(digits.reshape((-1, per)), powers)
         job.allsum(key, packed)
         shifted = mx.nd.floor(mx.nd.broadcast_div(packed.reshape((-1, 1)), powers.reshape((1, per))))
         sums = (shifted - base * mx.nd.floor(shifted / base)).reshape((-1,))[:e.size]
         mx.nd.elemwise_mul(sums - w, mx.nd.full(sums.shape, t, ctx=e.context, dtype=e.dtype), out=e)
 
-    def across_nbytes(self, size, num_workers):
+    def across_nbytes(self, size, num_workers, shapes=None):
         """Bytes each worker pushes (and pulls) in ``across``."""
         return 4 * math.ceil(size / _digits(num_workers)[1])
 
@@ -281,7 +281,7 @@ class TopK(Compressor):
             dense.append(out)
         mx.nd.add_n(*dense, out=e)
 
-    def across_nbytes(self, size, num_workers):
+    def across_nbytes(self, size, num_workers, shapes=None):
         return 8 * self.k(size) * num_workers
 
 
@@ -342,7 +342,12 @@ class PowerSGD(Compressor):
         return found[1]
 
     def _remember(self, array, t, q, level="contexts"):
-        self.queries[(level, id(array), t)] = (array, q)
+        """Keep the summed ``Q`` for the next step, its columns scaled to unit length: only the space they span
+        matters (``P`` is orthonormalized), and unscaled, ``Q`` would shrink with the gradient step after step
+        until ``P = M Q`` fell into float32's subnormal range (measured: a 20-epoch LeNet run slowed to minutes a
+        epoch once its loss neared zero)."""
+        norms = mx.nd.norm(q, axis=0, keepdims=True) + 1e-30
+        self.queries[(level, id(array), t)] = (array, mx.nd.broadcast_div(q, norms))
 
     def allreduce(self, arrays, algorithm, shapes=None):
         shapes = [arrays[0].shape] if shapes is None else shapes
@@ -358,15 +363,15 @@ class PowerSGD(Compressor):
             n, m = matrix
             r = min(self.rank, n, m)
             M = [view.reshape((n, m)) for view in views]
-            P = [mx.nd.dot(Mi, self._query(array, t, m, r)) for Mi, array in zip(M, arrays)]
+            P = [_matmul(Mi, self._query(array, t, m, r)) for Mi, array in zip(M, arrays)]
             allreduce(P, algorithm)
             P = [_orthonormal_columns(p) for p in P]          # the same bits in, the same bits out, everywhere
-            Q = [mx.nd.dot(Mi, p, transpose_a=True) for Mi, p in zip(M, P)]
+            Q = [_matmul(mx.nd.transpose(Mi), p) for Mi, p in zip(M, P)]
             for Mi, p, q, residual in zip(M, P, Q, residuals):   # what this context's rank-r part leaves out
-                residual[offset:offset + size] = (Mi - mx.nd.dot(p, q, transpose_b=True)).reshape((-1,))
+                residual[offset:offset + size] = (Mi - _matmul_t(p, q)).reshape((-1,))
             allreduce(Q, algorithm)
             for Mi, p, q, array in zip(M, P, Q, arrays):
-                Mi[:] = mx.nd.dot(p, q, transpose_b=True)
+                Mi[:] = _matmul_t(p, q)
                 self._remember(array, t, q)                   # the next step starts from the summed Q
 
 
@@ -382,28 +387,46 @@ def _powersgd_across(self, job, e, residual, shapes, key):
         n, m = matrix
         r = min(self.rank, n, m)
         M = view.reshape((n, m))
-        P = mx.nd.dot(M, self._query(e, t, m, r, "across"))
+        P = _matmul(M, self._query(e, t, m, r, "across"))
         job.allsum(key + 1 + 2 * t, P)
         P = _orthonormal_columns(P)
-        Q = mx.nd.dot(M, P, transpose_a=True)
-        residual[offset:offset + size] = (M - mx.nd.dot(P, Q, transpose_b=True)).reshape((-1,))
+        Q = _matmul(mx.nd.transpose(M), P)
+        residual[offset:offset + size] = (M - _matmul_t(P, Q)).reshape((-1,))
         job.allsum(key + 2 + 2 * t, Q)
-        M[:] = mx.nd.dot(P, Q, transpose_b=True)
+        M[:] = _matmul_t(P, Q)
         self._remember(e, t, Q, "across")
 
 
 PowerSGD._across = _powersgd_across
 
 
+def _matmul_t(a, b):
+    """``a b^T`` (a: n x k, b: m x k) with ``FullyConnected``, which runs on oneDNN. Not ``mx.nd.dot``: its
+    OpenBLAS ``sgemm`` called from two CPU contexts' engine threads at once, with ``OMP_NUM_THREADS=2``, spun in
+    ``exec_blas`` for minutes here (the hang the hybrid strategy once had)."""
+    return mx.nd.FullyConnected(a, b, num_hidden=b.shape[0], no_bias=True)
+
+
+def _matmul(a, b):
+    """``a b`` (a: n x k, b: k x m), see ``_matmul_t``."""
+    return _matmul_t(a, mx.nd.transpose(b))
+
+
+def _pack(codes, powers):
+    """Each row of ``codes`` (N x c) dotted with ``powers`` (c,): exact, the values being integers below 2**24."""
+    return _matmul_t(codes, powers.reshape((1, -1))).reshape((-1,))
+
+
 def _orthonormal_columns(p):
-    """``p`` (n x r, r <= n) with orthonormal columns spanning the same space: Gram-Schmidt, column by column."""
+    """``p`` (n x r, r <= n) with orthonormal columns spanning the same space: Gram-Schmidt, a column at a time
+    (``slice_axis``), with MXNet's own elementwise operators (no LAPACK, see ``_matmul_t``)."""
     columns = []
     for j in range(p.shape[1]):
-        column = p[:, j:j + 1]
+        column = mx.nd.slice_axis(p, axis=1, begin=j, end=j + 1)
         for previous in columns:
             column = column - mx.nd.sum(column * previous) * previous
-        columns.append(column / (mx.nd.norm(column) + 1e-12))
-    return mx.nd.concat(*columns, dim=1)
+        columns.append(column / (mx.nd.norm(column) + 1e-30))
+    return mx.nd.concat(*columns, dim=1) if len(columns) > 1 else columns[0]
 
 
 _CLASSES = {"fp16": FP16, "2bit": TwoBit, "topk": TopK, "powersgd": PowerSGD}

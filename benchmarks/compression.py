@@ -1,0 +1,222 @@
+"""What gradient compression saves and costs: bytes per step, time per step, test accuracy after equal epochs.
+
+Run from the repository root, one part at a time (each its own interleaved run)::
+
+    OMP_NUM_THREADS=2 python benchmarks/compression.py --data-dir digits --part process
+    python benchmarks/compression.py --data-dir digits --part job
+    python benchmarks/compression.py --quick                     # smoke test, synthetic data, seconds
+
+- ``process``: one process, 2 CPU contexts, ``fit(..., compression=spec)`` for every compressor, in a shuffled
+  order: the bytes one step copies between the contexts (``bytes_moved``), the median seconds per epoch and the
+  test accuracy after every epoch.
+- ``job``: ``python -m parallel.launch -n 2`` of ``python -m parallel.train --compression SPEC`` (one context a
+  worker, the launcher's thread split), every compressor, and MXNet's own 2-bit compression through
+  ``gluon.Trainer(kvstore='dist_sync')`` with ``kv.set_gradient_compression({'type': '2bit'})`` on the same
+  data, batch, model initialisation and optimizer (momentum SGD on the servers, MXNet's default): the bytes each
+  worker pushes a step, seconds per epoch, final test accuracy. (MXNet 1.9.1's ``gluon.Trainer`` sums through
+  ``pushpull``, which ``dist_sync`` refuses with compression, so that worker pushes and pulls as MXNet's Module
+  does; its pull of the updated weights is not compressed, mxnet#8979.)
+
+LeNet: batch 32, Nesterov momentum 0.9, lr 0.1, cosine over the epochs with one warm-up epoch (the setting
+benchmarks/optimizer_accuracy.py found for digits). Writes ``compression.json`` to ``--out``.
+"""
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SPECS = ["none", "fp16", "2bit", "topk:0.01", "powersgd:4"]
+LR, MOMENTUM, BATCH = 0.1, 0.9, 32
+
+
+def _optimizer(epochs, per_epoch):
+    from parallel.optim import SGD, Cosine
+    return SGD(lr=LR, momentum=MOMENTUM, nesterov=True,
+               schedule=Cosine(total_steps=epochs * per_epoch, warmup_steps=per_epoch if epochs > 1 else 0))
+
+
+def _dataset(args):
+    from parallel import load_idx_dataset, synthetic_dataset
+    if args.data_dir:
+        return load_idx_dataset(args.data_dir)
+    return synthetic_dataset(num_train=320, num_test=64, seed=0)
+
+
+def part_process(args):
+    import mxnet as mx
+    import numpy as np
+    from parallel import bytes_moved, fit, make_compressor
+    from parallel.data import num_batches
+    from parallel.models.lenet import LENET_SHAPES
+    dataset = _dataset(args)
+    per_epoch = num_batches(len(dataset.train_labels), BATCH)
+    size = sum(int(np.prod(s)) for s in LENET_SHAPES)
+    order = list(SPECS)
+    random.Random(0).shuffle(order)
+    rows = {}
+    for spec in order:
+        compressor = make_compressor(spec)
+        started = time.monotonic()
+        history, _ = fit(dataset, [mx.cpu(0), mx.cpu(1)], args.epochs, BATCH, seed=0, compression=compressor,
+                         optimizer=_optimizer(args.epochs, per_epoch))
+        moved = bytes_moved("fused", 4 * size, 2, compression=compressor, shapes=LENET_SHAPES)
+        rows[spec] = {"bytes_per_step": moved.total, "seconds_per_epoch": statistics.median(
+            h["seconds"] for h in history), "test_acc": [h["test_acc"] for h in history],
+            "wall_seconds": time.monotonic() - started}
+        print(f"process: {spec} done", file=sys.stderr, flush=True)
+    return {"order": order, "rows": rows}
+
+
+# ---- the job part ---------------------------------------------------------------------------------------------
+
+def worker_native(args):
+    """MXNet's own 2-bit compression: a gluon LeNet (the package's initial weights), gluon.Trainer on dist_sync."""
+    import mxnet as mx
+    from mxnet import autograd, gluon
+    from parallel import init_lenet_params, iterate_batches, to_gluon
+    from parallel.data import num_batches
+    from parallel.data.batches import epoch_seed
+    from parallel.kvstore import worker_slice
+    dataset = _dataset(args)
+    kv = mx.kv.create("dist_sync")
+    kv.set_gradient_compression({"type": "2bit", "threshold": 0.5})
+    ctx = mx.cpu(0)
+    net = to_gluon(init_lenet_params(seed=0), ctx)
+    net.hybridize(static_alloc=True, static_shape=True)
+    per_epoch = num_batches(len(dataset.train_labels), BATCH)
+    schedule = mx.lr_scheduler.CosineScheduler(max_update=args.epochs * per_epoch, base_lr=LR,
+                                               warmup_steps=per_epoch if args.epochs > 1 else 0)
+    # gluon.Trainer (MXNet 1.9.1) sums through pushpull, which dist_sync refuses with compression ("Compression
+    # not supported with PushPull"): push and pull as MXNet's Module does, the servers running the optimizer.
+    kv.set_optimizer(mx.optimizer.NAG(learning_rate=LR, momentum=MOMENTUM, lr_scheduler=schedule,
+                                      rescale_grad=1.0 / BATCH))
+    params = [param for param in net.collect_params().values() if param.grad_req != "null"]
+    for i, param in enumerate(params):
+        kv.init(i, param.data(ctx))
+        kv.pull(i, out=param.data(ctx))
+    loss = gluon.loss.SoftmaxCrossEntropyLoss()
+    seconds = []
+    for epoch in range(1, args.epochs + 1):
+        started = time.monotonic()
+        for X, y in iterate_batches(dataset.train_images, dataset.train_labels, BATCH, shuffle=True,
+                                    seed=epoch_seed(0, epoch)):
+            start, stop = worker_slice(X.shape[0], 1, kv.rank, kv.num_workers)
+            with autograd.record():
+                l = loss(net(X[start:stop].as_in_context(ctx)), y[start:stop].as_in_context(ctx))
+            l.backward()
+            for i, param in enumerate(params):
+                kv.push(i, param.grad(ctx), priority=-i)
+            for i, param in enumerate(params):
+                kv.pull(i, out=param.data(ctx), priority=-i)
+        mx.nd.waitall()
+        seconds.append(time.monotonic() - started)
+    correct = 0
+    for X, y in iterate_batches(dataset.test_images, dataset.test_labels, 256):
+        correct += int((net(X.as_in_context(ctx)).argmax(axis=1) == y.as_in_context(ctx)).sum().asscalar())
+    if kv.rank == 0:
+        print("RESULT " + json.dumps({"seconds": seconds, "test_acc": correct / len(dataset.test_labels)}),
+              flush=True)
+
+
+def _run(command, cwd, timeout=3600):
+    result = subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=timeout,
+                            start_new_session=True)
+    if result.returncode != 0:
+        raise RuntimeError(f"{' '.join(command[:6])} ... failed ({result.returncode}): {result.stderr[-2000:]}")
+    return result
+
+
+def part_job(args):
+    import numpy as np
+    from parallel import make_compressor
+    from parallel.models.lenet import LENET_SHAPES
+    size = sum(int(np.prod(s)) for s in LENET_SHAPES)
+    order = SPECS + ["mxnet-2bit"]
+    random.Random(1).shuffle(order)
+    rows = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        data_dir = args.data_dir
+        if data_dir is None:
+            from parallel import write_idx
+            from parallel.data import FILES
+            data_dir = os.path.join(tmp, "data")
+            os.mkdir(data_dir)
+            for role, name in FILES.items():
+                write_idx(os.path.join(data_dir, name), getattr(_dataset(args), role))
+        launch = [sys.executable, "-m", "parallel.launch", "-n", "2"]
+        for spec in order:
+            if spec == "mxnet-2bit":
+                result = _run(launch + [sys.executable, os.path.abspath(__file__), "--worker-native", "--epochs",
+                                        str(args.epochs), "--data-dir", os.path.abspath(data_dir)], tmp)
+                line = [l for l in result.stdout.splitlines() if "RESULT " in l][-1]
+                native = json.loads(line.split("RESULT ", 1)[1])
+                # MXNet packs 16 two-bit codes per float32 on the push; the pull of the weights is dense
+                rows[spec] = {"bytes_per_step": 4 * -(-size // 16), "pull_bytes_per_step": 4 * size,
+                              "seconds_per_epoch": statistics.median(native["seconds"]),
+                              "test_acc": native["test_acc"]}
+            else:
+                metrics = os.path.join(tmp, f"{spec.replace(':', '_')}.json")
+                _run(launch + [sys.executable, "-m", "parallel.train", "--data-dir", os.path.abspath(data_dir),
+                               "--epochs", str(args.epochs), "--batch-size", str(BATCH), "--lr", str(LR),
+                               "--momentum", str(MOMENTUM), "--nesterov", "--lr-schedule", "cosine",
+                               "--warmup-epochs", "1" if args.epochs > 1 else "0", "--devices", "cpu:1",
+                               "--no-progress", "--compression", spec, "--metrics-json", metrics], tmp)
+                with open(metrics) as f:
+                    history = json.load(f)
+                compressor = make_compressor(spec)
+                pushed = 4 * size if compressor is None else compressor.across_nbytes(size, 2, LENET_SHAPES)
+                rows[spec] = {"bytes_per_step": pushed, "pull_bytes_per_step": pushed,
+                              "seconds_per_epoch": statistics.median(h["seconds"] for h in history),
+                              "test_acc": history[-1]["test_acc"]}
+            print(f"job: {spec} done", file=sys.stderr, flush=True)
+    return {"order": order, "rows": rows}
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--data-dir", default=None, help="MNIST-format data (digits); default: synthetic")
+    parser.add_argument("--part", choices=["process", "job", "both"], default="both")
+    parser.add_argument("--epochs", type=int, default=20, help="LeNet epochs; default 20")
+    parser.add_argument("--quick", action="store_true", help="smoke test: 1 epoch of a small synthetic set")
+    parser.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results"))
+    parser.add_argument("--worker-native", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.epochs = 1
+    if args.worker_native:
+        worker_native(args)
+        return 0
+    result = {"command": "python benchmarks/compression.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+              "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "unset"), "epochs": args.epochs}
+    if args.part in ("process", "both"):
+        result["process"] = part_process(args)
+    if args.part in ("job", "both"):
+        result["job"] = part_job(args)
+    for part in ("process", "job"):
+        if part in result:
+            rows = result[part]["rows"]
+            base = rows["none"]
+            print(f"| {part} | bytes/step | fewer | s/epoch | vs none | test acc |")
+            for spec, row in rows.items():
+                acc = row["test_acc"][-1] if isinstance(row["test_acc"], list) else row["test_acc"]
+                base_acc = base["test_acc"][-1] if isinstance(base["test_acc"], list) else base["test_acc"]
+                print(f"| {spec} | {row['bytes_per_step']} | {base['bytes_per_step'] / row['bytes_per_step']:.1f}x "
+                      f"| {row['seconds_per_epoch']:.2f} | {row['seconds_per_epoch'] / base['seconds_per_epoch']:.2f}x "
+                      f"| {acc:.3f} ({acc - base_acc:+.3f}) |")
+    os.makedirs(args.out, exist_ok=True)
+    name = "compression.json" if args.part == "both" else f"compression_{args.part}.json"
+    path = os.path.join(args.out, name)
+    with open(path + ".tmp", "w") as f:
+        json.dump(result, f, indent=2)
+    os.replace(path + ".tmp", path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,21 @@
+"""The compression benchmark's smoke run: both parts measure every compressor, the job part MXNet's own 2-bit too."""
+import json
+
+import pytest
+
+from conftest import load_benchmark
+
+
+@pytest.mark.slow
+def test_compression_quick_run_measures_every_compressor(tmp_path, capsys):
+    compression = load_benchmark("compression")
+    assert compression.main(["--quick", "--out", str(tmp_path)]) == 0
+    result = json.loads((tmp_path / "compression.json").read_text())
+    assert set(result["process"]["rows"]) == set(compression.SPECS)
+    assert set(result["job"]["rows"]) == set(compression.SPECS) | {"mxnet-2bit"}
+    for part in ("process", "job"):
+        rows = result[part]["rows"]
+        assert all(row["seconds_per_epoch"] > 0 for row in rows.values())
+        assert all(rows[spec]["bytes_per_step"] * 8 <= rows["none"]["bytes_per_step"]
+                   for spec in ("2bit", "topk:0.01", "powersgd:4"))
+    assert "| process | bytes/step |" in capsys.readouterr().out
