@@ -123,7 +123,8 @@ class _Run:
         self.steps_run += 1
         if self.trace_path is not None and self.steps_run == TRACE_FIRST:
             job = self.strategy.job
-            self.tracing = trace(worker_path(self.trace_path, job), None if job is None else job.rank).__enter__()
+            self.tracing = trace(worker_path(self.trace_path, job), None if job is None else job.rank,
+                                 self.strategy.ctx_list).__enter__()
         out = self.strategy.train_step(X, y, optimizer=self.optimizer, accumulate=min(self.accumulate, X.shape[0]))
         if self.steps_run == TRACE_FIRST + TRACE_STEPS - 1:
             self.end_trace()

@@ -12,8 +12,15 @@ prefixed with the worker in a job, each operator an event named by its phase:
 
 The operator itself is in each event's ``args.op``. ``plot_timeline(trace)`` draws the same as a Gantt chart.
 
-MXNet's profiler is configured once per process (a second ``set_config`` is refused), writes its events to a
-file of its own in the system's temporary directory, and runs for one ``trace`` at a time.
+MXNet's profiler is one per process: ``trace`` configures it once, to a file of its own in the system's temporary
+directory, to which each ``trace`` appends its events; one ``trace`` runs at a time. The profiler files each event
+under a numbered slot: ``cpu(i)`` under slot i, one slot for each processor it counts (``omp_get_num_procs``),
+then ``gpu(i)`` (32 slots in a CUDA build, none otherwise), then pinned and shared CPU memory. So it can record
+only CPU contexts numbered below the processor count: ``cpu(N)`` and ``cpu(N+1)`` on N processors land in the
+memory slots, and ``cpu(N+2)`` aborts the process (MXNet checks the slot in its engine). ``trace(contexts=...)``
+and ``--trace`` refuse those contexts up front (``check_traceable``). The slots' labels are written only by the
+first dump of a process, into whatever file the profiler was configured with then, so lanes are named from the
+slot numbers, not from the labels.
 """
 import json
 import os
@@ -24,7 +31,7 @@ from collections import namedtuple
 
 from .files import atomic_write
 
-__all__ = ["trace", "Trace", "PHASES", "plot_timeline", "read_trace", "worker_path"]
+__all__ = ["trace", "Trace", "PHASES", "check_traceable", "plot_timeline", "read_trace", "worker_path"]
 
 #: The phases of a step, in the order they happen on every context.
 PHASES = ("load", "forward", "backward", "allreduce", "update")
@@ -32,7 +39,8 @@ PHASES = ("load", "forward", "backward", "allreduce", "update")
 _UPDATES = ("sgd_update", "sgd_mom_update", "nag_mom_update", "adam_update", "_contrib_adamw_update", "adamw_update",
             "multi_", "mp_sgd", "lamb_update", "_mul_scalar_update")
 _BOOKKEEPING = ("DeleteVariable", "SetValueOp", "WaitForVar", "ImperativeBulk")
-_CLOSED = re.compile(r"\]\s*,\s*\"displayTimeUnit\"\s*:\s*\"ms\"\s*\}\s*,")
+#: The head and the tail MXNet writes around a dump's events (a later dump may lack the head: see the module's notes).
+_FRAME = re.compile(r"\{\s*\"traceEvents\"\s*:\s*\[|\]\s*,\s*\"displayTimeUnit\"\s*:\s*\"ms\"\s*\}")
 
 Trace = namedtuple("Trace", ["events", "lanes", "path"])
 Trace.__doc__ = """A recorded timeline.
@@ -47,7 +55,7 @@ path : str or None
 """
 
 _lock = threading.Lock()
-_state = {"file": None, "seen": 0}
+_state = {"file": None, "seen": 0, "slots": {}}
 
 
 def _profiler_file():
@@ -60,6 +68,27 @@ def _profiler_file():
     return _state["file"]
 
 
+def _processors():
+    """The processors MXNet's profiler counts (``omp_get_num_procs``: those this process may run on)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 64)
+
+
+def _gpu_slots():
+    """The GPU slots of MXNet's profiler: 32 in a CUDA build, none otherwise."""
+    import mxnet as mx
+    return 32 if mx.runtime.Features().is_enabled("CUDA") else 0
+
+
+def check_traceable(contexts):
+    """Raise ``ValueError`` unless MXNet's profiler can record every context of ``contexts`` in a lane of its own:
+    CPU contexts must be numbered below the processor count (see the module's notes)."""
+    cpus = _processors()
+    beyond = [str(c) for c in contexts if c.device_type == "cpu" and c.device_id >= cpus]
+    if beyond:
+        raise ValueError(f"MXNet's profiler records CPU contexts cpu(0)..cpu({cpus - 1}) on this machine's {cpus} "
+                         f"processors, not {', '.join(beyond)}; trace with at most {cpus} CPU contexts")
+
+
 class trace:
     """Record the steps run inside the ``with`` block; write a Chrome trace to ``path`` (atomically) on exit.
 
@@ -69,17 +98,24 @@ class trace:
         Where to write the trace (JSON); None: keep it in memory only (``.result``).
     worker : int, optional
         In a distributed job, this worker's rank: its lanes are named ``"worker R cpu(0)"``.
+    contexts : list of mxnet.Context, optional
+        The contexts the block computes on: a lane for each, in this order, checked by ``check_traceable`` on
+        entry (``ValueError``). None: a lane for every context that ran operators, in slot order (GPUs after
+        CPUs).
 
     The block's work is waited for on entry and on exit (``mx.nd.waitall``), so the trace holds exactly it.
     ``.result`` is the ``Trace`` after the block.
     """
 
-    def __init__(self, path=None, worker=None):
+    def __init__(self, path=None, worker=None, contexts=None):
         self.path = None if path is None else os.fspath(path)
         self.worker, self.result = worker, None
+        self.contexts = None if contexts is None else list(contexts)
 
     def __enter__(self):
         import mxnet as mx
+        if self.contexts is not None:
+            check_traceable(self.contexts)
         if not _lock.acquire(blocking=False):
             raise RuntimeError("a trace is already recording in this process; MXNet has one profiler")
         try:
@@ -101,27 +137,39 @@ class trace:
                 text = f.read()
         finally:
             _lock.release()
-        raw = json.loads(_CLOSED.sub(",", text))["traceEvents"]
+        raw = _events(text)
         fresh = [e for e in raw if e.get("ts", 0) > _state["seen"]]
         _state["seen"] = max([_state["seen"]] + [e.get("ts", 0) for e in raw])
-        self.result = _timeline(raw, fresh, self.worker, self.path)
+        self.result = _timeline(raw, fresh, self.worker, self.path, self.contexts)
         if self.path is not None:
             with atomic_write(self.path, "w") as f:
                 json.dump({"traceEvents": self.result.events, "displayTimeUnit": "ms"}, f)
         return False
 
 
-def _lane_names(raw, worker):
-    """MXNet's device "processes" (``cpu/0``, ``gpu/1``) by pid, as context names."""
-    names = {}
-    for event in raw:
-        if event.get("ph") == "M" and event.get("name") == "process_name":
-            device = event["args"]["name"]
-            kind, _, index = device.partition("/")
-            if kind in ("cpu", "gpu") and index.isdigit():
-                name = f"{kind}({index})"
-                names[event["pid"]] = name if worker is None else f"worker {worker} {name}"
-    return names
+def _events(text):
+    """The events of MXNet's profiler file: the dumps appended to it, each framed by a head and a tail or not."""
+    pieces = (piece.strip().strip(",").strip() for piece in _FRAME.split(text))
+    return json.loads("[" + ",".join(piece for piece in pieces if piece) + "]")
+
+
+def _lane_names(raw, fresh, worker, contexts):
+    """``{slot: lane name}``: the slot (``pid``) of each of ``contexts``, or of each context that ran operators in
+    ``fresh``, named ``cpu(0)``, ``gpu(1)`` (``worker R cpu(0)`` in a job)."""
+    slots = _state["slots"]
+    for event in raw:   # MXNet's labels, in the first dump of the process only
+        if event.get("ph") == "M" and event.get("name") == "process_name" and event.get("pid", 1 << 32) < 1 << 16:
+            slots[event["pid"]] = event["args"]["name"]
+    labels = list(slots.values())
+    cpus = sum(label.startswith("cpu/") for label in labels) if labels else _processors()
+    gpus = sum(label.startswith("gpu/") for label in labels) if labels else _gpu_slots()
+    if contexts is not None:
+        pids = [c.device_id if c.device_type == "cpu" else cpus + c.device_id for c in contexts]
+    else:
+        pids = sorted(pid for pid in {e.get("pid") for e in fresh if e.get("ph") in ("B", "E")}
+                      if isinstance(pid, int) and pid < cpus + gpus)   # not pinned or shared memory
+    names = {pid: f"cpu({pid})" if pid < cpus else f"gpu({pid - cpus})" for pid in pids}
+    return {pid: name if worker is None else f"worker {worker} {name}" for pid, name in names.items()}
 
 
 def _phase(op, seen_forward, seen_backward, seen_allreduce):
@@ -137,9 +185,9 @@ def _phase(op, seen_forward, seen_backward, seen_allreduce):
     return "backward" if seen_backward else "forward"
 
 
-def _timeline(raw, fresh, worker, path):
-    names = _lane_names(raw, worker)
-    pids = sorted(names)
+def _timeline(raw, fresh, worker, path, contexts):
+    names = _lane_names(raw, fresh, worker, contexts)
+    pids = list(names)
     opened, spans = {}, []
     for event in sorted(fresh, key=lambda e: e.get("ts", 0)):
         if event.get("pid") not in names or event.get("ph") not in ("B", "E"):

@@ -327,6 +327,7 @@ def run(args, stack):
     checkpoint = steps.read_checkpoint(args, job)
     ctx_list = steps.devices(args)
     initial, strategy = steps.lay_out(args, checkpoint, ctx_list, job)   # before the data: a bad layout fails fast
+    steps.check_trace(args, strategy)
     dataset, data_name = steps.load_dataset(args, job)
     optimizer = steps.optimizer_of(args, dataset)
     report = steps.Report(args, strategy, optimizer, dataset, data_name, checkpoint, job)

@@ -22,6 +22,7 @@ from .models.layout import init_model
 from .optim import SGD, Constant, Cosine, Step, make_optimizer
 from .report import format_epoch, plot_metrics, write_metrics
 from .strategies import make_strategy
+from .trace import check_traceable
 from .train import FLAGS, _export_files, _launched
 
 __all__ = ["join_job", "read_checkpoint", "devices", "load_dataset", "schedule_of", "optimizer_of", "lay_out",
@@ -59,6 +60,15 @@ def devices(args):
     """The contexts of ``--devices``."""
     with users_input(ValueError, flags=FLAGS):
         return parse_devices(args.devices)
+
+
+def check_trace(args, strategy):
+    """``--trace`` records every context ``strategy`` computes on, or the run is refused before it starts."""
+    if args.trace is not None:
+        try:
+            check_traceable(strategy.ctx_list)
+        except ValueError as e:
+            raise UsageError(f"--trace: {e}") from None
 
 
 def describe_data(args):

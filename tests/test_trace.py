@@ -1,6 +1,7 @@
 """Timelines of steps (``parallel.trace``, ``fit(trace=)``, ``--trace``): a lane per context whose events run
 forward, backward, allreduce, update, in that order, in a Chrome trace and its plot."""
 import json
+import os
 import sys
 
 import pytest
@@ -8,7 +9,7 @@ import pytest
 from parallel import get_params, init_lenet_params, plot_timeline, read_trace, trace, train_batch
 from parallel.compress.compressors import make_compressor
 from parallel.optim import make_optimizer
-from parallel.trace import PHASES, worker_path
+from parallel.trace import PHASES, check_traceable, worker_path
 from parallel.train import main
 from conftest import contexts, easy_dataset, make_batches, run_process, write_idx_files
 
@@ -46,6 +47,58 @@ def test_a_traced_step_has_a_lane_per_context_in_step_order(compression, tmp_pat
     figure = plot_timeline(written, tmp_path / "step.png")
     assert (tmp_path / "step.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert [t.get_text() for t in figure.axes[0].get_yticklabels()] == ["cpu(0)", "cpu(1)"]
+
+
+#: A trace in a process whose MXNet profiler was configured and used before (as benchmarks/profile_step.py does):
+#: MXNet then writes neither the head of its JSON nor the labels of its slots into the trace's file.
+_AFTER_ANOTHER_PROFILE = """
+import json, sys, mxnet as mx
+sys.path.insert(0, "tests")
+from conftest import make_batches
+from parallel import get_params, init_lenet_params, trace, train_batch
+mx.profiler.set_config(profile_all=True, aggregate_stats=True, filename=sys.argv[1] + "/other.json")
+mx.profiler.set_state("run")
+(mx.nd.ones((4, 4)) * 2).wait_to_read()
+mx.profiler.set_state("stop")
+mx.profiler.dumps(reset=True)
+ctx = [mx.cpu(0), mx.cpu(1)]
+device_params = [get_params(init_lenet_params(), c) for c in ctx]
+X, y = make_batches([32])[0]
+with trace(sys.argv[1] + "/step.json", contexts=ctx):
+    train_batch(X, y, device_params, ctx, 0.1)
+"""
+
+
+def test_a_trace_after_another_use_of_the_profiler_still_names_its_lanes(tmp_path):
+    result = run_process([sys.executable, "-c", _AFTER_ANOTHER_PROFILE, str(tmp_path)], timeout=120,
+                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert result.returncode == 0, result.stderr[-3000:]
+    _phases_in_order(read_trace(tmp_path / "step.json"), ["cpu(0)", "cpu(1)"])
+
+
+def test_lanes_follow_the_contexts_given(tmp_path):
+    ctx = contexts(2)
+    device_params = [get_params(init_lenet_params(), c) for c in ctx]
+    X, y = make_batches([32])[0]
+    train_batch(X, y, device_params, ctx, 0.1)
+    with trace(contexts=ctx[::-1]) as recorded:
+        train_batch(X, y, device_params, ctx, 0.1)
+    _phases_in_order(recorded.result, ["cpu(1)", "cpu(0)"])
+
+
+def test_contexts_the_profiler_cannot_record_are_refused(capsys):
+    import mxnet as mx
+    cpus = len(os.sched_getaffinity(0))
+    check_traceable([mx.cpu(i) for i in range(cpus)])
+    with pytest.raises(ValueError, match=rf"cpu\(0\)..cpu\({cpus - 1}\) on this machine's {cpus} processors, "
+                                         rf"not cpu\({cpus}\)"):
+        trace(contexts=[mx.cpu(0), mx.cpu(cpus)]).__enter__()
+    with trace():   # the refusal left the profiler free
+        pass
+    assert main(["--dataset", "synthetic", "--epochs", "1", "--devices", f"cpu:{cpus + 2}", "--no-progress",
+                 "--trace", "steps.json"]) == 2   # cpu(N + 2) would abort the process inside MXNet
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--trace: MXNet's profiler records CPU contexts" in err, err
 
 
 def test_one_trace_at_a_time():
