@@ -4,6 +4,7 @@ Run from the repository root, one part at a time (each its own interleaved run):
 
     OMP_NUM_THREADS=2 python benchmarks/compression.py --data-dir digits --part process
     python benchmarks/compression.py --data-dir digits --part job
+    OMP_NUM_THREADS=2 python benchmarks/compression.py --data-dir digits --model resnet18   # both parts
     python benchmarks/compression.py --quick                     # smoke test, synthetic data, seconds
 
 - ``process``: one process, 2 CPU contexts, ``fit(..., compression=spec)`` for every compressor, in a shuffled
@@ -17,8 +18,10 @@ Run from the repository root, one part at a time (each its own interleaved run):
   ``pushpull``, which ``dist_sync`` refuses with compression, so that worker pushes and pulls as MXNet's Module
   does; its pull of the updated weights is not compressed, mxnet#8979.)
 
-LeNet: batch 32, Nesterov momentum 0.9, lr 0.1, cosine over the epochs with one warm-up epoch (the setting
-benchmarks/optimizer_accuracy.py found for digits). Writes ``compression.json`` to ``--out``.
+LeNet (20 epochs): batch 32, Nesterov momentum 0.9, lr 0.1, cosine over the epochs with one warm-up epoch (the
+setting benchmarks/optimizer_accuracy.py found for digits). ResNet-18 (4 epochs): batch 64, momentum 0.9, weight
+decay 5e-4, lr 0.02, cosine (benchmarks/optimizer_accuracy.py's ``resnet18/momentum``). Writes
+``compression.json`` (``compression_resnet18.json``; ``_process``/``_job`` for one part) to ``--out``.
 """
 import argparse
 import json
@@ -32,20 +35,40 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SPECS = ["none", "fp16", "2bit", "topk:0.01", "powersgd:4"]
-LR, MOMENTUM, BATCH = 0.1, 0.9, 32
+#: model -> its training setting: batch, lr, momentum, Nesterov, weight decay, a warm-up epoch, epochs
+SETTINGS = {"lenet": {"batch": 32, "lr": 0.1, "momentum": 0.9, "nesterov": True, "wd": 0.0, "warmup": True,
+                      "epochs": 20},
+            "resnet18": {"batch": 64, "lr": 0.02, "momentum": 0.9, "nesterov": False, "wd": 5e-4, "warmup": False,
+                         "epochs": 4}}
 
 
-def _optimizer(epochs, per_epoch):
+def _optimizer(setting, epochs, per_epoch):
     from parallel.optim import SGD, Cosine
-    return SGD(lr=LR, momentum=MOMENTUM, nesterov=True,
-               schedule=Cosine(total_steps=epochs * per_epoch, warmup_steps=per_epoch if epochs > 1 else 0))
+    warmup = per_epoch if setting["warmup"] and epochs > 1 else 0
+    return SGD(lr=setting["lr"], momentum=setting["momentum"], nesterov=setting["nesterov"], wd=setting["wd"],
+               schedule=Cosine(total_steps=epochs * per_epoch, warmup_steps=warmup))
+
+
+def _cli_flags(setting, epochs):
+    """The same optimizer as ``_optimizer``, as ``python -m parallel.train`` flags."""
+    flags = ["--batch-size", str(setting["batch"]), "--lr", str(setting["lr"]), "--momentum",
+             str(setting["momentum"]), "--lr-schedule", "cosine",
+             "--warmup-epochs", "1" if setting["warmup"] and epochs > 1 else "0"]
+    return flags + (["--nesterov"] if setting["nesterov"] else []) + (["--wd", str(setting["wd"])]
+                                                                    if setting["wd"] else [])
+
+
+def _shapes(model):
+    from parallel.models.layout import model_layout
+    return [tuple(shape) for shape in model_layout(model).shapes]
 
 
 def _dataset(args):
     from parallel import load_idx_dataset, synthetic_dataset
     if args.data_dir:
         return load_idx_dataset(args.data_dir)
-    return synthetic_dataset(num_train=320, num_test=64, seed=0)
+    small = args.model == "resnet18"   # a smoke run: ResNet-18 steps take a second here
+    return synthetic_dataset(num_train=128 if small else 320, num_test=32 if small else 64, seed=0)
 
 
 def part_process(args):
@@ -53,19 +76,20 @@ def part_process(args):
     import numpy as np
     from parallel import bytes_moved, fit, make_compressor
     from parallel.data import num_batches
-    from parallel.models.lenet import LENET_SHAPES
+    setting, shapes = SETTINGS[args.model], _shapes(args.model)
     dataset = _dataset(args)
-    per_epoch = num_batches(len(dataset.train_labels), BATCH)
-    size = sum(int(np.prod(s)) for s in LENET_SHAPES)
+    per_epoch = num_batches(len(dataset.train_labels), setting["batch"])
+    size = sum(int(np.prod(s)) for s in shapes)
     order = list(SPECS)
     random.Random(0).shuffle(order)
     rows = {}
     for spec in order:
         compressor = make_compressor(spec)
         started = time.monotonic()
-        history, _ = fit(dataset, [mx.cpu(0), mx.cpu(1)], args.epochs, BATCH, seed=0, compression=compressor,
-                         optimizer=_optimizer(args.epochs, per_epoch))
-        moved = bytes_moved("fused", 4 * size, 2, compression=compressor, shapes=LENET_SHAPES)
+        history, _ = fit(dataset, [mx.cpu(0), mx.cpu(1)], args.epochs, setting["batch"], seed=0,
+                         compression=compressor, optimizer=_optimizer(setting, args.epochs, per_epoch),
+                         model=args.model)
+        moved = bytes_moved("fused", 4 * size, 2, compression=compressor, shapes=shapes)
         rows[spec] = {"bytes_per_step": moved.total, "seconds_per_epoch": statistics.median(
             h["seconds"] for h in history), "test_acc": [h["test_acc"] for h in history],
             "wall_seconds": time.monotonic() - started}
@@ -76,10 +100,11 @@ def part_process(args):
 # ---- the job part ---------------------------------------------------------------------------------------------
 
 def worker_native(args):
-    """MXNet's own 2-bit compression: a gluon LeNet (the package's initial weights), gluon.Trainer on dist_sync."""
+    """MXNet's own 2-bit compression: the gluon model with the package's initial weights, pushed and pulled through
+    dist_sync, the servers running the same optimizer."""
     import mxnet as mx
     from mxnet import autograd, gluon
-    from parallel import init_lenet_params, iterate_batches, to_gluon
+    from parallel import init_lenet_params, init_resnet18, iterate_batches, to_gluon
     from parallel.data import num_batches
     from parallel.data.batches import epoch_seed
     from parallel.kvstore import worker_slice
@@ -87,15 +112,23 @@ def worker_native(args):
     kv = mx.kv.create("dist_sync")
     kv.set_gradient_compression({"type": "2bit", "threshold": 0.5})
     ctx = mx.cpu(0)
-    net = to_gluon(init_lenet_params(seed=0), ctx)
+    setting = SETTINGS[args.model]
+    if args.model == "lenet":
+        net = to_gluon(init_lenet_params(seed=0), ctx)
+    else:
+        net = init_resnet18(seed=0)
+        net.collect_params().reset_ctx(ctx)
     net.hybridize(static_alloc=True, static_shape=True)
-    per_epoch = num_batches(len(dataset.train_labels), BATCH)
-    schedule = mx.lr_scheduler.CosineScheduler(max_update=args.epochs * per_epoch, base_lr=LR,
-                                               warmup_steps=per_epoch if args.epochs > 1 else 0)
+    batch = setting["batch"]
+    per_epoch = num_batches(len(dataset.train_labels), batch)
+    schedule = mx.lr_scheduler.CosineScheduler(
+        max_update=args.epochs * per_epoch, base_lr=setting["lr"],
+        warmup_steps=per_epoch if setting["warmup"] and args.epochs > 1 else 0)
     # gluon.Trainer (MXNet 1.9.1) sums through pushpull, which dist_sync refuses with compression ("Compression
     # not supported with PushPull"): push and pull as MXNet's Module does, the servers running the optimizer.
-    kv.set_optimizer(mx.optimizer.NAG(learning_rate=LR, momentum=MOMENTUM, lr_scheduler=schedule,
-                                      rescale_grad=1.0 / BATCH))
+    kind = mx.optimizer.NAG if setting["nesterov"] else mx.optimizer.SGD
+    kv.set_optimizer(kind(learning_rate=setting["lr"], momentum=setting["momentum"], wd=setting["wd"],
+                          lr_scheduler=schedule, rescale_grad=1.0 / batch))
     params = [param for param in net.collect_params().values() if param.grad_req != "null"]
     for i, param in enumerate(params):
         kv.init(i, param.data(ctx))
@@ -104,7 +137,7 @@ def worker_native(args):
     seconds = []
     for epoch in range(1, args.epochs + 1):
         started = time.monotonic()
-        for X, y in iterate_batches(dataset.train_images, dataset.train_labels, BATCH, shuffle=True,
+        for X, y in iterate_batches(dataset.train_images, dataset.train_labels, batch, shuffle=True,
                                     seed=epoch_seed(0, epoch)):
             start, stop = worker_slice(X.shape[0], 1, kv.rank, kv.num_workers)
             with autograd.record():
@@ -135,8 +168,8 @@ def _run(command, cwd, timeout=3600):
 def part_job(args):
     import numpy as np
     from parallel import make_compressor
-    from parallel.models.lenet import LENET_SHAPES
-    size = sum(int(np.prod(s)) for s in LENET_SHAPES)
+    setting, shapes = SETTINGS[args.model], _shapes(args.model)
+    size = sum(int(np.prod(s)) for s in shapes)
     order = SPECS + ["mxnet-2bit"]
     random.Random(1).shuffle(order)
     rows = {}
@@ -153,7 +186,8 @@ def part_job(args):
         for spec in order:
             if spec == "mxnet-2bit":
                 result = _run(launch + [sys.executable, os.path.abspath(__file__), "--worker-native", "--epochs",
-                                        str(args.epochs), "--data-dir", os.path.abspath(data_dir)], tmp)
+                                        str(args.epochs), "--data-dir", os.path.abspath(data_dir), "--model",
+                                        args.model], tmp)
                 line = [l for l in result.stdout.splitlines() if "RESULT " in l][-1]
                 native = json.loads(line.split("RESULT ", 1)[1])
                 # MXNet packs 16 two-bit codes per float32 on the push; the pull of the weights is dense
@@ -163,14 +197,13 @@ def part_job(args):
             else:
                 metrics = os.path.join(tmp, f"{spec.replace(':', '_')}.json")
                 _run(launch + [sys.executable, "-m", "parallel.train", "--data-dir", os.path.abspath(data_dir),
-                               "--epochs", str(args.epochs), "--batch-size", str(BATCH), "--lr", str(LR),
-                               "--momentum", str(MOMENTUM), "--nesterov", "--lr-schedule", "cosine",
-                               "--warmup-epochs", "1" if args.epochs > 1 else "0", "--devices", "cpu:1",
-                               "--no-progress", "--compression", spec, "--metrics-json", metrics], tmp)
+                               "--model", args.model, "--epochs", str(args.epochs), *_cli_flags(setting, args.epochs),
+                               "--devices", "cpu:1", "--no-progress", "--compression", spec,
+                               "--metrics-json", metrics], tmp)
                 with open(metrics) as f:
                     history = json.load(f)
                 compressor = make_compressor(spec)
-                pushed = 4 * size if compressor is None else compressor.across_nbytes(size, 2, LENET_SHAPES)
+                pushed = 4 * size if compressor is None else compressor.across_nbytes(size, 2, shapes)
                 rows[spec] = {"bytes_per_step": pushed, "pull_bytes_per_step": pushed,
                               "seconds_per_epoch": statistics.median(h["seconds"] for h in history),
                               "test_acc": history[-1]["test_acc"]}
@@ -182,18 +215,22 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--data-dir", default=None, help="MNIST-format data (digits); default: synthetic")
     parser.add_argument("--part", choices=["process", "job", "both"], default="both")
-    parser.add_argument("--epochs", type=int, default=20, help="LeNet epochs; default 20")
+    parser.add_argument("--model", choices=list(SETTINGS), default="lenet")
+    parser.add_argument("--epochs", type=int, default=None, help="default: 20 for LeNet, 4 for ResNet-18")
     parser.add_argument("--quick", action="store_true", help="smoke test: 1 epoch of a small synthetic set")
     parser.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results"))
     parser.add_argument("--worker-native", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.quick:
         args.epochs = 1
+    elif args.epochs is None:
+        args.epochs = SETTINGS[args.model]["epochs"]
     if args.worker_native:
         worker_native(args)
         return 0
     result = {"command": "python benchmarks/compression.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-              "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "unset"), "epochs": args.epochs}
+              "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "unset"), "model": args.model,
+              "setting": SETTINGS[args.model], "epochs": args.epochs}
     if args.part in ("process", "both"):
         result["process"] = part_process(args)
     if args.part in ("job", "both"):
@@ -210,7 +247,8 @@ def main(argv=None):
                       f"| {row['seconds_per_epoch']:.2f} | {row['seconds_per_epoch'] / base['seconds_per_epoch']:.2f}x "
                       f"| {acc:.3f} ({acc - base_acc:+.3f}) |")
     os.makedirs(args.out, exist_ok=True)
-    name = "compression.json" if args.part == "both" else f"compression_{args.part}.json"
+    name = "compression" + ("" if args.model == "lenet" else f"_{args.model}") + \
+        ("" if args.part == "both" else f"_{args.part}") + ".json"
     path = os.path.join(args.out, name)
     with open(path + ".tmp", "w") as f:
         json.dump(result, f, indent=2)

@@ -33,6 +33,12 @@ row with the first of its pair):
   buffer, so a bucket can start moving as soon as the backward has written its own gradients, while the
   backward of the earlier layers still runs; one buffer must wait for the whole backward.
 
+With ``--kvstores fused,ring,...`` it answers another question instead: the same Trainer step with the package's
+allreduce as its kvstore (``parallel.AllreduceKVStore(ALG)``, ``trainer/kv=ALG``) against ``kvstore="device"``,
+whole steps and ``reduce+update`` alone, written to ``gluon_kvstore.json``::
+
+    OMP_NUM_THREADS=2 python benchmarks/trainer.py --kvstores fused,ring,tree,naive --ks 2,4
+
 Writes ``trainer.json`` to ``--out``.
 """
 import argparse
@@ -67,7 +73,10 @@ def build(network, method, ctx_list, batch_size, lr=0.05):
     if method.startswith("trainer"):
         block.collect_params().reset_ctx(ctx_list)
         block.hybridize(static_alloc=True, static_shape=True)
-        trainer = gluon.Trainer(block.collect_params(), "sgd", {"learning_rate": lr}, kvstore="device")
+        kvstore = "device"
+        if method.startswith("trainer/kv="):   # trainer/kv=ALG[/reduce+update]
+            kvstore = parallel.AllreduceKVStore(method.split("=")[1].split("/")[0])
+        trainer = gluon.Trainer(block.collect_params(), "sgd", {"learning_rate": lr}, kvstore=kvstore)
         loss = gluon.loss.SoftmaxCrossEntropyLoss()
 
         def step():
@@ -78,7 +87,7 @@ def build(network, method, ctx_list, batch_size, lr=0.05):
             for l in losses:
                 l.backward()
             trainer.step(batch_size)
-        if method == "trainer/reduce+update":
+        if method.endswith("reduce+update"):
             step()   # gradients in place, then only the Trainer's reduction and update
             arrays = [array for param in block.collect_params().values() if param.grad_req != "null"
                       for array in param.list_data()]
@@ -158,10 +167,15 @@ def bucketed_step(block, device_params, ctx_list, X, y, lr, num_buckets):
     return step
 
 
-def configurations(ks, networks, buckets):
+def configurations(ks, networks, buckets, kvstores=()):
     configs = []
     for network in networks:
         for k in ks:
+            if kvstores:
+                methods = ["trainer", *(f"trainer/kv={a}" for a in kvstores), "trainer/reduce+update",
+                           *(f"trainer/kv={a}/reduce+update" for a in kvstores)]
+                configs += [(network, method, k) for method in methods]
+                continue
             methods = ["trainer", "parallel"]
             methods += ["parallel/lenet"] if network == "lenet" else (["parallel/syncbn"] if k > 1 else [])
             methods += ["trainer/reduce+update", "parallel/reduce+update"]
@@ -184,7 +198,7 @@ def run(args):
 
     ctx_all = parallel.parse_devices(f"cpu:{max(args.ks)}")
     batch = {"lenet": LENET_BATCH, "resnet18": args.resnet_batch}
-    configs = configurations(args.ks, args.networks, args.buckets)
+    configs = configurations(args.ks, args.networks, args.buckets, args.kvstores)
     steps = {}
     for network, method, k in configs:   # build and warm up (graphs, receive buffers) before any timing
         steps[network, method, k] = build(network, method, ctx_all[:k], batch[network])
@@ -247,25 +261,32 @@ def main(argv=None):
     parser.add_argument("--lenet-steps", type=int, default=8, help="LeNet steps timed per repeat; default 8")
     parser.add_argument("--buckets", type=int, default=8,
                         help="gradient buckets of the overlap measurement (K > 1); default 8")
+    parser.add_argument("--kvstores", default="",
+                        help="compare gluon.Trainer with parallel.AllreduceKVStore(ALG) for these comma-separated "
+                             "algorithms against kvstore='device' instead (writes gluon_kvstore.json)")
     parser.add_argument("--quick", action="store_true", help="smoke test: K=1,2, 2 repeats of 1 step, batch 4")
     parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"),
                         help="directory for trainer.json; default benchmarks/results")
     args = parser.parse_args(argv)
     args.networks = args.networks.split(",")
+    args.kvstores = [a for a in args.kvstores.split(",") if a]
+    from parallel.comm import ALGORITHMS
+    if not set(args.kvstores) <= set(ALGORITHMS):
+        parser.error(f"--kvstores takes {', '.join(ALGORITHMS)}, got {','.join(args.kvstores)!r}")
     if not set(args.networks) <= {"lenet", "resnet18"} or not args.networks:
         parser.error(f"--networks takes lenet and/or resnet18, got {','.join(args.networks)!r}")
     if args.quick:
         args.ks, args.repeats, args.steps, args.lenet_steps, args.resnet_batch = [1, 2], 2, 1, 1, 4
     from parallel.files import atomic_write, check_writable
     os.makedirs(args.out, exist_ok=True)
-    path = os.path.join(args.out, "trainer.json")
+    path = os.path.join(args.out, "gluon_kvstore.json" if args.kvstores else "trainer.json")
     check_writable(path)
     start = time.perf_counter()
     records = run(args)
     settings = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "unset (MXNet: half the cores)"),
                 "cores": os.cpu_count(), "ks": args.ks, "networks": args.networks, "repeats": args.repeats,
                 "steps": args.steps, "lenet_steps": args.lenet_steps, "buckets": args.buckets,
-                "lenet_batch": LENET_BATCH, "resnet_batch": args.resnet_batch,
+                "lenet_batch": LENET_BATCH, "resnet_batch": args.resnet_batch, "kvstores": args.kvstores,
                 "machine": platform.processor() or platform.machine(), "seconds": time.perf_counter() - start,
                 "order": "every configuration once per repeat, in a fresh shuffled order (seed 0)"}
     result = {"settings": settings, "records": records}

@@ -30,7 +30,7 @@ KEYS = {
     "sums": 100,      # small sums of n numbers use key 100 + n (n < 900)
     "chunks": 1000,   # the pieces of a broadcast object use keys 1000 .. 9999 (objects up to 36 MB)
     "shards": 10000,  # zero=2: context i's shard of the gradient buffer, summed over the workers, key 10000 + i
-    "compressed": 20000,  # the compressed gradient: 20000, or (PowerSGD) 20001 + 2t and 20002 + 2t for tensor t
+    "compressed": 20000,  # the compressed gradient: 20000, or (PowerSGD) its two rounds, 20001 and 20002
 }
 #: ``broadcast_object`` sends its JSON text in pieces of this many bytes (one float64 per byte).
 CHUNK = 4096

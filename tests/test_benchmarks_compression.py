@@ -19,3 +19,15 @@ def test_compression_quick_run_measures_every_compressor(tmp_path, capsys):
         assert all(rows[spec]["bytes_per_step"] * 8 <= rows["none"]["bytes_per_step"]
                    for spec in ("2bit", "topk:0.01", "powersgd:4"))
     assert "| process | bytes/step |" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_compression_quick_run_trains_resnet18_too(tmp_path):
+    compression = load_benchmark("compression")
+    assert compression.main(["--quick", "--model", "resnet18", "--part", "process", "--out", str(tmp_path)]) == 0
+    result = json.loads((tmp_path / "compression_resnet18_process.json").read_text())
+    assert result["model"] == "resnet18" and set(result["process"]["rows"]) == set(compression.SPECS)
+    rows = result["process"]["rows"]
+    assert rows["none"]["bytes_per_step"] > 40e6   # ResNet-18's 11.2 M float32 gradients, out and back
+    assert all(rows[spec]["bytes_per_step"] * 8 <= rows["none"]["bytes_per_step"]
+               for spec in ("2bit", "topk:0.01", "powersgd:4"))

@@ -29,6 +29,23 @@ def test_trainer_quick_run_measures_every_configuration(tmp_path, capsys):
     assert "OMP_NUM_THREADS=" in capsys.readouterr().out
 
 
+@pytest.mark.slow
+def test_kvstore_quick_run_compares_the_packages_kvstore_with_device(tmp_path, capsys):
+    bench = load_benchmark("trainer")
+    assert bench.main(["--quick", "--kvstores", "fused,ring", "--out", str(tmp_path)]) == 0
+    result = json.loads((tmp_path / "gluon_kvstore.json").read_text())
+    methods = ("trainer", "trainer/kv=fused", "trainer/kv=ring", "trainer/reduce+update",
+               "trainer/kv=fused/reduce+update", "trainer/kv=ring/reduce+update")
+    assert {(r["network"], r["method"], r["k"]) for r in result["records"]} == {
+        (network, m, k) for network in ("lenet", "resnet18") for m in methods for k in (1, 2)}
+    for r in result["records"]:
+        assert r["reference"] == ("trainer/reduce+update" if r["method"].endswith("reduce+update") else "trainer")
+    assert not (tmp_path / "trainer.json").exists()
+    with pytest.raises(SystemExit) as exit_info:
+        bench.main(["--kvstores", "butterfly"])
+    assert exit_info.value.code == 2 and "--kvstores takes" in capsys.readouterr().err
+
+
 def test_bucketed_gradients_train_what_one_buffer_trains():
     """The overlap measurement's buckets change where gradients live, not the step: 1 and 3 buckets give the
     parameters of the package's own train_step on the same block (per-context BatchNorm)."""

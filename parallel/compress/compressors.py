@@ -17,7 +17,8 @@ between contexts:
   approximated as ``P Q^T`` of rank r by one step of power iteration, with the package's allreduce summing the
   small ``P_i = M_i Q`` and ``Q_i = M_i^T P`` (after ``P`` is orthonormalized); each context keeps
   ``M_i - P Q_i^T``; vectors (biases, BatchNorm's parameters) and matrices too small to gain are all-reduced
-  whole. The same invariant holds.
+  whole. Every tensor's factors travel together: two sums a step (every ``P`` and the whole tensors, then every
+  ``Q``), whatever the number of tensors, as PyTorch's PowerSGD hook does per bucket. The same invariant holds.
 
 The bytes these copies move are what ``payload_nbytes`` says: fp16 2 per element, 2bit 1/12 of a float32 per
 element (12 two-bit codes packed into one float32 whose value, an integer below 2**24, a kvstore server can add
@@ -319,11 +320,17 @@ class PowerSGD(Compressor):
     def across_nbytes(self, size, num_workers, shapes=None):
         return self.payload_nbytes(size, shapes)
 
+    def rounds(self, shapes):
+        """The floats each of the two sums of a step carries: every ``P`` and every tensor sent whole, then every
+        ``Q``."""
+        first = sum(matrix[0] * min(self.rank, *matrix) if matrix else size for _, size, matrix in self.plan(shapes))
+        second = sum(matrix[1] * min(self.rank, *matrix) for _, _, matrix in self.plan(shapes) if matrix)
+        return first, second
+
     def bytes_moved(self, algorithm, size, k, shapes=None):
-        """The factors (and the tensors sent whole) all-reduced with ``algorithm``."""
-        pieces = [4 * ((matrix[0] + matrix[1]) * min(self.rank, *matrix) if matrix else size)
-                  for _, size, matrix in self.plan([(size,)] if shapes is None else shapes)]
-        moved = [algorithms.bytes_moved(algorithm, piece, k) for piece in pieces]
+        """The two sums of a step (``rounds``), each all-reduced with ``algorithm`` as one flat buffer."""
+        moved = [algorithms.bytes_moved(algorithm, 4 * floats, k)
+                 for floats in self.rounds([(size,)] if shapes is None else shapes) if floats]
         return algorithms.BytesMoved(sum(m.total for m in moved), sum(m.per_context_max for m in moved))
 
     def payload_nbytes(self, size, shapes=None):
@@ -350,51 +357,67 @@ class PowerSGD(Compressor):
         self.queries[(level, id(array), t)] = (array, mx.nd.broadcast_div(q, norms))
 
     def allreduce(self, arrays, algorithm, shapes=None):
-        shapes = [arrays[0].shape] if shapes is None else shapes
-        residuals = [self.residual(array) for array in arrays]
-        for array, residual in zip(arrays, residuals):
-            mx.nd.add_n(array, residual, out=array)           # e = grad + residual
+        for array in arrays:                                  # e = grad + residual; the iteration refills it
+            residual = self.residual(array)
+            mx.nd.add_n(array, residual, out=array)
             residual[:] = 0
-        for t, (offset, size, matrix) in enumerate(self.plan(shapes)):
-            views = [array[offset:offset + size] for array in arrays]
-            if matrix is None:                                # sent whole: exact, nothing left over
-                allreduce(views, algorithm)
-                continue
-            n, m = matrix
-            r = min(self.rank, n, m)
-            M = [view.reshape((n, m)) for view in views]
-            P = [_matmul(Mi, self._query(array, t, m, r)) for Mi, array in zip(M, arrays)]
-            allreduce(P, algorithm)
-            P = [_orthonormal_columns(p) for p in P]          # the same bits in, the same bits out, everywhere
-            Q = [_matmul(mx.nd.transpose(Mi), p) for Mi, p in zip(M, P)]
-            for Mi, p, q, residual in zip(M, P, Q, residuals):   # what this context's rank-r part leaves out
-                residual[offset:offset + size] = (Mi - _matmul_t(p, q)).reshape((-1,))
-            allreduce(Q, algorithm)
-            for Mi, p, q, array in zip(M, P, Q, arrays):
-                Mi[:] = _matmul_t(p, q)
-                self._remember(array, t, q)                   # the next step starts from the summed Q
+        self._iterate(arrays, shapes or [arrays[0].shape], lambda flats, _: allreduce(flats, algorithm), "contexts")
+
+    def _iterate(self, buffers, shapes, total, level):
+        """One power iteration on every matrix of each of ``buffers`` (one flat ``e = grad + residual`` a
+        participant: a context's, or this worker's), in two sums for all the tensors at once: ``total(flats, i)``
+        sums round ``i``'s flat buffers (one a participant) in place over the participants. Round 1 carries every
+        ``P = M Q`` and the tensors sent whole (exact), round 2 every ``Q = M^T P`` after ``P`` is
+        orthonormalized. Leaves ``M`` = the rank-r sum and each residual = what its own rank-r part left out."""
+        plan = self.plan(shapes)
+        matrices = [(t, offset, size, matrix) for t, (offset, size, matrix) in enumerate(plan) if matrix]
+        whole = [(offset, size) for offset, size, matrix in plan if matrix is None]
+        M, P = [], []
+        for b in buffers:
+            M.append({t: b[offset:offset + size].reshape(matrix) for t, offset, size, matrix in matrices})
+            P.append([_matmul(M[-1][t], self._query(b, t, matrix[1], min(self.rank, *matrix), level))
+                      for t, _, _, matrix in matrices])
+        flats = [_flat([p.reshape((-1,)) for p in ps] + [b[offset:offset + size] for offset, size in whole])
+                 for b, ps in zip(buffers, P)]
+        total(flats, 0)
+        for b, flat, ps in zip(buffers, flats, P):
+            at = 0
+            for i, (_, _, _, matrix) in enumerate(matrices):
+                r = min(self.rank, *matrix)
+                ps[i] = _orthonormal_columns(flat[at:at + matrix[0] * r].reshape((matrix[0], r)))
+                at += matrix[0] * r
+            for offset, size in whole:                        # sent whole: exact, nothing left over
+                b[offset:offset + size] = flat[at:at + size]
+                at += size
+        if not matrices:
+            return
+        Q = [[_matmul(mx.nd.transpose(m[t]), p) for (t, _, _, _), p in zip(matrices, ps)] for m, ps in zip(M, P)]
+        for b, m, ps, qs in zip(buffers, M, P, Q):           # what this participant's rank-r part leaves out
+            residual = self.residual(b) if level == "contexts" else self.residual(("across", b))
+            for (t, offset, size, _), p, q in zip(matrices, ps, qs):
+                residual[offset:offset + size] = (m[t] - _matmul_t(p, q)).reshape((-1,))
+        flats = [_flat([q.reshape((-1,)) for q in qs]) for qs in Q]
+        total(flats, 1)
+        for b, flat, m, ps in zip(buffers, flats, M, P):
+            at = 0
+            for (t, _, _, matrix), p in zip(matrices, ps):
+                r = min(self.rank, *matrix)
+                q = flat[at:at + matrix[1] * r].reshape((matrix[1], r))
+                at += matrix[1] * r
+                m[t][:] = _matmul_t(p, q)
+                self._remember(b, t, q, level)                # the next step starts from the summed Q
+
+
+def _flat(pieces):
+    """The 1-D ``pieces`` one after another in a new buffer."""
+    return mx.nd.concat(*pieces, dim=0) if len(pieces) > 1 else pieces[0].copy()
 
 
 def _powersgd_across(self, job, e, residual, shapes, key):
     """PowerSGD over the workers: the same power iteration as between contexts, the job's sums in place of the
-    allreduce (one key per factor: ``key + 1 + 2t`` and ``key + 2 + 2t`` for tensor ``t``)."""
+    allreduce (its two rounds under keys ``key + 1`` and ``key + 2``)."""
     residual[:] = 0
-    for t, (offset, size, matrix) in enumerate(self.plan(shapes or [e.shape])):
-        view = e[offset:offset + size]
-        if matrix is None:   # sent whole: exact
-            job.allsum(key + 1 + 2 * t, view)
-            continue
-        n, m = matrix
-        r = min(self.rank, n, m)
-        M = view.reshape((n, m))
-        P = _matmul(M, self._query(e, t, m, r, "across"))
-        job.allsum(key + 1 + 2 * t, P)
-        P = _orthonormal_columns(P)
-        Q = _matmul(mx.nd.transpose(M), P)
-        residual[offset:offset + size] = (M - _matmul_t(P, Q)).reshape((-1,))
-        job.allsum(key + 2 + 2 * t, Q)
-        M[:] = _matmul_t(P, Q)
-        self._remember(e, t, Q, "across")
+    self._iterate([e], shapes or [e.shape], lambda flats, i: job.allsum(key + 1 + i, flats[0]), "across")
 
 
 PowerSGD._across = _powersgd_across
