@@ -49,7 +49,8 @@ def test_a_dead_worker_restarts_the_job(tmp_path, mark):
 
 
 @pytest.mark.parametrize("status, restarts", [
-    (3, ["restart 1 of 2", "restart 2 of 2"]),   # restarted up to --max-restarts, then the last error
+    pytest.param(3, ["restart 1 of 2", "restart 2 of 2"],   # restarted up to --max-restarts, then the last error
+                 marks=pytest.mark.slow),                # three starts of a job: the fast tier's time budget
     (2, []),                                     # bad input: restarting would fail the same way
 ])
 def test_a_failing_worker_is_restarted_up_to_max_restarts_unless_its_input_is_bad(status, restarts, tmp_path,
@@ -100,6 +101,7 @@ def test_the_number_of_workers_follows_the_discovery_script(tmp_path, mark):
     assert_nothing_left(mark)
 
 
+@pytest.mark.slow
 def test_too_few_hosts_end_the_job_after_the_start_timeout(tmp_path, mark):
     slots = tmp_path / "slots"
     slots.write_text("localhost\n")
