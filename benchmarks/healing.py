@@ -45,7 +45,7 @@ def measure_cost(args):
     rng = random.Random(0)
     with tempfile.TemporaryDirectory() as tmp:
         def saver(model, directory):
-            def on_checkpoint(state, params, aux, optimizer_state):
+            def on_checkpoint(state, params, aux, optimizer_state, compression_state):
                 save_checkpoint(directory, params, state, {}, aux=aux, model=model, optimizer_state=optimizer_state)
             return on_checkpoint
         for repeat in range(args.repeats):

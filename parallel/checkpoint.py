@@ -1,6 +1,6 @@
 """Checkpoints: everything a run needs to continue exactly, written atomically, independent of the layout.
 
-A checkpoint directory holds two or three files:
+A checkpoint directory holds two to four files:
 
 - ``params-NNNNNN.params``: the model's arrays in MXNet's own format (``mx.nd.load`` reads it), by name
   (``parallel.models.model_layout``): LeNet's eight, named as in ``parallel.models.LENET_PARAM_NAMES``; or
@@ -11,6 +11,9 @@ A checkpoint directory holds two or three files:
 - ``optimizer-NNNNNN.params``, for an optimizer with state (momentum, Adam's moments): its state for every
   parameter, whole however it was sharded (``parallel.optim.gather_state``), under ``"<state>:<parameter>"``
   (``"momentum:conv1_weight"``, ``"mean:0.0.weight"``). It resumes under any layout and any ``zero``.
+- ``compression-NNNNNN.params``, for a run that compresses its gradients: every worker's error feedback (what it
+  has not sent yet: a residual per context and one across the workers, PowerSGD's ``Q`` matrices), by
+  ``"w<rank>/..."`` name (``parallel.compress.feedback``); a resume on another layout adds the residuals up.
 - ``checkpoint.json``: the format and its version, the model's name, the parameter file's name and sha256 (and
   the optimizer file's),
   the position (the epoch in progress and how many of its batches are done), the partial sums of that epoch,
@@ -59,7 +62,7 @@ MANIFEST = "checkpoint.json"
 
 #: Configuration fields that decide the computation: a resume that changes one is refused. The layout
 #: (strategy, devices, allreduce, stages) may change, and the number of epochs may grow.
-COMPATIBLE_FIELDS = ("model", "dataset", "batch_size", "lr", "seed", "optimizer")
+COMPATIBLE_FIELDS = ("model", "dataset", "batch_size", "lr", "seed", "optimizer", "compression")
 
 
 class CheckpointError(ValueError):
@@ -100,6 +103,9 @@ class Checkpoint(NamedTuple):
     #: The optimizer's state, ``{state name: [array per trainable array, in params order]}`` on the CPU; empty for
     #: a stateless optimizer (plain SGD) and for checkpoints of version 1.
     optimizer_state: dict = {}
+    #: Error feedback, ``{"w<rank>/<name>": array}`` on the CPU (``parallel.compress.feedback``); empty for a run
+    #: without compression.
+    compression_state: dict = {}
 
 
 def has_checkpoint(directory):
@@ -131,7 +137,8 @@ def _sha256(path):
     return digest.hexdigest()
 
 
-def save_checkpoint(directory, params, state, config, aux=(), model="lenet", optimizer_state=None):
+def save_checkpoint(directory, params, state, config, aux=(), model="lenet", optimizer_state=None,
+                    compression_state=None):
     """Write a checkpoint into ``directory`` (created if needed), replacing the previous one atomically.
 
     Parameters
@@ -152,6 +159,9 @@ def save_checkpoint(directory, params, state, config, aux=(), model="lenet", opt
     optimizer_state : dict, optional
         The optimizer's state as ``parallel.optim.gather_state`` gives it: ``{state name: [array per trainable
         array, in params order]}``; None or empty for a stateless optimizer.
+    compression_state : dict, optional
+        Error feedback as ``fit`` hands it to ``on_checkpoint``: ``{"w<rank>/<name>": array}``, finite; None or
+        empty without compression.
 
     Returns
     -------
@@ -169,13 +179,15 @@ def save_checkpoint(directory, params, state, config, aux=(), model="lenet", opt
     directory = os.fspath(directory)
     arrays = _model_arrays(model, params, aux)
     optimizer_arrays = _optimizer_arrays(model, optimizer_state or {})
+    compression_arrays = _compression_arrays(compression_state or {})
     os.makedirs(directory, exist_ok=True)
     manifest_path = os.path.join(directory, MANIFEST)
     previous = _previous_files(manifest_path)
     generation = _next_generation(directory)
     written = {}
     try:
-        for prefix, content in (("params", arrays), ("optimizer", optimizer_arrays)):
+        for prefix, content in (("params", arrays), ("optimizer", optimizer_arrays),
+                                ("compression", compression_arrays)):
             if content:
                 written[prefix] = f"{prefix}-{generation:06d}.params"
                 save_arrays(os.path.join(directory, written[prefix]), content)
@@ -185,6 +197,9 @@ def save_checkpoint(directory, params, state, config, aux=(), model="lenet", opt
                     "optimizer_sha256": _sha256(os.path.join(directory, written["optimizer"]))
                     if "optimizer" in written else None,
                     "state": state._asdict(), "config": config}
+        if "compression" in written:   # absent otherwise: a checkpoint without compression reads as before
+            manifest.update(compression_file=written["compression"],
+                            compression_sha256=_sha256(os.path.join(directory, written["compression"])))
         with atomic_write(manifest_path, "w") as f:   # the commit point
             json.dump(manifest, f, indent=2)
             f.write("\n")
@@ -227,6 +242,22 @@ def _optimizer_arrays(model, optimizer_state):
     return arrays
 
 
+def _compression_arrays(compression_state):
+    """Error feedback by name, as numpy, checked (names ``w<rank>/...``, finite) before anything is written."""
+    if not isinstance(compression_state, dict):
+        raise TypeError(f"compression_state must be a dict of name -> array, got {type(compression_state).__name__}")
+    arrays = {}
+    for name, value in compression_state.items():
+        worker = name.partition("/")[0] if isinstance(name, str) else ""
+        if not (worker[:1] == "w" and worker[1:].isdigit() and name[len(worker) + 1:]):
+            raise ValueError(f"compression_state name {name!r} must be w<rank>/<name>, as fit gives it")
+        value = np.asarray(value.asnumpy() if hasattr(value, "asnumpy") else value, dtype=np.float32)
+        if not np.isfinite(value).all():
+            raise ValueError(f"compression_state {name} is not finite; the checkpoint was not written")
+        arrays[name] = value
+    return arrays
+
+
 def _remove(path):
     try:
         os.unlink(path)
@@ -239,7 +270,7 @@ def _previous_files(manifest_path):
     try:
         with open(manifest_path) as f:
             manifest = json.load(f)
-        names = [manifest.get("params_file"), manifest.get("optimizer_file")]
+        names = [manifest.get(f"{kind}_file") for kind in ("params", "optimizer", "compression")]
     except (OSError, ValueError, AttributeError):
         return []
     return [name for name in names if isinstance(name, str) and name and os.path.basename(name) == name]
@@ -248,7 +279,7 @@ def _previous_files(manifest_path):
 def _next_generation(directory):
     """One more than any parameter or optimizer file in ``directory``, so a new file never overwrites a live one."""
     numbers = [int(stem[-6:]) for stem, ext in map(os.path.splitext, os.listdir(directory))
-               if ext == ".params" and stem[:-6] in ("params-", "optimizer-") and stem[-6:].isdigit()]
+               if ext == ".params" and stem[:-6] in ("params-", "optimizer-", "compression-") and stem[-6:].isdigit()]
     return max(numbers, default=0) + 1
 
 
@@ -288,12 +319,15 @@ def load_checkpoint(directory, model=None):
             raise TypeError("malformed fields")
         params_path = _verified_file(directory, manifest, "params")
         optimizer_path = _verified_file(directory, manifest, "optimizer") if manifest.get("optimizer_file") else None
+        compression_path = (_verified_file(directory, manifest, "compression") if manifest.get("compression_file")
+                            else None)
     except (KeyError, TypeError) as e:
         raise CheckpointError(f"{manifest_path}: a field is missing or malformed ({e}); the checkpoint cannot be "
                               "resumed") from None
     params, aux = _read_arrays(params_path, saved_model)
     optimizer_state = {} if optimizer_path is None else _read_optimizer_arrays(optimizer_path, saved_model)
-    return Checkpoint(params, state, config, manifest_path, aux, saved_model, optimizer_state)
+    compression_state = {} if compression_path is None else _read_compression_arrays(compression_path)
+    return Checkpoint(params, state, config, manifest_path, aux, saved_model, optimizer_state, compression_state)
 
 
 def _verified_file(directory, manifest, kind):
@@ -324,6 +358,14 @@ def _read_optimizer_arrays(path, model):
         if loaded[key].shape != shape:
             raise CheckpointError(f"{path}: {key} has shape {loaded[key].shape}, the parameter's is {shape}")
     return {name: [loaded[f"{name}:{param}"] for param in layout.names] for name in names}
+
+
+def _read_compression_arrays(path):
+    """Error feedback from its file: ``{"w<rank>/<name>": array}``."""
+    loaded = _load(path)
+    if not isinstance(loaded, dict) or not all(name[:1] == "w" and "/" in name for name in loaded):
+        raise CheckpointError(f"{path}: does not hold compression residuals named w<rank>/<name>")
+    return loaded
 
 
 def _load(path):

@@ -17,7 +17,7 @@ from .comm.replica import FlatReplica
 from .split import shard_sizes
 
 __all__ = ["Job", "join", "abandon", "worker_slice", "broadcast_params", "broadcast_aux", "broadcast_arrays",
-           "allreduce_across", "broadcast_object", "sum_values", "KEYS"]
+           "allreduce_across", "broadcast_object", "sum_values", "gather_arrays", "KEYS"]
 
 #: Every kvstore key the package uses, by what it carries. A ``gluon.Trainer`` numbers its keys from 0 as well:
 #: give it a kvstore of its own, not the job's.
@@ -31,6 +31,8 @@ KEYS = {
     "chunks": 1000,   # the pieces of a broadcast object use keys 1000 .. 9999 (objects up to 36 MB)
     "shards": 10000,  # zero=2: context i's shard of the gradient buffer, summed over the workers, key 10000 + i
     "compressed": 20000,  # the compressed gradient: 20000, or (PowerSGD) its two rounds, 20001 and 20002
+    "feedback": 30000,    # every worker's error-feedback state, gathered for a checkpoint (30000), or rank 0's
+                          # checkpoint of it, broadcast on resume (30001)
 }
 #: ``broadcast_object`` sends its JSON text in pieces of this many bytes (one float64 per byte).
 CHUNK = 4096
@@ -190,6 +192,30 @@ def broadcast_arrays(job, key, arrays):
         flat[offset:offset + array.size].reshape(array.shape).copyto(array)
         offset += array.size
     return arrays
+
+
+def gather_arrays(job, key, arrays):
+    """Every worker's ``arrays`` on rank 0: ``[rank 0's list, rank 1's, ...]`` there (numpy), None on the others.
+    A collective call: every worker passes arrays of the same shapes and dtype. One sum of a buffer of
+    ``num_workers`` slots, each worker filling its own with its arrays and leaving the others zero."""
+    import mxnet as mx
+    size = sum(a.size for a in arrays)
+    if not size:
+        return [[] for _ in range(job.num_workers)] if job.rank == 0 else None
+    slots = mx.nd.zeros((job.num_workers * size,), dtype=arrays[0].dtype)
+    slots[job.rank * size:(job.rank + 1) * size] = mx.nd.concat(*[a.reshape(-1).as_in_context(mx.cpu())
+                                                                  for a in arrays], dim=0)
+    gathered = job.allsum(key, slots).asnumpy()
+    if job.rank != 0:
+        return None
+    out = []
+    for r in range(job.num_workers):
+        offset, mine = r * size, []
+        for a in arrays:
+            mine.append(gathered[offset:offset + a.size].reshape(a.shape))
+            offset += a.size
+        out.append(mine)
+    return out
 
 
 def broadcast_aux(job, device_params):

@@ -19,6 +19,7 @@ import collections
 import math
 import sys
 import time
+import warnings
 
 from tqdm import tqdm
 
@@ -28,7 +29,8 @@ from .data import iterate_batches, num_batches
 from .data.batches import epoch_seed
 import mxnet as mx
 
-from .kvstore import KEYS, broadcast_arrays, broadcast_object, sum_values
+from .compress.feedback import job_names, place
+from .kvstore import KEYS, broadcast_arrays, broadcast_object, gather_arrays, sum_values
 from .models.layout import init_model
 from .optim.zero import as_optimizer, gather_state, load_state
 from .strategies import check_options
@@ -137,11 +139,13 @@ class _Run:
             tracing.__exit__(None, None, None)
 
     def checkpoint(self, on_checkpoint, state):
-        """Hand ``on_checkpoint`` the model's arrays and the optimizer's whole state, read after the queued steps."""
+        """Hand ``on_checkpoint`` the model's arrays, the optimizer's whole state and every worker's error
+        feedback, read after the queued steps (in a job, every worker takes part; rank 0 gets the arrays)."""
         if on_checkpoint is not None:
             strategy = self.strategy
+            feedback = _gather_feedback(strategy)
             on_checkpoint(state, strategy.params(), strategy.aux(),
-                          gather_state(self.optimizer, strategy.groups(), strategy.params()))
+                          gather_state(self.optimizer, strategy.groups(), strategy.params()), feedback)
 
 
 def _train_epoch(run, epoch, state, stop, on_checkpoint, progress, history):
@@ -222,10 +226,71 @@ def _shared_optimizer_state(job, optimizer, strategy, optimizer_state):
         load_state(optimizer, strategy.groups(), params, optimizer_state)
 
 
+def _feedback_buffers(strategy):
+    """``(compressor, buffers, across)`` of a strategy that compresses its gradients (the flat gradient buffer
+    of each context, and the one its job's level compresses), or None."""
+    compressor = getattr(strategy, "compressor", None)
+    if compressor is None:
+        return None
+    buffers = [params.grad for params in strategy.device_params]
+    return compressor, buffers, buffers[0] if strategy.job is not None else None
+
+
+def _gather_feedback(strategy):
+    """Every worker's error-feedback state under ``"w<rank>/"`` names (``parallel.compress.feedback``), on rank
+    0 (``{}`` elsewhere, and without compression). In a job, a collective call."""
+    found = _feedback_buffers(strategy)
+    if found is None:
+        return {}
+    local = found[0].state(*found[1:])
+    job = strategy.job
+    if job is None:
+        return job_names(0, local)
+    names = sorted(local)   # the same on every worker: the same layout, the same steps taken
+    gathered = gather_arrays(job, KEYS["feedback"], [local[name] for name in names])
+    if gathered is None:
+        return {}
+    return {f"w{rank}/{name}": value for rank, arrays in enumerate(gathered) for name, value in zip(names, arrays)}
+
+
+def _host_array(value):
+    """An NDArray or numpy array as a float32 NDArray on the host."""
+    return value.astype("float32").copyto(mx.cpu()) if isinstance(value, mx.nd.NDArray) else \
+        mx.nd.array(value, dtype="float32")
+
+
+def _shared_feedback(strategy, saved):
+    """Give the compressor its share of a checkpoint's error-feedback state ``saved`` (rank 0's, broadcast in a
+    job): its own arrays on the same layout, the residuals' sum on another (``parallel.compress.feedback``)."""
+    found = _feedback_buffers(strategy)
+    if found is None:
+        if saved:
+            raise ValueError("compression_state: the checkpoint holds compression residuals but this run "
+                             "compresses nothing; resume it with the same compression")
+        return
+    compressor, buffers, across = found
+    job = strategy.job
+    if job is not None:   # rank 0's, whatever this worker was given
+        saved = (saved or {}) if job.rank == 0 else {}
+        names = broadcast_object(job, {name: list(value.shape) for name, value in saved.items()})
+        if names:
+            arrays = [_host_array(saved[name]) if job.rank == 0 else mx.nd.zeros(tuple(shape))
+                      for name, shape in sorted(names.items())]
+            broadcast_arrays(job, KEYS["feedback"] + 1, arrays)
+            saved = dict(zip(sorted(names), arrays))
+        else:
+            saved = {}
+    local, note = place(saved or {}, 0 if job is None else job.rank, 1 if job is None else job.num_workers,
+                        len(buffers))
+    if note is not None:
+        warnings.warn(note, stacklevel=3)
+    compressor.load_state(local, buffers, across)
+
+
 def fit(dataset, ctx_list, num_epochs, batch_size, lr=None, seed=0, algorithm=DEFAULT_ALGORITHM, progress=False,
         on_epoch=None, strategy="data", stages=None, boundaries=None, micro_batches=None, params=None, start=None,
         stop=None, on_checkpoint=None, job=None, model="lenet", aux=None, optimizer=None, accumulate=1,
-        optimizer_state=None, checkpoint_every=None, compression=None, trace=None):
+        optimizer_state=None, checkpoint_every=None, compression=None, trace=None, compression_state=None):
     """Train LeNet or ResNet-18 from scratch over ``ctx_list`` with data parallelism or another ``strategy``.
 
     Parameters
@@ -264,9 +329,12 @@ def fit(dataset, ctx_list, num_epochs, batch_size, lr=None, seed=0, algorithm=DE
         ``stop()`` is asked before each batch; when it returns True the queued steps are finished,
         ``on_checkpoint`` is called and ``TrainingStopped`` is raised: the run stops at a batch boundary.
     on_checkpoint : callable, optional
-        ``on_checkpoint(state, params, aux, optimizer_state)`` with a ``TrainingState``, the model's trainable
-        live arrays and its others (the strategy's ``params()`` and ``aux()``; ``aux`` is ``[]`` for LeNet), and
-        the optimizer's whole state (``parallel.optim.gather_state``: ``{}`` for plain SGD): after every epoch
+        ``on_checkpoint(state, params, aux, optimizer_state, compression_state)`` with a ``TrainingState``, the
+        model's trainable live arrays and its others (the strategy's ``params()`` and ``aux()``; ``aux`` is
+        ``[]`` for LeNet), the optimizer's whole state (``parallel.optim.gather_state``: ``{}`` for plain SGD),
+        and, with ``compression``, every worker's error feedback (residuals, PowerSGD's ``Q`` matrices, named
+        by worker and context as ``parallel.compress.feedback`` says; ``{}`` without compression, and on the
+        workers but rank 0 of a job, which all take part in gathering it): after every epoch
         (the state then points at the next epoch's first batch), after every ``checkpoint_every`` optimizer
         steps, and when ``stop`` stops the run. Not called when the loss becomes NaN or infinite.
     model : str
@@ -301,12 +369,17 @@ def fit(dataset, ctx_list, num_epochs, batch_size, lr=None, seed=0, algorithm=DE
         give the same value; the state's sums are then the whole job's so far.
     compression : str or parallel.compress.Compressor, optional
         Data parallelism: sum the gradients between the contexts as compressed payloads with error feedback
-        (``"fp16"``, ``"2bit"``, ``"topk:RATIO"``, ``"powersgd:RANK"``; see ``parallel.compress``). Checkpoints do
-        not hold the residuals yet: a run resumed with a lossy compressor starts them from zero.
+        (``"fp16"``, ``"2bit"``, ``"topk:RATIO"``, ``"powersgd:RANK"``; see ``parallel.compress``). Its state
+        (what error feedback has not sent yet) goes to ``on_checkpoint`` and comes back as ``compression_state``.
     trace : str or os.PathLike, optional
         Record steps ``TRACE_FIRST`` .. ``TRACE_FIRST + TRACE_STEPS - 1`` of this run (the first is left out: it
         allocates) with MXNet's profiler and write a Chrome trace there (``parallel.trace``); in a job of several
         workers, each writes the path with ``.workerR`` before its extension.
+    compression_state : dict, optional
+        With ``start`` and ``compression``, the checkpoint's error feedback (``Checkpoint.compression_state``,
+        rank 0's in a job): on the layout that saved it, every context and worker continues from its own
+        residuals and the run stays bitwise the uninterrupted one; on another layout, the sum of the residuals
+        goes to the first context of rank 0 (``parallel.compress.feedback.place``), so nothing is lost.
 
     Returns
     -------
@@ -349,6 +422,7 @@ def fit(dataset, ctx_list, num_epochs, batch_size, lr=None, seed=0, algorithm=DE
         raise ValueError("job: fit got a job but the strategy was built without it; pass job to make_strategy")
     state, seed = _shared_start(strategy.job, state, seed, per_epoch)
     _shared_optimizer_state(strategy.job, optimizer, strategy, optimizer_state)
+    _shared_feedback(strategy, compression_state)
     optimizer.num_update = (state.epoch - 1) * per_epoch + state.batch   # one optimizer step per batch
     run = _Run(strategy, optimizer, accumulate, dataset, seed, batch_size, checkpoint_every, trace)
     history = list(state.history)

@@ -159,7 +159,7 @@ class Report:
                        "strategy": args.strategy, "allreduce": args.allreduce, "devices": args.devices,
                        "stages": args.stages, "boundaries": args.boundaries, "micro_batches": args.micro_batches,
                        "workers": self.workers, "optimizer": optimizer.config(), "zero": args.zero,
-                       "accumulate": args.accumulate}
+                       "accumulate": args.accumulate, "compression": _compression_spec(strategy)}
         if checkpoint is not None:   # a checkpoint of version 1 trained with plain SGD at its lr
             saved = {"optimizer": SGD(checkpoint.config["lr"]).config(), **checkpoint.config} \
                 if "lr" in checkpoint.config else checkpoint.config
@@ -194,13 +194,13 @@ class Report:
                 except OSError as e:   # the disk filled up or the directory went away mid-run
                     raise UsageError(f"cannot write {flag} {path!r}: {e.strerror or e}") from None
 
-    def save(self, state, params, aux, optimizer_state):
+    def save(self, state, params, aux, optimizer_state, compression_state):
         """Write a checkpoint (``fit``'s ``on_checkpoint``)."""
         if self.args.checkpoint_dir is None or not self.main_rank:
             return
         try:
             save_checkpoint(self.args.checkpoint_dir, params, state, self.config, aux=aux, model=self.args.model,
-                            optimizer_state=optimizer_state)
+                            optimizer_state=optimizer_state, compression_state=compression_state)
         except OSError as e:   # a full disk, a file size limit: what was there before stays intact
             kept = ("the previous checkpoint there is intact" if has_checkpoint(self.args.checkpoint_dir)
                     else "no checkpoint was written")
@@ -215,6 +215,13 @@ class Report:
         if self.args.checkpoint_dir is None:
             return f"{where}; no --checkpoint-dir, so there is nothing to resume from"
         return f"{where}; checkpoint in {self.args.checkpoint_dir}. Resume with: {resume_command}"
+
+
+def _compression_spec(strategy):
+    """The compressor a run's gradients go through, as its full spec (``"2bit:0.5"``), or ``"none"``: a resume
+    that changes it is refused, since the residuals belong to the compressor that kept them."""
+    compressor = getattr(strategy, "compressor", None)
+    return "none" if compressor is None else compressor.spec
 
 
 def announce_start(args, checkpoint, report):
@@ -246,7 +253,8 @@ def train(args, strategy, optimizer, dataset, checkpoint, stop, report):
             not args.no_progress and report.main_rank, on_epoch=report.epoch, strategy=strategy, start=start,
             stop=stop, on_checkpoint=report.save, optimizer=optimizer, accumulate=args.accumulate,
             optimizer_state=None if checkpoint is None else checkpoint.optimizer_state,
-            checkpoint_every=args.checkpoint_every, trace=args.trace)
+            checkpoint_every=args.checkpoint_every, trace=args.trace,
+            compression_state=None if checkpoint is None else checkpoint.compression_state)
 
 
 def export(args, strategy, initial, report):

@@ -50,7 +50,7 @@ def _run(layout, params=None, start=None, stop=None, on_checkpoint=None, epochs=
 
 def _saver(tmp_path, saves=None):
     """An on_checkpoint that writes every checkpoint (with the optimizer's state) to ``tmp_path``."""
-    def save(state, params, aux, optimizer_state):
+    def save(state, params, aux, optimizer_state, compression_state):
         if saves is not None:
             saves.append(state)
         ckpt.save_checkpoint(tmp_path, params, state, {"batch_size": BATCH, "lr": 0.3, "seed": 5},
@@ -172,7 +172,7 @@ def test_a_checkpoint_resumes_on_another_layout(source, target, tmp_path):
     """
     with pytest.raises(TrainingStopped):
         _run(source, stop=_stop_before(4), lr=0.1,
-             on_checkpoint=lambda state, params, aux, _: ckpt.save_checkpoint(tmp_path, params, state, {}))
+             on_checkpoint=lambda state, params, aux, *_: ckpt.save_checkpoint(tmp_path, params, state, {}))
     loaded = ckpt.load_checkpoint(tmp_path)
     params, history = _run(target, params=loaded.params, start=loaded.state, lr=0.1)
     assert_same_parameters(params, _run(source, lr=0.1)[0], "float32")
@@ -183,7 +183,7 @@ def test_data_on_2_contexts_resumes_on_4():
     saved = {}
     with pytest.raises(TrainingStopped):
         fit(DATA, [mx.cpu(0), mx.cpu(1)], EPOCHS, BATCH, 0.1, seed=5, stop=_stop_before(9),
-                     on_checkpoint=lambda state, params, aux, _: saved.update(state=state,
+                     on_checkpoint=lambda state, params, aux, *_: saved.update(state=state,
                                                                              params=[p.copy() for p in params]))
     _, on_two = fit(DATA, [mx.cpu(0), mx.cpu(1)], EPOCHS, BATCH, 0.1, seed=5)
     _, on_four = fit(DATA, [mx.cpu(i) for i in range(4)], EPOCHS, BATCH, 0.1, seed=5,
@@ -194,7 +194,7 @@ def test_data_on_2_contexts_resumes_on_4():
 def test_checkpoint_after_every_epoch_and_growing_epochs(tmp_path, uninterrupted):
     states = []
 
-    def save(state, params, aux, optimizer_state):
+    def save(state, params, aux, optimizer_state, compression_state):
         states.append((state.epoch, state.batch))
         ckpt.save_checkpoint(tmp_path, params, state, {})
 

@@ -18,7 +18,7 @@ from conftest import assert_same_parameters, easy_dataset, run_process, write_id
 
 
 def _snapshot(record):
-    def on_checkpoint(state, params, aux, optimizer_state):
+    def on_checkpoint(state, params, aux, optimizer_state, compression_state):
         record.append((state, [p.copy() for p in params],
                        {name: [a.copy() for a in arrays] for name, arrays in optimizer_state.items()}))
     return on_checkpoint
@@ -139,13 +139,13 @@ TRAIN = ["--batch-size", "13", "--lr", "0.1", "--seed", "3", "--no-progress", "-
          "3", "--momentum", "0.9", "--checkpoint-dir", "ckpt", "--checkpoint-every", "4"]
 
 
-def run_job(tmp_path, data_dir, plans, workers="2", discovery=None, timeout=400):
+def run_job(tmp_path, data_dir, plans, workers="2", discovery=None, timeout=400, train=TRAIN):
     (tmp_path / "wrapper.py").write_text(WRAPPER)
     discover = [] if discovery is None else ["--host-discovery-script", f"cat {discovery}"]
     env = dict(os.environ, OMP_NUM_THREADS="1")   # every process, whatever the number of workers: equal rounding
     return run_process([sys.executable, "-m", "parallel.launch", "-n", workers, "-s", "1", "--max-restarts", "2",
                         "--grace", "2", "--stall-timeout", "120", *discover, sys.executable,
-                        str(tmp_path / "wrapper.py"), plans, str(discovery), "--data-dir", str(data_dir), *TRAIN],
+                        str(tmp_path / "wrapper.py"), plans, str(discovery), "--data-dir", str(data_dir), *train],
                        timeout=timeout, cwd=tmp_path, env=env)
 
 
@@ -201,3 +201,26 @@ def test_a_job_goes_from_2_workers_to_1_to_3_and_trains_the_same_model(tiny, str
     got = load_checkpoint(tmp_path / "ckpt")
     assert got.state.epoch == 4
     assert_same_parameters([p.asnumpy() for p in got.params], [p.asnumpy() for p in straight.params], "float32")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("spec", ["topk:0.05", "powersgd:2"])
+def test_a_compressed_job_killed_mid_epoch_resumes_its_residuals_bitwise(spec, tiny, tmp_path):
+    """2 workers x 2 contexts: residuals between the contexts and across the workers (and PowerSGD's Q matrices)
+    go into the checkpoint from every worker and come back to each on the restart."""
+    train = [arg if arg != "cpu:1" else "cpu:2" for arg in TRAIN] + ["--compression", spec]
+    (tmp_path / "straight").mkdir()
+    straight = run_job(tmp_path / "straight", tiny, "none", train=train)
+    assert straight.returncode == 0, straight.stderr[-3000:]
+    want = load_checkpoint(tmp_path / "straight" / "ckpt")
+    assert {f"w{r}/residual/{where}" for r in range(2) for where in ("c0", "c1", "across")} <= \
+        set(want.compression_state)
+    result = run_job(tmp_path, tiny, "0/step:10:1", train=train)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "resuming from its last" in result.stdout, result.stdout[-3000:]
+    got = load_checkpoint(tmp_path / "ckpt")
+    for g, w in zip(got.params, want.params):
+        np.testing.assert_array_equal(g.asnumpy(), w.asnumpy())
+    assert sorted(got.compression_state) == sorted(want.compression_state)
+    for name, value in want.compression_state.items():
+        np.testing.assert_array_equal(got.compression_state[name].asnumpy(), value.asnumpy())

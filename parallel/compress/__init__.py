@@ -67,6 +67,7 @@ def parse_compression(spec, name="compression"):
 
 
 _SOURCES = {"compressors": ["Compressor", "FP16", "TwoBit", "TopK", "PowerSGD", "make_compressor",
-                            "compressed_allreduce", "as_compressor"]}
-__all__ = ["COMPRESSIONS", "DEFAULT_THRESHOLD", "parse_compression"] + _SOURCES["compressors"]
+                            "compressed_allreduce", "as_compressor"],
+            "feedback": ["job_names", "place", "expected_residuals"]}
+__all__ = ["COMPRESSIONS", "DEFAULT_THRESHOLD", "parse_compression"] + _SOURCES["compressors"] + _SOURCES["feedback"]
 __getattr__, __dir__ = lazy_exports(__name__, _SOURCES)

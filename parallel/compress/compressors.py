@@ -73,6 +73,47 @@ class Compressor:
         """Forget every residual (a new run)."""
         self.residuals.clear()
 
+    def state(self, buffers, across=None):
+        """What error feedback carries from one step to the next, for the flat gradient buffers ``buffers`` (one
+        a context, as ``compressed_allreduce`` gets them) and, in a job, the buffer ``across`` the workers'
+        level compresses: ``{"residual/c<k>": residual of buffers[k], "residual/across": ...}`` for those that
+        have one (none before the first step), as copies on ``mx.cpu()``; PowerSGD adds its ``Q`` matrices
+        (``"query/c<k>/<t>"``, ``"query/across/<t>"``). ``load_state`` gives them back. Waits for the device."""
+        state = {}
+        for name, key in self._state_keys(buffers, across):
+            found = self.residuals.get(key)
+            if found is not None and found[0] is _buffer_of(key, buffers, across):
+                state[f"residual/{name}"] = found[1].copyto(mx.cpu())
+        return state
+
+    def load_state(self, state, buffers, across=None):
+        """Continue from ``state`` (``state``'s form): each residual given becomes the one of its buffer; the
+        others start at zero. Raises ``ValueError`` (naming ``compression_state``) for a name this layout does
+        not have or an array of another size."""
+        self.reset()
+        known = dict(self._state_keys(buffers, across))
+        for name, value in state.items():
+            kind, _, where = name.partition("/")
+            if kind == "residual" and where in known:
+                buffer = _buffer_of(known[where], buffers, across)
+                if value.shape != buffer.shape:
+                    raise ValueError(f"compression_state: {name} has shape {value.shape}, the gradient buffer "
+                                     f"{buffer.shape}; it belongs to another model")
+                self.residuals[known[where]] = (buffer, mx.nd.array(value, ctx=buffer.context, dtype=buffer.dtype))
+            elif not self._load_extra(kind, where, value, known, buffers, across):
+                raise ValueError(f"compression_state: {name!r} is not part of {self.spec}'s state on "
+                                 f"{len(buffers)} context(s){' in a job' if across is not None else ''}")
+
+    @staticmethod
+    def _state_keys(buffers, across):
+        """``(name, residuals key)`` of every buffer error feedback may keep state for."""
+        keys = [(f"c{k}", ("contexts", id(b))) for k, b in enumerate(buffers)]
+        return keys + ([("across", ("across", id(across)))] if across is not None else [])
+
+    def _load_extra(self, kind, where, value, known, buffers, across):
+        """Load a state entry other than a residual (PowerSGD's ``Q``); False: not one of this compressor's."""
+        return False
+
     def bytes_moved(self, algorithm, size, k, shapes=None):
         """``BytesMoved`` of ``compressed_allreduce`` over K contexts of ``size`` float32 elements: K-1 payloads
         gathered to the first context and one broadcast back to K-1 contexts."""
@@ -305,6 +346,24 @@ class PowerSGD(Compressor):
         super().reset()
         self.queries.clear()
 
+    def state(self, buffers, across=None):
+        """The residuals and every tensor's ``Q`` (``"query/c<k>/<t>"``, ``"query/across/<t>"``)."""
+        state = super().state(buffers, across)
+        for name, (level, key) in self._state_keys(buffers, across):
+            for (lvl, array_id, t), (array, q) in sorted(self.queries.items(), key=lambda item: item[0][2]):
+                if (lvl, array_id) == (level, key) and array is _buffer_of((level, key), buffers, across):
+                    state[f"query/{name}/{t}"] = q.copyto(mx.cpu())
+        return state
+
+    def _load_extra(self, kind, where, value, known, buffers, across):
+        name, _, t = where.rpartition("/")
+        if kind != "query" or name not in known or not t.isdigit():
+            return False
+        level, key = known[name]
+        buffer = _buffer_of((level, key), buffers, across)
+        self.queries[(level, key, int(t))] = (buffer, mx.nd.array(value, ctx=buffer.context, dtype=buffer.dtype))
+        return True
+
     def plan(self, shapes):
         """``(offset, size, (n, m) or None)`` per tensor: a matrix of n rows to compress, or None (sent whole)."""
         plan, offset = [], 0
@@ -346,6 +405,9 @@ class PowerSGD(Compressor):
             values = np.random.RandomState(self.seed + t).standard_normal((m, r))
             found = self.queries[(level, id(array), t)] = (array, mx.nd.array(values, ctx=array.context,
                                                                               dtype=array.dtype))
+        if found[1].shape != (m, r):   # only a loaded state can disagree
+            raise ValueError(f"compression_state: the Q of tensor {t} has shape {found[1].shape}, {self.spec} "
+                             f"needs {(m, r)}; it was saved with another rank or model")
         return found[1]
 
     def _remember(self, array, t, q, level="contexts"):
@@ -406,6 +468,15 @@ class PowerSGD(Compressor):
                 at += matrix[1] * r
                 m[t][:] = _matmul_t(p, q)
                 self._remember(b, t, q, level)                # the next step starts from the summed Q
+
+
+def _buffer_of(key, buffers, across):
+    """The buffer a residuals key ``(level, id(buffer))`` belongs to."""
+    level, array_id = key
+    for buffer in ([across] if level == "across" else buffers):
+        if buffer is not None and id(buffer) == array_id:
+            return buffer
+    return None
 
 
 def _flat(pieces):
