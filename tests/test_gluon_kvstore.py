@@ -66,9 +66,49 @@ def test_bad_arguments_name_themselves():
         AllreduceKVStore("ring", "topk")
 
 
+@pytest.mark.parametrize("spec", ["none", "fp16", "2bit:0.05", "topk:0.1", "powersgd:2"])
+@pytest.mark.parametrize("k", [2, 3])
+def test_a_trainer_step_is_one_package_allreduce_of_every_gradient(spec, k, monkeypatch):
+    """gluon.Trainer's per-parameter pushpull calls make one (compressed) allreduce a step, of the gradients
+    packed in key order: bitwise what the package's own path does with that flat buffer, residuals carried."""
+    ctx = contexts(k)
+    net = _net(ctx)
+    kv = AllreduceKVStore("ring", spec)
+    trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.1}, kvstore=kv)
+    params = trainer._params   # in key order: gluon's Trainer numbers the parameters sorted by name
+    compressor = make_compressor(spec)
+    flats = None
+    calls = []
+    import parallel.gluon_kvstore as module
+    for name in ("allreduce", "compressed_allreduce"):
+        monkeypatch.setattr(module, name, lambda *a, _f=getattr(module, name), **kw: calls.append(1) or _f(*a, **kw))
+    loss = gluon.loss.SoftmaxCrossEntropyLoss()
+    for X, y in make_batches([30] * 3, seed=5):
+        X_shards = gluon.utils.split_and_load(X, ctx, even_split=False)
+        y_shards = gluon.utils.split_and_load(y, ctx, even_split=False)
+        with autograd.record():
+            losses = [loss(net(a), b) for a, b in zip(X_shards, y_shards)]
+        autograd.backward(losses)
+        packed = [mx.nd.concat(*[p.list_grad()[i].reshape((-1,)) for p in params], dim=0) for i in range(k)]
+        if flats is None:
+            flats = packed
+        else:
+            for flat, new in zip(flats, packed):
+                new.copyto(flat)
+        calls.clear()
+        trainer.allreduce_grads()
+        assert len(calls) == 1
+        compressed_allreduce(flats, compressor, "ring", [p.shape for p in params])
+        for i in range(k):
+            got = np.concatenate([p.list_grad()[i].asnumpy().reshape(-1) for p in params])
+            np.testing.assert_array_equal(got, flats[i].asnumpy())
+        trainer.update(X.shape[0])
+
+
 @pytest.mark.parametrize("spec", ["fp16", "2bit:0.05", "topk:0.1", "powersgd:2"])
 def test_pushpull_with_compression_is_the_package_compressed_allreduce(spec):
-    """Each key is compressed on its own, with its own residuals, which carry over from step to step."""
+    """A key gluon never announced (no broadcast) is compressed on its own, with its own residuals, which carry
+    over from step to step."""
     ctx = contexts(2)
     rng = np.random.RandomState(0)
     grads = [mx.nd.zeros((8, 12), ctx=c) for c in ctx]
