@@ -80,7 +80,7 @@ def part_process(args):
     dataset = _dataset(args)
     per_epoch = num_batches(len(dataset.train_labels), setting["batch"])
     size = sum(int(np.prod(s)) for s in shapes)
-    order = list(SPECS)
+    order = [spec for spec in args.specs if spec != "mxnet-2bit"]
     random.Random(0).shuffle(order)
     rows = {}
     for spec in order:
@@ -170,7 +170,7 @@ def part_job(args):
     from parallel import make_compressor
     setting, shapes = SETTINGS[args.model], _shapes(args.model)
     size = sum(int(np.prod(s)) for s in shapes)
-    order = SPECS + ["mxnet-2bit"]
+    order = list(args.specs)
     random.Random(1).shuffle(order)
     rows = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -219,8 +219,23 @@ def main(argv=None):
     parser.add_argument("--epochs", type=int, default=None, help="default: 20 for LeNet, 4 for ResNet-18")
     parser.add_argument("--quick", action="store_true", help="smoke test: 1 epoch of a small synthetic set")
     parser.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results"))
+    parser.add_argument("--specs", default=None, metavar="SPEC,...",
+                        help="the compressors to run (none is always added: the baseline), e.g. "
+                             "powersgd:8,topk:0.05; default: " + ",".join(SPECS) + " and mxnet-2bit (in the job)")
     parser.add_argument("--worker-native", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    chosen = args.specs
+    if chosen is None:
+        args.specs = SPECS + ["mxnet-2bit"]
+    else:
+        from parallel.compress import parse_compression
+        args.specs = ["none"] + [spec for spec in chosen.split(",") if spec and spec != "none"]
+        for spec in args.specs:
+            if spec != "mxnet-2bit":
+                try:
+                    parse_compression(spec, "--specs")
+                except ValueError as e:
+                    parser.error(str(e))
     if args.quick:
         args.epochs = 1
     elif args.epochs is None:
@@ -248,7 +263,8 @@ def main(argv=None):
                       f"| {acc:.3f} ({acc - base_acc:+.3f}) |")
     os.makedirs(args.out, exist_ok=True)
     name = "compression" + ("" if args.model == "lenet" else f"_{args.model}") + \
-        ("" if args.part == "both" else f"_{args.part}") + ".json"
+        ("" if args.part == "both" else f"_{args.part}") + \
+        ("" if chosen is None else "_" + "-".join(args.specs[1:]).replace(":", "_")) + ".json"
     path = os.path.join(args.out, name)
     with open(path + ".tmp", "w") as f:
         json.dump(result, f, indent=2)

@@ -31,3 +31,14 @@ def test_compression_quick_run_trains_resnet18_too(tmp_path):
     assert rows["none"]["bytes_per_step"] > 40e6   # ResNet-18's 11.2 M float32 gradients, out and back
     assert all(rows[spec]["bytes_per_step"] * 8 <= rows["none"]["bytes_per_step"]
                for spec in ("2bit", "topk:0.01", "powersgd:4"))
+
+
+def test_compression_runs_the_specs_it_is_given(tmp_path, capsys):
+    compression = load_benchmark("compression")
+    assert compression.main(["--quick", "--part", "process", "--specs", "powersgd:8,fp16", "--out",
+                             str(tmp_path)]) == 0
+    result = json.loads((tmp_path / "compression_process_powersgd_8-fp16.json").read_text())
+    assert result["process"]["order"] and set(result["process"]["rows"]) == {"none", "powersgd:8", "fp16"}
+    with pytest.raises(SystemExit) as stopped:
+        compression.main(["--quick", "--specs", "topk:2"])
+    assert stopped.value.code == 2 and "--specs topk:RATIO needs 0 < RATIO <= 1" in capsys.readouterr().err

@@ -66,10 +66,10 @@ def test_bad_arguments_name_themselves():
         AllreduceKVStore("ring", "topk")
 
 
-@pytest.mark.parametrize("spec", ["none", "fp16", "2bit:0.05", "topk:0.1", "powersgd:2"])
+@pytest.mark.parametrize("spec", ["fp16", "2bit:0.05", "topk:0.1", "powersgd:2"])
 @pytest.mark.parametrize("k", [2, 3])
 def test_a_trainer_step_is_one_package_allreduce_of_every_gradient(spec, k, monkeypatch):
-    """gluon.Trainer's per-parameter pushpull calls make one (compressed) allreduce a step, of the gradients
+    """gluon.Trainer's per-parameter pushpull calls make one compressed allreduce a step, of the gradients
     packed in key order: bitwise what the package's own path does with that flat buffer, residuals carried."""
     ctx = contexts(k)
     net = _net(ctx)
