@@ -34,6 +34,7 @@ def _lines(stdout, prefix="restart"):
     return sorted(line.split("] ", 1)[1] for line in stdout.splitlines() if "] " + prefix in line)
 
 
+@pytest.mark.slow
 def test_a_dead_worker_restarts_the_job(tmp_path, mark):
     script = write_script(tmp_path, "worker.py", WORKER_SCRIPT)
     result = run_launcher(mark, "-n", 2, "-s", 1, "--max-restarts", 2, "--grace", 2, sys.executable, script,
