@@ -43,6 +43,7 @@ from typing import List, NamedTuple
 import mxnet as mx
 import numpy as np
 
+from .compress.feedback import split_name
 from .export import check_arrays, check_lenet_params, save_arrays
 from .files import atomic_write, fsync_directory
 from .models import MODELS
@@ -248,8 +249,7 @@ def _compression_arrays(compression_state):
         raise TypeError(f"compression_state must be a dict of name -> array, got {type(compression_state).__name__}")
     arrays = {}
     for name, value in compression_state.items():
-        worker = name.partition("/")[0] if isinstance(name, str) else ""
-        if not (worker[:1] == "w" and worker[1:].isdigit() and name[len(worker) + 1:]):
+        if split_name(name) is None:
             raise ValueError(f"compression_state name {name!r} must be w<rank>/<name>, as fit gives it")
         value = np.asarray(value.asnumpy() if hasattr(value, "asnumpy") else value, dtype=np.float32)
         if not np.isfinite(value).all():
@@ -363,7 +363,7 @@ def _read_optimizer_arrays(path, model):
 def _read_compression_arrays(path):
     """Error feedback from its file: ``{"w<rank>/<name>": array}``."""
     loaded = _load(path)
-    if not isinstance(loaded, dict) or not all(name[:1] == "w" and "/" in name for name in loaded):
+    if not isinstance(loaded, dict) or any(split_name(name) is None for name in loaded):
         raise CheckpointError(f"{path}: does not hold compression residuals named w<rank>/<name>")
     return loaded
 

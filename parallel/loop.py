@@ -250,7 +250,8 @@ def _gather_feedback(strategy):
     gathered = gather_arrays(job, KEYS["feedback"], [local[name] for name in names])
     if gathered is None:
         return {}
-    return {f"w{rank}/{name}": value for rank, arrays in enumerate(gathered) for name, value in zip(names, arrays)}
+    return {name: value for rank, arrays in enumerate(gathered)
+            for name, value in job_names(rank, dict(zip(names, arrays))).items()}
 
 
 def _host_array(value):
@@ -278,8 +279,6 @@ def _shared_feedback(strategy, saved):
                       for name, shape in sorted(names.items())]
             broadcast_arrays(job, KEYS["feedback"] + 1, arrays)
             saved = dict(zip(sorted(names), arrays))
-        else:
-            saved = {}
     local, note = place(saved or {}, 0 if job is None else job.rank, 1 if job is None else job.num_workers,
                         len(buffers))
     if note is not None:

@@ -246,3 +246,13 @@ def _stop_started_processes():
         process = _STARTED.pop()
         if process.poll() is None:
             stop_process(process)
+
+
+def stop_before(call):
+    """A ``fit`` ``stop()`` that answers True at its ``call``-th question (fit asks before every batch)."""
+    asked = [0]
+
+    def stop():
+        asked[0] += 1
+        return asked[0] == call
+    return stop

@@ -16,7 +16,7 @@ from parallel.loop import NonFiniteLossError, TrainingStopped, fit
 from parallel.models import init_model
 from parallel.strategies import make_strategy
 from parallel.optim import SGD, Adam, AdamW, Cosine, Step
-from conftest import assert_same_parameters, easy_dataset
+from conftest import assert_same_parameters, easy_dataset, stop_before
 
 BATCH = 32
 DATA = easy_dataset(num_train=200, num_test=50, seed=4)   # 7 batches per epoch, the last one of 8
@@ -58,16 +58,6 @@ def _saver(tmp_path, saves=None):
     return save
 
 
-def _stop_before(call):
-    """stop() that answers True at its ``call``-th question (fit asks before every batch)."""
-    asked = [0]
-
-    def stop():
-        asked[0] += 1
-        return asked[0] == call
-    return stop
-
-
 def _without_timings(history):
     return [{k: v for k, v in m.items() if k not in ("seconds", "images_per_second")} for m in history]
 
@@ -97,7 +87,7 @@ def test_interrupted_and_resumed_equals_uninterrupted_bitwise(layout, where, uni
     parameters are bitwise those of the run never stopped, and the history holds every epoch once, equal."""
     saves = []
     with pytest.raises(TrainingStopped) as stopped:
-        _run(layout, stop=_stop_before(STOPS[where]), on_checkpoint=_saver(tmp_path, saves))
+        _run(layout, stop=stop_before(STOPS[where]), on_checkpoint=_saver(tmp_path, saves))
     position = stopped.value.state
     call = STOPS[where] - 1
     assert (position.epoch, position.batch) == (1 + call // PER_EPOCH, call % PER_EPOCH)
@@ -140,7 +130,7 @@ def test_resume_with_optimizer_state_is_bitwise(name, zero, accumulate, layout, 
         _UNINTERRUPTED[key] = _run(layout, optimizer=_optimizer(name, zero), accumulate=accumulate)
     want, want_history = _UNINTERRUPTED[key]
     with pytest.raises(TrainingStopped):
-        _run(layout, stop=_stop_before(STOPS[where]), on_checkpoint=_saver(tmp_path), optimizer=_optimizer(name, zero),
+        _run(layout, stop=stop_before(STOPS[where]), on_checkpoint=_saver(tmp_path), optimizer=_optimizer(name, zero),
              accumulate=accumulate)
     loaded = ckpt.load_checkpoint(tmp_path)
     assert bool(loaded.optimizer_state) == (name != "sgd")
@@ -155,7 +145,7 @@ def test_zero_2_on_two_contexts_resumes_with_zero_0_on_one_and_zero_1_on_three(t
     """The state is saved whole, by parameter: another number of contexts and another sharding continue it."""
     adam = lambda zero: Adam(0.003, zero=zero)   # noqa: E731
     with pytest.raises(TrainingStopped):
-        _run("data-ring", stop=_stop_before(5), on_checkpoint=_saver(tmp_path), optimizer=adam(2))
+        _run("data-ring", stop=stop_before(5), on_checkpoint=_saver(tmp_path), optimizer=adam(2))
     loaded = ckpt.load_checkpoint(tmp_path)
     assert sorted(loaded.optimizer_state) == ["mean", "var"]
     want = _run("data-ring", optimizer=adam(2))[0]
@@ -178,7 +168,7 @@ def test_a_checkpoint_resumes_on_another_layout(source, target, tmp_path):
     float32 rounding until even two uninterrupted layouts differ by ~6e-3 on the conv biases after 14 steps.
     """
     with pytest.raises(TrainingStopped):
-        _run(source, stop=_stop_before(4), lr=0.1,
+        _run(source, stop=stop_before(4), lr=0.1,
              on_checkpoint=lambda state, params, aux, *_: ckpt.save_checkpoint(tmp_path, params, state, {}))
     loaded = ckpt.load_checkpoint(tmp_path)
     params, history = _run(target, params=loaded.params, start=loaded.state, lr=0.1)
@@ -189,7 +179,7 @@ def test_a_checkpoint_resumes_on_another_layout(source, target, tmp_path):
 def test_data_on_2_contexts_resumes_on_4():
     saved = {}
     with pytest.raises(TrainingStopped):
-        fit(DATA, [mx.cpu(0), mx.cpu(1)], EPOCHS, BATCH, 0.1, seed=5, stop=_stop_before(9),
+        fit(DATA, [mx.cpu(0), mx.cpu(1)], EPOCHS, BATCH, 0.1, seed=5, stop=stop_before(9),
                      on_checkpoint=lambda state, params, aux, *_: saved.update(state=state,
                                                                              params=[p.copy() for p in params]))
     _, on_two = fit(DATA, [mx.cpu(0), mx.cpu(1)], EPOCHS, BATCH, 0.1, seed=5)

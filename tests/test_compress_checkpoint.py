@@ -13,7 +13,7 @@ from parallel.loop import TrainingStopped, _gather_feedback, _shared_feedback, f
 from parallel.models import init_lenet_params
 from parallel.strategies import make_strategy
 from parallel.train import main
-from conftest import easy_dataset, write_idx_files
+from conftest import easy_dataset, stop_before, write_idx_files
 
 BATCH = 32
 DATA = easy_dataset(num_train=200, num_test=50, seed=4)   # 7 batches an epoch
@@ -36,17 +36,11 @@ def _run(spec, k=2, epochs=2, **kwargs):
 
 def _stopped_checkpoint(spec, directory, after=10):
     """Stop a 2-context run before its ``after``-th batch (mid-epoch 2) and write the checkpoint."""
-    asked = [0]
-
-    def stop():
-        asked[0] += 1
-        return asked[0] == after
-
     def save(state, params, aux, optimizer_state, compression_state):
         ckpt.save_checkpoint(directory, params, state, {}, optimizer_state=optimizer_state,
                              compression_state=compression_state)
 
-    _run(spec, stop=stop, on_checkpoint=save)
+    _run(spec, stop=stop_before(after), on_checkpoint=save)
     return ckpt.load_checkpoint(directory)
 
 

@@ -68,6 +68,6 @@ def parse_compression(spec, name="compression"):
 
 _SOURCES = {"compressors": ["Compressor", "FP16", "TwoBit", "TopK", "PowerSGD", "make_compressor",
                             "compressed_allreduce", "as_compressor"],
-            "feedback": ["job_names", "place", "expected_residuals"]}
+            "feedback": ["job_names", "split_name", "place", "expected_residuals"]}
 __all__ = ["COMPRESSIONS", "DEFAULT_THRESHOLD", "parse_compression"] + _SOURCES["compressors"] + _SOURCES["feedback"]
 __getattr__, __dir__ = lazy_exports(__name__, _SOURCES)

@@ -80,9 +80,9 @@ class Compressor:
         have one (none before the first step), as copies on ``mx.cpu()``; PowerSGD adds its ``Q`` matrices
         (``"query/c<k>/<t>"``, ``"query/across/<t>"``). ``load_state`` gives them back. Waits for the device."""
         state = {}
-        for name, key in self._state_keys(buffers, across):
+        for name, (key, buffer) in self._state_keys(buffers, across).items():
             found = self.residuals.get(key)
-            if found is not None and found[0] is _buffer_of(key, buffers, across):
+            if found is not None and found[0] is buffer:
                 state[f"residual/{name}"] = found[1].copyto(mx.cpu())
         return state
 
@@ -91,26 +91,28 @@ class Compressor:
         others start at zero. Raises ``ValueError`` (naming ``compression_state``) for a name this layout does
         not have or an array of another size."""
         self.reset()
-        known = dict(self._state_keys(buffers, across))
+        known = self._state_keys(buffers, across)
         for name, value in state.items():
             kind, _, where = name.partition("/")
             if kind == "residual" and where in known:
-                buffer = _buffer_of(known[where], buffers, across)
+                key, buffer = known[where]
                 if value.shape != buffer.shape:
                     raise ValueError(f"compression_state: {name} has shape {value.shape}, the gradient buffer "
                                      f"{buffer.shape}; it belongs to another model")
-                self.residuals[known[where]] = (buffer, mx.nd.array(value, ctx=buffer.context, dtype=buffer.dtype))
-            elif not self._load_extra(kind, where, value, known, buffers, across):
+                self.residuals[key] = (buffer, mx.nd.array(value, ctx=buffer.context, dtype=buffer.dtype))
+            elif not self._load_extra(kind, where, value, known):
                 raise ValueError(f"compression_state: {name!r} is not part of {self.spec}'s state on "
                                  f"{len(buffers)} context(s){' in a job' if across is not None else ''}")
 
     @staticmethod
     def _state_keys(buffers, across):
-        """``(name, residuals key)`` of every buffer error feedback may keep state for."""
-        keys = [(f"c{k}", ("contexts", id(b))) for k, b in enumerate(buffers)]
-        return keys + ([("across", ("across", id(across)))] if across is not None else [])
+        """``{name: (residuals key, buffer)}`` of every buffer error feedback may keep state for."""
+        keys = {f"c{k}": (("contexts", id(b)), b) for k, b in enumerate(buffers)}
+        if across is not None:
+            keys["across"] = (("across", id(across)), across)
+        return keys
 
-    def _load_extra(self, kind, where, value, known, buffers, across):
+    def _load_extra(self, kind, where, value, known):
         """Load a state entry other than a residual (PowerSGD's ``Q``); False: not one of this compressor's."""
         return False
 
@@ -349,19 +351,20 @@ class PowerSGD(Compressor):
     def state(self, buffers, across=None):
         """The residuals and every tensor's ``Q`` (``"query/c<k>/<t>"``, ``"query/across/<t>"``)."""
         state = super().state(buffers, across)
-        for name, (level, key) in self._state_keys(buffers, across):
-            for (lvl, array_id, t), (array, q) in sorted(self.queries.items(), key=lambda item: item[0][2]):
-                if (lvl, array_id) == (level, key) and array is _buffer_of((level, key), buffers, across):
-                    state[f"query/{name}/{t}"] = q.copyto(mx.cpu())
+        names = {key: (name, buffer) for name, (key, buffer) in self._state_keys(buffers, across).items()}
+        for (level, array_id, t), (array, q) in self.queries.items():
+            name, buffer = names.get((level, array_id), (None, None))
+            if array is buffer:
+                state[f"query/{name}/{t}"] = q.copyto(mx.cpu())
         return state
 
-    def _load_extra(self, kind, where, value, known, buffers, across):
+    def _load_extra(self, kind, where, value, known):
         name, _, t = where.rpartition("/")
         if kind != "query" or name not in known or not t.isdigit():
             return False
-        level, key = known[name]
-        buffer = _buffer_of((level, key), buffers, across)
-        self.queries[(level, key, int(t))] = (buffer, mx.nd.array(value, ctx=buffer.context, dtype=buffer.dtype))
+        (level, array_id), buffer = known[name]
+        self.queries[(level, array_id, int(t))] = (buffer, mx.nd.array(value, ctx=buffer.context,
+                                                                       dtype=buffer.dtype))
         return True
 
     def plan(self, shapes):
@@ -468,15 +471,6 @@ class PowerSGD(Compressor):
                 at += matrix[1] * r
                 m[t][:] = _matmul_t(p, q)
                 self._remember(b, t, q, level)                # the next step starts from the summed Q
-
-
-def _buffer_of(key, buffers, across):
-    """The buffer a residuals key ``(level, id(buffer))`` belongs to."""
-    level, array_id = key
-    for buffer in ([across] if level == "across" else buffers):
-        if buffer is not None and id(buffer) == array_id:
-            return buffer
-    return None
 
 
 def _flat(pieces):

@@ -23,7 +23,13 @@ A compressor's ``state(buffers, across)`` names its arrays by where they live in
 """
 import numpy as np
 
-__all__ = ["job_names", "place", "expected_residuals"]
+__all__ = ["job_names", "split_name", "place", "expected_residuals"]
+
+
+def split_name(name):
+    """``(rank, local name)`` of a checkpoint's ``"w<rank>/<name>"``, or None for a name not of that form."""
+    worker, _, local = name.partition("/") if isinstance(name, str) else ("", "", "")
+    return (int(worker[1:]), local) if worker[:1] == "w" and worker[1:].isdigit() and local else None
 
 
 def job_names(rank, state):
@@ -47,12 +53,12 @@ def place(saved, rank, num_workers, num_contexts):
     """
     workers = {}
     for name, value in saved.items():
-        worker, _, local = name.partition("/")
-        if not (worker[:1] == "w" and worker[1:].isdigit() and local):
+        split = split_name(name)
+        if split is None:
             raise ValueError(f"compression_state: {name!r} is not named w<rank>/<name>; pass a checkpoint's "
                              "compression_state")
-        workers.setdefault(int(worker[1:]), {})[local] = np.asarray(value.asnumpy() if hasattr(value, "asnumpy")
-                                                                    else value)
+        workers.setdefault(split[0], {})[split[1]] = np.asarray(value.asnumpy() if hasattr(value, "asnumpy")
+                                                                else value)
     if not workers:
         return {}, None
     expected = expected_residuals(num_workers, num_contexts)
