@@ -107,7 +107,7 @@ def worker_native(args):
     from parallel import init_lenet_params, init_resnet18, iterate_batches, to_gluon
     from parallel.data import num_batches
     from parallel.data.batches import epoch_seed
-    from parallel.kvstore import worker_slice
+    from parallel.job import worker_slice
     dataset = _dataset(args)
     kv = mx.kv.create("dist_sync")
     kv.set_gradient_compression({"type": "2bit", "threshold": 0.5})

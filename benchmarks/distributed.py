@@ -27,7 +27,7 @@ the launcher's own split of the cores (``OMP_NUM_THREADS``) applies, as a user o
    a. one process with every core (``OMP_NUM_THREADS`` = the number of cores), ``train_batch`` without a job
       on ``--local-k`` contexts (default 1);
    b. ``python -m parallel.launch -n W``: the from-scratch ``train_batch(..., job=job)``, each worker one
-      context, after ``broadcast_params``, in the job ``parallel.kvstore.join()`` returns;
+      context, after ``broadcast_params``, in the job ``parallel.job.join()`` returns;
    c. the same launcher and process layout running MXNet's own ``gluon.Trainer(..., 'sgd',
       {'learning_rate': lr}, kvstore=<dist_sync>)`` on ``to_gluon(...)`` hybridized with
       ``static_alloc=True, static_shape=True``: each worker forwards/backwards its slice of the global batch
@@ -145,7 +145,7 @@ def worker_kvstore(opts):
     """Parts 1 and 2: the push+pull sweep against memcpy, and LeNet's allreduce_across against its step."""
     import mxnet as mx
     from parallel import get_params, init_lenet_params, train_batch
-    from parallel.kvstore import allreduce_across, broadcast_params, join
+    from parallel.job import allreduce_across, broadcast_params, join
 
     job = join()
     kv = job.kv
@@ -244,7 +244,7 @@ def worker_scratch(opts):
     """Configuration b: the from-scratch ``train_batch(..., job=job)``, one context per worker."""
     import mxnet as mx
     from parallel import get_params, init_lenet_params, train_batch
-    from parallel.kvstore import broadcast_params, join
+    from parallel.job import broadcast_params, join
     job = join()
     print(READY_LINE, flush=True)
     ctx_list = [mx.cpu(0)]
@@ -262,7 +262,7 @@ def worker_gluon(opts):
     import mxnet as mx
     from mxnet import autograd, gluon
     from parallel import init_lenet_params, to_gluon
-    from parallel.kvstore import worker_slice
+    from parallel.job import worker_slice
     # The Trainer takes "str or KVStore"; given the store itself (as MXNet's example/distributed_training does)
     # it takes the same path as with kvstore='dist_sync', and this worker knows its rank before the first step.
     kv = mx.kv.create("dist_sync")
@@ -313,7 +313,7 @@ def worker_main(argv):
         # End at once with the traceback: leaving through the interpreter's exit would run ps-lite's shutdown,
         # a barrier of every worker, which waits forever for a peer still blocked on this worker's push.
         import traceback
-        from parallel.kvstore import abandon
+        from parallel.job import abandon
         traceback.print_exc()
         abandon(1)
     return 0

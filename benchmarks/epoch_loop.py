@@ -1,6 +1,6 @@
 """What does an honest progress bar cost? fit() with at most IN_FLIGHT queued steps against queueing the whole epoch.
 
-``parallel.fit`` (parallel/loop.py) reads each step's loss once two newer steps are queued, so its progress bar counts
+``parallel.fit`` (parallel/fit.py) reads each step's loss once two newer steps are queued, so its progress bar counts
 finished batches and a NaN stops the run at its batch. The alternative is to queue every step of the epoch
 and read the losses at the end (the bar then races ahead and stalls). Both run the same steps; this measures
 seconds per epoch of each, interleaved round by round in one process, and reports medians and their ratio::
@@ -40,7 +40,7 @@ def main(argv=None):
     import mxnet as mx
     from parallel import synthetic_dataset
     import importlib
-    training = importlib.import_module("parallel.loop")   # the module, for its IN_FLIGHT
+    training = importlib.import_module("parallel.fit")   # the module, for its IN_FLIGHT
     from parallel.files import atomic_write
 
     batch = 256

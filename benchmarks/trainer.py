@@ -35,7 +35,7 @@ row with the first of its pair):
 
 With ``--kvstores fused,ring,...`` it answers another question instead: the same Trainer step with the package's
 allreduce as its kvstore (``parallel.AllreduceKVStore(ALG)``, ``trainer/kv=ALG``) against ``kvstore="device"``,
-whole steps and ``reduce+update`` alone, written to ``gluon_kvstore.json``::
+whole steps and ``reduce+update`` alone, written to ``trainer_kvstore.json``::
 
     OMP_NUM_THREADS=2 python benchmarks/trainer.py --kvstores fused,ring,tree,naive --ks 2,4
 
@@ -263,7 +263,7 @@ def main(argv=None):
                         help="gradient buckets of the overlap measurement (K > 1); default 8")
     parser.add_argument("--kvstores", default="",
                         help="compare gluon.Trainer with parallel.AllreduceKVStore(ALG) for these comma-separated "
-                             "algorithms against kvstore='device' instead (writes gluon_kvstore.json)")
+                             "algorithms against kvstore='device' instead (writes trainer_kvstore.json)")
     parser.add_argument("--quick", action="store_true", help="smoke test: K=1,2, 2 repeats of 1 step, batch 4")
     parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"),
                         help="directory for trainer.json; default benchmarks/results")
@@ -279,7 +279,7 @@ def main(argv=None):
         args.ks, args.repeats, args.steps, args.lenet_steps, args.resnet_batch = [1, 2], 2, 1, 1, 4
     from parallel.files import atomic_write, check_writable
     os.makedirs(args.out, exist_ok=True)
-    path = os.path.join(args.out, "gluon_kvstore.json" if args.kvstores else "trainer.json")
+    path = os.path.join(args.out, "trainer_kvstore.json" if args.kvstores else "trainer.json")
     check_writable(path)
     start = time.perf_counter()
     records = run(args)

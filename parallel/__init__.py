@@ -38,15 +38,15 @@ _SOURCES = {
     "threads": ["recommended_omp_threads", "set_omp_threads", "omp_threads"],
     "data": ["DataError", "Dataset", "read_idx", "write_idx", "load_idx_dataset", "load_fashion_mnist",
              "default_data_dir", "synthetic_dataset", "iterate_batches"],
-    "loop": ["fit", "TrainingStopped"],
+    "fit": ["fit", "TrainingStopped"],
     "report": ["plot_metrics"],
     "strategies": ["make_strategy"],
     "checkpoint": ["TrainingState", "save_checkpoint", "load_checkpoint", "CheckpointError"],
     "export": ["export_lenet", "export_gluon", "to_gluon", "lenet_symbol"],
-    "kvstore": ["join", "Job", "broadcast_params", "allreduce_across"],
+    "job": ["join", "Job", "broadcast_params", "allreduce_across"],
     "compress": ["COMPRESSIONS", "parse_compression"],
     "compress.compressors": ["make_compressor", "compressed_allreduce", "Compressor"],
-    "gluon_kvstore": ["AllreduceKVStore"],
+    "trainer_kvstore": ["AllreduceKVStore"],
     "trace": ["trace", "plot_timeline", "read_trace"],
 }
 __all__ = [name for names in _SOURCES.values() for name in names]

@@ -4,7 +4,7 @@ import functools
 
 import mxnet as mx
 
-from .kvstore import sum_values, worker_slice
+from .job import sum_values, worker_slice
 from .models.gluon import as_net
 from .models.lenet import lenet_cached
 from .split import split_and_load
@@ -24,7 +24,7 @@ def accuracy(data_iter, predictors, ctx_list, job=None):
         context (model parallelism returns them on its last stage's context).
     ctx_list : list of mxnet.Context
         Where each predictor takes its input; the correct counts are summed on ``ctx_list[0]``.
-    job : parallel.kvstore.Job, optional
+    job : parallel.job.Job, optional
         In a distributed job, every worker scores its slice of each batch (``worker_slice``, as in training)
         and the counts are summed over the workers: every worker returns the same accuracy. Every worker
         must call it, with the same batches.
@@ -76,7 +76,7 @@ def evaluate_accuracy(data_iter, device_params, ctx_list, net=lenet_cached, job=
         ``net(X, params)`` returns the outputs; the default is the cached graph training uses
         (``lenet_cached``), ``net=lenet`` runs op by op. A gluon block runs as ``GluonNet(block)``, with
         BatchNorm's running statistics (identical on every replica after synchronized training).
-    job : parallel.kvstore.Job, optional
+    job : parallel.job.Job, optional
         In a distributed job: each worker scores its slice of each batch and the counts are summed over the
         workers, so every worker returns the same accuracy (see ``accuracy``).
 

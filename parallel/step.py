@@ -29,7 +29,7 @@ from mxnet import autograd, gluon
 
 from .comm import DEFAULT_ALGORITHM
 from .comm.replica import FlatReplica, allreduce_grads, grads_of
-from .kvstore import allreduce_across, worker_slice
+from .job import allreduce_across, worker_slice
 from .models.gluon import as_net
 from .models.lenet import lenet_cached, softmax_cross_entropy
 from .optim.zero import as_optimizer, optimizer_step
@@ -286,9 +286,9 @@ def train_step(X, y, device_params, ctx_list, lr=None, net=lenet_cached, loss=so
     algorithm : str
         Allreduce algorithm, see ``parallel.comm.allreduce``. With ``"naive"`` each gradient tensor is
         reduced on its own, as in the textbook; the others reduce a replica's flat gradient buffer at once.
-    job : parallel.kvstore.Job, optional
+    job : parallel.job.Job, optional
         In a distributed job, ``X`` and ``y`` are the *global* batch (the same on every worker): this worker
-        trains its slice (``parallel.kvstore.worker_slice``), its contexts' gradient sum is summed over the
+        trains its slice (``parallel.job.worker_slice``), its contexts' gradient sum is summed over the
         workers through the kvstore, and the step divides by the global batch size. Every worker must call
         it for every batch, even one whose slice is empty.
     optimizer : parallel.optim.Optimizer, optional
@@ -351,7 +351,7 @@ def train_batch(X, y, device_params, ctx_list, lr=None, net=lenet_cached, loss=s
     Splits the batch across ``ctx_list``, computes each shard's gradient on its context, sums the
     gradients with ``allreduce`` and updates every replica in place with the same step: with ``lr``, plain
     SGD ``param -= lr * summed_grad / len(X)``; with ``optimizer``, its update (see ``train_step``). With
-    ``job`` (``parallel.kvstore.join()``), ``X`` and ``y`` are the global batch and the gradients are summed
+    ``job`` (``parallel.job.join()``), ``X`` and ``y`` are the global batch and the gradients are summed
     over every worker too.
 
     Returns

@@ -376,7 +376,7 @@ def main(argv=None):
 def _main_in_job():
     """``main`` for a worker of a distributed job: a failure ends the process at once (``abandon``), not in
     ps-lite's shutdown, which would wait for the other workers while they wait for this one."""
-    from .kvstore import abandon
+    from .job import abandon
     status = main()
     if status != 0:
         abandon(status)

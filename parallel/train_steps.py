@@ -15,8 +15,8 @@ from .data import DataError, identify_dataset, load_data, num_batches
 from .data.fashion_mnist import default_data_dir
 from .devices import parse_devices
 from .export import export_gluon, export_lenet
-from .loop import NonFiniteLossError, TrainingStopped, fit
-from .kvstore import join, sum_values
+from .fit import NonFiniteLossError, TrainingStopped, fit
+from .job import join, sum_values
 from .models import MODELS
 from .models.layout import init_model
 from .optim import SGD, Constant, Cosine, Step, make_optimizer

@@ -10,7 +10,7 @@ from conftest import load_benchmark
 def test_quick_run_writes_json(tmp_path, capsys):
     bench = load_benchmark("epoch_loop")
     import importlib
-    loop = importlib.import_module("parallel.loop")
+    loop = importlib.import_module("parallel.fit")
     assert bench.main(["--quick", "--json", str(tmp_path / "e.json")]) == 0
     result = json.loads((tmp_path / "e.json").read_text())
     assert [row["k"] for row in result["rows"]] == [1, 2]

@@ -33,7 +33,7 @@ def test_trainer_quick_run_measures_every_configuration(tmp_path, capsys):
 def test_kvstore_quick_run_compares_the_packages_kvstore_with_device(tmp_path, capsys):
     bench = load_benchmark("trainer")
     assert bench.main(["--quick", "--kvstores", "fused,ring", "--out", str(tmp_path)]) == 0
-    result = json.loads((tmp_path / "gluon_kvstore.json").read_text())
+    result = json.loads((tmp_path / "trainer_kvstore.json").read_text())
     methods = ("trainer", "trainer/kv=fused", "trainer/kv=ring", "trainer/reduce+update",
                "trainer/kv=fused/reduce+update", "trainer/kv=ring/reduce+update")
     assert {(r["network"], r["method"], r["k"]) for r in result["records"]} == {

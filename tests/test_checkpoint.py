@@ -12,7 +12,7 @@ from parallel.models import init_lenet_params
 from parallel.checkpoint import TrainingState
 from parallel.comm import get_params
 from parallel.data.batches import epoch_seed
-from parallel.loop import NonFiniteLossError, TrainingStopped, fit
+from parallel.fit import NonFiniteLossError, TrainingStopped, fit
 from parallel.models import init_model
 from parallel.strategies import make_strategy
 from parallel.optim import SGD, Adam, AdamW, Cosine, Step

@@ -13,7 +13,7 @@ from parallel import fit, get_params, init_lenet_params, train_batch, train_step
 from parallel.comm import algorithms
 from parallel.compress import COMPRESSIONS, parse_compression
 from parallel.compress.compressors import FP16, PowerSGD, TopK, TwoBit, compressed_allreduce, make_compressor
-from parallel.kvstore import KEYS, Job
+from parallel.job import KEYS, Job
 from parallel.models.lenet import LENET_SHAPES
 from parallel.optim import make_optimizer
 from parallel.train import main

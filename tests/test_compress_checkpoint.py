@@ -9,7 +9,7 @@ import pytest
 
 from parallel import checkpoint as ckpt
 from parallel.compress import place
-from parallel.loop import TrainingStopped, _gather_feedback, _shared_feedback, fit
+from parallel.fit import TrainingStopped, _gather_feedback, _shared_feedback, fit
 from parallel.models import init_lenet_params
 from parallel.strategies import make_strategy
 from parallel.train import main

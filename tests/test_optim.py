@@ -361,7 +361,7 @@ import mxnet as mx
 from test_optim import CASES, DISTRIBUTED, batches
 from conftest import small_cnn
 from parallel import get_params, train_step
-from parallel.kvstore import broadcast_params, join
+from parallel.job import broadcast_params, join
 
 job = join()
 ctx_list = [mx.cpu(i) for i in range({k})]

@@ -11,7 +11,7 @@ import pytest
 from parallel import read_idx, write_idx
 from parallel.data import FILES
 from parallel.train import main
-from parallel.loop import IN_FLIGHT, NonFiniteLossError, fit
+from parallel.fit import IN_FLIGHT, NonFiniteLossError, fit
 from conftest import easy_dataset, run_process, start_process, write_idx_files
 
 KEYS = {"epoch", "train_loss", "train_acc", "test_acc", "seconds", "images_per_second"}
@@ -327,7 +327,7 @@ def test_progress_counts_finished_batches_and_nan_names_its_batch(monkeypatch, n
     """The host stays at most IN_FLIGHT steps ahead; the bar moves when a step's loss has been read, and a
     NaN loss stops the run naming exactly its batch (9 batches of 10 examples, the last one of 6)."""
     log = {"queued": 0, "at_update": []}
-    monkeypatch.setattr("parallel.loop.tqdm", lambda *a, **k: _RecordingBar(log))
+    monkeypatch.setattr(sys.modules["parallel.fit"], "tqdm", lambda *a, **k: _RecordingBar(log))   # parallel.fit is the function
     dataset = easy_dataset(num_train=86, num_test=10)
     if nan_at is not None:
         with pytest.raises(NonFiniteLossError, match=rf"at epoch 1, batch {nan_at} \(training diverged\)"):

@@ -78,7 +78,7 @@ sys.path.insert(0, {tests!r})
 from conftest import easy_dataset
 import mxnet as mx
 from parallel import fit
-from parallel.kvstore import join
+from parallel.job import join
 
 job = join()
 history, _ = fit(easy_dataset(num_train=70, num_test=23, seed=6), [mx.cpu(0)], num_epochs=2, batch_size=13, lr=0.1,

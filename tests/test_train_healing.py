@@ -110,19 +110,20 @@ def die(hosts):
             f.write(hosts.replace(",", "\\n") + "\\n")
     os.kill(os.getpid(), signal.SIGKILL)
 
-import parallel.checkpoint, parallel.loop
+import parallel.checkpoint, parallel.fit
+fit_module = sys.modules["parallel.fit"]   # parallel.fit is the function
 if plan:
     _, where, *hosts = plan[0]
     kind, n, *rank = where.split(":")
     count = [0]
     if kind == "step":
-        step = parallel.loop._Run.step
+        step = fit_module._Run.step
         def counted(self, X, y):
             count[0] += 1
             if count[0] == int(n) and self.strategy.job.rank == int(rank[0]):
                 die(hosts and hosts[0])
             return step(self, X, y)
-        parallel.loop._Run.step = counted
+        fit_module._Run.step = counted
     else:
         sha256 = parallel.checkpoint._sha256
         def counted(path):

@@ -20,7 +20,7 @@ Clipping by global norm needs the norm of the whole summed gradient: each contex
 of what it owns, and every context adds the same contributions in the same order, so the scale is bitwise the
 same everywhere (and on every worker, whose summed gradients are the same bits).
 
-Across processes (``across``: the kvstore, ``parallel.kvstore.allreduce_across``), each worker's contexts
+Across processes (``across``: the kvstore, ``parallel.job.allreduce_across``), each worker's contexts
 reduce first, then the workers' sums are summed: with ``zero=2``, each context's shard alone. The state is
 sharded over a worker's contexts and replicated over the workers (what PyTorch's FSDP calls hybrid sharding).
 """

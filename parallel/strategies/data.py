@@ -37,7 +37,7 @@ from ..comm import ALGORITHMS, DEFAULT_ALGORITHM
 from ..comm.replica import get_params
 from ..compress.compressors import as_compressor
 from ..evaluate import evaluate_accuracy
-from ..kvstore import broadcast_aux, broadcast_params
+from ..job import broadcast_aux, broadcast_params
 from ..models.gluon import GluonNet
 from ..split import split_and_load
 from ..step import allreduce_grads, train_step, update_replicas
@@ -185,7 +185,7 @@ class DataParallel:
         whose arrays ``get_params`` copies into flat replicas), copied to every context; not modified.
     algorithm : str
         How ``allreduce_grads`` sums gradients, one of ``parallel.comm.ALGORITHMS``.
-    job : parallel.kvstore.Job, optional
+    job : parallel.job.Job, optional
         Train as one worker of a distributed job (a function module only): every worker's replicas get rank
         0's parameters and running statistics (a collective call: every worker must make it), each step
         trains this worker's slice of the global batch and sums the gradients over the workers, evaluation

@@ -46,7 +46,7 @@ def make_strategy(name, params, ctx_list, stages=None, boundaries=None, micro_ba
         When given, more micro-batches than ``batch_size`` are refused up front.
     algorithm : str
         Allreduce algorithm for ``"data"`` and ``"hybrid"``.
-    job : parallel.kvstore.Job, optional
+    job : parallel.job.Job, optional
         ``"data"`` only: train as one worker of a distributed job (see ``DataParallel``; a collective call).
         BatchNorm normalises over the worker's slice, synchronized across its contexts but not across the
         workers, so a job with BatchNorm is not the same computation as one context.

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from parallel import get_params, init_lenet_params, train_batch
-from parallel.kvstore import worker_slice
+from parallel.job import worker_slice
 from conftest import assert_same_parameters, contexts, make_batches, run_process
 
 SIZES = [13, 7, 3, 12, 1, 5]   # 3 and 1 leave workers with empty slices when W x K > 3
@@ -18,7 +18,7 @@ import numpy as np
 sys.path.insert(0, {tests!r})
 from conftest import make_batches
 from parallel import get_params, init_lenet_params, train_batch
-from parallel.kvstore import broadcast_params, join
+from parallel.job import broadcast_params, join
 import mxnet as mx
 
 job = join()

@@ -19,7 +19,7 @@ Packing costs two copies of every gradient a context: tried without compression,
 (gradients computed) took 3.2x (K=2) and 5.1x (K=4) ``kvstore="device"``'s time, against 1.4x and 1.9x with a
 sum per parameter, so uncompressed sums stay per parameter.
 
-One process only: the package's cross-process path is ``python -m parallel.launch`` with ``parallel.kvstore``.
+One process only: the package's cross-process path is ``python -m parallel.launch`` with ``parallel.job``.
 """
 import mxnet as mx
 

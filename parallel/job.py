@@ -6,7 +6,7 @@ allreduce, then one push and pull of the flat gradient buffer sums the workers' 
 servers, and the sum is copied back to the worker's contexts (a hierarchical allreduce, as Horovod and
 NCCL do it). W workers of K contexts then train the same model as one context.
 
->>> from parallel.kvstore import worker_slice
+>>> from parallel.job import worker_slice
 >>> [worker_slice(13, 2, rank, 3) for rank in range(3)]   # 13 examples over 3 workers x 2 contexts
 [(0, 5), (5, 9), (9, 13)]
 """

@@ -8,7 +8,7 @@ from mxnet import autograd, gluon
 import parallel
 from parallel.comm import ALGORITHMS
 from parallel.compress.compressors import compressed_allreduce, make_compressor
-from parallel.gluon_kvstore import AllreduceKVStore
+from parallel.trainer_kvstore import AllreduceKVStore
 from conftest import contexts, make_batches
 
 
@@ -79,7 +79,7 @@ def test_a_trainer_step_is_one_package_allreduce_of_every_gradient(spec, k, monk
     compressor = make_compressor(spec)
     flats = None
     calls = []
-    import parallel.gluon_kvstore as module
+    import parallel.trainer_kvstore as module
     for name in ("allreduce", "compressed_allreduce"):
         monkeypatch.setattr(module, name, lambda *a, _f=getattr(module, name), **kw: calls.append(1) or _f(*a, **kw))
     loss = gluon.loss.SoftmaxCrossEntropyLoss()

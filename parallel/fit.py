@@ -30,7 +30,7 @@ from .data.batches import epoch_seed
 import mxnet as mx
 
 from .compress.feedback import job_names, place
-from .kvstore import KEYS, broadcast_arrays, broadcast_object, gather_arrays, sum_values
+from .job import KEYS, broadcast_arrays, broadcast_object, gather_arrays, sum_values
 from .models.layout import init_model
 from .optim.zero import as_optimizer, gather_state, load_state
 from .strategies import check_options
@@ -339,8 +339,8 @@ def fit(dataset, ctx_list, num_epochs, batch_size, lr=None, seed=0, algorithm=DE
     model : str
         ``"lenet"`` or ``"resnet18"`` (``parallel.models.MODELS``), with a strategy name; a strategy object
         brings its own model.
-    job : parallel.kvstore.Job, optional
-        Train as one worker of a distributed job (``parallel.kvstore.join()``; data strategy only). Every
+    job : parallel.job.Job, optional
+        Train as one worker of a distributed job (``parallel.job.join()``; data strategy only). Every
         worker calls ``fit`` with the same dataset and arguments; the parameters, ``seed`` and ``start``
         are rank 0's (the others' are ignored). Each worker trains its slice of every global batch
         (``batch_size`` stays the global batch), and the loss and accuracies are summed over the workers,
