@@ -74,7 +74,7 @@ def _dataset(args):
 def part_process(args):
     import mxnet as mx
     import numpy as np
-    from parallel import bytes_moved, fit, make_compressor
+    from parallel import bytes_moved, fit, make_codec
     from parallel.data import num_batches
     setting, shapes = SETTINGS[args.model], _shapes(args.model)
     dataset = _dataset(args)
@@ -84,7 +84,7 @@ def part_process(args):
     random.Random(0).shuffle(order)
     rows = {}
     for spec in order:
-        compressor = make_compressor(spec)
+        compressor = make_codec(spec)
         started = time.monotonic()
         history, _ = fit(dataset, [mx.cpu(0), mx.cpu(1)], args.epochs, setting["batch"], seed=0,
                          compression=compressor, optimizer=_optimizer(setting, args.epochs, per_epoch),
@@ -167,7 +167,7 @@ def _run(command, cwd, timeout=3600):
 
 def part_job(args):
     import numpy as np
-    from parallel import make_compressor
+    from parallel import make_codec
     setting, shapes = SETTINGS[args.model], _shapes(args.model)
     size = sum(int(np.prod(s)) for s in shapes)
     order = list(args.specs)
@@ -202,7 +202,7 @@ def part_job(args):
                                "--metrics-json", metrics], tmp)
                 with open(metrics) as f:
                     history = json.load(f)
-                compressor = make_compressor(spec)
+                compressor = make_codec(spec)
                 pushed = 4 * size if compressor is None else compressor.across_nbytes(size, 2, shapes)
                 rows[spec] = {"bytes_per_step": pushed, "pull_bytes_per_step": pushed,
                               "seconds_per_epoch": statistics.median(h["seconds"] for h in history),

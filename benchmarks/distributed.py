@@ -18,15 +18,15 @@ the launcher's own split of the cores (``OMP_NUM_THREADS``) applies, as a user o
    ``MXNET_KVSTORE_BIGARRAY_BOUND`` elements (default 1,000,000) over the servers, a smaller one goes to one
    server: the bound in effect is recorded, and each size says whether it was split. Memcpy and push+pull
    blocks alternate, size by size, round by round (the size order rotates every round).
-2. **LeNet's reduction per step** (the same job): median ms of ``allreduce_across(job, device_params)`` (one
+2. **LeNet's reduction per step** (the same job): median ms of ``allreduce_across(job, grads)`` (one
    push+pull of LeNet's flat gradient, 129,068 floats) against median ms of the whole
-   ``train_batch(X, y, ..., job=job)`` step on the global batch, each call timed alone (``waitall`` before
+   ``train_batch(X, y, ..., reducer=Reducer(job=job))`` step on the global batch, each call timed alone (``waitall`` before
    and after), the two blocks alternating round by round.
 3. **LeNet images/second**, in ``--rounds`` interleaved rounds (the order of a, b, c rotates every round):
 
    a. one process with every core (``OMP_NUM_THREADS`` = the number of cores), ``train_batch`` without a job
       on ``--local-k`` contexts (default 1);
-   b. ``python -m parallel.launch -n W``: the from-scratch ``train_batch(..., job=job)``, each worker one
+   b. ``python -m parallel.launch -n W``: the from-scratch ``train_batch(..., reducer=Reducer(job=job))``, each worker one
       context, after ``broadcast_params``, in the job ``parallel.job.join()`` returns;
    c. the same launcher and process layout running MXNet's own ``gluon.Trainer(..., 'sgd',
       {'learning_rate': lr}, kvstore=<dist_sync>)`` on ``to_gluon(...)`` hybridized with
@@ -144,7 +144,7 @@ def _checksum(arrays):
 def worker_kvstore(opts):
     """Parts 1 and 2: the push+pull sweep against memcpy, and LeNet's allreduce_across against its step."""
     import mxnet as mx
-    from parallel import get_params, init_lenet_params, train_batch
+    from parallel import Reducer, get_params, init_lenet_params, train_batch
     from parallel.job import allreduce_across, broadcast_params, join
 
     job = join()
@@ -181,14 +181,14 @@ def worker_kvstore(opts):
     def reduction():
         mx.nd.waitall()
         start = time.perf_counter()
-        allreduce_across(job, device_params)
+        allreduce_across(job, [params.grad for params in device_params])
         mx.nd.waitall()
         return time.perf_counter() - start
 
     def step():
         mx.nd.waitall()
         start = time.perf_counter()
-        train_batch(X, y, device_params, [ctx], opts.lr, job=job)
+        train_batch(X, y, device_params, [ctx], opts.lr, reducer=Reducer(job=job))
         mx.nd.waitall()
         return time.perf_counter() - start
 
@@ -241,9 +241,9 @@ def worker_local(opts):
 
 
 def worker_scratch(opts):
-    """Configuration b: the from-scratch ``train_batch(..., job=job)``, one context per worker."""
+    """Configuration b: the from-scratch ``train_batch(..., reducer=Reducer(job=job))``, one context per worker."""
     import mxnet as mx
-    from parallel import get_params, init_lenet_params, train_batch
+    from parallel import Reducer, get_params, init_lenet_params, train_batch
     from parallel.job import broadcast_params, join
     job = join()
     print(READY_LINE, flush=True)
@@ -251,7 +251,7 @@ def worker_scratch(opts):
     device_params = [get_params(init_lenet_params(seed=0), ctx_list[0])]
     broadcast_params(job, device_params)
     X, y = _batch(opts.batch_size)
-    seconds = _time_steps(lambda: train_batch(X, y, device_params, ctx_list, opts.lr, job=job),
+    seconds = _time_steps(lambda: train_batch(X, y, device_params, ctx_list, opts.lr, reducer=Reducer(job=job)),
                           opts.warmup, opts.steps)
     _report({"kind": "scratch", "rank": job.rank, "num_workers": job.num_workers, "seconds": seconds,
              "env": _environment(), "params_checksum": _checksum(device_params[0])})

@@ -103,7 +103,7 @@ class Worker:
         options = {"imperative": {"net": parallel.lenet}, "cached": {"net": parallel.lenet_cached}}.get(
             rest[0] if rest else None, {})
         device_params = [parallel.get_params(parallel.init_lenet_params(seed=0), c) for c in ctx_list]
-        return lambda: parallel.train_batch(X, y, device_params, ctx_list, lr, algorithm=algorithm, **options)
+        return lambda: parallel.train_batch(X, y, device_params, ctx_list, lr, reducer=algorithm, **options)
 
     def measure(self, variant, k, steps):
         """Median-free single sample: ms per step over ``steps`` steps (the parent takes medians)."""

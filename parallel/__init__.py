@@ -22,11 +22,12 @@ __version__ = "0.1.0"
 # Every public name, and the module that defines it.
 _SOURCES = {
     "comm.replica": ["get_params", "FlatReplica"],
+    "comm.reducer": ["Reducer", "GradBucket", "BucketComm", "allreduce_grads", "compressed_allreduce"],
     "comm.algorithms": ["allreduce", "ALLREDUCE_ALGORITHMS", "bytes_moved", "BytesMoved", "free_buffers",
                        "set_buffer_limit", "buffer_info"],
-    "comm": ["DEFAULT_ALGORITHM"],
+    "comm": ["DEFAULT_ALGORITHM", "DEFAULT_BUCKET_MB"],
     "split": ["split_and_load", "shard_sizes"],
-    "step": ["sgd", "train_batch", "train_step", "allreduce_grads", "update_replicas", "loss_and_correct"],
+    "step": ["sgd", "train_batch", "train_step", "update_replicas", "loss_and_correct"],
     "models": ["MODELS"],
     "models.lenet": ["init_lenet_params", "lenet", "lenet_layers", "lenet_cached", "CachedNet",
                      "softmax_cross_entropy", "LENET_SHAPES", "LENET_LAYERS"],
@@ -35,7 +36,7 @@ _SOURCES = {
     "models.layout": ["init_model"],
     "evaluate": ["evaluate_accuracy", "accuracy"],
     "devices": ["try_gpu", "try_all_gpus", "parse_devices"],
-    "threads": ["recommended_omp_threads", "set_omp_threads", "omp_threads"],
+    "threads": ["recommended_omp_threads", "engine_settings", "set_omp_threads", "omp_threads"],
     "data": ["DataError", "Dataset", "read_idx", "write_idx", "load_idx_dataset", "load_fashion_mnist",
              "default_data_dir", "synthetic_dataset", "iterate_batches"],
     "fit": ["fit", "TrainingStopped"],
@@ -45,7 +46,8 @@ _SOURCES = {
     "export": ["export_lenet", "export_gluon", "to_gluon", "lenet_symbol"],
     "job": ["join", "Job", "broadcast_params", "allreduce_across"],
     "compress": ["COMPRESSIONS", "parse_compression"],
-    "compress.compressors": ["make_compressor", "compressed_allreduce", "Compressor"],
+    "compress.registry": ["make_codec"],
+    "compress.codec": ["Codec"],
     "trainer_kvstore": ["AllreduceKVStore"],
     "trace": ["trace", "plot_timeline", "read_trace"],
 }

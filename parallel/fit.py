@@ -25,6 +25,7 @@ from tqdm import tqdm
 
 from .checkpoint import TrainingState
 from .comm import DEFAULT_ALGORITHM
+from .comm.reducer import Reducer
 from .data import iterate_batches, num_batches
 from .data.batches import epoch_seed
 import mxnet as mx
@@ -226,23 +227,21 @@ def _shared_optimizer_state(job, optimizer, strategy, optimizer_state):
         load_state(optimizer, strategy.groups(), params, optimizer_state)
 
 
-def _feedback_buffers(strategy):
-    """``(compressor, buffers, across)`` of a strategy that compresses its gradients (the flat gradient buffer
-    of each context, and the one its job's level compresses), or None."""
-    compressor = getattr(strategy, "compressor", None)
-    if compressor is None:
+def _feedback_group(strategy):
+    """The replicas of a strategy whose reducer keeps error feedback (a codec's residuals), or None."""
+    reducer = getattr(strategy, "reducer", None)
+    if reducer is None or reducer.codec is None:
         return None
-    buffers = [params.grad for params in strategy.device_params]
-    return compressor, buffers, buffers[0] if strategy.job is not None else None
+    return strategy.device_params
 
 
 def _gather_feedback(strategy):
     """Every worker's error-feedback state under ``"w<rank>/"`` names (``parallel.compress.feedback``), on rank
     0 (``{}`` elsewhere, and without compression). In a job, a collective call."""
-    found = _feedback_buffers(strategy)
-    if found is None:
+    group = _feedback_group(strategy)
+    if group is None:
         return {}
-    local = found[0].state(*found[1:])
+    local = strategy.reducer.state(group)
     job = strategy.job
     if job is None:
         return job_names(0, local)
@@ -263,13 +262,12 @@ def _host_array(value):
 def _shared_feedback(strategy, saved):
     """Give the compressor its share of a checkpoint's error-feedback state ``saved`` (rank 0's, broadcast in a
     job): its own arrays on the same layout, the residuals' sum on another (``parallel.compress.feedback``)."""
-    found = _feedback_buffers(strategy)
-    if found is None:
+    group = _feedback_group(strategy)
+    if group is None:
         if saved:
             raise ValueError("compression_state: the checkpoint holds compression residuals but this run "
                              "compresses nothing; resume it with the same compression")
         return
-    compressor, buffers, across = found
     job = strategy.job
     if job is not None:   # rank 0's, whatever this worker was given
         saved = (saved or {}) if job.rank == 0 else {}
@@ -280,10 +278,10 @@ def _shared_feedback(strategy, saved):
             broadcast_arrays(job, KEYS["feedback"] + 1, arrays)
             saved = dict(zip(sorted(names), arrays))
     local, note = place(saved or {}, 0 if job is None else job.rank, 1 if job is None else job.num_workers,
-                        len(buffers))
+                        len(group))
     if note is not None:
         warnings.warn(note, stacklevel=3)
-    compressor.load_state(local, buffers, across)
+    strategy.reducer.load_state(local, group)
 
 
 def fit(dataset, ctx_list, num_epochs, batch_size, lr=None, seed=0, algorithm=DEFAULT_ALGORITHM, progress=False,
@@ -366,7 +364,7 @@ def fit(dataset, ctx_list, num_epochs, batch_size, lr=None, seed=0, algorithm=DE
         run, so a resumed run checkpoints where the uninterrupted one does), the steps in flight finished
         first; not after an epoch's last batch, whose checkpoint is the epoch's. In a job every worker must
         give the same value; the state's sums are then the whole job's so far.
-    compression : str or parallel.compress.Compressor, optional
+    compression : str or parallel.compress.Codec, optional
         Data parallelism: sum the gradients between the contexts as compressed payloads with error feedback
         (``"fp16"``, ``"2bit"``, ``"topk:RATIO"``, ``"powersgd:RANK"``; see ``parallel.compress``). Its state
         (what error feedback has not sent yet) goes to ``on_checkpoint`` and comes back as ``compression_state``.
@@ -414,7 +412,7 @@ def fit(dataset, ctx_list, num_epochs, batch_size, lr=None, seed=0, algorithm=DE
         check_options(strategy, stages, boundaries, micro_batches, batch_size, job is not None, optimizer.zero,
                       algorithm)
         strategy = make_strategy(strategy, init_model(model, seed, params, aux), ctx_list, stages, boundaries,
-                                 micro_batches, batch_size, algorithm, job, compression)
+                                 micro_batches, batch_size, Reducer(algorithm, compression=compression, job=job))
     elif compression not in (None, "none"):
         raise ValueError("compression: fit got a strategy object; pass compression to make_strategy instead")
     elif job is not None and strategy.job is not job:

@@ -13,27 +13,29 @@ NCCL do it). W workers of K contexts then train the same model as one context.
 import json
 import math
 
-from .comm.replica import FlatReplica
 from .split import shard_sizes
 
 __all__ = ["Job", "join", "abandon", "worker_slice", "broadcast_params", "broadcast_aux", "broadcast_arrays",
-           "allreduce_across", "broadcast_object", "sum_values", "gather_arrays", "KEYS"]
+           "allreduce_across", "broadcast_object", "sum_values", "gather_arrays", "bucket_key", "KEYS", "BUCKET_KEYS"]
 
 #: Every kvstore key the package uses, by what it carries. A ``gluon.Trainer`` numbers its keys from 0 as well:
 #: give it a kvstore of its own, not the job's.
 KEYS = {
     "params": 0,      # the flat parameter buffer: rank 0's, broadcast
-    "grads": 1,       # the flat gradient buffer, summed every step
+    "grads": 1,       # a gradient buffer summed outside a Reducer (allreduce_across's default)
     "length": 2,      # the length of a broadcast object (broadcast_object)
     "aux": 3,         # the arrays that are not trained (BatchNorm's running statistics): rank 0's, broadcast
     "state": 4,       # the optimizer's state buffers (4, 5: momentum, or Adam's mean and variance): rank 0's
     "sums": 100,      # small sums of n numbers use key 100 + n (n < 900)
     "chunks": 1000,   # the pieces of a broadcast object use keys 1000 .. 9999 (objects up to 36 MB)
-    "shards": 10000,  # zero=2: context i's shard of the gradient buffer, summed over the workers, key 10000 + i
-    "compressed": 20000,  # the compressed gradient: 20000, or (PowerSGD) its two rounds, 20001 and 20002
     "feedback": 30000,    # every worker's error-feedback state, gathered for a checkpoint (30000), or rank 0's
                           # checkpoint of it, broadcast on resume (30001)
+    "buckets": 1000000,   # a Reducer's buckets: bucket b's part p (its sum, a hook's rounds, zero=2's shards) uses
+                          # key 1000000 + BUCKET_KEYS * b + p (bucket_key)
 }
+#: Keys each bucket of a ``Reducer`` may use (``bucket_key``): part 0 its sum, parts 1-3 a communication hook's
+#: rounds, part 4 + i context i's shard (``zero=2``).
+BUCKET_KEYS = 1024
 #: ``broadcast_object`` sends its JSON text in pieces of this many bytes (one float64 per byte).
 CHUNK = 4096
 
@@ -58,13 +60,14 @@ class Job:
     def __repr__(self):
         return f"Job(rank {self.rank} of {self.num_workers}, {self.kv.type})"
 
-    def allsum(self, key, array):
+    def allsum(self, key, array, priority=0):
         """Sum ``array`` over the workers, in place, and return it (one push, one pull).
 
         Every worker must make the same calls, with the same keys, shapes and dtypes, in the same order: each
-        call waits for every worker's push. The first call with a key initialises it on the servers; later
-        calls with the key must keep its shape and dtype. Nothing here waits for the device: reading the
-        result (``asnumpy``) waits for the sum.
+        call waits for every worker's push. The first call with a key initialises it on the servers (a barrier
+        of every worker); later calls with the key must keep its shape and dtype. Nothing else here waits for
+        the device: the push starts once ``array`` is computed, and reading the result (``asnumpy``) waits for
+        the sum. ``priority``: MXNet's engine runs higher priorities first among pushes and pulls ready at once.
         """
         layout = (tuple(array.shape), array.dtype)
         known = self._keys.get(key)
@@ -74,9 +77,20 @@ class Job:
         elif known != layout:
             raise ValueError(f"kvstore key {key} holds arrays of shape {known[0]} and dtype {known[1].__name__}, "
                              f"not {layout[0]} {layout[1].__name__}; use another key")
-        self.kv.push(key, array)
-        self.kv.pull(key, out=array)   # without an optimizer on the servers, the value is the sum of the pushes
+        self.kv.push(key, array, priority=priority)
+        self.kv.pull(key, out=array, priority=priority)   # no optimizer on the servers: the sum of the pushes
         return array
+
+    def allgather(self, key, array, priority=0):
+        """Every worker's ``array`` (1-D, one shape on every worker), as a list in rank order: one sum of a buffer
+        of ``num_workers`` slots, each worker filling its own and leaving the others zero (adding zeros changes no
+        float). A collective call, like ``allsum``; nothing waits for the device."""
+        import mxnet as mx
+        n = array.size
+        slots = mx.nd.zeros((self.num_workers * n,), ctx=array.context, dtype=array.dtype)
+        slots[self.rank * n:(self.rank + 1) * n] = array
+        self.allsum(key, slots, priority)
+        return [slots[r * n:(r + 1) * n] for r in range(self.num_workers)]
 
     def broadcast(self, key, array):
         """Give every worker rank 0's ``array``, in place, and return it: the others push zeros (exact: adding
@@ -166,7 +180,8 @@ def worker_slice(n, k, rank, num_workers):
 
 
 def _flat(device_params):
-    if not all(isinstance(params, FlatReplica) for params in device_params):
+    """``device_params`` if every replica is flat (a ``FlatReplica``: its arrays views of one ``data`` buffer)."""
+    if not all(hasattr(params, "data") and hasattr(params, "buckets") for params in device_params):
         raise TypeError("a distributed step needs flat replicas: build device_params with get_params, whose "
                         "parameters share one dtype")
     return device_params
@@ -231,35 +246,22 @@ def broadcast_aux(job, device_params):
             first.copyto(array)
 
 
-def allreduce_across(job, device_params, regions=None, compressor=None):
-    """Sum the gradient buffer over the workers, in place, after this worker's contexts have summed theirs:
-    every replica of every worker then holds the global sum. One push and one pull of the flat buffer (the
-    servers split big buffers between them, ``MXNET_KVSTORE_BIGARRAY_BOUND``).
+def bucket_key(bucket, part=0):
+    """The kvstore key of part ``part`` (0 .. ``BUCKET_KEYS - 1``) of a ``Reducer``'s bucket ``bucket``."""
+    if not 0 <= part < BUCKET_KEYS:
+        raise ValueError(f"part must be in 0..{BUCKET_KEYS - 1}, got {part}")
+    return KEYS["buckets"] + BUCKET_KEYS * bucket + part
 
-    With ``regions`` (ZeRO's ``zero=2``, after a reduce-scatter: replica ``i`` holds the sum of its elements
-    ``regions[i]`` alone), each replica's region is summed over the workers instead, under its own key, and
-    nothing is copied between the contexts: the same bytes as one push and pull of the whole buffer.
 
-    With ``compressor`` (``parallel.compress``), the workers push and pull compressed payloads instead, under
-    the keys from ``KEYS["compressed"]``, with a worker-level residual (``Compressor.across``)."""
-    replicas = _flat(device_params)
-    if compressor is not None:
-        if regions is not None:
-            raise ValueError("compression does not reduce-scatter (zero=2) yet")
-        grad = replicas[0].grad
-        compressor.across(job, grad, KEYS["compressed"], [param.shape for param in replicas[0]])
-        for params in replicas[1:]:
-            grad.copyto(params.grad)
-        return
-    if regions is not None:
-        for i, (replica, (start, stop)) in enumerate(zip(replicas, regions)):
-            if stop > start:
-                job.allsum(KEYS["shards"] + i, replica.grad[start:stop])
-        return
-    grad = replicas[0].grad
-    job.allsum(KEYS["grads"], grad)
-    for params in replicas[1:]:
-        grad.copyto(params.grad)
+def allreduce_across(job, arrays, key=KEYS["grads"], priority=0):
+    """Sum ``arrays[0]`` over the workers, in place, and copy the sum to the other arrays (this worker's other
+    contexts, whose arrays already hold the same sum of this worker's contexts): the cross-process level of a
+    hierarchical allreduce. One push and one pull (the servers split big arrays between them,
+    ``MXNET_KVSTORE_BIGARRAY_BOUND``); a collective call under ``key``, like ``Job.allsum``."""
+    job.allsum(key, arrays[0], priority)
+    for array in arrays[1:]:
+        arrays[0].copyto(array)
+    return arrays
 
 
 def broadcast_object(job, obj):

@@ -13,31 +13,33 @@ What a "replica" is differs between strategies, behind these members:
   BatchNorm is synchronized);
 - ``aux(r)``: replica ``r``'s arrays that are not trained (BatchNorm's running statistics);
 - ``groups()``: the trained arrays, as groups of replicas holding the same parameters on distinct contexts
-  (replica ``r`` of each group belongs to replica ``r`` of the step); ``algorithm``, the allreduce that sums a
-  group; ``job``, the distributed job whose workers sum them too (or None).
+  (replica ``r`` of each group belongs to replica ``r`` of the step); ``reducer``, the ``parallel.comm.Reducer``
+  that sums a group (its algorithm, buckets, hook and job; None: the default, for groups of one).
+
+The reduction is queued right after ``backward()`` returns, before the gradients exist: MXNet's engine starts each
+bucket's sum as soon as backward has written it, while it computes the earlier layers (``parallel.comm.reducer``).
 
 Data parallelism (``train_step``, the textbook's ``train_batch``, and ``strategies.DataParallel``) has one
 replica per context (one group of K); hybrid parallelism one model-parallel group of contexts per replica (a group
 per stage); model and pipeline parallelism one model whose micro-batches take the replicas' place (a group of one
 per stage).
 """
-import functools
-
 import mxnet as mx
 import numpy as np
 from mxnet import autograd, gluon
 
-from .comm import DEFAULT_ALGORITHM
-from .comm.replica import FlatReplica, allreduce_grads, grads_of
-from .job import allreduce_across, worker_slice
+from .comm.reducer import as_reducer
+from .engine import fence
+from .comm.replica import FlatReplica, grads_of
+from .job import worker_slice
 from .models.gluon import as_net
 from .models.lenet import lenet_cached, softmax_cross_entropy
 from .optim.zero import as_optimizer, optimizer_step
 from .split import shard_sizes, split_and_load
 from .validate import check_contexts, check_int, check_lr
 
-__all__ = ["check_labels", "check_batch", "sgd", "allreduce_grads", "update_replicas", "loss_and_correct",
-           "step_replicas", "DeviceReplicas", "train_step", "train_batch"]
+__all__ = ["check_labels", "check_batch", "sgd", "update_replicas", "loss_and_correct", "step_replicas",
+           "DeviceReplicas", "train_step", "train_batch"]
 
 
 def check_labels(y, num_classes, loss=softmax_cross_entropy):
@@ -149,11 +151,21 @@ def _forward_backward(replicas, X, y, loss, y_all, count_correct=True):
     if y_all is not None:
         check_labels(y_all, outputs[0].shape[-1], loss)   # before anything is updated
     autograd.backward(losses)  # each replica computes the gradient of its own shard
+    _fence_statistics(replicas)
     active = len(X_shards)
     for r in range(active, len(replicas.in_ctx_list)):   # an idle replica takes the first one's statistics
         for first, aux in zip(replicas.aux(0), replicas.aux(r)):
             first.copyto(aux)
     return (*loss_and_correct(outputs, y_shards, losses, replicas.in_ctx_list[0], count_correct), active)
+
+
+def _fence_statistics(replicas):
+    """Order every later read of a replica's running statistics after its backward pass, which writes them without
+    telling MXNet's engine (BatchNorm on CPU contexts: ``parallel.engine``)."""
+    for group in replicas.groups():
+        for replica in group:
+            if getattr(replica, "aux", None):
+                fence(grads_of(replica), replica.aux)
 
 
 def _trained_arrays(groups):
@@ -181,11 +193,6 @@ def _accumulate(replicas, X, y, loss, n, count_correct=True):
     return mx.nd.add_n(*[s[0] for s in sums]), mx.nd.add_n(*[s[1] for s in sums]) if count_correct else None
 
 
-def _across(job, compressor=None):
-    """The cross-process sum of a group's gradients in a distributed job (compressed with ``compressor``), or None."""
-    return None if job is None else functools.partial(allreduce_across, job, compressor=compressor)
-
-
 def step_replicas(replicas, X, y, lr=None, loss=softmax_cross_entropy, batch_size=None, optimizer=None,
                   accumulate=1, count_correct=True):
     """One synchronous optimizer step of every replica on the batch ``X``, ``y`` (see the module's docstring).
@@ -193,7 +200,7 @@ def step_replicas(replicas, X, y, lr=None, loss=softmax_cross_entropy, batch_siz
     Parameters
     ----------
     replicas : object
-        ``in_ctx_list``, ``out_ctx_list``, ``forward_all``, ``aux``, ``groups``, ``algorithm``, ``job``.
+        ``in_ctx_list``, ``out_ctx_list``, ``forward_all``, ``aux``, ``groups``, ``reducer``.
     X, y : NDArray
         A batch (any context, any size >= 1), split over the replicas as ``split_and_load`` splits it: a
         batch smaller than the number of replicas leaves the last ones idle.
@@ -228,24 +235,19 @@ def step_replicas(replicas, X, y, lr=None, loss=softmax_cross_entropy, batch_siz
         loss_sum, correct, active = _forward_backward(replicas, X, y, loss, y, count_correct)
     else:   # every gradient buffer was zeroed first: a replica idle in some micro-batch adds nothing stale
         (loss_sum, correct), active = _accumulate(replicas, X, y, loss, accumulate, count_correct), None
-    optimizer_step(optimizer, replicas.groups(), X.shape[0] if batch_size is None else batch_size,
-                   replicas.algorithm, active, _across(replicas.job, getattr(replicas, "compressor", None)),
-                   getattr(replicas, "compressor", None))
+    optimizer_step(optimizer, replicas.groups(), X.shape[0] if batch_size is None else batch_size, replicas.reducer,
+                   active)
     return loss_sum, correct
 
 
 class DeviceReplicas:
-    """Data parallelism's replicas: ``device_params[i]`` on ``ctx_list[i]``, each running ``net``: one group.
+    """Data parallelism's replicas: ``device_params[i]`` on ``ctx_list[i]``, each running ``net``: one group,
+    summed by ``reducer`` over the contexts and, in a distributed job (``reducer.job``), over the workers."""
 
-    The gradients are summed over the contexts with ``algorithm`` and, in a distributed job, over the workers
-    through the kvstore.
-    """
-
-    def __init__(self, device_params, ctx_list, net=lenet_cached, algorithm=DEFAULT_ALGORITHM, job=None,
-                 compressor=None):
+    def __init__(self, device_params, ctx_list, net=lenet_cached, reducer=None):
         self.device_params, self.in_ctx_list = device_params, list(ctx_list)
         self.out_ctx_list = self.in_ctx_list
-        self.net, self.algorithm, self.job, self.compressor = as_net(net), algorithm, job, compressor
+        self.net, self.reducer = as_net(net), as_reducer(reducer)
 
     def forward_all(self, X_shards):
         forward_all = getattr(self.net, "forward_all", None)   # a net that needs every shard at once (BatchNorm)
@@ -260,8 +262,8 @@ class DeviceReplicas:
         return [self.device_params]
 
 
-def train_step(X, y, device_params, ctx_list, lr=None, net=lenet_cached, loss=softmax_cross_entropy,
-               algorithm=DEFAULT_ALGORITHM, job=None, optimizer=None, accumulate=1, compression=None):
+def train_step(X, y, device_params, ctx_list, lr=None, net=lenet_cached, loss=softmax_cross_entropy, reducer=None,
+               optimizer=None, accumulate=1):
     """One optimizer step on every replica; returns the batch's summed loss and number of correct predictions.
 
     Parameters
@@ -283,59 +285,42 @@ def train_step(X, y, device_params, ctx_list, lr=None, net=lenet_cached, loss=so
         ``forward_all(X_shards, device_params)`` method is given every shard in one call.
     loss : callable
         ``loss(outputs, y)`` returns per-example losses.
-    algorithm : str
-        Allreduce algorithm, see ``parallel.comm.allreduce``. With ``"naive"`` each gradient tensor is
-        reduced on its own, as in the textbook; the others reduce a replica's flat gradient buffer at once.
-    job : parallel.job.Job, optional
-        In a distributed job, ``X`` and ``y`` are the *global* batch (the same on every worker): this worker
-        trains its slice (``parallel.job.worker_slice``), its contexts' gradient sum is summed over the
-        workers through the kvstore, and the step divides by the global batch size. Every worker must call
-        it for every batch, even one whose slice is empty.
+    reducer : parallel.Reducer or str, optional
+        How the gradients are summed (``parallel.comm.Reducer``): an allreduce algorithm's name (``"ring"``:
+        ``Reducer("ring")``; default ``DEFAULT_ALGORITHM``), or a ``Reducer`` with its buckets, compression (its
+        residuals carry over: pass the same object at every step) and ``job``. With a job, ``X`` and ``y`` are the
+        *global* batch (the same on every worker): this worker trains its slice
+        (``parallel.job.worker_slice``), its contexts' gradient sum is summed over the workers through the
+        kvstore, and the step divides by the global batch size. Every worker must call it for every batch, even
+        one whose slice is empty.
     optimizer : parallel.optim.Optimizer, optional
         The update: ``SGD`` with momentum, ``Adam``, ``AdamW``, with a schedule, clipping and ZeRO sharding
         (``parallel.optim``). It keeps its state between calls: pass the same object at every step.
     accumulate : int
         Micro-batches per batch, run one after another before one update (see ``step_replicas``).
-    compression : parallel.compress.Compressor, optional
-        Sum the gradients between the contexts as compressed payloads (``parallel.make_compressor("topk:0.01")``),
-        with error feedback: its residuals carry over, so pass the same object at every step. None (or
-        ``"none"``): uncompressed, bitwise as without it.
 
     Returns
     -------
     (NDArray, NDArray)
         Summed loss and count of correct argmax predictions (of this worker's slice, in a job), each of shape
-        (1,) on ``ctx_list[0]``. Nothing here waits for the device, except the kvstore's pull in a job.
+        (1,) on ``ctx_list[0]``. Nothing here waits for the device, except the kvstore's first use of a key.
     """
-    return _data_parallel_step(X, y, device_params, ctx_list, lr, net, loss, algorithm, job, optimizer, accumulate,
-                               compression=compression)
+    return _data_parallel_step(X, y, device_params, ctx_list, lr, net, loss, reducer, optimizer, accumulate)
 
 
-def _check_compression(compression):
-    """A ``Compressor`` (kept by the caller from step to step), or None for ``None`` and ``"none"``."""
-    from .compress.compressors import Compressor
-    if compression is None or compression == "none" or isinstance(compression, Compressor):
-        return None if compression == "none" else compression
-    if isinstance(compression, str):
-        raise TypeError(f"compression={compression!r} is a spec, but a step needs the compressor itself, whose "
-                        "residuals carry over between steps: pass parallel.make_compressor("
-                        f"{compression!r}) and reuse it at every step")
-    raise TypeError(f"compression must be a Compressor (parallel.make_compressor) or None, got {compression!r}")
-
-
-def _data_parallel_step(X, y, device_params, ctx_list, lr, net, loss, algorithm, job, optimizer, accumulate,
-                        count_correct=True, compression=None):
+def _data_parallel_step(X, y, device_params, ctx_list, lr, net, loss, reducer, optimizer, accumulate,
+                        count_correct=True):
     """``train_step``'s work; ``count_correct=False`` for ``train_batch``, whose caller reads the loss alone."""
     optimizer = as_optimizer(lr, optimizer)
-    compressor = _check_compression(compression)
+    reducer = as_reducer(reducer)
     _check_replicas(device_params, ctx_list)
     check_batch(X, y)
-    replicas = DeviceReplicas(device_params, ctx_list, net, algorithm, job, compressor)
-    n = X.shape[0]   # the global batch
+    replicas = DeviceReplicas(device_params, ctx_list, net, reducer)
+    n, job = X.shape[0], reducer.job   # the global batch
     if job is not None:
         start, stop = worker_slice(n, len(ctx_list), job.rank, job.num_workers)
         if start == stop:   # no example for this worker: it adds a zero gradient and takes the same step
-            optimizer_step(optimizer, replicas.groups(), n, algorithm, 0, _across(job, compressor), compressor)
+            optimizer_step(optimizer, replicas.groups(), n, reducer, 0)
             zero = mx.nd.zeros((1,), ctx=ctx_list[0])
             return zero, zero.copy() if count_correct else None
         X, y = X[start:stop], y[start:stop]
@@ -344,15 +329,15 @@ def _data_parallel_step(X, y, device_params, ctx_list, lr, net, loss, algorithm,
                          count_correct=count_correct)
 
 
-def train_batch(X, y, device_params, ctx_list, lr=None, net=lenet_cached, loss=softmax_cross_entropy,
-                algorithm=DEFAULT_ALGORITHM, job=None, optimizer=None, accumulate=1, compression=None):
+def train_batch(X, y, device_params, ctx_list, lr=None, net=lenet_cached, loss=softmax_cross_entropy, reducer=None,
+                optimizer=None, accumulate=1):
     """One synchronous step on every replica (the textbook's ``train_batch``).
 
     Splits the batch across ``ctx_list``, computes each shard's gradient on its context, sums the
     gradients with ``allreduce`` and updates every replica in place with the same step: with ``lr``, plain
-    SGD ``param -= lr * summed_grad / len(X)``; with ``optimizer``, its update (see ``train_step``). With
-    ``job`` (``parallel.job.join()``), ``X`` and ``y`` are the global batch and the gradients are summed
-    over every worker too.
+    SGD ``param -= lr * summed_grad / len(X)``; with ``optimizer``, its update (see ``train_step``). With a
+    ``reducer`` whose ``job`` is set (``parallel.job.join()``), ``X`` and ``y`` are the global batch and the
+    gradients are summed over every worker too.
 
     Returns
     -------
@@ -360,5 +345,5 @@ def train_batch(X, y, device_params, ctx_list, lr=None, net=lenet_cached, loss=s
         The batch's summed loss (this worker's slice in a job), shape (1,) on ``ctx_list[0]``, not yet
         computed: reading it syncs.
     """
-    return _data_parallel_step(X, y, device_params, ctx_list, lr, net, loss, algorithm, job, optimizer, accumulate,
-                               count_correct=False, compression=compression)[0]
+    return _data_parallel_step(X, y, device_params, ctx_list, lr, net, loss, reducer, optimizer, accumulate,
+                               count_correct=False)[0]

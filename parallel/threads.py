@@ -13,9 +13,23 @@ import ctypes
 import os
 import threading
 
+from .engine import ENGINE_SYNC_FUNC, push_sync
 from .validate import check_int
 
-__all__ = ["recommended_omp_threads", "omp_threads", "set_omp_threads"]
+__all__ = ["recommended_omp_threads", "engine_settings", "omp_threads", "set_omp_threads"]
+
+#: Copies of the CPU scratch memory MXNet keeps (``MXNET_CPU_TEMP_COPY``, 4 by default) for operators that need
+#: temporary space: they are shared by every CPU context, each operator of a static graph bound to one, and two
+#: operators bound to the same copy never run at once. With 4, K contexts' backward passes mostly ran one after
+#: another; with 64 they ran at once (LeNet, batch 128 a context, OMP_NUM_THREADS=1: 75 -> 40 ms a step at K = 2,
+#: 152 -> 86 ms at K = 4; at 2 threads, 56 -> 45 ms at K = 2; benchmarks/overlap.py).
+CPU_TEMP_COPIES = 64
+
+#: Operators MXNet's imperative backward pass runs as one engine operation
+#: (``MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN_BWD``, 15 by default): bounded, the gradients appear layer by layer and a
+#: bucket's sum can start while the backward of the earlier layers runs (``parallel.comm.reducer``); the package's
+#: cached graphs take the same bound as a flag (``parallel.models.lenet.BACKWARD_BULK_SIZE``).
+BACKWARD_BULK = 2
 
 
 def recommended_omp_threads(cores=None):
@@ -51,17 +65,23 @@ def recommended_omp_threads(cores=None):
     return max(1, int(cores))
 
 
+def engine_settings(cores=None):
+    """What ``python -m parallel.train`` puts in the environment before it imports MXNet: ``OMP_NUM_THREADS``
+    (``recommended_omp_threads``; MXNet reads it at import), ``MXNET_CPU_TEMP_COPY`` (``CPU_TEMP_COPIES``) and
+    ``MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN_BWD`` (``BACKWARD_BULK``; MXNet reads these when it first needs them,
+    so they must stay set); a variable the user set is left alone. A script of your own sets them the same way,
+    before ``import mxnet``.
+
+    >>> sorted(engine_settings(cores=2).items())   # doctest: +NORMALIZE_WHITESPACE
+    [('MXNET_CPU_TEMP_COPY', '64'), ('MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN_BWD', '2'), ('OMP_NUM_THREADS', '2')]
+    """
+    return {"OMP_NUM_THREADS": str(recommended_omp_threads(cores)), "MXNET_CPU_TEMP_COPY": str(CPU_TEMP_COPIES),
+            "MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN_BWD": str(BACKWARD_BULK)}
+
+
 # ----------------------------------------------------------------------------------------------
 # Operator threads after ``import mxnet``: run OpenMP's setting on the engine's worker threads
 # ----------------------------------------------------------------------------------------------
-
-class _ContextHandle(ctypes.Structure):
-    """``mxnet::Context`` as the C API's ``ContextHandle`` points to it: device type and id, two int32."""
-    _fields_ = [("dev_type", ctypes.c_int32), ("dev_id", ctypes.c_int32)]
-
-
-#: ``EngineSyncFunc`` of MXNet's C API: ``void (*)(void *run_context, void *param)``.
-_ENGINE_SYNC_FUNC = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p)
 
 #: Seconds a worker thread waits for the context's other worker threads (MXNET_CPU_WORKER_NTHREADS > 1).
 _BARRIER_TIMEOUT = 60
@@ -109,13 +129,10 @@ def _on_worker_threads(ctx, fn):
         except BaseException as error:   # nothing may propagate into MXNet's thread
             errors.append(error)
 
-    callback = _ENGINE_SYNC_FUNC(run)
-    handle = _ContextHandle(ctx.device_typeid, ctx.device_id)
+    callback = ENGINE_SYNC_FUNC(run)
     markers = [mx.nd.empty((1,), ctx=ctx) for _ in range(threads)]
     for marker in markers:
-        mx.base.check_call(mx.base._LIB.MXEnginePushSyncND(
-            callback, None, None, ctypes.byref(handle), None, 0, ctypes.byref(marker.handle), 1, None, 0,
-            None))
+        push_sync(callback, ctx, writes=[marker])
     for marker in markers:
         marker.wait_to_read()       # the operator has returned: the callback may be freed now
     if errors:

@@ -38,6 +38,9 @@ PHASES = ("load", "forward", "backward", "allreduce", "update")
 
 _UPDATES = ("sgd_update", "sgd_mom_update", "nag_mom_update", "adam_update", "_contrib_adamw_update", "adamw_update",
             "multi_", "mp_sgd", "lamb_update", "_mul_scalar_update")
+#: Operators of a codec or of clipping that a backward pass of LeNet or ResNet-18 does not run itself.
+_REDUCTION_OPS = ("Cast", "topk", "take", "scatter_nd", "elemwise_sub", "broadcast_div", "norm", "clip", "broadcast_mul",
+                  "slice_axis", "_slice_assign", "concat", "floor", "FullyConnected", "_equal_scalar")
 _BOOKKEEPING = ("DeleteVariable", "SetValueOp", "WaitForVar", "ImperativeBulk")
 #: The head and the tail MXNet writes around a dump's events (a later dump may lack the head: see the module's notes).
 _FRAME = re.compile(r"\{\s*\"traceEvents\"\s*:\s*\[|\]\s*,\s*\"displayTimeUnit\"\s*:\s*\"ms\"\s*\}")
@@ -172,17 +175,35 @@ def _lane_names(raw, fresh, worker, contexts):
     return {pid: name if worker is None else f"worker {worker} {name}" for pid, name in names.items()}
 
 
-def _phase(op, seen_forward, seen_backward, seen_allreduce):
-    """The phase of ``op`` on a lane, from what that lane ran since its last update."""
-    if op.startswith("_backward"):
+def _phase(op, seen, backward_ahead):
+    """The phase of ``op`` on a lane, from what that lane ran since its last update (``seen``: forward, backward,
+    allreduce) and whether a backward operator follows before its next update (``backward_ahead``: buckets are
+    summed while the backward pass still runs, so backward and allreduce events interleave)."""
+    seen_forward, seen_backward, seen_allreduce = seen
+    if "_backward" in op:   # a bulk of operators is named by all of them: "transpose,_backward_FullyConnected"
         return "backward"
     if any(op.startswith(u) for u in _UPDATES):
         return "update"
     if op.startswith("Copy") or op.startswith("add_n") or op in ("_copyto", "elemwise_add", "broadcast_add"):
         return "allreduce" if seen_backward else ("load" if not seen_forward else "forward")
-    if seen_allreduce:
-        return "allreduce"   # a compressor's or clipping's operators, between the sum and the update
-    return "backward" if seen_backward else "forward"
+    if not seen_backward:
+        return "forward"
+    if not seen_allreduce or (backward_ahead and op.split(",")[0] not in _REDUCTION_OPS):
+        return "backward"   # the backward pass's own helpers (transpose, sum) between its _backward operators
+    return "allreduce"      # a codec's or clipping's operators, between the sum and the update
+
+
+def _backward_ahead(spans):
+    """For each span (sorted by start), whether a backward operator follows on its lane before the next update."""
+    ahead, pending = [False] * len(spans), {}
+    for i in reversed(range(len(spans))):
+        pid, op = spans[i][2], spans[i][3]
+        ahead[i] = pending.get(pid, False)
+        if "_backward" in op:
+            pending[pid] = True
+        elif any(op.startswith(u) for u in _UPDATES):
+            pending[pid] = False
+    return ahead
 
 
 def _timeline(raw, fresh, worker, path, contexts):
@@ -200,8 +221,9 @@ def _timeline(raw, fresh, worker, path, contexts):
     spans = [s for s in spans if s[3] not in _BOOKKEEPING]
     start = min((s[0] for s in spans), default=0)
     events, state = [], {pid: [False, False, False] for pid in pids}
-    for begin, end, pid, op in sorted(spans):
-        phase = _phase(op, *state[pid])
+    spans = sorted(spans)
+    for (begin, end, pid, op), ahead in zip(spans, _backward_ahead(spans)):
+        phase = _phase(op, state[pid], ahead)
         if phase in ("forward", "backward", "allreduce"):
             state[pid][("forward", "backward", "allreduce").index(phase)] = True
         elif phase == "update":

@@ -42,7 +42,7 @@ import os
 import shlex
 
 from .cli import USAGE_STATUS, Parser, UsageError, finite_float, users_input
-from .comm import ALGORITHMS, DEFAULT_ALGORITHM
+from .comm import ALGORITHMS, DEFAULT_ALGORITHM, DEFAULT_BUCKET_MB
 from .compress import parse_compression
 from .data import DATASETS
 from .files import LOCK_FILE, DirectoryLock, DirectoryLocked, check_writable
@@ -50,8 +50,8 @@ from .interrupt import INTERRUPTED_STATUS, end_on_signals, hold_interrupts, stop
 from .models import MODELS
 from .optim import OPTIMIZERS, SCHEDULES, ZERO_LEVELS, check_hyper
 from .strategies import DEFAULT_MICRO_BATCHES, DEFAULT_STAGES, STRATEGIES, check_options
-from .threads import recommended_omp_threads
-from .validate import LR_RANGE, MAX_SEED, check_int, check_lr, check_seed
+from .threads import engine_settings
+from .validate import LR_RANGE, MAX_SEED, check_int, check_lr, check_number, check_seed
 
 __all__ = ["main", "build_parser", "check_args", "run", "FLAGS"]
 
@@ -64,6 +64,7 @@ FLAGS = {"epochs": "--epochs", "num_epochs": "--epochs", "batch_size": "--batch-
          "momentum": "--momentum", "nesterov": "--nesterov", "wd": "--wd", "clip_norm": "--clip-norm",
          "accumulate": "--accumulate", "zero": "--zero", "warmup_epochs": "--warmup-epochs",
          "checkpoint_every": "--checkpoint-every", "compression": "--compression", "trace": "--trace",
+         "bucket_mb": "--bucket-mb",
          "lr_decay_epochs": "--lr-decay-epochs", "lr_decay": "--lr-decay", "lr_schedule": "--lr-schedule"}
 
 
@@ -100,11 +101,7 @@ def build_parser():
         help="default fashion-mnist (downloaded when missing)")
     add("--data-dir", default=None, help="directory of the four IDX files of an MNIST-format dataset, raw or .gz "
                                          "(default $MXNET_HOME/datasets/fashion-mnist, i.e. ~/.mxnet/...)")
-    add("--allreduce", choices=list(ALGORITHMS), default=DEFAULT_ALGORITHM,
-        help=f"how gradients are summed across devices; default {DEFAULT_ALGORITHM}")
-    add("--compression", default="none", metavar="SPEC",
-        help="send the gradients between devices compressed, with error feedback: none, fp16, 2bit[:THRESHOLD], "
-             "topk:RATIO or powersgd:RANK (data strategy); default none")
+    _add_reduction_flags(add)
     add("--strategy", choices=list(STRATEGIES), default="data",
         help="; ".join(f"{name}: {what}" for name, what in STRATEGIES.items()) + "; default data")
     add("--stages", type=int, default=None,
@@ -139,6 +136,19 @@ def build_parser():
              "default dist_sync (dist_device_sync for GPUs)")
     add("--no-progress", action="store_true", help="hide the progress bars")
     return parser
+
+
+def _add_reduction_flags(add):
+    """How the gradients are summed: the allreduce, the buckets, the compression."""
+    add("--allreduce", choices=list(ALGORITHMS), default=DEFAULT_ALGORITHM,
+        help=f"how gradients are summed across devices; default {DEFAULT_ALGORITHM}")
+    add("--bucket-mb", type=finite_float, default=DEFAULT_BUCKET_MB, metavar="MB",
+        help="sum the gradients in buckets of at most MB MiB, the last layers first, each bucket's sum starting "
+             f"while the backward pass computes the earlier layers (PyTorch DDP's bucket_cap_mb); default "
+             f"{DEFAULT_BUCKET_MB}")
+    add("--compression", default="none", metavar="SPEC",
+        help="send the gradients between devices compressed, with error feedback: none, fp16, 2bit[:THRESHOLD], "
+             "topk:RATIO or powersgd:RANK (data strategy); default none")
 
 
 def _add_optimizer_flags(add):
@@ -223,6 +233,7 @@ def check_args(args):
             raise UsageError(f"{flag} needs a path, got an empty string")
     with users_input(ValueError, TypeError, flags=FLAGS):
         parse_compression(args.compression)
+        check_number(args.bucket_mb, "bucket_mb", positive=True)
     if args.compression != "none" and args.strategy != "data":
         raise UsageError(f"--compression applies to --strategy data, not {args.strategy}")
     if args.compression != "none" and args.zero == 2:
@@ -292,10 +303,12 @@ def _remove_if_empty(directory):
 
 
 def _use_every_core():
-    """Set ``OMP_NUM_THREADS`` to every core unless the user set it; MXNet reads it when imported, so this
-    only has an effect before the first ``import mxnet`` in this process."""
-    if "OMP_NUM_THREADS" not in os.environ and "mxnet" not in sys.modules:
-        os.environ["OMP_NUM_THREADS"] = str(recommended_omp_threads())
+    """Set ``OMP_NUM_THREADS`` to every core and MXNet's engine settings (``parallel.threads.engine_settings``),
+    each unless the user set it; MXNet reads them when imported, so this only has an effect before the first
+    ``import mxnet`` in this process."""
+    if "mxnet" not in sys.modules:
+        for name, value in engine_settings().items():
+            os.environ.setdefault(name, value)
 
 
 def _resume_command(argv):

@@ -21,6 +21,7 @@ from .models import MODELS
 from .models.layout import init_model
 from .optim import SGD, Constant, Cosine, Step, make_optimizer
 from .report import format_epoch, plot_metrics, write_metrics
+from .comm.reducer import Reducer
 from .strategies import make_strategy
 from .trace import check_traceable
 from .train import FLAGS, _export_files, _launched
@@ -130,9 +131,9 @@ def lay_out(args, checkpoint, ctx_list, job):
             initial = init_model(args.model, args.seed)   # in a job, replaced by rank 0's in make_strategy
         else:
             initial = init_model(args.model, args.seed, checkpoint.params, checkpoint.aux)
+        reducer = Reducer(args.allreduce, bucket_mb=args.bucket_mb, compression=args.compression, job=job)
         strategy = make_strategy(args.strategy, initial, ctx_list, args.stages, args.boundaries, args.micro_batches,
-                                 args.batch_size, args.allreduce, job,   # in a job: every replica gets rank 0's
-                                 args.compression)
+                                 args.batch_size, reducer)   # in a job: every replica gets rank 0's
     if len(strategy.ctx_list) < len(ctx_list):
         idle = ", ".join(str(ctx) for ctx in ctx_list[len(strategy.ctx_list):])
         print(f"warning: --strategy {args.strategy} uses {len(strategy.ctx_list)} of the {len(ctx_list)} contexts "
@@ -218,10 +219,11 @@ class Report:
 
 
 def _compression_spec(strategy):
-    """The compressor a run's gradients go through, as its full spec (``"2bit:0.5"``), or ``"none"``: a resume
-    that changes it is refused, since the residuals belong to the compressor that kept them."""
-    compressor = getattr(strategy, "compressor", None)
-    return "none" if compressor is None else compressor.spec
+    """The codec a run's gradients go through, as its full spec (``"2bit:0.5"``), or ``"none"``: a resume that
+    changes it is refused, since the residuals belong to the codec that kept them."""
+    reducer = getattr(strategy, "reducer", None)
+    codec = None if reducer is None else reducer.codec
+    return "none" if codec is None else codec.spec
 
 
 def announce_start(args, checkpoint, report):

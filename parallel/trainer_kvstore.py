@@ -1,32 +1,29 @@
-"""The package's allreduce as an MXNet kvstore, so that ``gluon.Trainer`` trains with it.
+"""The package's Reducer as an MXNet kvstore, so that ``gluon.Trainer`` trains with it.
 
 ``gluon.Trainer(params, "sgd", {...}, kvstore=AllreduceKVStore("ring"))`` sums the gradients over the contexts
-with ``parallel.comm.allreduce`` (``algorithm``), or as compressed payloads with error feedback (``compression``,
-see ``parallel.compress``), and updates on the contexts as gluon does with ``update_on_kvstore=False``.
-Importing this module registers the class with MXNet, so that ``mx.kv.create("allreducekvstore")`` makes one
-with the defaults (the ``fused`` allreduce, no compression).
+with a ``parallel.comm.Reducer`` (its ``algorithm``, its buckets of at most ``bucket_mb`` MiB, its
+``compression``, or a hook registered with ``register_comm_hook``) and updates on the contexts as gluon does with
+``update_on_kvstore=False``. Importing this module registers the class with MXNet, so that
+``mx.kv.create("allreducekvstore")`` makes one with the defaults (the ``fused`` allreduce, 25 MiB buckets, no
+compression).
 
-Without compression each ``pushpull`` sums its own parameter's gradients: ``gluon.Trainer`` calls it once per
-parameter. With a compressor, the step's gradients are compressed together, as the package's own step does it
-(``topk`` picks over the whole model, PowerSGD sends every matrix in its two sums): the store knows every
-parameter from ``broadcast`` (gluon's first call) and, at the first ``pushpull`` of a step, sums the gradients
-of all of them at once. It packs each context's gradients into one flat buffer (kept from step to step, in key
-order: ``gluon.Trainer`` numbers its parameters sorted by name), runs one ``compressed_allreduce`` (whose
-residuals follow the flat buffers, exactly as in ``train_step``), and unpacks the sums; the other parameters'
-``pushpull`` calls of the step find their sums done. A key called a second time starts the next step. So a
-gradient changed between two ``pushpull`` calls of one step (no ``Trainer`` method does that) is not seen.
-Packing costs two copies of every gradient a context: tried without compression, ResNet-18's ``Trainer.step``
-(gradients computed) took 3.2x (K=2) and 5.1x (K=4) ``kvstore="device"``'s time, against 1.4x and 1.9x with a
-sum per parameter, so uncompressed sums stay per parameter.
+The store knows every parameter from ``broadcast`` (gluon's first call). At the first ``pushpull`` of a step
+(``Trainer.step`` calls it once per parameter, right after ``backward()`` has returned, before the gradients
+exist), it queues the whole step's reduction, bucket by bucket, the last parameters first (gluon numbers its
+parameters in the order it holds them): a bucket of one parameter is summed in place, a bucket of several is
+packed into one flat buffer a context (kept from step to step, so a codec's residuals follow it), summed, and
+unpacked. MXNet's engine runs each bucket's sum as soon as backward has written its gradients. The other
+parameters' ``pushpull`` calls of the step find their sums done; a key called a second time starts the next step.
+So a gradient changed between two ``pushpull`` calls of one step (no ``Trainer`` method does that) is not seen.
 
 One process only: the package's cross-process path is ``python -m parallel.launch`` with ``parallel.job``.
 """
 import mxnet as mx
 
-from .comm import ALGORITHMS, DEFAULT_ALGORITHM
-from .comm.algorithms import allreduce
-from .compress.compressors import as_compressor, compressed_allreduce
-from .validate import check_choice
+from .comm import DEFAULT_ALGORITHM, DEFAULT_BUCKET_MB
+from .comm.algorithms import exclusive
+from .comm.reducer import BucketComm, GradBucket, Reducer
+from .comm.replica import bucket_bytes, bucket_ranges
 
 __all__ = ["AllreduceKVStore"]
 
@@ -38,25 +35,34 @@ class AllreduceKVStore(mx.kvstore.KVStoreBase):
     Parameters
     ----------
     algorithm : str
-        One of ``parallel.comm.ALGORITHMS``: how each parameter's gradients are summed over its contexts.
-    compression : str or parallel.compress.Compressor
-        ``"none"`` (default), or a compressor spec (``"fp16"``, ``"2bit"``, ``"topk:0.01"``, ``"powersgd:4"``):
-        the step's gradients are then compressed together, as one flat buffer a context (``topk`` picks the
-        largest over the whole model, ``powersgd`` all the weight matrices in its two sums), with a residual
-        per context; a key ``broadcast`` never announced is compressed on its own.
+        One of ``parallel.comm.ALGORITHMS``: how each bucket's gradients are summed over its contexts.
+    compression : str or parallel.compress.Codec
+        ``"none"`` (default), or a codec spec (``"fp16"``, ``"2bit"``, ``"topk:0.01"``, ``"powersgd:4"``): each
+        bucket's gradients are then sent compressed, with a residual per context.
+    bucket_mb : float or None
+        The most MiB of gradients a bucket holds (``DEFAULT_BUCKET_MB``); None: the whole step in one bucket.
+
+    Attributes
+    ----------
+    reducer : parallel.comm.Reducer
+        What sums each bucket; ``reducer.register_comm_hook(hook)`` sums them with a hook of your own.
     """
 
-    def __init__(self, algorithm=DEFAULT_ALGORITHM, compression="none"):
-        self.algorithm = check_choice(algorithm, "algorithm", ALGORITHMS)
-        self.compressor = as_compressor(compression)
-        self._flat = {}      # key -> (the arrays last reduced under it, their flat views), for the residuals
+    def __init__(self, algorithm=DEFAULT_ALGORITHM, compression="none", bucket_mb=DEFAULT_BUCKET_MB):
+        self.reducer = Reducer(algorithm, bucket_mb, compression)
+        self._views = {}     # key -> (the arrays last reduced under it, their flat views), for the residuals
         self._params = {}    # key -> its parameter's arrays, one a context (from broadcast): their .grad
         self._done = set()   # keys whose sums this step's first pushpull already made
-        self._packed = {}    # (keys, contexts) -> the flat gradient buffers of those keys, one a context
+        self._packed = {}    # (keys of a bucket, contexts) -> the bucket's flat gradient buffers, one a context
 
     def __repr__(self):
-        spec = "none" if self.compressor is None else self.compressor.spec
-        return f"AllreduceKVStore({self.algorithm!r}, compression={spec!r})"
+        codec = self.reducer.codec
+        return (f"AllreduceKVStore({self.algorithm!r}, compression={'none' if codec is None else codec.spec!r}, "
+                f"bucket_mb={self.reducer.bucket_mb!r})")
+
+    @property
+    def algorithm(self):
+        return self.reducer.algorithm
 
     @property
     def type(self):
@@ -97,9 +103,7 @@ class AllreduceKVStore(mx.kvstore.KVStoreBase):
         """Sum ``value`` (one array, or one per context) over the contexts, into ``out`` (default: in place)."""
         arrays = list(value) if isinstance(value, (list, tuple)) else [value]
         if len(arrays) > 1:
-            if self.compressor is None:     # each key on its own: the same sums, and faster (see the module)
-                allreduce(arrays, self.algorithm)
-            elif key in self._done:         # summed with the step's first key
+            if key in self._done:           # summed with the step's first key
                 self._done.discard(key)
             else:
                 self._sum_step(key, arrays)
@@ -109,9 +113,8 @@ class AllreduceKVStore(mx.kvstore.KVStoreBase):
                 if target is not source:
                     source.copyto(target)
 
-    def _sum_step(self, key, arrays):
-        """Sum ``arrays`` (``key``'s gradients) and those of every other parameter with dense gradients on the
-        same contexts, in one flat buffer a context; mark the others done for this step."""
+    def _step_grads(self, key, arrays):
+        """``{key: gradients}`` of ``key`` and of every other parameter with dense gradients on the same contexts."""
         contexts = [a.context for a in arrays]
         grads = {key: arrays}
         for other, data in self._params.items():
@@ -119,31 +122,53 @@ class AllreduceKVStore(mx.kvstore.KVStoreBase):
                 found = [d.grad for d in data]
                 if all(g is not None and g.stype == "default" and g.dtype == arrays[0].dtype for g in found):
                     grads[other] = found
-        if key not in self._params or len(grads) == 1:   # a key gluon never announced: on its own
-            self._done.clear()
-            compressed_allreduce(self._views(key, arrays), self.compressor, self.algorithm, [arrays[0].shape])
-            return
+        return grads if key in self._params else {key: arrays}   # a key gluon never announced: on its own
+
+    def _sum_step(self, key, arrays):
+        """Sum ``arrays`` (``key``'s gradients) and those of every other parameter on the same contexts, bucket by
+        bucket through the reducer's hook; mark the others done for this step."""
+        grads = self._step_grads(key, arrays)
         keys = sorted(grads)
-        shapes = [grads[k][0].shape for k in keys]
-        layout = (tuple(keys), tuple(str(c) for c in contexts))
+        contexts = tuple(str(a.context) for a in arrays)
+        limit = bucket_bytes(self.reducer.bucket_mb)
+        ranges = bucket_ranges([grads[k][0].size for k in keys], arrays[0].dtype(0).itemsize, limit)
+        with exclusive():
+            for b, (first, stop) in enumerate(ranges):
+                members = keys[first:stop]
+                flats = self._flats(members, grads, contexts)
+                bucket = GradBucket(b, len(ranges), flats, [grads[k][0].shape for k in members], first)
+                self.reducer.hook(bucket, BucketComm(self.algorithm, None, b, b - len(ranges) + 1))
+                if len(members) > 1:
+                    self._unpack(flats, members, grads)
+        self._done = set(keys) - {key}
+
+    def _flats(self, members, grads, contexts):
+        """A bucket's gradients as one flat buffer a context: a lone parameter's flat views, else the members'
+        gradients packed into buffers kept for the bucket."""
+        if len(members) == 1:
+            return self._flat_views(members[0], grads[members[0]])
+        layout = (tuple(members), contexts)
         flats = self._packed.get(layout)
         if flats is None:
-            size = sum(g[0].size for g in grads.values())
-            flats = self._packed[layout] = [mx.nd.empty((size,), ctx=c, dtype=arrays[0].dtype) for c in contexts]
+            size = sum(grads[k][0].size for k in members)
+            first = grads[members[0]]
+            flats = self._packed[layout] = [mx.nd.empty((size,), ctx=g.context, dtype=g.dtype) for g in first]
         for i, flat in enumerate(flats):
-            mx.nd.concat(*[grads[k][i].reshape((-1,)) for k in keys], dim=0, out=flat)
-        compressed_allreduce(flats, self.compressor, self.algorithm, shapes)
+            mx.nd.concat(*[grads[k][i].reshape((-1,)) for k in members], dim=0, out=flat)
+        return flats
+
+    @staticmethod
+    def _unpack(flats, members, grads):
         for i, flat in enumerate(flats):
             offset = 0
-            for k in keys:
+            for k in members:
                 grad = grads[k][i]
                 mx.nd.slice_axis(flat, axis=0, begin=offset, end=offset + grad.size, out=grad.reshape((-1,)))
                 offset += grad.size
-        self._done = set(keys) - {key}
 
-    def _views(self, key, arrays):
+    def _flat_views(self, key, arrays):
         """Flat views of ``arrays``, the same objects for the same arrays step after step (residuals follow them)."""
-        found = self._flat.get(key)
+        found = self._views.get(key)
         if found is None or len(found[0]) != len(arrays) or any(a is not b for a, b in zip(found[0], arrays)):
-            found = self._flat[key] = (arrays, [array.reshape((-1,)) for array in arrays])
+            found = self._views[key] = (arrays, [array.reshape((-1,)) for array in arrays])
         return found[1]

@@ -3,14 +3,19 @@
 The tests' own MXNet runs one OpenMP thread per operator on every machine (what MXNet's default gives on this
 project's 2 cores): results that K contexts must reproduce do not depend on the machine, and the float64 tests
 on several contexts never run two multi-threaded OpenBLAS products at once, which hangs MXNet 1.9.1's bundled
-OpenBLAS (docs/threads.md). The variable is set only while MXNet is imported, which is when MXNet reads it:
-the processes the tests start see the environment as it was.
+OpenBLAS (docs/threads.md). That variable is set only while MXNet is imported, which is when MXNet reads it: the
+processes the tests start see it as it was.
 """
 import importlib.util
 import os
 
 _THREADS = os.environ.get("OMP_NUM_THREADS")
 os.environ["OMP_NUM_THREADS"] = "1"
+# The CLI's other engine settings (parallel.threads.engine_settings), which MXNet reads when it first needs them
+# (its scratch memory, its first backward pass), not at import: they stay set, for this process and the processes
+# the tests start (which the CLI would give them anyway).
+for _name, _value in (("MXNET_CPU_TEMP_COPY", "64"), ("MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN_BWD", "2")):
+    os.environ.setdefault(_name, _value)
 import mxnet as mx  # noqa: E402
 if _THREADS is None:
     del os.environ["OMP_NUM_THREADS"]

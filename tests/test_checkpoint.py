@@ -35,8 +35,8 @@ def _strategy(layout, params):
     name, k, options = LAYOUTS[layout]
     options = dict(options)
     algorithm = options.pop("algorithm", "fused")
-    return make_strategy(name, params, [mx.cpu(i) for i in range(k)], batch_size=BATCH,
-                                  algorithm=algorithm, **options)
+    return make_strategy(name, params, [mx.cpu(i) for i in range(k)], batch_size=BATCH, reducer=algorithm,
+                         **options)
 
 
 def _run(layout, params=None, start=None, stop=None, on_checkpoint=None, epochs=EPOCHS, lr=0.3, optimizer=None,
@@ -150,7 +150,7 @@ def test_zero_2_on_two_contexts_resumes_with_zero_0_on_one_and_zero_1_on_three(t
     assert sorted(loaded.optimizer_state) == ["mean", "var"]
     want = _run("data-ring", optimizer=adam(2))[0]
     for k, zero in ((1, 0), (3, 1)):
-        strategy = make_strategy("data", loaded.params, [mx.cpu(i) for i in range(k)], algorithm="ring")
+        strategy = make_strategy("data", loaded.params, [mx.cpu(i) for i in range(k)], reducer="ring")
         fit(DATA, None, EPOCHS, BATCH, seed=5, strategy=strategy, start=loaded.state, optimizer=adam(zero),
             optimizer_state=loaded.optimizer_state)
         assert_same_parameters([p.asnumpy() for p in strategy.params()], want, "float32")

@@ -9,10 +9,11 @@ import mxnet as mx
 import numpy as np
 import pytest
 
-from parallel import fit, get_params, init_lenet_params, train_batch, train_step
+from parallel import Reducer, fit, get_params, init_lenet_params, train_batch, train_step
 from parallel.comm import algorithms
 from parallel.compress import COMPRESSIONS, parse_compression
-from parallel.compress.compressors import FP16, PowerSGD, TopK, TwoBit, compressed_allreduce, make_compressor
+from parallel.comm.reducer import BucketComm, compressed_allreduce
+from parallel.compress import FP16, PowerSGD, TopK, TwoBit, make_codec
 from parallel.job import KEYS, Job
 from parallel.models.lenet import LENET_SHAPES
 from parallel.optim import make_optimizer
@@ -62,7 +63,7 @@ def _shapes(size):
 def test_error_feedback_loses_nothing_and_every_context_gets_the_same_bits(spec, k):
     """At every step: what is applied + the residuals afterwards = the gradients + the residuals before."""
     size = 6 * 40 + 12
-    compressor = make_compressor(spec)
+    compressor = make_codec(spec)
     ctx = contexts(k)
     applied_total = np.zeros(size)
     gradient_total = np.zeros(size)
@@ -108,9 +109,9 @@ def test_two_bit_sends_the_threshold_and_keeps_the_rest():
     x = np.array([0.7, -0.6, 0.2, -0.49, 0.5, -0.5] + [0.0] * 20, dtype=np.float32)
     compressor = TwoBit(t)
     out = mx.nd.zeros(x.shape)
-    payload = compressor.compress(mx.nd.array(x))
+    payload = compressor.encode(mx.nd.array(x))
     assert payload[0].shape == (3,)   # 26 codes, twelve a float32
-    compressor.decompress(payload, out)
+    compressor.decode(payload, out)
     np.testing.assert_array_equal(out.asnumpy(), [t, -t, 0, 0, t, -t] + [0] * 20)
 
 
@@ -118,7 +119,7 @@ def test_top_k_keeps_the_largest_magnitudes():
     x = mx.nd.array([0.1, -3.0, 2.0, 0.5, -0.2, 1.0, 0.0, 0.3, 0.05, 0.02])
     compressor = TopK(0.3)
     out = mx.nd.zeros(x.shape)
-    compressor.decompress(compressor.compress(x), out)
+    compressor.decode(compressor.encode(x), out)
     np.testing.assert_array_equal(out.asnumpy(), [0, -3.0, 2.0, 0, 0, 1.0, 0, 0, 0, 0])
     assert compressor.payload_nbytes(10) == 3 * 8
 
@@ -146,7 +147,7 @@ def test_the_bytes_that_cross_are_the_compressed_ones(spec, at_least, monkeypatc
     uncompressed = sum(moved)
     assert uncompressed == algorithms.bytes_moved("fused", size * 4, k).total
     moved.clear()
-    compressor = make_compressor(spec)
+    compressor = make_codec(spec)
     arrays = [mx.nd.array(g, ctx=c) for g, c in zip(step, contexts(k))]
     compressed_allreduce(arrays, compressor, "fused", LENET_SHAPES)
     mx.nd.waitall()
@@ -162,10 +163,10 @@ def _train(k, compression, steps=20, lr=0.1):
     params = init_lenet_params(seed=3)
     ctx = contexts(k)
     device_params = [get_params(params, c) for c in ctx]
-    compressor = make_compressor(compression)
+    compressor = make_codec(compression)
     losses = []
     for X, y in make_batches([24] * steps, seed=5):
-        losses.append(train_batch(X, y, device_params, ctx, lr, compression=compressor).asscalar())
+        losses.append(train_batch(X, y, device_params, ctx, lr, reducer=Reducer(compression=compressor)).asscalar())
     return [p.asnumpy() for p in device_params[0]], losses
 
 
@@ -198,8 +199,8 @@ def test_a_step_refuses_a_spec_whose_residuals_would_be_lost():
     ctx = contexts(2)
     device_params = [get_params(init_lenet_params(), c) for c in ctx]
     (X, y), = make_batches([4])
-    with pytest.raises(TypeError, match="make_compressor"):
-        train_step(X, y, device_params, ctx, 0.1, compression="topk:0.1")
+    with pytest.raises(TypeError, match=r"Reducer\(compression='topk:0.1'\)"):
+        train_step(X, y, device_params, ctx, 0.1, reducer="topk:0.1")
 
 
 @pytest.mark.parametrize("spec", ["fp16", "2bit:0.002", "topk:0.01", "powersgd:2"])
@@ -263,14 +264,14 @@ class _ThreadKV:
     def init(self, key, value):
         pass
 
-    def push(self, key, array):
+    def push(self, key, array, priority=0):
         value = array.asnumpy()
         with self.servers.lock:
             self.servers.sums[key] = self.servers.sums[key] + value if key in self.servers.sums else value
             self.servers.pushed.append((key, value.nbytes))
         self.servers.pushes.wait(timeout=60)
 
-    def pull(self, key, out):
+    def pull(self, key, out, priority=0):
         out[:] = self.servers.sums[key]
         self.servers.pulls.wait(timeout=60)
 
@@ -304,12 +305,12 @@ def test_across_workers_nothing_is_lost_and_every_worker_gets_the_same_bits(spec
     steps = _gradients(num_workers, size, 5, seed=num_workers)
 
     def work(job, rank):
-        compressor = make_compressor(spec)
+        compressor = make_codec(spec)
         x = mx.nd.zeros((size,), ctx=mx.cpu(rank))
         applied = []
         for step in steps:
             x[:] = step[rank]
-            compressor.across(job, x, KEYS["compressed"], shapes)
+            compressor.across(x, BucketComm("fused", job), shapes)
             applied.append(x.asnumpy())
             residual = compressor.residual(("across", x)).asnumpy()
             job_residual = job.allsum(KEYS["sums"], mx.nd.array(residual.astype(np.float64), dtype="float64"))
@@ -334,9 +335,9 @@ def test_across_workers_the_pushed_bytes_are_the_compressed_ones(spec, at_least)
     size = sum(int(np.prod(s)) for s in LENET_SHAPES)
 
     def work(job, rank):
-        compressor = make_compressor(spec)
+        compressor = make_codec(spec)
         x = mx.nd.array(_gradients(2, size, 1)[0][rank], ctx=mx.cpu(rank))
-        compressor.across(job, x, KEYS["compressed"], LENET_SHAPES)
+        compressor.across(x, BucketComm("fused", job), LENET_SHAPES)
         x.wait_to_read()
         return compressor
 
@@ -366,7 +367,7 @@ def test_a_job_of_two_workers_learns_with_every_compressor(spec, tmp_path):
 def test_powersgd_keeps_its_queries_at_unit_length_as_the_gradient_shrinks():
     """Unscaled, the warm-started Q shrank with the gradient until P = M Q was subnormal (a run slowed to minutes
     an epoch); kept at unit length, tiny gradients are compressed as well as large ones."""
-    compressor = make_compressor("powersgd:2")
+    compressor = make_codec("powersgd:2")
     ctx = contexts(2)
     shapes = [(20, 30)]
     arrays = [mx.nd.zeros((600,), ctx=c) for c in ctx]
@@ -384,14 +385,14 @@ def test_powersgd_keeps_its_queries_at_unit_length_as_the_gradient_shrinks():
 
 HANG_CHECK = """
 import mxnet as mx
-from parallel import get_params, init_lenet_params, make_compressor, train_batch
+from parallel import Reducer, get_params, init_lenet_params, make_codec, train_batch
 ctx = [mx.cpu(0), mx.cpu(1)]
 device_params = [get_params(init_lenet_params(), c) for c in ctx]
 X, y = mx.nd.random.uniform(shape=(32, 1, 28, 28)), mx.nd.array([i % 10 for i in range(32)])
 for spec in ["powersgd:4", "2bit"]:
-    compressor = make_compressor(spec)
+    compressor = make_codec(spec)
     for _ in range(10):
-        train_batch(X, y, device_params, ctx, 0.1, compression=compressor)
+        train_batch(X, y, device_params, ctx, 0.1, reducer=Reducer(compression=compressor))
     mx.nd.waitall()
     print(spec, "done", flush=True)
 """

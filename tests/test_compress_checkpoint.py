@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from parallel import checkpoint as ckpt
+from parallel.comm.reducer import BucketComm, Reducer
 from parallel.compress import place
 from parallel.fit import TrainingStopped, _gather_feedback, _shared_feedback, fit
 from parallel.models import init_lenet_params
@@ -22,7 +23,8 @@ SPECS = ["fp16", "2bit", "topk:0.05", "powersgd:2"]
 
 def _strategy(spec, k=2, params=None):
     return make_strategy("data", init_lenet_params(seed=5) if params is None else params,
-                         [mx.cpu(i) for i in range(k)], batch_size=BATCH, compression=spec)
+                         [mx.cpu(i) for i in range(k)], batch_size=BATCH,
+                         reducer=Reducer(compression=spec))
 
 
 def _run(spec, k=2, epochs=2, **kwargs):
@@ -121,14 +123,14 @@ def test_resuming_residuals_without_a_compressor_is_refused(tmp_path):
 def test_a_wrong_state_for_the_compressor_is_a_value_error():
     strategy = _strategy("powersgd:2")
     grads = [params.grad for params in strategy.device_params]
-    compressor = strategy.compressor
+    compressor = strategy.reducer.codec
     with pytest.raises(ValueError, match="compression_state: 'residual/c7' is not part of"):
         compressor.load_state({"residual/c7": np.zeros(grads[0].shape, np.float32)}, grads)
     with pytest.raises(ValueError, match="compression_state: residual/c0 has shape"):
         compressor.load_state({"residual/c0": np.zeros(3, np.float32)}, grads)
     compressor.load_state({"query/c0/0": np.zeros((5, 5), np.float32)}, grads)   # rank 5, where 2 is asked
     with pytest.raises(ValueError, match="compression_state: the Q of tensor 0 has shape"):
-        compressor.reduce(grads, shapes=[p.shape for p in strategy.device_params[0]])
+        compressor.reduce(grads, BucketComm("fused"), shapes=[p.shape for p in strategy.device_params[0]])
     with pytest.raises(ValueError, match="named w<rank>/<name>"):
         place({"residual/c0": np.zeros(3)}, 0, 1, 2)
 

@@ -27,7 +27,7 @@ def test_train_batch_copies_explicitly(strict_contexts, algorithm, net):
     rng = np.random.RandomState(0)
     for n in (7, 2):   # an indivisible batch, and one smaller than K (an idle replica)
         X, y = mx.nd.array(rng.rand(n, 1, 28, 28)), mx.nd.array(rng.randint(0, 10, n))
-        train_batch(X, y, device_params, ctx_list, 0.1, net=net, algorithm=algorithm).asscalar()
+        train_batch(X, y, device_params, ctx_list, 0.1, net=net, reducer=algorithm).asscalar()
 
 
 def test_textbook_path_and_evaluation_copy_explicitly(strict_contexts):
@@ -39,7 +39,7 @@ def test_textbook_path_and_evaluation_copy_explicitly(strict_contexts):
             p.attach_grad()
         plain.append(params)
     X, y = mx.nd.random.uniform(shape=(5, 1, 28, 28)), mx.nd.array([1, 2, 3, 4, 5])
-    train_batch(X, y, plain, ctx_list, 0.1, algorithm="naive").asscalar()
+    train_batch(X, y, plain, ctx_list, 0.1, reducer="naive").asscalar()
     assert 0 <= evaluate_accuracy([(X, y)], plain, ctx_list) <= 1
 
 

@@ -45,8 +45,8 @@ PACKAGE = os.path.join(ROOT, "parallel")
 #: Directories that hold no documentation of the repository (besides hidden ones and *.egg-info).
 _NOT_DOCS = {"build", "dist", "venv", "node_modules", "__pycache__"}
 #: The pages the README links to; markdown_files() must find them all.
-DOCS_PAGES = ["checkpoints", "distributed", "strategies", "gluon", "optimizers", "compression", "threads", "fast-path",
-              "data", "testing"]
+DOCS_PAGES = ["checkpoints", "distributed", "strategies", "gluon", "optimizers", "compression", "reducer", "threads",
+              "fast-path", "data", "testing"]
 
 
 # ----------------------------------------------------------------------------------------------

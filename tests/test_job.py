@@ -17,7 +17,7 @@ import sys
 import numpy as np
 sys.path.insert(0, {tests!r})
 from conftest import make_batches
-from parallel import get_params, init_lenet_params, train_batch
+from parallel import Reducer, get_params, init_lenet_params, train_batch
 from parallel.job import broadcast_params, join
 import mxnet as mx
 
@@ -29,7 +29,7 @@ device_params = [get_params(init_lenet_params(seed=0 if job.rank == 0 else seed,
                  for c in ctx_list]
 broadcast_params(job, device_params)
 for step, (X, y) in enumerate(make_batches({sizes!r}, seed=3, dtype="float64")):
-    train_batch(X, y, device_params, ctx_list, lr=0.2, job=job).wait_to_read()
+    train_batch(X, y, device_params, ctx_list, lr=0.2, reducer=Reducer(job=job)).wait_to_read()
     print("step", step, flush=True)   # progress the launcher's --stall-timeout watches
 for replica in device_params[1:]:
     for a, b in zip(replica, device_params[0]):

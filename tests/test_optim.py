@@ -5,13 +5,14 @@ within a relative 1e-5 of each array's scale (``assert_same_parameters``). The b
 2 and 3 contexts.
 """
 import math
+import sys
 
 import mxnet as mx
 import numpy as np
 import pytest
 from mxnet import autograd, gluon
 
-import parallel.comm.replica
+import parallel.comm.reducer
 import parallel.models.gluon
 from parallel import get_params, train_step
 from parallel.comm.algorithms import shard_range
@@ -93,7 +94,7 @@ def package_run(optimizer, k, data, seed=0, algorithm="fused", accumulate=1):
     ctx_list = contexts(k)
     device_params = [get_params(block, ctx) for ctx in ctx_list]
     for X, y in data:
-        train_step(X, y, device_params, ctx_list, net=block, algorithm=algorithm, optimizer=optimizer,
+        train_step(X, y, device_params, ctx_list, net=block, reducer=algorithm, optimizer=optimizer,
                    accumulate=accumulate)
     return [[p.asnumpy() for p in replica] for replica in device_params]
 
@@ -269,8 +270,8 @@ def test_accumulated_micro_batches_are_the_whole_batch_at_once(accumulate, k):
 
 def test_accumulation_reduces_once_per_batch(monkeypatch):
     calls = []
-    real = parallel.comm.replica.allreduce
-    monkeypatch.setattr(parallel.comm.replica, "allreduce", lambda arrays, algorithm: calls.append(1) or
+    real = sys.modules["parallel.comm.reducer"].allreduce
+    monkeypatch.setattr(sys.modules["parallel.comm.reducer"], "allreduce", lambda arrays, algorithm: calls.append(1) or
                         real(arrays, algorithm))
     package_run(SGD(0.1), 2, batches(3), accumulate=4)
     assert len(calls) == 3
@@ -360,7 +361,7 @@ sys.path.insert(0, {tests!r})
 import mxnet as mx
 from test_optim import CASES, DISTRIBUTED, batches
 from conftest import small_cnn
-from parallel import get_params, train_step
+from parallel import Reducer, get_params, train_step
 from parallel.job import broadcast_params, join
 
 job = join()
@@ -371,8 +372,8 @@ for n, (case, options, accumulate) in enumerate(DISTRIBUTED):
     broadcast_params(job, device_params)
     optimizer = CASES[case][0](**options)
     for X, y in batches():
-        train_step(X, y, device_params, ctx_list, net=block, job=job, optimizer=optimizer, accumulate=accumulate,
-                   algorithm="ring")[0].wait_to_read()
+        train_step(X, y, device_params, ctx_list, net=block, optimizer=optimizer, accumulate=accumulate,
+                   reducer=Reducer("ring", job=job))[0].wait_to_read()
     print("trained", case, flush=True)
     np.savez({out!r} + f"-{{n}}-{{job.rank}}.npz", *[p.asnumpy() for p in device_params[-1]])
 """

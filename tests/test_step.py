@@ -11,7 +11,7 @@ from conftest import assert_same_parameters, contexts, make_batches
 def train(k, batches, dtype="float32", algorithm="naive", lr=0.2):
     ctx_list = contexts(k)
     device_params = [get_params(init_lenet_params(seed=0, dtype=dtype), c) for c in ctx_list]
-    losses = [train_batch(X, y, device_params, ctx_list, lr, algorithm=algorithm) for X, y in batches]
+    losses = [train_batch(X, y, device_params, ctx_list, lr, reducer=algorithm) for X, y in batches]
     return [[p.asnumpy() for p in params] for params in device_params], [l.asscalar() for l in losses]
 
 
@@ -107,7 +107,7 @@ def test_plain_list_replicas_take_the_textbook_path(algorithm):
             p.attach_grad()
         plain.append(params)
     for X, y in batches:
-        train_batch(X, y, plain, ctx_list, 0.2, algorithm=algorithm)
+        train_batch(X, y, plain, ctx_list, 0.2, reducer=algorithm)
     flat, _ = train(3, batches, "float64", algorithm)
     assert_same_parameters([p.asnumpy() for p in plain[2]], flat[2], "float64")
 
@@ -142,3 +142,40 @@ def test_evaluation_runs_the_cached_graph_training_uses():
     import inspect
     from parallel import evaluate_accuracy, lenet_cached
     assert inspect.signature(evaluate_accuracy).parameters["net"].default is lenet_cached
+
+
+def test_a_fence_orders_later_reads_after_the_operations_it_reads():
+    """``parallel.engine.fence``: what is queued on its writes waits for what was queued on its reads, here an
+    operation that takes 0.3 s; without the fence the read would return at once."""
+    import time
+    from parallel.engine import ENGINE_SYNC_FUNC, fence, push_sync
+    slow, later = mx.nd.zeros((1,), ctx=mx.cpu(0)), mx.nd.zeros((1,), ctx=mx.cpu(1))
+    done = []
+    work = ENGINE_SYNC_FUNC(lambda run_context, param: (time.sleep(0.3), done.append(True)))
+    push_sync(work, mx.cpu(0), writes=[slow])
+    fence([slow], [later])
+    later.wait_to_read()
+    assert done == [True]
+    slow.wait_to_read()   # the operation has run: its callback may go
+
+
+def test_the_step_fences_running_statistics_after_backward(monkeypatch):
+    """BatchNorm's backward pass writes the running statistics without telling MXNet's engine: the step orders them
+    after every gradient of their replica, so that an idle replica's copy of them (a batch smaller than the
+    replicas) reads the updated values (under load it read the old ones: tests/test_strategies_gluon.py)."""
+    import parallel.step
+    from conftest import small_cnn
+    calls = []
+    real = parallel.step.fence
+    monkeypatch.setattr(parallel.step, "fence", lambda reads, writes: calls.append((reads, writes)) or
+                        real(reads, writes))
+    block = small_cnn(batchnorm=True, dtype="float32")
+    ctx = contexts(2)
+    device_params = [get_params(block, c) for c in ctx]
+    (X, y), = make_batches([1])
+    train_step(X[:, :, :8, :8], y, device_params, ctx, 0.1, net=block)
+    assert [(len(reads), len(writes)) for reads, writes in calls] == [(1, 4), (1, 4)]
+    assert calls[0][0][0] is device_params[0].grad and calls[0][1] == device_params[0].aux
+    mx.nd.waitall()
+    for a, b in zip(device_params[0].aux, device_params[1].aux):
+        np.testing.assert_array_equal(a.asnumpy(), b.asnumpy())

@@ -78,8 +78,8 @@ def test_hybrid_equals_one_context(k, stages, dtype):
 
 @pytest.mark.parametrize("algorithm", sorted(ALLREDUCE_ALGORITHMS))
 def test_hybrid_passes_the_allreduce_algorithm_through(algorithm):
-    model = Hybrid(init_lenet_params(seed=0, dtype="float64"), contexts(4), stages=2, algorithm=algorithm)
-    assert model.algorithm == algorithm
+    model = Hybrid(init_lenet_params(seed=0, dtype="float64"), contexts(4), stages=2, reducer=algorithm)
+    assert model.reducer.algorithm == algorithm
     assert_equal_to_one_context(model, SIZES, "float64")
 
 
@@ -212,7 +212,7 @@ def test_bad_stage_layouts(kwargs, error, message):
      "4 contexts cannot form equal groups of 3 stages; use a multiple of 3 contexts"),
     (lambda p: Hybrid(p, contexts(3), stages=2), ValueError, "3 contexts cannot form equal groups of 2 stages"),
     (lambda p: Hybrid(p, contexts(2), stages=3), ValueError, "3 stages need 3 contexts, got 2"),
-    (lambda p: Hybrid(p, contexts(2), algorithm="smoke"), ValueError,
+    (lambda p: Hybrid(p, contexts(2), reducer="smoke"), ValueError,
      "algorithm must be one of naive, fused, ring, tree; got 'smoke'"),
     (lambda p: ModelParallel(p, [mx.cpu(0), mx.cpu(0)]), ValueError, r"ctx_list\[1\] repeats cpu\(0\)"),
     (lambda p: ModelParallel(p, []), ValueError, "ctx_list is empty"),

@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from parallel import get_params, init_lenet_params, plot_timeline, read_trace, trace, train_batch
-from parallel.compress.compressors import make_compressor
+from parallel import Reducer, get_params, init_lenet_params, plot_timeline, read_trace, trace, train_batch
+from parallel.compress import make_codec
 from parallel.optim import make_optimizer
 from parallel.trace import PHASES, check_traceable, worker_path
 from parallel.train import main
@@ -33,12 +33,12 @@ def test_a_traced_step_has_a_lane_per_context_in_step_order(compression, tmp_pat
     ctx = contexts(2)
     device_params = [get_params(init_lenet_params(), c) for c in ctx]
     optimizer = make_optimizer("sgd", 0.1, momentum=0.9)
-    compressor = make_compressor(compression) if compression else None
+    compressor = make_codec(compression) if compression else None
     batches = make_batches([32] * 3)
-    train_batch(*batches[0], device_params, ctx, optimizer=optimizer, compression=compressor)
+    train_batch(*batches[0], device_params, ctx, optimizer=optimizer, reducer=Reducer(compression=compressor))
     for i, (X, y) in enumerate(batches[1:]):   # twice: MXNet's profiler is configured once per process
         with trace(tmp_path / f"step{i}.json") as recorded:
-            train_batch(X, y, device_params, ctx, optimizer=optimizer, compression=compressor)
+            train_batch(X, y, device_params, ctx, optimizer=optimizer, reducer=Reducer(compression=compressor))
         _phases_in_order(recorded.result, ["cpu(0)", "cpu(1)"])
         written = read_trace(tmp_path / f"step{i}.json")
         assert written.events == json.loads(json.dumps(recorded.result.events))

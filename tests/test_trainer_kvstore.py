@@ -7,7 +7,8 @@ from mxnet import autograd, gluon
 
 import parallel
 from parallel.comm import ALGORITHMS
-from parallel.compress.compressors import compressed_allreduce, make_compressor
+from parallel.comm.reducer import compressed_allreduce
+from parallel.compress import make_codec
 from parallel.trainer_kvstore import AllreduceKVStore
 from conftest import contexts, make_batches
 
@@ -44,10 +45,12 @@ def _train(ctx, kvstore, steps=20):
 
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 @pytest.mark.parametrize("k", [2, 3])
-def test_trainer_with_the_package_allreduce_trains_the_device_kvstore_model(algorithm, k):
+@pytest.mark.parametrize("bucket_mb", [25, 0.01])
+def test_trainer_with_the_package_allreduce_trains_the_device_kvstore_model(algorithm, k, bucket_mb):
+    """In one bucket, or in buckets of 10 KiB (3 of the 4 layers' gradients each in their own)."""
     ctx = contexts(k)
     want, _ = _train(ctx, "device")
-    got, trainer = _train(ctx, AllreduceKVStore(algorithm))
+    got, trainer = _train(ctx, AllreduceKVStore(algorithm, bucket_mb=bucket_mb))
     assert trainer._update_on_kvstore is False and isinstance(trainer._kvstore, AllreduceKVStore)
     for g, w in zip(got, want):
         np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5 * np.abs(w).max())
@@ -55,7 +58,7 @@ def test_trainer_with_the_package_allreduce_trains_the_device_kvstore_model(algo
 
 def test_mxnet_creates_it_by_name():
     kv = mx.kv.create("allreducekvstore")
-    assert isinstance(kv, parallel.AllreduceKVStore) and kv.algorithm == "fused" and kv.compressor is None
+    assert isinstance(kv, parallel.AllreduceKVStore) and kv.algorithm == "fused" and kv.reducer.codec is None
     assert (kv.type, kv.rank, kv.num_workers, kv.is_capable("optimizer")) == ("allreducekvstore", 0, 1, False)
 
 
@@ -69,19 +72,19 @@ def test_bad_arguments_name_themselves():
 @pytest.mark.parametrize("spec", ["fp16", "2bit:0.05", "topk:0.1", "powersgd:2"])
 @pytest.mark.parametrize("k", [2, 3])
 def test_a_trainer_step_is_one_package_allreduce_of_every_gradient(spec, k, monkeypatch):
-    """gluon.Trainer's per-parameter pushpull calls make one compressed allreduce a step, of the gradients
-    packed in key order: bitwise what the package's own path does with that flat buffer, residuals carried."""
+    """gluon.Trainer's per-parameter pushpull calls make one compressed allreduce a step (one bucket: the model is
+    smaller than 25 MiB), of the gradients packed in key order: bitwise what the package's own path does with that
+    flat buffer, residuals carried."""
     ctx = contexts(k)
     net = _net(ctx)
     kv = AllreduceKVStore("ring", spec)
     trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.1}, kvstore=kv)
     params = trainer._params   # in key order: gluon's Trainer numbers the parameters sorted by name
-    compressor = make_compressor(spec)
+    compressor = make_codec(spec)
     flats = None
     calls = []
-    import parallel.trainer_kvstore as module
-    for name in ("allreduce", "compressed_allreduce"):
-        monkeypatch.setattr(module, name, lambda *a, _f=getattr(module, name), **kw: calls.append(1) or _f(*a, **kw))
+    hook = kv.reducer.hook
+    kv.reducer.register_comm_hook(lambda bucket, comm: calls.append(bucket) or hook(bucket, comm))
     loss = gluon.loss.SoftmaxCrossEntropyLoss()
     for X, y in make_batches([30] * 3, seed=5):
         X_shards = gluon.utils.split_and_load(X, ctx, even_split=False)
@@ -112,7 +115,7 @@ def test_pushpull_with_compression_is_the_package_compressed_allreduce(spec):
     ctx = contexts(2)
     rng = np.random.RandomState(0)
     grads = [mx.nd.zeros((8, 12), ctx=c) for c in ctx]
-    kv, compressor = AllreduceKVStore("fused", spec), make_compressor(spec)
+    kv, compressor = AllreduceKVStore("fused", spec), make_codec(spec)
     flat = [mx.nd.zeros((96,), ctx=c) for c in ctx]
     for _ in range(3):
         values = [rng.standard_normal((8, 12)) for _ in ctx]

@@ -1,11 +1,15 @@
 """Communication between contexts: replicas of a model on each context, and the allreduce that sums them.
 
 - ``replica``: ``get_params`` copies a model's parameters (a list of arrays, or a gluon block) to a context, with
-  gradients, as views into one flat buffer (a ``FlatReplica``); ``block_state`` reads a block's arrays by role.
+  gradients, as views into one flat buffer (a ``FlatReplica``), the gradients in buckets (``bucket_ranges``);
+  ``block_state`` reads a block's arrays by role.
 - ``algorithms``: ``allreduce(arrays, algorithm)`` leaves the elementwise *sum* in every array, by one of the
   ``ALGORITHMS``; its persistent receive buffers (``free_buffers``, ``set_buffer_limit``, ``buffer_info``); and
   ``bytes_moved``, what each algorithm copies between contexts; ``reduce_scatter`` and ``all_gather``, an
-  allreduce's two halves (``shard_range`` tells which shard each context owns between them).
+  allreduce's two halves (``shard_range`` tells which shard each context owns between them); ``receive``,
+  ``scratch`` and ``exclusive``, the buffers a communication hook moves payloads through.
+- ``reducer``: the ``Reducer`` (algorithm, buckets, the job, one communication hook: ``allreduce_hook``, a codec's
+  ``CompressionHook`` or the user's), ``allreduce_grads`` and ``compressed_allreduce``.
 
 The algorithms' names are here, without MXNet, so that the CLI offers them before MXNet starts:
 
@@ -23,14 +27,20 @@ ALGORITHMS = ("naive", "fused", "ring", "tree")
 #: ``allreduce`` itself defaults to the textbook's ``"naive"``.
 DEFAULT_ALGORITHM = "fused"
 
+#: The most MiB of gradients a bucket of a ``Reducer`` holds unless told otherwise: PyTorch DDP's ``bucket_cap_mb``.
+DEFAULT_BUCKET_MB = 25
+
 #: The algorithms that split into a reduce-scatter and an all-gather (``reduce_scatter``, ``all_gather``), which
 #: sharded optimizer state with ``zero=2`` needs.
 SHARDED_ALGORITHMS = ("fused", "ring")
 
 _SOURCES = {
-    "replica": ["FlatReplica", "get_params", "block_state", "allreduce_grads", "grads_of"],
-    "algorithms": ["allreduce", "reduce_scatter", "all_gather", "shard_range", "check_same_arrays", "ALLREDUCE_ALGORITHMS", "bytes_moved", "BytesMoved",
-                  "free_buffers", "set_buffer_limit", "buffer_info", "BufferInfo", "DEFAULT_BUFFER_LIMIT"],
+    "replica": ["FlatReplica", "Bucket", "get_params", "bucket_ranges", "bucket_bytes", "block_state", "grads_of"],
+    "algorithms": ["allreduce", "reduce_scatter", "all_gather", "shard_range", "check_same_arrays",
+                   "ALLREDUCE_ALGORITHMS", "bytes_moved", "BytesMoved", "free_buffers", "set_buffer_limit",
+                   "buffer_info", "BufferInfo", "DEFAULT_BUFFER_LIMIT", "receive", "scratch", "exclusive"],
+    "reducer": ["Reducer", "GradBucket", "BucketComm", "allreduce_hook", "CompressionHook", "as_reducer",
+                "allreduce_grads", "compressed_allreduce"],
 }
-__all__ = ["ALGORITHMS", "DEFAULT_ALGORITHM", "SHARDED_ALGORITHMS"] + [name for names in _SOURCES.values() for name in names]
+__all__ = ["ALGORITHMS", "DEFAULT_ALGORITHM", "SHARDED_ALGORITHMS", "DEFAULT_BUCKET_MB"] + [name for names in _SOURCES.values() for name in names]
 __getattr__, __dir__ = lazy_exports(__name__, _SOURCES)

@@ -20,7 +20,7 @@ from . import ALGORITHMS, SHARDED_ALGORITHMS
 
 __all__ = ["allreduce", "reduce_scatter", "all_gather", "shard_range", "check_same_arrays", "ALLREDUCE_ALGORITHMS",
            "bytes_moved", "BytesMoved", "free_buffers", "set_buffer_limit", "buffer_info", "BufferInfo",
-           "DEFAULT_BUFFER_LIMIT"]
+           "DEFAULT_BUFFER_LIMIT", "receive", "scratch", "exclusive"]
 
 
 def check_same_arrays(arrays, name="arrays"):
@@ -90,7 +90,7 @@ class _BufferCache:
     """
 
     def __init__(self, limit):
-        self.lock = threading.Lock()   # one algorithm queues its copies at a time (see ``allreduce``)
+        self.lock = threading.RLock()   # one reduction queues its copies at a time (see ``allreduce``, ``exclusive``)
         self.buffers = OrderedDict()
         self.limit = limit
         self.clear()
@@ -133,6 +133,28 @@ def _receive(src, ctx, slot=0):
     an algorithm gives distinct slots to the receives on one context that must coexist.
     """
     return _copy(src, _buffers.get(ctx, src.shape, src.dtype, slot))
+
+
+def receive(src, ctx, slot=0):
+    """Copy ``src`` (on any context) into the persistent receive buffer ``slot`` of its shape and dtype on ``ctx``,
+    and return that buffer: the transport a communication hook uses to move a payload between contexts
+    (``parallel.comm.reducer``). The buffer is overwritten by the next receive into the same slot, so a reduction
+    gives distinct slots to the receives that must coexist; call it inside ``exclusive()``. Queued, not waited for.
+    """
+    return _receive(src, ctx, slot)
+
+
+def scratch(ctx, shape, dtype, slot):
+    """A persistent buffer of ``shape`` and ``dtype`` on ``ctx`` (the receive buffers' cache, ``slot`` apart from
+    theirs as the caller chooses), for what a reduction computes on the way (a decoded payload); its values are
+    whatever was last written: write every element before reading it. Call it inside ``exclusive()``."""
+    return _buffers.get(ctx, tuple(shape), dtype, slot)
+
+
+def exclusive():
+    """A context manager under which one thread queues a reduction's copies alone: ``allreduce`` and the other
+    algorithms take it too (it is re-entrant), so that two threads never interleave their use of one buffer."""
+    return _buffers.lock
 
 
 def free_buffers():
@@ -346,10 +368,11 @@ def bytes_moved(algorithm, nbytes, k, itemsize=4, compression=None, shapes=None)
         Number of contexts, >= 1.
     itemsize : int
         Bytes per element (4 for float32): the ring cuts at element boundaries.
-    compression : parallel.compress.Compressor, optional
-        The bytes of ``parallel.compress.compressed_allreduce`` with this compressor instead (the gathered and
-        broadcast payloads, or PowerSGD's factors all-reduced with ``algorithm``), for float32 buffers laid out
-        as ``shapes`` (default: one vector).
+    compression : parallel.compress.Codec, optional
+        The bytes of ``parallel.comm.reducer.compressed_allreduce`` with this codec instead, for float32 buffers
+        laid out as ``shapes`` (default: one vector): K-1 payloads gathered to the first context and one broadcast
+        back to K-1 contexts (``payload_nbytes``), or, for a codec that sums its own factors (PowerSGD's
+        ``rounds``), each round all-reduced with ``algorithm`` as one flat buffer.
 
     Returns
     -------
@@ -363,7 +386,7 @@ def bytes_moved(algorithm, nbytes, k, itemsize=4, compression=None, shapes=None)
         raise ValueError(f"nbytes={nbytes} is not a whole number of {itemsize}-byte elements; "
                          "give nbytes = array.size * itemsize")
     if compression is not None:
-        return compression.bytes_moved(algorithm, nbytes // itemsize, k, shapes)
+        return _compressed_bytes(compression, algorithm, nbytes // itemsize, k, shapes)
     n, total = nbytes, 2 * (k - 1) * nbytes
     if k == 1:
         return BytesMoved(0, 0)
@@ -376,6 +399,17 @@ def bytes_moved(algorithm, nbytes, k, itemsize=4, compression=None, shapes=None)
     return BytesMoved(total, (k - 1) * n)
 
 
+
+
+def _compressed_bytes(codec, algorithm, size, k, shapes):
+    """``bytes_moved`` of a codec's reduction of K float32 buffers of ``size`` elements (see ``bytes_moved``)."""
+    shapes = [(size,)] if shapes is None else shapes
+    rounds = getattr(codec, "rounds", None)
+    if rounds is not None:   # the codec's own sums, each an allreduce of one flat buffer
+        moved = [bytes_moved(algorithm, 4 * floats, k) for floats in rounds(shapes) if floats]
+        return BytesMoved(sum(m.total for m in moved), sum(m.per_context_max for m in moved))
+    payload = codec.payload_nbytes(size, shapes)
+    return BytesMoved(2 * (k - 1) * payload, (k - 1) * payload)
 
 
 def allreduce(arrays, algorithm="naive"):

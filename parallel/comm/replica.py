@@ -1,33 +1,82 @@
-"""Replicas: a model's parameters copied to a context with their gradients, in one flat buffer.
+"""Replicas: a model's parameters copied to a context with their gradients, in one flat buffer, the gradients in
+buckets.
 
 ``get_params(params, ctx)`` is the textbook's first step of data parallelism: copy the parameters to a context
-and attach gradients; ``allreduce_grads`` sums the replicas' gradients. Here the copies are views into one flat buffer (a ``FlatReplica``, still a list), so one
-allreduce and one fused update move the whole model. A gluon block is replicated the same way
-(``block_state`` reads its arrays, by role).
+and attach gradients; ``allreduce_grads`` sums the replicas' gradients. Here the copies are views into one flat
+buffer (a ``FlatReplica``, still a list), so one update moves the whole model, and the gradients are views into
+*buckets*: a few flat buffers, each holding the gradients of a run of consecutive parameters, the last
+parameters in the first bucket (``bucket_ranges``). A bucket is its own array, so MXNet's engine knows when its
+gradients are written: its reduction can start while the backward pass still computes the earlier layers
+(``parallel.comm.reducer``, as PyTorch DDP's buckets). A gluon block is replicated the same way (``block_state``
+reads its arrays, by role).
+
+>>> bucket_ranges([100, 10, 2000, 20], itemsize=4, bucket_bytes=1000)   # elements of four parameters
+[(3, 4), (2, 3), (0, 2)]
 """
+from typing import NamedTuple
+
 import mxnet as mx
 from mxnet import autograd, gluon
 
-from . import DEFAULT_ALGORITHM
-from .algorithms import allreduce
+from ..validate import check_number
 
-__all__ = ["FlatReplica", "get_params", "block_state", "allreduce_grads", "grads_of"]
+__all__ = ["FlatReplica", "Bucket", "get_params", "bucket_ranges", "bucket_bytes", "block_state", "grads_of"]
+
+
+def bucket_bytes(bucket_mb, name="bucket_mb"):
+    """``bucket_mb`` (MiB, > 0, as PyTorch DDP's ``bucket_cap_mb``) in bytes, or None for None (one bucket)."""
+    if bucket_mb is None:
+        return None
+    return max(1, int(check_number(bucket_mb, name, positive=True) * 2 ** 20))
+
+
+def bucket_ranges(sizes, itemsize, bucket_bytes):
+    """The buckets of parameters with ``sizes`` elements each: ``(first, stop)`` index ranges in the order their
+    gradients are reduced, the *last* parameters first (backward computes them first).
+
+    A bucket takes parameters from the end while it holds at most ``bucket_bytes`` (a parameter larger than that
+    gets a bucket of its own); ``bucket_bytes=None``: one bucket of every parameter.
+    """
+    if bucket_bytes is None or not sizes:
+        return [(0, len(sizes))]
+    buckets, stop, nbytes = [], len(sizes), 0
+    for i in reversed(range(len(sizes))):
+        size = sizes[i] * itemsize
+        if stop > i + 1 and nbytes + size > bucket_bytes:
+            buckets.append((i + 1, stop))
+            stop, nbytes = i + 1, 0
+        nbytes += size
+    buckets.append((0, stop))
+    return buckets
+
+
+class Bucket(NamedTuple):
+    """Where a bucket of a ``FlatReplica`` lies: its parameters ``first .. stop - 1`` and their elements
+    ``start .. end - 1`` of the flat ``data`` buffer (its gradient buffer holds ``end - start`` elements)."""
+    first: int
+    stop: int
+    start: int
+    end: int
 
 
 class FlatReplica(list):
-    """The parameters of one replica: a list of arrays that are views into one flat buffer.
+    """The parameters of one replica: a list of arrays that are views into one flat buffer, their gradients views
+    into the buffers of a few buckets.
 
     It is a list, so the textbook code (``for param in params: ...``) works unchanged; besides, the
-    whole replica is reachable at once, which is what makes one reduction and one update per step
+    whole replica is reachable at once, which is what makes one reduction a bucket and one update per step
     possible (like DDP's buckets and Horovod's tensor fusion).
 
     Attributes
     ----------
     data : NDArray
         1-D buffer holding every parameter; ``self[i]`` is a reshaped view of a slice of it.
+    buckets : list of Bucket
+        The buckets, in the order they are reduced (the last parameters first).
+    grads : list of NDArray
+        One 1-D gradient buffer per bucket; ``self[i].grad`` is a view into its bucket's.
     grad : NDArray
-        1-D buffer holding every gradient; ``self[i].grad`` is the matching view of it.
-
+        The gradient buffer when there is one bucket (``get_params``' default); with several, use ``grads``.
     names : list of str
         The parameters' names, for a replica of a gluon block (``get_params(block, ctx)``); else empty.
     aux : list of NDArray
@@ -37,16 +86,24 @@ class FlatReplica(list):
     Calling ``attach_grad()`` on a member would give it a separate gradient and break the link.
     """
 
-    def __init__(self, views, data, grad, names=(), aux=(), aux_names=()):
+    def __init__(self, views, data, grads, buckets, names=(), aux=(), aux_names=()):
         super().__init__(views)
         self.data = data
-        self.grad = grad
+        self.grads = list(grads)
+        self.buckets = list(buckets)
         self.names = list(names)
         self.aux = list(aux)
         self.aux_names = list(aux_names)
 
+    @property
+    def grad(self):
+        if len(self.grads) != 1:
+            raise AttributeError(f"this replica's gradients lie in {len(self.grads)} buckets, not one buffer; use "
+                                 ".grads (one buffer a bucket) or each parameter's .grad")
+        return self.grads[0]
 
-def get_params(params, ctx):
+
+def get_params(params, ctx, bucket_mb=None):
     """Copy ``params`` to ``ctx`` with gradients attached, all in one flat buffer.
 
     Parameters
@@ -57,6 +114,9 @@ def get_params(params, ctx):
         others (BatchNorm's running statistics) as copies in the replica's ``aux``.
     ctx : mxnet.Context
         Where the copies live.
+    bucket_mb : float, optional
+        Lay the gradients out in buckets of at most this many MiB (``bucket_ranges``), each its own buffer, so
+        that a ``Reducer`` can sum a bucket while backward still runs; None (the default): one gradient buffer.
 
     Returns
     -------
@@ -71,25 +131,32 @@ def get_params(params, ctx):
         if len({array.dtype for array in arrays}) > 1:
             raise ValueError("the block's trainable parameters have several dtypes; cast the block to one "
                              "(block.cast(dtype)) to replicate it in one flat buffer")
-        replica = get_params(arrays, ctx)
-        return FlatReplica(replica, replica.data, replica.grad, names, [a.copyto(ctx) for a in aux], aux_names)
+        replica = get_params(arrays, ctx, bucket_mb)
+        return FlatReplica(replica, replica.data, replica.grads, replica.buckets, names,
+                           [a.copyto(ctx) for a in aux], aux_names)
     for i, param in enumerate(params):
         if not isinstance(param, mx.nd.NDArray):
             raise TypeError(f"params[{i}] must be an NDArray, got {type(param).__name__}")
+    limit = bucket_bytes(bucket_mb)
     if not params or len({param.dtype for param in params}) != 1:
         copies = [param.copyto(ctx) for param in params]
         for copy in copies:
             copy.attach_grad()
         return copies
     data = mx.nd.concat(*[param.reshape(-1) for param in params], dim=0).copyto(ctx)
-    grad = mx.nd.zeros(data.shape, ctx=ctx, dtype=data.dtype)
-    views, grads, offset = [], [], 0
-    for param in params:   # basic slices and reshapes of an NDArray share its memory
-        views.append(data[offset:offset + param.size].reshape(param.shape))
-        grads.append(grad[offset:offset + param.size].reshape(param.shape))
-        offset += param.size
-    autograd.mark_variables(views, grads)
-    return FlatReplica(views, data, grad)
+    offsets = [0]
+    for param in params:
+        offsets.append(offsets[-1] + param.size)
+    buckets = [Bucket(first, stop, offsets[first], offsets[stop])
+               for first, stop in bucket_ranges([p.size for p in params], data.dtype(0).itemsize, limit)]
+    grads = [mx.nd.zeros((b.end - b.start,), ctx=ctx, dtype=data.dtype) for b in buckets]
+    views, grad_views = [None] * len(params), [None] * len(params)
+    for b, grad in zip(buckets, grads):   # basic slices and reshapes of an NDArray share its memory
+        for i in range(b.first, b.stop):
+            views[i] = data[offsets[i]:offsets[i + 1]].reshape(params[i].shape)
+            grad_views[i] = grad[offsets[i] - b.start:offsets[i + 1] - b.start].reshape(params[i].shape)
+    autograd.mark_variables(views, grad_views)
+    return FlatReplica(views, data, grads, buckets)
 
 
 def block_state(block):
@@ -125,40 +192,6 @@ def block_state(block):
     return names, arrays, aux_names, aux_arrays
 
 
-def allreduce_grads(device_params, algorithm=DEFAULT_ALGORITHM, active=None, compressor=None):
-    """Sum the replicas' gradients, in place: afterwards every replica's ``param.grad`` holds the sum.
-
-    Parameters
-    ----------
-    device_params : list of list of NDArray
-        One replica per context (from ``get_params``).
-    algorithm : str
-        See ``parallel.comm.allreduce``. Flat replicas (``FlatReplica``) are reduced in one call over their
-        gradient buffers, unless ``"naive"``: one call per tensor, as in the textbook.
-    active : int, optional
-        Replicas ``active..`` computed nothing this step (a batch smaller than the number of replicas):
-        their gradients are zeroed first, so they contribute nothing and stale gradients never leak in.
-    compressor : parallel.compress.Compressor, optional
-        Move compressed payloads between the contexts instead of the flat gradient buffers, with error
-        feedback (``parallel.compress.compressed_allreduce``); flat replicas only.
-    """
-    flat = all(isinstance(params, FlatReplica) for params in device_params)
-    for params in device_params[len(device_params) if active is None else active:]:
-        for grad in grads_of(params):
-            grad[:] = 0
-    if compressor is not None and len(device_params) > 1:
-        if not flat:
-            raise ValueError("compression works on flat replicas: build them with get_params from parameters of "
-                             "one dtype, or train without compression")
-        compressor.reduce([params.grad for params in device_params], algorithm,
-                          [param.shape for param in device_params[0]])
-    elif flat and algorithm != "naive":            # the whole model in one reduction
-        allreduce([params.grad for params in device_params], algorithm)
-    else:                                          # the textbook: one reduction per tensor
-        for i in range(len(device_params[0])):
-            allreduce([params[i].grad for params in device_params], algorithm)
-
-
 def grads_of(params):
-    """A replica's gradient buffers: ``[params.grad]`` for a ``FlatReplica`` (one buffer), else each array's."""
-    return [params.grad] if isinstance(params, FlatReplica) else [param.grad for param in params]
+    """A replica's gradient buffers: ``params.grads`` for a ``FlatReplica`` (one a bucket), else each array's."""
+    return list(params.grads) if isinstance(params, FlatReplica) else [param.grad for param in params]

@@ -1,9 +1,13 @@
-"""Gradient compression with error feedback: send less where gradients cross a boundary.
+"""Gradient compression with error feedback: codecs that send less where gradients cross a boundary.
 
-- ``compressors``: the compressors (``FP16``, ``TwoBit``, ``TopK``, ``PowerSGD``), each keeping a residual per
-  gradient buffer so that what it did not send is added to the next step's gradient; ``compressed_allreduce``,
-  the allreduce of K flat gradient buffers that copies compressed payloads between the contexts instead of the
-  buffers; ``make_compressor(spec)``.
+- ``codec``: the interface (``Codec``: encode, decode, a residual per gradient buffer so that what was not sent is
+  added to the next step's gradient) and the protocols that reduce through a transport they are given;
+- one codec a file: ``fp16`` (``FP16``), ``twobit`` (``TwoBit``), ``topk`` (``TopK``), ``powersgd``
+  (``PowerSGD``); ``registry``: ``make_codec(spec)``;
+- ``feedback``: error feedback in a checkpoint, named by worker and context, and placed on another layout.
+
+The codecs move nothing themselves: ``parallel.comm.reducer`` runs them as communication hooks, the transport
+theirs to use. This package imports nothing else of ``parallel``.
 
 The names parse here, without MXNet, so that the CLI checks ``--compression`` before MXNet starts:
 
@@ -66,8 +70,9 @@ def parse_compression(spec, name="compression"):
     return kind, number
 
 
-_SOURCES = {"compressors": ["Compressor", "FP16", "TwoBit", "TopK", "PowerSGD", "make_compressor",
-                            "compressed_allreduce", "as_compressor"],
+_SOURCES = {"codec": ["Codec"], "fp16": ["FP16"], "twobit": ["TwoBit"], "topk": ["TopK"], "powersgd": ["PowerSGD"],
+            "registry": ["make_codec", "as_codec", "CODECS"],
             "feedback": ["job_names", "split_name", "place", "expected_residuals"]}
-__all__ = ["COMPRESSIONS", "DEFAULT_THRESHOLD", "parse_compression"] + _SOURCES["compressors"] + _SOURCES["feedback"]
+__all__ = ["COMPRESSIONS", "DEFAULT_THRESHOLD", "parse_compression"] + [name for names in _SOURCES.values()
+                                                                         for name in names]
 __getattr__, __dir__ = lazy_exports(__name__, _SOURCES)

@@ -48,7 +48,7 @@ def place(saved, rank, num_workers, num_contexts):
     """Worker ``rank``'s share of a checkpoint's error-feedback state ``saved`` (``"w<r>/..."`` names, as
     ``job_names`` gives them) for a run of ``num_workers`` workers of ``num_contexts`` contexts each.
 
-    Returns ``(state, note)``: the state for ``Compressor.load_state`` (numpy arrays), and None, or a sentence
+    Returns ``(state, note)``: the state for ``Codec.load_state`` (``Reducer.load_state``) (numpy arrays), and None, or a sentence
     saying that residuals were dropped (a single context in a single process compresses nothing).
     """
     workers = {}

@@ -12,7 +12,7 @@ from mxnet import gluon
 from ..validate import check_int, check_seed
 
 __all__ = ["LENET_SHAPES", "LENET_PARAM_NAMES", "LENET_LAYERS", "init_lenet_params", "lenet", "lenet_layers",
-           "lenet_cached", "CachedNet", "cached_graph", "GraphCache", "softmax_cross_entropy"]
+           "lenet_cached", "CachedNet", "cached_graph", "GraphCache", "softmax_cross_entropy", "BACKWARD_BULK_SIZE"]
 
 #: Shapes of the eight LeNet parameters, in the order ``lenet`` takes them.
 LENET_SHAPES = [
@@ -135,9 +135,19 @@ def lenet(X, params, F=None):
     return lenet_layers(X, params, F=F)
 
 
-def cached_graph(symbol, data_names):
+#: Operators a cached graph's backward pass runs as one engine operation (MXNet's ``backward_bulk_size``; its
+#: default is 15, ``MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN_BWD``). Bounded, the gradients appear layer by layer, so
+#: that a ``Reducer`` bucket's sum starts while the earlier layers' backward runs; with 15, LeNet's backward is
+#: three operations and its last bucket is written with the rest. Measured (benchmarks/overlap.py): bounding it
+#: costs LeNet and ResNet-18 nothing measurable on CPU contexts.
+BACKWARD_BULK_SIZE = 2
+
+
+def cached_graph(symbol, data_names, backward_bulk_size=None):
     """``symbol`` as MXNet's ``CachedOp`` with static memory and shapes, its inputs but ``data_names`` declared as
-    *parameters* (``param_indices``), as gluon declares a hybridized block's parameters.
+    *parameters* (``param_indices``), as gluon declares a hybridized block's parameters, its backward pass run in
+    engine operations of at most ``backward_bulk_size`` operators (default ``BACKWARD_BULK_SIZE``, read at the
+    call).
 
     The declaration matters for speed: MXNet binds a static graph's parameters once and runs the operators that
     read them in engine bulks, where it re-binds, one by one, every operator that reads a *data* input at every
@@ -155,7 +165,8 @@ def cached_graph(symbol, data_names):
     inputs = symbol.list_inputs()
     data = [i for i, name in enumerate(inputs) if name in data_names]
     flags = [("static_alloc", True), ("static_shape", True), ("data_indices", data),
-             ("param_indices", [i for i in range(len(inputs)) if i not in data])]
+             ("param_indices", [i for i in range(len(inputs)) if i not in data]),
+             ("backward_bulk_size", int(BACKWARD_BULK_SIZE if backward_bulk_size is None else backward_bulk_size))]
     return mx.nd.CachedOp(symbol, flags=flags), inputs
 
 

@@ -5,32 +5,34 @@ It works on *groups*: the replicas that hold the same parameters on distinct con
 group of K replicas; hybrid parallelism: one group per stage; model and pipeline parallelism: one group of one
 replica per stage). For each group, with ``zero`` the optimizer's stage:
 
-- ``zero=0``: all-reduce the gradients (``allreduce_grads``); every context updates its whole flat buffer with
-  its whole copy of the optimizer state (replicated, as ``gluon.Trainer`` keeps it on every device);
+- ``zero=0``: the ``Reducer`` all-reduces the gradients, bucket by bucket; every context updates its whole flat
+  buffer (one update a bucket) with its whole copy of the optimizer state (replicated, as ``gluon.Trainer`` keeps
+  it on every device);
 - ``zero=1`` (ZeRO stage 1, PyTorch's ``ZeroRedundancyOptimizer``): all-reduce; context ``i`` updates only its
-  shard ``shard_range(n, K, i)`` of the buffer, with the state of that shard alone (``1/K`` of it); then the
+  shard ``shard_range(n, K, i)`` of each bucket, with the state of those shards alone (``1/K`` of it); then the
   parameters are all-gathered;
-- ``zero=2`` (stage 2): the gradients are reduce-scattered instead (the first half of the ring), context ``i``
-  updates its shard, and the parameters are all-gathered (the second half): the ring allreduce cut in two, the
-  optimizer in the middle, with no more bytes moved than ``zero=0``.
+- ``zero=2`` (stage 2): each bucket's gradients are reduce-scattered instead (the first half of the ring),
+  context ``i`` updates its shards, and the parameters are all-gathered (the second half): the ring allreduce cut
+  in two, the optimizer in the middle, with no more bytes moved than ``zero=0``.
 
 The update of a shard is the same elementwise operator on the same values as the update of the whole buffer, so
 every stage gives the same model (``zero=2`` sums in the reduce-scatter's order, the same as the ring's).
-Clipping by global norm needs the norm of the whole summed gradient: each context contributes the squared norm
-of what it owns, and every context adds the same contributions in the same order, so the scale is bitwise the
-same everywhere (and on every worker, whose summed gradients are the same bits).
+Clipping by global norm needs the norm of the whole summed gradient: the squared norm of every tensor (with
+``zero=2``, of every shard a context owns) is added, in the same order on every context, so the scale is bitwise
+the same everywhere (and on every worker, whose summed gradients are the same bits).
 
-Across processes (``across``: the kvstore, ``parallel.job.allreduce_across``), each worker's contexts
-reduce first, then the workers' sums are summed: with ``zero=2``, each context's shard alone. The state is
+Across processes (the reducer's ``job``), each worker's contexts reduce first, then the workers' sums are summed
+through the kvstore (``parallel.job.allreduce_across``): with ``zero=2``, each context's shard alone. The state is
 sharded over a worker's contexts and replicated over the workers (what PyTorch's FSDP calls hybrid sharding).
 """
 from typing import NamedTuple
 
 import mxnet as mx
 
-from ..comm import DEFAULT_ALGORITHM, SHARDED_ALGORITHMS
-from ..comm.algorithms import all_gather, reduce_scatter, shard_range
-from ..comm.replica import FlatReplica, allreduce_grads, grads_of
+from ..comm import SHARDED_ALGORITHMS
+from ..comm.algorithms import all_gather, shard_range
+from ..comm.reducer import allreduce_hook, as_reducer
+from ..comm.replica import FlatReplica, grads_of
 from ..validate import check_int
 from .optimizers import SGD, Optimizer
 
@@ -57,13 +59,17 @@ def as_optimizer(lr=None, optimizer=None):
 
 
 def _regions(group, zero):
-    """The elements ``(start, stop)`` of its flat buffer each replica of ``group`` updates."""
-    if zero == 0 or not isinstance(group[0], FlatReplica):
-        return [None] * len(group)   # the whole replica
-    return [shard_range(group[0].data.size, len(group), i) for i in range(len(group))]
+    """The element ranges ``(start, stop)`` of its flat buffer each replica of ``group`` updates, one a bucket: the
+    whole bucket (``zero=0``) or the replica's shard of it (``shard_range``); None for a list of arrays."""
+    if not isinstance(group[0], FlatReplica):
+        return [None] * len(group)
+    layouts, k = group[0].buckets, len(group)
+    if zero == 0:
+        return [[(b.start, b.end) for b in layouts]] * k
+    return [[tuple(b.start + x for x in shard_range(b.end - b.start, k, i)) for b in layouts] for i in range(k)]
 
 
-def _check_groups(groups, zero, algorithm):
+def _check_groups(groups, zero, reducer):
     for g, group in enumerate(groups):
         if not group:
             raise ValueError(f"groups[{g}] is empty; a group holds the replicas of the same parameters")
@@ -71,30 +77,29 @@ def _check_groups(groups, zero, algorithm):
         if zero and not flat:
             raise ValueError("zero > 0 shards flat buffers: build the replicas with get_params from parameters of "
                              "one dtype, or use zero=0")
-        if zero == 2 and len(group) > 1 and algorithm not in SHARDED_ALGORITHMS:
-            raise ValueError(f"zero=2 reduce-scatters the gradients, which the {algorithm} allreduce cannot; use "
-                             f"algorithm {' or '.join(repr(a) for a in SHARDED_ALGORITHMS)}")
+        if zero == 2 and len(group) > 1 and reducer.algorithm not in SHARDED_ALGORITHMS:
+            raise ValueError(f"zero=2 reduce-scatters the gradients, which the {reducer.algorithm} allreduce cannot; "
+                             f"use algorithm {' or '.join(repr(a) for a in SHARDED_ALGORITHMS)}")
 
 
-def _reduce(group, zero, algorithm, active, across, regions, compressor=None):
-    """Sum the group's gradients: all-reduced (zero 0, 1) or reduce-scattered (zero 2), then over the workers."""
-    if zero < 2:
-        allreduce_grads(group, algorithm, active, compressor)
-        if across is not None:
-            across(group, None)
-        return
-    for replica in group[len(group) if active is None else active:]:   # idle replicas add nothing
-        replica.grad[:] = 0
-    reduce_scatter([replica.grad for replica in group], algorithm)
-    if across is not None:
-        across(group, regions)
+def _pieces(replica, regions):
+    """``(region, weight, grad)`` of each bucket's non-empty region of a flat replica: views of its parameter
+    buffer and of the bucket's gradient buffer."""
+    pieces = []
+    for (start, stop), layout, grad in zip(regions, replica.buckets, replica.grads):
+        if stop > start:
+            pieces.append(((start, stop), replica.data[start:stop],
+                           grad[start - layout.start:stop - layout.start]))
+    return pieces
 
 
 def _owned_grads(group, regions, zero):
-    """The gradient buffers whose squared norms add up to the group's whole summed gradient, once each."""
+    """The gradients whose squared norms add up to the group's whole summed gradient, once each: every tensor's
+    (``zero`` 0 and 1: the same pieces whatever the buckets), or each replica's owned shards (``zero=2``)."""
     if zero == 2:
-        return [replica.grad[a:b] for replica, (a, b) in zip(group, regions) if b > a]
-    return grads_of(group[0])
+        return [grad for replica, replica_regions in zip(group, regions)
+                for _, _, grad in _pieces(replica, replica_regions)]
+    return [param.grad for param in group[0]]
 
 
 def _clip(clip_norm, groups, regions, zero, batch_size):
@@ -109,31 +114,24 @@ def _clip(clip_norm, groups, regions, zero, batch_size):
                 total = mx.nd.add_n(*[p.as_in_context(ctx) for p in partials])
                 norm = total.sqrt() / batch_size
                 scales[ctx] = mx.nd.clip(clip_norm / (norm + CLIP_EPS), 0.0, 1.0)
-            grads = grads_of(replica) if region is None else [replica.grad[region[0]:region[1]]]
+            grads = grads_of(replica) if region is None else [grad for _, _, grad in _pieces(replica, region)]
             for grad in grads:
                 if grad.size:
                     mx.nd.broadcast_mul(grad, scales[ctx], out=grad)
 
 
-def _update(optimizer, replica, region, lr, rescale, t):
-    """Update ``replica`` (its whole buffer, each of its arrays, or the elements ``region`` of its buffer)."""
+def _update(optimizer, replica, regions, lr, rescale, t):
+    """Update ``replica``: each of its arrays (a list), or each bucket's region of its flat buffer."""
     if not isinstance(replica, FlatReplica):   # a list of arrays: one update per array
         for param in replica:
             optimizer.update(param, param.grad, optimizer.state_for(param, (id(param), None), param), lr, rescale, t)
         return
-    if region is None:
-        weight, grad = replica.data, replica.grad
-    else:
-        start, stop = region
-        if start == stop:
-            return
-        weight, grad = replica.data[start:stop], replica.grad[start:stop]
-    optimizer.update(weight, grad, optimizer.state_for(replica.data, (id(replica.data), region), weight), lr,
-                     rescale, t)
+    for region, weight, grad in _pieces(replica, regions):
+        optimizer.update(weight, grad, optimizer.state_for(replica.data, (id(replica.data), region), weight), lr,
+                         rescale, t)
 
 
-def optimizer_step(optimizer, groups, batch_size, algorithm=DEFAULT_ALGORITHM, active=None, across=None,
-                   compressor=None):
+def optimizer_step(optimizer, groups, batch_size, reducer=None, active=None):
     """One optimizer step of every replica of ``groups``, from the gradients each computed, in place.
 
     Parameters
@@ -145,38 +143,40 @@ def optimizer_step(optimizer, groups, batch_size, algorithm=DEFAULT_ALGORITHM, a
         on distinct contexts, each ``grad`` holding the gradient of its shard of the batch.
     batch_size : int
         The global batch: the summed gradient is divided by it (``rescale = 1 / batch_size``).
-    algorithm : str
-        The allreduce (``zero`` 0 and 1) or, for ``zero=2``, the reduce-scatter and all-gather: ``"ring"`` or
-        ``"fused"`` (``parallel.comm.SHARDED_ALGORITHMS``). ``zero=1`` all-gathers with the ring after a ring
-        allreduce and directly otherwise.
+    reducer : parallel.comm.Reducer or str, optional
+        How each group's gradients are summed (``Reducer.reduce``: its algorithm, buckets, hook and job; an
+        algorithm's name for ``Reducer(name)``). With ``zero=2`` its algorithm is the reduce-scatter and
+        all-gather: ``"ring"`` or ``"fused"`` (``parallel.comm.SHARDED_ALGORITHMS``); ``zero=1`` all-gathers
+        with the ring after a ring allreduce and directly otherwise.
     active : int, optional
         Replicas ``active..`` of each group computed nothing this step: they add zero.
-    across : callable, optional
-        ``across(group, regions)`` sums the group's gradients over the workers of a distributed job, in place:
-        the whole buffers (``regions`` None) or each replica's region (``zero=2``).
-    compressor : parallel.compress.Compressor, optional
-        Sum the gradients between the contexts as compressed payloads, with error feedback (``zero`` 0 and 1).
 
     Afterwards every replica of a group holds the same parameters. Nothing waits for the devices.
     """
     check_int(batch_size, "batch_size", low=1)
+    reducer = as_reducer(reducer)
     zero = optimizer.zero
-    _check_groups(groups, zero, algorithm)
-    if compressor is not None and zero == 2:
-        raise ValueError("zero=2 reduce-scatters the gradients, which compression does not do yet; use zero=0 or "
-                         "zero=1 with compression")
+    _check_groups(groups, zero, reducer)
+    if zero == 2 and reducer.hook is not allreduce_hook:
+        raise ValueError("zero=2 reduce-scatters the gradients, which compression (a communication hook) does not "
+                         "do; use zero=0 or zero=1 with compression")
     t = optimizer.num_update + 1
     lr = optimizer.lr_at(t)
     regions = [_regions(group, zero) for group in groups]
     for group, group_regions in zip(groups, regions):
-        _reduce(group, zero, algorithm, active, across, group_regions, compressor)
+        if zero == 2:
+            reducer.reduce_scatter(group, group_regions, active)
+        else:
+            reducer.reduce(group, active)
     if optimizer.clip_norm is not None:
         _clip(optimizer.clip_norm, groups, regions, zero, batch_size)
+    gather = "ring" if reducer.algorithm == "ring" else "fused"
     for group, group_regions in zip(groups, regions):
-        for replica, region in zip(group, group_regions):
-            _update(optimizer, replica, region, lr, 1.0 / batch_size, t)
+        for replica, replica_regions in zip(group, group_regions):
+            _update(optimizer, replica, replica_regions, lr, 1.0 / batch_size, t)
         if zero and len(group) > 1:
-            all_gather([replica.data for replica in group], "ring" if algorithm == "ring" else "fused")
+            for layout in group[0].buckets:
+                all_gather([replica.data[layout.start:layout.end] for replica in group], gather)
     optimizer.num_update = t
 
 
@@ -189,15 +189,16 @@ def _group_state(optimizer, group, regions):
         entries = [optimizer.states.get((id(p), None)) for p in first]
         return {name: [(e[1][k] if e else mx.nd.zeros(p.shape, dtype=p.dtype)).as_in_context(mx.cpu())
                        for e, p in zip(entries, first)] for k, name in enumerate(names)}
+    owned = [(region, replica) for replica, replica_regions in zip(group, regions) for region in replica_regions
+             if region[1] > region[0]]
+    if optimizer.zero == 0:
+        owned = [(region, first) for region in regions[0] if region[1] > region[0]]   # replicated: the first's
     pieces = {name: [] for name in names}
-    for replica, region in sorted(zip(group, regions), key=lambda item: (item[1] or (0, 0))[0]):
-        size = replica.data.size if region is None else region[1] - region[0]
-        entry = optimizer.states.get((id(replica.data), region))
+    for (start, stop), replica in sorted(owned, key=lambda item: item[0][0]):
+        entry = optimizer.states.get((id(replica.data), (start, stop)))
         for k, name in enumerate(names):
-            piece = entry[1][k] if entry else mx.nd.zeros((size,), dtype=first.data.dtype)
+            piece = entry[1][k] if entry else mx.nd.zeros((stop - start,), dtype=first.data.dtype)
             pieces[name].append(piece.as_in_context(mx.cpu()))
-        if region is None:
-            break   # replicated: the first replica's state is everyone's
     return {name: [mx.nd.concat(*parts, dim=0) if len(parts) > 1 else parts[0]]
             for name, parts in pieces.items() if parts}
 
@@ -248,7 +249,7 @@ def load_state(optimizer, groups, params, state):
     for g, group in enumerate(groups):
         by_index = {j: k for k, (gg, j) in enumerate(positions) if gg == g}
         first = group[0]
-        for i, (replica, region) in enumerate(zip(group, _regions(group, optimizer.zero))):
+        for i, (replica, regions) in enumerate(zip(group, _regions(group, optimizer.zero))):
             if not isinstance(first, FlatReplica):
                 for j, param in enumerate(replica):
                     optimizer.states[(id(param), None)] = (param, [state[name][by_index[j]].as_in_context(
@@ -256,10 +257,11 @@ def load_state(optimizer, groups, params, state):
                 continue
             flats = {name: mx.nd.concat(*[state[name][by_index[j]].reshape(-1) for j in range(len(first))], dim=0)
                      for name in names}
-            start, stop = (0, replica.data.size) if region is None else region
-            optimizer.states[(id(replica.data), region)] = (replica.data, [
-                flats[name][start:stop].as_in_context(replica.data.context).astype(replica.data.dtype)
-                for name in names])
+            for start, stop in regions:
+                if stop > start:
+                    optimizer.states[(id(replica.data), (start, stop))] = (replica.data, [
+                        flats[name][start:stop].as_in_context(replica.data.context).astype(replica.data.dtype)
+                        for name in names])
 
 
 class MemoryUse(NamedTuple):
@@ -279,8 +281,9 @@ def memory_per_context(optimizer, groups):
             arrays = [replica.data] if isinstance(replica, FlatReplica) else list(replica)
             ctx = arrays[0].context
             nbytes = sum(a.size * a.dtype(0).itemsize for a in arrays)
+            grad_bytes = sum(g.size * g.dtype(0).itemsize for g in grads_of(replica))
             params, grads, state = use.get(ctx, (0, 0, 0))
-            use[ctx] = (params + nbytes, grads + nbytes, state)
+            use[ctx] = (params + nbytes, grads + grad_bytes, state)
     for owner, states in optimizer.states.values():
         ctx = owner.context
         params, grads, state = use.get(ctx, (0, 0, 0))

@@ -33,29 +33,29 @@ import mxnet as mx
 from mxnet import autograd, gluon
 from mxnet.gluon.parameter import DeferredInitializationError
 
-from ..comm import ALGORITHMS, DEFAULT_ALGORITHM
+from ..comm.reducer import as_reducer
 from ..comm.replica import get_params
-from ..compress.compressors import as_compressor
 from ..evaluate import evaluate_accuracy
 from ..job import broadcast_aux, broadcast_params
 from ..models.gluon import GluonNet
 from ..split import split_and_load
-from ..step import allreduce_grads, train_step, update_replicas
-from ..validate import check_choice, check_contexts
+from ..step import train_step, update_replicas
+from ..validate import check_contexts
 
 __all__ = ["DataParallel", "data_parallel", "replicate", "parallel_apply", "gather"]
 
 
-def replicate(params, ctx_list):
+def replicate(params, ctx_list, bucket_mb=None):
     """One copy of ``params`` per context (``get_params``): the replicas of a function's parameters.
 
     Returns
     -------
     list of list of NDArray
-        ``device_params[i]`` on ``ctx_list[i]``, gradients attached; ``params`` is not modified.
+        ``device_params[i]`` on ``ctx_list[i]``, gradients attached (in buckets of at most ``bucket_mb`` MiB; None:
+        one buffer); ``params`` is not modified.
     """
     check_contexts(ctx_list)
-    return [get_params(params, ctx) for ctx in ctx_list]
+    return [get_params(params, ctx, bucket_mb) for ctx in ctx_list]
 
 
 def parallel_apply(module, X_shards, device_params=None):
@@ -183,22 +183,21 @@ class DataParallel:
     params : list of NDArray or gluon.Block, optional
         Required for a function, refused for a Block: its initial parameters (LeNet's arrays, or a gluon block
         whose arrays ``get_params`` copies into flat replicas), copied to every context; not modified.
-    algorithm : str
-        How ``allreduce_grads`` sums gradients, one of ``parallel.comm.ALGORITHMS``.
-    job : parallel.job.Job, optional
-        Train as one worker of a distributed job (a function module only): every worker's replicas get rank
-        0's parameters and running statistics (a collective call: every worker must make it), each step
+    reducer : parallel.Reducer or str, optional
+        How the gradients are summed (``parallel.comm.Reducer``; an algorithm's name for ``Reducer(name)``, the
+        default ``Reducer()``): its algorithm, its buckets (a function's replicas are laid out in them, so that a
+        bucket's sum starts while backward computes the earlier layers), its compression, and its ``job``: with
+        a job, train as one worker of a distributed job (a function module only): every worker's replicas get
+        rank 0's parameters and running statistics (a collective call: every worker must make it), each step
         trains this worker's slice of the global batch and sums the gradients over the workers, evaluation
         combines the workers' counts. BatchNorm is synchronized across a worker's contexts, not across workers.
-    compression : str or parallel.compress.Compressor, optional
-        A function module only: sum the gradients between the contexts as compressed payloads with error
-        feedback (``parallel.compress``: ``"fp16"``, ``"2bit"``, ``"topk:0.01"``, ``"powersgd:4"``); None or
-        ``"none"``: uncompressed.
+        A gluon Block's gradients are summed a parameter at a time, uncompressed, in one process.
 
     Attributes
     ----------
-    module, ctx_list, algorithm, job
-    compressor : parallel.compress.Compressor or None
+    module, ctx_list, reducer
+    job : parallel.job.Job or None
+        The reducer's job.
     name : str
         ``"data"``.
     device_params : list of list of NDArray
@@ -209,36 +208,38 @@ class DataParallel:
 
     name = "data"
 
-    def __init__(self, module, ctx_list, params=None, algorithm=DEFAULT_ALGORITHM, job=None, compression=None):
+    def __init__(self, module, ctx_list, params=None, reducer=None):
         self.ctx_list = check_contexts(ctx_list)
-        self.module, self.algorithm, self.job = module, check_choice(algorithm, "algorithm", ALGORITHMS), job
-        self.compressor = as_compressor(compression)
+        self.module, self.reducer = module, as_reducer(reducer)
         if isinstance(module, gluon.Block):
             if params is not None:
                 raise TypeError("params= is for a function of (inputs, params); a gluon Block holds its own "
                                 "parameters: drop params=")
-            if job is not None:
-                raise TypeError("job= takes a function of (inputs, params) on flat replicas, not a gluon Block; "
-                                "pass GluonNet(block) with params=block")
-            if self.compressor is not None:
-                raise TypeError("compression= takes a function of (inputs, params) on flat replicas, not a gluon "
-                                "Block; pass GluonNet(block) with params=block")
+            if self.job is not None or self.reducer.codec is not None:
+                what = "a job" if self.job is not None else "compression"
+                raise TypeError(f"a reducer with {what} takes a function of (inputs, params) on flat replicas, not "
+                                "a gluon Block; pass GluonNet(block) with params=block")
             _place_block(module, self.ctx_list)
             self._net = _BlockFunction(module)
         elif callable(module):
             if params is None:
                 raise TypeError(f"module {getattr(module, '__name__', module)!r} is a function: pass its "
                                 "parameters with params=[...] (e.g. init_lenet_params())")
-            self._device_params = replicate(params, self.ctx_list)
+            self._device_params = self.reducer.replicate(params, self.ctx_list)
             self._net = module
-            if job is not None:
-                broadcast_params(job, self._device_params)
-                broadcast_aux(job, self._device_params)
+            if self.job is not None:
+                broadcast_params(self.job, self._device_params)
+                broadcast_aux(self.job, self._device_params)
         else:
             raise TypeError(f"module must be a gluon Block or a function of (inputs, params), got {module!r}")
 
     def __repr__(self):
         return f"DataParallel({self.describe()})"
+
+    @property
+    def job(self):
+        """The distributed job this strategy trains in (its reducer's), or None."""
+        return self.reducer.job
 
     @property
     def device_params(self):
@@ -254,16 +255,12 @@ class DataParallel:
 
     def describe(self):
         """One line: how the replicas are kept and summed."""
-        line = f"one replica per context, gradients summed with the {self.algorithm} allreduce"
-        if self.compressor is not None and len(self.ctx_list) > 1:
-            line = (f"one replica per context, gradients summed as {self.compressor.spec} payloads with error "
-                    "feedback")
+        summed = self.reducer.describe(len(self.ctx_list))
+        line = "one replica per context" + (f", {summed}" if summed else "")
         if isinstance(self._net, GluonNet) and self._net.has_batchnorm and len(self.ctx_list) > 1:
             line += ", BatchNorm over the whole batch" if self._net.sync_batchnorm else ", BatchNorm per context"
         if self.job is not None:
-            line += f", then over {self.job.num_workers} worker(s) through the {self.job.kv.type} kvstore"
-            if self.compressor is not None:
-                line += f" as {self.compressor.spec} payloads"
+            line += f", over {self.job.num_workers} worker(s) through the {self.job.kv.type} kvstore"
             if self.aux():
                 line += " (BatchNorm statistics per worker)"
         return line
@@ -306,7 +303,7 @@ class DataParallel:
         Call after ``backward()`` and before an update of your own (or use ``step``). Contexts that got
         no shard in the last ``forward`` (a batch smaller than ``len(ctx_list)``) contribute zero.
         """
-        allreduce_grads(self.device_params, self.algorithm, compressor=self.compressor)
+        self.reducer.reduce(self.device_params)
 
     def update(self, lr, batch_size):
         """SGD on every replica, in place: ``param -= lr * param.grad / batch_size`` (``update_replicas``)."""
@@ -326,9 +323,8 @@ class DataParallel:
         ``accumulate`` micro-batches; returns (summed loss, correct count), each (1,) on ``ctx_list[0]``, not
         waited for."""
         kwargs = {} if loss is None else {"loss": loss}
-        return train_step(X, y, self.device_params, self.ctx_list, lr, net=self._net, algorithm=self.algorithm,
-                          job=self.job, optimizer=optimizer, accumulate=accumulate, compression=self.compressor,
-                          **kwargs)
+        return train_step(X, y, self.device_params, self.ctx_list, lr, net=self._net, reducer=self.reducer,
+                          optimizer=optimizer, accumulate=accumulate, **kwargs)
 
     def groups(self):
         """The replicas as ``parallel.optim.optimizer_step`` takes them: one group of one replica per context."""

@@ -20,11 +20,11 @@ stage in lockstep (stage ``s`` on every replica, then stage ``s+1``), so a stage
 over the whole batch, not over one replica's shard (``GluonNet.forward_all`` sums the statistics across the
 contexts holding the stage): the same model as one context, and the same running statistics on every replica.
 """
-from ..comm import ALGORITHMS, DEFAULT_ALGORITHM
+from ..comm.reducer import as_reducer
 from ..evaluate import accuracy
 from ..models.lenet import softmax_cross_entropy
 from ..step import step_replicas
-from ..validate import check_choice, check_contexts
+from ..validate import check_contexts
 from .model import ModelParallel, _Cut, _forward_all
 
 __all__ = ["Hybrid", "hybrid_groups"]
@@ -64,8 +64,9 @@ class Hybrid:
         ``ctx_list[r*S + s]``.
     stages, boundaries
         Where to cut, see ``stage_ranges`` (default: two stages).
-    algorithm : str
-        Allreduce algorithm, see ``parallel.comm.allreduce``.
+    reducer : parallel.Reducer or str, optional
+        How each stage's gradients are summed over the R contexts holding it (``parallel.comm.Reducer``, or an
+        algorithm's name); its buckets lay out each stage's replicas. One process, uncompressed.
 
     Attributes
     ----------
@@ -74,21 +75,23 @@ class Hybrid:
         after every step.
     nets : list of callable
         ``nets[s](X, params)`` runs stage ``s``, shared by the replicas.
-    ranges, ctx_list, algorithm
+    ranges, ctx_list, reducer
     """
 
     name = "hybrid"
     job = None
 
-    def __init__(self, model, ctx_list, stages=None, boundaries=None, algorithm=DEFAULT_ALGORITHM):
-        check_choice(algorithm, "algorithm", ALGORITHMS)
+    def __init__(self, model, ctx_list, stages=None, boundaries=None, reducer=None):
+        self.reducer = as_reducer(reducer)
+        if self.reducer.job is not None or self.reducer.codec is not None:
+            raise ValueError("reducer: the hybrid strategy sums its stages in one process, uncompressed; give it a "
+                             "Reducer without a job or compression")
         cut = _Cut(model, stages, boundaries)
         self.ranges, self.nets = cut.ranges, cut.nets
         groups = hybrid_groups(ctx_list, len(self.ranges))
         self.ctx_list = list(ctx_list)
-        self.algorithm = algorithm
         self._cut = cut
-        self.replicas = [ModelParallel._from_cut(cut, group) for group in groups]
+        self.replicas = [ModelParallel._from_cut(cut, group, self.reducer.bucket_mb) for group in groups]
 
     def __repr__(self):
         return f"Hybrid({self.describe()})"

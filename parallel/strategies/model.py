@@ -37,7 +37,6 @@ from ..evaluate import accuracy
 from ..models.gluon import GluonNet
 from ..models.lenet import LENET_LAYERS, LENET_SHAPES, lenet_layers, softmax_cross_entropy
 from ..split import shard_sizes
-from ..comm import DEFAULT_ALGORITHM
 from ..step import step_replicas
 from ..validate import check_contexts, check_int
 from . import DEFAULT_STAGES
@@ -217,8 +216,9 @@ class MicroBatches:
     def aux(self, r):
         return []   # the micro-batches share one model: none is ever idle with its own statistics
 
-    #: ``backward`` over all the parts' losses already sums each gradient over them: each stage is a group of one.
-    algorithm = DEFAULT_ALGORITHM
+    #: ``backward`` over all the parts' losses already sums each gradient over them: each stage is a group of one,
+    #: which the default reducer leaves as it is.
+    reducer = None
     job = None
 
     def groups(self):
@@ -275,19 +275,20 @@ class ModelParallel:
         return self
 
     @classmethod
-    def _from_cut(cls, cut, ctx_list):
-        """A ``ModelParallel`` of an existing ``_Cut`` (``Hybrid``'s replicas share one)."""
+    def _from_cut(cls, cut, ctx_list, bucket_mb=None):
+        """A ``ModelParallel`` of an existing ``_Cut`` (``Hybrid``'s replicas share one), each stage's gradients in
+        buckets of at most ``bucket_mb`` MiB (one buffer for None)."""
         model = cls.__new__(cls)
-        model._place(cut, ctx_list)
+        model._place(cut, ctx_list, bucket_mb)
         return model
 
-    def _place(self, cut, ctx_list):
+    def _place(self, cut, ctx_list, bucket_mb=None):
         self._cut = cut
         self.ranges = cut.ranges
         self.nets = cut.nets
         check_contexts(ctx_list, needed=len(self.ranges), what=f"{len(self.ranges)} stages")
         self.ctx_list = list(ctx_list[:len(self.ranges)])
-        self.stage_params = [get_params(source, ctx) for source, ctx in zip(cut.sources, self.ctx_list)]
+        self.stage_params = [get_params(source, ctx, bucket_mb) for source, ctx in zip(cut.sources, self.ctx_list)]
 
     def __repr__(self):
         return f"{type(self).__name__}({self.describe()})"

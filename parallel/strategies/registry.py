@@ -8,7 +8,7 @@
 """
 from mxnet import gluon
 
-from ..comm import DEFAULT_ALGORITHM
+from ..comm.reducer import as_reducer
 from ..models.gluon import as_net
 from ..models.lenet import lenet_cached
 from ..validate import check_contexts
@@ -22,7 +22,7 @@ __all__ = ["make_strategy"]
 
 
 def make_strategy(name, params, ctx_list, stages=None, boundaries=None, micro_batches=None, batch_size=None,
-                  algorithm=DEFAULT_ALGORITHM, job=None, compression=None):
+                  reducer=None):
     """Lay ``model`` out on ``ctx_list`` for the parallel style ``name``.
 
     Parameters
@@ -44,14 +44,12 @@ def make_strategy(name, params, ctx_list, stages=None, boundaries=None, micro_ba
         short last batch of an epoch) is trained in one micro-batch per example.
     batch_size : int, optional
         When given, more micro-batches than ``batch_size`` are refused up front.
-    algorithm : str
-        Allreduce algorithm for ``"data"`` and ``"hybrid"``.
-    job : parallel.job.Job, optional
-        ``"data"`` only: train as one worker of a distributed job (see ``DataParallel``; a collective call).
-        BatchNorm normalises over the worker's slice, synchronized across its contexts but not across the
-        workers, so a job with BatchNorm is not the same computation as one context.
-    compression : str or parallel.compress.Compressor, optional
-        ``"data"`` only: gradients summed between the contexts as compressed payloads (see ``DataParallel``).
+    reducer : parallel.Reducer or str, optional
+        How ``"data"`` and ``"hybrid"`` sum the gradients (``parallel.comm.Reducer``: algorithm, buckets,
+        compression, job; an algorithm's name for ``Reducer(name)``). A reducer with a job (``"data"`` only)
+        trains as one worker of a distributed job (see ``DataParallel``; a collective call): BatchNorm normalises
+        over the worker's slice, synchronized across its contexts but not across the workers, so a job with
+        BatchNorm is not the same computation as one context. Compression: ``"data"`` only.
 
     Returns
     -------
@@ -65,16 +63,17 @@ def make_strategy(name, params, ctx_list, stages=None, boundaries=None, micro_ba
         For an unknown name, an empty or repeated ``ctx_list``, an option the strategy does not take, or a
         layout the contexts cannot hold.
     """
-    check_options(name, stages, boundaries, micro_batches, batch_size, distributed=job is not None)
+    reducer = as_reducer(reducer)
+    check_options(name, stages, boundaries, micro_batches, batch_size, distributed=reducer.job is not None)
     check_contexts(ctx_list)
-    if compression not in (None, "none") and name != "data":
+    if reducer.codec is not None and name != "data":
         raise ValueError(f"compression applies to the data strategy's allreduce; strategy {name!r} takes none")
     if name == "data":
         net = as_net(params) if isinstance(params, gluon.Block) else lenet_cached
-        return DataParallel(net, ctx_list, params=params, algorithm=algorithm, job=job, compression=compression)
+        return DataParallel(net, ctx_list, params=params, reducer=reducer)
     if name == "model":
         return ModelParallel(params, ctx_list, stages, boundaries)
     if name == "pipeline":
         return Pipeline(params, ctx_list, stages, boundaries,
                         DEFAULT_MICRO_BATCHES if micro_batches is None else micro_batches, short_batches=True)
-    return Hybrid(params, ctx_list, stages, boundaries, algorithm)
+    return Hybrid(params, ctx_list, stages, boundaries, reducer)

@@ -1,0 +1,428 @@
+"""The Reducer: how a step's gradients are summed, in buckets that travel while the backward pass still runs.
+
+A ``Reducer`` owns the whole of it, as PyTorch DDP's does: the allreduce ``algorithm`` between the contexts of a
+process, the ``bucket_mb`` its replicas' gradients are laid out in (``replicate``), the distributed ``job`` whose
+workers sum them too, and one *communication hook* that reduces a bucket: by default the hierarchical allreduce
+(``allreduce_hook``: the contexts with ``algorithm``, then the workers through the kvstore), with ``compression``
+a codec's hook (``CompressionHook``), or the user's own (``register_comm_hook``).
+
+Overlap. A bucket is its own gradient buffer (``parallel.comm.replica``), the last layers in the first bucket.
+``Reducer.reduce`` is called right after ``backward()`` returns, long before the gradients exist (MXNet's engine
+runs asynchronously): it queues every bucket's reduction, and the engine starts each one as soon as the backward
+pass has written that bucket, while it goes on computing the earlier layers; across processes each bucket's push
+and pull go out with a priority that favours the first layers' buckets, which the next forward needs first.
+Bucketing changes when bytes move, never what is summed: every bucket size trains the same model, bit for bit
+where the sums are taken in the same order (``tests/test_reducer.py``).
+
+>>> import mxnet as mx
+>>> from parallel import init_lenet_params
+>>> reducer = Reducer("ring", bucket_mb=0.1)
+>>> device_params = reducer.replicate(init_lenet_params(seed=0), [mx.cpu(0), mx.cpu(1)])
+>>> [(b.first, b.stop) for b in device_params[0].buckets]   # LeNet's arrays, in buckets of at most 0.1 MiB
+[(5, 8), (4, 5), (0, 4)]
+"""
+import mxnet as mx
+
+from ..compress import COMPRESSIONS
+from ..compress.registry import as_codec
+from ..job import BUCKET_KEYS, allreduce_across, bucket_key
+from ..validate import check_choice
+from . import ALGORITHMS, DEFAULT_ALGORITHM, DEFAULT_BUCKET_MB, SHARDED_ALGORITHMS
+from .algorithms import allreduce, exclusive, receive, reduce_scatter, scratch
+from .replica import FlatReplica, bucket_bytes, get_params, grads_of
+
+__all__ = ["Reducer", "GradBucket", "BucketComm", "allreduce_hook", "CompressionHook", "as_reducer",
+           "allreduce_grads", "compressed_allreduce"]
+
+
+class GradBucket:
+    """What a communication hook reduces: one bucket of every replica of a group.
+
+    Attributes
+    ----------
+    index : int
+        The bucket's place in the reduction order (0: the last layers, whose gradients come first).
+    num_buckets : int
+    grads : list of NDArray
+        The bucket's flat gradient buffer on each context (replica order); the hook leaves the sum in each.
+    shapes : list of tuple
+        The shapes of the parameters laid out one after another in the buffer.
+    first : int
+        The index (in the replica) of the bucket's first parameter.
+    """
+
+    def __init__(self, index, num_buckets, grads, shapes, first=0):
+        self.index, self.num_buckets, self.grads, self.shapes, self.first = index, num_buckets, grads, shapes, first
+
+    def __repr__(self):
+        return (f"GradBucket({self.index} of {self.num_buckets}: {len(self.shapes)} tensor(s), "
+                f"{self.grads[0].size} elements, {len(self.grads)} context(s))")
+
+    def tensors(self, k):
+        """The bucket's parameters' gradients on context ``k``, as views of their shapes."""
+        views, offset = [], 0
+        for shape in self.shapes:
+            size = int(_size(shape))
+            views.append(self.grads[k][offset:offset + size].reshape(shape))
+            offset += size
+        return views
+
+
+def _size(shape):
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+class BucketComm:
+    """The transport a communication hook uses for one bucket: between this process's contexts, and between the
+    workers of the job (under the bucket's own kvstore keys, with its priority).
+
+    Attributes
+    ----------
+    algorithm : str
+        The allreduce between contexts.
+    num_workers, rank : int
+        The job's (1 and 0 in one process).
+    """
+
+    def __init__(self, algorithm, job=None, bucket=0, priority=0):
+        self.algorithm, self.job, self.bucket, self.priority = algorithm, job, bucket, priority
+        self.num_workers = 1 if job is None else job.num_workers
+        self.rank = 0 if job is None else job.rank
+
+    def allreduce(self, arrays):
+        """Sum ``arrays`` (one a context, one shape and dtype) over the contexts and, in a job, over the workers,
+        in place: the hierarchical allreduce (``allreduce_contexts``, then ``allreduce_across``)."""
+        self.allreduce_contexts(arrays)
+        if self.job is not None:
+            self.allreduce_across(arrays)
+        return arrays
+
+    def allreduce_contexts(self, arrays):
+        """Sum ``arrays`` over this process's contexts, in place, with the reducer's algorithm."""
+        return allreduce(arrays, self.algorithm)
+
+    def allreduce_across(self, arrays, part=0):
+        """Sum ``arrays[0]`` over the workers (this bucket's key ``part``) and copy it to the other arrays."""
+        return allreduce_across(self.job, arrays, bucket_key(self.bucket, part), self.priority)
+
+    def allsum(self, array, part=0):
+        """Sum ``array`` over the workers, in place (this bucket's kvstore key ``part``, 1 .. 3 for a hook's own
+        rounds); a collective call: every worker makes the same calls in the same order."""
+        return self.job.allsum(bucket_key(self.bucket, part), array, self.priority)
+
+    def allgather(self, array, part=0):
+        """Every worker's 1-D ``array``, in rank order (``Job.allgather`` under this bucket's key ``part``)."""
+        return self.job.allgather(bucket_key(self.bucket, part), array, self.priority)
+
+    def receive(self, array, ctx, slot=0):
+        """``array`` copied to ``ctx`` into a persistent receive buffer (``parallel.comm.algorithms.receive``)."""
+        return receive(array, ctx, slot)
+
+    def scratch(self, ctx, shape, dtype, slot):
+        """A persistent buffer on ``ctx`` (``parallel.comm.algorithms.scratch``)."""
+        return scratch(ctx, shape, dtype, slot)
+
+
+def allreduce_hook(bucket, comm):
+    """The default communication hook: the bucket's sum over the contexts (``comm.algorithm``; ``naive``: one
+    reduction a tensor, as in the textbook) and, in a job, over the workers."""
+    if comm.algorithm == "naive":
+        for views in zip(*[bucket.tensors(k) for k in range(len(bucket.grads))]):
+            comm.allreduce_contexts(list(views))
+        if comm.job is not None:
+            comm.allreduce_across(bucket.grads)
+        return
+    comm.allreduce(bucket.grads)
+
+
+class CompressionHook:
+    """A codec (``parallel.compress``) as a communication hook: its payloads instead of the buffers between the
+    contexts (``Codec.reduce``) and between the workers (``Codec.across``), with error feedback.
+
+    Attributes
+    ----------
+    codec : parallel.compress.Codec
+    """
+
+    def __init__(self, codec):
+        self.codec = codec
+
+    def __repr__(self):
+        return f"CompressionHook({self.codec.spec!r})"
+
+    def __call__(self, bucket, comm):
+        grads = bucket.grads
+        if len(grads) > 1:
+            self.codec.reduce(grads, comm, bucket.shapes)
+        if comm.num_workers > 1:
+            self.codec.across(grads[0], comm, bucket.shapes)
+            for grad in grads[1:]:
+                grads[0].copyto(grad)
+
+
+class Reducer:
+    """How gradients are summed: the algorithm, the buckets, the communication hook, the job across processes.
+
+    Parameters
+    ----------
+    algorithm : str
+        The allreduce between this process's contexts, one of ``parallel.comm.ALGORITHMS``.
+    bucket_mb : float or None
+        The most MiB of gradients a bucket holds (``DEFAULT_BUCKET_MB``, 25, as PyTorch DDP); None: one bucket.
+        It lays out the replicas ``replicate`` makes; a reducer sums any replicas in the buckets they have.
+    compression : str or parallel.compress.Codec, optional
+        A codec spec (``"fp16"``, ``"2bit"``, ``"topk:0.01"``, ``"powersgd:4"``) or codec: its
+        ``CompressionHook`` reduces every bucket. Keep the reducer for the run: its residuals carry over.
+    job : parallel.job.Job, optional
+        The distributed job whose workers sum the gradients too (``parallel.job.join()``).
+
+    Attributes
+    ----------
+    algorithm, bucket_mb, job
+    hook : callable
+        ``hook(bucket, comm)``: reduces a ``GradBucket`` in place through ``comm`` (a ``BucketComm``).
+    codec : parallel.compress.Codec or None
+        The compression hook's codec, when the hook is one.
+    """
+
+    def __init__(self, algorithm=DEFAULT_ALGORITHM, bucket_mb=DEFAULT_BUCKET_MB, compression=None, job=None):
+        self.algorithm = check_choice(algorithm, "algorithm", ALGORITHMS)
+        bucket_bytes(bucket_mb)   # checks it
+        self.bucket_mb, self.job = bucket_mb, job
+        codec = as_codec(compression)
+        self.hook = allreduce_hook if codec is None else CompressionHook(codec)
+
+    def __repr__(self):
+        return f"Reducer({self.algorithm!r}, bucket_mb={self.bucket_mb!r}, hook={getattr(self.hook, '__name__', self.hook)})"
+
+    @property
+    def codec(self):
+        return getattr(self.hook, "codec", None)
+
+    def register_comm_hook(self, hook):
+        """Reduce every bucket with ``hook(bucket, comm)`` from now on (PyTorch DDP's ``register_comm_hook``): given
+        a ``GradBucket`` and its ``BucketComm``, it must leave in each of ``bucket.grads`` the same reduction,
+        over the contexts and, in a job, the workers (every worker calling the same collectives in the same
+        order). Returns the reducer."""
+        if not callable(hook):
+            raise TypeError(f"hook must be callable as hook(bucket, comm), got {hook!r}")
+        self.hook = hook
+        return self
+
+    def replicate(self, params, ctx_list):
+        """One replica of ``params`` per context (``get_params``), its gradients in this reducer's buckets."""
+        return [get_params(params, ctx, self.bucket_mb) for ctx in ctx_list]
+
+    def describe(self, num_contexts=2):
+        """How a group of ``num_contexts`` replicas is summed, in words ("" when there is nothing to sum)."""
+        if num_contexts < 2 and self.job is None:
+            return ""
+        codec = self.codec
+        if codec is not None:
+            line = f"gradients summed as {codec.spec} payloads with error feedback"
+        elif self.hook is not allreduce_hook:
+            line = f"gradients summed by the hook {getattr(self.hook, '__name__', type(self.hook).__name__)}"
+        else:
+            line = f"gradients summed with the {self.algorithm} allreduce"
+        if self.bucket_mb is not None:
+            line += f" in buckets of {self.bucket_mb:g} MB"
+        return line
+
+    def buckets(self, group):
+        """The ``GradBucket`` of each bucket of ``group`` (flat replicas), in reduction order."""
+        first = group[0]
+        return [GradBucket(b, len(first.buckets), [replica.grads[b] for replica in group],
+                           [param.shape for param in first[layout.first:layout.stop]], layout.first)
+                for b, layout in enumerate(first.buckets)]
+
+    def _comm(self, index, num_buckets):
+        # the first layers' bucket (reduced last, needed first by the next forward) gets the highest priority
+        return BucketComm(self.algorithm, self.job, index, priority=index - num_buckets + 1)
+
+    def reduce(self, group, active=None):
+        """Sum the gradients of ``group`` (the replicas of the same parameters, one a context) in place, bucket by
+        bucket, through the hook: afterwards every replica holds the sum over its contexts and the job's workers.
+
+        ``active``: replicas ``active..`` computed nothing this step (a batch smaller than the group): their
+        gradients are zeroed first, so they add nothing and no stale gradient leaks in. Queued, not waited for,
+        except the kvstore's first use of a key (a barrier of the workers).
+        """
+        for replica in group[len(group) if active is None else active:]:
+            for grad in grads_of(replica):
+                grad[:] = 0
+        if len(group) == 1 and self.job is None:
+            return
+        if not all(isinstance(replica, FlatReplica) for replica in group):
+            self._reduce_lists(group)
+            return
+        buckets = self.buckets(group)
+        with exclusive():
+            for bucket in buckets:
+                self.hook(bucket, self._comm(bucket.index, len(buckets)))
+
+    def _reduce_lists(self, group):
+        """Replicas that are plain lists of arrays (several dtypes): one allreduce a tensor, as in the textbook."""
+        if self.job is not None:
+            raise TypeError("a distributed step needs flat replicas: build device_params with get_params, whose "
+                            "parameters share one dtype")
+        if self.hook is not allreduce_hook:
+            raise TypeError("a communication hook reduces flat replicas: build them with get_params from "
+                            "parameters of one dtype")
+        for arrays in zip(*group):
+            allreduce([array.grad for array in arrays], self.algorithm)
+
+    def reduce_scatter(self, group, regions, active=None):
+        """ZeRO's stage 2: each bucket's gradients reduce-scattered over the group (``regions[i]``: the element
+        ranges of the flat buffer replica ``i`` owns, one a bucket), then each owned shard summed over the
+        workers; other elements hold partial sums."""
+        if self.hook is not allreduce_hook:
+            raise ValueError("zero=2 reduce-scatters the gradients, which a communication hook (compression) "
+                             "does not do; use zero=0 or zero=1")
+        check_choice(self.algorithm, "algorithm", SHARDED_ALGORITHMS)
+        for replica in group[len(group) if active is None else active:]:
+            for grad in replica.grads:
+                grad[:] = 0
+        layouts = group[0].buckets
+        with exclusive():
+            for b, layout in enumerate(layouts):
+                reduce_scatter([replica.grads[b] for replica in group], self.algorithm)
+                if self.job is None:
+                    continue
+                for i, replica in enumerate(group):
+                    start, stop = regions[i][b]
+                    if stop > start:
+                        if 4 + i >= BUCKET_KEYS:
+                            raise ValueError(f"zero=2 in a job sums each context's shard under its own key; "
+                                             f"{len(group)} contexts is too many (at most {BUCKET_KEYS - 4})")
+                        self.job.allsum(bucket_key(b, 4 + i), replica.grads[b][start - layout.start:stop - layout.start],
+                                        b - len(layouts) + 1)
+
+    def state(self, group):
+        """The communication hook's error feedback for ``group`` (a codec's residuals and ``Q`` matrices), whatever
+        the buckets: ``{"residual/c<k>": context k's residual over the whole flat buffer, "residual/across": ...,
+        "query/c<k>/<t>": ...}`` with ``t`` the parameter's index (``parallel.compress.Codec.state``'s names); ``{}``
+        without a codec. Waits for the devices."""
+        codec = self.codec
+        if codec is None:
+            return {}
+        state, pieces = {}, {}
+        for bucket in self.buckets(group):
+            across = bucket.grads[0] if self.job is not None else None
+            for name, value in codec.state(bucket.grads, across).items():
+                kind, where = name.split("/", 1)
+                if kind == "query":
+                    where, t = where.rsplit("/", 1)
+                    state[f"query/{where}/{bucket.first + int(t)}"] = value
+                else:
+                    pieces.setdefault(name, {})[bucket.index] = value
+        for name, found in pieces.items():   # the buckets' residuals, laid out as the flat buffer
+            parts = [found.get(b, mx.nd.zeros((layout.end - layout.start,), dtype=group[0].data.dtype))
+                     for b, layout in sorted(enumerate(group[0].buckets), key=lambda item: item[1].start)]
+            state[name] = mx.nd.concat(*parts, dim=0) if len(parts) > 1 else parts[0]
+        return state
+
+    def load_state(self, state, group):
+        """Continue from ``state`` (``state``'s form, numpy arrays or NDArrays) on ``group``: each bucket gets its
+        part of every residual and the ``Q`` of its parameters. ``ValueError`` naming ``compression_state`` for an
+        entry this layout does not have."""
+        codec = self.codec
+        if codec is None:
+            if state:
+                raise ValueError("compression_state: the checkpoint holds compression residuals but this run "
+                                 "compresses nothing; resume it with the same compression")
+            return
+        codec.reset()
+        for bucket, layout in zip(self.buckets(group), group[0].buckets):
+            local = {}
+            for name, value in state.items():
+                kind, where = name.split("/", 1) if "/" in name else (name, "")
+                if kind == "query":
+                    where, t = where.rsplit("/", 1)
+                    if t.isdigit() and layout.first <= int(t) < layout.stop:
+                        local[f"query/{where}/{int(t) - layout.first}"] = value
+                elif kind == "residual":
+                    if value.shape[0] != group[0].data.size:
+                        raise ValueError(f"compression_state: {name} has {value.shape[0]} elements, the model "
+                                         f"{group[0].data.size}; it belongs to another model")
+                    local[name] = value[layout.start:layout.end]
+                else:
+                    local[name] = value
+            codec.load_state(local, bucket.grads, bucket.grads[0] if self.job is not None else None)
+
+
+def as_reducer(reducer, name="reducer"):
+    """``reducer`` as a ``Reducer``: an algorithm's name gives ``Reducer(reducer)``, None the default, a
+    ``Reducer`` itself; ``TypeError`` naming ``name`` for anything else."""
+    if reducer is None:
+        return Reducer()
+    if isinstance(reducer, str):
+        if reducer.partition(":")[0] in COMPRESSIONS[1:]:
+            raise TypeError(f"{name}={reducer!r} is a compression spec, but a step needs a Reducer, whose residuals "
+                            f"carry over between steps: pass parallel.Reducer(compression={reducer!r}) and reuse it at "
+                            "every step")
+        return Reducer(reducer)
+    if not isinstance(reducer, Reducer):
+        raise TypeError(f"{name} must be a parallel.Reducer or an allreduce algorithm's name such as 'ring', got "
+                        f"{reducer!r}")
+    return reducer
+
+
+def allreduce_grads(device_params, reducer=DEFAULT_ALGORITHM, active=None):
+    """Sum the replicas' gradients, in place: afterwards every replica's ``param.grad`` holds the sum.
+
+    Parameters
+    ----------
+    device_params : list of list of NDArray
+        One replica per context (from ``get_params``).
+    reducer : str or Reducer
+        An allreduce algorithm's name (see ``parallel.comm.allreduce``): flat replicas (``FlatReplica``) are
+        reduced in one call a bucket of their gradients, unless ``"naive"``: one call per tensor, as in the
+        textbook. Or a ``Reducer`` (its algorithm, hook and job).
+    active : int, optional
+        Replicas ``active..`` computed nothing this step (a batch smaller than the number of replicas):
+        their gradients are zeroed first, so they contribute nothing and stale gradients never leak in.
+    """
+    as_reducer(reducer).reduce(device_params, active)
+
+
+def compressed_allreduce(arrays, codec, algorithm="fused", shapes=None):
+    """Sum the flat ``arrays`` (one per context) in place, moving a codec's payloads between the contexts: one
+    bucket through the codec's ``CompressionHook``.
+
+    Parameters
+    ----------
+    arrays : list of NDArray
+        One flat (1-D) gradient buffer per context, of one size and dtype (float32). Modified in place: each
+        then holds the same decoded sum.
+    codec : parallel.compress.Codec or str or None
+        ``None``/``"none"``: ``allreduce(arrays, algorithm)``, bitwise. Otherwise its residuals (one per array)
+        are read and updated: pass the same object at every step.
+    algorithm : str
+        The allreduce ``PowerSGD`` sums its small factors with (the others gather and broadcast payloads).
+    shapes : list of tuple, optional
+        The shapes of the tensors laid out one after another in each buffer (``PowerSGD`` compresses the
+        matrices among them); default: one vector.
+
+    Returns
+    -------
+    list of NDArray
+        ``arrays``. The work is queued; nothing waits for the devices.
+    """
+    from .algorithms import check_same_arrays
+    check_same_arrays(arrays)
+    check_choice(algorithm, "algorithm", ALGORITHMS)
+    codec = as_codec(codec)
+    if codec is None:
+        return allreduce(arrays, algorithm)
+    if len(arrays[0].shape) != 1:
+        raise ValueError(f"compressed_allreduce takes flat (1-D) buffers, got shape {arrays[0].shape}")
+    shapes = [arrays[0].shape] if shapes is None else [tuple(s) for s in shapes]
+    if sum(_size(s) for s in shapes) != arrays[0].size:
+        raise ValueError(f"shapes hold {sum(_size(s) for s in shapes)} elements, the buffers {arrays[0].size}")
+    if len(arrays) > 1:
+        with exclusive():
+            CompressionHook(codec)(GradBucket(0, 1, arrays, shapes), BucketComm(algorithm))
+    return arrays

@@ -1,0 +1,49 @@
+"""MXNet's engine from Python: operations pushed through its C API, to run a function in a context's worker thread
+or to order reads and writes MXNet was not told of.
+
+MXNet orders the operations on an array by what each declares it reads and writes. One of its operators does not
+declare a write: on CPU contexts, BatchNorm's backward pass updates the running mean and variance (inputs it only
+declares it reads), so an operation queued after ``backward()`` that reads them (a copy of the statistics to a
+replica that computed nothing this step, a checkpoint) could run before they are written, and did, under load
+(``tests/test_step.py``). ``fence(reads, writes)`` queues an empty operation that reads ``reads`` and writes
+``writes``: whatever is queued after it on ``writes`` waits for everything queued before it on ``reads``.
+"""
+import ctypes
+
+__all__ = ["fence", "push_sync", "ContextHandle", "ENGINE_SYNC_FUNC"]
+
+
+class ContextHandle(ctypes.Structure):
+    """``mxnet::Context`` as the C API's ``ContextHandle`` points to it: device type and id, two int32."""
+    _fields_ = [("dev_type", ctypes.c_int32), ("dev_id", ctypes.c_int32)]
+
+
+#: ``EngineSyncFunc`` of MXNet's C API: ``void (*)(void *run_context, void *param)``.
+ENGINE_SYNC_FUNC = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p)
+
+#: The fence's operation: it does nothing; kept for the life of the process, so MXNet may call it at any time.
+_NOTHING = ENGINE_SYNC_FUNC(lambda run_context, param: None)
+
+
+def _handles(arrays):
+    return (ctypes.c_void_p * len(arrays))(*[array.handle for array in arrays])
+
+
+def push_sync(callback, ctx, reads=(), writes=()):
+    """Queue ``callback`` (an ``ENGINE_SYNC_FUNC``, which the caller keeps alive until it has run) as an operation
+    on ``ctx`` that reads the NDArrays ``reads`` and writes ``writes`` (``MXEnginePushSyncND``). Returns at once."""
+    import mxnet as mx
+    handle = ContextHandle(ctx.device_typeid, ctx.device_id)
+    reads, writes = list(reads), list(writes)
+    mx.base.check_call(mx.base._LIB.MXEnginePushSyncND(
+        callback, None, None, ctypes.byref(handle), _handles(reads) if reads else None, len(reads),
+        _handles(writes) if writes else None, len(writes), None, 0, None))
+
+
+def fence(reads, writes):
+    """Order ``writes`` after ``reads``: an empty operation on the context of ``writes[0]`` that reads the NDArrays
+    ``reads`` and writes ``writes``, so that whatever is queued later on ``writes`` waits for every operation
+    queued earlier on ``reads``. Nothing waits; no value changes."""
+    writes = list(writes)
+    if writes:
+        push_sync(_NOTHING, writes[0].context, reads, writes)

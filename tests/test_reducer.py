@@ -1,0 +1,241 @@
+"""The Reducer (``parallel.comm.reducer``): gradients summed in buckets, the last layers first, each bucket's sum
+queued while the backward pass runs. Bucketing changes when bytes move, never what is summed: every bucket size
+trains bitwise the same model; the trace shows the sums overlapping the backward pass on every context's lane;
+a communication hook of the user's own reduces each bucket; a codec's error feedback is the same whatever the
+buckets."""
+import json
+
+import mxnet as mx
+import numpy as np
+import pytest
+
+from parallel import GluonNet, Reducer, get_params, init_lenet_params, trace, train_batch, train_step
+from parallel.comm import ALGORITHMS
+from parallel.comm.reducer import GradBucket, as_reducer
+from parallel.comm.replica import bucket_ranges
+from parallel.models.lenet import LENET_SHAPES
+from parallel.optim import SGD, Adam
+from parallel.train import main
+from conftest import contexts, make_batches, small_cnn
+
+#: Bucket sizes in MiB: one bucket (None, and 25 for LeNet's 0.5 MiB), three, a parameter a bucket.
+BUCKET_SIZES = [None, 25, 0.1, 1e-6]
+
+
+@pytest.mark.parametrize("sizes, limit, expected", [
+    ([4, 4, 4], None, [(0, 3)]),
+    ([4, 4, 4], 1000, [(0, 3)]),
+    ([4, 4, 4], 32, [(1, 3), (0, 1)]),          # 16 bytes each: two fit in 32
+    ([4, 4, 4], 1, [(2, 3), (1, 2), (0, 1)]),   # each larger than the bound: a bucket of its own
+    ([100, 1, 1], 16, [(1, 3), (0, 1)]),
+    ([], 16, [(0, 0)]),
+])
+def test_buckets_take_the_last_parameters_first(sizes, limit, expected):
+    assert bucket_ranges(sizes, 4, limit) == expected
+
+
+def test_a_replica_lays_its_gradients_out_in_buckets():
+    replica = Reducer(bucket_mb=0.1).replicate(init_lenet_params(seed=0), [mx.cpu(0)])[0]
+    assert [(b.first, b.stop) for b in replica.buckets] == [(5, 8), (4, 5), (0, 4)]
+    assert [g.size for g in replica.grads] == [b.end - b.start for b in replica.buckets]
+    assert sum(g.size for g in replica.grads) == replica.data.size
+    with pytest.raises(AttributeError, match="3 buckets"):
+        replica.grad
+    single = get_params(init_lenet_params(seed=0), mx.cpu(0))
+    assert single.grad is single.grads[0] and len(single.buckets) == 1
+
+
+def _lenet_run(k, algorithm, bucket_mb, optimizer, steps=3, sizes=(17, 9, 17)):
+    ctx = contexts(k)
+    reducer = Reducer(algorithm, bucket_mb)
+    device_params = reducer.replicate(init_lenet_params(seed=1), ctx)
+    for X, y in make_batches(list(sizes)[:steps], seed=2):
+        train_batch(X, y, device_params, ctx, optimizer=optimizer(), reducer=reducer)
+    return [[p.asnumpy() for p in replica] for replica in device_params]
+
+
+def _stateful(make):
+    """A factory returning the same optimizer at every call (its state carries over)."""
+    optimizer = make()
+    return lambda: optimizer
+
+
+@pytest.mark.parametrize("k, algorithm", [(2, a) for a in ALGORITHMS] + [(3, "fused"), (3, "naive"), (3, "tree")])
+def test_every_bucket_size_trains_bitwise_the_same_model(k, algorithm):
+    """LeNet, 3 steps of shards of unequal size (17 and 9 examples), SGD with momentum: every bucket size gives
+    every replica the very bits of one bucket. (The ring on 3 contexts cuts each bucket in chunks of its own, so
+    an element's sum starts at another context: another order, equal to float32 rounding.)"""
+    runs = {mb: _lenet_run(k, algorithm, mb, _stateful(lambda: SGD(0.05, momentum=0.9))) for mb in BUCKET_SIZES}
+    want = runs[None]
+    for mb, got in runs.items():
+        for replica in got:
+            for g, w in zip(replica, want[0]):
+                np.testing.assert_array_equal(g, w, err_msg=f"bucket_mb={mb}")
+
+
+@pytest.mark.parametrize("options", [{"zero": 1}, {"zero": 2}, {"clip_norm": 0.5}],
+                         ids=["zero1", "zero2", "clip"])
+def test_sharded_state_and_clipping_are_bitwise_across_bucket_sizes_on_two_contexts(options):
+    runs = {mb: _lenet_run(2, "fused", mb, _stateful(lambda: Adam(0.01, **options))) for mb in BUCKET_SIZES}
+    for mb, got in runs.items():
+        for g, w in zip(got[1], runs[None][0]):
+            np.testing.assert_array_equal(g, w, err_msg=f"bucket_mb={mb}")
+
+
+def test_a_gluon_block_in_buckets_trains_bitwise_the_same_model():
+    def run(bucket_mb):
+        block = small_cnn(dtype="float32", seed=3)
+        ctx = contexts(2)
+        reducer = Reducer("ring", bucket_mb)
+        device_params = reducer.replicate(block, ctx)
+        optimizer = SGD(0.1, momentum=0.9)
+        for X, y in make_batches([12, 12], seed=4):
+            train_step(X[:, :, :8, :8], y, device_params, ctx, net=GluonNet(block), reducer=reducer,
+                       optimizer=optimizer)
+        return [p.asnumpy() for p in device_params[1]]
+    want = run(None)
+    assert len(Reducer(bucket_mb=1e-6).replicate(small_cnn(dtype="float32"), [mx.cpu(0)])[0].buckets) == 6
+    for g, w in zip(run(1e-6), want):
+        np.testing.assert_array_equal(g, w)
+
+
+@pytest.mark.parametrize("spec", ["fp16", "2bit:0.001"])
+def test_an_elementwise_codec_is_bitwise_across_bucket_sizes_and_its_state_is_layout_free(spec):
+    """fp16 and 2bit encode each element on its own: a bucket of the buffer is compressed as the whole buffer's
+    part, so every bucket size gives the same model, and the residuals, laid out as the flat buffer, agree."""
+    def run(bucket_mb):
+        ctx = contexts(2)
+        reducer = Reducer("fused", bucket_mb, compression=spec)
+        device_params = reducer.replicate(init_lenet_params(seed=1), ctx)
+        for X, y in make_batches([16] * 3, seed=2):
+            train_batch(X, y, device_params, ctx, 0.1, reducer=reducer)
+        return [p.asnumpy() for p in device_params[0]], reducer.state(device_params)
+    want, want_state = run(None)
+    got, got_state = run(0.1)
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
+    assert sorted(got_state) == sorted(want_state) == ["residual/c0", "residual/c1"]
+    for name in want_state:
+        np.testing.assert_array_equal(got_state[name].asnumpy(), want_state[name].asnumpy())
+
+
+def test_a_codec_state_saved_in_buckets_loads_into_one_bucket_and_back():
+    ctx = contexts(2)
+    reducer = Reducer("fused", 0.1, compression="powersgd:2")
+    device_params = reducer.replicate(init_lenet_params(seed=1), ctx)
+    for X, y in make_batches([16] * 2, seed=2):
+        train_batch(X, y, device_params, ctx, 0.1, reducer=reducer)
+    state = reducer.state(device_params)
+    assert {name.split("/")[0] for name in state} == {"residual", "query"}
+    assert all(state[f"residual/c{k}"].shape == device_params[0].data.shape for k in range(2))
+    assert sorted(int(name.rsplit("/", 1)[1]) for name in state if name.startswith("query/c0/")) == [0, 2, 4, 6]
+    other = Reducer("fused", None, compression="powersgd:2")
+    other_params = other.replicate(init_lenet_params(seed=1), ctx)
+    other.load_state({name: value.asnumpy() for name, value in state.items()}, other_params)
+    again = other.state(other_params)
+    for name in state:
+        np.testing.assert_array_equal(again[name].asnumpy(), state[name].asnumpy())
+
+
+# ---- communication hooks ----------------------------------------------------------------------------------------
+
+def half_precision(bucket, comm):
+    """A hook of the user's own (docs/reducer.md): the bucket summed in float16, without error feedback."""
+    halves = [grad.astype("float16") for grad in bucket.grads]
+    comm.allreduce(halves)
+    for grad, half in zip(bucket.grads, halves):
+        half.astype(grad.dtype).copyto(grad)
+
+
+def test_a_hook_gets_every_bucket_the_last_layers_first_and_its_sum_is_applied():
+    ctx = contexts(2)
+    reducer = Reducer("fused", 0.1)
+    seen = []
+    reducer.register_comm_hook(lambda bucket, comm: seen.append(bucket) or half_precision(bucket, comm))
+    device_params = reducer.replicate(init_lenet_params(seed=1), ctx)
+    plain = [get_params(init_lenet_params(seed=1), c) for c in ctx]
+    (X, y), = make_batches([16], seed=2)
+    train_batch(X, y, device_params, ctx, 0.1, reducer=reducer)
+    train_batch(X, y, plain, ctx, 0.1)
+    assert [(b.index, b.num_buckets, b.first, len(b.shapes)) for b in seen] == [(0, 3, 5, 3), (1, 3, 4, 1),
+                                                                              (2, 3, 0, 4)]
+    assert [s for b in seen for s in b.shapes] == LENET_SHAPES[5:] + LENET_SHAPES[4:5] + LENET_SHAPES[:4]
+    for got, want in zip(device_params[1], plain[1]):   # float16 sums: close, not equal
+        np.testing.assert_allclose(got.asnumpy(), want.asnumpy(), rtol=0, atol=2e-3 * np.abs(want.asnumpy()).max())
+    assert any((got.asnumpy() != want.asnumpy()).any() for got, want in zip(device_params[1], plain[1]))
+    for got, other in zip(device_params[0], device_params[1]):
+        np.testing.assert_array_equal(got.asnumpy(), other.asnumpy())
+
+
+def test_bad_reducer_arguments_name_themselves():
+    with pytest.raises(ValueError, match="bucket_mb"):
+        Reducer(bucket_mb=0)
+    with pytest.raises(TypeError, match="bucket_mb"):
+        Reducer(bucket_mb="25")
+    with pytest.raises(ValueError, match="algorithm"):
+        Reducer("butterfly")
+    with pytest.raises(ValueError, match="compression"):
+        Reducer(compression="gzip")
+    with pytest.raises(TypeError, match="hook"):
+        Reducer().register_comm_hook("fp16")
+    with pytest.raises(TypeError, match="reducer"):
+        as_reducer(3)
+    assert isinstance(GradBucket(0, 1, [mx.nd.zeros(3)], [(3,)]).tensors(0)[0], mx.nd.NDArray)
+
+
+# ---- overlap, as the trace shows it -----------------------------------------------------------------------------
+
+def overlapping_lanes(events):
+    """For every lane and every step in ``events`` (a trace's), whether its first allreduce event starts before its
+    last backward event: ``{lane: [bool a step]}``."""
+    found = {}
+    for lane in sorted({e["pid"] for e in events if e.get("ph") == "X"}):
+        steps, current = [], []
+        for e in sorted((e for e in events if e.get("ph") == "X" and e["pid"] == lane), key=lambda e: e["ts"]):
+            if e["name"] == "update" and current and current[-1]["name"] != "update":
+                steps.append(current)
+                current = []
+            current.append(e)
+        steps.append(current)
+        found[lane] = []
+        for step in steps:
+            backward = [e["ts"] for e in step if e["name"] == "backward"]
+            summed = [e["ts"] for e in step if e["name"] == "allreduce"]
+            if backward and summed:
+                found[lane].append(min(summed) < max(backward))
+    return found
+
+
+def test_bucket_sums_start_while_backward_runs_on_every_lane(tmp_path):
+    """LeNet on 2 contexts, dense2 a bucket of its own: its sum starts on both lanes before conv1's backward ends."""
+    ctx = contexts(2)
+    reducer = Reducer("fused", 0.004)
+    device_params = reducer.replicate(init_lenet_params(seed=1), ctx)
+    assert (device_params[0].buckets[0].first, device_params[0].buckets[0].stop) == (7, 8)
+    batches = make_batches([256] * 4, seed=2)
+    optimizer = SGD(0.05, momentum=0.9)
+    train_batch(*batches[0], device_params, ctx, optimizer=optimizer, reducer=reducer)
+    with trace(tmp_path / "steps.json", contexts=ctx):
+        for X, y in batches[1:]:
+            train_batch(X, y, device_params, ctx, optimizer=optimizer, reducer=reducer)
+        mx.nd.waitall()
+    found = overlapping_lanes(json.load(open(tmp_path / "steps.json"))["traceEvents"])
+    assert len(found) == 2 and all(len(steps) == 3 for steps in found.values()), found
+    assert all(all(steps) for steps in found.values()), found
+
+
+def test_the_cli_trace_shows_the_overlap(tmp_path, capsys):
+    """``--trace`` with ``--bucket-mb``: every lane's traced steps sum a bucket before their backward ends."""
+    from conftest import easy_dataset, write_idx_files
+    data_dir = write_idx_files(tmp_path, easy_dataset(num_train=1024, num_test=64))
+    status = main(["--data-dir", str(data_dir), "--devices", "cpu:2", "--epochs", "1", "--batch-size", "256",
+                   "--bucket-mb", "0.004", "--trace", str(tmp_path / "t.json"), "--no-progress"])
+    assert status == 0, capsys.readouterr().err
+    assert "in buckets of 0.004 MB" in capsys.readouterr().out
+    found = overlapping_lanes(json.load(open(tmp_path / "t.json"))["traceEvents"])
+    assert len(found) == 2 and all(steps and all(steps) for steps in found.values()), found
+
+
+def test_a_bucket_size_the_cli_cannot_take_is_refused(capsys):
+    assert main(["--bucket-mb", "0", "--dataset", "synthetic"]) == 2
+    assert capsys.readouterr().err.startswith("error: --bucket-mb must be a finite number > 0")
