@@ -7,7 +7,7 @@ Run from the repository root, one part at a time (each its own interleaved run):
     OMP_NUM_THREADS=2 python benchmarks/compression.py --data-dir digits --model resnet18   # both parts
     python benchmarks/compression.py --quick                     # smoke test, synthetic data, seconds
 
-- ``process``: one process, 2 CPU contexts, ``fit(..., compression=spec)`` for every compressor, in a shuffled
+- ``process``: one process, 2 CPU contexts, ``fit`` of a strategy whose ``Reducer`` compresses with ``spec`` for every compressor, in a shuffled
   order: the bytes one step copies between the contexts (``bytes_moved``), the median seconds per epoch and the
   test accuracy after every epoch.
 - ``job``: ``python -m parallel.launch -n 2`` of ``python -m parallel.train --compression SPEC`` (one context a
@@ -74,7 +74,7 @@ def _dataset(args):
 def part_process(args):
     import mxnet as mx
     import numpy as np
-    from parallel import bytes_moved, fit, make_codec
+    from parallel import Reducer, RunConfig, bytes_moved, fit, init_model, make_codec, make_strategy
     from parallel.data import num_batches
     setting, shapes = SETTINGS[args.model], _shapes(args.model)
     dataset = _dataset(args)
@@ -86,9 +86,10 @@ def part_process(args):
     for spec in order:
         compressor = make_codec(spec)
         started = time.monotonic()
-        history, _ = fit(dataset, [mx.cpu(0), mx.cpu(1)], args.epochs, setting["batch"], seed=0,
-                         compression=compressor, optimizer=_optimizer(setting, args.epochs, per_epoch),
-                         model=args.model)
+        strategy = make_strategy("data", init_model(args.model, 0), [mx.cpu(0), mx.cpu(1)],
+                                 reducer=Reducer(compression=compressor))
+        history, _ = fit(dataset, strategy, _optimizer(setting, args.epochs, per_epoch),
+                         RunConfig(epochs=args.epochs, batch_size=setting["batch"]))
         moved = bytes_moved("fused", 4 * size, 2, compression=compressor, shapes=shapes)
         rows[spec] = {"bytes_per_step": moved.total, "seconds_per_epoch": statistics.median(
             h["seconds"] for h in history), "test_acc": [h["test_acc"] for h in history],

@@ -38,7 +38,7 @@ def main(argv=None):
     if args.quick:
         args.ks, args.rounds, args.batches = [1, 2], 1, 3
     import mxnet as mx
-    from parallel import synthetic_dataset
+    from parallel import RunConfig, init_model, make_strategy, synthetic_dataset
     import importlib
     training = importlib.import_module("parallel.fit")   # the module, for its IN_FLIGHT
     from parallel.files import atomic_write
@@ -50,13 +50,15 @@ def main(argv=None):
     settings = (f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}, MXNET_CPU_WORKER_NTHREADS="
                 f"{os.environ.get('MXNET_CPU_WORKER_NTHREADS', 'unset')}, os.cpu_count()={os.cpu_count()}")
     print(f"threads: {settings}")
+    strategies = {k: make_strategy("data", init_model("lenet"), [mx.cpu(i) for i in range(k)]) for k in args.ks}
+    config = RunConfig(epochs=1, batch_size=batch)
     for k in args.ks:   # one warm-up epoch per K builds the cached graphs
-        training.fit(dataset, [mx.cpu(i) for i in range(k)], 1, batch, 0.1)
+        training.fit(dataset, strategies[k], 0.1, config)
     for _ in range(args.rounds):
         for k in args.ks:
             for name, depth in loops.items():
                 training.IN_FLIGHT = depth
-                history, _ = training.fit(dataset, [mx.cpu(i) for i in range(k)], 1, batch, 0.1)
+                history, _ = training.fit(dataset, strategies[k], 0.1, config)
                 seconds[(name, k)].append(history[0]["seconds"])
     training.IN_FLIGHT = loops["bounded"]
     rows = []

@@ -35,8 +35,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def measure_cost(args):
     import mxnet as mx
-    from parallel import fit, synthetic_dataset
-    from parallel.checkpoint import save_checkpoint
+    from parallel import RunConfig, fit, init_model, make_strategy, synthetic_dataset
+    from parallel.checkpoint import CheckpointWriter
     from parallel.optim import make_optimizer
 
     models = {"lenet": (64, 20 if args.quick else 100), "resnet18": (32, 2 if args.quick else 100)}
@@ -45,9 +45,7 @@ def measure_cost(args):
     rng = random.Random(0)
     with tempfile.TemporaryDirectory() as tmp:
         def saver(model, directory):
-            def on_checkpoint(state, params, aux, optimizer_state, compression_state):
-                save_checkpoint(directory, params, state, {}, aux=aux, model=model, optimizer_state=optimizer_state)
-            return on_checkpoint
+            return CheckpointWriter(directory, {}, model)
         for repeat in range(args.repeats):
             order = list(samples)
             rng.shuffle(order)
@@ -55,8 +53,9 @@ def measure_cost(args):
                 batch, steps = models[model]
                 dataset = synthetic_dataset(num_train=batch * steps, num_test=batch, seed=repeat)
                 directory = os.path.join(tmp, f"{model}-{every}-{repeat}")
-                history, _ = fit(dataset, [mx.cpu(0)], num_epochs=1, batch_size=batch, model=model,
-                                 optimizer=make_optimizer("sgd", 0.01, momentum=0.9), checkpoint_every=every,
+                history, _ = fit(dataset, make_strategy("data", init_model(model), [mx.cpu(0)]),
+                                 make_optimizer("sgd", 0.01, momentum=0.9),
+                                 RunConfig(epochs=1, batch_size=batch, checkpoint_every=every),
                                  on_checkpoint=saver(model, directory))
                 samples[model, every].append(history[0]["seconds"])
             print(f"cost: repeat {repeat + 1}/{args.repeats} done", file=sys.stderr, flush=True)

@@ -123,10 +123,11 @@ class Worker:
 
     def epoch(self, k, num_batches):
         """Seconds per step of one epoch through parallel.fit (data loading included)."""
-        from parallel import fit
+        from parallel import RunConfig, fit, init_model, make_strategy
         if self.dataset is None or len(self.dataset.train_labels) != num_batches * self.batch_size:
             self.dataset = self.parallel.synthetic_dataset(num_batches * self.batch_size, self.batch_size)
-        history, _ = fit(self.dataset, self.ctx_all[:k], 1, self.batch_size, self.lr)
+        strategy = make_strategy("data", init_model("lenet"), self.ctx_all[:k])
+        history, _ = fit(self.dataset, strategy, self.lr, RunConfig(epochs=1, batch_size=self.batch_size))
         return history[0]["seconds"] / num_batches * 1000
 
     def memory(self, k, steps, every):

@@ -50,7 +50,8 @@ from .models import MODELS
 from .models.layout import model_layout
 from .models.lenet import LENET_PARAM_NAMES
 
-__all__ = ["FORMAT", "VERSION", "READABLE_VERSIONS", "MANIFEST", "CheckpointError", "TrainingState", "Checkpoint", "save_checkpoint",
+__all__ = ["FORMAT", "VERSION", "READABLE_VERSIONS", "MANIFEST", "CheckpointError", "TrainingState", "Snapshot", "Checkpoint",
+           "CheckpointWriter", "CheckpointWriteError", "save_checkpoint",
            "load_checkpoint", "has_checkpoint", "check_compatible", "dataset_fingerprint", "COMPATIBLE_FIELDS"]
 
 FORMAT = "parallel-checkpoint"
@@ -73,6 +74,10 @@ class CheckpointError(ValueError):
     """
 
 
+class CheckpointWriteError(OSError):
+    """A checkpoint could not be written (a full disk, a file size limit); what was there before stays intact."""
+
+
 class TrainingState(NamedTuple):
     """Where a run stands between two batches: what ``fit`` needs, with the parameters, to continue exactly."""
     #: The epoch in progress, from 1; at an epoch boundary, the next epoch with ``batch`` 0.
@@ -89,8 +94,23 @@ class TrainingState(NamedTuple):
     history: List[dict]
 
 
+class Snapshot(NamedTuple):
+    """A run between two batches, as ``fit`` hands it to ``on_checkpoint`` and takes it back as ``resume``: the
+    position, the model's arrays, the optimizer's whole state, every worker's error feedback."""
+    state: TrainingState
+    #: The trainable arrays (a strategy's ``params()``), live.
+    params: list
+    #: The arrays that are not trained (a strategy's ``aux()``: BatchNorm's running statistics); ``[]`` for LeNet.
+    aux: list
+    #: ``{state name: [array per trainable array]}`` on the CPU (``parallel.optim.gather_state``); ``{}`` for SGD.
+    optimizer_state: dict
+    #: Error feedback, ``{"w<rank>/<name>": array}`` (``parallel.compress.feedback``); ``{}`` without compression.
+    compression_state: dict
+
+
 class Checkpoint(NamedTuple):
-    """A loaded checkpoint: the model's arrays on the CPU, the training state, the configuration, the manifest."""
+    """A loaded checkpoint: the model's arrays on the CPU, the training state, the configuration, the manifest; it
+    has a ``Snapshot``'s fields, so ``fit(..., resume=checkpoint)`` continues it."""
     #: The trainable arrays, in ``model_layout(model).names`` order (LeNet's eight in ``LENET_SHAPES`` order).
     params: list
     state: TrainingState
@@ -452,3 +472,24 @@ def check_compatible(saved, current):
 def _key(field, value):
     """What decides whether two values of ``field`` are the same: a dataset's fingerprint, else the value."""
     return value.get("fingerprint") if field == "dataset" and isinstance(value, dict) else value
+
+
+class CheckpointWriter:
+    """``fit``'s ``on_checkpoint`` that writes every ``Snapshot`` into ``directory`` (``save_checkpoint``), with the
+    run's configuration ``config`` (a dict; ``check_compatible`` compares it on resume) and ``model``'s layout.
+
+    Raises ``CheckpointWriteError`` (one line naming the directory) when the disk refuses a write."""
+
+    def __init__(self, directory, config, model="lenet"):
+        self.directory, self.config, self.model = os.fspath(directory), config, model
+
+    def __call__(self, snapshot):
+        try:
+            save_checkpoint(self.directory, snapshot.params, snapshot.state, self.config, aux=snapshot.aux,
+                            model=self.model, optimizer_state=snapshot.optimizer_state,
+                            compression_state=snapshot.compression_state)
+        except OSError as e:   # a full disk, a file size limit: what was there before stays intact
+            kept = ("the previous checkpoint there is intact" if has_checkpoint(self.directory)
+                    else "no checkpoint was written")
+            raise CheckpointWriteError(f"cannot write the checkpoint in {self.directory!r} ({e.strerror or e}); "
+                                       f"{kept}") from None

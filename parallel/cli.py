@@ -2,10 +2,11 @@
 as one ``error:`` line and exit status 2, and an argument parser that makes them so.
 
 A mistake in the user's input is a ``UsageError``; ``main`` prints it and returns 2. The package's functions
-raise ``TypeError``/``ValueError`` naming their arguments (``lr``, ``data_dir``); where the command passed the
-user's input straight to them, ``users_input`` turns those errors into ``UsageError`` and ``flag_message``
-names the command's flags instead (``--lr``, ``--data-dir``). Anywhere else a ``ValueError`` is a bug in the
-package, and shows its traceback. Nothing here imports MXNet.
+raise ``TypeError``/``ValueError`` naming their arguments (``lr``, ``data_dir``), most as ``BadValue``/``BadType``
+(``parallel.validate``), which carry the names as data; where the command passed the user's input straight to
+them, ``users_input`` turns those errors into ``UsageError`` naming the command's flags instead (``--lr``,
+``--data-dir``; ``flag_message`` for an error that names its argument only at its start). Anywhere else a
+``ValueError`` is a bug in the package, and shows its traceback. Nothing here imports MXNet.
 
 >>> flag_message("lr must be a finite number > 0, got -1.0", {"lr": "--lr"})
 '--lr must be a finite number > 0, got -1.0'
@@ -15,7 +16,7 @@ import contextlib
 import re
 
 __all__ = ["UsageError", "Parser", "flag_message", "users_input", "finite_float", "RESTART_ENV", "USAGE_STATUS",
-           "restart_count"]
+           "restart_count", "launched"]
 
 #: The exit status of a command given input that cannot work. ``python -m parallel.launch --max-restarts`` does
 #: not restart a job whose worker exited with it: the same input would fail the same way again.
@@ -36,6 +37,16 @@ def restart_count(environ=None):
     import os
     value = (os.environ if environ is None else environ).get(RESTART_ENV, "").strip()
     return int(value) if value.isdigit() else 0
+
+
+def launched(environ=None):
+    """Whether this process is a worker that ``python -m parallel.launch`` started (a distributed job).
+
+    >>> launched({"DMLC_ROLE": "worker"}), launched({"DMLC_ROLE": "server"}), launched({})
+    (True, False, False)
+    """
+    import os
+    return (os.environ if environ is None else environ).get("DMLC_ROLE") == "worker"
 
 
 class UsageError(Exception):
@@ -85,4 +96,5 @@ def users_input(*errors, flags=None):
     try:
         yield
     except errors as e:
-        raise UsageError(flag_message(str(e), flags or {})) from None
+        render = getattr(e, "render", None)
+        raise UsageError(render(flags or {}) if render is not None else flag_message(str(e), flags or {})) from None

@@ -8,6 +8,8 @@ import re
 
 import mxnet as mx
 
+from .validate import BadType, BadValue
+
 __all__ = ["try_gpu", "try_all_gpus", "parse_devices", "MAX_CPU_CONTEXTS"]
 
 
@@ -88,47 +90,47 @@ def parse_devices(spec):
         When ``spec`` is not a string.
     """
     if not isinstance(spec, str):
-        raise TypeError(f"device spec must be a string such as 'cpu:4' or 'gpu:0,1', got {spec!r}")
+        raise BadType("devices", f"{{devices|device spec}} must be a string such as 'cpu:4' or 'gpu:0,1', got {spec!r}")
     text = spec.strip().lower()
     if text == "auto":
         return try_all_gpus()
     match = _SPEC.fullmatch(text)
     if not match:
-        raise ValueError(f"unknown device spec {spec!r}; use 'auto', 'cpu:N' or 'gpu:I,J,...'")
+        raise BadValue("devices", f"unknown {{devices|device spec}} {spec!r}; use 'auto', 'cpu:N' or 'gpu:I,J,...'")
     kind, arg = match.groups()
     if arg is not None and not arg.strip():
         if kind == "cpu":
-            raise ValueError(f"device spec {spec!r} has nothing after the colon; write 'cpu' for one CPU "
-                             "context or 'cpu:N' for N of them, such as 'cpu:4'")
-        raise ValueError(f"device spec {spec!r} has nothing after the colon; write 'gpu' for every GPU or "
-                         "'gpu:I,J,...' for some of them, such as 'gpu:0,1'")
+            raise BadValue("devices", f"{{devices|device spec}} {spec!r} has nothing after the colon; write 'cpu' for one "
+                                      "CPU context or 'cpu:N' for N of them, such as 'cpu:4'")
+        raise BadValue("devices", f"{{devices|device spec}} {spec!r} has nothing after the colon; write 'gpu' for every GPU "
+                                  "or 'gpu:I,J,...' for some of them, such as 'gpu:0,1'")
     num_gpus = mx.context.num_gpus()
     if kind == "cpu":
         if arg is None:
             return [mx.cpu(0)]
         count = _digits(arg)
         if count is None or count == "0":
-            raise ValueError(f"device spec {spec!r}: 'cpu:N' needs a whole number of contexts N >= 1, "
-                             "written with the digits 0-9")
+            raise BadValue("devices", f"{{devices|device spec}} {spec!r}: 'cpu:N' needs a whole number of contexts N >= 1, "
+                                      "written with the digits 0-9")
         if not _at_most(count, MAX_CPU_CONTEXTS):
             many = count if len(count) <= 12 else f"a {len(count)}-digit number of"
-            raise ValueError(f"device spec {spec!r} asks for {many} CPU contexts; at most {MAX_CPU_CONTEXTS} "
-                             "are allowed (MAX_CPU_CONTEXTS)")
+            raise BadValue("devices", f"{{devices|device spec}} {spec!r} asks for {many} CPU contexts; at most "
+                                      f"{MAX_CPU_CONTEXTS} are allowed (MAX_CPU_CONTEXTS)")
         return [mx.cpu(i) for i in range(int(count))]
     if arg is None:
         if num_gpus == 0:
-            raise ValueError(f"device spec {spec!r} asks for GPUs but this machine has none; use 'cpu:N'")
+            raise BadValue("devices", f"{{devices|device spec}} {spec!r} asks for GPUs but this machine has none; use 'cpu:N'")
         return [mx.gpu(i) for i in range(num_gpus)]
     parts = [_digits(part.strip()) for part in arg.split(",")]
     if None in parts:
-        raise ValueError(f"device spec {spec!r}: 'gpu:I,J,...' needs GPU indices written with the digits 0-9, "
-                         "such as 'gpu:0,3'")
+        raise BadValue("devices", f"{{devices|device spec}} {spec!r}: 'gpu:I,J,...' needs GPU indices written with the "
+                                  "digits 0-9, such as 'gpu:0,3'")
     if len(set(parts)) != len(parts):
-        raise ValueError(f"device spec {spec!r} repeats a GPU index; list each GPU once")
+        raise BadValue("devices", f"{{devices|device spec}} {spec!r} repeats a GPU index; list each GPU once")
     missing = [part for part in parts if not _at_most(part, num_gpus - 1)]
     if missing:
         have = f"GPUs 0..{num_gpus - 1}" if num_gpus else "no GPU"
-        raise ValueError(f"device spec {spec!r} asks for GPU {missing[0]} but this process sees {have}; "
-                         "use 'cpu:N' or check CUDA_VISIBLE_DEVICES")
+        raise BadValue("devices", f"{{devices|device spec}} {spec!r} asks for GPU {missing[0]} but this process sees {have}; "
+                                  "use 'cpu:N' or check CUDA_VISIBLE_DEVICES")
     indices = [int(part) for part in parts]
     return [mx.gpu(i) for i in indices]

@@ -18,7 +18,16 @@ import sys
 import tempfile
 
 __all__ = ["atomic_write", "atomic_path", "fsync_directory", "check_writable", "output_target",
-           "remove_temporaries", "DirectoryLock", "DirectoryLocked", "LOCK_FILE"]
+           "remove_temporaries", "DirectoryLock", "DirectoryLocked", "LOCK_FILE", "export_files"]
+
+
+def export_files(prefix):
+    """The files ``--export PREFIX`` (``parallel.export``) writes, (symbol, params), or (None, None) for None.
+
+    >>> export_files("out/lenet")
+    ('out/lenet-symbol.json', 'out/lenet-0000.params')
+    """
+    return (None, None) if prefix is None else (f"{prefix}-symbol.json", f"{prefix}-0000.params")
 
 #: Temporary files being written now (``atomic_write``, ``atomic_path``) and the lock files of the directory
 #: locks held now: what ``remove_temporaries`` removes when the process must end at once.

@@ -1,15 +1,17 @@
-"""The training loop, ``fit``: epochs of shuffled batches through a strategy, a few steps in flight, checkpoints
-and stops.
+"""The training loop, ``fit``: epochs of shuffled batches through a built strategy, a few steps in flight,
+checkpoints and stops.
 
-``fit`` trains LeNet (from scratch) or the textbook's ResNet-18 (a gluon block on flat replicas) with any
-strategy of ``parallel.strategies`` on the same batches with the same SGD step, in one process or as one worker
-of a distributed job. It reports nothing itself: ``on_epoch`` and ``on_checkpoint`` receive what it measured
-(``parallel.report`` formats and writes it). A tiny run on two CPU contexts:
+``fit(dataset, strategy, optimizer, config)`` trains whatever ``strategy`` holds (``parallel.make_strategy``: LeNet
+or ResNet-18, any parallel style, in one process or as one worker of a distributed job) with the optimizer's step
+on the batches ``config`` (a ``parallel.config.RunConfig``) describes. It reports nothing itself: ``on_epoch`` and
+``on_checkpoint`` receive what it measured (``parallel.report`` formats and writes it). A tiny run on two CPU
+contexts:
 
 >>> import mxnet as mx
->>> from parallel import fit, synthetic_dataset
->>> history, device_params = fit(synthetic_dataset(num_train=512, num_test=128), [mx.cpu(0), mx.cpu(1)],
-...                              num_epochs=2, batch_size=64, lr=0.2)
+>>> from parallel import RunConfig, fit, init_model, make_strategy, synthetic_dataset
+>>> strategy = make_strategy("data", init_model("lenet", seed=0), [mx.cpu(0), mx.cpu(1)])
+>>> history, device_params = fit(synthetic_dataset(num_train=512, num_test=128), strategy, 0.2,
+...                              RunConfig(epochs=2, batch_size=64))
 >>> [sorted(m) for m in history][0]
 ['epoch', 'images_per_second', 'seconds', 'test_acc', 'train_acc', 'train_loss']
 >>> [m["epoch"] for m in history], len(device_params)
@@ -17,27 +19,24 @@ of a distributed job. It reports nothing itself: ``on_epoch`` and ``on_checkpoin
 """
 import collections
 import math
+import numbers
 import sys
 import time
 import warnings
 
 from tqdm import tqdm
 
-from .checkpoint import TrainingState
-from .comm import DEFAULT_ALGORITHM
-from .comm.reducer import Reducer
-from .data import iterate_batches, num_batches
-from .data.batches import epoch_seed
 import mxnet as mx
 
+from .checkpoint import Snapshot, TrainingState
 from .compress.feedback import job_names, place
+from .config import RunConfig, check_compression, check_zero
+from .data import iterate_batches, num_batches
+from .data.batches import epoch_seed
 from .job import KEYS, broadcast_arrays, broadcast_object, gather_arrays, sum_values
-from .models.layout import init_model
 from .optim.zero import as_optimizer, gather_state, load_state
-from .strategies import check_options
-from .strategies.registry import make_strategy
 from .trace import trace, worker_path
-from .validate import check_int, check_seed
+from .validate import BadType, BadValue
 
 __all__ = ["fit", "NonFiniteLossError", "TrainingStopped", "IN_FLIGHT", "TRACE_FIRST", "TRACE_STEPS"]
 
@@ -106,14 +105,16 @@ class _Epoch:
 
 
 class _Run:
-    """What every epoch of a ``fit`` shares: the strategy, the optimizer and how to step it, the data, the seed."""
+    """What every epoch of a ``fit`` shares: the strategy, the optimizer, the data, the configuration (its seed
+    rank 0's in a job)."""
 
-    def __init__(self, strategy, optimizer, accumulate, dataset, seed, batch_size, checkpoint_every, trace_path=None):
-        self.strategy, self.optimizer, self.accumulate = strategy, optimizer, accumulate
-        self.dataset, self.seed, self.batch_size = dataset, seed, batch_size
-        self.checkpoint_every = checkpoint_every
-        self.per_epoch = num_batches(len(dataset.train_labels), batch_size)
-        self.trace_path, self.steps_run, self.tracing = trace_path, 0, None
+    def __init__(self, strategy, optimizer, dataset, config, seed):
+        self.strategy, self.optimizer, self.dataset, self.config = strategy, optimizer, dataset, config
+        self.accumulate, self.batch_size, self.checkpoint_every = config.accumulate, config.batch_size, \
+            config.checkpoint_every
+        self.seed = seed
+        self.per_epoch = num_batches(len(dataset.train_labels), self.batch_size)
+        self.trace_path, self.steps_run, self.tracing = config.trace, 0, None
 
     def checkpoint_due(self, epoch, batch):
         """Whether ``checkpoint_every`` asks for a checkpoint after ``batch`` of ``epoch``: after every
@@ -140,16 +141,17 @@ class _Run:
             tracing.__exit__(None, None, None)
 
     def checkpoint(self, on_checkpoint, state):
-        """Hand ``on_checkpoint`` the model's arrays, the optimizer's whole state and every worker's error
-        feedback, read after the queued steps (in a job, every worker takes part; rank 0 gets the arrays)."""
+        """Hand ``on_checkpoint`` a ``Snapshot``: the position, the model's arrays, the optimizer's whole state and
+        every worker's error feedback, read after the queued steps (in a job, every worker takes part; rank 0
+        gets the arrays)."""
         if on_checkpoint is not None:
             strategy = self.strategy
             feedback = _gather_feedback(strategy)
-            on_checkpoint(state, strategy.params(), strategy.aux(),
-                          gather_state(self.optimizer, strategy.groups(), strategy.params()), feedback)
+            on_checkpoint(Snapshot(state, strategy.params(), strategy.aux(),
+                                   gather_state(self.optimizer, strategy.groups(), strategy.params()), feedback))
 
 
-def _train_epoch(run, epoch, state, stop, on_checkpoint, progress, history):
+def _train_epoch(run, epoch, state, stop, on_checkpoint, history):
     """Train one epoch from ``state`` (its first batch, or where a checkpoint left it); return the totals, or
     raise ``TrainingStopped`` after writing the checkpoint when ``stop()`` asks."""
     dataset, batch_size, seed = run.dataset, run.batch_size, run.seed
@@ -157,7 +159,7 @@ def _train_epoch(run, epoch, state, stop, on_checkpoint, progress, history):
     resumed = epoch == state.epoch
     skip = state.batch if resumed else 0
     queued = _Epoch(epoch, per_epoch, skip, [state.loss_sum, state.correct, state.seconds] if resumed else [0.0] * 3,
-                    progress)
+                    run.config.progress)
     batches = iterate_batches(dataset.train_images, dataset.train_labels, batch_size, shuffle=True,
                               seed=epoch_seed(seed, epoch), start=skip)
     for b, (X, y) in enumerate(batches, start=skip + 1):
@@ -175,17 +177,20 @@ def _train_epoch(run, epoch, state, stop, on_checkpoint, progress, history):
 
 
 def _check_start(state, seed, per_epoch):
-    """Raise ``ValueError`` unless ``state`` is a position this run can continue from."""
+    """Raise ``BadValue``/``BadType`` (naming ``resume``) unless ``state`` is a position this run can continue
+    from."""
     if not isinstance(state, TrainingState):
-        raise TypeError(f"start must be a TrainingState (a checkpoint's state), got {type(state).__name__}")
+        raise BadType("resume", f"{{resume}}.state must be a TrainingState (a checkpoint's state), got "
+                                f"{type(state).__name__}")
     if state.epoch < 1 or not 0 <= state.batch < per_epoch:
-        raise ValueError(f"start points at epoch {state.epoch}, batch {state.batch}, but an epoch here has "
-                         f"{per_epoch} batches; the checkpoint belongs to another batch size or dataset")
+        raise BadValue("resume", f"{{resume}} points at epoch {state.epoch}, batch {state.batch}, but an epoch here "
+                                 f"has {per_epoch} batches; the checkpoint belongs to another batch size or dataset")
     if len(state.history) != state.epoch - 1:
-        raise ValueError(f"start is in epoch {state.epoch} but holds {len(state.history)} finished epochs")
+        raise BadValue("resume", f"{{resume}} is in epoch {state.epoch} but holds {len(state.history)} finished "
+                                 "epochs")
     if state.shuffle_seed != epoch_seed(seed, state.epoch):
-        raise ValueError(f"start orders epoch {state.epoch} with seed {state.shuffle_seed}, but seed {seed} gives "
-                         f"{epoch_seed(seed, state.epoch)}: the data order would change")
+        raise BadValue("resume", f"{{resume}} orders epoch {state.epoch} with seed {state.shuffle_seed}, but "
+                                 f"{{seed={seed}}} gives {epoch_seed(seed, state.epoch)}: the data order would change")
 
 
 def _shared_start(job, state, seed, per_epoch):
@@ -284,110 +289,69 @@ def _shared_feedback(strategy, saved):
     strategy.reducer.load_state(local, group)
 
 
-def fit(dataset, ctx_list, num_epochs, batch_size, lr=None, seed=0, algorithm=DEFAULT_ALGORITHM, progress=False,
-        on_epoch=None, strategy="data", stages=None, boundaries=None, micro_batches=None, params=None, start=None,
-        stop=None, on_checkpoint=None, job=None, model="lenet", aux=None, optimizer=None, accumulate=1,
-        optimizer_state=None, checkpoint_every=None, compression=None, trace=None, compression_state=None):
-    """Train LeNet or ResNet-18 from scratch over ``ctx_list`` with data parallelism or another ``strategy``.
+def _check_strategy(strategy, optimizer):
+    """A built strategy (``make_strategy``), and the rules its reducer and the optimizer must keep together."""
+    for member in ("train_step", "evaluate", "params", "aux", "groups", "ctx_list", "job", "model"):
+        if not hasattr(strategy, member):
+            raise BadType("strategy", f"{{strategy}} must be a built strategy (parallel.make_strategy, DataParallel, "
+                                      f"ModelParallel, Pipeline, Hybrid), got {strategy!r}: it has no {member}")
+    reducer = getattr(strategy, "reducer", None)
+    check_zero(optimizer.zero, strategy.name, None if reducer is None else reducer.algorithm)
+    if reducer is not None and reducer.codec is not None:
+        check_compression(reducer.codec.spec, zero=optimizer.zero)
+
+
+def fit(dataset, strategy, optimizer, config, on_epoch=None, on_checkpoint=None, stop=None, resume=None):
+    """Train the model ``strategy`` holds on ``dataset`` for ``config.epochs`` epochs.
 
     Parameters
     ----------
     dataset : parallel.data.Dataset
         Train and test images (n, 28, 28) uint8 and labels.
-    ctx_list : list of mxnet.Context
-        Distinct contexts, at least one.
-    num_epochs, batch_size : int
-        Both >= 1. The last batch of an epoch may be smaller; it is trained on, not dropped.
-    lr : float, optional
-        Plain SGD at this learning rate, finite and > 0, within float32's range (``parallel.validate.check_lr``).
-        Give ``lr`` or ``optimizer``.
-    seed : int
-        0 .. 2**32-1. Seeds the initial parameters and the shuffling (``epoch_seed``); the same seed gives
-        the same run.
-    algorithm : str
-        Allreduce algorithm (see ``parallel.comm.allreduce``).
-    progress : bool
-        Show a tqdm progress bar per epoch (on stderr) that counts finished batches.
+    strategy : object
+        A built strategy (``parallel.make_strategy``: data, model, pipeline or hybrid parallelism, its model, its
+        contexts and its ``Reducer``, with the job in a distributed run). Its parameters are trained in place.
+    optimizer : parallel.optim.Optimizer or float
+        SGD with momentum, Adam or AdamW with a schedule, clipping and ``zero`` sharding (data and hybrid
+        strategies), or a float: plain SGD at that learning rate. Its step count is set from the start position:
+        one step per batch.
+    config : parallel.config.RunConfig
+        Epochs, the global batch, the seed that orders the examples, micro-batches per batch (``accumulate``; a
+        batch with fewer examples runs one per example), ``checkpoint_every``, ``trace``, ``progress``.
     on_epoch : callable, optional
         Called with each epoch's metrics dict and the history so far, after the epoch.
-    strategy : str or strategy object
-        One of ``parallel.strategies.STRATEGIES`` (built by ``make_strategy``), or a strategy already built
-        (its parameters and contexts are used as they are; ``seed`` then only seeds the shuffling).
-    stages, boundaries, micro_batches
-        Passed to ``make_strategy`` with a strategy name.
-    params, aux : list of NDArray, optional
-        With a strategy name: the initial values (a checkpoint's), the model's trainable arrays and, for
-        ResNet-18, its running statistics (see ``init_model``); default ``init_model(model, seed)``.
-    start : parallel.checkpoint.TrainingState, optional
-        Where to continue: a checkpoint's state (its epoch, the batches of it already trained, their sums, the
-        history). With the checkpoint's parameters, the same layout and the same arguments, the run ends with
-        parameters bitwise equal to a run never interrupted.
+    on_checkpoint : callable, optional
+        ``on_checkpoint(snapshot)`` with a ``parallel.checkpoint.Snapshot``: the position (``TrainingState``), the
+        model's trainable live arrays and its others (the strategy's ``params()`` and ``aux()``), the optimizer's
+        whole state (``parallel.optim.gather_state``: ``{}`` for plain SGD), and every worker's error feedback
+        (``parallel.compress.feedback``; ``{}`` without compression, and on the workers but rank 0 of a job,
+        which all take part in gathering it): after every epoch (the state then points at the next epoch's first
+        batch), after every ``config.checkpoint_every`` optimizer steps (counted from the first step of the run,
+        so a resumed run checkpoints where the uninterrupted one does; not after an epoch's last batch, whose
+        checkpoint is the epoch's), and when ``stop`` stops the run. Not called when the loss becomes NaN.
     stop : callable, optional
         ``stop()`` is asked before each batch; when it returns True the queued steps are finished,
         ``on_checkpoint`` is called and ``TrainingStopped`` is raised: the run stops at a batch boundary.
-    on_checkpoint : callable, optional
-        ``on_checkpoint(state, params, aux, optimizer_state, compression_state)`` with a ``TrainingState``, the
-        model's trainable live arrays and its others (the strategy's ``params()`` and ``aux()``; ``aux`` is
-        ``[]`` for LeNet), the optimizer's whole state (``parallel.optim.gather_state``: ``{}`` for plain SGD),
-        and, with ``compression``, every worker's error feedback (residuals, PowerSGD's ``Q`` matrices, named
-        by worker and context as ``parallel.compress.feedback`` says; ``{}`` without compression, and on the
-        workers but rank 0 of a job, which all take part in gathering it): after every epoch
-        (the state then points at the next epoch's first batch), after every ``checkpoint_every`` optimizer
-        steps, and when ``stop`` stops the run. Not called when the loss becomes NaN or infinite.
-    model : str
-        ``"lenet"`` or ``"resnet18"`` (``parallel.models.MODELS``), with a strategy name; a strategy object
-        brings its own model.
-    job : parallel.job.Job, optional
-        Train as one worker of a distributed job (``parallel.job.join()``; data strategy only). Every
-        worker calls ``fit`` with the same dataset and arguments; the parameters, ``seed`` and ``start``
-        are rank 0's (the others' are ignored). Each worker trains its slice of every global batch
-        (``batch_size`` stays the global batch), and the loss and accuracies are summed over the workers,
-        so every worker returns the same history but for ``seconds`` (for ResNet-18 the test accuracy
-        scores each worker's slice with that worker's BatchNorm statistics). Let ``on_epoch`` and
-        ``on_checkpoint`` act on rank 0 alone when one copy of what they write is wanted. A state saved by
-        ``stop`` mid-epoch holds rank 0's share of that epoch's loss and accuracy so far (the parameters
-        are the job's), so after resuming, that epoch's train metrics leave out the other workers' batches
-        before the stop.
+    resume : parallel.checkpoint.Snapshot or Checkpoint, optional
+        Where to continue: a snapshot ``on_checkpoint`` got, or a loaded checkpoint (its ``state``, its
+        ``optimizer_state``, its ``compression_state``; the strategy must have been built from its ``params``
+        and ``aux``). On the layout that saved it the run ends bitwise equal to a run never interrupted; in a job,
+        rank 0's is given to every worker. Error feedback on another layout: the residuals' sum goes to rank 0's
+        first context (``parallel.compress.feedback.place``), so nothing is lost.
 
-    optimizer : parallel.optim.Optimizer, optional
-        Instead of ``lr``: SGD with momentum, Adam or AdamW, with a schedule, clipping and ``zero`` sharding
-        (data and hybrid strategies; model and pipeline keep each stage's state on its context and refuse
-        ``zero``). Its step count is set from the start position: one step per batch.
-    accumulate : int
-        Run each batch as this many micro-batches before its update (``parallel.step.step_replicas``); a batch
-        with fewer examples (an epoch's short last one) runs one per example.
-    optimizer_state : dict, optional
-        With ``start``, the checkpoint's optimizer state (``Checkpoint.optimizer_state``: whole, from any layout);
-        in a job, rank 0's is given to every worker.
-    checkpoint_every : int, optional
-        Also call ``on_checkpoint`` after every this many optimizer steps (counted from the first step of the
-        run, so a resumed run checkpoints where the uninterrupted one does), the steps in flight finished
-        first; not after an epoch's last batch, whose checkpoint is the epoch's. In a job every worker must
-        give the same value; the state's sums are then the whole job's so far.
-    compression : str or parallel.compress.Codec, optional
-        Data parallelism: sum the gradients between the contexts as compressed payloads with error feedback
-        (``"fp16"``, ``"2bit"``, ``"topk:RATIO"``, ``"powersgd:RANK"``; see ``parallel.compress``). Its state
-        (what error feedback has not sent yet) goes to ``on_checkpoint`` and comes back as ``compression_state``.
-    trace : str or os.PathLike, optional
-        Record steps ``TRACE_FIRST`` .. ``TRACE_FIRST + TRACE_STEPS - 1`` of this run (the first is left out: it
-        allocates) with MXNet's profiler and write a Chrome trace there (``parallel.trace``); in a job of several
-        workers, each writes the path with ``.workerR`` before its extension.
-    compression_state : dict, optional
-        With ``start`` and ``compression``, the checkpoint's error feedback (``Checkpoint.compression_state``,
-        rank 0's in a job): on the layout that saved it, every context and worker continues from its own
-        residuals and the run stays bitwise the uninterrupted one; on another layout, the sum of the residuals
-        goes to the first context of rank 0 (``parallel.compress.feedback.place``), so nothing is lost.
+    In a distributed job (a strategy built with a ``Reducer`` whose ``job`` is set) every worker calls ``fit``
+    with the same dataset and arguments; the parameters, the seed and ``resume`` are rank 0's. Each worker trains
+    its slice of every global batch (``config.batch_size`` stays the global batch), and the loss and accuracies
+    are summed over the workers, so every worker returns the same history but for ``seconds``. Let ``on_epoch``
+    and ``on_checkpoint`` act on rank 0 alone when one copy of what they write is wanted.
 
     Returns
     -------
     (list of dict, object)
         One dict per epoch with ``epoch``, ``train_loss``, ``train_acc``, ``test_acc``, ``seconds``,
-        ``images_per_second`` (a resumed run's history includes the checkpoint's epochs); and the trained
-        model, the strategy's ``model``: for ``"data"`` the replicas (``device_params``, one per context;
-        LeNet's eight arrays are ``device_params[0]``, a block's replica also holds ``.aux``), else the
-        ``ModelParallel``, ``Pipeline`` or ``Hybrid`` object (``.params()`` and ``.aux()`` give them). Either is
-        what ``parallel.export`` takes (``export_lenet``, or ``export_gluon`` for ResNet-18). The host queues
-        at most ``IN_FLIGHT`` steps ahead of the devices, then reads the oldest step's loss.
+        ``images_per_second`` (a resumed run's history includes the checkpoint's epochs); and the strategy's
+        ``model``: for data parallelism the replicas (``device_params``), else the strategy. The host queues at
+        most ``IN_FLIGHT`` steps ahead of the devices, then reads the oldest step's loss.
 
     Raises
     ------
@@ -396,37 +360,26 @@ def fit(dataset, ctx_list, num_epochs, batch_size, lr=None, seed=0, algorithm=DE
     TrainingStopped
         When ``stop()`` returned True.
     ValueError, TypeError
-        For an argument out of range (checked before any training).
+        For an argument out of range (checked before any training), naming it.
     """
-    check_int(num_epochs, "num_epochs", low=1)
-    check_int(batch_size, "batch_size", low=1)
-    optimizer = as_optimizer(lr, optimizer)
-    check_int(accumulate, "accumulate", low=1, high=batch_size)
-    check_seed(seed)
-    if checkpoint_every is not None:
-        check_int(checkpoint_every, "checkpoint_every", low=1)
-    per_epoch = num_batches(len(dataset.train_labels), batch_size)
-    state = start if start is not None else TrainingState(1, 0, 0.0, 0.0, 0.0, epoch_seed(seed, 1), [])
-    _check_start(state, seed, per_epoch)
-    if isinstance(strategy, str):
-        check_options(strategy, stages, boundaries, micro_batches, batch_size, job is not None, optimizer.zero,
-                      algorithm)
-        strategy = make_strategy(strategy, init_model(model, seed, params, aux), ctx_list, stages, boundaries,
-                                 micro_batches, batch_size, Reducer(algorithm, compression=compression, job=job))
-    elif compression not in (None, "none"):
-        raise ValueError("compression: fit got a strategy object; pass compression to make_strategy instead")
-    elif job is not None and strategy.job is not job:
-        raise ValueError("job: fit got a job but the strategy was built without it; pass job to make_strategy")
-    state, seed = _shared_start(strategy.job, state, seed, per_epoch)
-    _shared_optimizer_state(strategy.job, optimizer, strategy, optimizer_state)
-    _shared_feedback(strategy, compression_state)
+    if not isinstance(config, RunConfig):
+        raise BadType("config", f"{{config}} must be a parallel.RunConfig, got {config!r}")
+    optimizer = as_optimizer(None, optimizer) if not isinstance(optimizer, numbers.Real) or \
+        isinstance(optimizer, bool) else as_optimizer(optimizer, None)
+    _check_strategy(strategy, optimizer)
+    per_epoch = num_batches(len(dataset.train_labels), config.batch_size)
+    state = TrainingState(1, 0, 0.0, 0.0, 0.0, epoch_seed(config.seed, 1), []) if resume is None else resume.state
+    _check_start(state, config.seed, per_epoch)
+    state, seed = _shared_start(strategy.job, state, config.seed, per_epoch)
+    _shared_optimizer_state(strategy.job, optimizer, strategy, getattr(resume, "optimizer_state", None))
+    _shared_feedback(strategy, getattr(resume, "compression_state", None))
     optimizer.num_update = (state.epoch - 1) * per_epoch + state.batch   # one optimizer step per batch
-    run = _Run(strategy, optimizer, accumulate, dataset, seed, batch_size, checkpoint_every, trace)
+    run = _Run(strategy, optimizer, dataset, config, seed)
     history = list(state.history)
     try:
-        for epoch in range(state.epoch, num_epochs + 1):
-            totals = _train_epoch(run, epoch, state, stop, on_checkpoint, progress, history)
-            metrics = _epoch_metrics(strategy, dataset, epoch, totals, batch_size)
+        for epoch in range(state.epoch, config.epochs + 1):
+            totals = _train_epoch(run, epoch, state, stop, on_checkpoint, history)
+            metrics = _epoch_metrics(strategy, dataset, epoch, totals, config.batch_size)
             history.append(metrics)
             if on_epoch is not None:
                 on_epoch(metrics, history)

@@ -36,8 +36,10 @@ KEYS = {
 #: Keys each bucket of a ``Reducer`` may use (``bucket_key``): part 0 its sum, parts 1-3 a communication hook's
 #: rounds, part 4 + i context i's shard (``zero=2``).
 BUCKET_KEYS = 1024
-#: ``broadcast_object`` sends its JSON text in pieces of this many bytes (one float64 per byte).
+#: ``broadcast_object`` sends its JSON text in pieces of this many bytes (one float64 per byte), each under its own
+#: key from ``KEYS["chunks"]``, at most ``CHUNK_KEYS`` of them.
 CHUNK = 4096
+CHUNK_KEYS = 9000
 
 
 _JOINED = []   # every job this process joined: see join
@@ -271,9 +273,9 @@ def broadcast_object(job, obj):
     import numpy as np
     data = json.dumps(obj).encode() if job.rank == 0 else b""
     length = int(job.broadcast(KEYS["length"], mx.nd.array([len(data)], dtype="float64")).asscalar())
-    if math.ceil(length / CHUNK) > KEYS["shards"] - KEYS["chunks"]:   # every worker knows the length: all raise
-        raise ValueError(f"obj is {length} bytes of JSON, more than the "
-                         f"{(KEYS['shards'] - KEYS['chunks']) * CHUNK} broadcast_object's keys can carry")
+    if math.ceil(length / CHUNK) > CHUNK_KEYS:   # every worker knows the length: all raise
+        raise ValueError(f"obj is {length} bytes of JSON, more than the {CHUNK_KEYS * CHUNK} broadcast_object's "
+                         "keys can carry")
     buffer = np.zeros(math.ceil(length / CHUNK) * CHUNK)
     buffer[:len(data)] = np.frombuffer(data, dtype=np.uint8)
     for i in range(len(buffer) // CHUNK):

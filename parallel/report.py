@@ -1,4 +1,5 @@
-"""What a run shows: the epoch line, the metrics JSON, the loss and accuracy curves.
+"""What a run shows: the epoch line, the metrics JSON, the loss and accuracy curves, and the ``Report`` of
+``python -m parallel.train`` that prints and writes them.
 
 Every file is written atomically (``parallel.files``), so an interrupted run leaves the last complete version:
 
@@ -13,9 +14,10 @@ import functools
 import json
 import os
 
+from .cli import UsageError
 from .files import atomic_write
 
-__all__ = ["format_epoch", "write_metrics", "plot_metrics", "plot_format", "plot_formats"]
+__all__ = ["format_epoch", "write_metrics", "plot_metrics", "plot_format", "plot_formats", "Report"]
 
 
 def write_metrics(history, path):
@@ -104,3 +106,57 @@ def format_epoch(metrics, ctx_list, strategy="data", workers=1):
             f"train acc {metrics['train_acc']:.3f}, test acc {metrics['test_acc']:.3f}, "
             f"{metrics['seconds']:.1f} sec/epoch, {metrics['images_per_second']:.0f} examples/sec{name} "
             f"on {where if workers == 1 else f'{workers} workers x {where}'}")
+
+
+class Report:
+    """What a run shows and writes (rank 0 of a job alone): its lines, and after every epoch the metrics JSON and
+    the plot.
+
+    Parameters
+    ----------
+    strategy : object
+        The run's strategy (its ``name`` and ``ctx_list`` name the epoch lines).
+    title, data_name, layout : str
+        The model's, the data's and the layout's names (``"LeNet"``, ``"synthetic"``, ``"2 context(s)"``).
+    workers : int
+        Workers of the job (1 in one process).
+    main_rank : bool
+        Whether this process prints and writes (rank 0 of a job).
+    outputs : dict
+        ``{flag: path or None}`` of the files written after every epoch: ``--metrics-json`` and ``--plot``.
+    """
+
+    def __init__(self, strategy, title, data_name, layout, workers, main_rank, outputs):
+        self.strategy, self.title, self.data_name, self.layout = strategy, title, data_name, layout
+        self.workers, self.main_rank, self.outputs = workers, main_rank, dict(outputs)
+
+    def say(self, line):
+        if self.main_rank:
+            print(line, flush=True)
+
+    def epoch(self, metrics, history):
+        """After each epoch (``fit``'s ``on_epoch``): its line, then the metrics JSON and the plot."""
+        self.say(format_epoch(metrics, self.strategy.ctx_list, self.strategy.name, self.workers))
+        self.write_outputs(history)
+
+    def write_outputs(self, history):
+        """Rewrite the metrics JSON and the plot (atomically); ``UsageError`` naming the flag when one cannot be."""
+        if not self.main_rank:
+            return
+        title = f"{self.title} on {self.data_name}, {self.strategy.name} parallel on {self.layout}"
+        writers = {"--metrics-json": write_metrics, "--plot": lambda h, p: plot_metrics(h, p, title=title)}
+        for flag, path in self.outputs.items():
+            if path is not None:
+                try:
+                    writers[flag](history, path)
+                except OSError as e:   # the disk filled up or the directory went away mid-run
+                    raise UsageError(f"cannot write {flag} {path!r}: {e.strerror or e}") from None
+
+    def stopped(self, state, checkpoint_dir, resume_command):
+        """The outputs of a run stopped by a signal, and the line that says so."""
+        if state.history:
+            self.write_outputs(state.history)
+        where = f"stopped at epoch {state.epoch} after {state.batch} batch(es)"
+        if checkpoint_dir is None:
+            return f"{where}; no --checkpoint-dir, so there is nothing to resume from"
+        return f"{where}; checkpoint in {checkpoint_dir}. Resume with: {resume_command}"

@@ -258,11 +258,11 @@ def set_omp_threads(n=None, ctx_list=None):
     >>> set_omp_threads(0)
     Traceback (most recent call last):
         ...
-    ValueError: n must be >= 1, got 0
+    parallel.validate.BadValue: n must be >= 1, got 0
     >>> set_omp_threads(2.0)
     Traceback (most recent call last):
         ...
-    TypeError: n must be an int, got 2.0
+    parallel.validate.BadType: n must be an int, got 2.0
     """
     cores = recommended_omp_threads()
     n = cores if n is None else check_int(n, "n", low=1)

@@ -41,32 +41,20 @@ import contextlib
 import os
 import shlex
 
-from .cli import USAGE_STATUS, Parser, UsageError, finite_float, users_input
+from .cli import USAGE_STATUS, Parser, UsageError, finite_float, launched, users_input
 from .comm import ALGORITHMS, DEFAULT_ALGORITHM, DEFAULT_BUCKET_MB
-from .compress import parse_compression
 from .data import DATASETS
-from .files import LOCK_FILE, DirectoryLock, DirectoryLocked, check_writable
+from .config import (FLAGS, check_compression, check_distributed, check_layout, check_zero, optimizer_defaults,
+                     run_config)
+from .files import LOCK_FILE, DirectoryLock, DirectoryLocked, check_writable, export_files
 from .interrupt import INTERRUPTED_STATUS, end_on_signals, hold_interrupts, stop_between_batches
 from .models import MODELS
 from .optim import OPTIMIZERS, SCHEDULES, ZERO_LEVELS, check_hyper
-from .strategies import DEFAULT_MICRO_BATCHES, DEFAULT_STAGES, STRATEGIES, check_options
+from .strategies import DEFAULT_MICRO_BATCHES, DEFAULT_STAGES, STRATEGIES
 from .threads import engine_settings
-from .validate import LR_RANGE, MAX_SEED, check_int, check_lr, check_number, check_seed
+from .validate import LR_RANGE, MAX_SEED, check_lr, check_number
 
-__all__ = ["main", "build_parser", "check_args", "run", "FLAGS"]
-
-#: The flag of each argument name the package's errors use (``lr`` -> ``--lr``): see ``parallel.cli``.
-FLAGS = {"epochs": "--epochs", "num_epochs": "--epochs", "batch_size": "--batch-size", "lr": "--lr",
-         "seed": "--seed", "data_dir": "--data-dir", "ctx_list": "--devices", "stages": "--stages",
-         "boundaries": "--boundaries", "micro_batches": "--micro-batches", "metrics_json": "--metrics-json",
-         "plot": "--plot", "export": "--export", "checkpoint_dir": "--checkpoint-dir", "model": "--model",
-         "strategy": "--strategy", "algorithm": "--allreduce", "kvstore": "--kvstore", "optimizer": "--optimizer",
-         "momentum": "--momentum", "nesterov": "--nesterov", "wd": "--wd", "clip_norm": "--clip-norm",
-         "accumulate": "--accumulate", "zero": "--zero", "warmup_epochs": "--warmup-epochs",
-         "checkpoint_every": "--checkpoint-every", "compression": "--compression", "trace": "--trace",
-         "bucket_mb": "--bucket-mb",
-         "lr_decay_epochs": "--lr-decay-epochs", "lr_decay": "--lr-decay", "lr_schedule": "--lr-schedule"}
-
+__all__ = ["main", "build_parser", "check_args", "run"]
 
 def _int_list(what, example):
     """An ``argparse`` type: a comma-separated list of ints (``what``, e.g. "layer indices")."""
@@ -185,13 +173,11 @@ def _default_decay_epochs(epochs):
 
 def check_optimizer_args(args):
     """Check the optimizer's flags without MXNet; fill in the defaults that depend on the optimizer."""
-    if args.lr is None:
-        args.lr = 0.2 if args.optimizer == "sgd" else 0.001
-    if args.wd is None:
-        args.wd = 0.01 if args.optimizer == "adamw" else 0.0
+    defaults = optimizer_defaults(args.optimizer)
+    args.lr = defaults["lr"] if args.lr is None else args.lr
+    args.wd = defaults["wd"] if args.wd is None else args.wd
     with users_input(ValueError, TypeError, flags=FLAGS):
         check_hyper(args.optimizer, args.momentum, args.nesterov, args.wd, args.clip_norm)
-        check_int(args.accumulate, "accumulate", low=1, high=args.batch_size)
     if not 0 <= args.warmup_epochs < args.epochs:
         raise UsageError(f"--warmup-epochs must be at least 0 and less than --epochs ({args.epochs}), "
                          f"got {args.warmup_epochs:g}")
@@ -208,58 +194,37 @@ def check_optimizer_args(args):
         args.lr_decay_epochs = epochs
 
 
-def _launched():
-    """Whether this process is a worker that ``python -m parallel.launch`` started (a distributed job)."""
-    return os.environ.get("DMLC_ROLE") == "worker"
-
-
 def check_args(args):
-    """Check parsed ``args`` as far as can be done without MXNet; raise ``UsageError`` naming the flag."""
-    if args.stages is not None and args.boundaries is not None:
-        raise UsageError("give --stages or --boundaries, not both")
-    with users_input(ValueError, TypeError, flags=FLAGS):
-        check_int(args.epochs, "epochs", low=1)
-        check_int(args.batch_size, "batch_size", low=1)
-    check_optimizer_args(args)
-    with users_input(ValueError, TypeError, flags=FLAGS):
-        check_lr(args.lr)
-        check_seed(args.seed)
-        check_options(args.strategy, args.stages, args.boundaries, args.micro_batches, args.batch_size,
-                      distributed=_launched(), zero=args.zero, algorithm=args.allreduce)
+    """Check parsed ``args`` as far as can be done without MXNet, with the rules ``fit`` and ``make_strategy`` use
+    (``parallel.config``); raise ``UsageError`` naming the flag."""
     for flag, value in (("--data-dir", args.data_dir), ("--checkpoint-dir", args.checkpoint_dir),
                         ("--export", args.export), ("--metrics-json", args.metrics_json), ("--plot", args.plot),
                         ("--trace", args.trace)):
         if value == "":
             raise UsageError(f"{flag} needs a path, got an empty string")
     with users_input(ValueError, TypeError, flags=FLAGS):
-        parse_compression(args.compression)
+        check_layout(args.strategy, args.stages, args.boundaries, args.micro_batches, args.batch_size)
+        run_config(args)
+    check_optimizer_args(args)
+    with users_input(ValueError, TypeError, flags=FLAGS):
+        check_lr(args.lr)
+        check_distributed(args.strategy, launched())
+        check_zero(args.zero, args.strategy, args.allreduce)
+        check_compression(args.compression, args.strategy, args.zero)
         check_number(args.bucket_mb, "bucket_mb", positive=True)
-    if args.compression != "none" and args.strategy != "data":
-        raise UsageError(f"--compression applies to --strategy data, not {args.strategy}")
-    if args.compression != "none" and args.zero == 2:
-        raise UsageError("--compression does not work with --zero 2 yet (it reduce-scatters the gradients); use "
-                         "--zero 0 or 1")
     if args.data_dir is not None and args.dataset == "synthetic":
         raise UsageError("--data-dir applies to --dataset fashion-mnist, not synthetic")
-    if args.checkpoint_every is not None:
-        if args.checkpoint_dir is None:
-            raise UsageError("--checkpoint-every needs --checkpoint-dir, the directory to write the checkpoints in")
-        if args.checkpoint_every < 1:
-            raise UsageError(f"--checkpoint-every must be >= 1 optimizer steps, got {args.checkpoint_every}")
+    if args.checkpoint_every is not None and args.checkpoint_dir is None:
+        raise UsageError("--checkpoint-every needs --checkpoint-dir, the directory to write the checkpoints in")
     if args.resume and args.checkpoint_dir is None:
         raise UsageError("--resume needs --checkpoint-dir, the directory that holds the checkpoint")
-    if args.kvstore is not None and not _launched():
+    if args.kvstore is not None and not launched():
         raise UsageError("--kvstore applies to a distributed job: run python -m parallel.launch -n 2 python -m "
                          "parallel.train ...")
     if args.plot is not None:
         from .report import plot_format   # matplotlib, not MXNet
         with users_input(ValueError, flags=FLAGS):
             plot_format(args.plot)
-
-
-def _export_files(prefix):
-    """The files ``--export PREFIX`` writes (symbol, params), or (None, None)."""
-    return (None, None) if prefix is None else (f"{prefix}-symbol.json", f"{prefix}-0000.params")
 
 
 def claim_outputs(args, stack):
@@ -285,7 +250,7 @@ def claim_outputs(args, stack):
         except DirectoryLocked as e:
             raise UsageError(f"--checkpoint-dir {e}") from None
     outputs = [(path, flag) for path, flag in ((args.metrics_json, "--metrics-json"), (args.plot, "--plot"),
-                                                (_export_files(args.export)[1], "--export"), (args.trace, "--trace"))
+                                                (export_files(args.export)[1], "--export"), (args.trace, "--trace"))
                if path is not None]
     for path, flag in outputs:
         with users_input(ValueError, flags={}):
@@ -343,13 +308,15 @@ def run(args, stack):
     steps.check_trace(args, strategy)
     dataset, data_name = steps.load_dataset(args, job)
     optimizer = steps.optimizer_of(args, dataset)
-    report = steps.Report(args, strategy, optimizer, dataset, data_name, checkpoint, job)
+    record = steps.checkpoint_record(args, strategy, optimizer, dataset, data_name, job)
+    steps.check_resume(checkpoint, record)
+    report = steps.open_report(args, strategy, optimizer, dataset, data_name, job)
     steps.announce_start(args, checkpoint, report)
     with (stop_between_batches() if job is None else end_on_signals()) as stop:
         try:
-            steps.train(args, strategy, optimizer, dataset, checkpoint, stop, report)
+            steps.train(args, strategy, optimizer, dataset, checkpoint, stop, report, record)
         except steps.TrainingStopped as e:
-            raise _Stopped(report.stopped(e.state, _resume_command(args.argv)),
+            raise _Stopped(report.stopped(e.state, args.checkpoint_dir, _resume_command(args.argv)),
                            128 + stop.signum) from None
     steps.export(args, strategy, initial, report)
 
@@ -370,7 +337,7 @@ def main(argv=None):
         args.argv = argv
         check_args(args)
         with contextlib.ExitStack() as stack:
-            if not _launched():   # in a job, rank 0 alone writes, and claims its outputs once it knows its rank
+            if not launched():   # in a job, rank 0 alone writes, and claims its outputs once it knows its rank
                 claim_outputs(args, stack)
             _use_every_core()
             run(args, stack)
@@ -397,4 +364,4 @@ def _main_in_job():
 
 
 if __name__ == "__main__":
-    sys.exit(_main_in_job() if _launched() else main())
+    sys.exit(_main_in_job() if launched() else main())

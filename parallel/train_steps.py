@@ -8,9 +8,11 @@ import math
 import os
 import sys
 
-from .checkpoint import (CheckpointError, check_compatible, dataset_fingerprint, has_checkpoint, load_checkpoint,
-                         save_checkpoint)
-from .cli import UsageError, restart_count, users_input
+from .checkpoint import (CheckpointError, CheckpointWriteError, CheckpointWriter, check_compatible,
+                         dataset_fingerprint, has_checkpoint, load_checkpoint)
+from .cli import UsageError, launched, restart_count, users_input
+from .comm.reducer import Reducer
+from .config import FLAGS, run_config
 from .data import DataError, identify_dataset, load_data, num_batches
 from .data.fashion_mnist import default_data_dir
 from .devices import parse_devices
@@ -20,19 +22,19 @@ from .job import join, sum_values
 from .models import MODELS
 from .models.layout import init_model
 from .optim import SGD, Constant, Cosine, Step, make_optimizer
-from .report import format_epoch, plot_metrics, write_metrics
-from .comm.reducer import Reducer
+from .files import export_files
+from .report import Report
 from .strategies import make_strategy
 from .trace import check_traceable
-from .train import FLAGS, _export_files, _launched
 
-__all__ = ["join_job", "read_checkpoint", "devices", "load_dataset", "schedule_of", "optimizer_of", "lay_out",
-           "Report", "announce_start", "train", "export", "TrainingStopped"]
+__all__ = ["join_job", "read_checkpoint", "devices", "check_trace", "load_dataset", "schedule_of", "optimizer_of",
+           "lay_out", "checkpoint_record", "check_resume", "open_report", "announce_start", "train", "export",
+           "TrainingStopped"]
 
 
 def join_job(args):
     """Join the distributed job this worker was launched into (waits for every worker and server), or None."""
-    if not _launched():
+    if not launched():
         return None
     job = join(args.kvstore or "dist_sync")
     print(f"joined the job as rank {job.rank} of {job.num_workers} ({job.kv.type})", flush=True)
@@ -141,89 +143,47 @@ def lay_out(args, checkpoint, ctx_list, job):
     return initial, strategy
 
 
-class Report:
-    """What the run shows and writes (rank 0 of a job alone): its lines, the metrics JSON and plot after every
-    epoch, and the checkpoints."""
-
-    def __init__(self, args, strategy, optimizer, dataset, data_name, checkpoint, job):
-        self.args, self.strategy, self.job = args, strategy, job
-        self.main_rank = job is None or job.rank == 0
-        self.workers = 1 if job is None else job.num_workers
-        self.title = MODELS[args.model].title
-        self.data_name = data_name
-        used = len(strategy.ctx_list)
-        self.layout = f"{used} context(s)" if job is None else f"{self.workers} worker(s) x {used} context(s)"
-        # the dataset's fingerprint hashes every example: only a run that checkpoints needs it
-        fingerprint = None if args.checkpoint_dir is None or not self.main_rank else dataset_fingerprint(dataset)
-        self.config = {"model": args.model, "dataset": {"name": data_name, "fingerprint": fingerprint},
-                       "batch_size": args.batch_size, "lr": args.lr, "seed": args.seed, "epochs": args.epochs,
-                       "strategy": args.strategy, "allreduce": args.allreduce, "devices": args.devices,
-                       "stages": args.stages, "boundaries": args.boundaries, "micro_batches": args.micro_batches,
-                       "workers": self.workers, "optimizer": optimizer.config(), "zero": args.zero,
-                       "accumulate": args.accumulate, "compression": _compression_spec(strategy)}
-        if checkpoint is not None:   # a checkpoint of version 1 trained with plain SGD at its lr
-            saved = {"optimizer": SGD(checkpoint.config["lr"]).config(), **checkpoint.config} \
-                if "lr" in checkpoint.config else checkpoint.config
-            with users_input(CheckpointError):
-                check_compatible(saved, self.config)
-        self.say(f"training {self.title} on {data_name}: {len(dataset.train_labels)} train / "
-                 f"{len(dataset.test_labels)} test examples, batch {args.batch_size}, lr {args.lr}, on {self.layout}")
-        self.say(f"strategy {strategy.name}: {strategy.describe()}; operator threads: OMP_NUM_THREADS="
-                 f"{os.environ.get('OMP_NUM_THREADS', 'unset (MXNet default: half the cores)')}")
-        if optimizer.describe() != SGD(args.lr).describe() or args.accumulate > 1:   # more than the textbook's step
-            accumulate = f"; {args.accumulate} micro-batches per batch" if args.accumulate > 1 else ""
-            self.say(f"optimizer {optimizer.describe()}{accumulate}")
-
-    def say(self, line):
-        if self.main_rank:
-            print(line, flush=True)
-
-    def epoch(self, metrics, history):
-        """After each epoch: its line, then the metrics JSON and the plot."""
-        self.say(format_epoch(metrics, self.strategy.ctx_list, self.strategy.name, self.workers))
-        self.write_outputs(history)
-
-    def write_outputs(self, history):
-        if not self.main_rank:
-            return
-        title = f"{self.title} on {self.data_name}, {self.strategy.name} parallel on {self.layout}"
-        for path, flag, write in ((self.args.metrics_json, "--metrics-json", write_metrics),
-                                  (self.args.plot, "--plot", lambda h, p: plot_metrics(h, p, title=title))):
-            if path is not None:
-                try:
-                    write(history, path)
-                except OSError as e:   # the disk filled up or the directory went away mid-run
-                    raise UsageError(f"cannot write {flag} {path!r}: {e.strerror or e}") from None
-
-    def save(self, state, params, aux, optimizer_state, compression_state):
-        """Write a checkpoint (``fit``'s ``on_checkpoint``)."""
-        if self.args.checkpoint_dir is None or not self.main_rank:
-            return
-        try:
-            save_checkpoint(self.args.checkpoint_dir, params, state, self.config, aux=aux, model=self.args.model,
-                            optimizer_state=optimizer_state, compression_state=compression_state)
-        except OSError as e:   # a full disk, a file size limit: what was there before stays intact
-            kept = ("the previous checkpoint there is intact" if has_checkpoint(self.args.checkpoint_dir)
-                    else "no checkpoint was written")
-            raise UsageError(f"cannot write the checkpoint in {self.args.checkpoint_dir!r} ({e.strerror or e}); "
-                             f"{kept}") from None
-
-    def stopped(self, state, resume_command):
-        """The outputs of a run stopped by a signal, and the line that says so."""
-        if state.history:
-            self.write_outputs(state.history)
-        where = f"stopped at epoch {state.epoch} after {state.batch} batch(es)"
-        if self.args.checkpoint_dir is None:
-            return f"{where}; no --checkpoint-dir, so there is nothing to resume from"
-        return f"{where}; checkpoint in {self.args.checkpoint_dir}. Resume with: {resume_command}"
+def checkpoint_record(args, strategy, optimizer, dataset, data_name, job):
+    """What a checkpoint of this run records of its configuration (``parallel.checkpoint.COMPATIBLE_FIELDS`` decide
+    whether a resume may continue it). The dataset's fingerprint hashes every example: only a run that checkpoints
+    (rank 0) computes it."""
+    main_rank = job is None or job.rank == 0
+    fingerprint = None if args.checkpoint_dir is None or not main_rank else dataset_fingerprint(dataset)
+    codec = strategy.reducer.codec if getattr(strategy, "reducer", None) is not None else None
+    return {"model": args.model, "dataset": {"name": data_name, "fingerprint": fingerprint},
+            "batch_size": args.batch_size, "lr": args.lr, "seed": args.seed, "epochs": args.epochs,
+            "strategy": args.strategy, "allreduce": args.allreduce, "devices": args.devices,
+            "stages": args.stages, "boundaries": args.boundaries, "micro_batches": args.micro_batches,
+            "workers": 1 if job is None else job.num_workers, "optimizer": optimizer.config(), "zero": args.zero,
+            "accumulate": args.accumulate, "compression": "none" if codec is None else codec.spec}
 
 
-def _compression_spec(strategy):
-    """The codec a run's gradients go through, as its full spec (``"2bit:0.5"``), or ``"none"``: a resume that
-    changes it is refused, since the residuals belong to the codec that kept them."""
-    reducer = getattr(strategy, "reducer", None)
-    codec = None if reducer is None else reducer.codec
-    return "none" if codec is None else codec.spec
+def check_resume(checkpoint, record):
+    """Refuse to resume ``checkpoint`` with a configuration that changes the computation (``check_compatible``)."""
+    if checkpoint is None:
+        return
+    saved = checkpoint.config
+    if "lr" in saved:   # a checkpoint of version 1 trained with plain SGD at its lr
+        saved = {"optimizer": SGD(saved["lr"]).config(), **saved}
+    with users_input(CheckpointError):
+        check_compatible(saved, record)
+
+
+def open_report(args, strategy, optimizer, dataset, data_name, job):
+    """The run's ``Report`` (rank 0 of a job alone prints and writes), after its opening lines."""
+    workers = 1 if job is None else job.num_workers
+    used = len(strategy.ctx_list)
+    layout = f"{used} context(s)" if job is None else f"{workers} worker(s) x {used} context(s)"
+    report = Report(strategy, MODELS[args.model].title, data_name, layout, workers, job is None or job.rank == 0,
+                    {"--metrics-json": args.metrics_json, "--plot": args.plot})
+    report.say(f"training {report.title} on {data_name}: {len(dataset.train_labels)} train / "
+               f"{len(dataset.test_labels)} test examples, batch {args.batch_size}, lr {args.lr}, on {layout}")
+    report.say(f"strategy {strategy.name}: {strategy.describe()}; operator threads: OMP_NUM_THREADS="
+               f"{os.environ.get('OMP_NUM_THREADS', 'unset (MXNet default: half the cores)')}")
+    if optimizer.describe() != SGD(args.lr).describe() or args.accumulate > 1:   # more than the textbook's step
+        accumulate = f"; {args.accumulate} micro-batches per batch" if args.accumulate > 1 else ""
+        report.say(f"optimizer {optimizer.describe()}{accumulate}")
+    return report
 
 
 def announce_start(args, checkpoint, report):
@@ -246,17 +206,19 @@ def announce_start(args, checkpoint, report):
         report.say(f"resuming from {checkpoint.path}: epoch {start.epoch}, after {start.batch} batch(es)")
 
 
-def train(args, strategy, optimizer, dataset, checkpoint, stop, report):
-    """``fit`` with the run's arguments, from the checkpoint's position and optimizer state when there is one;
-    raises ``TrainingStopped`` when a signal stopped it."""
-    start = None if checkpoint is None else checkpoint.state
-    with users_input(NonFiniteLossError, flags=FLAGS):
-        fit(dataset, strategy.ctx_list, args.epochs, args.batch_size, seed=args.seed, progress=
-            not args.no_progress and report.main_rank, on_epoch=report.epoch, strategy=strategy, start=start,
-            stop=stop, on_checkpoint=report.save, optimizer=optimizer, accumulate=args.accumulate,
-            optimizer_state=None if checkpoint is None else checkpoint.optimizer_state,
-            checkpoint_every=args.checkpoint_every, trace=args.trace,
-            compression_state=None if checkpoint is None else checkpoint.compression_state)
+def train(args, strategy, optimizer, dataset, checkpoint, stop, report, record):
+    """``fit`` with the run's configuration, from the checkpoint when there is one, writing checkpoints of
+    ``record`` into ``--checkpoint-dir`` (rank 0); raises ``TrainingStopped`` when a signal stopped it."""
+    write = None   # every worker of a job takes part in gathering a checkpoint's state; rank 0 writes it
+    if args.checkpoint_dir is not None:
+        write = CheckpointWriter(args.checkpoint_dir, record, args.model) if report.main_rank else _gathered
+    with users_input(NonFiniteLossError, CheckpointWriteError, flags=FLAGS):
+        fit(dataset, strategy, optimizer, run_config(args), on_epoch=report.epoch, on_checkpoint=write, stop=stop,
+            resume=checkpoint)
+
+
+def _gathered(snapshot):
+    """What a worker but rank 0 does with a checkpoint it helped gather: nothing."""
 
 
 def export(args, strategy, initial, report):
@@ -270,4 +232,4 @@ def export(args, strategy, initial, report):
             export_gluon(initial, args.export, strategy.params(), strategy.aux())
     except OSError as e:
         raise UsageError(f"cannot write --export {args.export!r}: {e.strerror or e}") from None
-    print(f"exported {report.title} to {' and '.join(_export_files(args.export))}", flush=True)
+    print(f"exported {report.title} to {' and '.join(export_files(args.export))}", flush=True)

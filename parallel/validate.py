@@ -1,29 +1,72 @@
 """Argument checks, with one rule everywhere: a wrong type raises ``TypeError``, a wrong value ``ValueError``.
 
-Every message starts with the argument's name as the function calls it (``lr``, ``batch_size``,
-``data_dir``), says what is allowed and shows what was given; the CLI maps these names to its flags
-(``parallel.cli.flag_message``). Nothing here imports MXNet at import time, so the CLI checks its arguments
-before MXNet starts.
+The errors carry the offending argument as data: ``BadValue`` and ``BadType`` (subclasses of ``ValueError`` and
+``TypeError``) hold ``argument``, the name the function calls it (``lr``, ``batch_size``), and a message written
+with the names of the arguments it mentions as ``{name}`` (or ``{name=value}``), which reads ``lr`` (``lr=0.1``)
+from the API and ``--lr`` (``--lr 0.1``) from the command (``render(flags)``): the CLI names its flags, never the
+API's names. Each message says what is allowed and shows what was given. Nothing here imports MXNet at import
+time, so the CLI checks its arguments before MXNet starts.
 
 >>> check_int(0, "batch_size", low=1)
 Traceback (most recent call last):
     ...
-ValueError: batch_size must be >= 1, got 0
+parallel.validate.BadValue: batch_size must be >= 1, got 0
 >>> check_int(2.0, "batch_size", low=1)
 Traceback (most recent call last):
     ...
-TypeError: batch_size must be an int, got 2.0
+parallel.validate.BadType: batch_size must be an int, got 2.0
 >>> check_lr(1e-40)
 Traceback (most recent call last):
     ...
-ValueError: lr must be between 1.18e-38 and 3.40e+38 (float32's normal range, which MXNet's update takes), got 1e-40
+parallel.validate.BadValue: lr must be between 1.18e-38 and 3.40e+38 (float32's normal range, which MXNet's update takes), got 1e-40
 """
 import math
 import numbers
 import os
+import re
 
-__all__ = ["check_int", "check_number", "check_lr", "check_seed", "check_choice", "check_bool", "check_path",
-           "check_contexts", "MAX_SEED", "LR_RANGE"]
+__all__ = ["BadValue", "BadType", "check_int", "check_number", "check_lr", "check_seed", "check_choice", "check_bool",
+           "check_path", "check_contexts", "MAX_SEED", "LR_RANGE"]
+
+_NAME = re.compile(r"\{([a-z_]+)(?:=([^{}|]*))?(?:\|([^{}]*))?\}")
+
+
+def _named(name):
+    """``(argument, how a template writes it)``: ``lr`` -> ``("lr", "{lr}")``, ``boundaries[0]`` ->
+    ``("boundaries", "{boundaries}[0]")``; a name of another form is written as it is."""
+    match = re.match(r"([a-z_]+)(.*)$", name)
+    if match is None:
+        return name, name
+    return match.group(1), "{" + match.group(1) + "}" + match.group(2)
+
+
+class _ArgumentError:
+    """What ``BadValue`` and ``BadType`` share: the argument, and the message as a template of argument names."""
+
+    def __init__(self, argument, template):
+        base, written = _named(argument)   # "boundaries[0]": the argument is boundaries
+        self.argument, self.template = base, template.replace("{" + argument + "}", written)
+        super().__init__(self.render())
+
+    def render(self, flags=None):
+        """The message, each ``{name}`` the API's name or, with ``flags`` (``{name: "--flag"}``), the flag;
+        ``{name=value}`` reads ``name=value``, or ``--flag value``; ``{name|words}`` (``{name=value|words}``) reads
+        ``words`` from the API."""
+        def name(match):
+            arg, value, words = match.groups()
+            flag = (flags or {}).get(arg)
+            if flag is None:
+                return words if words is not None else arg if value is None else f"{arg}={value}"
+            return flag if value is None else f"{flag} {value}"
+        return _NAME.sub(name, self.template)
+
+
+class BadValue(_ArgumentError, ValueError):
+    """A wrong value for the argument ``argument``; ``render(flags)`` names it as a command's flag."""
+
+
+class BadType(_ArgumentError, TypeError):
+    """A wrong type for the argument ``argument``; ``render(flags)`` names it as a command's flag."""
 
 #: Seeds are those numpy's ``RandomState`` takes: 0 .. 2**32 - 1.
 MAX_SEED = 2 ** 32 - 1
@@ -36,22 +79,22 @@ LR_RANGE = (1.1754943508222875e-38, 3.4028234663852886e+38)
 def check_int(value, name, low=None, high=None):
     """Return ``value`` as an ``int``; it must be an integer (not a bool) within ``low`` .. ``high``."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an int, got {value!r}")
+        raise BadType(name, f"{{{name}}} must be an int, got {value!r}")
     if low is not None and high is not None and not low <= value <= high:
-        raise ValueError(f"{name} must be between {low} and {high}, got {value}")
+        raise BadValue(name, f"{{{name}}} must be between {low} and {high}, got {value}")
     if low is not None and value < low:
-        raise ValueError(f"{name} must be >= {low}, got {value}")
+        raise BadValue(name, f"{{{name}}} must be >= {low}, got {value}")
     if high is not None and value > high:
-        raise ValueError(f"{name} must be <= {high}, got {value}")
+        raise BadValue(name, f"{{{name}}} must be <= {high}, got {value}")
     return int(value)
 
 
 def check_number(value, name, positive=False):
     """Return ``value`` as a ``float``; it must be a finite real number (not a bool), > 0 if ``positive``."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be a number, got {value!r}")
+        raise BadType(name, f"{{{name}}} must be a number, got {value!r}")
     if not math.isfinite(value) or (positive and not value > 0):
-        raise ValueError(f"{name} must be a finite number{' > 0' if positive else ''}, got {value!r}")
+        raise BadValue(name, f"{{{name}}} must be a finite number{' > 0' if positive else ''}, got {value!r}")
     return float(value)
 
 
@@ -60,8 +103,8 @@ def check_lr(lr, name="lr"):
     check_number(lr, name, positive=True)
     low, high = LR_RANGE
     if not low <= lr <= high:
-        raise ValueError(f"{name} must be between {low:.2e} and {high:.2e} (float32's normal range, which MXNet's "
-                         f"update takes), got {lr!r}")
+        raise BadValue(name, f"{{{name}}} must be between {low:.2e} and {high:.2e} (float32's normal range, which "
+                             f"MXNet's update takes), got {lr!r}")
 
 
 def check_seed(seed, name="seed"):
@@ -72,28 +115,28 @@ def check_seed(seed, name="seed"):
 def check_choice(value, name, choices):
     """Raise unless ``value`` is one of ``choices`` (strings): ``ValueError`` naming them all."""
     if not isinstance(value, str):
-        raise TypeError(f"{name} must be a string, one of {', '.join(choices)}; got {value!r}")
+        raise BadType(name, f"{{{name}}} must be a string, one of {', '.join(choices)}; got {value!r}")
     if value not in choices:
-        raise ValueError(f"{name} must be one of {', '.join(choices)}; got {value!r}")
+        raise BadValue(name, f"{{{name}}} must be one of {', '.join(choices)}; got {value!r}")
     return value
 
 
 def check_bool(value, name):
     """Raise unless ``value`` is ``True`` or ``False``."""
     if not isinstance(value, bool):
-        raise TypeError(f"{name} must be True or False, got {value!r}")
+        raise BadType(name, f"{{{name}}} must be True or False, got {value!r}")
     return value
 
 
 def check_path(value, name):
     """Return ``value`` as a ``str`` path; it must be a non-empty ``str`` or ``os.PathLike``."""
     if not isinstance(value, (str, os.PathLike)):
-        raise TypeError(f"{name} must be a path (str or os.PathLike), got {value!r}")
+        raise BadType(name, f"{{{name}}} must be a path (str or os.PathLike), got {value!r}")
     path = os.fspath(value)
     if not isinstance(path, str):
-        raise TypeError(f"{name} must be a text path, got {value!r}")
+        raise BadType(name, f"{{{name}}} must be a text path, got {value!r}")
     if path == "":
-        raise ValueError(f"{name} must name a file or directory, got an empty string")
+        raise BadValue(name, f"{{{name}}} must name a file or directory, got an empty string")
     return path
 
 
@@ -105,17 +148,18 @@ def check_contexts(ctx_list, name="ctx_list", needed=1, what="this"):
     import mxnet as mx
 
     if isinstance(ctx_list, mx.Context):
-        raise TypeError(f"{name} must be a list of contexts, got the single context {ctx_list}; write [{ctx_list!r}]")
+        raise BadType(name, f"{{{name}}} must be a list of contexts, got the single context {ctx_list}; write "
+                            f"[{ctx_list!r}]")
     if not isinstance(ctx_list, (list, tuple)):
-        raise TypeError(f"{name} must be a list of contexts such as [mx.cpu(0), mx.cpu(1)], got {ctx_list!r}")
+        raise BadType(name, f"{{{name}}} must be a list of contexts such as [mx.cpu(0), mx.cpu(1)], got {ctx_list!r}")
     if not ctx_list:
-        raise ValueError(f"{name} is empty; give at least one context, such as [mx.cpu(0)]")
+        raise BadValue(name, f"{{{name}}} is empty; give at least one context, such as [mx.cpu(0)]")
     for i, ctx in enumerate(ctx_list):
         if not isinstance(ctx, mx.Context):
-            raise TypeError(f"{name}[{i}] must be an mxnet Context such as mx.cpu({i}), got {ctx!r}")
+            raise BadType(name, f"{{{name}}}[{i}] must be an mxnet Context such as mx.cpu({i}), got {ctx!r}")
         if ctx in ctx_list[:i]:
-            raise ValueError(f"{name}[{i}] repeats {ctx}; list each context once")
+            raise BadValue(name, f"{{{name}}}[{i}] repeats {ctx}; list each context once")
     if len(ctx_list) < needed:
-        raise ValueError(f"{name}: {what} need {needed} contexts, got {len(ctx_list)}; use fewer stages or more "
-                         "contexts")
+        raise BadValue(name, f"{what} need {needed} contexts, got {len(ctx_list)} in {{{name}}}; use fewer "
+                             "{stages} or more contexts")
     return list(ctx_list)

@@ -57,6 +57,12 @@ def assert_same_parameters(got, want, dtype):
         np.testing.assert_allclose(g, w, rtol=1e-5, atol=atol)
 
 
+def lenet_strategy(ctx_list, seed=0, name="data", reducer=None, **layout):
+    """A strategy of LeNet seeded with ``seed`` (``make_strategy``, the one place names become objects)."""
+    from parallel import init_model, make_strategy
+    return make_strategy(name, init_model("lenet", seed), ctx_list, reducer=reducer, **layout)
+
+
 def small_cnn(batchnorm=False, dtype="float64", seed=0):
     """A small gluon CNN of 8x8 one-channel images, initialized and run once (shapes known): 5 children, 7 with
     BatchNorm."""

@@ -9,14 +9,15 @@ import pytest
 from parallel import checkpoint as ckpt
 from parallel.models import LENET_PARAM_NAMES
 from parallel.models import init_lenet_params
-from parallel.checkpoint import TrainingState
+from parallel.checkpoint import Snapshot, TrainingState
+from parallel.config import RunConfig
 from parallel.comm import get_params
 from parallel.data.batches import epoch_seed
 from parallel.fit import NonFiniteLossError, TrainingStopped, fit
 from parallel.models import init_model
 from parallel.strategies import make_strategy
 from parallel.optim import SGD, Adam, AdamW, Cosine, Step
-from conftest import assert_same_parameters, easy_dataset, stop_before
+from conftest import assert_same_parameters, easy_dataset, lenet_strategy, stop_before
 
 BATCH = 32
 DATA = easy_dataset(num_train=200, num_test=50, seed=4)   # 7 batches per epoch, the last one of 8
@@ -39,22 +40,23 @@ def _strategy(layout, params):
                          **options)
 
 
-def _run(layout, params=None, start=None, stop=None, on_checkpoint=None, epochs=EPOCHS, lr=0.3, optimizer=None,
-         accumulate=1, optimizer_state=None):
+def _run(layout, params=None, resume=None, stop=None, on_checkpoint=None, epochs=EPOCHS, lr=0.3, optimizer=None,
+         accumulate=1):
     strategy = _strategy(layout, init_lenet_params(seed=5) if params is None else params)
-    history, _ = fit(DATA, None, epochs, BATCH, None if optimizer else lr, seed=5, strategy=strategy, start=start,
-                     stop=stop, on_checkpoint=on_checkpoint, optimizer=optimizer, accumulate=accumulate,
-                     optimizer_state=optimizer_state)
+    history, _ = fit(DATA, strategy, lr if optimizer is None else optimizer,
+                     RunConfig(epochs=epochs, batch_size=BATCH, seed=5, accumulate=accumulate),
+                     stop=stop, on_checkpoint=on_checkpoint, resume=resume)
     return [p.asnumpy() for p in strategy.params()], history
 
 
 def _saver(tmp_path, saves=None):
     """An on_checkpoint that writes every checkpoint (with the optimizer's state) to ``tmp_path``."""
-    def save(state, params, aux, optimizer_state, compression_state):
+    write = ckpt.CheckpointWriter(tmp_path, {"batch_size": BATCH, "lr": 0.3, "seed": 5})
+
+    def save(snapshot):
         if saves is not None:
-            saves.append(state)
-        ckpt.save_checkpoint(tmp_path, params, state, {"batch_size": BATCH, "lr": 0.3, "seed": 5},
-                             optimizer_state=optimizer_state)
+            saves.append(snapshot.state)
+        write(snapshot)
     return save
 
 
@@ -94,7 +96,7 @@ def test_interrupted_and_resumed_equals_uninterrupted_bitwise(layout, where, uni
     assert saves[-1] == position
     loaded = ckpt.load_checkpoint(tmp_path)
     assert loaded.state == position
-    params, history = _run(layout, params=loaded.params, start=loaded.state)
+    params, history = _run(layout, params=loaded.params, resume=loaded)
     want_params, want_history = uninterrupted[layout]
     for got, want in zip(params, want_params):
         np.testing.assert_array_equal(got, want)
@@ -134,8 +136,8 @@ def test_resume_with_optimizer_state_is_bitwise(name, zero, accumulate, layout, 
              accumulate=accumulate)
     loaded = ckpt.load_checkpoint(tmp_path)
     assert bool(loaded.optimizer_state) == (name != "sgd")
-    params, history = _run(layout, params=loaded.params, start=loaded.state, optimizer=_optimizer(name, zero),
-                           accumulate=accumulate, optimizer_state=loaded.optimizer_state)
+    params, history = _run(layout, params=loaded.params, resume=loaded, optimizer=_optimizer(name, zero),
+                           accumulate=accumulate)
     for got, expected in zip(params, want):
         np.testing.assert_array_equal(got, expected)
     assert _without_timings(history) == _without_timings(want_history)
@@ -151,11 +153,11 @@ def test_zero_2_on_two_contexts_resumes_with_zero_0_on_one_and_zero_1_on_three(t
     want = _run("data-ring", optimizer=adam(2))[0]
     for k, zero in ((1, 0), (3, 1)):
         strategy = make_strategy("data", loaded.params, [mx.cpu(i) for i in range(k)], reducer="ring")
-        fit(DATA, None, EPOCHS, BATCH, seed=5, strategy=strategy, start=loaded.state, optimizer=adam(zero),
-            optimizer_state=loaded.optimizer_state)
+        fit(DATA, strategy, adam(zero), RunConfig(epochs=EPOCHS, batch_size=BATCH, seed=5), resume=loaded)
         assert_same_parameters([p.asnumpy() for p in strategy.params()], want, "float32")
     strategy = make_strategy("data", loaded.params, [mx.cpu(0)])   # without the state: another model
-    fit(DATA, None, EPOCHS, BATCH, seed=5, strategy=strategy, start=loaded.state, optimizer=adam(0))
+    fit(DATA, strategy, adam(0), RunConfig(epochs=EPOCHS, batch_size=BATCH, seed=5),
+        resume=loaded._replace(optimizer_state={}))
     assert not np.allclose(strategy.params()[0].asnumpy(), want[0], rtol=1e-3)
 
 
@@ -168,37 +170,36 @@ def test_a_checkpoint_resumes_on_another_layout(source, target, tmp_path):
     float32 rounding until even two uninterrupted layouts differ by ~6e-3 on the conv biases after 14 steps.
     """
     with pytest.raises(TrainingStopped):
-        _run(source, stop=stop_before(4), lr=0.1,
-             on_checkpoint=lambda state, params, aux, *_: ckpt.save_checkpoint(tmp_path, params, state, {}))
+        _run(source, stop=stop_before(4), lr=0.1, on_checkpoint=ckpt.CheckpointWriter(tmp_path, {}))
     loaded = ckpt.load_checkpoint(tmp_path)
-    params, history = _run(target, params=loaded.params, start=loaded.state, lr=0.1)
+    params, history = _run(target, params=loaded.params, resume=loaded, lr=0.1)
     assert_same_parameters(params, _run(source, lr=0.1)[0], "float32")
     assert len(history) == EPOCHS
 
 
 def test_data_on_2_contexts_resumes_on_4():
-    saved = {}
+    saved = []
+    config = RunConfig(epochs=EPOCHS, batch_size=BATCH, seed=5)
     with pytest.raises(TrainingStopped):
-        fit(DATA, [mx.cpu(0), mx.cpu(1)], EPOCHS, BATCH, 0.1, seed=5, stop=stop_before(9),
-                     on_checkpoint=lambda state, params, aux, *_: saved.update(state=state,
-                                                                             params=[p.copy() for p in params]))
-    _, on_two = fit(DATA, [mx.cpu(0), mx.cpu(1)], EPOCHS, BATCH, 0.1, seed=5)
-    _, on_four = fit(DATA, [mx.cpu(i) for i in range(4)], EPOCHS, BATCH, 0.1, seed=5,
-                              params=saved["params"], start=saved["state"])
+        fit(DATA, lenet_strategy([mx.cpu(0), mx.cpu(1)], seed=5), 0.1, config, stop=stop_before(9),
+            on_checkpoint=lambda snapshot: saved.append(snapshot._replace(params=[p.copy() for p in snapshot.params])))
+    _, on_two = fit(DATA, lenet_strategy([mx.cpu(0), mx.cpu(1)], seed=5), 0.1, config)
+    _, on_four = fit(DATA, make_strategy("data", saved[-1].params, [mx.cpu(i) for i in range(4)]), 0.1, config,
+                     resume=saved[-1])
     assert_same_parameters([p.asnumpy() for p in on_four[0]], [p.asnumpy() for p in on_two[0]], "float32")
 
 
 def test_checkpoint_after_every_epoch_and_growing_epochs(tmp_path, uninterrupted):
     states = []
 
-    def save(state, params, aux, optimizer_state, compression_state):
-        states.append((state.epoch, state.batch))
-        ckpt.save_checkpoint(tmp_path, params, state, {})
+    def save(snapshot):
+        states.append((snapshot.state.epoch, snapshot.state.batch))
+        ckpt.CheckpointWriter(tmp_path, {})(snapshot)
 
     _run("data-fused", on_checkpoint=save, epochs=1)
     assert states == [(2, 0)]
     loaded = ckpt.load_checkpoint(tmp_path)
-    params, history = _run("data-fused", params=loaded.params, start=loaded.state, epochs=2)   # train further
+    params, history = _run("data-fused", params=loaded.params, resume=loaded, epochs=2)   # train further
     for got, want in zip(params, uninterrupted["data-fused"][0]):
         np.testing.assert_array_equal(got, want)
     assert [m["epoch"] for m in history] == [1, 2]
@@ -234,7 +235,8 @@ def test_non_finite_parameters_never_replace_a_good_checkpoint(tmp_path):
 def test_a_diverging_run_writes_no_checkpoint(tmp_path):
     saves = []
     with pytest.raises(NonFiniteLossError):
-        fit(DATA, [mx.cpu(0)], 1, BATCH, 1e10, seed=1, on_checkpoint=lambda *a: saves.append(a))
+        fit(DATA, lenet_strategy([mx.cpu(0)], seed=1), 1e10, RunConfig(epochs=1, batch_size=BATCH, seed=1),
+            on_checkpoint=saves.append)
     assert saves == []
 
 
@@ -275,11 +277,13 @@ def test_damaged_checkpoints_are_refused_with_one_line(tmp_path, damage, message
 
 def test_resume_refuses_a_start_from_another_order():
     state = TrainingState(1, 2, 0.0, 0.0, 0.0, epoch_seed(6, 1), [])
-    with pytest.raises(ValueError, match="the data order would change"):
-        fit(DATA, [mx.cpu(0)], 1, BATCH, 0.3, seed=5, start=state)
+    config = RunConfig(epochs=1, batch_size=BATCH, seed=5)
+    with pytest.raises(ValueError, match="the data order would change") as raised:
+        fit(DATA, lenet_strategy([mx.cpu(0)]), 0.3, config, resume=Snapshot(state, [], [], {}, {}))
+    assert raised.value.argument == "resume"
     with pytest.raises(ValueError, match="an epoch here has 7 batches"):
-        fit(DATA, [mx.cpu(0)], 1, BATCH, 0.3, seed=5, start=state._replace(batch=9,
-                                                                                      shuffle_seed=epoch_seed(5, 1)))
+        fit(DATA, lenet_strategy([mx.cpu(0)]), 0.3, config,
+            resume=Snapshot(state._replace(batch=9, shuffle_seed=epoch_seed(5, 1)), [], [], {}, {}))
 
 
 def test_a_checkpoint_written_before_resnet18_loads_as_lenet(tmp_path):

@@ -9,7 +9,8 @@ import mxnet as mx
 import numpy as np
 import pytest
 
-from parallel import Reducer, fit, get_params, init_lenet_params, train_batch, train_step
+from parallel import (Reducer, RunConfig, fit, get_params, init_lenet_params, init_model, make_strategy, train_batch,
+                      train_step)
 from parallel.comm import algorithms
 from parallel.compress import COMPRESSIONS, parse_compression
 from parallel.comm.reducer import BucketComm, compressed_allreduce
@@ -207,24 +208,26 @@ def test_a_step_refuses_a_spec_whose_residuals_would_be_lost():
 def test_fit_learns_with_every_lossy_compressor(spec):
     """Adam leaves LeNet's plateau at chance within 20 steps on this set (SGD takes 150-250)."""
     dataset = easy_dataset(num_train=640, num_test=200, seed=2)
-    history, _ = fit(dataset, contexts(2), num_epochs=2, batch_size=32, seed=1, compression=spec,
-                     optimizer=make_optimizer("adam", 0.01))
+    strategy = make_strategy("data", init_model("lenet", seed=1), contexts(2), reducer=Reducer(compression=spec))
+    history, _ = fit(dataset, strategy, make_optimizer("adam", 0.01), RunConfig(epochs=2, batch_size=32, seed=1))
     assert history[-1]["test_acc"] > 0.5, history   # chance: 0.1
 
 
 def test_compression_is_for_the_data_strategy_and_not_zero_2():
     dataset = easy_dataset(num_train=64, num_test=32, seed=2)
-    with pytest.raises(ValueError, match="data strategy"):
-        fit(dataset, contexts(2), 1, 32, 0.1, strategy="model", compression="fp16")
-    with pytest.raises(ValueError, match="zero=2"):
-        fit(dataset, contexts(2), 1, 32, optimizer=make_optimizer("sgd", 0.1, momentum=0.9, zero=2),
-            compression="fp16")
+    with pytest.raises(ValueError, match="compression applies to strategy=data, not strategy=model") as raised:
+        make_strategy("model", init_model("lenet"), contexts(2), reducer=Reducer(compression="fp16"))
+    assert raised.value.argument == "compression"
+    strategy = make_strategy("data", init_model("lenet"), contexts(2), reducer=Reducer(compression="fp16"))
+    with pytest.raises(ValueError, match="zero=2") as raised:
+        fit(dataset, strategy, make_optimizer("sgd", 0.1, momentum=0.9, zero=2), RunConfig(epochs=1, batch_size=32))
+    assert raised.value.argument == "compression"
 
 
 @pytest.mark.parametrize("args, message", [
     (["--compression", "topk"], "--compression 'topk' needs a RATIO"),
     (["--compression", "zip"], "--compression must be one of"),
-    (["--compression", "fp16", "--strategy", "model"], "--compression applies to --strategy data"),
+    (["--compression", "fp16", "--strategy", "model"], "--compression applies to --strategy data, not --strategy model"),
     (["--compression", "fp16", "--zero", "2", "--momentum", "0.9"], "--zero 2"),
 ])
 def test_bad_compression_flags_exit_2(args, message, capsys):

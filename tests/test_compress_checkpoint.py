@@ -10,6 +10,7 @@ import pytest
 from parallel import checkpoint as ckpt
 from parallel.comm.reducer import BucketComm, Reducer
 from parallel.compress import place
+from parallel import RunConfig
 from parallel.fit import TrainingStopped, _gather_feedback, _shared_feedback, fit
 from parallel.models import init_lenet_params
 from parallel.strategies import make_strategy
@@ -30,7 +31,7 @@ def _strategy(spec, k=2, params=None):
 def _run(spec, k=2, epochs=2, **kwargs):
     strategy = _strategy(spec, k, kwargs.pop("params", None))
     try:
-        fit(DATA, None, epochs, BATCH, 0.3, seed=5, strategy=strategy, **kwargs)
+        fit(DATA, strategy, 0.3, RunConfig(epochs=epochs, batch_size=BATCH, seed=5), **kwargs)
     except TrainingStopped:
         pass
     return strategy
@@ -38,11 +39,7 @@ def _run(spec, k=2, epochs=2, **kwargs):
 
 def _stopped_checkpoint(spec, directory, after=10):
     """Stop a 2-context run before its ``after``-th batch (mid-epoch 2) and write the checkpoint."""
-    def save(state, params, aux, optimizer_state, compression_state):
-        ckpt.save_checkpoint(directory, params, state, {}, optimizer_state=optimizer_state,
-                             compression_state=compression_state)
-
-    _run(spec, stop=stop_before(after), on_checkpoint=save)
+    _run(spec, stop=stop_before(after), on_checkpoint=ckpt.CheckpointWriter(directory, {}))
     return ckpt.load_checkpoint(directory)
 
 
@@ -61,11 +58,11 @@ def test_a_resumed_run_with_its_residuals_is_bitwise_the_uninterrupted_one(spec,
     names = sorted(saved.compression_state)
     assert {"w0/residual/c0", "w0/residual/c1"} <= set(names)
     assert any(name.startswith("w0/query/") for name in names) == spec.startswith("powersgd")
-    resumed = _params(_run(spec, params=saved.params, start=saved.state, compression_state=saved.compression_state))
+    resumed = _params(_run(spec, params=saved.params, resume=saved))
     for got, want in zip(resumed, uninterrupted[spec]):
         np.testing.assert_array_equal(got, want)
     # what the residuals carry matters: resumed without them, the run ends elsewhere
-    forgetful = _params(_run(spec, params=saved.params, start=saved.state))
+    forgetful = _params(_run(spec, params=saved.params, resume=saved._replace(compression_state={})))
     assert any((got != want).any() for got, want in zip(forgetful, uninterrupted[spec]))
 
 
@@ -117,7 +114,7 @@ def test_place_keeps_every_residual_on_any_layout(before, after):
 def test_resuming_residuals_without_a_compressor_is_refused(tmp_path):
     saved = _stopped_checkpoint("topk:0.05", tmp_path)
     with pytest.raises(ValueError, match="compression_state: the checkpoint holds compression residuals"):
-        _run(None, params=saved.params, start=saved.state, compression_state=saved.compression_state)
+        _run(None, params=saved.params, resume=saved)
 
 
 def test_a_wrong_state_for_the_compressor_is_a_value_error():

@@ -44,6 +44,7 @@ def test_textbook_path_and_evaluation_copy_explicitly(strict_contexts):
 
 
 def test_fit_copies_explicitly(strict_contexts):
-    from parallel import fit
-    history, _ = fit(easy_dataset(num_train=40, num_test=10), contexts(2), 1, 16, 0.1)
+    from parallel import RunConfig, fit, init_model, make_strategy
+    strategy = make_strategy("data", init_model("lenet"), contexts(2))
+    history, _ = fit(easy_dataset(num_train=40, num_test=10), strategy, 0.1, RunConfig(epochs=1, batch_size=16))
     assert history[0]["epoch"] == 1

@@ -18,6 +18,9 @@ import pytest
 import parallel.data as data
 from parallel.data import fashion_mnist
 from conftest import run_process
+
+#: A wrong type is a TypeError and never a ValueError, and the other way round.
+OTHER = {TypeError: ValueError, ValueError: TypeError}
 from parallel.data import (FILES, DataError, default_data_dir, download_fashion_mnist, identify_dataset,
                            iterate_batches, load_fashion_mnist, load_idx_dataset, num_batches, read_idx,
                            synthetic_dataset, write_idx)
@@ -569,7 +572,7 @@ def test_synthetic_bad_arguments(kwargs, error, message):
     # A wrong type is a TypeError, a wrong value a ValueError; the message starts with the argument's name.
     with pytest.raises(error) as info:
         synthetic_dataset(**kwargs)
-    assert type(info.value) is error and str(info.value) == message
+    assert isinstance(info.value, error) and not isinstance(info.value, OTHER[error]) and str(info.value) == message
 
 
 def test_synthetic_takes_numpy_ints():
@@ -637,7 +640,7 @@ def test_bad_batch_size(bad, error, message):
                  lambda: num_batches(4, bad)):
         with pytest.raises(error) as info:
             call()
-        assert type(info.value) is error and str(info.value) == message
+        assert isinstance(info.value, error) and not isinstance(info.value, OTHER[error]) and str(info.value) == message
 
 
 @pytest.mark.parametrize("bad, error, message", [
@@ -649,7 +652,7 @@ def test_bad_start(bad, error, message):
     images, labels = indexed(4)
     with pytest.raises(error) as info:
         iterate_batches(images, labels, 2, start=bad)
-    assert type(info.value) is error and str(info.value) == message
+    assert isinstance(info.value, error) and not isinstance(info.value, OTHER[error]) and str(info.value) == message
 
 
 def test_start_skips_batches():

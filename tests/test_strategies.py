@@ -8,7 +8,7 @@ from parallel import (ALLREDUCE_ALGORITHMS, Dataset, evaluate_accuracy, get_para
                       iterate_batches, lenet, softmax_cross_entropy, train_batch)
 from parallel.strategies import (Hybrid, ModelParallel, Pipeline, bubble_fraction, forward_stages, hybrid_groups,
                                  stage_ranges)
-from parallel import fit, make_strategy
+from parallel import RunConfig, fit, init_model, make_strategy
 from parallel.optim import SGD, Adam, Cosine
 from conftest import assert_same_parameters, contexts, make_batches
 
@@ -153,7 +153,8 @@ def test_fit_runs_every_strategy_on_the_same_curve():
                    rng.randint(0, 255, (7, 28, 28)).astype(np.uint8), rng.randint(0, 10, 7).astype(np.uint8))
     curves = {}
     for name, kwargs in [("data", {}), ("model", {}), ("pipeline", {"micro_batches": 4}), ("hybrid", {})]:
-        history, model = fit(data, contexts(4), 2, 8, 0.3, seed=1, strategy=name, **kwargs)
+        strategy = make_strategy(name, init_model("lenet", seed=1), contexts(4), batch_size=8, **kwargs)
+        history, model = fit(data, strategy, 0.3, RunConfig(epochs=2, batch_size=8, seed=1))
         assert len(history) == 2
         if name == "data":   # the replicas, one per context, as fit always returned them
             assert [params[0].context for params in model] == contexts(4)
@@ -193,7 +194,7 @@ def test_stage_ranges():
     ({"boundaries": [3, 1]}, ValueError, r"boundaries \[3, 1\] must be strictly increasing"),
     ({"boundaries": [2, 2]}, ValueError, r"boundaries \[2, 2\] must be strictly increasing without repeats"),
     ({"boundaries": ["2"]}, TypeError, r"boundaries\[0\] must be an int"),
-    ({"stages": 2, "boundaries": [2]}, ValueError, "give stages or boundaries, not both"),
+    ({"stages": 2, "boundaries": [2]}, ValueError, "stages and boundaries both say where to cut; give one of them"),
 ])
 def test_bad_stage_layouts(kwargs, error, message):
     with pytest.raises(error, match=message):
@@ -209,8 +210,8 @@ def test_bad_stage_layouts(kwargs, error, message):
     (lambda p: Pipeline(p, contexts(2), micro_batches=0), ValueError, "micro_batches must be >= 1, got 0"),
     (lambda p: Pipeline(p, contexts(2), micro_batches="4"), TypeError, "micro_batches must be an int"),
     (lambda p: Hybrid(p, contexts(4), stages=3), ValueError,
-     "4 contexts cannot form equal groups of 3 stages; use a multiple of 3 contexts"),
-    (lambda p: Hybrid(p, contexts(3), stages=2), ValueError, "3 contexts cannot form equal groups of 2 stages"),
+     "4 contexts in ctx_list cannot form equal groups of 3 stages; use a multiple of 3 contexts"),
+    (lambda p: Hybrid(p, contexts(3), stages=2), ValueError, "3 contexts in ctx_list cannot form equal groups of 2 stages"),
     (lambda p: Hybrid(p, contexts(2), stages=3), ValueError, "3 stages need 3 contexts, got 2"),
     (lambda p: Hybrid(p, contexts(2), reducer="smoke"), ValueError,
      "algorithm must be one of naive, fused, ring, tree; got 'smoke'"),

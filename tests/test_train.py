@@ -8,7 +8,9 @@ import sys
 import numpy as np
 import pytest
 
-from parallel import read_idx, write_idx
+import mxnet as mx
+
+from parallel import RunConfig, read_idx, write_idx
 from parallel.data import FILES
 from parallel.train import main
 from parallel.fit import IN_FLIGHT, NonFiniteLossError, fit
@@ -174,7 +176,7 @@ def test_broken_data_exits_2(broken_dirs, case, message, capsys):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--devices", "tpu:3"], "unknown device spec"),
+    (["--devices", "tpu:3"], "unknown --devices"),
     (["--devices", "gpu:0"], "GPU"),
     (["--batch-size", "0"], "--batch-size must be >= 1"),
     (["--epochs", "0"], "--epochs must be >= 1"),
@@ -194,21 +196,21 @@ def test_broken_data_exits_2(broken_dirs, case, message, capsys):
     (["--strategy", "model", "--devices", "cpu:2", "--stages", "3"], "3 stages need 3 contexts, got 2"),
     (["--strategy", "pipeline", "--devices", "cpu:1"], "2 stages need 2 contexts, got 1"),
     (["--strategy", "model", "--devices", "cpu:2", "--boundaries", "1,2,3"], "4 stages need 4 contexts, got 2"),
-    (["--strategy", "model", "--devices", "cpu:5", "--stages", "5"], "5 stages cannot split LeNet's 4 layers"),
-    (["--strategy", "hybrid", "--devices", "cpu:2", "--stages", "0"], "0 stages cannot split"),
+    (["--strategy", "model", "--devices", "cpu:5", "--stages", "5"], "--stages 5 cannot split LeNet's 4 layers"),
+    (["--strategy", "hybrid", "--devices", "cpu:2", "--stages", "0"], "--stages 0 cannot split"),
     # more micro-batches than examples in a batch
     (["--strategy", "pipeline", "--devices", "cpu:2", "--micro-batches", "300"],
-     "--micro-batches=300 cannot split batches of 256 examples; use at most 256 micro-batches"),
+     "--micro-batches 300 cannot split batches of 256 examples; use at most 256 micro-batches"),
     (["--strategy", "pipeline", "--devices", "cpu:2", "--batch-size", "3", "--micro-batches", "4"],
-     "--micro-batches=4 cannot split batches of 3 examples"),
+     "--micro-batches 4 cannot split batches of 3 examples"),
     (["--strategy", "pipeline", "--devices", "cpu:2", "--micro-batches", "0"], "--micro-batches must be >= 1, got 0"),
     # contexts that cannot be divided into equal replica groups
     (["--strategy", "hybrid", "--devices", "cpu:4", "--stages", "3"],
-     "4 contexts cannot form equal groups of 3 stages; use a multiple of 3 contexts"),
-    (["--strategy", "hybrid", "--devices", "cpu:3"], "3 contexts cannot form equal groups of 2 stages"),
+     "4 contexts in --devices cannot form equal groups of 3 --stages; use a multiple of 3 contexts"),
+    (["--strategy", "hybrid", "--devices", "cpu:3"], "3 contexts in --devices cannot form equal groups of 2 --stages"),
     # a stage boundary outside the model, unsorted or repeated
-    (["--strategy", "model", "--devices", "cpu:2", "--boundaries", "4"], "stage boundary 4 is outside LeNet's 4 layers"),
-    (["--strategy", "hybrid", "--devices", "cpu:2", "--boundaries", "0"], "stage boundary 0 is outside"),
+    (["--strategy", "model", "--devices", "cpu:2", "--boundaries", "4"], "--boundaries 4 is outside LeNet's 4 layers"),
+    (["--strategy", "hybrid", "--devices", "cpu:2", "--boundaries", "0"], "--boundaries 0 is outside"),
     (["--strategy", "model", "--devices", "cpu:3", "--boundaries", "2,1"], "must be strictly increasing"),
     (["--strategy", "pipeline", "--devices", "cpu:3", "--boundaries", "2,2"], "without repeats"),
     (["--strategy", "model", "--devices", "cpu:2", "--boundaries", "conv"], "not a comma-separated list"),
@@ -218,7 +220,7 @@ def test_broken_data_exits_2(broken_dirs, case, message, capsys):
     (["--strategy", "model", "--devices", "cpu:2", "--micro-batches", "2"],
      "--micro-batches apply to the pipeline strategy only, not to model"),
     (["--strategy", "model", "--devices", "cpu:2", "--stages", "2", "--boundaries", "2"],
-     "give --stages or --boundaries, not both"),
+     "--stages and --boundaries both say where to cut; give one of them"),
     (["--strategy", "diagonal"], "invalid choice"),
     # found in a newcomer's trial: each was accepted, or crashed after training had started
     (["--seed", "-1"], "--seed must be between 0 and 4294967295, got -1"),
@@ -236,7 +238,7 @@ def test_broken_data_exits_2(broken_dirs, case, message, capsys):
     (["--metrics-json", "out.png", "--plot", "./out.png"], "--metrics-json and --plot both name"),
     # the optimizer's flags
     (["--optimizer", "adam", "--momentum", "0.9"], "--momentum applies to sgd, not adam"),
-    (["--nesterov"], "--nesterov needs a momentum > 0"),
+    (["--nesterov"], "--nesterov needs a --momentum > 0"),
     (["--momentum", "1"], "--momentum must be in [0, 1), got 1.0"),
     (["--wd", "-0.1"], "--wd must be >= 0"),
     (["--clip-norm", "-1"], "--clip-norm must be a finite number > 0"),
@@ -319,7 +321,7 @@ def _counting_strategy(log, nan_at=None):
 
     return types.SimpleNamespace(name="data", ctx_list=[mx.cpu(0)], job=None, train_step=train_step,
                                  evaluate=lambda data_iter: 0.5, params=list, aux=list, groups=list, model=None,
-                                 describe=lambda: "counting")
+                                 describe=lambda: "counting", reducer=None)
 
 
 @pytest.mark.parametrize("nan_at", [None, 1, 5, 9])
@@ -331,10 +333,10 @@ def test_progress_counts_finished_batches_and_nan_names_its_batch(monkeypatch, n
     dataset = easy_dataset(num_train=86, num_test=10)
     if nan_at is not None:
         with pytest.raises(NonFiniteLossError, match=rf"at epoch 1, batch {nan_at} \(training diverged\)"):
-            fit(dataset, None, 1, 10, 0.1, strategy=_counting_strategy(log, nan_at))
+            fit(dataset, _counting_strategy(log, nan_at), 0.1, RunConfig(epochs=1, batch_size=10))
         assert log["queued"] <= nan_at + IN_FLIGHT
         return
-    history, _ = fit(dataset, None, 1, 10, 0.1, strategy=_counting_strategy(log))
+    history, _ = fit(dataset, _counting_strategy(log), 0.1, RunConfig(epochs=1, batch_size=10))
     assert [n for n, _ in log["at_update"]] == list(range(1, 10))
     assert all(queued - n <= IN_FLIGHT for n, queued in log["at_update"])
     assert log["at_update"][0] == (1, 1 + IN_FLIGHT)     # batch 1 is read once batch 3 is queued
@@ -430,10 +432,26 @@ def test_a_bug_in_a_real_process_shows_its_traceback_and_exits_1(data_dir, tmp_p
     assert "ValueError: an internal invariant failed" in result.stderr
 
 
-def test_fit_refuses_an_empty_context_list():
-    from parallel import fit
+def test_fit_takes_a_built_strategy_and_a_run_configuration():
+    """The names become objects in make_strategy alone: fit refuses anything else, naming the argument (before,
+    fit(..., strategy=obj) silently ignored its ctx_list, algorithm, stages and model)."""
+    from parallel import RunConfig, fit, init_model, make_strategy
+    data = easy_dataset(num_train=20, num_test=10)
     with pytest.raises(ValueError, match="ctx_list is empty"):
-        fit(easy_dataset(num_train=20, num_test=10), [], 1, 10, 0.1)
+        make_strategy("data", init_model("lenet"), [])
+    with pytest.raises(TypeError, match="strategy must be a built strategy") as raised:
+        fit(data, "data", 0.1, RunConfig(epochs=1, batch_size=10))
+    assert raised.value.argument == "strategy"
+    strategy = make_strategy("data", init_model("lenet"), [mx.cpu(0)])
+    with pytest.raises(TypeError, match="config must be a parallel.RunConfig") as raised:
+        fit(data, strategy, 0.1, {"epochs": 1, "batch_size": 10})
+    assert raised.value.argument == "config"
+    with pytest.raises(ValueError, match="batch_size must be >= 1") as raised:
+        RunConfig(epochs=1, batch_size=0)
+    assert raised.value.argument == "batch_size"
+    with pytest.raises(ValueError, match="algorithm must be one of") as raised:
+        make_strategy("data", init_model("lenet"), [mx.cpu(0)], reducer="no-such-algorithm")
+    assert raised.value.argument == "algorithm"
 
 
 # The layouts that hung at their first batch with the CLI's default threads (every core per operator): two
@@ -564,3 +582,26 @@ def test_every_optimizer_configuration_learns_from_the_cli(name, data_dir, capsy
 def test_plain_sgd_prints_no_optimizer_line(data_dir, capsys):
     assert main(["--data-dir", str(data_dir), "--epochs", "1", "--no-progress"]) == 0
     assert "optimizer" not in capsys.readouterr().out
+
+
+#: Input the command refuses through the package's own checks: the error names the flag, never the API's name.
+_API_NAMES = ("ctx_list", "micro_batches", "batch_size", "bucket_mb", "clip_norm", "algorithm", "zero=", "strategy=",
+              "momentum=", "device spec", "stages=", "boundaries=")
+
+
+@pytest.mark.parametrize("argv, flag", [
+    ("--devices cpu:3 --strategy hybrid --stages 2", "--devices"), ("--devices cpu:1 --strategy model", "--devices"),
+    ("--zero 2 --allreduce naive", "--allreduce"), ("--zero 1 --strategy model --devices cpu:2", "--zero 1"),
+    ("--zero 2 --compression fp16", "--zero 2"), ("--strategy model --boundaries 9 --devices cpu:2", "--boundaries"),
+    ("--strategy model --stages 9 --devices cpu:2", "--stages 9"), ("--nesterov", "--momentum 0.9"),
+    ("--compression topk:0.1 --strategy hybrid --devices cpu:2", "--strategy hybrid"), ("--devices cpu:0", "--devices"),
+    ("--batch-size 1 --strategy pipeline --devices cpu:2", "--batch-size"), ("--bucket-mb -1", "--bucket-mb"),
+    ("--stages 2 --boundaries 1 --strategy model", "--boundaries"), ("--momentum 0.9 --optimizer adam", "--momentum"),
+])
+def test_every_refusal_names_its_flag_and_no_api_name(argv, flag, capsys):
+    """The package's errors carry their arguments as data (parallel.validate.BadValue): the CLI renders them with
+    its flags, so the line names no argument the user cannot type."""
+    assert main(argv.split() + ["--dataset", "synthetic", "--epochs", "1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and len(err.splitlines()) == 1, err
+    assert flag in err and not any(name in err for name in _API_NAMES), err

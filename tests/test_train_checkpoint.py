@@ -306,7 +306,7 @@ def test_outputs_inside_a_new_checkpoint_dir_and_no_empty_directory_left(data_di
     assert sorted(os.listdir("run1")) == ["checkpoint.json", "m.json", "model-0000.params", "model-symbol.json",
                                           "params-000001.params"]
     assert main(_args(data_dir, "--devices", "tpu:1", "--epochs", "1", "--checkpoint-dir", "run2")) == 2
-    assert "unknown device spec" in capsys.readouterr().err and not os.path.exists("run2")
+    assert "unknown --devices" in capsys.readouterr().err and not os.path.exists("run2")
 
 
 def test_a_cosine_schedule_resumes_only_over_the_epochs_it_spans(data_dir, tmp_path, capsys):

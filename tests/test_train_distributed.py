@@ -12,11 +12,11 @@ import mxnet as mx
 import numpy as np
 import pytest
 
-from parallel import fit
+from parallel import RunConfig, fit
 from parallel.checkpoint import load_checkpoint
 from parallel.models import LENET_PARAM_NAMES
 from parallel.train import main
-from conftest import (assert_same_parameters, easy_dataset, job_processes, start_process, stop_process,
+from conftest import (assert_same_parameters, easy_dataset, job_processes, lenet_strategy, start_process, stop_process,
                       write_idx_files)
 
 MARK = "PARALLEL_TEST_JOB"
@@ -60,7 +60,8 @@ def test_workers_times_contexts_train_the_same_model_as_one_context_through_the_
                      *TRAIN, "--export", "lenet", "--metrics-json", "m.json", servers=min(workers, 2))
     out, err = finish(process)
     assert process.returncode == 0, err[-3000:]
-    history, device_params = fit(dataset, [mx.cpu(0)], num_epochs=2, batch_size=13, lr=0.1, seed=3)
+    history, device_params = fit(dataset, lenet_strategy([mx.cpu(0)], seed=3), 0.1,
+                                 RunConfig(epochs=2, batch_size=13, seed=3))
     assert_same_parameters(exported(tmp_path / "lenet"), [p.asnumpy() for p in device_params[0]], "float32")
     # rank 0 alone prints the epochs and writes; its metrics cover every worker's examples
     assert sum(" epoch 1, loss " in line for line in out.splitlines()) == 1, out
@@ -77,12 +78,14 @@ import json, sys
 sys.path.insert(0, {tests!r})
 from conftest import easy_dataset
 import mxnet as mx
-from parallel import fit
+from parallel import Reducer, RunConfig, fit, init_model, make_strategy
 from parallel.job import join
 
 job = join()
-history, _ = fit(easy_dataset(num_train=70, num_test=23, seed=6), [mx.cpu(0)], num_epochs=2, batch_size=13, lr=0.1,
-                 seed=3 + job.rank, job=job)   # every rank seeds differently: rank 0's parameters must win
+seed = 3 + job.rank   # every rank seeds differently: rank 0's parameters and seed must win
+strategy = make_strategy("data", init_model("lenet", seed), [mx.cpu(0)], reducer=Reducer(job=job))
+history, _ = fit(easy_dataset(num_train=70, num_test=23, seed=6), strategy, 0.1,
+                 RunConfig(epochs=2, batch_size=13, seed=seed))
 with open({out!r} + str(job.rank), "w") as f:
     json.dump(history, f)
 """
@@ -101,7 +104,7 @@ def test_fit_in_a_job_gives_every_rank_the_same_metrics(tiny, tmp_path):
     timeless = [[{key: m[key] for key in ("epoch", "train_loss", "train_acc", "test_acc")} for m in h]
                 for h in histories]
     assert timeless[0] == timeless[1] == timeless[2]
-    want, _ = fit(tiny[1], [mx.cpu(0)], num_epochs=2, batch_size=13, lr=0.1, seed=3)
+    want, _ = fit(tiny[1], lenet_strategy([mx.cpu(0)], seed=3), 0.1, RunConfig(epochs=2, batch_size=13, seed=3))
     np.testing.assert_allclose([m["train_loss"] for m in timeless[0]], [m["train_loss"] for m in want], rtol=1e-5)
 
 

@@ -9,50 +9,52 @@ import mxnet as mx
 import numpy as np
 import pytest
 
-from parallel import fit
+from parallel import RunConfig, Snapshot, fit, make_strategy
 from parallel.checkpoint import load_checkpoint
 from parallel.cli import RESTART_ENV
 from parallel.optim import make_optimizer
 from parallel.train import main
-from conftest import assert_same_parameters, easy_dataset, run_process, write_idx_files
+from conftest import assert_same_parameters, easy_dataset, lenet_strategy, run_process, write_idx_files
 
 
 def _snapshot(record):
-    def on_checkpoint(state, params, aux, optimizer_state, compression_state):
-        record.append((state, [p.copy() for p in params],
-                       {name: [a.copy() for a in arrays] for name, arrays in optimizer_state.items()}))
+    def on_checkpoint(snapshot):
+        record.append(Snapshot(snapshot.state, [p.copy() for p in snapshot.params], [],
+                               {name: [a.copy() for a in arrays] for name, arrays in snapshot.optimizer_state.items()},
+                               {}))
     return on_checkpoint
 
 
 def test_checkpoint_every_n_steps_and_resume_from_each_is_bitwise(tmp_path):
     dataset = easy_dataset(num_train=70, num_test=20, seed=1)   # batches of 16: 5 a epoch, the last of 6
     ctx = [mx.cpu(0), mx.cpu(1)]
-    kwargs = dict(num_epochs=3, batch_size=16, seed=2, checkpoint_every=3)
+    config = RunConfig(epochs=3, batch_size=16, seed=2, checkpoint_every=3)
     record = []
-    history, model = fit(dataset, ctx, optimizer=make_optimizer("sgd", 0.05, momentum=0.9), on_checkpoint=_snapshot(record),
-                         **kwargs)
+    history, model = fit(dataset, lenet_strategy(ctx, seed=2), make_optimizer("sgd", 0.05, momentum=0.9), config,
+                         on_checkpoint=_snapshot(record))
     want = [p.asnumpy() for p in model[0]]
-    steps = [(s.epoch - 1) * 5 + s.batch for s, _, _ in record]
+    steps = [(s.state.epoch - 1) * 5 + s.state.batch for s in record]
     # every third step, and every epoch's end (steps 5, 10, 15), once
     assert steps == [3, 5, 6, 9, 10, 12, 15], steps
-    assert [(s.epoch, s.batch) for s, _, _ in record][:3] == [(1, 3), (2, 0), (2, 1)]
-    for state, params, optimizer_state in record[:-1]:
-        again = []
-        _, resumed = fit(dataset, ctx, optimizer=make_optimizer("sgd", 0.05, momentum=0.9), start=state,
-                         params=params, optimizer_state=optimizer_state, on_checkpoint=_snapshot(again), **kwargs)
+    assert [(s.state.epoch, s.state.batch) for s in record][:3] == [(1, 3), (2, 0), (2, 1)]
+    for snapshot in record[:-1]:
+        again, state = [], snapshot.state
+        strategy = make_strategy("data", snapshot.params, ctx)
+        _, resumed = fit(dataset, strategy, make_optimizer("sgd", 0.05, momentum=0.9), config,
+                         on_checkpoint=_snapshot(again), resume=snapshot)
         for got, expected in zip(resumed[0], want):
             np.testing.assert_array_equal(got.asnumpy(), expected, err_msg=f"resumed at {state.epoch}/{state.batch}")
         # the resumed run checkpoints where the uninterrupted one did
-        assert [(s.epoch, s.batch) for s, _, _ in again] == [(s.epoch, s.batch) for s, _, _ in record
-                                                              if (s.epoch, s.batch) > (state.epoch, state.batch)]
+        assert [(s.state.epoch, s.state.batch) for s in again] == [
+            (s.state.epoch, s.state.batch) for s in record if (s.state.epoch, s.state.batch) > (state.epoch, state.batch)]
 
 
 @pytest.mark.parametrize("value", [0, True, 2.5])
-def test_fit_refuses_a_bad_checkpoint_every(value):
-    dataset = easy_dataset(num_train=20, num_test=10, seed=1)
+def test_a_run_refuses_a_bad_checkpoint_every(value):
     with pytest.raises(TypeError if not isinstance(value, int) or isinstance(value, bool) else ValueError,
-                       match="checkpoint_every"):
-        fit(dataset, [mx.cpu(0)], num_epochs=1, batch_size=8, lr=0.1, checkpoint_every=value)
+                       match="checkpoint_every") as raised:
+        RunConfig(epochs=1, batch_size=8, checkpoint_every=value)
+    assert raised.value.argument == "checkpoint_every"
 
 
 @pytest.mark.parametrize("args, message", [

@@ -3,7 +3,7 @@
 >>> load_data("cifar")
 Traceback (most recent call last):
     ...
-ValueError: name must be one of fashion-mnist, synthetic; got 'cifar'
+parallel.validate.BadValue: name must be one of fashion-mnist, synthetic; got 'cifar'
 """
 from ..validate import check_choice
 from . import DATASETS

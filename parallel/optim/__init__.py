@@ -13,7 +13,7 @@ The registries need no MXNet, so the CLI checks its flags before MXNet starts:
 (['sgd', 'adam', 'adamw'], ['constant', 'step', 'cosine'], (0, 1, 2))
 """
 from ..lazy import lazy_exports
-from ..validate import check_bool, check_choice, check_number
+from ..validate import BadValue, check_bool, check_choice, check_number
 
 #: The optimizers, by name, with what the CLI's help says of each.
 OPTIMIZERS = {
@@ -39,20 +39,20 @@ def check_hyper(name, momentum=0.0, nesterov=False, wd=0.0, clip_norm=None):
     >>> check_hyper("adam", momentum=0.9)
     Traceback (most recent call last):
         ...
-    ValueError: momentum applies to sgd, not adam (Adam's first moment decays with beta1)
+    parallel.validate.BadValue: momentum applies to sgd, not adam (Adam's first moment decays with beta1)
     """
     check_choice(name, "optimizer", tuple(OPTIMIZERS))
     momentum = check_number(momentum, "momentum")
     if not 0 <= momentum < 1:
-        raise ValueError(f"momentum must be in [0, 1), got {momentum!r}")
+        raise BadValue("momentum", f"{{momentum}} must be in [0, 1), got {momentum!r}")
     if momentum and name != "sgd":
-        raise ValueError(f"momentum applies to sgd, not {name} (Adam's first moment decays with beta1)")
+        raise BadValue("momentum", f"{{momentum}} applies to sgd, not {name} (Adam's first moment decays with beta1)")
     if check_bool(nesterov, "nesterov") and not momentum:
-        raise ValueError("nesterov needs a momentum > 0 (Nesterov's momentum without momentum is plain SGD); "
-                         "give momentum=0.9, say, or drop nesterov")
+        raise BadValue("nesterov", "{nesterov} needs a {momentum} > 0 (Nesterov's momentum without momentum is plain "
+                               "SGD); give {momentum=0.9}, say, or drop {nesterov}")
     wd = check_number(wd, "wd")
     if wd < 0:
-        raise ValueError(f"wd must be >= 0, got {wd!r}")
+        raise BadValue("wd", f"{{wd}} must be >= 0, got {wd!r}")
     clip_norm = None if clip_norm is None else check_number(clip_norm, "clip_norm", positive=True)
     return momentum, nesterov, wd, clip_norm
 

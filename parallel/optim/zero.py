@@ -29,11 +29,11 @@ from typing import NamedTuple
 
 import mxnet as mx
 
-from ..comm import SHARDED_ALGORITHMS
 from ..comm.algorithms import all_gather, shard_range
-from ..comm.reducer import allreduce_hook, as_reducer
+from ..comm.reducer import as_reducer
 from ..comm.replica import FlatReplica, grads_of
-from ..validate import check_int
+from ..config import check_compression, check_zero
+from ..validate import BadType, check_int
 from .optimizers import SGD, Optimizer
 
 __all__ = ["as_optimizer", "optimizer_step", "gather_state", "load_state", "memory_per_context", "MemoryUse"]
@@ -74,12 +74,11 @@ def _check_groups(groups, zero, reducer):
         if not group:
             raise ValueError(f"groups[{g}] is empty; a group holds the replicas of the same parameters")
         flat = all(isinstance(replica, FlatReplica) for replica in group)
-        if zero and not flat:
-            raise ValueError("zero > 0 shards flat buffers: build the replicas with get_params from parameters of "
-                             "one dtype, or use zero=0")
-        if zero == 2 and len(group) > 1 and reducer.algorithm not in SHARDED_ALGORITHMS:
-            raise ValueError(f"zero=2 reduce-scatters the gradients, which the {reducer.algorithm} allreduce cannot; "
-                             f"use algorithm {' or '.join(repr(a) for a in SHARDED_ALGORITHMS)}")
+        if zero and not flat:   # the replicas' type, as every check of "needs flat replicas": a TypeError
+            raise BadType("zero", "{zero} > 0 shards flat buffers: build the replicas with get_params from parameters "
+                                  "of one dtype, or use {zero=0}")
+        if len(group) > 1:
+            check_zero(zero, algorithm=reducer.algorithm)
 
 
 def _pieces(replica, regions):
@@ -157,9 +156,8 @@ def optimizer_step(optimizer, groups, batch_size, reducer=None, active=None):
     reducer = as_reducer(reducer)
     zero = optimizer.zero
     _check_groups(groups, zero, reducer)
-    if zero == 2 and reducer.hook is not allreduce_hook:
-        raise ValueError("zero=2 reduce-scatters the gradients, which compression (a communication hook) does not "
-                         "do; use zero=0 or zero=1 with compression")
+    if zero == 2 and reducer.codec is not None:
+        check_compression(reducer.codec.spec, zero=zero)
     t = optimizer.num_update + 1
     lr = optimizer.lr_at(t)
     regions = [_regions(group, zero) for group in groups]

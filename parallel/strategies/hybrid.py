@@ -24,7 +24,7 @@ from ..comm.reducer import as_reducer
 from ..evaluate import accuracy
 from ..models.lenet import softmax_cross_entropy
 from ..step import step_replicas
-from ..validate import check_contexts
+from ..validate import BadValue, check_contexts
 from .model import ModelParallel, _Cut, _forward_all
 
 __all__ = ["Hybrid", "hybrid_groups"]
@@ -46,8 +46,9 @@ def hybrid_groups(ctx_list, num_stages):
     check_contexts(ctx_list, needed=num_stages, what=f"{num_stages} stages")
     if len(ctx_list) % num_stages:
         lower = len(ctx_list) // num_stages * num_stages
-        raise ValueError(f"{len(ctx_list)} contexts cannot form equal groups of {num_stages} stages; "
-                         f"use a multiple of {num_stages} contexts (e.g. {lower} or {lower + num_stages})")
+        raise BadValue("ctx_list", f"{len(ctx_list)} contexts in {{ctx_list}} cannot form equal groups of "
+                                   f"{num_stages} {{stages}}; use a multiple of {num_stages} contexts (e.g. {lower} or "
+                                   f"{lower + num_stages})")
     return [list(ctx_list[r:r + num_stages]) for r in range(0, len(ctx_list), num_stages)]
 
 

@@ -38,7 +38,7 @@ from ..models.gluon import GluonNet
 from ..models.lenet import LENET_LAYERS, LENET_SHAPES, lenet_layers, softmax_cross_entropy
 from ..split import shard_sizes
 from ..step import step_replicas
-from ..validate import check_contexts, check_int
+from ..validate import BadValue, check_contexts, check_int
 from . import DEFAULT_STAGES
 
 __all__ = ["stage_ranges", "forward_stages", "ModelParallel", "MicroBatches"]
@@ -81,12 +81,12 @@ def stage_ranges(stages=None, boundaries=None, num_layers=len(LENET_LAYERS), wha
     """
     what = f"LeNet's {num_layers} layers" if what is None else what
     if stages is not None and boundaries is not None:
-        raise ValueError(f"give stages or boundaries, not both (got stages={stages!r}, "
-                         f"boundaries={list(boundaries)!r})")
+        raise BadValue("stages", "{stages} and {boundaries} both say where to cut; give one of them")
     if boundaries is None:
         stages = check_int(DEFAULT_STAGES if stages is None else stages, "stages")
         if not 1 <= stages <= num_layers:
-            raise ValueError(f"{stages} stages cannot split {what}; use 1 to {num_layers} stages")
+            raise BadValue("stages", f"{{stages={stages}|{stages} stages}} cannot split {what}; use 1 to {num_layers} "
+                                     "stages")
         cuts, start = [], 0
         for size in shard_sizes(num_layers, stages)[:-1]:
             start += size
@@ -96,11 +96,11 @@ def stage_ranges(stages=None, boundaries=None, num_layers=len(LENET_LAYERS), wha
         for i, b in enumerate(cuts):
             check_int(b, f"boundaries[{i}]")
             if not 1 <= b < num_layers:
-                raise ValueError(f"stage boundary {b} is outside {what}; a boundary b cuts before {unit} b, "
-                                 f"so use values in 1..{num_layers - 1}")
+                raise BadValue("boundaries", f"{{boundaries|stage boundary}} {b} is outside {what}; a boundary b cuts "
+                                             f"before {unit} b, so use values in 1..{num_layers - 1}")
         if any(a >= b for a, b in zip(cuts, cuts[1:])):
-            raise ValueError(f"stage boundaries {cuts} must be strictly increasing without repeats, "
-                             f"e.g. {sorted(set(cuts))}")
+            raise BadValue("boundaries", f"{{boundaries}} {cuts} must be strictly increasing without repeats, "
+                                         f"e.g. {sorted(set(cuts))}")
     edges = [0] + [int(b) for b in cuts] + [num_layers]
     return list(zip(edges[:-1], edges[1:]))
 

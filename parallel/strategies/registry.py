@@ -12,7 +12,8 @@ from ..comm.reducer import as_reducer
 from ..models.gluon import as_net
 from ..models.lenet import lenet_cached
 from ..validate import check_contexts
-from . import DEFAULT_MICRO_BATCHES, check_options
+from ..config import check_compression, check_distributed, check_layout
+from . import DEFAULT_MICRO_BATCHES
 from .data import DataParallel
 from .hybrid import Hybrid
 from .model import ModelParallel
@@ -64,10 +65,10 @@ def make_strategy(name, params, ctx_list, stages=None, boundaries=None, micro_ba
         layout the contexts cannot hold.
     """
     reducer = as_reducer(reducer)
-    check_options(name, stages, boundaries, micro_batches, batch_size, distributed=reducer.job is not None)
+    check_layout(name, stages, boundaries, micro_batches, batch_size)
+    check_distributed(name, reducer.job is not None)
+    check_compression("none" if reducer.codec is None else reducer.codec.spec, strategy=name)
     check_contexts(ctx_list)
-    if reducer.codec is not None and name != "data":
-        raise ValueError(f"compression applies to the data strategy's allreduce; strategy {name!r} takes none")
     if name == "data":
         net = as_net(params) if isinstance(params, gluon.Block) else lenet_cached
         return DataParallel(net, ctx_list, params=params, reducer=reducer)
