@@ -25,7 +25,7 @@ from ..evaluate import accuracy
 from ..models.lenet import softmax_cross_entropy
 from ..step import step_replicas
 from ..validate import check_choice, check_contexts
-from .model import ModelParallel, _Cut, _forward_all
+from .model import ModelParallel, _cut, _forward_all
 
 __all__ = ["Hybrid", "hybrid_groups"]
 
@@ -82,7 +82,7 @@ class Hybrid:
 
     def __init__(self, model, ctx_list, stages=None, boundaries=None, algorithm=DEFAULT_ALGORITHM):
         check_choice(algorithm, "algorithm", ALGORITHMS)
-        cut = _Cut(model, stages, boundaries)
+        cut = _cut(model, stages, boundaries)
         self.ranges, self.nets = cut.ranges, cut.nets
         groups = hybrid_groups(ctx_list, len(self.ranges))
         self.ctx_list = list(ctx_list)

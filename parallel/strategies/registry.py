@@ -6,11 +6,8 @@
 >>> strategy.name, strategy.describe()
 ('hybrid', '2 replicas x 2 stages: conv1,conv2 @ cpu(0),cpu(2) | dense1,dense2 @ cpu(1),cpu(3)')
 """
-from mxnet import gluon
-
 from ..comm import DEFAULT_ALGORITHM
-from ..models.gluon import as_net
-from ..models.lenet import lenet_cached
+from ..models.registry import behaviour_of
 from ..validate import check_contexts
 from . import DEFAULT_MICRO_BATCHES, check_options
 from .data import DataParallel
@@ -70,8 +67,8 @@ def make_strategy(name, params, ctx_list, stages=None, boundaries=None, micro_ba
     if compression not in (None, "none") and name != "data":
         raise ValueError(f"compression applies to the data strategy's allreduce; strategy {name!r} takes none")
     if name == "data":
-        net = as_net(params) if isinstance(params, gluon.Block) else lenet_cached
-        return DataParallel(net, ctx_list, params=params, algorithm=algorithm, job=job, compression=compression)
+        return DataParallel(behaviour_of(params).net(params), ctx_list, params=params, algorithm=algorithm, job=job,
+                            compression=compression)
     if name == "model":
         return ModelParallel(params, ctx_list, stages, boundaries)
     if name == "pipeline":
