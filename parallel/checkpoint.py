@@ -44,11 +44,11 @@ import mxnet as mx
 import numpy as np
 
 from .compress.feedback import split_name
-from .export import check_arrays, check_lenet_params, save_arrays
+from .export import check_arrays, save_arrays
 from .files import atomic_write, fsync_directory
 from .models import MODELS
 from .models.layout import model_layout
-from .models.lenet import LENET_PARAM_NAMES
+from .validate import check_choice
 
 __all__ = ["FORMAT", "VERSION", "READABLE_VERSIONS", "MANIFEST", "CheckpointError", "TrainingState", "Snapshot", "Checkpoint",
            "CheckpointWriter", "CheckpointWriteError", "save_checkpoint",
@@ -238,15 +238,8 @@ def save_checkpoint(directory, params, state, config, aux=(), model="lenet", opt
 
 def _model_arrays(model, params, aux):
     """The model's arrays by name, as numpy, checked (finite, the model's shapes) before anything is written."""
-    layout = model_layout(model)
-    if model == "lenet":   # LeNet's 8 finite arrays, on the host: checked before any write
-        if list(aux):
-            raise ValueError(f"LeNet has no arrays besides its parameters, got {len(list(aux))} aux arrays")
-        return dict(zip(LENET_PARAM_NAMES, check_lenet_params(params)))
-    arrays = dict(zip(layout.names, check_arrays(params, layout.names, layout.shapes, "ResNet-18's")))
-    arrays.update(zip(layout.aux_names, check_arrays(aux, layout.aux_names, layout.aux_shapes,
-                                                     "ResNet-18's running statistics")))
-    return arrays
+    check_choice(model, "model", tuple(MODELS))
+    return MODELS[model].behaviour.check(params, aux)
 
 
 def _optimizer_arrays(model, optimizer_state):
@@ -420,6 +413,10 @@ def _read_manifest(manifest_path, model):
     return manifest, saved_model
 
 
+#: A model of at most this many arrays (LeNet's 8) is named array by array in the messages, a larger one counted.
+_LISTED = 8
+
+
 def _read_arrays(params_path, model):
     """The trainable arrays and the others of ``model`` from its parameter file, checked against its layout."""
     loaded = _load(params_path)
@@ -427,14 +424,16 @@ def _read_arrays(params_path, model):
     title = MODELS[model].title
     expected = layout.names + layout.aux_names
     if not isinstance(loaded, dict) or sorted(loaded) != sorted(expected):
-        if model == "lenet":
-            found = sorted(loaded) if isinstance(loaded, dict) else "a list"
+        listed = len(expected) <= _LISTED
+        if not isinstance(loaded, dict):
+            found = "a list"
+        elif listed:
+            found = sorted(loaded)
         else:
-            found = ("a list" if not isinstance(loaded, dict) else
-                     f"{len(loaded)} arrays ({len(set(loaded) - set(expected))} unknown, "
+            found = (f"{len(loaded)} arrays ({len(set(loaded) - set(expected))} unknown, "
                      f"{len(set(expected) - set(loaded))} missing, e.g. {sorted(set(expected) ^ set(loaded))[:2]})")
         raise CheckpointError(f"{params_path}: holds {found}, not {title}'s parameters "
-                              f"{list(expected) if model == 'lenet' else f'({len(expected)} arrays)'}")
+                              f"{list(expected) if listed else f'({len(expected)} arrays)'}")
     for name, shape in zip(expected, layout.shapes + layout.aux_shapes):
         if loaded[name].shape != shape:
             raise CheckpointError(f"{params_path}: {name} has shape {loaded[name].shape}, {title}'s is {shape}")

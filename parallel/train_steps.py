@@ -16,7 +16,6 @@ from .config import FLAGS, run_config
 from .data import DataError, identify_dataset, load_data, num_batches
 from .data.fashion_mnist import default_data_dir
 from .devices import parse_devices
-from .export import export_gluon, export_lenet
 from .fit import NonFiniteLossError, TrainingStopped, fit
 from .job import join, sum_values
 from .models import MODELS
@@ -226,10 +225,7 @@ def export(args, strategy, initial, report):
     if args.export is None or not report.main_rank:
         return
     try:
-        if args.model == "lenet":
-            export_lenet(strategy.params(), args.export)
-        else:   # into the initial block (unused since make_strategy copied it), then gluon's export
-            export_gluon(initial, args.export, strategy.params(), strategy.aux())
+        MODELS[args.model].behaviour.export(args.export, strategy.params(), strategy.aux(), initial)
     except OSError as e:
         raise UsageError(f"cannot write --export {args.export!r}: {e.strerror or e}") from None
     print(f"exported {report.title} to {' and '.join(export_files(args.export))}", flush=True)

@@ -5,32 +5,53 @@
 - ``resnet``: the textbook's ResNet-18 for 28x28 images, a gluon ``HybridSequential``.
 - ``gluon``: any gluon ``HybridBlock`` as a function ``net(X, params)`` of flat replicas (``GluonNet``), with
   BatchNorm synchronized across contexts.
+- ``registry``: what each model does (``LeNetModel``, ``GluonModel``, ``ResNet18Model``): its initial model, the
+  layout and checks of its arrays, the function data parallelism runs, where model parallelism cuts it, its
+  export; ``behaviour_of`` gives the behaviour of an initial model a strategy is handed.
 - ``layout``: what each model of ``MODELS`` is made of: its initial arrays (``init_model``) and the names and
   shapes a checkpoint stores (``model_layout``).
 
-``MODELS`` needs no MXNet, so the CLI offers its names before MXNet starts:
+``MODELS`` needs no MXNet, so the CLI offers its names before MXNet starts; each entry's ``behaviour`` (a
+class of ``registry``, imported on first use) is the one place that knows the model:
 
 >>> list(MODELS), MODELS["resnet18"].title
 (['lenet', 'resnet18'], 'ResNet-18')
+>>> MODELS["resnet18"].behaviour.layout().names[:2]
+('0.0.weight', '0.0.bias')
 """
+import functools
+import importlib
 from typing import NamedTuple
 
 from ..lazy import lazy_exports
 
 
 class ModelInfo(NamedTuple):
-    """A model of the registry: how messages name it, and what the CLI says of its layers."""
+    """A model of the registry: how messages name it, what the CLI says of its layers, and its behaviour."""
     #: How the epoch lines, plots and messages name it.
     title: str
     #: Its layers (children), as ``--boundaries`` numbers them.
     layers: str
+    #: The class of ``parallel.models.registry`` that holds its behaviour.
+    source: str
+
+    @property
+    def behaviour(self):
+        """What the model does (``parallel.models.registry.Model``: ``init``, ``layout``, ``check``, ``net``,
+        ``layers``, ``cut``, ``export``), one instance per model; the first use imports MXNet."""
+        return _behaviour(self.source, self.title)
+
+
+@functools.lru_cache(maxsize=None)
+def _behaviour(source, title):
+    return getattr(importlib.import_module(f"{__name__}.registry"), source)(title)
 
 
 #: The models ``python -m parallel.train --model`` trains and a checkpoint can hold, by name.
 MODELS = {
-    "lenet": ModelInfo("LeNet", "0 conv1, 1 conv2, 2 dense1, 3 dense2"),
+    "lenet": ModelInfo("LeNet", "0 conv1, 1 conv2, 2 dense1, 3 dense2", "LeNetModel"),
     "resnet18": ModelInfo("ResNet-18", "0 stem (conv, BatchNorm, ReLU), 1-4 its four stages of residual blocks "
-                                       "(64, 128, 256, 512 channels), 5 pooling, 6 dense"),
+                                       "(64, 128, 256, 512 channels), 5 pooling, 6 dense", "ResNet18Model"),
 }
 
 _SOURCES = {
@@ -39,6 +60,7 @@ _SOURCES = {
     "gluon": ["GluonNet", "as_net", "set_block_params"],
     "resnet": ["Residual", "resnet18", "init_resnet18"],
     "layout": ["init_model", "model_layout", "Layout", "block_names"],
+    "registry": ["behaviour_of", "LeNetModel", "GluonModel", "ResNet18Model"],
 }
 __all__ = ["MODELS", "ModelInfo"] + [name for names in _SOURCES.values() for name in names]
 __getattr__, __dir__ = lazy_exports(__name__, _SOURCES)

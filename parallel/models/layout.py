@@ -2,22 +2,17 @@
 
 ``init_model(name, seed)`` gives a run's initial model: LeNet's eight arrays, or ResNet-18 as an initialized
 gluon block; ``model_layout(name)`` the ``Layout`` of its arrays, by name, independent of how a strategy lays
-them out on contexts:
+them out on contexts. Both check the name and ask the model's entry (``MODELS[name].behaviour``, a class of
+``parallel.models.registry``):
 
 >>> layout = model_layout("lenet")
 >>> layout.names[:2], layout.shapes[0], layout.aux_names
 (('conv1_weight', 'conv1_bias'), (20, 1, 3, 3), ())
 """
-import functools
 from typing import NamedTuple
 
-import mxnet as mx
-
-from ..comm.replica import block_state
 from ..validate import check_choice
 from . import MODELS
-from .lenet import LENET_PARAM_NAMES, LENET_SHAPES, init_lenet_params
-from .resnet import init_resnet18, resnet18
 
 __all__ = ["Layout", "model_layout", "block_names", "init_model"]
 
@@ -52,9 +47,8 @@ def block_names(block):
     return names, aux_names
 
 
-@functools.lru_cache(maxsize=None)
 def model_layout(model):
-    """The ``Layout`` of a model of ``MODELS``: what its checkpoint holds.
+    """The ``Layout`` of a model of ``MODELS``: what its checkpoint holds (``MODELS[model].behaviour.layout()``).
 
     ResNet-18's shapes are inferred from its graph on 1x28x28 images with 10 classes (what ``fit`` trains),
     without allocating its arrays.
@@ -64,22 +58,11 @@ def model_layout(model):
     (76, 34, '0.0.weight', (64, 1, 3, 3), '0.1.running_mean')
     """
     check_choice(model, "model", tuple(MODELS))
-    if model == "lenet":
-        return Layout(tuple(LENET_PARAM_NAMES), tuple(LENET_SHAPES), (), ())
-    block = resnet18(num_classes=10)
-    symbol = block(mx.sym.var("data"))
-    arg_shapes, _, aux_shapes = symbol.infer_shape(data=(1, 1, 28, 28))
-    shapes = dict(zip(symbol.list_arguments(), arg_shapes))
-    shapes.update(zip(symbol.list_auxiliary_states(), aux_shapes))
-    by_structure = {name: shapes[param.name] for name, param in block._collect_params_with_prefix().items()}
-    names, aux_names = block_names(block)
-    return Layout(tuple(names), tuple(by_structure[n] for n in names), tuple(aux_names),
-                  tuple(by_structure[n] for n in aux_names))
-
+    return MODELS[model].behaviour.layout()
 
 
 def init_model(model="lenet", seed=0, params=None, aux=None):
-    """The initial model of a run, as ``make_strategy`` takes it.
+    """The initial model of a run, as ``make_strategy`` takes it (``MODELS[model].behaviour.init``).
 
     Parameters
     ----------
@@ -104,21 +87,4 @@ def init_model(model="lenet", seed=0, params=None, aux=None):
         For an unknown model, or arrays that do not fit it (count, shape).
     """
     check_choice(model, "model", tuple(MODELS))
-    if model == "lenet":
-        if aux:
-            raise ValueError(f"LeNet has no arrays besides its parameters, got {len(aux)} aux arrays")
-        return init_lenet_params(seed) if params is None else list(params)
-    block = init_resnet18(seed, num_classes=10, input_shape=(1, 1, 28, 28))
-    if params is None:
-        return block
-    names, arrays, aux_names, aux_arrays = block_state(block)
-    aux = [] if aux is None else list(aux)
-    for what, values, targets, target_names in (("trainable", list(params), arrays, names),
-                                                ("non-trained", aux, aux_arrays, aux_names)):
-        if len(values) != len(targets):
-            raise ValueError(f"ResNet-18 has {len(targets)} {what} arrays, got {len(values)}")
-        for name, value, target in zip(target_names, values, targets):
-            if value.shape != target.shape:
-                raise ValueError(f"{name} has shape {target.shape} in ResNet-18, got {value.shape}")
-            target[:] = value.as_in_context(target.context)
-    return block
+    return MODELS[model].behaviour.init(seed, params, aux)

@@ -12,7 +12,8 @@ from mxnet import gluon
 from ..validate import check_int, check_seed
 
 __all__ = ["LENET_SHAPES", "LENET_PARAM_NAMES", "LENET_LAYERS", "init_lenet_params", "lenet", "lenet_layers",
-           "lenet_cached", "CachedNet", "cached_graph", "GraphCache", "softmax_cross_entropy", "BACKWARD_BULK_SIZE"]
+           "LenetStage", "lenet_cached", "CachedNet", "cached_graph", "GraphCache", "softmax_cross_entropy",
+           "BACKWARD_BULK_SIZE"]
 
 #: Shapes of the eight LeNet parameters, in the order ``lenet`` takes them.
 LENET_SHAPES = [
@@ -112,6 +113,17 @@ def lenet_layers(X, params, start=0, stop=None, F=None):
     for i, (_, layer) in enumerate(LENET_LAYERS[start:stop]):
         X = layer(F, X, params[2 * i], params[2 * i + 1])
     return X
+
+
+class LenetStage:
+    """LeNet's layers ``start .. stop-1`` (a stage, as model parallelism cuts it) as a function
+    ``net(X, params)`` of their parameters: ``lenet_layers(X, params, start, stop)``."""
+
+    def __init__(self, start, stop):
+        self.start, self.stop = start, stop
+
+    def __call__(self, X, params):
+        return lenet_layers(X, params, self.start, self.stop)
 
 
 def lenet(X, params, F=None):

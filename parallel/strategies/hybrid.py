@@ -25,7 +25,7 @@ from ..evaluate import accuracy
 from ..models.lenet import softmax_cross_entropy
 from ..step import step_replicas
 from ..validate import BadValue, check_contexts
-from .model import ModelParallel, _Cut, _forward_all
+from .model import ModelParallel, _cut, _forward_all
 
 __all__ = ["Hybrid", "hybrid_groups"]
 
@@ -87,7 +87,7 @@ class Hybrid:
         if self.reducer.job is not None or self.reducer.codec is not None:
             raise ValueError("reducer: the hybrid strategy sums its stages in one process, uncompressed; give it a "
                              "Reducer without a job or compression")
-        cut = _Cut(model, stages, boundaries)
+        cut = _cut(model, stages, boundaries)
         self.ranges, self.nets = cut.ranges, cut.nets
         groups = hybrid_groups(ctx_list, len(self.ranges))
         self.ctx_list = list(ctx_list)

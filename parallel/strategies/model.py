@@ -30,12 +30,10 @@ ModelParallel(children 0-2 @ cpu(0) | 3-6 @ cpu(1))
 Only one stage computes at a time (stage s+1 waits for stage s): the point is to fit a model that does not
 fit on one device, not speed. ``parallel.strategies.pipeline`` overlaps the stages with micro-batches.
 """
-from mxnet import gluon
-
-from ..comm.replica import block_state, get_params
+from ..comm.replica import get_params
 from ..evaluate import accuracy
-from ..models.gluon import GluonNet
-from ..models.lenet import LENET_LAYERS, LENET_SHAPES, lenet_layers, softmax_cross_entropy
+from ..models.lenet import LENET_LAYERS, LenetStage, softmax_cross_entropy
+from ..models.registry import behaviour_of
 from ..split import shard_sizes
 from ..step import step_replicas
 from ..validate import BadValue, check_contexts, check_int
@@ -105,63 +103,11 @@ def stage_ranges(stages=None, boundaries=None, num_layers=len(LENET_LAYERS), wha
     return list(zip(edges[:-1], edges[1:]))
 
 
-def _describe(ranges):
-    """'conv1,conv2 | dense1,dense2': the layer names of each stage."""
-    return " | ".join(",".join(name for name, _ in LENET_LAYERS[start:stop]) for start, stop in ranges)
-
-
-class _LenetStage:
-    """LeNet's layers ``start .. stop-1`` as a function ``net(X, params)`` of their parameters."""
-
-    def __init__(self, start, stop):
-        self.start, self.stop = start, stop
-
-    def __call__(self, X, params):
-        return lenet_layers(X, params, self.start, self.stop)
-
-
-class _Cut:
-    """A model cut into stages, not yet placed: what stage ``s`` runs (``nets[s]``, a function
-    ``net(X, params)``) and what ``get_params`` copies to its context (``sources[s]``)."""
-
-    def __init__(self, model, stages=None, boundaries=None):
-        if isinstance(model, gluon.Block):
-            self._cut_block(model, stages, boundaries)
-        elif isinstance(model, (list, tuple)):
-            if len(model) != len(LENET_SHAPES):
-                raise ValueError(f"params has {len(model)} arrays but LeNet takes {len(LENET_SHAPES)}; "
-                                 "use init_lenet_params")
-            self.block = None
-            self.ranges = stage_ranges(stages, boundaries)
-            self.sources = [list(model[2 * start:2 * stop]) for start, stop in self.ranges]
-            self.nets = [_LenetStage(start, stop) for start, stop in self.ranges]
-            self.names, self.aux_names = [], []
-            self.labels = _describe(self.ranges).split(" | ")
-        else:
-            raise TypeError(f"model must be LeNet's list of parameters (init_lenet_params) or an initialized "
-                            f"gluon HybridSequential, got {type(model).__name__}")
-
-    def _cut_block(self, block, stages, boundaries):
-        if not isinstance(block, gluon.nn.HybridSequential):
-            raise TypeError(f"a gluon model is cut at its children, so it must be a gluon HybridSequential, got "
-                            f"{type(block).__name__}; put its parts in an nn.HybridSequential")
-        if len(block) == 0:
-            raise ValueError("the HybridSequential has no children to cut into stages; add its layers first")
-        self.block = block
-        self.names, _, self.aux_names, _ = block_state(block)   # ValueError while shapes are unknown
-        self.ranges = stage_ranges(stages, boundaries, len(block), what=f"the block's {len(block)} children",
-                                   unit="child")
-        self.sources = []
-        for s, (start, stop) in enumerate(self.ranges):
-            # An explicit prefix: no new name is drawn from gluon's global counters. The children are
-            # shared with ``block``, not copied; their parameter names are the block's own.
-            stage = gluon.nn.HybridSequential(prefix=f"{block.prefix}stage{s}_")
-            for i in range(start, stop):
-                stage.add(block[i])
-            self.sources.append(stage)
-        self.nets = [GluonNet(stage) for stage in self.sources]
-        self.labels = [f"{start}" if stop - start == 1 else f"{start}-{stop - 1}" for start, stop in self.ranges]
-        self.labels[0] = f"children {self.labels[0]}"
+def _cut(model, stages=None, boundaries=None):
+    """``model`` cut into stages (a ``parallel.models.registry.Cut``), not yet placed: where its behaviour cuts
+    it (``behaviour_of(model).layers``), at ``stage_ranges``."""
+    behaviour = behaviour_of(model)
+    return behaviour.cut(model, stage_ranges(stages, boundaries, *behaviour.layers(model)))
 
 
 def _forward_all(net, X_shards, device_params):
@@ -194,7 +140,7 @@ def forward_stages(X, stage_params, ranges, nets=None):
         copies between contexts are recorded, so ``backward`` sends each stage's input gradient back to the
         previous stage's context. Nothing waits for the devices.
     """
-    nets = [_LenetStage(start, stop) for start, stop in ranges] if nets is None else nets
+    nets = [LenetStage(start, stop) for start, stop in ranges] if nets is None else nets
     for net, params in zip(nets, stage_params):
         X = net(X.as_in_context(params[0].context), params)
     return X
@@ -267,7 +213,7 @@ class ModelParallel:
     job = None
 
     def __init__(self, model, ctx_list, stages=None, boundaries=None):
-        self._place(_Cut(model, stages, boundaries), ctx_list)
+        self._place(_cut(model, stages, boundaries), ctx_list)
 
     @property
     def model(self):
@@ -276,7 +222,7 @@ class ModelParallel:
 
     @classmethod
     def _from_cut(cls, cut, ctx_list, bucket_mb=None):
-        """A ``ModelParallel`` of an existing ``_Cut`` (``Hybrid``'s replicas share one), each stage's gradients in
+        """A ``ModelParallel`` of an existing cut (``Hybrid``'s replicas share one), each stage's gradients in
         buckets of at most ``bucket_mb`` MiB (one buffer for None)."""
         model = cls.__new__(cls)
         model._place(cut, ctx_list, bucket_mb)
@@ -302,7 +248,7 @@ class ModelParallel:
         """The model's trainable arrays, live, each on its stage's context: LeNet's eight in ``LENET_SHAPES``
         order, or a block's in the order of its trainable names (``block_state(block)[0]``, ``names()``)."""
         arrays = [param for params in self.stage_params for param in params]
-        if self._cut.block is None:
+        if not self._cut.names:   # the stages' arrays, one after the other, are the model's in order
             return arrays
         by_name = dict(zip([name for params in self.stage_params for name in params.names], arrays))
         return [by_name[name] for name in self._cut.names]

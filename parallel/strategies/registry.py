@@ -6,11 +6,8 @@
 >>> strategy.name, strategy.describe()
 ('hybrid', '2 replicas x 2 stages: conv1,conv2 @ cpu(0),cpu(2) | dense1,dense2 @ cpu(1),cpu(3)')
 """
-from mxnet import gluon
-
 from ..comm.reducer import as_reducer
-from ..models.gluon import as_net
-from ..models.lenet import lenet_cached
+from ..models.registry import behaviour_of
 from ..validate import check_contexts
 from ..config import check_compression, check_distributed, check_layout
 from . import DEFAULT_MICRO_BATCHES
@@ -70,8 +67,7 @@ def make_strategy(name, params, ctx_list, stages=None, boundaries=None, micro_ba
     check_compression("none" if reducer.codec is None else reducer.codec.spec, strategy=name)
     check_contexts(ctx_list)
     if name == "data":
-        net = as_net(params) if isinstance(params, gluon.Block) else lenet_cached
-        return DataParallel(net, ctx_list, params=params, reducer=reducer)
+        return DataParallel(behaviour_of(params).net(params), ctx_list, params=params, reducer=reducer)
     if name == "model":
         return ModelParallel(params, ctx_list, stages, boundaries)
     if name == "pipeline":

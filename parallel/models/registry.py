@@ -1,0 +1,265 @@
+"""What each model does, one class per kind: the behaviour that ``MODELS[name].behaviour`` reaches.
+
+``parallel.models.MODELS`` names the models without MXNet; each entry's ``behaviour`` is an instance of a class
+here, imported on first use. It is the one place that knows a model: the rest of the package asks it, never
+``model == "lenet"``. Every kind answers the same methods:
+
+- ``init(seed, params=None, aux=None)``: the initial model, as ``make_strategy`` takes it;
+- ``layout()``: the names and shapes of its arrays, as a checkpoint stores them (``Layout``);
+- ``check(params, aux)``: those arrays checked (count, shapes, finite) and copied to the host, by name;
+- ``net(initial)``: the function ``net(X, params)`` data parallelism runs on each replica;
+- ``layers(initial)`` and ``cut(initial, ranges)``: what model and pipeline parallelism cut, and the stages;
+- ``export(prefix, params, aux, initial)``: the trained arrays as MXNet's symbol + params pair.
+
+A strategy is handed the initial model itself, not its name: ``behaviour_of(initial)`` gives the behaviour
+of LeNet's arrays or of any gluon block.
+
+>>> from parallel.models import MODELS
+>>> lenet = MODELS["lenet"].behaviour
+>>> lenet.layout().names[:2], lenet.layers(lenet.init(seed=0))
+(('conv1_weight', 'conv1_bias'), Layers(count=4, what="LeNet's 4 layers", unit='layer'))
+"""
+from typing import List, NamedTuple
+
+import mxnet as mx
+from mxnet import gluon
+
+from ..comm.replica import block_state
+from ..export import check_arrays, check_lenet_params, export_gluon, export_lenet
+from . import MODELS
+from .gluon import GluonNet, as_net
+from .layout import Layout, block_names
+from .lenet import LENET_LAYERS, LENET_PARAM_NAMES, LENET_SHAPES, LenetStage, init_lenet_params, lenet_cached
+from .resnet import init_resnet18, resnet18
+
+__all__ = ["Layers", "Cut", "Model", "LeNetModel", "GluonModel", "ResNet18Model", "behaviour_of"]
+
+
+class Layers(NamedTuple):
+    """What a model is cut at, as ``parallel.strategies.stage_ranges`` takes it."""
+    #: How many layers (children) there are.
+    count: int
+    #: How messages name them all ("LeNet's 4 layers") and one of them ("layer").
+    what: str
+    unit: str
+
+
+class Cut(NamedTuple):
+    """A model cut into stages, not yet placed on contexts."""
+    #: ``(start, stop)``: the layers of each stage.
+    ranges: List[tuple]
+    #: What ``get_params`` copies to stage ``s``'s context.
+    sources: list
+    #: ``nets[s](X, params)`` runs stage ``s``.
+    nets: list
+    #: How ``describe()`` names each stage ("conv1,conv2", "children 0-2").
+    labels: List[str]
+    #: The trainable arrays' names and the others', in the model's order; both empty when the stages' arrays, one
+    #: after the other, are the model's in its order (LeNet).
+    names: List[str]
+    aux_names: List[str]
+
+
+class Model:
+    """The behaviour of a kind of model; ``title`` is how messages name it. A kind that cannot do something
+    (a gluon block that is not a model of ``MODELS`` has no initial values of its own) raises
+    ``NotImplementedError``."""
+
+    def __init__(self, title):
+        self.title = title
+
+    def __repr__(self):
+        return f"{type(self).__name__}({self.title!r})"
+
+    def _lacks(self, what):
+        return NotImplementedError(f"{self.title} has no {what}; use a model of MODELS ({', '.join(MODELS)})")
+
+    def init(self, seed=0, params=None, aux=None):
+        """The initial model of a run, as ``make_strategy`` takes it (see ``parallel.models.init_model``)."""
+        raise self._lacks("initial values of its own")
+
+    def layout(self):
+        """The ``Layout`` of its arrays: their names and shapes, as a checkpoint stores them."""
+        raise self._lacks("fixed layout")
+
+    def check(self, params, aux=()):
+        """``params`` and ``aux`` (in ``layout()`` order) checked and copied to the host, by name.
+
+        Returns
+        -------
+        dict
+            ``{name: numpy array}``, trainable arrays first, in ``layout()`` order.
+
+        Raises
+        ------
+        TypeError, ValueError
+            For arrays that are not the model's (count, shape, dtype) or not finite (``check_arrays``).
+        """
+        raise self._lacks("fixed layout")
+
+    def net(self, initial):
+        """The function ``net(X, params)`` that runs ``initial`` on each replica (data parallelism)."""
+        raise NotImplementedError
+
+    def layers(self, initial):
+        """The ``Layers`` that ``initial`` is cut at; raises ``TypeError`` or ``ValueError`` for a model it
+        cannot cut."""
+        raise NotImplementedError
+
+    def cut(self, initial, ranges):
+        """``initial`` cut into stages of ``ranges`` (``stage_ranges`` of ``layers(initial)``): a ``Cut``."""
+        raise NotImplementedError
+
+    def export(self, prefix, params, aux=(), initial=None):
+        """Write the trained ``params`` and ``aux`` (a strategy's ``params()`` and ``aux()``) as MXNet's pair
+        ``PREFIX-symbol.json`` + ``PREFIX-0000.params``; ``initial`` is the model the run started from.
+
+        Returns
+        -------
+        (str, str)
+            The paths of the symbol file and of the params file.
+        """
+        raise NotImplementedError
+
+
+class LeNetModel(Model):
+    """The from-scratch LeNet: eight arrays (``LENET_SHAPES``), run by ``lenet_cached``, cut between the layers
+    of ``LENET_LAYERS``, exported with ``export_lenet``."""
+
+    def _no_aux(self, aux):
+        aux = [] if aux is None else list(aux)
+        if aux:
+            raise ValueError(f"{self.title} has no arrays besides its parameters, got {len(aux)} aux arrays")
+
+    def init(self, seed=0, params=None, aux=None):
+        self._no_aux(aux)
+        return init_lenet_params(seed) if params is None else list(params)
+
+    def layout(self):
+        return Layout(tuple(LENET_PARAM_NAMES), tuple(LENET_SHAPES), (), ())
+
+    def check(self, params, aux=()):
+        self._no_aux(aux)
+        return dict(zip(LENET_PARAM_NAMES, check_lenet_params(params)))
+
+    def net(self, initial):
+        return lenet_cached
+
+    def layers(self, initial):
+        if not isinstance(initial, (list, tuple)):
+            raise TypeError(f"model must be LeNet's list of parameters (init_lenet_params) or an initialized "
+                            f"gluon HybridSequential, got {type(initial).__name__}")
+        if len(initial) != len(LENET_SHAPES):
+            raise ValueError(f"params has {len(initial)} arrays but LeNet takes {len(LENET_SHAPES)}; "
+                             "use init_lenet_params")
+        return Layers(len(LENET_LAYERS), f"{self.title}'s {len(LENET_LAYERS)} layers", "layer")
+
+    def cut(self, initial, ranges):
+        # layer i owns params[2*i:2*i+2]: the stages' arrays, one after the other, are LeNet's in order
+        return Cut(ranges, [list(initial[2 * start:2 * stop]) for start, stop in ranges],
+                   [LenetStage(start, stop) for start, stop in ranges],
+                   [",".join(name for name, _ in LENET_LAYERS[start:stop]) for start, stop in ranges], [], [])
+
+    def export(self, prefix, params, aux=(), initial=None):
+        self._no_aux(aux)
+        return export_lenet(params, prefix)
+
+
+class GluonModel(Model):
+    """Any initialized gluon ``HybridSequential`` with known shapes: run as its ``GluonNet``, cut at its
+    children (stage ``s`` a ``HybridSequential`` of them), exported with gluon's own ``export``."""
+
+    def net(self, initial):
+        return as_net(initial)
+
+    def layers(self, initial):
+        if not isinstance(initial, gluon.nn.HybridSequential):
+            raise TypeError(f"a gluon model is cut at its children, so it must be a gluon HybridSequential, got "
+                            f"{type(initial).__name__}; put its parts in an nn.HybridSequential")
+        if len(initial) == 0:
+            raise ValueError("the HybridSequential has no children to cut into stages; add its layers first")
+        block_state(initial)   # ValueError while shapes are unknown
+        return Layers(len(initial), f"the block's {len(initial)} children", "child")
+
+    def cut(self, initial, ranges):
+        names, _, aux_names, _ = block_state(initial)
+        sources = []
+        for s, (start, stop) in enumerate(ranges):
+            # An explicit prefix: no new name is drawn from gluon's global counters. The children are
+            # shared with ``initial``, not copied; their parameter names are the block's own.
+            stage = gluon.nn.HybridSequential(prefix=f"{initial.prefix}stage{s}_")
+            for i in range(start, stop):
+                stage.add(initial[i])
+            sources.append(stage)
+        labels = [f"{start}" if stop - start == 1 else f"{start}-{stop - 1}" for start, stop in ranges]
+        labels[0] = f"children {labels[0]}"
+        return Cut(ranges, sources, [GluonNet(stage) for stage in sources], labels, names, aux_names)
+
+    def export(self, prefix, params, aux=(), initial=None):
+        # into the initial block (unused since make_strategy copied it), then gluon's export
+        return export_gluon(initial, prefix, params, aux)
+
+
+class ResNet18Model(GluonModel):
+    """The textbook's ResNet-18 for 1x28x28 images and 10 classes (``init_resnet18``): a gluon block whose
+    checkpoint holds its trainable arrays and its BatchNorm running statistics, under structural names."""
+
+    #: The images it takes (one example) and the classes it tells apart: what ``fit`` trains.
+    input_shape = (1, 1, 28, 28)
+    num_classes = 10
+
+    def __init__(self, title):
+        super().__init__(title)
+        self._layout = None
+
+    def init(self, seed=0, params=None, aux=None):
+        block = init_resnet18(seed, num_classes=self.num_classes, input_shape=self.input_shape)
+        if params is None:
+            return block
+        names, arrays, aux_names, aux_arrays = block_state(block)
+        aux = [] if aux is None else list(aux)
+        for what, values, targets, target_names in (("trainable", list(params), arrays, names),
+                                                    ("non-trained", aux, aux_arrays, aux_names)):
+            if len(values) != len(targets):
+                raise ValueError(f"{self.title} has {len(targets)} {what} arrays, got {len(values)}")
+            for name, value, target in zip(target_names, values, targets):
+                if value.shape != target.shape:
+                    raise ValueError(f"{name} has shape {target.shape} in {self.title}, got {value.shape}")
+                target[:] = value.as_in_context(target.context)
+        return block
+
+    def layout(self):
+        """Shapes inferred from the graph on ``input_shape`` images, without allocating the arrays (once)."""
+        if self._layout is None:
+            block = resnet18(num_classes=self.num_classes)
+            symbol = block(mx.sym.var("data"))
+            arg_shapes, _, aux_shapes = symbol.infer_shape(data=self.input_shape)
+            shapes = dict(zip(symbol.list_arguments(), arg_shapes))
+            shapes.update(zip(symbol.list_auxiliary_states(), aux_shapes))
+            by_structure = {name: shapes[param.name] for name, param in block._collect_params_with_prefix().items()}
+            names, aux_names = block_names(block)
+            self._layout = Layout(tuple(names), tuple(by_structure[n] for n in names), tuple(aux_names),
+                                  tuple(by_structure[n] for n in aux_names))
+        return self._layout
+
+    def check(self, params, aux=()):
+        layout = self.layout()
+        arrays = dict(zip(layout.names, check_arrays(params, layout.names, layout.shapes, f"{self.title}'s")))
+        arrays.update(zip(layout.aux_names, check_arrays(aux, layout.aux_names, layout.aux_shapes,
+                                                         f"{self.title}'s running statistics")))
+        return arrays
+
+
+#: The behaviour of a gluon block handed to a strategy, whichever it is.
+_ANY_BLOCK = GluonModel("the block")
+
+
+def behaviour_of(initial):
+    """The behaviour of an initial model as the strategies take it: a gluon block's (``GluonModel``), else
+    LeNet's (whose methods refuse what is not LeNet's list of arrays).
+
+    >>> import mxnet as mx
+    >>> behaviour_of([mx.nd.zeros((1,))]), behaviour_of(mx.gluon.nn.HybridSequential())
+    (LeNetModel('LeNet'), GluonModel('the block'))
+    """
+    return _ANY_BLOCK if isinstance(initial, gluon.Block) else MODELS["lenet"].behaviour
