@@ -70,3 +70,72 @@ def test_a_submodule_never_hides_the_function_of_the_same_name():
             "assert parallel.models.lenet is lenet\n")
     result = run_process([sys.executable, "-c", code], timeout=60, cwd=ROOT)
     assert result.returncode == 0, result.stderr
+
+
+# ---- the import direction (docs/architecture.md) ---------------------------------------------------------------
+
+#: The package's modules in layers: a module imports only from lower layers. A sub-package is one node, but its
+#: ``__init__`` (``name:names``, the registry of names the CLI reads before MXNet starts) and its ``registry``
+#: module (``name.registry``, where names become objects) are nodes of their own.
+LAYERS = [
+    ["lazy", "validate", "files", "split", "engine", "cli"],
+    ["parallel", "comm:names", "compress:names", "data:names", "models:names", "optim:names", "strategies:names",
+     "launch:names", "devices", "threads", "trace", "interrupt", "report", "job"],
+    ["compress", "data", "config", "launch"],
+    ["compress.registry"],
+    ["comm"],
+    ["models", "trainer_kvstore"],
+    ["optim", "export"],
+    ["models.registry", "checkpoint", "step", "evaluate"],
+    ["strategies"],
+    ["strategies.registry"],
+    ["fit"],
+    ["train_steps"],
+    ["train"],
+]
+_PACKAGES = {"comm", "compress", "data", "models", "optim", "strategies", "launch"}
+
+
+def _node(module):
+    parts = module.split(".")
+    if len(parts) == 1:
+        return "parallel"
+    if parts[1] in _PACKAGES:
+        if len(parts) == 2:
+            return parts[1] + ":names"
+        return parts[1] + ".registry" if parts[2] == "registry" else parts[1]
+    return parts[1]
+
+
+def _imports():
+    """Every import of one of the package's modules by another (anywhere in the module, lazy ones too)."""
+    edges = set()
+    for path in MODULES:
+        name = path[:-3].replace(os.sep, ".")
+        name = name[:-len(".__init__")] if name.endswith(".__init__") else name
+        package = name if path.endswith("__init__.py") else name.rsplit(".", 1)[0]
+        for node in ast.walk(ast.parse(open(os.path.join(ROOT, path)).read())):
+            if isinstance(node, ast.ImportFrom) and node.level:
+                base = package.split(".")[:len(package.split(".")) - node.level + 1]
+                targets = [".".join(base + [node.module])] if node.module else \
+                    [".".join(base + [alias.name]) for alias in node.names]
+            elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                names = [node.module] if isinstance(node, ast.ImportFrom) else [a.name for a in node.names]
+                targets = [n for n in names if n and (n == "parallel" or n.startswith("parallel."))]
+            else:
+                continue
+            edges |= {(name, target) for target in targets}
+    return edges
+
+
+def test_imports_flow_one_way():
+    """Each module imports only from the layers below its own (docs/architecture.md draws the same graph); nothing
+    imports the entry points."""
+    layer = {node: i for i, nodes in enumerate(LAYERS) for node in nodes}
+    edges = _imports()
+    unknown = sorted({_node(m) for edge in edges for m in edge} - set(layer))
+    assert not unknown, f"modules in no layer of LAYERS: {unknown}"
+    upward = sorted(f"{a} ({_node(a)}) imports {b} ({_node(b)})" for a, b in edges
+                    if _node(a) != _node(b) and layer[_node(b)] >= layer[_node(a)])
+    assert not upward, "imports against the direction:\n" + "\n".join(upward)
+    assert ("parallel.comm.reducer", "parallel.job") in edges   # the graph is really read
