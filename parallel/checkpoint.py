@@ -50,8 +50,8 @@ from .models import MODELS
 from .models.layout import model_layout
 from .validate import check_choice
 
-__all__ = ["FORMAT", "VERSION", "READABLE_VERSIONS", "MANIFEST", "CheckpointError", "TrainingState", "Snapshot", "Checkpoint",
-           "CheckpointWriter", "CheckpointWriteError", "save_checkpoint",
+__all__ = ["FORMAT", "VERSION", "READABLE_VERSIONS", "MANIFEST", "CheckpointError", "TrainingState", "Snapshot",
+           "Checkpoint", "CheckpointWriter", "CheckpointWriteError", "save_checkpoint",
            "load_checkpoint", "has_checkpoint", "check_compatible", "dataset_fingerprint", "COMPATIBLE_FIELDS"]
 
 FORMAT = "parallel-checkpoint"

@@ -98,11 +98,12 @@ def parse_devices(spec):
     if not match:
         raise BadValue("devices", f"unknown {{devices|device spec}} {spec!r}; use 'auto', 'cpu:N' or 'gpu:I,J,...'")
     kind, arg = match.groups()
+    given = "{devices|device spec} " + repr(spec)   # the spec, as the API and the command name it
     if arg is not None and not arg.strip():
         if kind == "cpu":
-            raise BadValue("devices", f"{{devices|device spec}} {spec!r} has nothing after the colon; write 'cpu' for one "
+            raise BadValue("devices", f"{given} has nothing after the colon; write 'cpu' for one "
                                       "CPU context or 'cpu:N' for N of them, such as 'cpu:4'")
-        raise BadValue("devices", f"{{devices|device spec}} {spec!r} has nothing after the colon; write 'gpu' for every GPU "
+        raise BadValue("devices", f"{given} has nothing after the colon; write 'gpu' for every GPU "
                                   "or 'gpu:I,J,...' for some of them, such as 'gpu:0,1'")
     num_gpus = mx.context.num_gpus()
     if kind == "cpu":
@@ -110,27 +111,27 @@ def parse_devices(spec):
             return [mx.cpu(0)]
         count = _digits(arg)
         if count is None or count == "0":
-            raise BadValue("devices", f"{{devices|device spec}} {spec!r}: 'cpu:N' needs a whole number of contexts N >= 1, "
+            raise BadValue("devices", f"{given}: 'cpu:N' needs a whole number of contexts N >= 1, "
                                       "written with the digits 0-9")
         if not _at_most(count, MAX_CPU_CONTEXTS):
             many = count if len(count) <= 12 else f"a {len(count)}-digit number of"
-            raise BadValue("devices", f"{{devices|device spec}} {spec!r} asks for {many} CPU contexts; at most "
+            raise BadValue("devices", f"{given} asks for {many} CPU contexts; at most "
                                       f"{MAX_CPU_CONTEXTS} are allowed (MAX_CPU_CONTEXTS)")
         return [mx.cpu(i) for i in range(int(count))]
     if arg is None:
         if num_gpus == 0:
-            raise BadValue("devices", f"{{devices|device spec}} {spec!r} asks for GPUs but this machine has none; use 'cpu:N'")
+            raise BadValue("devices", f"{given} asks for GPUs but this machine has none; use 'cpu:N'")
         return [mx.gpu(i) for i in range(num_gpus)]
     parts = [_digits(part.strip()) for part in arg.split(",")]
     if None in parts:
-        raise BadValue("devices", f"{{devices|device spec}} {spec!r}: 'gpu:I,J,...' needs GPU indices written with the "
+        raise BadValue("devices", f"{given}: 'gpu:I,J,...' needs GPU indices written with the "
                                   "digits 0-9, such as 'gpu:0,3'")
     if len(set(parts)) != len(parts):
-        raise BadValue("devices", f"{{devices|device spec}} {spec!r} repeats a GPU index; list each GPU once")
+        raise BadValue("devices", f"{given} repeats a GPU index; list each GPU once")
     missing = [part for part in parts if not _at_most(part, num_gpus - 1)]
     if missing:
         have = f"GPUs 0..{num_gpus - 1}" if num_gpus else "no GPU"
-        raise BadValue("devices", f"{{devices|device spec}} {spec!r} asks for GPU {missing[0]} but this process sees {have}; "
+        raise BadValue("devices", f"{given} asks for GPU {missing[0]} but this process sees {have}; "
                                   "use 'cpu:N' or check CUDA_VISIBLE_DEVICES")
     indices = [int(part) for part in parts]
     return [mx.gpu(i) for i in indices]

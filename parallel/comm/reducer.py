@@ -28,7 +28,7 @@ from ..compress.registry import as_codec
 from ..job import BUCKET_KEYS, allreduce_across, bucket_key
 from ..validate import check_choice
 from . import ALGORITHMS, DEFAULT_ALGORITHM, DEFAULT_BUCKET_MB, SHARDED_ALGORITHMS
-from .algorithms import allreduce, exclusive, receive, reduce_scatter, scratch
+from .algorithms import allreduce, check_same_arrays, exclusive, receive, reduce_scatter, scratch
 from .replica import FlatReplica, bucket_bytes, get_params, grads_of
 
 __all__ = ["Reducer", "GradBucket", "BucketComm", "allreduce_hook", "CompressionHook", "as_reducer",
@@ -196,7 +196,8 @@ class Reducer:
         self.hook = allreduce_hook if codec is None else CompressionHook(codec)
 
     def __repr__(self):
-        return f"Reducer({self.algorithm!r}, bucket_mb={self.bucket_mb!r}, hook={getattr(self.hook, '__name__', self.hook)})"
+        hook = getattr(self.hook, "__name__", self.hook)
+        return f"Reducer({self.algorithm!r}, bucket_mb={self.bucket_mb!r}, hook={hook})"
 
     @property
     def codec(self):
@@ -411,7 +412,6 @@ def compressed_allreduce(arrays, codec, algorithm="fused", shapes=None):
     list of NDArray
         ``arrays``. The work is queued; nothing waits for the devices.
     """
-    from .algorithms import check_same_arrays
     check_same_arrays(arrays)
     check_choice(algorithm, "algorithm", ALGORITHMS)
     codec = as_codec(codec)
