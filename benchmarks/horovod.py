@@ -1,0 +1,539 @@
+"""Against Horovod: a 2-worker ResNet-18 data-parallel epoch under this package's launcher and under Horovod, on
+plain loopback and on a loopback shaped to 1 Gbit/s.
+
+Run from the repository root with the package's Python (Horovod lives in a venv of its own, see
+/work/shared/peers/horovod/README.md; without it the Horovod row is skipped and the table says why)::
+
+    python benchmarks/horovod.py --data-dir digits --rounds 3
+    python benchmarks/horovod.py --data-dir digits --rounds 3 \\
+        --ours "default=" --ours "powersgd32=--compression powersgd:32"
+    python benchmarks/horovod.py --dataset synthetic --train-size 64 --test-size 32 --batch-size 32 \\
+        --networks plain --rounds 1 --out /tmp/results                   # a smoke run, a minute or two
+
+Every configuration trains ResNet-18 (``parallel.models.resnet.init_resnet18(seed=0)``) for ``--epochs`` (1) on
+the same data, in the same order, with the same global batch, SGD learning rate, momentum and weight decay, and
+``OMP_NUM_THREADS=--threads`` (1) in every process:
+
+- a row per ``--ours NAME=FLAGS`` (default ``default=``): ``python -m parallel.launch -n W python -m
+  parallel.train --model resnet18 --devices cpu:1 --data-dir DIR --epochs E --batch-size B --lr .. --momentum ..
+  --wd .. --no-progress --metrics-json PATH FLAGS`` (W workers and, the launcher's default, W servers); the
+  epoch's seconds and images/s are those of rank 0's epoch line (``--metrics-json``);
+- ``horovod``: ``horovodrun -np W --gloo -H localhost:W --network-interface lo PYTHON
+  benchmarks/horovod_worker.py ...`` (``--horovodrun``, ``--horovod-python``), which trains the same model with
+  ``horovod.mxnet.DistributedTrainer`` and counts the epoch the way ``parallel.fit`` does (its docstring says
+  how each piece is matched).
+
+Each ``--networks`` entry runs every configuration: ``plain`` on this machine's loopback; ``1gbit`` with the whole
+job (launcher, scheduler, servers and workers, or horovodrun and its workers) inside a private network namespace
+whose loopback is shaped: ``unshare -n sh -c 'ip link set lo up; tc qdisc add dev lo root tbf rate 1gbit burst
+128kb latency 200ms; exec COMMAND'`` (needs root). That is one 1 Gbit/s pipe shared by every flow in both
+directions, stricter than a full-duplex 1 Gbit/s link between two hosts. Before the first round a TCP stream of
+100 MB through each network's loopback measures its rate (recorded and printed). Configurations run in
+``--rounds`` rounds, each round every (network, configuration) pair once in a fresh shuffled order; the table
+gives medians over the rounds. Train loss and accuracy are the last epoch's (the runs are deterministic, so every
+round gives the same).
+
+Data: ``--data-dir`` (an MNIST-format directory, e.g. ``python benchmarks/digits_dataset.py --out digits``) or
+``--dataset synthetic`` (``parallel.data.synthetic_dataset(seed=0)``, 60,000 + 10,000 examples);
+``--train-size N``/``--batches N`` (N global batches) and ``--test-size M`` keep the first N/M examples, written
+with ``parallel.data.write_idx`` to a temporary directory that both tools read.
+
+Every job runs in a process group of its own, with ``--timeout`` seconds, and carries a unique marker in its
+environment (inherited by everything it starts, also the processes horovodrun starts in sessions of their own):
+on a timeout or an error the group is stopped (SIGTERM, SIGKILL after 10 s) and every process still carrying the
+marker is SIGKILLed by its pid; after every run the driver gives the job's processes 10 s to be gone and SIGKILLs
+any still there (recorded as ``left_behind``). While a job runs, the driver records every process of it with its ``DMLC_ROLE`` and ``OMP_NUM_THREADS``.
+A job that fails ends the benchmark with status 1 and an ``error:`` line. Writes ``horovod.json`` (after every
+run, atomically) to ``--out`` and prints a markdown table. Measures nothing itself and never imports MXNet.
+"""
+import argparse
+import json
+import os
+import platform
+import random
+import shlex
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+THIS = os.path.abspath(__file__)
+WORKER = os.path.join(ROOT, "benchmarks", "horovod_worker.py")
+HOROVODRUN = "/work/hvd-venv/bin/horovodrun"
+#: How each network shapes its loopback (``tc qdisc add dev lo root ...``); None: the machine's loopback as it is.
+NETWORKS = {"plain": None, "1gbit": "tbf rate 1gbit burst 128kb latency 200ms"}
+HOROVOD = "horovod"
+MARK = "PARALLEL_HOROVOD_BENCH_RUN"   # the environment variable that marks every process of one run
+RESULT_PREFIX = "RESULT "
+LINK_BYTES = 100 * 1000 * 1000
+POLL_SECONDS = 5.0
+GRACE_SECONDS = 10.0
+
+
+class BenchmarkError(Exception):
+    """A job failed or timed out; ``main`` prints ``error: <message>`` and returns 1."""
+
+
+# ---- processes: a group each, a marker each, nothing left behind ------------------------------------------------
+
+def _environ(pid):
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            pairs = [item.split(b"=", 1) for item in f.read().split(b"\0") if b"=" in item]
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            command = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return None, ""
+    return {k.decode(errors="replace"): v.decode(errors="replace") for k, v in pairs}, command
+
+
+def marked_processes(mark):
+    """``{pid: {"role", "OMP_NUM_THREADS", "command"}}`` of the live processes whose environment holds
+    ``MARK=mark`` (only this driver's runs set it): the launcher's scheduler, servers and workers carry their
+    ``DMLC_ROLE``, Horovod's workers their ``HOROVOD_RANK``."""
+    found = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == os.getpid():
+            continue
+        env, command = _environ(name)
+        if env is None or env.get(MARK) != mark:
+            continue
+        role = env.get("DMLC_ROLE") or ("horovod rank " + env["HOROVOD_RANK"] if "HOROVOD_RANK" in env else "other")
+        found[int(name)] = {"role": role, "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", "unset"),
+                            "command": command[:200]}
+    return found
+
+
+def _kill_marked(mark, wait=0.0):
+    """SIGKILL every process still carrying ``mark`` after ``wait`` seconds (those exiting by themselves, such as
+    horovodrun's multiprocessing resource tracker once horovodrun is gone, get that long), by pid; returns what
+    was killed."""
+    deadline = time.monotonic() + wait
+    left = marked_processes(mark)
+    while left and time.monotonic() < deadline:
+        time.sleep(0.2)
+        left = marked_processes(mark)
+    for pid in left:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return left
+
+
+def stop(process, mark):
+    """Stop a run: SIGTERM to its process group, SIGKILL after ``GRACE_SECONDS``, then SIGKILL by pid whatever
+    still carries its marker (processes started in sessions of their own). Returns those processes."""
+    for sig, wait in ((signal.SIGTERM, GRACE_SECONDS), (signal.SIGKILL, 30.0)):
+        try:
+            os.killpg(process.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            process.wait(timeout=wait)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+    left = _kill_marked(mark)
+    time.sleep(0.2 if left else 0)
+    return left
+
+
+def run_job(argv, env, cwd, timeout):
+    """Run ``argv`` in a process group of its own with a fresh marker; returns its status, output, wall seconds,
+    the processes seen while it ran and any left behind (ended). Raises ``BenchmarkError`` on a timeout."""
+    mark = uuid.uuid4().hex
+    env = dict(env, **{MARK: mark})
+    seen = {}
+    with open(os.path.join(cwd, "stdout.txt"), "w+") as out, open(os.path.join(cwd, "stderr.txt"), "w+") as err:
+        started = time.monotonic()
+        process = subprocess.Popen(argv, cwd=cwd, env=env, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
+                                   start_new_session=True)
+        try:
+            while True:
+                try:
+                    process.wait(timeout=POLL_SECONDS)
+                    break
+                except subprocess.TimeoutExpired:
+                    seen.update(marked_processes(mark))
+                    if time.monotonic() - started > timeout:
+                        left = stop(process, mark)
+                        raise BenchmarkError(f"{shlex.join(argv[:8])} ... timed out after {timeout:g} s (stopped its "
+                                             f"process group, then ended {len(left)} process(es) outside it)"
+                                             ) from None
+        except BaseException:
+            stop(process, mark)
+            raise
+        wall = time.monotonic() - started
+        left = _kill_marked(mark, wait=GRACE_SECONDS)
+        out.seek(0)
+        err.seek(0)
+        return {"returncode": process.returncode, "stdout": out.read(), "stderr": err.read(), "wall_seconds": wall,
+                "processes": sorted(seen.values(), key=lambda p: p["role"]), "left_behind": list(left.values())}
+
+
+# ---- networks -----------------------------------------------------------------------------------------------------
+
+def wrap(network, argv):
+    """``argv`` run inside ``network``: as it is for ``plain``, else in a new network namespace whose loopback is
+    brought up and shaped with ``NETWORKS[network]``."""
+    qdisc = NETWORKS[network]
+    if qdisc is None:
+        return list(argv)
+    script = f'ip link set lo up && tc qdisc add dev lo root {qdisc} && exec "$@"'
+    return ["unshare", "-n", "sh", "-c", script, "sh", *argv]
+
+
+def network_problem(network):
+    """Why ``network`` cannot be made here, or None."""
+    if NETWORKS[network] is None:
+        return None
+    if os.geteuid() != 0:
+        return "needs root (unshare -n, tc)"
+    missing = [tool for tool in ("unshare", "ip", "tc") if shutil.which(tool) is None]
+    return f"{', '.join(missing)} not found" if missing else None
+
+
+def link_rate(nbytes):
+    """Stream ``nbytes`` through a TCP connection on 127.0.0.1 (a sender thread, this receiver); the rate."""
+    import socket
+    import threading
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+
+    def send():
+        with socket.create_connection(server.getsockname()) as s:
+            chunk, sent = b"\0" * (1 << 20), 0
+            while sent < nbytes:
+                s.sendall(chunk[:nbytes - sent])
+                sent += min(len(chunk), nbytes - sent)
+
+    sender = threading.Thread(target=send)
+    started = time.perf_counter()
+    sender.start()
+    connection, _ = server.accept()
+    received = 0
+    while True:
+        data = connection.recv(1 << 20)
+        if not data:
+            break
+        received += len(data)
+    seconds = time.perf_counter() - started
+    sender.join()
+    connection.close()
+    server.close()
+    return {"bytes": received, "seconds": seconds, "gbit_per_s": received * 8 / seconds / 1e9}
+
+
+def measure_link(network, env, tmp):
+    """The loopback rate inside ``network`` (``link_rate`` run there), or ``{"skipped": reason}``."""
+    problem = network_problem(network)
+    if problem is not None:
+        return {"skipped": problem}
+    cwd = tempfile.mkdtemp(prefix=f"link-{network}-", dir=tmp)
+    result = run_job(wrap(network, [sys.executable, THIS, "--link-test", str(LINK_BYTES)]), env, cwd, 120)
+    lines = [line for line in result["stdout"].splitlines() if line.startswith(RESULT_PREFIX)]
+    if result["returncode"] != 0 or not lines:
+        return {"skipped": f"the network could not be made: {result['stderr'].strip()[-300:] or 'no result'}"}
+    return json.loads(lines[-1][len(RESULT_PREFIX):])
+
+
+# ---- data ---------------------------------------------------------------------------------------------------------
+
+def prepare_data(args, tmp):
+    """The MNIST-format directory both tools read, and its sizes: ``--data-dir`` as it is, or the first
+    ``--train-size``/``--test-size`` examples of it (or of the synthetic set) written to ``tmp``."""
+    from parallel.data import FILES, Dataset, load_idx_dataset, synthetic_dataset, write_idx
+    train_size = args.batches * args.batch_size if args.batches else args.train_size
+    if args.data_dir is not None and train_size is None and args.test_size is None:
+        dataset = load_idx_dataset(args.data_dir)
+        return os.path.abspath(args.data_dir), len(dataset.train_labels), len(dataset.test_labels)
+    if args.data_dir is not None:
+        full = load_idx_dataset(args.data_dir)
+    else:
+        full = synthetic_dataset(num_train=train_size or 60000, num_test=args.test_size or 10000, seed=0)
+    dataset = Dataset(full.train_images[:train_size], full.train_labels[:train_size],
+                      full.test_images[:args.test_size], full.test_labels[:args.test_size])
+    if not len(dataset.train_labels) or not len(dataset.test_labels):
+        raise BenchmarkError("the data left no training or no test example")
+    directory = os.path.join(tmp, "data")
+    os.makedirs(directory)
+    for role, name in FILES.items():
+        write_idx(os.path.join(directory, name), getattr(dataset, role))
+    return directory, len(dataset.train_labels), len(dataset.test_labels)
+
+
+# ---- the two tools' jobs ------------------------------------------------------------------------------------------
+
+def _training_flags(args, data_dir):
+    return ["--data-dir", data_dir, "--epochs", str(args.epochs), "--batch-size", str(args.batch_size),
+            "--lr", repr(args.lr), "--momentum", repr(args.momentum), "--wd", repr(args.wd)]
+
+
+def ours_command(args, data_dir, flags, metrics):
+    """The package's job: the launcher with ``--workers`` workers, each ``parallel.train`` on one CPU context."""
+    return [sys.executable, "-m", "parallel.launch", "-n", str(args.workers), sys.executable, "-m", "parallel.train",
+            "--model", "resnet18", "--devices", "cpu:1", *_training_flags(args, data_dir), "--no-progress",
+            "--metrics-json", metrics, *flags]
+
+
+def horovod_command(args, data_dir):
+    """Horovod's job: horovodrun (Gloo, on lo) with ``--workers`` workers, each ``horovod_worker.py``."""
+    return [args.horovodrun, "-np", str(args.workers), "--gloo", "-H", f"localhost:{args.workers}",
+            "--network-interface", "lo", "--start-timeout", "120", args.horovod_python, WORKER,
+            *_training_flags(args, data_dir)]
+
+
+def horovod_problem(args):
+    """Why the Horovod row cannot run here, or None."""
+    if args.no_horovod:
+        return "--no-horovod"
+    for flag, path in (("--horovodrun", args.horovodrun), ("--horovod-python", args.horovod_python)):
+        if not os.access(path, os.X_OK):
+            return (f"{path} not found ({flag}): create Horovod's venv as /work/shared/peers/horovod/README.md "
+                    f"says")
+    return None
+
+
+def job_env(args):
+    """The environment of every job: this one, the package on ``PYTHONPATH``, ``OMP_NUM_THREADS=--threads``."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env["PYTHONPATH"] = os.pathsep.join([ROOT] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    if args.threads:
+        env["OMP_NUM_THREADS"] = str(args.threads)
+    return env
+
+
+def _epochs_of(config, result, metrics):
+    """The job's per-epoch metrics: rank 0's ``--metrics-json`` (ours) or its ``RESULT`` line (Horovod)."""
+    if config != HOROVOD:
+        if result["returncode"] == 0 and os.path.exists(metrics):
+            with open(metrics) as f:
+                return json.load(f), {}
+        return None, {}
+    for line in reversed(result["stdout"].splitlines()):
+        if RESULT_PREFIX in line:
+            found = json.loads(line.split(RESULT_PREFIX, 1)[1])
+            return found.pop("epochs"), found
+    return None, {}
+
+
+def run_config(args, network, config, data_dir, tmp):
+    """One job of ``config`` in ``network``; its record. ``BenchmarkError`` when it fails."""
+    cwd = tempfile.mkdtemp(prefix=f"{network}-{config}-", dir=tmp)
+    metrics = os.path.join(cwd, "metrics.json")
+    argv = horovod_command(args, data_dir) if config == HOROVOD else \
+        ours_command(args, data_dir, args.ours[config], metrics)
+    result = run_job(wrap(network, argv), job_env(args), cwd, args.timeout)
+    epochs, extra = _epochs_of(config, result, metrics)
+    if result["returncode"] != 0 or not epochs:
+        raise BenchmarkError(f"{config} on {network} failed (status {result['returncode']}): "
+                             f"{(result['stderr'] + result['stdout']).strip()[-3000:]}")
+    last = epochs[-1]
+    record = {"network": network, "config": config, "argv": wrap(network, argv), "epochs": epochs,
+              "seconds": last["seconds"], "images_per_second": last["images_per_second"],
+              "train_loss": last["train_loss"], "train_acc": last["train_acc"], "test_acc": last["test_acc"],
+              "wall_seconds": result["wall_seconds"], "processes": result["processes"],
+              "left_behind": result["left_behind"], "worker_report": extra}
+    if result["left_behind"]:
+        print(f"warning: {config} on {network} left {len(result['left_behind'])} process(es) behind; ended them",
+              file=sys.stderr, flush=True)
+    return record
+
+
+# ---- the table ----------------------------------------------------------------------------------------------------
+
+def summarize(result):
+    """One row per (network, configuration): medians over the rounds, the time against Horovod's on the same
+    network, or why the row was skipped."""
+    rows, n_train = [], result["data"]["train_examples"]
+    for network in result["settings"]["networks"]:
+        link = result["links"][network]
+        if "skipped" in link:
+            rows.append({"network": network, "config": "every configuration", "skipped": link["skipped"]})
+            continue
+        medians = {}
+        for config in result["configs"]:
+            runs = [run for run in result["runs"] if run["network"] == network and run["config"] == config]
+            if config == HOROVOD and result["horovod_skipped"]:
+                rows.append({"network": network, "config": config, "skipped": result["horovod_skipped"]})
+                continue
+            medians[config] = statistics.median(run["seconds"] for run in runs)
+            rows.append({"network": network, "config": config, "runs": len(runs), "seconds": medians[config],
+                         "images_per_second": n_train / medians[config],
+                         **{key: statistics.median(run[key] for run in runs)
+                            for key in ("train_loss", "train_acc", "test_acc")}})
+        for row in rows:
+            if row["network"] == network and "seconds" in row and HOROVOD in medians:
+                row["vs_horovod"] = row["seconds"] / medians[HOROVOD]
+    return rows
+
+
+def format_table(result):
+    """The markdown table of ``result["rows"]``, with the links' measured rates and the threads seen."""
+    rounds = result["settings"]["rounds"]
+    lines = [f"| link (measured) | configuration | s/epoch (median of {rounds}) | images/s | time vs Horovod | "
+             f"train loss | train acc | test acc |", "|---|---|---|---|---|---|---|---|"]
+    for row in result["rows"]:
+        link = result["links"][row["network"]]
+        where = row["network"] + (f" ({link['gbit_per_s']:.2f} Gbit/s)" if "gbit_per_s" in link else "")
+        if "skipped" in row:
+            lines.append(f"| {where} | {row['config']} | skipped: {row['skipped']} | | | | | |")
+            continue
+        ratio = f"{row['vs_horovod']:.2f}x" if "vs_horovod" in row else "n/a"
+        lines.append(f"| {where} | {row['config']} | {row['seconds']:.2f} | {row['images_per_second']:.1f} | "
+                     f"{ratio} | {row['train_loss']:.3f} | {row['train_acc']:.3f} | {row['test_acc']:.3f} |")
+    threads = {}
+    for run in result["runs"]:
+        for process in run["processes"]:
+            if process["role"] == "worker" or process["role"].startswith("horovod rank"):
+                threads.setdefault(run["config"], set()).add(process["OMP_NUM_THREADS"])
+    seen = "; ".join(f"{config}: {', '.join(sorted(values))}" for config, values in threads.items())
+    data = result["data"]
+    lines.append("")
+    lines.append(f"{result['settings']['workers']} workers, ResNet-18, {data['train_examples']} training examples "
+                 f"({data['source']}), global batch {result['settings']['batch_size']}, {result['settings']['epochs']}"
+                 f" epoch(s); time vs Horovod: s/epoch over Horovod's on the same link (below 1: faster); "
+                 f"OMP_NUM_THREADS seen in the workers: {seen or 'none recorded'}")
+    return "\n".join(lines)
+
+
+def write_json(result, out):
+    """Write ``result`` to ``out/horovod.json`` atomically; return the path."""
+    os.makedirs(out, exist_ok=True)
+    path = os.path.join(out, "horovod.json")
+    with open(path + ".tmp", "w") as f:
+        json.dump(result, f, indent=2)
+        f.write("\n")
+    os.replace(path + ".tmp", path)
+    return path
+
+
+# ---- the command --------------------------------------------------------------------------------------------------
+
+def _ours(text):
+    name, sep, flags = text.partition("=")
+    if not sep or not name.strip() or name.strip() == HOROVOD:
+        raise argparse.ArgumentTypeError(f"expected NAME=FLAGS with a NAME other than {HOROVOD!r}, e.g. "
+                                         f"'powersgd32=--compression powersgd:32', got {text!r}")
+    return name.strip(), shlex.split(flags)
+
+
+def _networks(text):
+    names = [name for name in text.split(",") if name]
+    unknown = [name for name in names if name not in NETWORKS]
+    if not names or unknown:
+        raise argparse.ArgumentTypeError(f"expected a comma-separated list of {', '.join(NETWORKS)}, got {text!r}")
+    return list(dict.fromkeys(names))
+
+
+def parse_args(argv=None):
+    """The benchmark's arguments (``--ours`` become ``{name: flags}``, default ``{"default": []}``)."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    data = parser.add_mutually_exclusive_group()
+    data.add_argument("--data-dir", help="an MNIST-format directory, e.g. the digits (benchmarks/digits_dataset.py)")
+    data.add_argument("--dataset", choices=["synthetic"], help="parallel.data.synthetic_dataset(seed=0)")
+    size = parser.add_mutually_exclusive_group()
+    size.add_argument("--train-size", type=int, default=None, metavar="N", help="keep the first N training examples")
+    size.add_argument("--batches", type=int, default=None, metavar="N", help="keep N global batches of them")
+    parser.add_argument("--test-size", type=int, default=None, metavar="M", help="keep the first M test examples")
+    parser.add_argument("--batch-size", type=int, default=64, help="the global batch (default 64)")
+    parser.add_argument("--lr", type=float, default=0.02, help="SGD's learning rate (default 0.02)")
+    parser.add_argument("--momentum", type=float, default=0.9, help="default 0.9")
+    parser.add_argument("--wd", type=float, default=0.0, help="weight decay (default 0)")
+    parser.add_argument("--epochs", type=int, default=1, help="epochs a job (default 1); the table times the last")
+    parser.add_argument("--workers", type=int, default=2, help="workers a job (default 2)")
+    parser.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS of every process (default 1; 0 "
+                                                               "leaves the environment's)")
+    parser.add_argument("--networks", type=_networks, default=list(NETWORKS), metavar="NAME,...",
+                        help=f"of {', '.join(NETWORKS)} (default all)")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
+    parser.add_argument("--ours", type=_ours, action="append", default=None, metavar="NAME=FLAGS",
+                        help="a row of the package: its name and its extra parallel.train flags (repeatable; "
+                             "default: 'default=')")
+    parser.add_argument("--horovodrun", default=HOROVODRUN, help=f"default {HOROVODRUN}")
+    parser.add_argument("--horovod-python", default=None, help="default: python beside --horovodrun")
+    parser.add_argument("--no-horovod", action="store_true", help="skip the Horovod row")
+    parser.add_argument("--timeout", type=float, default=7200.0, help="seconds a job may take (default 7200)")
+    parser.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results"))
+    parser.add_argument("--link-test", type=int, default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.link_test is None:
+        _check_args(parser, args)
+    return args
+
+
+def _check_args(parser, args):
+    if args.data_dir is None and args.dataset is None:
+        parser.error("give --data-dir DIR or --dataset synthetic")
+    for flag in ("train_size", "batches", "test_size"):
+        if getattr(args, flag) is not None and getattr(args, flag) < 1:
+            parser.error(f"--{flag.replace('_', '-')} must be >= 1")
+    if min(args.batch_size, args.epochs, args.workers, args.rounds) < 1 or args.threads < 0 or args.timeout <= 0:
+        parser.error("--batch-size, --epochs, --workers and --rounds must be >= 1, --threads >= 0, --timeout > 0")
+    ours = args.ours or [("default", [])]
+    if len({name for name, _ in ours}) != len(ours):
+        parser.error("every --ours needs a name of its own")
+    args.ours = dict(ours)
+    args.horovodrun = os.path.abspath(args.horovodrun)
+    args.horovod_python = os.path.abspath(args.horovod_python or os.path.join(os.path.dirname(args.horovodrun),
+                                                                              "python"))
+
+
+def run_rounds(args, result, data_dir, tmp):
+    """Every (network, configuration) pair once a round, in a fresh shuffled order; JSON after every run."""
+    pairs = [(network, config) for network in args.networks if "skipped" not in result["links"][network]
+             for config in result["configs"] if not (config == HOROVOD and result["horovod_skipped"])]
+    for number in range(1, args.rounds + 1):
+        order = list(pairs)
+        random.Random(number).shuffle(order)
+        result["order"].append([f"{network}/{config}" for network, config in order])
+        for network, config in order:
+            record = run_config(args, network, config, data_dir, tmp)
+            result["runs"].append(dict(record, round=number))
+            write_json(result, args.out)
+            print(f"round {number}/{args.rounds}: {config} on {network}: {record['seconds']:.2f} s/epoch, "
+                  f"loss {record['train_loss']:.3f}", file=sys.stderr, flush=True)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.link_test is not None:
+        print(RESULT_PREFIX + json.dumps(link_rate(args.link_test)), flush=True)
+        return 0
+    from importlib.metadata import version
+    result = {"command": "python benchmarks/horovod.py " + shlex.join(argv if argv is not None else sys.argv[1:]),
+              "settings": {key: value for key, value in vars(args).items() if key != "link_test"},
+              "machine": {"cores": os.cpu_count(), "platform": platform.platform(), "python": sys.version.split()[0],
+                          "mxnet": version("mxnet")},
+              "configs": list(args.ours) + [HOROVOD], "horovod_skipped": horovod_problem(args), "links": {},
+              "order": [], "runs": []}
+    try:
+        with tempfile.TemporaryDirectory(prefix="horovod-bench-") as tmp:
+            data_dir, n_train, n_test = prepare_data(args, tmp)
+            result["data"] = {"source": args.data_dir or args.dataset, "train_examples": n_train,
+                              "test_examples": n_test}
+            for network in args.networks:
+                result["links"][network] = measure_link(network, job_env(args), tmp)
+            run_rounds(args, result, data_dir, tmp)
+    except BenchmarkError as e:
+        result["error"] = str(e)
+        write_json(result, args.out)
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    result["rows"] = summarize(result)
+    result["table"] = format_table(result)
+    path = write_json(result, args.out)
+    print(result["table"])
+    print(f"\nwrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,101 @@
+"""benchmarks/horovod.py: a smoke run on plain loopback writes the JSON and the table, with the Horovod row measured
+(the same loss as the package's, from the same start and data) or skipped with its reason; no timings asserted.
+The table, the skip reasons and the shaped network's command are checked without running a job."""
+import json
+import math
+
+import pytest
+
+from conftest import load_benchmark
+
+
+@pytest.fixture(scope="module")
+def bench():
+    return load_benchmark("horovod")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_smoke_run_measures_ours_and_measures_or_skips_horovod(bench, tmp_path, capsys):
+    assert bench.main(["--dataset", "synthetic", "--train-size", "64", "--test-size", "32", "--batch-size", "32",
+                       "--networks", "plain", "--rounds", "1", "--timeout", "600", "--out", str(tmp_path)]) == 0
+    result = json.loads((tmp_path / "horovod.json").read_text())
+    out = capsys.readouterr().out
+    assert result["configs"] == ["default", "horovod"] and "error" not in result
+    assert result["data"] == {"source": "synthetic", "train_examples": 64, "test_examples": 32}
+    assert result["links"]["plain"]["gbit_per_s"] > 0
+    rows = {row["config"]: row for row in result["rows"]}
+    ours = rows["default"]
+    assert ours["runs"] == 1 and ours["seconds"] > 0 and math.isfinite(ours["train_loss"])
+    assert ours["images_per_second"] == pytest.approx(64 / ours["seconds"])
+    if result["horovod_skipped"]:
+        assert rows["horovod"] == {"network": "plain", "config": "horovod", "skipped": result["horovod_skipped"]}
+        assert f"| horovod | skipped: {result['horovod_skipped']} |" in out
+        assert not [run for run in result["runs"] if run["config"] == "horovod"]
+    else:
+        horovod = rows["horovod"]
+        assert horovod["runs"] == 1 and horovod["seconds"] > 0 and horovod["vs_horovod"] == 1.0
+        assert ours["vs_horovod"] == pytest.approx(ours["seconds"] / horovod["seconds"])
+        # the same model, start, data and order, the same SGD: the same loss, but for float32 summation order
+        assert horovod["train_loss"] == pytest.approx(ours["train_loss"], rel=1e-4)
+        assert horovod["train_acc"] == pytest.approx(ours["train_acc"])
+    for run in result["runs"]:
+        assert run["left_behind"] == [] and run["round"] == 1
+        workers = [p for p in run["processes"] if p["role"] == "worker" or p["role"].startswith("horovod rank")]
+        assert all(p["OMP_NUM_THREADS"] == "1" for p in workers)
+    assert "| link (measured) | configuration | s/epoch (median of 1) |" in out and "| plain (" in out
+
+
+def _result(horovod_skipped, runs):
+    return {"settings": {"networks": ["plain", "1gbit"], "rounds": 2, "workers": 2, "batch_size": 32, "epochs": 1},
+            "links": {"plain": {"gbit_per_s": 20.0}, "1gbit": {"skipped": "needs root (unshare -n, tc)"}},
+            "configs": ["default", "horovod"], "horovod_skipped": horovod_skipped,
+            "data": {"source": "synthetic", "train_examples": 64, "test_examples": 32}, "runs": runs}
+
+
+def _run(config, seconds):
+    return {"network": "plain", "config": config, "seconds": seconds, "train_loss": 2.3, "train_acc": 0.1,
+            "test_acc": 0.1, "processes": [{"role": "worker", "OMP_NUM_THREADS": "1"}]}
+
+
+def test_the_table_gives_medians_ratios_and_why_a_row_was_skipped(bench):
+    result = _result(None, [_run("default", 3.0), _run("default", 5.0), _run("horovod", 2.0), _run("horovod", 2.0)])
+    result["rows"] = bench.summarize(result)
+    table = bench.format_table(result)
+    assert "| plain (20.00 Gbit/s) | default | 4.00 | 16.0 | 2.00x | 2.300 | 0.100 | 0.100 |" in table
+    assert "| plain (20.00 Gbit/s) | horovod | 2.00 | 32.0 | 1.00x |" in table
+    assert "| 1gbit | every configuration | skipped: needs root (unshare -n, tc) |" in table
+
+    result = _result("/nowhere/horovodrun not found (--horovodrun): create ...", [_run("default", 3.0)])
+    result["rows"] = bench.summarize(result)
+    table = bench.format_table(result)
+    assert "| plain (20.00 Gbit/s) | default | 3.00 | 21.3 | n/a |" in table
+    assert "| plain (20.00 Gbit/s) | horovod | skipped: /nowhere/horovodrun not found (--horovodrun)" in table
+
+
+def test_a_missing_horovod_is_a_reason_to_skip(bench, tmp_path):
+    args = bench.parse_args(["--dataset", "synthetic", "--horovodrun", str(tmp_path / "horovodrun")])
+    assert args.horovod_python == str(tmp_path / "python")
+    assert bench.horovod_problem(args).startswith(f"{tmp_path / 'horovodrun'} not found (--horovodrun)")
+    assert bench.horovod_problem(bench.parse_args(["--dataset", "synthetic", "--no-horovod"])) == "--no-horovod"
+
+
+def test_rows_of_ours_and_the_shaped_network(bench, capsys):
+    args = bench.parse_args(["--data-dir", "d", "--ours", "default=", "--ours", "psgd=--compression powersgd:32"])
+    assert args.ours == {"default": [], "psgd": ["--compression", "powersgd:32"]}
+    command = bench.ours_command(args, "/data", args.ours["psgd"], "/m.json")
+    assert command[-2:] == ["--compression", "powersgd:32"] and "--metrics-json" in command
+    assert bench.wrap("plain", ["a", "b"]) == ["a", "b"]
+    shaped = bench.wrap("1gbit", ["a", "b"])
+    assert shaped[:3] == ["unshare", "-n", "sh"] and shaped[-2:] == ["a", "b"]
+    assert "tc qdisc add dev lo root tbf rate 1gbit" in shaped[4]
+    for bad in (["--ours", "horovod=--x"], ["--ours", "noequals"], ["--ours", "a=", "--ours", "a=--x"],
+                ["--networks", "10gbit"]):
+        with pytest.raises(SystemExit):
+            bench.parse_args(["--data-dir", "d", *bad])
+    capsys.readouterr()
+
+
+def test_the_horovod_worker_keeps_as_many_steps_in_flight_as_fit():
+    from parallel.fit import IN_FLIGHT
+    assert load_benchmark("horovod_worker").IN_FLIGHT == IN_FLIGHT
