@@ -56,13 +56,17 @@ The launcher itself never imports MXNet, so nothing in it can block in ps-lite.
 The package: ``cli`` (the parser, ``check_args``, ``main``), ``hosts`` (hostfile, discovery script, reachable
 hosts, the scheduler's address and port), ``processes`` (the plan of each start, ssh command lines, process
 groups), ``watchdog``, ``job`` (one start of the job, supervised) and ``restarts`` (the restart policy, a pure
-function); ``python -m parallel.launch`` runs ``__main__``.
+function); ``python -m parallel.launch`` runs ``__main__``. The names re-exported here load their module on
+first use (``parallel.lazy``), as the other packages' do.
 """
 from ..cli import UsageError
-from .cli import build_parser, check_args, main
-from .hosts import parse_hostfile
-from .job import START_LINE
-from .processes import plan_processes, ssh_argv
+from ..lazy import lazy_exports
 
-__all__ = ["main", "build_parser", "check_args", "parse_hostfile", "plan_processes", "ssh_argv", "UsageError",
-           "START_LINE"]
+_SOURCES = {
+    "cli": ["main", "build_parser", "check_args"],
+    "hosts": ["parse_hostfile"],
+    "processes": ["plan_processes", "ssh_argv"],
+    "job": ["START_LINE"],
+}
+__all__ = [name for names in _SOURCES.values() for name in names] + ["UsageError"]
+__getattr__, __dir__ = lazy_exports(__name__, _SOURCES)
