@@ -181,14 +181,15 @@ def other_commands():
 
 
 def docstring_commands():
-    """``python -m parallel.train ...`` lines in the package's module docstrings, under the launcher too."""
+    """``python -m parallel.train ...`` lines in the package's module docstrings (its subpackages' too), under the
+    launcher too."""
     found = []
-    for name in sorted(os.listdir(PACKAGE)):
-        if name.endswith(".py"):
-            doc = ast.get_docstring(ast.parse(open(os.path.join(PACKAGE, name)).read())) or ""
-            found += [(name, line.strip()) for line in doc.splitlines()
-                      if line.strip().startswith("python -m parallel.train")
-                      or (line.strip().startswith("python -m parallel.launch") and "parallel.train" in line)]
+    for path in sorted(os.path.join(d, n) for d, _, names in os.walk(PACKAGE) for n in names if n.endswith(".py")):
+        name = os.path.relpath(path, PACKAGE)
+        doc = ast.get_docstring(ast.parse(open(path).read())) or ""
+        found += [(name, line.strip()) for line in doc.splitlines()
+                  if line.strip().startswith("python -m parallel.train")
+                  or (line.strip().startswith("python -m parallel.launch") and "parallel.train" in line)]
     return found
 
 

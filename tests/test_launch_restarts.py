@@ -1,14 +1,137 @@
 """python -m parallel.launch that heals: --max-restarts, -n MIN:MAX with a host discovery script, and a watchdog
 that ends the job when the launcher itself is killed. The kvstore jobs here are tiny scripts; the training
-jobs that restart are in test_train_healing.py."""
+jobs that restart are in test_train_healing.py.
+
+The restart policy (``parallel.launch.restarts.decide``, a pure function) is tested first, every branch, and
+then the launcher's loop with fake jobs (no process started), both in the fast tier: a launcher that never
+restarts, or restarts what it must not, fails there.
+"""
+import signal
 import subprocess
 import sys
 
 import pytest
 
+import parallel.launch.cli as launch_cli
+from parallel.launch.restarts import (BAD_DISCOVERY, INTERRUPTED, NOT_STARTED, PROCESS_FAILED, STALL_TIMEOUT,
+                                      START_TIMEOUT, SUCCESS, TOO_FEW_HOSTS, Decision, Ending, Failure, decide)
 from conftest import start_process, stop_process
 from test_launch import assert_nothing_left, dmlc_processes, error_lines, launcher, mark, run_launcher, \
     wait_for_pids, write_script, LOOPING_SCRIPT  # noqa: F401 (mark is a fixture)
+
+KILLED = Ending(PROCESS_FAILED, "worker 1 (pid 7) was killed by SIGKILL; it printed nothing", returncode=-9)
+
+
+@pytest.mark.parametrize("ending", [
+    KILLED,
+    Ending(PROCESS_FAILED, "worker 0 (pid 7) exited with status 3; its last output: bye", returncode=3),
+    Ending(PROCESS_FAILED, "server 0 (pid 7) exited with status 1; it printed nothing", returncode=1),
+    Ending(START_TIMEOUT, "the job did not start within 60 s (--start-timeout): ..."),
+    Ending(STALL_TIMEOUT, "no worker printed a line for 2 s (--stall-timeout); ..."),
+], ids=["killed", "status 3", "server status 1", "start timeout", "stall timeout"])
+def test_a_failure_is_restarted_while_under_the_limit_and_stops_with_1_at_it(ending):
+    assert decide(ending, 0, 2) == Decision(True, None, f"restart 1 of 2: {ending.message}")
+    assert decide(ending, 1, 2) == Decision(True, None, f"restart 2 of 2: {ending.message}")
+    assert decide(ending, 2, 2) == Decision(False, 1, f"error: {ending.message}")
+    assert decide(ending, 0, 0) == Decision(False, 1, f"error: {ending.message}")   # the default: no restarts
+
+
+def test_the_restart_line_names_the_next_starts_workers():
+    assert decide(KILLED, 0, 3).restart_line(2) == ("restart 1 of 3: worker 1 (pid 7) was killed by SIGKILL; it "
+                                                    "printed nothing; starting 2 worker(s) again")
+
+
+def test_exit_status_2_is_never_restarted():
+    """Bad input fails the same way again, whichever process exited with it and however many restarts are left."""
+    bad = Ending(PROCESS_FAILED, "worker 0 (pid 7) exited with status 2; its last output: error: --lr ...", 2)
+    assert decide(bad, 0, 5) == Decision(False, 1, f"error: {bad.message}")
+
+
+@pytest.mark.parametrize("sig, status", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_an_interrupted_launcher_stops_with_128_plus_the_signal(sig, status):
+    ending = Ending(INTERRUPTED, f"interrupted by {sig.name}; stopped the 4 processes of the job", signum=sig)
+    assert decide(ending, 0, 3, interrupted=True) == Decision(False, status, f"error: {ending.message}")
+
+
+@pytest.mark.parametrize("ending", [KILLED, Ending(START_TIMEOUT, "did not start"), Ending(STALL_TIMEOUT, "stall")],
+                         ids=["killed", "start timeout", "stall timeout"])
+def test_nothing_is_restarted_once_the_launcher_was_interrupted(ending):
+    """A signal that arrived while the job failed (or while it was stopped) ends the launcher with the failure."""
+    assert decide(ending, 0, 3, interrupted=True) == Decision(False, 1, f"error: {ending.message}")
+
+
+@pytest.mark.parametrize("ending", [
+    Ending(NOT_STARTED, "worker 0 could not start: No such file or directory: 'no-such-command'"),
+    Ending(TOO_FEW_HOSTS, "only 1 host(s) available, -n asks for at least 2 (waited 60 s, --start-timeout)"),
+    Ending(BAD_DISCOVERY, "--host-discovery-script printed a bad line 1: 'a b' is not host or host:port ..."),
+], ids=["not started", "too few hosts", "bad discovery"])
+def test_what_a_restart_cannot_mend_stops_with_1(ending):
+    assert decide(ending, 0, 3) == Decision(False, 1, f"error: {ending.message}")
+
+
+@pytest.mark.parametrize("restarts, interrupted", [(0, False), (3, False), (1, True)])
+def test_success_stops_with_0_and_no_line(restarts, interrupted):
+    assert decide(Ending(SUCCESS), restarts, 3, interrupted) == Decision(False, 0, None)
+
+
+def test_an_unknown_ending_is_a_bug():
+    with pytest.raises(ValueError, match="ending.kind must be one of"):
+        decide(Ending("crashed", "?"), 0, 3)
+
+
+def _main_with(endings, monkeypatch, *flags):
+    """``main`` with fake jobs (no process started) whose starts end as ``endings`` says, in turn; returns the
+    exit status and each start's restart number."""
+    starts = []
+
+    class FakeJob:
+        def __init__(self, start, signals, watchdog):
+            starts.append(start)
+
+        def run(self):
+            ending = endings[len(starts) - 1]
+            if ending.kind == SUCCESS:
+                return ending
+            raise Failure(*ending)
+
+        def stop(self):
+            pass
+
+        def kill_now(self):
+            pass
+
+    class FakeWatchdog:
+        def close(self):
+            pass
+
+    monkeypatch.setattr(launch_cli, "Job", FakeJob)
+    monkeypatch.setattr(launch_cli, "Watchdog", FakeWatchdog)
+    status = launch_cli.main([*map(str, flags), "python", "x.py"])
+    return status, [start.restart for start in starts]
+
+
+def test_the_launcher_restarts_a_failed_start_as_the_policy_says(monkeypatch, capsys):
+    status, starts = _main_with([KILLED, Ending(SUCCESS)], monkeypatch, "-n", 2, "--max-restarts", 2)
+    assert (status, starts) == (0, [0, 1])
+    assert capsys.readouterr().err.splitlines() == [
+        "restart 1 of 2: worker 1 (pid 7) was killed by SIGKILL; it printed nothing; starting 2 worker(s) again"]
+
+
+def test_the_launcher_stops_at_max_restarts_with_the_last_error_as_its_last_line(monkeypatch, capsys):
+    status, starts = _main_with([KILLED] * 3, monkeypatch, "-n", 1, "--max-restarts", 2)
+    assert (status, starts) == (1, [0, 1, 2])
+    assert [line.split(":")[0] for line in capsys.readouterr().err.splitlines()] == [
+        "restart 1 of 2", "restart 2 of 2", "error"]
+
+
+@pytest.mark.parametrize("ending, status", [
+    (Ending(PROCESS_FAILED, "worker 0 (pid 7) exited with status 2; it printed nothing", 2), 1),
+    (Ending(INTERRUPTED, "interrupted by SIGTERM; stopped the 3 processes of the job", signum=signal.SIGTERM), 143),
+], ids=["status 2", "SIGTERM"])
+def test_the_launcher_does_not_restart_what_the_policy_stops(ending, status, monkeypatch, capsys):
+    assert _main_with([ending], monkeypatch, "-n", 1, "--max-restarts", 2) == (status, [0])
+    assert capsys.readouterr().err.splitlines() == [f"error: {ending.message}"]
+
 
 # Joins the job, sums every worker's 1 and prints what it saw; with argv[2] == "die", the worker of rank 1 on
 # the job's first start SIGKILLs itself after joining; with "exit N" every worker exits with N on every start.

@@ -1,0 +1,200 @@
+"""The command ``python -m parallel.launch``: its parser and argument types (``-n N|MIN:MAX``), ``check_args``,
+and ``main``, which starts the job and starts it again for as long as ``restarts.decide`` says."""
+import argparse
+import atexit
+import re
+import sys
+
+from ..cli import USAGE_STATUS, Parser, UsageError
+from .hosts import check_port, default_scheduler_host, free_port, parse_hostfile
+from .job import Job, Signals, plan_start, write_line
+from .restarts import Failure, decide
+from .watchdog import Watchdog
+
+__all__ = ["main", "build_parser", "check_args"]
+
+
+def build_parser():
+    """The argument parser of ``python -m parallel.launch``."""
+    parser = Parser(prog="python -m parallel.launch",
+                     description="Start a distributed MXNet kvstore job (scheduler, servers, workers) and watch it: "
+                                 "any process that fails, a start that does not complete, or a stall ends the "
+                                 "whole job with one error line.")
+    parser.add_argument("-n", "--num-workers", type=_worker_range, required=True, metavar="N|MIN:MAX",
+                        help="number of workers (>= 1), or MIN:MAX (torchrun's --nnodes): at every start, as many "
+                             "workers as there are available hosts (--host-discovery-script, or the hostfile's "
+                             "reachable hosts), at least MIN, at most MAX")
+    parser.add_argument("-s", "--num-servers", type=int, default=None,
+                        help="number of servers (>= 1); default: as many as workers")
+    parser.add_argument("--launcher", choices=["local", "ssh"], default="local",
+                        help="local: every process on this machine; ssh: workers and servers on the hostfile's "
+                             "hosts; default local")
+    parser.add_argument("-H", "--hostfile", default=None,
+                        help="ssh: a file with one host[:ssh port] a line (# comments and blank lines ignored)")
+    parser.add_argument("--env", action="append", default=[], metavar="NAME[:VALUE]",
+                        help="set NAME to VALUE for every worker and server, or pass NAME's value from this "
+                             "environment (needed for ssh, where only DMLC_* variables are sent); repeatable")
+    parser.add_argument("--ssh-option", action="append", default=[], metavar="KEY=VALUE",
+                        help="ssh: an option passed as 'ssh -o KEY=VALUE', e.g. IdentityFile=~/.ssh/id_job; "
+                             "repeatable")
+    parser.add_argument("--scheduler-host", default=None,
+                        help="ssh: the address of this machine the hosts can reach (default 127.0.0.1 when every "
+                             "host is local, else the address of this machine's host name)")
+    parser.add_argument("--port", type=int, default=None,
+                        help="the scheduler's port (default: a free port the launcher picks)")
+    parser.add_argument("--start-timeout", type=float, default=60.0, metavar="SEC",
+                        help="end the job unless every worker and server has connected to the scheduler within "
+                             "SEC seconds; default 60")
+    parser.add_argument("--stall-timeout", type=float, default=0.0, metavar="SEC",
+                        help="end the job when no worker has printed a line for SEC seconds; default 0 (off)")
+    parser.add_argument("--grace", type=float, default=5.0, metavar="SEC",
+                        help="when stopping processes: SIGTERM, then SIGKILL after SEC seconds; default 5")
+    parser.add_argument("--max-restarts", type=int, default=0, metavar="R",
+                        help="when a process of the job fails or dies, stop the job and start it again, up to R "
+                             "times (each worker gets PARALLEL_RESTART=r; python -m parallel.train then resumes "
+                             "from its --checkpoint-dir); a worker that exits with status 2 (its input cannot "
+                             "work) is not restarted; default 0")
+    parser.add_argument("--host-discovery-script", default=None, metavar="COMMAND",
+                        help="a shell command run at every start that prints the available hosts, one "
+                             "host[:ssh port] a line, one worker each (Horovod's elastic discovery); with "
+                             "--launcher local every host must be this machine")
+    parser.add_argument("command", nargs=argparse.REMAINDER,
+                        help="the command every worker runs, e.g. python my_kvstore_script.py --epochs 5")
+    return parser
+
+
+def check_args(args):
+    """Check parsed ``args`` (and the files and port they name); raise ``UsageError`` naming the flag.
+
+    Fills in ``args.num_servers`` (default: ``args.num_workers``), ``args.hosts`` (a list of
+    ``(host, ssh port or None)``), ``args.port`` (a free one when not given) and ``args.scheduler_host``.
+    """
+    if args.command[:1] == ["--"]:
+        args.command = args.command[1:]
+    args.min_workers, args.max_workers = args.num_workers
+    if args.min_workers < 1 or args.max_workers < args.min_workers:
+        raise UsageError(f"-n/--num-workers must be N >= 1 or MIN:MAX with 1 <= MIN <= MAX, got "
+                         f"{_format_range(args.num_workers)}")
+    args.num_workers = args.max_workers
+    args.elastic = args.min_workers < args.max_workers or args.host_discovery_script is not None
+    args.fixed_servers = args.num_servers is not None
+    if args.num_servers is None:
+        args.num_servers = args.num_workers
+    if args.max_restarts < 0:
+        raise UsageError(f"--max-restarts must be >= 0, got {args.max_restarts}")
+    if args.host_discovery_script is not None and args.hostfile is not None:
+        raise UsageError("give -H/--hostfile or --host-discovery-script, not both: the script names the hosts")
+    if args.host_discovery_script is not None and not args.host_discovery_script.strip():
+        raise UsageError("--host-discovery-script needs a command, got an empty string")
+    if args.num_servers < 1:
+        raise UsageError(f"-s/--num-servers must be >= 1 (MXNet's dist kvstores need a server), "
+                         f"got {args.num_servers}")
+    if not args.command:
+        raise UsageError("no command given: put the command every worker runs after the options, "
+                         "e.g. python -m parallel.launch -n 2 python my_kvstore_script.py")
+    if not args.start_timeout > 0:
+        raise UsageError(f"--start-timeout must be > 0 seconds, got {args.start_timeout}")
+    if not args.stall_timeout >= 0:
+        raise UsageError(f"--stall-timeout must be >= 0 seconds (0 turns it off), got {args.stall_timeout}")
+    if not args.grace >= 0:
+        raise UsageError(f"--grace must be >= 0 seconds, got {args.grace}")
+    for item in args.env:
+        name = item.split(":", 1)[0]
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+            raise UsageError(f"--env {item!r}: {name!r} is not an environment variable name")
+    for option in args.ssh_option:
+        if not re.fullmatch(r"[A-Za-z]+=.*", option):
+            raise UsageError(f"--ssh-option {option!r} is not KEY=VALUE, e.g. IdentityFile=~/.ssh/id_job")
+    if args.launcher == "ssh":
+        if args.hostfile is None and args.host_discovery_script is None:
+            raise UsageError("--launcher ssh needs -H/--hostfile, a file with one host[:port] a line (or "
+                             "--host-discovery-script)")
+        args.hosts = parse_hostfile(args.hostfile) if args.hostfile is not None else []
+        if args.scheduler_host is None and args.hostfile is None:
+            raise UsageError("--host-discovery-script with --launcher ssh needs --scheduler-host, an address of "
+                             "this machine the hosts can reach")
+        args.scheduler_host = args.scheduler_host or default_scheduler_host(args.hosts)
+    else:
+        for flag, value in (("-H/--hostfile", args.hostfile), ("--ssh-option", args.ssh_option or None),
+                            ("--scheduler-host", args.scheduler_host)):
+            if value is not None:
+                raise UsageError(f"{flag} applies to --launcher ssh; add --launcher ssh to run on other hosts")
+        args.hosts, args.scheduler_host = [("127.0.0.1", None)], "127.0.0.1"
+    args.fresh_port = args.port is None   # a restarted job gets a fresh port too
+    if args.port is None:
+        args.port = free_port()
+    else:
+        check_port(args.port)
+
+
+def _worker_range(text):
+    """``-n``: ``N`` or ``MIN:MAX`` as ``(MIN, MAX)``.
+
+    >>> _worker_range("3"), _worker_range("1:4")
+    ((3, 3), (1, 4))
+    """
+    low, sep, high = text.partition(":")
+    try:
+        return (int(low), int(high)) if sep else (int(low), int(low))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of workers N or a range MIN:MAX") from None
+
+
+def _format_range(bounds):
+    low, high = bounds
+    return str(low) if low == high else f"{low}:{high}"
+
+
+def main(argv=None):
+    """Entry point of ``python -m parallel.launch``; returns the process exit status.
+
+    0 when every worker exited with 0; 1 with one ``error:`` line on stderr when a process failed, the job did
+    not start within ``--start-timeout`` or stalled (after ``--max-restarts`` restarts, one line each); 2 with
+    one ``error:`` line for input that cannot work; 130 or 143 after Ctrl-C or SIGTERM. In every case the
+    processes it started are gone when it returns, and if the launcher itself is killed, its watchdog ends them.
+    """
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        args = build_parser().parse_args(argv)
+        check_args(args)
+    except UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return USAGE_STATUS
+    watchdog = Watchdog()
+    jobs = []
+    def kill_now():   # atexit backstop: SIGKILL whatever is still running (the launcher is going away)
+        for job in jobs:
+            job.kill_now()
+    atexit.register(kill_now)
+    try:
+        with Signals() as signals:
+            return _run(args, signals, watchdog, jobs)
+    finally:
+        atexit.unregister(kill_now)
+        watchdog.close()
+
+
+def _run(args, signals, watchdog, jobs):
+    """Start the job, and again after each start that ``restarts.decide`` restarts; returns the exit status.
+    Every start is stopped before the next line is printed, so that an error is the last line."""
+    restarts, decision = 0, None
+    while True:
+        job = None
+        try:
+            start = plan_start(args, restarts, signals)
+            if decision is not None:
+                write_line("stderr", decision.restart_line(start.num_workers))
+            job = Job(start, signals, watchdog)
+            jobs.append(job)
+            ending = job.run()
+        except Failure as e:
+            ending = e.ending
+        finally:
+            if job is not None:
+                job.stop()   # also when the launcher itself fails; a no-op when everything is stopped
+        decision = decide(ending, restarts, args.max_restarts, interrupted=signals.signum is not None)
+        if not decision.restart:
+            if decision.line is not None:
+                write_line("stderr", decision.line)
+            return decision.status
+        restarts += 1

@@ -1,0 +1,279 @@
+"""One start of the launcher's job: its plan (workers, hosts, port), its processes started and supervised (each
+line they print forwarded with its process's name; a failed process, the start and stall timeouts, SIGINT or
+SIGTERM to the launcher end it), and stopping them. How a start ended is raised as a ``restarts.Failure``."""
+import argparse
+import collections
+import os
+import queue
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+from .hosts import available_slots, free_port
+from .processes import GROUP_GONE_SECONDS, kill_group, plan_processes, user_wants_ps_log, wait_group_gone
+from .restarts import (INTERRUPTED, NOT_STARTED, PROCESS_FAILED, STALL_TIMEOUT, START_TIMEOUT, SUCCESS,
+                       TOO_FEW_HOSTS, Ending, Failure)
+
+__all__ = ["START_LINE", "Job", "Signals", "plan_start", "write_line", "describe_status"]
+
+#: What ps-lite's scheduler logs (on stderr, with ``PS_VERBOSE`` >= 1) once every node has registered:
+#: ``... van.cc:97: the scheduler is connected to 2 workers and 1 servers``.
+START_LINE = re.compile(r"the scheduler is connected to (\d+) workers and (\d+) servers")
+
+# With PS_VERBOSE=2 the scheduler also logs each registration it receives, which tells who is missing:
+# "... van.cc:419: ? => 1. Meta: request=0, timestamp=0, control={ cmd=ADD_NODE, node={ role=worker, ip=..., port=..."
+_REGISTRATION = re.compile(r"=> 1\. Meta: .*cmd=ADD_NODE, node=\{ role=(\w+), ip=([^,]+), port=(\d+)")
+# The rest of its PS_VERBOSE=2 log (binding, ranks, barriers, messages, stopping): hidden unless the user set
+# PS_VERBOSE, since the launcher sets it only to watch the start.
+_PS_CHATTER = re.compile(r"ps-lite/src/[\w./]+:\d+: (Bind to |assign rank=|Barrier count |\S+ => \S+\. Meta: |"
+                         r"H\[\d+\] is stopp)")
+# ssh's own note when a -tt session ends.
+_SSH_CLOSED = re.compile(r"^Connection to \S+ closed\.$")
+
+_TAIL_LINES = 20
+_READER_JOIN_SECONDS = 2.0
+
+
+def describe_status(returncode):
+    """``exited with status 3`` or ``was killed by SIGKILL``.
+
+    >>> describe_status(3), describe_status(-9)
+    ('exited with status 3', 'was killed by SIGKILL')
+    """
+    if returncode >= 0:
+        return f"exited with status {returncode}"
+    try:
+        return f"was killed by {signal.Signals(-returncode).name}"
+    except ValueError:
+        return f"was killed by signal {-returncode}"
+
+
+class _Child:
+    """A started process: the thread that reaps it, the threads that forward its output, its last lines."""
+
+    def __init__(self, spec, job):
+        self.spec, self.job = spec, job
+        self.tail = collections.deque(maxlen=_TAIL_LINES)
+        self.done = threading.Event()
+        self.returncode = None
+        env = None if spec.host is not None else dict(os.environ, **spec.env)
+        self.process = subprocess.Popen(spec.argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                        stderr=subprocess.PIPE, start_new_session=True)
+        self.pid = self.process.pid
+        job.watchdog.watch(self.pid)
+        self.readers = [threading.Thread(target=self._forward, args=(pipe, out), daemon=True)
+                        for pipe, out in ((self.process.stdout, "stdout"), (self.process.stderr, "stderr"))]
+        for reader in self.readers:
+            reader.start()
+        threading.Thread(target=self._reap, daemon=True).start()
+
+    def describe(self):
+        where = f", ssh to {self.spec.host}" if self.spec.host is not None else ""
+        return f"{self.spec.name} (pid {self.pid}{where})"
+
+    def _forward(self, pipe, out):
+        prefix = f"[{self.spec.name}] "
+        is_scheduler = self.spec.role == "scheduler"
+        for raw in iter(pipe.readline, b""):
+            line = raw.decode("utf-8", "replace").rstrip("\r\n")
+            if is_scheduler and self.job.watch_line(line):
+                continue
+            if self.spec.host is not None and _SSH_CLOSED.match(line):
+                continue
+            if self.spec.role == "worker":
+                self.job.last_worker_line = time.monotonic()
+            self.tail.append(line)
+            self.job.write(out, prefix + line)
+        pipe.close()
+
+    def _reap(self):
+        self.returncode = self.process.wait()
+        kill_group(self.pid, signal.SIGKILL)   # anything it left in its group (the group id is still reserved)
+        wait_group_gone(self.pid)
+        self.job.watchdog.forget(self.pid)
+        for reader in self.readers:
+            reader.join(_READER_JOIN_SECONDS)
+        self.done.set()
+        self.job.exits.put(self)
+
+
+_WRITE_LOCK = threading.Lock()
+
+
+def write_line(out, line):
+    """One line to stdout or stderr (``out``), whole (the reader threads write at once)."""
+    with _WRITE_LOCK:
+        stream = sys.stdout if out == "stdout" else sys.stderr
+        try:
+            stream.write(line + "\n")
+            stream.flush()
+        except (OSError, ValueError):   # our output is gone (a closed pipe): keep draining the children
+            pass
+
+
+class Job:
+    """The processes of one start of the job and the watch over them (``run``)."""
+
+    def __init__(self, args, signals, watchdog):
+        self.args, self.signals, self.watchdog = args, signals, watchdog
+        self.children = []
+        self.exits = queue.SimpleQueue()
+        self.connected = threading.Event()
+        self.registered = {"worker": set(), "server": set()}
+        self.last_worker_line = time.monotonic()
+        self.quiet_scheduler = not user_wants_ps_log()
+
+    def write(self, out, line):
+        write_line(out, line)
+
+    def watch_line(self, line):
+        """Note what the scheduler's log says; True if the line is ps-lite chatter not to forward."""
+        if not self.connected.is_set():
+            found = _REGISTRATION.search(line)
+            if found and found.group(1) in self.registered:
+                self.registered[found.group(1)].add((found.group(2), found.group(3)))
+            if START_LINE.search(line):
+                self.connected.set()
+                return False
+        return self.quiet_scheduler and bool(_PS_CHATTER.search(line))
+
+    def start(self):
+        for spec in plan_processes(self.args):
+            try:
+                self.children.append(_Child(spec, self))
+            except OSError as e:
+                message = f"{spec.name} could not start: {e.strerror or e}: {spec.argv[0]!r}"
+                raise Failure(NOT_STARTED, message) from None
+
+    def run(self):
+        """Start the processes and watch them until the job ends; returns ``Ending(SUCCESS)`` or raises
+        ``Failure``."""
+        args = self.args
+        started = time.monotonic()
+        self.start()
+        workers = [c for c in self.children if c.spec.role == "worker"]
+        while True:
+            try:
+                child = self.exits.get(timeout=0.1)
+            except queue.Empty:
+                child = None
+            if self.signals.signum is not None:
+                name = signal.Signals(self.signals.signum).name
+                raise Failure(INTERRUPTED, f"interrupted by {name}; stopped the {len(self.children)} processes of "
+                                           "the job", signum=self.signals.signum)
+            if child is not None and child.returncode != 0:
+                raise self._child_failure(child)
+            if all(w.done.is_set() for w in workers):
+                return self._wind_down()
+            now = time.monotonic()
+            if not self.connected.is_set() and now - started > args.start_timeout:
+                raise Failure(START_TIMEOUT, self._start_timeout_message())
+            if args.stall_timeout and now - self.last_worker_line > args.stall_timeout:
+                raise Failure(STALL_TIMEOUT, f"no worker printed a line for {args.stall_timeout:g} s "
+                                             "(--stall-timeout); the job is stuck or silent (a worker waiting for "
+                                             "a dead or hung peer never returns)")
+
+    def _wind_down(self):
+        """Every worker exited with 0: the servers and scheduler get ``--grace`` seconds to exit by themselves
+        (none if the job never connected: they would wait forever), then they are stopped."""
+        deadline = time.monotonic() + (self.args.grace if self.connected.is_set() else 0)
+        while time.monotonic() < deadline and not all(c.done.is_set() for c in self.children):
+            try:
+                child = self.exits.get(timeout=0.1)
+            except queue.Empty:
+                continue
+            if child.returncode != 0:
+                raise self._child_failure(child)
+        return Ending(SUCCESS)
+
+    def _child_failure(self, child):
+        """The failure of ``child``, with its status (``restarts.decide`` restarts it unless that is 2)."""
+        return Failure(PROCESS_FAILED, self._failure_message(child), returncode=child.returncode)
+
+    def _failure_message(self, child):
+        lines = [line.strip() for line in child.tail if line.strip()]
+        output = f"its last output: {' | '.join(lines)}" if lines else "it printed nothing"
+        return f"{child.describe()} {describe_status(child.returncode)}; {output}"
+
+    def _start_timeout_message(self):
+        args = self.args
+        heard = {role: len(nodes) for role, nodes in self.registered.items()}
+        wanted = {"worker": args.num_workers, "server": args.num_servers}
+        missing = [f"{wanted[r] - heard[r]} {r}{'s' if wanted[r] - heard[r] > 1 else ''}"
+                   for r in ("worker", "server") if heard[r] < wanted[r]]
+        counts = (f"the scheduler heard from {heard['worker']} of {wanted['worker']} workers and "
+                  f"{heard['server']} of {wanted['server']} servers")
+        which = f"; missing: {' and '.join(missing)}" if missing and self.quiet_scheduler else ""
+        if not self.quiet_scheduler:   # the user's PS_VERBOSE may not log registrations: counts unknown
+            counts = "ps-lite's scheduler did not report every node connected"
+        return (f"the job did not start within {args.start_timeout:g} s (--start-timeout): {counts}{which}; "
+                f"a process that never calls mx.kv.create, or a host that cannot reach the scheduler at "
+                f"{args.scheduler_host}:{args.port}, stalls every other")
+
+    def stop(self):
+        """SIGTERM every process group still running, SIGKILL after ``--grace`` seconds; wait until reaped."""
+        running = [c for c in self.children if not c.done.is_set()]
+        for child in running:
+            kill_group(child.pid, signal.SIGTERM)
+        deadline = time.monotonic() + self.args.grace
+        for child in running:
+            child.done.wait(max(0.0, deadline - time.monotonic()))
+        for child in running:
+            if not child.done.is_set():
+                kill_group(child.pid, signal.SIGKILL)
+        for child in running:
+            child.done.wait(_READER_JOIN_SECONDS + GROUP_GONE_SECONDS + 5)
+
+    def kill_now(self):
+        """``atexit`` backstop: SIGKILL whatever is still running (the launcher is going away)."""
+        for child in self.children:
+            if not child.done.is_set():
+                kill_group(child.pid, signal.SIGKILL)
+
+
+class Signals:
+    """While active, SIGINT and SIGTERM only record themselves in ``signum``; the job's loop stops the job."""
+
+    def __init__(self):
+        self.signum, self.previous = None, {}
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self.previous[sig] = signal.signal(sig, self._record)
+        return self
+
+    def _record(self, signum, frame):
+        if self.signum is None:
+            self.signum = signum
+
+    def __exit__(self, *exc):
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+
+
+def plan_start(args, restart, signals):
+    """The arguments of one start of the job: its number of workers and servers, its hosts, its port. With
+    ``-n MIN:MAX``, waits (up to ``--start-timeout``) for at least MIN available hosts."""
+    start = argparse.Namespace(**vars(args))
+    start.restart = restart
+    if restart and args.fresh_port:
+        start.port = free_port()
+    deadline = time.monotonic() + args.start_timeout
+    while True:
+        slots = available_slots(args)
+        if slots is None or len(slots) >= args.min_workers:
+            break
+        if time.monotonic() > deadline or signals.signum is not None:
+            raise Failure(TOO_FEW_HOSTS, f"only {len(slots)} host(s) available, -n asks for at least "
+                                         f"{args.min_workers} (waited {args.start_timeout:g} s, --start-timeout)")
+        time.sleep(1.0)
+    if slots is not None:
+        start.num_workers = min(args.max_workers, len(slots))
+        start.hosts = slots[:start.num_workers]
+        if not args.fixed_servers:
+            start.num_servers = start.num_workers
+    return start

@@ -1,0 +1,134 @@
+"""The launcher's restart policy (``--max-restarts``), a pure function: given what ended one start of the job,
+start it again or stop, and with which exit status and line. No processes, no I/O.
+
+A start of the job ends in one of these ways, its ``Ending.kind``:
+
+- ``SUCCESS``: every worker exited with 0;
+- ``PROCESS_FAILED``: a process of the job exited with a non-zero status or died from a signal (``returncode``
+  as ``subprocess`` gives it: -9 for SIGKILL);
+- ``NOT_STARTED``: a process could not be started (its command does not exist, ...);
+- ``START_TIMEOUT``, ``STALL_TIMEOUT``: ``--start-timeout`` or ``--stall-timeout`` ran out;
+- ``INTERRUPTED``: the launcher itself got SIGINT or SIGTERM (``signum``);
+- ``TOO_FEW_HOSTS``: with ``-n MIN:MAX``, fewer than MIN hosts were available within ``--start-timeout``;
+- ``BAD_DISCOVERY``: the ``--host-discovery-script`` printed a bad line, or another host with ``--launcher local``.
+
+``decide`` restarts a process that failed (unless it exited with ``USAGE_STATUS``, 2: its input cannot work and
+would fail the same way again) and the two timeouts, while fewer than ``--max-restarts`` restarts were made and
+the launcher itself was not interrupted; anything else stops the launcher with 0 (success), 128 + the signal's
+number (interrupted: 130 for SIGINT, 143 for SIGTERM) or 1, and the ``error:`` line. The launcher's loop
+(``parallel.launch.cli.main``) calls it after every start and does what it says.
+"""
+from typing import NamedTuple, Optional
+
+from ..cli import USAGE_STATUS
+
+__all__ = ["SUCCESS", "PROCESS_FAILED", "NOT_STARTED", "START_TIMEOUT", "STALL_TIMEOUT", "INTERRUPTED",
+           "TOO_FEW_HOSTS", "BAD_DISCOVERY", "KINDS", "Ending", "Failure", "Decision", "decide"]
+
+SUCCESS = "success"
+PROCESS_FAILED = "process failed"
+NOT_STARTED = "not started"
+START_TIMEOUT = "start timeout"
+STALL_TIMEOUT = "stall timeout"
+INTERRUPTED = "interrupted"
+TOO_FEW_HOSTS = "too few hosts"
+BAD_DISCOVERY = "bad discovery"
+#: Every way a start of the job can end.
+KINDS = (SUCCESS, PROCESS_FAILED, NOT_STARTED, START_TIMEOUT, STALL_TIMEOUT, INTERRUPTED, TOO_FEW_HOSTS,
+         BAD_DISCOVERY)
+
+
+class Ending(NamedTuple):
+    """What ended one start of the job.
+
+    Attributes
+    ----------
+    kind : str
+        One of ``KINDS``.
+    message : str
+        What happened, as the launcher prints it (``worker 1 (pid N) was killed by SIGKILL; ...``); empty for
+        ``SUCCESS``.
+    returncode : int or None
+        ``PROCESS_FAILED``: the process's exit status, or minus the signal that killed it.
+    signum : int or None
+        ``INTERRUPTED``: the signal the launcher got.
+    """
+    kind: str
+    message: str = ""
+    returncode: Optional[int] = None
+    signum: Optional[int] = None
+
+
+class Failure(Exception):
+    """Raised where a start of the job ends badly; ``ending`` says how, and the message is the ending's."""
+
+    def __init__(self, kind, message, returncode=None, signum=None):
+        super().__init__(message)
+        self.ending = Ending(kind, message, returncode, signum)
+
+
+class Decision(NamedTuple):
+    """What the launcher does once a start of the job has ended (``decide``).
+
+    Attributes
+    ----------
+    restart : bool
+        Start the job again.
+    status : int or None
+        When stopping, the launcher's exit status; None when restarting.
+    line : str or None
+        When stopping, the ``error: ...`` line the launcher prints last (None after a success). When restarting,
+        ``restart r of R: <what ended the start>``, which ``restart_line`` completes once the next start's
+        number of workers is known.
+    """
+    restart: bool
+    status: Optional[int]
+    line: Optional[str]
+
+    def restart_line(self, num_workers):
+        """The line that announces a restart of ``num_workers`` workers."""
+        return f"{self.line}; starting {num_workers} worker(s) again"
+
+
+def _restartable(ending):
+    """Whether a start that ended so may be tried again: a failed process (but for exit status 2, bad input)
+    and the two timeouts."""
+    if ending.kind == PROCESS_FAILED:
+        return ending.returncode != USAGE_STATUS
+    return ending.kind in (START_TIMEOUT, STALL_TIMEOUT)
+
+
+def decide(ending, restarts, max_restarts, interrupted=False):
+    """Restart the job, or stop the launcher (with which status and line), after a start of it ended.
+
+    Parameters
+    ----------
+    ending : Ending
+        What ended the start.
+    restarts : int
+        How many restarts were made before this start (0 for the first start).
+    max_restarts : int
+        ``--max-restarts``.
+    interrupted : bool
+        Whether the launcher got SIGINT or SIGTERM (which ends the job whatever ended this start).
+
+    Returns
+    -------
+    Decision
+
+    Examples
+    --------
+    >>> failed = Ending(PROCESS_FAILED, "worker 1 (pid 7) was killed by SIGKILL; it printed nothing", -9)
+    >>> decide(failed, 0, 3).restart_line(2)
+    'restart 1 of 3: worker 1 (pid 7) was killed by SIGKILL; it printed nothing; starting 2 worker(s) again'
+    >>> decide(failed, 3, 3)
+    Decision(restart=False, status=1, line='error: worker 1 (pid 7) was killed by SIGKILL; it printed nothing')
+    """
+    if ending.kind not in KINDS:
+        raise ValueError(f"ending.kind must be one of {', '.join(KINDS)}, got {ending.kind!r}")
+    if ending.kind == SUCCESS:
+        return Decision(False, 0, None)
+    if _restartable(ending) and restarts < max_restarts and not interrupted:
+        return Decision(True, None, f"restart {restarts + 1} of {max_restarts}: {ending.message}")
+    status = 128 + ending.signum if ending.kind == INTERRUPTED else 1
+    return Decision(False, status, f"error: {ending.message}")
