@@ -96,7 +96,7 @@ class Worker:
                     p.attach_grad()
                 device_params.append(params)
             return lambda: parallel.train_batch(X, y, device_params, ctx_list, lr, net=parallel.lenet,
-                                                algorithm="naive")
+                                                reducer="naive")
         _, algorithm, *rest = variant.split("/")
         # the default network of train_batch, or the op-by-op lenet (".../imperative") or the cached graph
         # (".../cached") explicitly

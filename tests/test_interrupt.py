@@ -17,20 +17,18 @@ STUCK = """
 import ctypes, sys, threading
 import mxnet as mx
 import parallel.train_steps as steps
-from parallel.threads import _ContextHandle, _ENGINE_SYNC_FUNC
+from parallel.engine import ENGINE_SYNC_FUNC, push_sync
 from parallel.train import main
 
 never = threading.Event()
 
-@_ENGINE_SYNC_FUNC
+@ENGINE_SYNC_FUNC
 def block(run_context, param):
     never.wait()
 
 def stuck_step(X, y, lr=None, optimizer=None, accumulate=1):
     out = mx.nd.zeros((1,), ctx=mx.cpu(0))
-    handle = _ContextHandle(out.context.device_typeid, out.context.device_id)
-    mx.base.check_call(mx.base._LIB.MXEnginePushSyncND(
-        block, None, None, ctypes.byref(handle), None, 0, ctypes.byref(out.handle), 1, None, 0, None))
+    push_sync(block, out.context, writes=[out])
     return out, out
 
 def stuck_strategy(*args, **kwargs):

@@ -260,7 +260,9 @@ class DataParallel:
         if isinstance(self._net, GluonNet) and self._net.has_batchnorm and len(self.ctx_list) > 1:
             line += ", BatchNorm over the whole batch" if self._net.sync_batchnorm else ", BatchNorm per context"
         if self.job is not None:
-            line += f", over {self.job.num_workers} worker(s) through the {self.job.kv.type} kvstore"
+            line += f", then over {self.job.num_workers} worker(s) through the {self.job.kv.type} kvstore"
+            if self.reducer.codec is not None:
+                line += f" as {self.reducer.codec.spec} payloads"
             if self.aux():
                 line += " (BatchNorm statistics per worker)"
         return line
