@@ -2,7 +2,7 @@
 
 Run::
 
-    OMP_NUM_THREADS=1 python benchmarks/overlap.py                       # everything, about 40 minutes on 2 cores
+    OMP_NUM_THREADS=1 python benchmarks/overlap.py                       # everything, about 15 minutes on 2 cores
     python benchmarks/overlap.py --parts process --models lenet --rounds 1 --steps 3   # a smoke test
 
 Every measurement is a fresh process (MXNet reads its engine settings when it starts) that trains ``--steps``
@@ -188,9 +188,10 @@ def main(argv=None):
             samples[i]["buckets"] = result["buckets"]
     rows = _rows([dict(config, **samples[i]) for i, config in enumerate(configs)])
     print_tables(rows)
+    from parallel.files import atomic_write
     os.makedirs(opts.out, exist_ok=True)
     path = os.path.join(opts.out, "overlap.json")
-    with open(path, "w") as f:
+    with atomic_write(path) as f:
         json.dump({"rows": rows, "threads": opts.threads, "rounds": opts.rounds, "steps": opts.steps,
                    "command": "python benchmarks/overlap.py " + " ".join(argv or sys.argv[1:])}, f, indent=1)
     print(f"\nwrote {path}")

@@ -74,8 +74,9 @@ def build(network, method, ctx_list, batch_size, lr=0.05):
         block.collect_params().reset_ctx(ctx_list)
         block.hybridize(static_alloc=True, static_shape=True)
         kvstore = "device"
-        if method.startswith("trainer/kv="):   # trainer/kv=ALG[/reduce+update]
-            kvstore = parallel.AllreduceKVStore(method.split("=")[1].split("/")[0])
+        if method.startswith("trainer/kv="):   # trainer/kv=ALG[@BUCKET_MB][/reduce+update]
+            algorithm, _, bucket_mb = method.split("=")[1].split("/")[0].partition("@")
+            kvstore = parallel.AllreduceKVStore(algorithm, bucket_mb=float(bucket_mb) if bucket_mb else 25)
         trainer = gluon.Trainer(block.collect_params(), "sgd", {"learning_rate": lr}, kvstore=kvstore)
         loss = gluon.loss.SoftmaxCrossEntropyLoss()
 
@@ -262,8 +263,9 @@ def main(argv=None):
     parser.add_argument("--buckets", type=int, default=8,
                         help="gradient buckets of the overlap measurement (K > 1); default 8")
     parser.add_argument("--kvstores", default="",
-                        help="compare gluon.Trainer with parallel.AllreduceKVStore(ALG) for these comma-separated "
-                             "algorithms against kvstore='device' instead (writes trainer_kvstore.json)")
+                        help="compare gluon.Trainer with parallel.AllreduceKVStore(ALG, bucket_mb=MB) for these comma-separated "
+                             "ALG[@MB] (MB default 25) against kvstore='device' instead (writes "
+                             "trainer_kvstore.json)")
     parser.add_argument("--quick", action="store_true", help="smoke test: K=1,2, 2 repeats of 1 step, batch 4")
     parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"),
                         help="directory for trainer.json; default benchmarks/results")
@@ -271,7 +273,7 @@ def main(argv=None):
     args.networks = args.networks.split(",")
     args.kvstores = [a for a in args.kvstores.split(",") if a]
     from parallel.comm import ALGORITHMS
-    if not set(args.kvstores) <= set(ALGORITHMS):
+    if not {a.partition("@")[0] for a in args.kvstores} <= set(ALGORITHMS):
         parser.error(f"--kvstores takes {', '.join(ALGORITHMS)}, got {','.join(args.kvstores)!r}")
     if not set(args.networks) <= {"lenet", "resnet18"} or not args.networks:
         parser.error(f"--networks takes lenet and/or resnet18, got {','.join(args.networks)!r}")
