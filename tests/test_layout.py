@@ -1,5 +1,6 @@
 """The house rules of the package's layout, checked: every module says what it holds, no function is long, the
-registries need no MXNet, and the commands take their choices from the registries."""
+registries need no MXNet, the commands take their choices from the registries, and no public function takes
+more than ``MAX_PARAMETERS`` parameters."""
 import ast
 import os
 import sys
@@ -14,6 +15,9 @@ MODULES = sorted(os.path.relpath(os.path.join(d, n), ROOT) for d, _, names in os
 
 #: The most lines of code (not counting docstrings, comments and blank lines) a function may have.
 MAX_FUNCTION_LINES = 60
+
+#: The most parameters (not counting ``self`` and ``cls``) a public function or method may take.
+MAX_PARAMETERS = 10
 
 
 def _code_lines(source, node):
@@ -139,3 +143,40 @@ def test_imports_flow_one_way():
                     if _node(a) != _node(b) and layer[_node(b)] >= layer[_node(a)])
     assert not upward, "imports against the direction:\n" + "\n".join(upward)
     assert ("parallel.comm.reducer", "parallel.job") in edges   # the graph is really read
+
+
+def _public_functions(tree):
+    """``(name, node)`` of every public function of a module's tree: its own, and the methods (and ``__init__``) of
+    its public classes."""
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and not node.name.startswith("_"):
+            yield node.name, node
+        elif isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
+            for item in node.body:
+                if (isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef))
+                        and (not item.name.startswith("_") or item.name == "__init__")):
+                    yield f"{node.name}.{item.name}", item
+
+
+def _parameters(node):
+    a = node.args
+    names = [arg.arg for arg in a.posonlyargs + a.args + a.kwonlyargs] + [
+        arg.arg for arg in (a.vararg, a.kwarg) if arg is not None]
+    return [name for name in names if name not in ("self", "cls")]
+
+
+def test_no_public_function_takes_more_than_ten_parameters():
+    too_many = []
+    for module in MODULES:
+        with open(os.path.join(ROOT, module)) as f:
+            tree = ast.parse(f.read())
+        too_many += [f"{module}: {name} takes {len(_parameters(node))}"
+                     for name, node in _public_functions(tree) if len(_parameters(node)) > MAX_PARAMETERS]
+    assert not too_many, "group the options into one object (as RunConfig does): " + "; ".join(too_many)
+
+
+def test_the_parameter_count_sees_every_kind_of_parameter():
+    tree = ast.parse("def f(a, /, b, *c, d, **e): pass\nclass K:\n    def __init__(self, x): pass\n"
+                     "    def _hidden(self, y): pass\n")
+    found = {name: _parameters(node) for name, node in _public_functions(tree)}
+    assert found == {"f": ["a", "b", "d", "c", "e"], "K.__init__": ["x"]}
