@@ -306,10 +306,11 @@ def job_env(args):
     the MXNet engine settings ``python -m parallel.train`` sets (``parallel.engine_settings``: 64 scratch copies,
     backward bulks of 2; a value already in the environment is kept), so that Horovod's workers run MXNet's engine
     as ours do."""
-    from parallel.threads import BACKWARD_BULK, CPU_TEMP_COPIES   # plain constants: imports no MXNet
+    from parallel.threads import engine_settings   # imports no MXNet
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    env.setdefault("MXNET_CPU_TEMP_COPY", str(CPU_TEMP_COPIES))
-    env.setdefault("MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN_BWD", str(BACKWARD_BULK))
+    for name, value in engine_settings().items():
+        if name != "OMP_NUM_THREADS":   # --threads sets it below
+            env.setdefault(name, value)
     env["PYTHONPATH"] = os.pathsep.join([ROOT] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     if args.threads:
         env["OMP_NUM_THREADS"] = str(args.threads)

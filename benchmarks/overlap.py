@@ -33,13 +33,16 @@ import subprocess
 import sys
 import time
 
+from parallel.files import atomic_write
+from parallel.threads import engine_settings
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER_FLAG = "--worker"
 BATCH = {"lenet": 256, "resnet18": 32}
 SMALL = {"lenet": 0.1, "resnet18": 5}
 SWEEP = {"lenet": [None, 25, 0.5, 0.1, 0.02, 0.004], "resnet18": [None, 100, 25, 10, 5, 1]}
 #: The engine settings (``parallel.engine_settings`` but the threads), on and off.
-ENGINE = {"MXNET_CPU_TEMP_COPY": "64", "MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN_BWD": "2"}
+ENGINE = {name: value for name, value in engine_settings().items() if name != "OMP_NUM_THREADS"}
 DEFAULTS = {"MXNET_CPU_TEMP_COPY": "4", "MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN_BWD": "15"}
 SHAPE = "ip link set lo up && tc qdisc add dev lo root tbf rate 1gbit burst 128kb latency 200ms"
 
@@ -188,7 +191,6 @@ def main(argv=None):
             samples[i]["buckets"] = result["buckets"]
     rows = _rows([dict(config, **samples[i]) for i, config in enumerate(configs)])
     print_tables(rows)
-    from parallel.files import atomic_write
     os.makedirs(opts.out, exist_ok=True)
     path = os.path.join(opts.out, "overlap.json")
     with atomic_write(path) as f:

@@ -60,6 +60,7 @@ def build(network, method, ctx_list, batch_size, lr=0.05):
     from mxnet import autograd, gluon
 
     import parallel
+    from parallel.comm import DEFAULT_BUCKET_MB
     from parallel.export import to_gluon
 
     rng = np.random.RandomState(0)
@@ -76,7 +77,8 @@ def build(network, method, ctx_list, batch_size, lr=0.05):
         kvstore = "device"
         if method.startswith("trainer/kv="):   # trainer/kv=ALG[@BUCKET_MB][/reduce+update]
             algorithm, _, bucket_mb = method.split("=")[1].split("/")[0].partition("@")
-            kvstore = parallel.AllreduceKVStore(algorithm, bucket_mb=float(bucket_mb) if bucket_mb else 25)
+            kvstore = parallel.AllreduceKVStore(algorithm,
+                                                bucket_mb=float(bucket_mb) if bucket_mb else DEFAULT_BUCKET_MB)
         trainer = gluon.Trainer(block.collect_params(), "sgd", {"learning_rate": lr}, kvstore=kvstore)
         loss = gluon.loss.SoftmaxCrossEntropyLoss()
 
@@ -263,8 +265,8 @@ def main(argv=None):
     parser.add_argument("--buckets", type=int, default=8,
                         help="gradient buckets of the overlap measurement (K > 1); default 8")
     parser.add_argument("--kvstores", default="",
-                        help="compare gluon.Trainer with parallel.AllreduceKVStore(ALG, bucket_mb=MB) for these comma-separated "
-                             "ALG[@MB] (MB default 25) against kvstore='device' instead (writes "
+                        help="compare gluon.Trainer with parallel.AllreduceKVStore(ALG, bucket_mb=MB) for these "
+                             "comma-separated ALG[@MB] (MB default 25) against kvstore='device' instead (writes "
                              "trainer_kvstore.json)")
     parser.add_argument("--quick", action="store_true", help="smoke test: K=1,2, 2 repeats of 1 step, batch 4")
     parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"),
