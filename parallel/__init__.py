@@ -46,6 +46,8 @@ _SOURCES = {
     "config": ["RunConfig"],
     "export": ["export_lenet", "export_gluon", "to_gluon", "lenet_symbol"],
     "job": ["join", "Job", "broadcast_params", "allreduce_across"],
+    "uneven": ["Join"],
+    "flight": ["FlightRecorder"],
     "compress": ["COMPRESSIONS", "parse_compression"],
     "compress.registry": ["make_codec"],
     "compress.codec": ["Codec"],

@@ -13,6 +13,7 @@ NCCL do it). W workers of K contexts then train the same model as one context.
 import json
 import math
 
+from .flight import FlightRecorder, publishing
 from .split import shard_sizes
 
 __all__ = ["Job", "join", "abandon", "worker_slice", "broadcast_params", "broadcast_aux", "broadcast_arrays",
@@ -53,16 +54,23 @@ class Job:
     kv : mxnet.kvstore.KVStore
         A distributed kvstore (``mx.kv.create('dist_sync')``), or any object with ``rank``,
         ``num_workers``, ``type``, ``init``, ``push`` and ``pull``.
+
+    Attributes
+    ----------
+    flight : parallel.flight.FlightRecorder
+        Every collective this worker issued (kind, key, bytes, step): what the launcher compares across the
+        workers when they disagree (published on stderr under ``python -m parallel.launch``).
     """
 
     def __init__(self, kv):
         self.kv, self.rank, self.num_workers = kv, kv.rank, kv.num_workers
         self._keys = {}   # key -> (shape, dtype) of the keys initialised on the servers
+        self.flight = FlightRecorder(self.rank)
 
     def __repr__(self):
         return f"Job(rank {self.rank} of {self.num_workers}, {self.kv.type})"
 
-    def allsum(self, key, array, priority=0):
+    def allsum(self, key, array, priority=0, kind="allreduce"):
         """Sum ``array`` over the workers, in place, and return it (one push, one pull).
 
         Every worker must make the same calls, with the same keys, shapes and dtypes, in the same order: each
@@ -70,15 +78,19 @@ class Job:
         of every worker); later calls with the key must keep its shape and dtype. Nothing else here waits for
         the device: the push starts once ``array`` is computed, and reading the result (``asnumpy``) waits for
         the sum. ``priority``: MXNet's engine runs higher priorities first among pushes and pulls ready at once.
+        ``kind``: what the flight recorder calls this collective (``allreduce``, ``broadcast``, ``allgather``).
         """
         layout = (tuple(array.shape), array.dtype)
         known = self._keys.get(key)
+        nbytes = array.size * array.dtype(0).itemsize
         if known is None:
+            self.flight.record("init", key, nbytes)
             self.kv.init(key, array.zeros_like())
             self._keys[key] = layout
         elif known != layout:
             raise ValueError(f"kvstore key {key} holds arrays of shape {known[0]} and dtype {known[1].__name__}, "
                              f"not {layout[0]} {layout[1].__name__}; use another key")
+        self.flight.record(kind, key, nbytes)
         self.kv.push(key, array, priority=priority)
         self.kv.pull(key, out=array, priority=priority)   # no optimizer on the servers: the sum of the pushes
         return array
@@ -91,7 +103,7 @@ class Job:
         n = array.size
         slots = mx.nd.zeros((self.num_workers * n,), ctx=array.context, dtype=array.dtype)
         slots[self.rank * n:(self.rank + 1) * n] = array
-        self.allsum(key, slots, priority)
+        self.allsum(key, slots, priority, "allgather")
         return [slots[r * n:(r + 1) * n] for r in range(self.num_workers)]
 
     def broadcast(self, key, array):
@@ -99,7 +111,7 @@ class Job:
         zeros changes no float)."""
         if self.rank != 0:
             array[:] = 0
-        return self.allsum(key, array)
+        return self.allsum(key, array, kind="broadcast")
 
 
 def join(kvstore="dist_sync"):
@@ -127,6 +139,8 @@ def join(kvstore="dist_sync"):
         raise ValueError("this process was not started as a worker by a launcher (DMLC_ROLE is not 'worker'); "
                          "run it as: python -m parallel.launch -n 2 python ...")
     job = Job(mx.kv.create(kvstore))
+    if publishing():   # under the launcher: it compares the workers' records when they disagree
+        job.flight.publish_to()
     # Freeing the kvstore runs ps-lite's shutdown barrier; if that happened when a failing run() lets go of
     # its job, the worker would wait there instead of exiting with its error. Keep it until the process ends.
     if not _JOINED:
@@ -147,6 +161,8 @@ def _leave_jobs():
     """At a normal exit, free the kvstores while MXNet's engine still runs (freed during the interpreter's
     teardown instead, a worker can abort with "terminate called without an active exception")."""
     import gc
+    for job in _JOINED:   # this worker issues no more collectives: say so before ps-lite's shutdown barrier
+        job.flight.finish()
     for job in _JOINED:
         job.kv = None
     _JOINED.clear()

@@ -38,7 +38,7 @@ from .optim.zero import as_optimizer, optimizer_step
 from .split import shard_sizes, split_and_load
 from .validate import check_contexts, check_int, check_lr
 
-__all__ = ["check_labels", "check_batch", "sgd", "update_replicas", "loss_and_correct", "step_replicas",
+__all__ = ["check_labels", "check_batch", "sgd", "update_replicas", "loss_and_correct", "step_replicas", "idle_step",
            "DeviceReplicas", "train_step", "train_batch"]
 
 
@@ -240,6 +240,15 @@ def step_replicas(replicas, X, y, lr=None, loss=softmax_cross_entropy, batch_siz
     return loss_sum, correct
 
 
+def idle_step(replicas, batch_size, optimizer, count_correct=True):
+    """The step of a worker that has no example this time: its replicas add a zero gradient to the sum over the
+    workers (every collective of the step, as the others make them) and take the same optimizer step, divided by
+    the global ``batch_size``. Returns a zero loss and count, as ``step_replicas`` would."""
+    optimizer_step(optimizer, replicas.groups(), batch_size, replicas.reducer, 0)
+    zero = mx.nd.zeros((1,), ctx=replicas.in_ctx_list[0])
+    return zero, zero.copy() if count_correct else None
+
+
 class DeviceReplicas:
     """Data parallelism's replicas: ``device_params[i]`` on ``ctx_list[i]``, each running ``net``: one group,
     summed by ``reducer`` over the contexts and, in a distributed job (``reducer.job``), over the workers."""
@@ -320,9 +329,7 @@ def _data_parallel_step(X, y, device_params, ctx_list, lr, net, loss, reducer, o
     if job is not None:
         start, stop = worker_slice(n, len(ctx_list), job.rank, job.num_workers)
         if start == stop:   # no example for this worker: it adds a zero gradient and takes the same step
-            optimizer_step(optimizer, replicas.groups(), n, reducer, 0)
-            zero = mx.nd.zeros((1,), ctx=ctx_list[0])
-            return zero, zero.copy() if count_correct else None
+            return idle_step(replicas, n, optimizer, count_correct)
         X, y = X[start:stop], y[start:stop]
         accumulate = min(accumulate, stop - start)   # a worker's slice may hold fewer examples than micro-batches
     return step_replicas(replicas, X, y, loss=loss, batch_size=n, optimizer=optimizer, accumulate=accumulate,

@@ -8,6 +8,7 @@ processes the tests start see it as it was.
 """
 import importlib.util
 import os
+import threading
 
 _THREADS = os.environ.get("OMP_NUM_THREADS")
 os.environ["OMP_NUM_THREADS"] = "1"
@@ -24,6 +25,8 @@ else:
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 from hypothesis import settings  # noqa: E402
+
+from parallel.job import Job  # noqa: E402
 
 # Property-based tests (Hypothesis, marked ``property``): how many examples each draws comes from a profile, never
 # from the test. The fast tier's default draws a few new ones every run; the slow tier's command loads "full"
@@ -267,3 +270,58 @@ def stop_before(call):
         asked[0] += 1
         return asked[0] == call
     return stop
+
+
+# A distributed job in threads: each thread a worker with its own parallel.job.Job over ThreadKV, a kvstore whose
+# "servers" sum the pushes in numpy (in the pushed dtype) as ps-lite's do, behind barriers.
+class ThreadServers:
+    """What ps-lite's servers do for a synchronous job: each key's pushes summed (in the pushed dtype), every
+    worker's pull after every push; the bytes each push carries are recorded."""
+
+    def __init__(self, num_workers):
+        self.sums, self.pushed, self.lock = {}, [], threading.Lock()
+        self.pushes = threading.Barrier(num_workers)
+        self.pulls = threading.Barrier(num_workers, action=self.sums.clear)
+
+
+class ThreadKV:
+    type = "threads"
+
+    def __init__(self, servers, rank, num_workers):
+        self.servers, self.rank, self.num_workers = servers, rank, num_workers
+
+    def init(self, key, value):
+        pass
+
+    def push(self, key, array, priority=0):
+        value = array.asnumpy()
+        with self.servers.lock:
+            self.servers.sums[key] = self.servers.sums[key] + value if key in self.servers.sums else value
+            self.servers.pushed.append((key, value.nbytes))
+        self.servers.pushes.wait(timeout=60)
+
+    def pull(self, key, out, priority=0):
+        out[:] = self.servers.sums[key]
+        self.servers.pulls.wait(timeout=60)
+
+
+def in_threads(num_workers, work):
+    """Run ``work(job, rank)`` for every rank at once, each in its own thread with its own Job; their results."""
+    servers = ThreadServers(num_workers)
+    results, errors = [None] * num_workers, []
+
+    def run(rank):
+        try:
+            results[rank] = work(Job(ThreadKV(servers, rank, num_workers)), rank)
+        except BaseException as error:   # reported below, with the others released
+            errors.append(error)
+            servers.pushes.abort()
+            servers.pulls.abort()
+    threads = [threading.Thread(target=run, args=(rank,)) for rank in range(num_workers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    if errors:
+        raise errors[0]
+    return results, servers

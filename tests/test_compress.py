@@ -3,7 +3,6 @@ same bits, the bytes that cross between contexts are the compressed ones, and tr
 interface (train_step, DataParallel, fit, the CLI)."""
 import os
 import sys
-import threading
 
 import mxnet as mx
 import numpy as np
@@ -15,11 +14,12 @@ from parallel.comm import algorithms
 from parallel.compress import COMPRESSIONS, parse_compression
 from parallel.comm.reducer import BucketComm, compressed_allreduce
 from parallel.compress import FP16, PowerSGD, TopK, TwoBit, make_codec
-from parallel.job import KEYS, Job
+from parallel.job import KEYS
 from parallel.models.lenet import LENET_SHAPES
 from parallel.optim import make_optimizer
 from parallel.train import main
-from conftest import assert_same_parameters, contexts, easy_dataset, make_batches, run_process, write_idx_files
+from conftest import (assert_same_parameters, contexts, easy_dataset, in_threads, make_batches, run_process,
+                      write_idx_files)
 
 LOSSY = ["fp16", "2bit:0.001", "topk:0.05", "powersgd:2"]
 
@@ -248,59 +248,6 @@ def test_the_cli_trains_with_compression_and_says_so(capsys, tmp_path):
 
 # ---- across the workers of a job: a kvstore of threads standing in for ps-lite's servers --------------------
 
-class _Servers:
-    """What ps-lite's servers do for a synchronous job: each key's pushes summed (in the pushed dtype), every
-    worker's pull after every push; the bytes each push carries are recorded."""
-
-    def __init__(self, num_workers):
-        self.sums, self.pushed, self.lock = {}, [], threading.Lock()
-        self.pushes = threading.Barrier(num_workers)
-        self.pulls = threading.Barrier(num_workers, action=self.sums.clear)
-
-
-class _ThreadKV:
-    type = "threads"
-
-    def __init__(self, servers, rank, num_workers):
-        self.servers, self.rank, self.num_workers = servers, rank, num_workers
-
-    def init(self, key, value):
-        pass
-
-    def push(self, key, array, priority=0):
-        value = array.asnumpy()
-        with self.servers.lock:
-            self.servers.sums[key] = self.servers.sums[key] + value if key in self.servers.sums else value
-            self.servers.pushed.append((key, value.nbytes))
-        self.servers.pushes.wait(timeout=60)
-
-    def pull(self, key, out, priority=0):
-        out[:] = self.servers.sums[key]
-        self.servers.pulls.wait(timeout=60)
-
-
-def _in_threads(num_workers, work):
-    """Run ``work(job, rank)`` for every rank at once, each in its own thread with its own Job; their results."""
-    servers = _Servers(num_workers)
-    results, errors = [None] * num_workers, []
-
-    def run(rank):
-        try:
-            results[rank] = work(Job(_ThreadKV(servers, rank, num_workers)), rank)
-        except BaseException as error:   # reported below, with the others released
-            errors.append(error)
-            servers.pushes.abort()
-            servers.pulls.abort()
-    threads = [threading.Thread(target=run, args=(rank,)) for rank in range(num_workers)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=120)
-    if errors:
-        raise errors[0]
-    return results, servers
-
-
 @pytest.mark.parametrize("spec", LOSSY)
 @pytest.mark.parametrize("num_workers", [2, 3])
 def test_across_workers_nothing_is_lost_and_every_worker_gets_the_same_bits(spec, num_workers):
@@ -320,7 +267,7 @@ def test_across_workers_nothing_is_lost_and_every_worker_gets_the_same_bits(spec
             applied[-1] = (applied[-1], job_residual.asnumpy())
         return applied
 
-    results, _ = _in_threads(num_workers, work)
+    results, _ = in_threads(num_workers, work)
     applied_total = np.zeros(size)
     for t, step in enumerate(steps):
         for rank in range(1, num_workers):
@@ -344,7 +291,7 @@ def test_across_workers_the_pushed_bytes_are_the_compressed_ones(spec, at_least)
         x.wait_to_read()
         return compressor
 
-    (compressor, _), servers = _in_threads(2, work)
+    (compressor, _), servers = in_threads(2, work)
     pushed = sum(nbytes for _, nbytes in servers.pushed) // 2   # per worker
     assert pushed == compressor.across_nbytes(size, 2, LENET_SHAPES) if spec.startswith("powersgd") \
         else pushed == compressor.across_nbytes(size, 2)

@@ -358,3 +358,56 @@ def test_ssh_remote_processes_end_with_the_job(sshd, tmp_path, mark):
     (line,) = error_lines(result.stderr)
     assert "did not start within 5 s" in line and "missing: 2 workers" in line
     assert_nothing_left(mark)
+
+
+# A worker of a LeNet job (one context, lr 0.1, a global batch of 8) taking sys.argv[1] steps, one fewer on rank 1
+# (uneven inputs), or issuing another key than rank 0 at its second sum (sys.argv[2] == "keys"), or another size
+# ("sizes": ps-lite's server aborts); it reads its parameters at the end, which waits for its last sum.
+DISAGREEING_SCRIPT = """
+import sys
+import mxnet as mx
+from parallel import Reducer, get_params, init_lenet_params, train_batch
+from parallel.job import allreduce_across, join
+job = join()
+if sys.argv[2] in ("keys", "sizes"):
+    for i in range(2):
+        key = 50 + i + (job.rank if i and sys.argv[2] == "keys" else 0)
+        size = 4 + (2 * job.rank if i and sys.argv[2] == "sizes" else 0)
+        print(allreduce_across(job, [mx.nd.ones((size,))], key)[0].asnumpy().tolist(), flush=True)
+else:
+    ctx_list = [mx.cpu(0)]
+    device_params = [get_params(init_lenet_params(seed=0), ctx) for ctx in ctx_list]
+    reducer = Reducer(job=job)
+    X, y = mx.nd.ones((8, 1, 28, 28)), mx.nd.zeros((8,))
+    steps = int(sys.argv[1]) - (job.rank == 1)
+    for step in range(steps):
+        train_batch(X, y, device_params, ctx_list, lr=0.1, reducer=reducer)
+    device_params[0].data.wait_to_read()
+print(f"rank {job.rank} done", flush=True)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["one step short", "keys", "sizes"])
+def test_workers_that_disagree_end_the_job_with_a_diagnosis(case, tmp_path, mark):
+    """No timeout chosen: the workers' flight records prove the divergence, the launcher prints each worker's last
+    collectives and Python stack, and one error line naming where each worker is; nothing is left running."""
+    script = write_script(tmp_path, "disagree.py", DISAGREEING_SCRIPT)
+    result = run_launcher(mark, "-n", 2, sys.executable, script, 4, case, timeout=120)
+    assert result.returncode == 1, result.stderr
+    (line,) = error_lines(result.stderr)
+    if case == "sizes":   # the server aborts first: its failure, and what the records prove
+        assert "Check failed" in line and ("the workers disagree: rank 0 issued init #3 (step 0, key 51, 16 B) where "
+                                           "rank 1 issued init #3 (step 0, key 51, 24 B)") in line, line
+        assert_nothing_left(mark)
+        return
+    assert line.startswith("error: the workers disagree: ")
+    if case == "keys":
+        assert ("rank 0 issued init #3 (step 0, key 51, 16 B) where rank 1 issued init #3 (step 0, key 52, 16 B)"
+                in line), line
+    else:   # 4 steps of 2 buckets' init + sum at the first, then one sum a step: #1 .. #12 on rank 0
+        assert "rank 0 waits in allreduce #" in line and "(step 4," in line, line
+        assert "rank 1 finished after #" in line and "(step 3)" in line, line
+    assert "Python stack of its main thread" in result.stderr
+    assert MARK not in result.stdout and "##parallel-flight##" not in result.stdout + result.stderr
+    assert_nothing_left(mark)

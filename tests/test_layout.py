@@ -82,7 +82,7 @@ def test_a_submodule_never_hides_the_function_of_the_same_name():
 #: ``__init__`` (``name:names``, the registry of names the CLI reads before MXNet starts) and its ``registry``
 #: module (``name.registry``, where names become objects) are nodes of their own.
 LAYERS = [
-    ["lazy", "validate", "files", "split", "engine", "cli"],
+    ["lazy", "validate", "files", "split", "engine", "cli", "flight"],
     ["parallel", "comm:names", "compress:names", "data:names", "models:names", "optim:names", "strategies:names",
      "launch:names", "devices", "threads", "trace", "interrupt", "report", "job"],
     ["compress", "data", "config", "launch"],
@@ -91,7 +91,7 @@ LAYERS = [
     ["models", "trainer_kvstore"],
     ["optim", "export"],
     ["models.registry", "checkpoint", "step", "evaluate"],
-    ["strategies"],
+    ["strategies", "uneven"],
     ["strategies.registry"],
     ["fit"],
     ["train_steps"],

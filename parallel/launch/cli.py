@@ -46,7 +46,9 @@ def build_parser():
                         help="end the job unless every worker and server has connected to the scheduler within "
                              "SEC seconds; default 60")
     parser.add_argument("--stall-timeout", type=float, default=0.0, metavar="SEC",
-                        help="end the job when no worker has printed a line for SEC seconds; default 0 (off)")
+                        help="end the job when no worker has printed a line for SEC seconds; default 0 (off). Workers "
+                             "whose collectives disagree (one a step short) end the job without it, with a "
+                             "diagnosis from their flight records")
     parser.add_argument("--grace", type=float, default=5.0, metavar="SEC",
                         help="when stopping processes: SIGTERM, then SIGKILL after SEC seconds; default 5")
     parser.add_argument("--max-restarts", type=int, default=0, metavar="R",

@@ -1,6 +1,7 @@
 """One start of the launcher's job: its plan (workers, hosts, port), its processes started and supervised (each
-line they print forwarded with its process's name; a failed process, the start and stall timeouts, SIGINT or
-SIGTERM to the launcher end it), and stopping them. How a start ended is raised as a ``restarts.Failure``."""
+line they print forwarded with its process's name; a failed process, workers whose flight records disagree, the
+start and stall timeouts, SIGINT or SIGTERM to the launcher end it), and stopping them. How a start ended is raised
+as a ``restarts.Failure``."""
 import argparse
 import collections
 import os
@@ -12,9 +13,10 @@ import sys
 import threading
 import time
 
+from ..flight import INTERVAL, STILL, diagnose, format_records, parse_line, positions
 from .hosts import available_slots, free_port
 from .processes import GROUP_GONE_SECONDS, kill_group, plan_processes, user_wants_ps_log, wait_group_gone
-from .restarts import (INTERRUPTED, NOT_STARTED, PROCESS_FAILED, STALL_TIMEOUT, START_TIMEOUT, SUCCESS,
+from .restarts import (DIVERGED, INTERRUPTED, NOT_STARTED, PROCESS_FAILED, STALL_TIMEOUT, START_TIMEOUT, SUCCESS,
                        TOO_FEW_HOSTS, Ending, Failure)
 
 __all__ = ["START_LINE", "Job", "Signals", "plan_start", "write_line", "describe_status"]
@@ -35,6 +37,11 @@ _SSH_CLOSED = re.compile(r"^Connection to \S+ closed\.$")
 
 _TAIL_LINES = 20
 _READER_JOIN_SECONDS = 2.0
+# Once the records prove a divergence, how long the launcher waits for every waiting worker's Python stack (a
+# worker publishes it after STILL seconds without a new collective).
+_STACK_WAIT_SECONDS = STILL + 2.0
+# When a process fails, how long the launcher waits for the workers' latest records (published every INTERVAL).
+_FAILURE_RECORD_SECONDS = 5 * INTERVAL
 
 
 def describe_status(returncode):
@@ -84,6 +91,11 @@ class _Child:
             if self.spec.host is not None and _SSH_CLOSED.match(line):
                 continue
             if self.spec.role == "worker":
+                line, snapshot = parse_line(line)
+                if snapshot is not None:
+                    self.job.note_flight(self, snapshot)
+                    if not line:
+                        continue
                 self.job.last_worker_line = time.monotonic()
             self.tail.append(line)
             self.job.write(out, prefix + line)
@@ -125,6 +137,43 @@ class Job:
         self.registered = {"worker": set(), "server": set()}
         self.last_worker_line = time.monotonic()
         self.quiet_scheduler = not user_wants_ps_log()
+        self.flights = {}   # worker child -> the latest flight record it published
+        self.flight_changed = threading.Event()
+        self.divergence = None   # (the diagnosis line, when it was found)
+
+    def note_flight(self, child, snapshot):
+        """Keep the latest flight record ``child`` published (``parallel.flight``)."""
+        self.flights[child] = snapshot
+        self.flight_changed.set()
+
+    def _check_flights(self):
+        """Raise ``Failure(DIVERGED)`` once the workers' records prove a divergence and every waiting worker's
+        stack is in (or ``_STACK_WAIT_SECONDS`` passed); before that, print each worker's records and stack."""
+        if self.flight_changed.is_set():
+            self.flight_changed.clear()
+            if self.divergence is None:
+                line = diagnose(list(self.flights.values()))
+                if line is not None:
+                    self.divergence = (line, time.monotonic())
+        if self.divergence is None:
+            return
+        line, found = self.divergence
+        snapshots = list(self.flights.items())
+        if time.monotonic() - found < _STACK_WAIT_SECONDS and not all("stack" in s for _, s in snapshots):
+            return
+        for child, snapshot in sorted(snapshots, key=lambda item: item[1]["rank"]):
+            prefix = f"[{child.spec.name}] "
+            self.write("stderr", f"{prefix}flight recorder of rank {snapshot['rank']} ({snapshot['seq']} "
+                                 f"collectives, step {snapshot['step']}), last ones:")
+            for record in format_records(snapshot):
+                self.write("stderr", f"{prefix}  {record}")
+            if snapshot.get("stack"):
+                self.write("stderr", f"{prefix}Python stack of its main thread (most recent call last):")
+                for stack_line in snapshot["stack"]:
+                    self.write("stderr", prefix + stack_line)
+        raise Failure(DIVERGED, f"the workers disagree: {line}; every worker must issue the same collectives in "
+                                "the same order (a worker with fewer batches: see parallel.Join in "
+                                "docs/distributed.md)")
 
     def write(self, out, line):
         write_line(out, line)
@@ -166,15 +215,18 @@ class Job:
                                            "the job", signum=self.signals.signum)
             if child is not None and child.returncode != 0:
                 raise self._child_failure(child)
+            self._check_flights()
             if all(w.done.is_set() for w in workers):
                 return self._wind_down()
             now = time.monotonic()
             if not self.connected.is_set() and now - started > args.start_timeout:
                 raise Failure(START_TIMEOUT, self._start_timeout_message())
             if args.stall_timeout and now - self.last_worker_line > args.stall_timeout:
+                where = (f"; the workers' last collectives: {positions(list(self.flights.values()))}"
+                         if self.flights else "")
                 raise Failure(STALL_TIMEOUT, f"no worker printed a line for {args.stall_timeout:g} s "
                                              "(--stall-timeout); the job is stuck or silent (a worker waiting for "
-                                             "a dead or hung peer never returns)")
+                                             f"a dead or hung peer never returns){where}")
 
     def _wind_down(self):
         """Every worker exited with 0: the servers and scheduler get ``--grace`` seconds to exit by themselves
@@ -190,8 +242,20 @@ class Job:
         return Ending(SUCCESS)
 
     def _child_failure(self, child):
-        """The failure of ``child``, with its status (``restarts.decide`` restarts it unless that is 2)."""
-        return Failure(PROCESS_FAILED, self._failure_message(child), returncode=child.returncode)
+        """The failure of ``child``, with its status (``restarts.decide`` restarts it unless that is 2), and what
+        the workers' flight records prove, if anything (a server aborts on pushes of two sizes to one key)."""
+        message = self._failure_message(child)
+        waits = self.flights or child.spec.role != "worker"   # a server's failure may come before any record
+        deadline = time.monotonic() + (_FAILURE_RECORD_SECONDS if waits else 0)
+        while True:
+            line = diagnose(list(self.flights.values()))
+            if line is not None:
+                message += f"; the workers disagree: {line}"
+                break
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(0.05)
+        return Failure(PROCESS_FAILED, message, returncode=child.returncode)
 
     def _failure_message(self, child):
         lines = [line.strip() for line in child.tail if line.strip()]

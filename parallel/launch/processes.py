@@ -6,6 +6,7 @@ import sys
 import time
 
 from ..cli import RESTART_ENV
+from ..flight import ENV as FLIGHT_ENV
 
 __all__ = ["Spec", "plan_processes", "ssh_argv", "user_wants_ps_log", "kill_group", "wait_group_gone",
            "GROUP_GONE_SECONDS"]
@@ -78,6 +79,8 @@ def plan_processes(args):
         for i in range(count):
             host, ssh_port = args.hosts[i % len(args.hosts)]
             env = dict(common, DMLC_ROLE=role, DMLC_NODE_HOST=host, **unbuffered)
+            if role == "worker":   # publish the flight record on stderr, for the launcher's diagnosis
+                env[FLIGHT_ENV] = "1"
             if args.launcher == "local":
                 specs.append(Spec(role, i, None, None, command, dict(env, **threads, **extra)))
             else:

@@ -10,7 +10,9 @@ A start of the job ends in one of these ways, its ``Ending.kind``:
 - ``START_TIMEOUT``, ``STALL_TIMEOUT``: ``--start-timeout`` or ``--stall-timeout`` ran out;
 - ``INTERRUPTED``: the launcher itself got SIGINT or SIGTERM (``signum``);
 - ``TOO_FEW_HOSTS``: with ``-n MIN:MAX``, fewer than MIN hosts were available within ``--start-timeout``;
-- ``BAD_DISCOVERY``: the ``--host-discovery-script`` printed a bad line, or another host with ``--launcher local``.
+- ``BAD_DISCOVERY``: the ``--host-discovery-script`` printed a bad line, or another host with ``--launcher local``;
+- ``DIVERGED``: the workers' flight records prove they disagree (``parallel.flight.diagnose``): one waits in a
+  collective another will never issue. Not restarted: the same program on the same data diverges again.
 
 ``decide`` restarts a process that failed (unless it exited with ``USAGE_STATUS``, 2: its input cannot work and
 would fail the same way again) and the two timeouts, while fewer than ``--max-restarts`` restarts were made and
@@ -23,7 +25,7 @@ from typing import NamedTuple, Optional
 from ..cli import USAGE_STATUS
 
 __all__ = ["SUCCESS", "PROCESS_FAILED", "NOT_STARTED", "START_TIMEOUT", "STALL_TIMEOUT", "INTERRUPTED",
-           "TOO_FEW_HOSTS", "BAD_DISCOVERY", "KINDS", "Ending", "Failure", "Decision", "decide"]
+           "TOO_FEW_HOSTS", "BAD_DISCOVERY", "DIVERGED", "KINDS", "Ending", "Failure", "Decision", "decide"]
 
 SUCCESS = "success"
 PROCESS_FAILED = "process failed"
@@ -33,9 +35,10 @@ STALL_TIMEOUT = "stall timeout"
 INTERRUPTED = "interrupted"
 TOO_FEW_HOSTS = "too few hosts"
 BAD_DISCOVERY = "bad discovery"
+DIVERGED = "diverged"
 #: Every way a start of the job can end.
 KINDS = (SUCCESS, PROCESS_FAILED, NOT_STARTED, START_TIMEOUT, STALL_TIMEOUT, INTERRUPTED, TOO_FEW_HOSTS,
-         BAD_DISCOVERY)
+         BAD_DISCOVERY, DIVERGED)
 
 
 class Ending(NamedTuple):

@@ -154,6 +154,9 @@ def optimizer_step(optimizer, groups, batch_size, reducer=None, active=None):
     """
     check_int(batch_size, "batch_size", low=1)
     reducer = as_reducer(reducer)
+    flight = getattr(reducer.job, "flight", None)
+    if flight is not None:   # the flight recorder numbers the steps its collectives belong to
+        flight.next_step()
     zero = optimizer.zero
     _check_groups(groups, zero, reducer)
     if zero == 2 and reducer.codec is not None:
