@@ -32,14 +32,14 @@ from .comm.reducer import as_reducer
 from .engine import fence
 from .comm.replica import FlatReplica, grads_of
 from .job import worker_slice
-from .models.gluon import as_net
-from .models.lenet import lenet_cached, softmax_cross_entropy
+from .models.gluon import GluonNet, as_net
+from .models.lenet import CachedNet, lenet_cached, softmax_cross_entropy
 from .optim.zero import as_optimizer, optimizer_step
 from .split import shard_sizes, split_and_load
 from .validate import check_contexts, check_int, check_lr
 
 __all__ = ["check_labels", "check_batch", "sgd", "update_replicas", "loss_and_correct", "step_replicas", "idle_step",
-           "DeviceReplicas", "train_step", "train_batch"]
+           "DeviceReplicas", "train_step", "train_batch", "may_skip_parameters", "zero_grads"]
 
 
 def check_labels(y, num_classes, loss=softmax_cross_entropy):
@@ -159,6 +159,27 @@ def _forward_backward(replicas, X, y, loss, y_all, count_correct=True):
     return (*loss_and_correct(outputs, y_shards, losses, replicas.in_ctx_list[0], count_correct), active)
 
 
+def may_skip_parameters(net):
+    """Whether a backward through ``net`` may leave some trained array's gradient unwritten.
+
+    MXNet's backward writes (``grad_req='write'``) only the gradients it reaches, so a parameter a step did not
+    use keeps the gradient of the last step that did, and would be applied again, silently. A fixed graph (a
+    ``CachedNet`` such as ``lenet_cached``, a gluon block's ``GluonNet``) reaches the same arrays at every step (an
+    array outside the graph is never written: its gradient stays zero); any other function ``net(X, params)``, or
+    a gluon Block run imperatively, may take a branch that skips some: ``step_replicas`` then zeroes every
+    gradient before the forward, so that an unused parameter's gradient is zero on every context and worker.
+    """
+    return not isinstance(net, (CachedNet, GluonNet))
+
+
+def zero_grads(groups):
+    """Zero every gradient buffer of the replicas of ``groups``, in place (queued, not waited for)."""
+    for group in groups:
+        for replica in group:
+            for grad in grads_of(replica):
+                grad[:] = 0
+
+
 def _fence_statistics(replicas):
     """Order every later read of a replica's running statistics after its backward pass, which writes them without
     telling MXNet's engine (BatchNorm on CPU contexts: ``parallel.engine``)."""
@@ -179,10 +200,7 @@ def _accumulate(replicas, X, y, loss, n, count_correct=True):
     from zeroed buffers); returns (summed loss, correct) over the whole batch."""
     groups = replicas.groups()
     arrays, grads = _trained_arrays(groups)
-    for group in groups:
-        for replica in group:
-            for grad in grads_of(replica):
-                grad[:] = 0
+    zero_grads(groups)
     autograd.mark_variables(arrays, grads, "add")
     try:
         bounds = np.cumsum([0] + shard_sizes(X.shape[0], n))
@@ -232,6 +250,8 @@ def step_replicas(replicas, X, y, lr=None, loss=softmax_cross_entropy, batch_siz
         raise ValueError(f"accumulate={accumulate} cannot split a batch of {X.shape[0]} examples into micro-batches; "
                          f"use at most {X.shape[0]}")
     if accumulate == 1:
+        if may_skip_parameters(getattr(replicas, "net", lenet_cached)):   # an unused parameter's gradient is 0
+            zero_grads(replicas.groups())
         loss_sum, correct, active = _forward_backward(replicas, X, y, loss, y, count_correct)
     else:   # every gradient buffer was zeroed first: a replica idle in some micro-batch adds nothing stale
         (loss_sum, correct), active = _accumulate(replicas, X, y, loss, accumulate, count_correct), None

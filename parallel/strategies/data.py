@@ -39,7 +39,7 @@ from ..evaluate import evaluate_accuracy
 from ..job import broadcast_aux, broadcast_params
 from ..models.gluon import GluonNet
 from ..split import split_and_load
-from ..step import train_step, update_replicas
+from ..step import may_skip_parameters, train_step, update_replicas, zero_grads
 from ..validate import check_contexts
 
 __all__ = ["DataParallel", "data_parallel", "replicate", "parallel_apply", "gather"]
@@ -284,10 +284,20 @@ class DataParallel:
 
         A batch smaller than ``len(ctx_list)`` leaves contexts without a shard: their gradients are
         zeroed here, in place, so that a later reduction (``allreduce_grads`` or gluon's ``Trainer``)
-        adds nothing stale from them.
+        adds nothing stale from them. Under ``autograd.record()`` with a module that may leave a parameter out
+        of a step (a gluon Block run imperatively, a function other than a cached graph:
+        ``parallel.step.may_skip_parameters``), every gradient is zeroed first: a parameter the step did not use
+        gets a zero gradient on every context, not the one of the last step that used it.
         """
         n = X.shape[0] if getattr(X, "ndim", 0) else len(self.ctx_list)
-        if n < len(self.ctx_list):
+        if autograd.is_recording() and may_skip_parameters(self._net) and not self._accumulating():
+            try:   # a parameter this forward does not reach must not keep its last gradient
+                groups = self.groups()
+            except DeferredInitializationError:
+                groups = []
+            with autograd.pause():
+                zero_grads(groups)
+        elif n < len(self.ctx_list):
             try:
                 idle = self.device_params[n:]
             except DeferredInitializationError:   # shapes not known yet: no gradient exists to go stale
@@ -298,6 +308,10 @@ class DataParallel:
                         param.grad[:] = 0
         device_params = None if isinstance(self.module, gluon.Block) else self._device_params
         return data_parallel(self.module, X, self.ctx_list, device_params)
+
+    def _accumulating(self):
+        """Whether a Block's gradients add up over backward passes (``grad_req='add'``): then they are the user's."""
+        return isinstance(self.module, gluon.Block) and any(p.grad_req == "add" for p in _block_params(self.module))
 
     def allreduce_grads(self):
         """Sum the gradients of all replicas, in place: the primary and every replica hold the sum.
