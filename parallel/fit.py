@@ -38,7 +38,7 @@ from .optim.zero import as_optimizer, gather_state, load_state
 from .trace import trace, worker_path
 from .validate import BadType, BadValue
 
-__all__ = ["fit", "NonFiniteLossError", "TrainingStopped", "IN_FLIGHT", "TRACE_FIRST", "TRACE_STEPS"]
+__all__ = ["fit", "check_start", "NonFiniteLossError", "TrainingStopped", "IN_FLIGHT", "TRACE_FIRST", "TRACE_STEPS"]
 
 #: ``fit(trace=...)`` records steps TRACE_FIRST .. TRACE_FIRST + TRACE_STEPS - 1 of the run (counted from 1).
 TRACE_FIRST, TRACE_STEPS = 2, 3
@@ -176,7 +176,7 @@ def _train_epoch(run, epoch, state, stop, on_checkpoint, history):
     return queued.finish()
 
 
-def _check_start(state, seed, per_epoch):
+def check_start(state, seed, per_epoch):
     """Raise ``BadValue``/``BadType`` (naming ``resume``) unless ``state`` is a position this run can continue
     from."""
     if not isinstance(state, TrainingState):
@@ -200,7 +200,7 @@ def _shared_start(job, state, seed, per_epoch):
         return state, seed
     shared = broadcast_object(job, {"seed": seed, "start": state._asdict()})
     seed, state = shared["seed"], TrainingState(**shared["start"])
-    _check_start(state, seed, per_epoch)
+    check_start(state, seed, per_epoch)
     if job.rank != 0:
         state = state._replace(loss_sum=0.0, correct=0.0)
     return state, seed
@@ -369,7 +369,7 @@ def fit(dataset, strategy, optimizer, config, on_epoch=None, on_checkpoint=None,
     _check_strategy(strategy, optimizer)
     per_epoch = num_batches(len(dataset.train_labels), config.batch_size)
     state = TrainingState(1, 0, 0.0, 0.0, 0.0, epoch_seed(config.seed, 1), []) if resume is None else resume.state
-    _check_start(state, config.seed, per_epoch)
+    check_start(state, config.seed, per_epoch)
     state, seed = _shared_start(strategy.job, state, config.seed, per_epoch)
     _shared_optimizer_state(strategy.job, optimizer, strategy, getattr(resume, "optimizer_state", None))
     _shared_feedback(strategy, getattr(resume, "compression_state", None))

@@ -309,7 +309,7 @@ def run(args, stack):
     dataset, data_name = steps.load_dataset(args, job)
     optimizer = steps.optimizer_of(args, dataset)
     record = steps.checkpoint_record(args, strategy, optimizer, dataset, data_name, job)
-    steps.check_resume(checkpoint, record)
+    steps.check_resume(checkpoint, record, dataset)
     report = steps.open_report(args, strategy, optimizer, dataset, data_name, job)
     steps.announce_start(args, checkpoint, report)
     with (stop_between_batches() if job is None else end_on_signals()) as stop:
