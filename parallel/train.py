@@ -87,8 +87,10 @@ def build_parser():
         help=f"learning rate (> 0, at most {LR_RANGE[1]:.2e}); default 0.2 for sgd, 0.001 for adam and adamw")
     add("--dataset", choices=list(DATASETS), default="fashion-mnist",
         help="default fashion-mnist (downloaded when missing)")
-    add("--data-dir", default=None, help="directory of the four IDX files of an MNIST-format dataset, raw or .gz "
-                                         "(default $MXNET_HOME/datasets/fashion-mnist, i.e. ~/.mxnet/...)")
+    add("--data-dir", default=None, help="an existing directory of the four IDX files of an MNIST-format dataset, "
+                                         "raw or .gz (Fashion-MNIST is downloaded into it when it is empty; default "
+                                         "$MXNET_HOME/datasets/fashion-mnist, i.e. ~/.mxnet/..., created when "
+                                         "missing)")
     _add_reduction_flags(add)
     add("--strategy", choices=list(STRATEGIES), default="data",
         help="; ".join(f"{name}: {what}" for name, what in STRATEGIES.items()) + "; default data")
@@ -214,6 +216,10 @@ def check_args(args):
         check_number(args.bucket_mb, "bucket_mb", positive=True)
     if args.data_dir is not None and args.dataset == "synthetic":
         raise UsageError("--data-dir applies to --dataset fashion-mnist, not synthetic")
+    if args.data_dir is not None and not os.path.isdir(args.data_dir):   # a typo, not a place to download into
+        what = "is not a directory" if os.path.exists(args.data_dir) else "does not exist"
+        raise UsageError(f"--data-dir {args.data_dir!r} {what}; give the directory that holds the four IDX files, "
+                         "create it first to download Fashion-MNIST there, or leave --data-dir out for the default")
     if args.checkpoint_every is not None and args.checkpoint_dir is None:
         raise UsageError("--checkpoint-every needs --checkpoint-dir, the directory to write the checkpoints in")
     if args.resume and args.checkpoint_dir is None:
