@@ -107,7 +107,8 @@ def build_parser():
     add("--seed", type=int, default=0, help=f"seeds initial parameters and shuffling, 0 to {MAX_SEED}; default 0")
     add("--metrics-json", metavar="PATH", help="write per-epoch metrics as JSON")
     add("--trace", metavar="PATH",
-        help="record steps 2-4 of the run with MXNet's profiler and write a Chrome trace there (chrome://tracing, "
+        help="record steps 2-4 of the run (fewer in a shorter run: from step 2, or step 1 if it is the only one) "
+             "with MXNet's profiler and write a Chrome trace there (chrome://tracing, "
              "Perfetto): a lane per device, each operator named load, forward, backward, allreduce or update; in a "
              "job each worker writes PATH with .workerR before its extension")
     add("--plot", metavar="PATH",

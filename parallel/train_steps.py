@@ -207,7 +207,8 @@ def announce_start(args, checkpoint, report):
     start = checkpoint.state
     if start.epoch > args.epochs:
         report.say(f"the checkpoint in {args.checkpoint_dir} has finished all {args.epochs} epochs; nothing to "
-                   "train (give a larger --epochs to train further)")
+                   "train (give a larger --epochs to train further)"
+                   + ("; --trace writes no trace, no step runs" if args.trace is not None else ""))
     else:
         report.say(f"resuming from {checkpoint.path}: epoch {start.epoch}, after {start.batch} batch(es)")
 
