@@ -98,16 +98,7 @@ def check_args(args):
     if not args.command:
         raise UsageError("no command given: put the command every worker runs after the options, "
                          "e.g. python -m parallel.launch -n 2 python my_kvstore_script.py")
-    if not args.start_timeout > 0:
-        raise UsageError(f"--start-timeout must be > 0 seconds, got {args.start_timeout}")
-    if not args.stall_timeout >= 0:
-        raise UsageError(f"--stall-timeout must be >= 0 seconds (0 turns it off), got {args.stall_timeout}")
-    if not args.grace >= 0:
-        raise UsageError(f"--grace must be >= 0 seconds, got {args.grace}")
-    for flag, seconds in (("--start-timeout", args.start_timeout), ("--stall-timeout", args.stall_timeout),
-                          ("--grace", args.grace)):
-        if not seconds <= MAX_SECONDS:
-            raise UsageError(f"{flag} must be at most {MAX_SECONDS:.0f} seconds (11 days), got {seconds}")
+    _check_seconds(args)
     for item in args.env:
         name = item.split(":", 1)[0]
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
@@ -135,6 +126,20 @@ def check_args(args):
         args.port = free_port()
     else:
         check_port(args.port)
+
+
+def _check_seconds(args):
+    """Raise ``UsageError`` unless the SEC flags are waits the launcher can make: 0 .. ``MAX_SECONDS``."""
+    if not args.start_timeout > 0:
+        raise UsageError(f"--start-timeout must be > 0 seconds, got {args.start_timeout}")
+    if not args.stall_timeout >= 0:
+        raise UsageError(f"--stall-timeout must be >= 0 seconds (0 turns it off), got {args.stall_timeout}")
+    if not args.grace >= 0:
+        raise UsageError(f"--grace must be >= 0 seconds, got {args.grace}")
+    for flag, seconds in (("--start-timeout", args.start_timeout), ("--stall-timeout", args.stall_timeout),
+                          ("--grace", args.grace)):
+        if not seconds <= MAX_SECONDS:
+            raise UsageError(f"{flag} must be at most {MAX_SECONDS:.0f} seconds (11 days), got {seconds}")
 
 
 def _worker_range(text):
