@@ -28,7 +28,7 @@ full disk at any moment leaves the previous checkpoint complete and loadable.
 
 >>> import tempfile
 >>> from parallel.models import init_lenet_params
->>> state = TrainingState(epoch=2, batch=0, loss_sum=0.0, correct=0.0, seconds=0.0, shuffle_seed=7, history=[])
+>>> state = TrainingState(epoch=1, batch=3, loss_sum=6.9, correct=3.0, seconds=0.5, shuffle_seed=7, history=[])
 >>> with tempfile.TemporaryDirectory() as d:
 ...     _ = save_checkpoint(d, init_lenet_params(seed=0), state, {"batch_size": 256, "lr": 0.2})
 ...     loaded = load_checkpoint(d)
@@ -48,11 +48,12 @@ from .export import check_arrays, save_arrays
 from .files import atomic_write, fsync_directory
 from .models import MODELS
 from .models.layout import model_layout
-from .validate import check_choice
+from .validate import BadValue, check_choice, check_int, check_lr, check_number, check_seed
 
 __all__ = ["FORMAT", "VERSION", "READABLE_VERSIONS", "MANIFEST", "CheckpointError", "TrainingState", "Snapshot",
            "Checkpoint", "CheckpointWriter", "CheckpointWriteError", "save_checkpoint",
-           "load_checkpoint", "has_checkpoint", "check_compatible", "dataset_fingerprint", "COMPATIBLE_FIELDS"]
+           "load_checkpoint", "has_checkpoint", "check_compatible", "check_run_config", "dataset_fingerprint",
+           "COMPATIBLE_FIELDS"]
 
 FORMAT = "parallel-checkpoint"
 #: Bumped whenever a field changes meaning; a checkpoint of another version is refused, never misread.
@@ -326,21 +327,91 @@ def load_checkpoint(directory, model=None):
                               "instead of resuming, or give the directory that holds the checkpoint")
     manifest, saved_model = _read_manifest(manifest_path, model)
     try:
-        state = TrainingState(**manifest["state"])
+        state = _read_state(manifest["state"])
         config = manifest["config"]
-        if not (isinstance(config, dict) and isinstance(state.history, list)):
-            raise TypeError("malformed fields")
+        if not isinstance(config, dict):
+            raise TypeError(f"config must be an object, got {config!r}")
+    except (KeyError, TypeError, ValueError) as e:   # BadType, BadValue: the field and what it holds
+        raise _malformed(manifest_path, e) from None
+    try:
         params_path = _verified_file(directory, manifest, "params")
         optimizer_path = _verified_file(directory, manifest, "optimizer") if manifest.get("optimizer_file") else None
         compression_path = (_verified_file(directory, manifest, "compression") if manifest.get("compression_file")
                             else None)
     except (KeyError, TypeError) as e:
-        raise CheckpointError(f"{manifest_path}: a field is missing or malformed ({e}); the checkpoint cannot be "
-                              "resumed") from None
+        raise _malformed(manifest_path, e) from None
     params, aux = _read_arrays(params_path, saved_model)
     optimizer_state = {} if optimizer_path is None else _read_optimizer_arrays(optimizer_path, saved_model)
     compression_state = {} if compression_path is None else _read_compression_arrays(compression_path)
     return Checkpoint(params, state, config, manifest_path, aux, saved_model, optimizer_state, compression_state)
+
+
+#: What a finished epoch's metrics hold (``fit``'s history): its number, then these finite numbers.
+_METRICS = ("train_loss", "train_acc", "test_acc", "seconds", "images_per_second")
+
+
+def _read_state(fields):
+    """The manifest's ``state`` as a ``TrainingState``, every field checked: an int epoch >= 1 and batch >= 0,
+    finite sums >= 0, a seed numpy takes, and one metrics dict per finished epoch. Raises ``TypeError`` or
+    ``ValueError`` naming the field (``BadType``, ``BadValue``)."""
+    if not isinstance(fields, dict) or sorted(fields) != sorted(TrainingState._fields):
+        raise TypeError(f"state must hold {', '.join(TrainingState._fields)}, got {fields!r:.80}")
+    epoch = check_int(fields["epoch"], "state.epoch", low=1)
+    batch = check_int(fields["batch"], "state.batch", low=0)
+    sums = [_check_sum(fields[name], f"state.{name}") for name in ("loss_sum", "correct", "seconds")]
+    check_seed(fields["shuffle_seed"], "state.shuffle_seed")
+    history = fields["history"]
+    if not isinstance(history, list) or len(history) != epoch - 1:
+        raise ValueError(f"state.history must list the {epoch - 1} epoch(s) finished before epoch {epoch}, got "
+                         f"{history!r:.80}")
+    for number, metrics in enumerate(history, 1):
+        if not isinstance(metrics, dict) or metrics.get("epoch") != number or isinstance(metrics["epoch"], bool):
+            raise ValueError(f"state.history[{number - 1}] must be the metrics of epoch {number}, got {metrics!r:.80}")
+        for name in _METRICS:
+            check_number(metrics.get(name), f"state.history[{number - 1}].{name}")
+    return TrainingState(epoch, batch, *sums, fields["shuffle_seed"], history)
+
+
+def _check_sum(value, name):
+    """``value`` as a float: a sum of losses, predictions or seconds, finite and >= 0."""
+    if check_number(value, name) < 0:
+        raise BadValue(name, f"{{{name}}} must be >= 0, got {value!r}")
+    return value
+
+
+def check_run_config(checkpoint):
+    """Raise ``CheckpointError`` (the checkpoint is corrupt) unless ``checkpoint.config`` holds, well formed, what
+    every checkpoint of ``python -m parallel.train`` holds: the fields a resume compares (``check_compatible``
+    skips a field the checkpoint lacks). ``"optimizer"`` came with version 2 (version 1 trained plain SGD at its
+    ``"lr"``), ``"model"`` with ResNet-18 (the manifest's model stands for it), ``"compression"`` with compression
+    (none before it); a checkpoint that lacks them is checked without them."""
+    config = checkpoint.config
+    try:
+        for field in ("dataset", "batch_size", "lr", "seed"):
+            if field not in config:
+                raise KeyError(f"config.{field}")
+        dataset = config["dataset"]
+        if not (isinstance(dataset, dict) and isinstance(dataset.get("name"), str)
+                and isinstance(dataset.get("fingerprint"), str)):
+            raise TypeError(f"config.dataset must be a name and a fingerprint, got {dataset!r:.80}")
+        check_int(config["batch_size"], "config.batch_size", low=1)
+        check_lr(config["lr"], "config.lr")
+        check_seed(config["seed"], "config.seed")
+        if "optimizer" in config and not (isinstance(config["optimizer"], dict)
+                                          and isinstance(config["optimizer"].get("name"), str)):
+            raise TypeError(f"config.optimizer must be an optimizer's configuration, got {config['optimizer']!r:.80}")
+        for field in ("model", "compression"):
+            if field in config and not isinstance(config[field], str):
+                raise TypeError(f"config.{field} must be a name, got {config[field]!r:.80}")
+    except (KeyError, TypeError, ValueError) as e:
+        raise _malformed(checkpoint.path, e) from None
+
+
+def _malformed(manifest_path, error):
+    """The ``CheckpointError`` of a manifest whose field is missing (``KeyError``) or malformed."""
+    detail = f"no {error.args[0]}" if isinstance(error, KeyError) else error
+    return CheckpointError(f"{manifest_path}: a field is missing or malformed ({detail}); the checkpoint cannot be "
+                           "resumed")
 
 
 def _verified_file(directory, manifest, kind):
@@ -404,7 +475,7 @@ def _read_manifest(manifest_path, model):
                               f"package reads versions {', '.join(map(str, READABLE_VERSIONS))}; resume it with the "
                               "version that wrote it")
     saved_model = manifest.get("model", "lenet")   # manifests without a model name hold LeNet
-    if saved_model not in MODELS:
+    if not isinstance(saved_model, str) or saved_model not in MODELS:
         raise CheckpointError(f"{manifest_path}: a checkpoint of model {saved_model!r}, which this package does not "
                               f"know (it trains {', '.join(MODELS)})")
     if model is not None and saved_model != model:

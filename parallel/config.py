@@ -62,7 +62,8 @@ class RunConfig:
     checkpoint_every : int, optional
         Also checkpoint after every this many optimizer steps (counted from the run's first step).
     trace : str, optional
-        Record steps ``TRACE_FIRST`` .. of the run with MXNet's profiler and write a Chrome trace there.
+        Record steps ``TRACE_FIRST`` .. of the run with MXNet's profiler and write a Chrome trace there (a run
+        of fewer steps: those it has, ``parallel.fit.trace_first``).
     progress : bool
         Show a progress bar per epoch that counts finished batches.
     """

@@ -10,7 +10,7 @@ replica that computed nothing this step, a checkpoint) could run before they are
 """
 import ctypes
 
-__all__ = ["fence", "push_sync", "ContextHandle", "ENGINE_SYNC_FUNC"]
+__all__ = ["fence", "mark", "push_sync", "ContextHandle", "ENGINE_SYNC_FUNC"]
 
 
 class ContextHandle(ctypes.Structure):
@@ -29,15 +29,16 @@ def _handles(arrays):
     return (ctypes.c_void_p * len(arrays))(*[array.handle for array in arrays])
 
 
-def push_sync(callback, ctx, reads=(), writes=()):
+def push_sync(callback, ctx, reads=(), writes=(), name=None):
     """Queue ``callback`` (an ``ENGINE_SYNC_FUNC``, which the caller keeps alive until it has run) as an operation
-    on ``ctx`` that reads the NDArrays ``reads`` and writes ``writes`` (``MXEnginePushSyncND``). Returns at once."""
+    on ``ctx`` that reads the NDArrays ``reads`` and writes ``writes`` (``MXEnginePushSyncND``), named ``name`` in
+    MXNet's profiler. Returns at once."""
     import mxnet as mx
     handle = ContextHandle(ctx.device_typeid, ctx.device_id)
     reads, writes = list(reads), list(writes)
     mx.base.check_call(mx.base._LIB.MXEnginePushSyncND(
         callback, None, None, ctypes.byref(handle), _handles(reads) if reads else None, len(reads),
-        _handles(writes) if writes else None, len(writes), None, 0, None))
+        _handles(writes) if writes else None, len(writes), None, 0, None if name is None else name.encode()))
 
 
 def fence(reads, writes):
@@ -47,3 +48,9 @@ def fence(reads, writes):
     writes = list(writes)
     if writes:
         push_sync(_NOTHING, writes[0].context, reads, writes)
+
+
+def mark(name, ctx, reads=()):
+    """Queue an empty operation named ``name`` on ``ctx`` once the NDArrays ``reads`` are written: a mark in
+    MXNet's profiler (``parallel.trace``) where that context's work reaches that point. No value changes."""
+    push_sync(_NOTHING, ctx, reads, name=name)

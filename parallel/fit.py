@@ -38,10 +38,22 @@ from .optim.zero import as_optimizer, gather_state, load_state
 from .trace import trace, worker_path
 from .validate import BadType, BadValue
 
-__all__ = ["fit", "NonFiniteLossError", "TrainingStopped", "IN_FLIGHT", "TRACE_FIRST", "TRACE_STEPS"]
+__all__ = ["fit", "check_start", "NonFiniteLossError", "TrainingStopped", "IN_FLIGHT", "TRACE_FIRST", "TRACE_STEPS",
+           "trace_first"]
 
-#: ``fit(trace=...)`` records steps TRACE_FIRST .. TRACE_FIRST + TRACE_STEPS - 1 of the run (counted from 1).
+#: ``fit(trace=...)`` records steps TRACE_FIRST .. TRACE_FIRST + TRACE_STEPS - 1 of the run (counted from 1): the
+#: first step allocates. A run of fewer steps records those it has from ``trace_first``: at least its last one.
 TRACE_FIRST, TRACE_STEPS = 2, 3
+
+
+def trace_first(steps):
+    """The first step (counted from 1) ``fit(trace=...)`` records of a run of ``steps`` steps: ``TRACE_FIRST``, or
+    the last step of a shorter run; None for a run of no step, which writes no trace.
+
+    >>> [trace_first(steps) for steps in (0, 1, 2, 3, 100)]
+    [None, 1, 2, 2, 2]
+    """
+    return min(TRACE_FIRST, steps) or None
 
 #: How many steps the host queues ahead of the devices. It then waits for the oldest step, reads its loss
 #: (checking it is finite) and advances the progress bar: the bar counts finished batches, not queued ones,
@@ -108,13 +120,14 @@ class _Run:
     """What every epoch of a ``fit`` shares: the strategy, the optimizer, the data, the configuration (its seed
     rank 0's in a job)."""
 
-    def __init__(self, strategy, optimizer, dataset, config, seed):
+    def __init__(self, strategy, optimizer, dataset, config, seed, steps):
         self.strategy, self.optimizer, self.dataset, self.config = strategy, optimizer, dataset, config
         self.accumulate, self.batch_size, self.checkpoint_every = config.accumulate, config.batch_size, \
             config.checkpoint_every
         self.seed = seed
         self.per_epoch = num_batches(len(dataset.train_labels), self.batch_size)
         self.trace_path, self.steps_run, self.tracing = config.trace, 0, None
+        self.trace_first = trace_first(steps)   # this run's ``steps``: a short run traces what it has
 
     def checkpoint_due(self, epoch, batch):
         """Whether ``checkpoint_every`` asks for a checkpoint after ``batch`` of ``epoch``: after every
@@ -125,12 +138,12 @@ class _Run:
 
     def step(self, X, y):
         self.steps_run += 1
-        if self.trace_path is not None and self.steps_run == TRACE_FIRST:
+        if self.trace_path is not None and self.steps_run == self.trace_first:
             job = self.strategy.job
             self.tracing = trace(worker_path(self.trace_path, job), None if job is None else job.rank,
                                  self.strategy.ctx_list).__enter__()
         out = self.strategy.train_step(X, y, optimizer=self.optimizer, accumulate=min(self.accumulate, X.shape[0]))
-        if self.steps_run == TRACE_FIRST + TRACE_STEPS - 1:
+        if self.tracing is not None and self.steps_run == self.trace_first + TRACE_STEPS - 1:
             self.end_trace()
         return out
 
@@ -176,7 +189,7 @@ def _train_epoch(run, epoch, state, stop, on_checkpoint, history):
     return queued.finish()
 
 
-def _check_start(state, seed, per_epoch):
+def check_start(state, seed, per_epoch):
     """Raise ``BadValue``/``BadType`` (naming ``resume``) unless ``state`` is a position this run can continue
     from."""
     if not isinstance(state, TrainingState):
@@ -200,7 +213,7 @@ def _shared_start(job, state, seed, per_epoch):
         return state, seed
     shared = broadcast_object(job, {"seed": seed, "start": state._asdict()})
     seed, state = shared["seed"], TrainingState(**shared["start"])
-    _check_start(state, seed, per_epoch)
+    check_start(state, seed, per_epoch)
     if job.rank != 0:
         state = state._replace(loss_sum=0.0, correct=0.0)
     return state, seed
@@ -369,12 +382,13 @@ def fit(dataset, strategy, optimizer, config, on_epoch=None, on_checkpoint=None,
     _check_strategy(strategy, optimizer)
     per_epoch = num_batches(len(dataset.train_labels), config.batch_size)
     state = TrainingState(1, 0, 0.0, 0.0, 0.0, epoch_seed(config.seed, 1), []) if resume is None else resume.state
-    _check_start(state, config.seed, per_epoch)
+    check_start(state, config.seed, per_epoch)
     state, seed = _shared_start(strategy.job, state, config.seed, per_epoch)
     _shared_optimizer_state(strategy.job, optimizer, strategy, getattr(resume, "optimizer_state", None))
     _shared_feedback(strategy, getattr(resume, "compression_state", None))
     optimizer.num_update = (state.epoch - 1) * per_epoch + state.batch   # one optimizer step per batch
-    run = _Run(strategy, optimizer, dataset, config, seed)
+    steps = max(0, (config.epochs - state.epoch + 1) * per_epoch - state.batch)
+    run = _Run(strategy, optimizer, dataset, config, seed, steps)
     history = list(state.history)
     try:
         for epoch in range(state.epoch, config.epochs + 1):

@@ -36,6 +36,7 @@ from .models.gluon import GluonNet, as_net
 from .models.lenet import CachedNet, lenet_cached, softmax_cross_entropy
 from .optim.zero import as_optimizer, optimizer_step
 from .split import shard_sizes, split_and_load
+from .trace import mark_backward
 from .validate import check_contexts, check_int, check_lr
 
 __all__ = ["check_labels", "check_batch", "sgd", "update_replicas", "loss_and_correct", "step_replicas", "idle_step",
@@ -150,6 +151,7 @@ def _forward_backward(replicas, X, y, loss, y_all, count_correct=True):
         losses = [loss(out, y_shard) for out, y_shard in zip(outputs, y_shards)]
     if y_all is not None:
         check_labels(y_all, outputs[0].shape[-1], loss)   # before anything is updated
+    mark_backward(losses, replicas.groups())   # where a trace's backward starts (parallel.trace)
     autograd.backward(losses)  # each replica computes the gradient of its own shard
     _fence_statistics(replicas)
     active = len(X_shards)

@@ -6,7 +6,9 @@ prefixed with the worker in a job, each operator an event named by its phase:
 
 - ``load``: copies onto the context before its forward (its shard of the batch);
 - ``forward``: the operators of the forward pass and the loss;
-- ``backward``: MXNet's ``_backward_*`` operators;
+- ``backward``: MXNet's ``_backward_*`` operators, and the anonymous bulks (``ImperativeBulk``) in which it runs an
+  imperative backward pass (the model and pipeline strategies' LeNet stages): those after the step's mark
+  (``mark_backward``, which ``parallel.step`` queues on every context before ``backward()``);
 - ``allreduce``: copies between contexts and the sums after the backward (``add_n``, and a compressor's work);
 - ``update``: the optimizer's operators (``sgd_update``, ``sgd_mom_update``, ``adam_update``, ...).
 
@@ -31,7 +33,8 @@ from collections import namedtuple
 
 from .files import atomic_write
 
-__all__ = ["trace", "Trace", "PHASES", "check_traceable", "plot_timeline", "read_trace", "worker_path"]
+__all__ = ["trace", "Trace", "PHASES", "BACKWARD_MARK", "mark_backward", "check_traceable", "plot_timeline",
+           "read_trace", "worker_path"]
 
 #: The phases of a step, in the order they happen on every context.
 PHASES = ("load", "forward", "backward", "allreduce", "update")
@@ -41,7 +44,11 @@ _UPDATES = ("sgd_update", "sgd_mom_update", "nag_mom_update", "adam_update", "_c
 #: Operators of a codec or of clipping that a backward pass of LeNet or ResNet-18 does not run itself.
 _REDUCTION_OPS = ("Cast", "topk", "take", "scatter_nd", "elemwise_sub", "broadcast_div", "norm", "clip", "broadcast_mul",
                   "slice_axis", "_slice_assign", "concat", "floor", "FullyConnected", "_equal_scalar")
-_BOOKKEEPING = ("DeleteVariable", "SetValueOp", "WaitForVar", "ImperativeBulk")
+_BOOKKEEPING = ("DeleteVariable", "SetValueOp", "WaitForVar")
+#: What MXNet's profiler calls a bulk of imperative operators (of the backward pass, or other small ones).
+_BULK = "ImperativeBulk"
+#: The empty operation ``mark_backward`` queues on a context: its backward pass comes after it.
+BACKWARD_MARK = "parallel:backward"
 #: The head and the tail MXNet writes around a dump's events (a later dump may lack the head: see the module's notes).
 _FRAME = re.compile(r"\{\s*\"traceEvents\"\s*:\s*\[|\]\s*,\s*\"displayTimeUnit\"\s*:\s*\"ms\"\s*\}")
 
@@ -58,7 +65,7 @@ path : str or None
 """
 
 _lock = threading.Lock()
-_state = {"file": None, "seen": 0, "slots": {}}
+_state = {"file": None, "seen": 0, "slots": {}, "recording": False}
 
 
 def _profiler_file():
@@ -125,6 +132,7 @@ class trace:
             _profiler_file()
             mx.nd.waitall()
             mx.profiler.set_state("run")
+            _state["recording"] = True
         except BaseException:
             _lock.release()
             raise
@@ -135,6 +143,7 @@ class trace:
         try:
             mx.nd.waitall()
             mx.profiler.set_state("stop")
+            _state["recording"] = False
             mx.profiler.dump()
             with open(_state["file"]) as f:
                 text = f.read()
@@ -148,6 +157,16 @@ class trace:
             with atomic_write(self.path, "w") as f:
                 json.dump({"traceEvents": self.result.events, "displayTimeUnit": "ms"}, f)
         return False
+
+
+def mark_backward(losses, groups):
+    """While a trace records: queue ``BACKWARD_MARK`` on every context of ``groups`` (``optimizer_step``'s groups
+    of replicas) once ``losses`` are computed, so that the trace names the bulks of an imperative backward pass
+    (``ImperativeBulk``) that follow it as backward. Nothing otherwise."""
+    if _state["recording"]:
+        from .engine import mark
+        for ctx in {param.context for group in groups for replica in group for param in replica}:
+            mark(BACKWARD_MARK, ctx, losses)
 
 
 def _events(text):
@@ -206,6 +225,23 @@ def _backward_ahead(spans):
     return ahead
 
 
+def _named_bulks(spans):
+    """``spans`` (sorted by start) with each lane's ``ImperativeBulk`` between its ``BACKWARD_MARK`` and its next
+    update named as backward (``ImperativeBulk:_backward``); the marks and the other bulks left out."""
+    marked, kept = set(), []
+    for begin, end, pid, op in spans:
+        if op == BACKWARD_MARK:
+            marked.add(pid)
+        elif op == _BULK:
+            if pid in marked:
+                kept.append((begin, end, pid, f"{_BULK}:_backward"))
+        else:
+            if any(op.startswith(u) for u in _UPDATES):
+                marked.discard(pid)
+            kept.append((begin, end, pid, op))
+    return kept
+
+
 def _timeline(raw, fresh, worker, path, contexts):
     names = _lane_names(raw, fresh, worker, contexts)
     pids = list(names)
@@ -218,10 +254,9 @@ def _timeline(raw, fresh, worker, path, contexts):
             opened[key] = event["ts"]
         elif key in opened:
             spans.append((opened.pop(key), event["ts"], event["pid"], event["name"]))
-    spans = [s for s in spans if s[3] not in _BOOKKEEPING]
+    spans = _named_bulks(sorted(s for s in spans if s[3] not in _BOOKKEEPING))
     start = min((s[0] for s in spans), default=0)
     events, state = [], {pid: [False, False, False] for pid in pids}
-    spans = sorted(spans)
     for (begin, end, pid, op), ahead in zip(spans, _backward_ahead(spans)):
         phase = _phase(op, state[pid], ahead)
         if phase in ("forward", "backward", "allreduce"):

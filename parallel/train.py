@@ -87,8 +87,10 @@ def build_parser():
         help=f"learning rate (> 0, at most {LR_RANGE[1]:.2e}); default 0.2 for sgd, 0.001 for adam and adamw")
     add("--dataset", choices=list(DATASETS), default="fashion-mnist",
         help="default fashion-mnist (downloaded when missing)")
-    add("--data-dir", default=None, help="directory of the four IDX files of an MNIST-format dataset, raw or .gz "
-                                         "(default $MXNET_HOME/datasets/fashion-mnist, i.e. ~/.mxnet/...)")
+    add("--data-dir", default=None, help="an existing directory of the four IDX files of an MNIST-format dataset, "
+                                         "raw or .gz (Fashion-MNIST is downloaded into it when it is empty; default "
+                                         "$MXNET_HOME/datasets/fashion-mnist, i.e. ~/.mxnet/..., created when "
+                                         "missing)")
     _add_reduction_flags(add)
     add("--strategy", choices=list(STRATEGIES), default="data",
         help="; ".join(f"{name}: {what}" for name, what in STRATEGIES.items()) + "; default data")
@@ -105,7 +107,8 @@ def build_parser():
     add("--seed", type=int, default=0, help=f"seeds initial parameters and shuffling, 0 to {MAX_SEED}; default 0")
     add("--metrics-json", metavar="PATH", help="write per-epoch metrics as JSON")
     add("--trace", metavar="PATH",
-        help="record steps 2-4 of the run with MXNet's profiler and write a Chrome trace there (chrome://tracing, "
+        help="record steps 2-4 of the run (fewer in a shorter run: from step 2, or step 1 if it is the only one) "
+             "with MXNet's profiler and write a Chrome trace there (chrome://tracing, "
              "Perfetto): a lane per device, each operator named load, forward, backward, allreduce or update; in a "
              "job each worker writes PATH with .workerR before its extension")
     add("--plot", metavar="PATH",
@@ -214,6 +217,10 @@ def check_args(args):
         check_number(args.bucket_mb, "bucket_mb", positive=True)
     if args.data_dir is not None and args.dataset == "synthetic":
         raise UsageError("--data-dir applies to --dataset fashion-mnist, not synthetic")
+    if args.data_dir is not None and not os.path.isdir(args.data_dir):   # a typo, not a place to download into
+        what = "is not a directory" if os.path.exists(args.data_dir) else "does not exist"
+        raise UsageError(f"--data-dir {args.data_dir!r} {what}; give the directory that holds the four IDX files, "
+                         "create it first to download Fashion-MNIST there, or leave --data-dir out for the default")
     if args.checkpoint_every is not None and args.checkpoint_dir is None:
         raise UsageError("--checkpoint-every needs --checkpoint-dir, the directory to write the checkpoints in")
     if args.resume and args.checkpoint_dir is None:
@@ -309,7 +316,7 @@ def run(args, stack):
     dataset, data_name = steps.load_dataset(args, job)
     optimizer = steps.optimizer_of(args, dataset)
     record = steps.checkpoint_record(args, strategy, optimizer, dataset, data_name, job)
-    steps.check_resume(checkpoint, record)
+    steps.check_resume(checkpoint, record, dataset)
     report = steps.open_report(args, strategy, optimizer, dataset, data_name, job)
     steps.announce_start(args, checkpoint, report)
     with (stop_between_batches() if job is None else end_on_signals()) as stop:

@@ -9,14 +9,14 @@ import os
 import sys
 
 from .checkpoint import (CheckpointError, CheckpointWriteError, CheckpointWriter, check_compatible,
-                         dataset_fingerprint, has_checkpoint, load_checkpoint)
+                         check_run_config, dataset_fingerprint, has_checkpoint, load_checkpoint)
 from .cli import UsageError, launched, restart_count, users_input
 from .comm.reducer import Reducer
 from .config import FLAGS, run_config
 from .data import DataError, identify_dataset, load_data, num_batches
 from .data.fashion_mnist import default_data_dir
 from .devices import parse_devices
-from .fit import NonFiniteLossError, TrainingStopped, fit
+from .fit import NonFiniteLossError, TrainingStopped, check_start, fit
 from .job import join, sum_values
 from .models import MODELS
 from .models.layout import init_model
@@ -157,15 +157,22 @@ def checkpoint_record(args, strategy, optimizer, dataset, data_name, job):
             "accumulate": args.accumulate, "compression": "none" if codec is None else codec.spec}
 
 
-def check_resume(checkpoint, record):
-    """Refuse to resume ``checkpoint`` with a configuration that changes the computation (``check_compatible``)."""
+def check_resume(checkpoint, record, dataset):
+    """Refuse to resume ``checkpoint`` when it is corrupt (a configuration without what every run records,
+    ``check_run_config``; a position this run's epochs do not have) or with a configuration that changes the
+    computation (``check_compatible``)."""
     if checkpoint is None:
         return
-    saved = checkpoint.config
-    if "lr" in saved:   # a checkpoint of version 1 trained with plain SGD at its lr
-        saved = {"optimizer": SGD(saved["lr"]).config(), **saved}
     with users_input(CheckpointError):
+        check_run_config(checkpoint)
+        saved = {"optimizer": SGD(checkpoint.config["lr"]).config(),   # version 1 trained plain SGD at its lr
+                 "compression": "none", **checkpoint.config}            # and before compression, compressed nothing
         check_compatible(saved, record)
+    try:   # same batch size, dataset and seed: a position outside the run's epochs is the checkpoint's fault
+        check_start(checkpoint.state, record["seed"], num_batches(len(dataset.train_labels), record["batch_size"]))
+    except ValueError as e:
+        raise UsageError(f"{checkpoint.path}: corrupt, {e.render({**FLAGS, 'resume': 'it'})}; the checkpoint cannot be "
+                         "resumed") from None
 
 
 def open_report(args, strategy, optimizer, dataset, data_name, job):
@@ -200,7 +207,8 @@ def announce_start(args, checkpoint, report):
     start = checkpoint.state
     if start.epoch > args.epochs:
         report.say(f"the checkpoint in {args.checkpoint_dir} has finished all {args.epochs} epochs; nothing to "
-                   "train (give a larger --epochs to train further)")
+                   "train (give a larger --epochs to train further)"
+                   + ("; --trace writes no trace, no step runs" if args.trace is not None else ""))
     else:
         report.say(f"resuming from {checkpoint.path}: epoch {start.epoch}, after {start.batch} batch(es)")
 

@@ -591,3 +591,18 @@ def test_docstring_examples_are_doctests_not_literal_blocks():
                     if not all(l.startswith(("python -m ", "$ ")) for l in lines):
                         offenders.append(f"{os.path.relpath(path, ROOT)}:{owner}")
     assert not offenders, f"docstring examples that never run (make them >>> doctests): {offenders}"
+
+
+def test_checkpoints_page_quotes_the_refusal_of_another_models_checkpoint(tmp_path):
+    """docs/checkpoints.md quoted a message the package never printed ("resume it with --model lenet")."""
+    from parallel import checkpoint as ckpt
+    from parallel.data import epoch_seed
+    from parallel.models import init_lenet_params
+    state = ckpt.TrainingState(1, 1, 0.5, 1.0, 0.1, epoch_seed(0, 1), [])
+    ckpt.save_checkpoint(tmp_path, init_lenet_params(), state, {})
+    with pytest.raises(ckpt.CheckpointError) as refused:
+        ckpt.load_checkpoint(tmp_path, model="resnet18")
+    printed = str(refused.value).split(": ", 1)[1]   # after the manifest's path, which the page writes as ...
+    with open(os.path.join(ROOT, "docs", "checkpoints.md")) as f:
+        page = " ".join(f.read().split())
+    assert f"`error: ... {printed}`" in page, printed

@@ -258,7 +258,8 @@ def _listening_port():
 
 @pytest.mark.parametrize("case", ["-n 0", "missing hostfile", "empty hostfile", "ssh without hostfile",
                                   "no command", "port in use", "hostfile without ssh", "bad hostfile line",
-                                  "abbreviated flag"])
+                                  "abbreviated flag", "grace inf", "grace 1e12", "start timeout inf",
+                                  "stall timeout 1e12"])
 def test_user_errors_exit_2_with_one_line(case, tmp_path, capsys):
     empty = tmp_path / "empty"
     empty.write_text("# no hosts yet\n\n")
@@ -278,6 +279,11 @@ def test_user_errors_exit_2_with_one_line(case, tmp_path, capsys):
             "bad hostfile line": (["-n", "1", "--launcher", "ssh", "-H", str(bad), "python", "x.py"], "line 1"),
             # argparse would take --num-work for --num-workers; a flag is spelled out or refused
             "abbreviated flag": (["--num-work", "2", "python", "x.py"], "required: -n/--num-workers"),
+            # a wait that long overflowed Python's waits (OverflowError) once the job had succeeded
+            "grace inf": (["-n", "1", "--grace", "inf", "true"], "--grace must be at most 1000000 seconds"),
+            "grace 1e12": (["-n", "1", "--grace", "1e12", "true"], "--grace must be at most 1000000 seconds"),
+            "start timeout inf": (["-n", "1", "--start-timeout", "inf", "true"], "--start-timeout must be at most"),
+            "stall timeout 1e12": (["-n", "1", "--stall-timeout", "1e12", "true"], "--stall-timeout must be at most"),
         }[case]
         assert main(args) == 2
     err = capsys.readouterr().err

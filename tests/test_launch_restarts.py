@@ -63,10 +63,26 @@ def test_nothing_is_restarted_once_the_launcher_was_interrupted(ending):
 @pytest.mark.parametrize("ending", [
     Ending(NOT_STARTED, "worker 0 could not start: No such file or directory: 'no-such-command'"),
     Ending(TOO_FEW_HOSTS, "only 1 host(s) available, -n asks for at least 2 (waited 60 s, --start-timeout)"),
-    Ending(BAD_DISCOVERY, "--host-discovery-script printed a bad line 1: 'a b' is not host or host:port ..."),
-], ids=["not started", "too few hosts", "bad discovery"])
+], ids=["not started", "too few hosts"])
 def test_what_a_restart_cannot_mend_stops_with_1(ending):
     assert decide(ending, 0, 3) == Decision(False, 1, f"error: {ending.message}")
+
+
+@pytest.mark.parametrize("message", [
+    "--host-discovery-script printed a bad line 1: 'a b' is not host or host:port ...",
+    "--host-discovery-script named the host 'node7', but --launcher local runs every process on this machine; ...",
+], ids=["bad line", "another host"])
+def test_a_bad_discovery_is_input_that_cannot_work_status_2(message):
+    assert decide(Ending(BAD_DISCOVERY, message), 0, 3) == Decision(False, 2, f"error: {message}")
+
+
+def test_a_discovered_host_that_is_not_this_machine_with_launcher_local_exits_2(monkeypatch, capsys):
+    """It exited with 1, as if the job had failed: the script's hosts and --launcher local cannot work together."""
+    status, starts = _main_with([], monkeypatch, "-n", 1, "--host-discovery-script", "echo node7.invalid",
+                                "--max-restarts", 2)
+    err = capsys.readouterr().err
+    assert (status, starts) == (2, []) and err.count("\n") == 1, err
+    assert err.startswith("error: --host-discovery-script named the host 'node7.invalid', but --launcher local"), err
 
 
 @pytest.mark.parametrize("restarts, interrupted", [(0, False), (3, False), (1, True)])
@@ -282,7 +298,7 @@ def test_bad_restart_and_elastic_flags_exit_2(args, message, capsys):
 def test_a_discovery_script_naming_another_host_in_local_mode_is_refused(tmp_path, mark):
     result = run_launcher(mark, "-n", "1:2", "--host-discovery-script", "echo node7", sys.executable, "-c", "pass",
                           timeout=60)
-    assert result.returncode == 1, result.stderr
+    assert result.returncode == 2, result.stderr   # input that cannot work
     (line,) = error_lines(result.stderr)
     assert "named the host 'node7'" in line
     assert_nothing_left(mark)

@@ -124,6 +124,36 @@ def test_the_cli_writes_a_trace_of_steps_2_to_4(tmp_path, capsys):
     assert [e["args"]["op"] for e in timeline.events if e.get("ph") == "X"].count("sgd_update") == 3 * 2
 
 
+@pytest.mark.parametrize("layout", [["--strategy", "model"], ["--strategy", "pipeline", "--micro-batches", "2"]])
+def test_model_and_pipeline_traces_name_their_backward_pass(layout, tmp_path):
+    """Their LeNet stages run an imperative backward pass, in bulks MXNet names ImperativeBulk, which the trace
+    dropped: every event was forward (or load, update). Each stage's lane now has backward events after its
+    forward ones and before its last update."""
+    data_dir = write_idx_files(tmp_path, easy_dataset(num_train=128, num_test=32, seed=4))
+    path = tmp_path / "steps.json"
+    assert main(["--data-dir", str(data_dir), "--epochs", "1", "--devices", "cpu:2", "--batch-size", "32",
+                 "--no-progress", "--trace", str(path), *layout]) == 0
+    timeline = read_trace(path)
+    assert timeline.lanes == ["cpu(0)", "cpu(1)"]
+    for lane in (0, 1):
+        names = [e["name"] for e in timeline.events if e.get("ph") == "X" and e["pid"] == lane]
+        assert "backward" in names and names.index("forward") < names.index("backward"), names
+        assert len(names) - names[::-1].index("update") > len(names) - names[::-1].index("backward"), names
+
+
+@pytest.mark.parametrize("examples, steps", [(20, 1), (64, 2)])
+def test_a_run_shorter_than_the_traced_steps_traces_what_it_ran(examples, steps, tmp_path):
+    """A run of fewer than 4 steps wrote no trace (one step: nothing at all, and no word of it)."""
+    data_dir = write_idx_files(tmp_path, easy_dataset(num_train=examples, num_test=10, seed=4))
+    path = tmp_path / "steps.json"
+    assert main(["--data-dir", str(data_dir), "--epochs", "1", "--devices", "cpu:2", "--batch-size", "32",
+                 "--no-progress", "--trace", str(path)]) == 0
+    timeline = read_trace(path)
+    _phases_in_order(timeline, ["cpu(0)", "cpu(1)"])
+    updates = [e["args"]["op"] for e in timeline.events if e.get("ph") == "X"].count("sgd_update")
+    assert updates == 2   # one step on each context: the only one, or the second
+
+
 def test_an_empty_trace_path_exits_2(capsys):
     assert main(["--dataset", "synthetic", "--epochs", "1", "--trace", ""]) == 2
     assert "--trace needs a path" in capsys.readouterr().err

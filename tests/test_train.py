@@ -279,10 +279,26 @@ def test_unwritable_output_is_refused_before_training(tmp_path, capsys):
 
 def test_offline_download_names_missing_files_and_directory(tmp_path, capsys):
     target = tmp_path / "fm"
+    target.mkdir()   # an empty directory is one to download into
     assert main(["--data-dir", str(target), "--epochs", "1", "--no-progress"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and err.startswith("error: could not download")
     assert "train-images-idx3-ubyte.gz" in err and str(target) in err and "use --dataset synthetic" in err
+
+
+@pytest.mark.parametrize("kind", ["missing", "file"])
+def test_a_data_dir_that_is_not_a_directory_is_refused_not_downloaded_into(tmp_path, capsys, monkeypatch, kind):
+    """A mistyped --data-dir tried to download Fashion-MNIST into it (and failed offline, naming the download)."""
+    target = tmp_path / "fashoin-mnist"
+    if kind == "file":
+        target.write_text("")
+    monkeypatch.setattr("parallel.data.fashion_mnist.download_fashion_mnist",
+                        lambda *args, **kwargs: pytest.fail("downloaded into a --data-dir that is not a directory"))
+    assert main(["--data-dir", str(target), "--epochs", "1", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    what = "does not exist" if kind == "missing" else "is not a directory"
+    assert err.startswith(f"error: --data-dir {str(target)!r} {what}; ") and err.count("\n") == 1, err
+    assert target.exists() == (kind == "file")
 
 
 @pytest.mark.slow

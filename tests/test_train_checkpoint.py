@@ -3,6 +3,7 @@ import json
 import os
 import resource
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -269,6 +270,49 @@ def test_a_damaged_checkpoint_exits_2_with_one_line_and_nothing_overwritten(one_
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and len(err.splitlines()) == 1, err
     assert _snapshot(one_epoch) == before
+
+
+@pytest.fixture(scope="module")
+def finished_epoch(data_dir, tmp_path_factory):
+    """A checkpoint after one epoch, to copy and damage."""
+    directory = tmp_path_factory.mktemp("finished") / "ckpt"
+    assert main(_args(data_dir, "--devices", "cpu:1", "--epochs", "1", "--checkpoint-dir", str(directory))) == 0
+    return directory
+
+
+@pytest.mark.parametrize("section, field, value, message", [
+    ("state", "epoch", "x", "state.epoch must be an int, got 'x'"),
+    ("state", "epoch", -5, "state.epoch must be >= 1, got -5"),
+    ("state", "batch", 1e6, "state.batch must be an int, got 1000000.0"),
+    ("state", "batch", 30, "it points at epoch 2, batch 30, but an epoch here has 30 batches"),
+    ("state", "loss_sum", float("nan"), "state.loss_sum must be a finite number"),
+    ("state", "shuffle_seed", 5, "it orders epoch 2 with seed 5, but --seed 3 gives"),
+    ("state", "history", [], "state.history must list the 1 epoch(s) finished before epoch 2"),
+    ("state", "history", [{"epoch": 1}], "state.history[0].train_loss must be a number, got None"),
+    ("config", None, {}, "(no config.dataset)"),
+    ("config", "dataset", "fashion-mnist", "config.dataset must be a name and a fingerprint"),
+    ("config", "lr", "x", "config.lr must be a number, got 'x'"),
+    ("config", "optimizer", "sgd", "config.optimizer must be an optimizer's configuration"),
+])
+def test_a_malformed_manifest_field_is_a_corrupt_checkpoint(finished_epoch, data_dir, tmp_path, section, field,
+                                                             value, message, capsys):
+    """A field of checkpoint.json of the wrong type or range gave a traceback, and "config": {} resumed without
+    any compatibility check: each is refused as a corrupt checkpoint, one line, status 2."""
+    directory = tmp_path / "ckpt"
+    shutil.copytree(finished_epoch, directory)
+    manifest = json.loads((directory / ckpt.MANIFEST).read_text())
+    if field is None:
+        manifest[section] = value
+    else:
+        manifest[section][field] = value
+    (directory / ckpt.MANIFEST).write_text(json.dumps(manifest))
+    before = _snapshot(directory)
+    status = main(_args(data_dir, "--devices", "cpu:1", "--epochs", "2", "--checkpoint-dir", str(directory),
+                        "--resume"))
+    out, err = capsys.readouterr()
+    assert status == 2 and len(err.strip().splitlines()) == 1 and message in err, err
+    assert err.startswith(f"error: {directory / ckpt.MANIFEST}: ") and "cannot be resumed" in err, err
+    assert "epoch 2" not in out and _snapshot(directory) == before
 
 
 def test_a_second_run_into_a_held_checkpoint_dir_is_refused_naming_the_holder(data_dir, tmp_path, capsys):

@@ -11,7 +11,11 @@ from .job import Job, Signals, plan_start, write_line
 from .restarts import Failure, decide
 from .watchdog import Watchdog
 
-__all__ = ["main", "build_parser", "check_args"]
+__all__ = ["main", "build_parser", "check_args", "MAX_SECONDS"]
+
+#: The longest time a SEC flag takes (about 11 days): a wait of inf or 1e12 seconds cannot be waited for (Python's
+#: waits overflow past threading.TIMEOUT_MAX), and so long a wait could not tell a stuck job anyway.
+MAX_SECONDS = 1e6
 
 
 def build_parser():
@@ -44,13 +48,14 @@ def build_parser():
                         help="the scheduler's port (default: a free port the launcher picks)")
     parser.add_argument("--start-timeout", type=float, default=60.0, metavar="SEC",
                         help="end the job unless every worker and server has connected to the scheduler within "
-                             "SEC seconds; default 60")
+                             "SEC seconds (at most 1000000); default 60")
     parser.add_argument("--stall-timeout", type=float, default=0.0, metavar="SEC",
-                        help="end the job when no worker has printed a line for SEC seconds; default 0 (off). Workers "
-                             "whose collectives disagree (one a step short) end the job without it, with a "
-                             "diagnosis from their flight records")
+                        help="end the job when no worker has printed a line for SEC seconds (at most 1000000); "
+                             "default 0 (off). Workers whose collectives disagree (one a step short) end the job "
+                             "without it, with a diagnosis from their flight records")
     parser.add_argument("--grace", type=float, default=5.0, metavar="SEC",
-                        help="when stopping processes: SIGTERM, then SIGKILL after SEC seconds; default 5")
+                        help="when stopping processes: SIGTERM, then SIGKILL after SEC seconds (at most 1000000; inf "
+                             "is refused); default 5")
     parser.add_argument("--max-restarts", type=int, default=0, metavar="R",
                         help="when a process of the job fails or dies, stop the job and start it again, up to R "
                              "times (each worker gets PARALLEL_RESTART=r; python -m parallel.train then resumes "
@@ -94,12 +99,7 @@ def check_args(args):
     if not args.command:
         raise UsageError("no command given: put the command every worker runs after the options, "
                          "e.g. python -m parallel.launch -n 2 python my_kvstore_script.py")
-    if not args.start_timeout > 0:
-        raise UsageError(f"--start-timeout must be > 0 seconds, got {args.start_timeout}")
-    if not args.stall_timeout >= 0:
-        raise UsageError(f"--stall-timeout must be >= 0 seconds (0 turns it off), got {args.stall_timeout}")
-    if not args.grace >= 0:
-        raise UsageError(f"--grace must be >= 0 seconds, got {args.grace}")
+    _check_seconds(args)
     for item in args.env:
         name = item.split(":", 1)[0]
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
@@ -127,6 +127,20 @@ def check_args(args):
         args.port = free_port()
     else:
         check_port(args.port)
+
+
+def _check_seconds(args):
+    """Raise ``UsageError`` unless the SEC flags are waits the launcher can make: 0 .. ``MAX_SECONDS``."""
+    if not args.start_timeout > 0:
+        raise UsageError(f"--start-timeout must be > 0 seconds, got {args.start_timeout}")
+    if not args.stall_timeout >= 0:
+        raise UsageError(f"--stall-timeout must be >= 0 seconds (0 turns it off), got {args.stall_timeout}")
+    if not args.grace >= 0:
+        raise UsageError(f"--grace must be >= 0 seconds, got {args.grace}")
+    for flag, seconds in (("--start-timeout", args.start_timeout), ("--stall-timeout", args.stall_timeout),
+                          ("--grace", args.grace)):
+        if not seconds <= MAX_SECONDS:
+            raise UsageError(f"{flag} must be at most {MAX_SECONDS:.0f} seconds (11 days), got {seconds}")
 
 
 def _worker_range(text):

@@ -17,8 +17,9 @@ A start of the job ends in one of these ways, its ``Ending.kind``:
 ``decide`` restarts a process that failed (unless it exited with ``USAGE_STATUS``, 2: its input cannot work and
 would fail the same way again) and the two timeouts, while fewer than ``--max-restarts`` restarts were made and
 the launcher itself was not interrupted; anything else stops the launcher with 0 (success), 128 + the signal's
-number (interrupted: 130 for SIGINT, 143 for SIGTERM) or 1, and the ``error:`` line. The launcher's loop
-(``parallel.launch.cli.main``) calls it after every start and does what it says.
+number (interrupted: 130 for SIGINT, 143 for SIGTERM), ``USAGE_STATUS`` (2) for a bad discovery (the user's
+script or flags cannot work: a bad line, another host with ``--launcher local``) or 1, and the ``error:`` line.
+The launcher's loop (``parallel.launch.cli.main``) calls it after every start and does what it says.
 """
 from typing import NamedTuple, Optional
 
@@ -133,5 +134,6 @@ def decide(ending, restarts, max_restarts, interrupted=False):
         return Decision(False, 0, None)
     if _restartable(ending) and restarts < max_restarts and not interrupted:
         return Decision(True, None, f"restart {restarts + 1} of {max_restarts}: {ending.message}")
-    status = 128 + ending.signum if ending.kind == INTERRUPTED else 1
+    status = (128 + ending.signum if ending.kind == INTERRUPTED else USAGE_STATUS if ending.kind == BAD_DISCOVERY
+              else 1)
     return Decision(False, status, f"error: {ending.message}")
