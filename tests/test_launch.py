@@ -210,13 +210,13 @@ def test_start_timeout_names_the_missing_worker(tmp_path, mark):
     script = write_script(tmp_path, "odd.py", ONE_ODD_WORKER_SCRIPT)
     started = time.monotonic()
     result = run_launcher(mark, "-n", 2, "-s", 1, "--start-timeout", 15, "--grace", 2,
-                          sys.executable, script, tmp_path, "sleep", timeout=60)
+                          sys.executable, script, tmp_path, "sleep", timeout=120)
     elapsed = time.monotonic() - started
     assert result.returncode == 1, result.stderr
     (line,) = error_lines(result.stderr)
     assert "did not start within 15 s (--start-timeout)" in line
     assert "1 of 2 workers and 1 of 1 servers" in line and "missing: 1 worker;" in line
-    assert elapsed < 15 + 20, elapsed
+    assert elapsed < 15 + 45, elapsed   # ended by the start timeout, with room for a loaded machine
     assert_nothing_left(mark)
 
 
