@@ -50,6 +50,7 @@ from .files import LOCK_FILE, DirectoryLock, DirectoryLocked, check_writable, ex
 from .interrupt import INTERRUPTED_STATUS, end_on_signals, hold_interrupts, stop_between_batches
 from .models import MODELS
 from .optim import OPTIMIZERS, SCHEDULES, ZERO_LEVELS, check_hyper
+from .optim.schedules import Step
 from .strategies import DEFAULT_MICRO_BATCHES, DEFAULT_STAGES, STRATEGIES
 from .threads import engine_settings
 from .validate import LR_RANGE, MAX_SEED, check_lr, check_number
@@ -185,13 +186,13 @@ def check_optimizer_args(args):
         raise UsageError("--lr-decay-epochs and --lr-decay apply to --lr-schedule step")
     if args.lr_schedule == "step":
         args.lr_decay = 0.1 if args.lr_decay is None else args.lr_decay
-        if not 0 < args.lr_decay <= 1:
-            raise UsageError(f"--lr-decay must be in (0, 1], got {args.lr_decay:g}")
         epochs = _default_decay_epochs(args.epochs) if args.lr_decay_epochs is None else args.lr_decay_epochs
         if any(not 1 <= e < args.epochs for e in epochs) or any(a >= b for a, b in zip(epochs, epochs[1:])):
             raise UsageError(f"--lr-decay-epochs must be strictly increasing epochs in 1..{args.epochs - 1} "
                              f"(a decay after the last epoch would change nothing), got {epochs}")
         args.lr_decay_epochs = epochs
+        with users_input(ValueError, TypeError, flags=FLAGS):   # the decay, and the rate it leads to, MXNet takes
+            Step(epochs, args.lr_decay).check_rates(args.lr)
 
 
 def check_args(args):

@@ -122,7 +122,8 @@ def optimizer_of(args, dataset):
                "schedule": schedule_of(args, num_batches(len(dataset.train_labels), args.batch_size))}
     if args.optimizer == "sgd":
         options.update(momentum=args.momentum, nesterov=args.nesterov)
-    return make_optimizer(args.optimizer, args.lr, **options)
+    with users_input(ValueError, TypeError, flags=FLAGS):   # a rate of a step MXNet would refuse (Adam's lr * bias)
+        return make_optimizer(args.optimizer, args.lr, **options)
 
 
 def lay_out(args, checkpoint, ctx_list, job):

@@ -266,6 +266,25 @@ def test_bad_arguments_exit_2_with_one_line(args, message, capsys):
     assert err.startswith("error: ") and message in err and len(err.splitlines()) == 1, err
 
 
+@pytest.mark.parametrize("args, message", [
+    (["--wd", "1e40"], "--wd must be 0 or between 1.18e-38 and 3.40e+38"),    # infinite in float32
+    (["--wd", "1e-46"], "--wd must be 0 or between 1.18e-38 and 3.40e+38"),   # 0 in float32, but not 0
+    (["--lr-schedule", "step", "--lr-decay", "1e-45", "--lr-decay-epochs", "1"], "--lr-decay must be between"),
+    (["--lr", "1e-30", "--lr-schedule", "step", "--lr-decay", "1e-5", "--epochs", "4", "--lr-decay-epochs", "1,2"],
+     "--lr * --lr-decay**2 (the rate after the last decay) must be between"),
+    (["--optimizer", "adam", "--lr", "2e-38"], "--lr * 0.152 (Adam's bias correction at its lowest) must be between"),
+    (["--momentum", "1e-40"], "--momentum must be 0 or between"), (["--clip-norm", "1e39"], "--clip-norm must be"),
+    (["--compression", "2bit:1e40"], "THRESHOLD > 0 in float32's normal range"),
+])
+def test_values_mxnets_operators_refuse_exit_2_before_a_step(args, message, capsys):
+    """Values the flags' own checks once let through, which crashed inside MXNet's update ("Out of range value
+    for wd") with a traceback: refused by the one rule of parallel.validate.check_float32."""
+    status = main(["--dataset", "synthetic", "--no-progress", "--epochs", "2", *args])
+    err = capsys.readouterr().err.strip()
+    assert status == 2
+    assert err.startswith("error: ") and message in err and len(err.splitlines()) == 1, err
+
+
 def test_unwritable_output_is_refused_before_training(tmp_path, capsys):
     target = tmp_path / "a-dir"
     target.mkdir()
