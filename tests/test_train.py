@@ -129,6 +129,22 @@ def test_loss_becoming_nan_stops_with_epoch_and_batch(data_dir, capsys):
     assert len(err.splitlines()) == 1
 
 
+@pytest.mark.parametrize("args, blamed", [
+    (["--wd", "1e30"], "error: --wd 1e+30 is likely too large (set away from its default): the loss became nan"),
+    (["--optimizer", "adamw", "--wd", "1e38"], "error: --wd 1e+38 is likely too large (set away from its default)"),
+    (["--lr", "1e10", "--wd", "1e30"], "the likely causes are the settings away from their defaults, --lr 1e+10 or "
+                                       "--wd 1e+30: lower them"),
+])
+def test_divergence_names_the_flags_set_away_from_their_defaults(args, blamed, capsys):
+    """A loss that becomes NaN under a huge --wd blames --wd, not the default --lr."""
+    status = main(["--dataset", "synthetic", "--devices", "cpu:1", "--epochs", "1", "--batch-size", "64",
+                   "--no-progress", *args])
+    err = capsys.readouterr().err.strip()
+    assert status == 2 and len(err.splitlines()) == 1, err
+    assert blamed in err and "(training diverged)" in err, err
+    assert "--lr is too large" not in err
+
+
 @pytest.fixture
 def broken_dirs(tmp_path, data_dir):
     """Directories each holding one broken IDX file among three good ones."""

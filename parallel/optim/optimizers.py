@@ -35,6 +35,7 @@ the number of contexts or workers.
 >>> weight.asnumpy().tolist(), states[0].asnumpy().tolist()
 ([0.8999999761581421, 0.8999999761581421, 0.8999999761581421, 0.8999999761581421], [-0.10000000149011612, -0.10000000149011612, -0.10000000149011612, -0.10000000149011612])
 """
+import inspect
 import math
 
 import mxnet as mx
@@ -138,6 +139,13 @@ class Optimizer:
     def hyper(self):
         """The hyper-parameters that define the update (``config`` adds the schedule and clipping)."""
         return {"lr": self.lr, "wd": self.wd}
+
+    def changed(self):
+        """The numeric hyper-parameters (``hyper``) set away from their defaults, by name (``{"wd": 1e30}``): what
+        to suspect first when training diverges."""
+        defaults = inspect.signature(type(self)).parameters
+        return {name: value for name, value in self.hyper().items() if not isinstance(value, bool)
+                and name in defaults and value != defaults[name].default}
 
     def config(self):
         """The optimizer as JSON, without ``zero``: what decides the computation, and what a checkpoint compares
