@@ -165,7 +165,7 @@ def check_resume(checkpoint, record):
     saved = checkpoint.config
     if "lr" in saved:   # a checkpoint of version 1 trained with plain SGD at its lr
         saved = {"optimizer": SGD(saved["lr"]).config(), **saved}
-    with users_input(CheckpointError):
+    with users_input(CheckpointError, flags=FLAGS):   # the advice names the flag: "the same --optimizer"
         check_compatible(saved, record)
 
 
