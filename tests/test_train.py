@@ -253,8 +253,12 @@ def test_broken_data_exits_2(broken_dirs, case, message, capsys):
     (["--plot", "curves.xyz"], "end the file name with a format matplotlib writes"),
     (["--metrics-json", "out.png", "--plot", "./out.png"], "--metrics-json and --plot both name"),
     # the optimizer's flags
-    (["--optimizer", "adam", "--momentum", "0.9"], "--momentum applies to sgd, not adam"),
+    (["--optimizer", "adam", "--momentum", "0.9"], "--momentum applies to --optimizer sgd, not adam"),
     (["--nesterov"], "--nesterov needs a --momentum > 0"),
+    # not the advice to add --momentum, which adam refuses in turn
+    (["--optimizer", "adam", "--nesterov"], "--nesterov applies to --optimizer sgd with a --momentum > 0, not to adam; "
+                                            "drop --nesterov"),
+    (["--optimizer", "adamw", "--momentum", "0.5"], "--momentum applies to --optimizer sgd, not adamw"),
     (["--momentum", "1"], "--momentum must be in [0, 1), got 1.0"),
     (["--wd", "-0.1"], "--wd must be >= 0"),
     (["--clip-norm", "-1"], "--clip-norm must be a finite number > 0"),

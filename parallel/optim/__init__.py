@@ -47,8 +47,12 @@ def check_hyper(name, momentum=0.0, nesterov=False, wd=0.0, clip_norm=None):
     if not 0 <= momentum < 1:
         raise BadValue("momentum", f"{{momentum}} must be in [0, 1), got {momentum!r}")
     if momentum and name != "sgd":
-        raise BadValue("momentum", f"{{momentum}} applies to sgd, not {name} (Adam's first moment decays with beta1)")
-    if check_bool(nesterov, "nesterov") and not momentum:
+        raise BadValue("momentum", f"{{momentum}} applies to {{optimizer=sgd|sgd}}, not {name} (Adam's first moment "
+                                   "decays with beta1)")
+    if check_bool(nesterov, "nesterov") and name != "sgd":   # advice to add momentum would fail in turn
+        raise BadValue("nesterov", f"{{nesterov}} applies to {{optimizer=sgd|sgd}} with a {{momentum}} > 0, not to "
+                                   f"{name}; drop {{nesterov}}")
+    if nesterov and not momentum:
         raise BadValue("nesterov", "{nesterov} needs a {momentum} > 0 (Nesterov's momentum without momentum is plain "
                                "SGD); give {momentum=0.9}, say, or drop {nesterov}")
     wd = check_float32(wd, "wd")
