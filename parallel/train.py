@@ -78,8 +78,8 @@ def build_parser():
     add = parser.add_argument
     add("--model", choices=list(MODELS), default="lenet",
         help="lenet: the textbook's LeNet, from scratch; resnet18: the textbook's ResNet-18 for 28x28 images (a "
-             "gluon block with BatchNorm, statistics over the whole batch across one process's devices; in a "
-             "distributed job each worker keeps its own); default lenet")
+             "gluon block with BatchNorm, statistics over the whole batch across one process's devices, over each "
+             "micro-batch under --accumulate; in a distributed job each worker keeps its own); default lenet")
     add("--devices", default="auto", help="'auto' (all GPUs, else one CPU context), 'cpu:N' (N CPU contexts) or "
         "'gpu:I,J,...' (GPU indices as CUDA_VISIBLE_DEVICES numbers them); default auto")
     add("--epochs", type=int, default=10, help="number of epochs (>= 1); default 10")

@@ -178,7 +178,7 @@ def open_report(args, strategy, optimizer, dataset, data_name, job):
                     {"--metrics-json": args.metrics_json, "--plot": args.plot})
     report.say(f"training {report.title} on {data_name}: {len(dataset.train_labels)} train / "
                f"{len(dataset.test_labels)} test examples, batch {args.batch_size}, lr {args.lr}, on {layout}")
-    report.say(f"strategy {strategy.name}: {strategy.describe()}; operator threads: OMP_NUM_THREADS="
+    report.say(f"strategy {strategy.name}: {strategy.describe(args.accumulate)}; operator threads: OMP_NUM_THREADS="
                f"{os.environ.get('OMP_NUM_THREADS', 'unset (MXNet default: half the cores)')}")
     if optimizer.describe() != SGD(args.lr).describe() or args.accumulate > 1:   # more than the textbook's step
         accumulate = f"; {args.accumulate} micro-batches per batch" if args.accumulate > 1 else ""
