@@ -41,7 +41,7 @@ import contextlib
 import os
 import shlex
 
-from .cli import USAGE_STATUS, Parser, UsageError, finite_float, launched, users_input
+from .cli import USAGE_STATUS, Parser, UsageError, finite_float, launched, users_input, warning_lines
 from .comm import ALGORITHMS, DEFAULT_ALGORITHM, DEFAULT_BUCKET_MB
 from .data import DATASETS
 from .config import (FLAGS, check_compression, check_distributed, check_layout, check_zero, optimizer_defaults,
@@ -338,6 +338,7 @@ def main(argv=None):
         args.argv = argv
         check_args(args)
         with contextlib.ExitStack() as stack:
+            stack.enter_context(warning_lines())   # a warning is one "warning: ..." line, as the command's own
             if not launched():   # in a job, rank 0 alone writes, and claims its outputs once it knows its rank
                 claim_outputs(args, stack)
             _use_every_core()
