@@ -186,7 +186,15 @@ def check_optimizer_args(args):
         raise UsageError("--lr-decay-epochs and --lr-decay apply to --lr-schedule step")
     if args.lr_schedule == "step":
         args.lr_decay = 0.1 if args.lr_decay is None else args.lr_decay
+        if args.lr_decay_epochs == []:
+            raise UsageError("--lr-decay-epochs needs at least one epoch to decay after, such as 5 or 5,8; got an "
+                             "empty list (for no decay, use --lr-schedule constant)")
         epochs = _default_decay_epochs(args.epochs) if args.lr_decay_epochs is None else args.lr_decay_epochs
+        if args.lr_decay_epochs is None and len(epochs) < 2:   # half and three quarters fell on one epoch, or none
+            print(f"warning: --epochs {args.epochs} leaves " +
+                  (f"one decay of the default two (after half and three quarters of the epochs): after epoch "
+                   f"{epochs[0]}" if epochs else "no epoch to decay after: the rate stays constant") +
+                  "; give --lr-decay-epochs to choose", file=sys.stderr, flush=True)
         if any(not 1 <= e < args.epochs for e in epochs) or any(a >= b for a, b in zip(epochs, epochs[1:])):
             raise UsageError(f"--lr-decay-epochs must be strictly increasing epochs in 1..{args.epochs - 1} "
                              f"(a decay after the last epoch would change nothing), got {epochs}")

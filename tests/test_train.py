@@ -305,6 +305,37 @@ def test_values_mxnets_operators_refuse_exit_2_before_a_step(args, message, caps
     assert err.startswith("error: ") and message in err and len(err.splitlines()) == 1, err
 
 
+@pytest.mark.parametrize("text", ["", " "])
+def test_an_empty_list_of_decay_epochs_is_refused(text):
+    """--lr-decay-epochs "" once ran a step schedule that never decays (checked without training: check_args)."""
+    from parallel.cli import UsageError
+    from parallel.train import build_parser, check_args
+    args = build_parser().parse_args(["--dataset", "synthetic", "--lr-schedule", "step", "--lr-decay-epochs", text])
+    with pytest.raises(UsageError, match=r"^--lr-decay-epochs needs at least one epoch to decay after, such as 5 or "
+                                         r"5,8; got an empty list \(for no decay, use --lr-schedule constant\)$"):
+        check_args(args)
+
+
+@pytest.mark.parametrize("epochs, decays, says", [
+    (10, [5, 8], None), (4, [2, 3], None),
+    (3, [2], "warning: --epochs 3 leaves one decay of the default two (after half and three quarters of the "
+             "epochs): after epoch 2; give --lr-decay-epochs to choose"),
+    (1, [], "warning: --epochs 1 leaves no epoch to decay after: the rate stays constant"),
+])
+def test_default_decay_epochs_that_collapse_say_so(epochs, decays, says, capsys):
+    """--lr-schedule step's default decays (after half and three quarters of --epochs) fall on one epoch for
+    --epochs 3: the run says so in one warning line instead of quietly decaying once."""
+    from parallel.train import build_parser, check_args
+    args = build_parser().parse_args(["--dataset", "synthetic", "--epochs", str(epochs), "--lr-schedule", "step"])
+    check_args(args)
+    assert args.lr_decay_epochs == decays
+    err = capsys.readouterr().err.strip()
+    if says is None:
+        assert err == ""
+    else:
+        assert err.startswith(says) and len(err.splitlines()) == 1, err
+
+
 def test_unwritable_output_is_refused_before_training(tmp_path, capsys):
     target = tmp_path / "a-dir"
     target.mkdir()
