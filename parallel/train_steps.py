@@ -140,6 +140,10 @@ def lay_out(args, checkpoint, ctx_list, job):
         idle = ", ".join(str(ctx) for ctx in ctx_list[len(strategy.ctx_list):])
         print(f"warning: --strategy {args.strategy} uses {len(strategy.ctx_list)} of the {len(ctx_list)} contexts "
               f"of --devices {args.devices} (one per stage); {idle} stay idle", file=sys.stderr, flush=True)
+    if args.compression != "none" and job is None and len(strategy.ctx_list) == 1:
+        print(f"warning: --compression {args.compression} compresses nothing here: one context in one process "
+              "sends no gradient; it applies between several --devices or the workers of a job", file=sys.stderr,
+              flush=True)
     return initial, strategy
 
 

@@ -649,6 +649,19 @@ def test_every_optimizer_configuration_learns_from_the_cli(name, data_dir, capsy
     assert _optimizer_run(name, data_dir, 6, capsys)[-1] > 0.5   # chance is 0.1
 
 
+@pytest.mark.parametrize("devices, warned", [("cpu:1", True), ("cpu:2", False)])
+def test_compression_with_nothing_to_send_says_so(devices, warned, small_dir, capsys):
+    """One context in one process sends no gradient: --compression fp16 there is a warning line, and the run
+    still trains."""
+    status = main(["--data-dir", str(small_dir), "--epochs", "1", "--batch-size", "64", "--no-progress",
+                   "--devices", devices, "--compression", "fp16"])
+    captured = capsys.readouterr()
+    assert status == 0 and len([l for l in captured.out.splitlines() if l.startswith("epoch ")]) == 1
+    lines = [line for line in captured.err.splitlines() if "compresses nothing" in line]
+    assert lines == (["warning: --compression fp16 compresses nothing here: one context in one process sends no "
+                      "gradient; it applies between several --devices or the workers of a job"] if warned else [])
+
+
 def test_plain_sgd_prints_no_optimizer_line(data_dir, capsys):
     assert main(["--data-dir", str(data_dir), "--epochs", "1", "--no-progress"]) == 0
     assert "optimizer" not in capsys.readouterr().out
