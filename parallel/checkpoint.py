@@ -50,8 +50,8 @@ from .models import MODELS
 from .models.layout import model_layout
 from .validate import BadValue, check_choice, check_int, check_lr, check_number, check_seed
 
-__all__ = ["FORMAT", "VERSION", "READABLE_VERSIONS", "MANIFEST", "CheckpointError", "TrainingState", "Snapshot",
-           "Checkpoint", "CheckpointWriter", "CheckpointWriteError", "save_checkpoint",
+__all__ = ["FORMAT", "VERSION", "READABLE_VERSIONS", "MANIFEST", "CheckpointError", "CheckpointMismatch", "TrainingState",
+           "Snapshot", "Checkpoint", "CheckpointWriter", "CheckpointWriteError", "save_checkpoint",
            "load_checkpoint", "has_checkpoint", "check_compatible", "check_run_config", "dataset_fingerprint",
            "COMPATIBLE_FIELDS"]
 
@@ -73,6 +73,11 @@ class CheckpointError(ValueError):
 
     The message is one line naming the file or field and what to do.
     """
+
+
+class CheckpointMismatch(BadValue, CheckpointError):
+    """A checkpoint's configuration field differs from the run's (``check_compatible``): a ``BadValue`` naming the
+    field as its argument, so that the CLI's advice names the flag (``--optimizer``, ``--lr``)."""
 
 
 class CheckpointWriteError(OSError):
@@ -521,27 +526,35 @@ def _describe(field, value):
 
 
 def check_compatible(saved, current):
-    """Raise ``CheckpointError`` when ``current`` changes a field of ``COMPATIBLE_FIELDS`` that ``saved`` has.
+    """Raise ``CheckpointMismatch`` (a ``CheckpointError``) when ``current`` changes a field of ``COMPATIBLE_FIELDS``
+    that ``saved`` has; another optimizer is named as such, before the lr that comes with it.
 
     >>> check_compatible({"lr": 0.2, "seed": 0}, {"lr": 0.2, "seed": 0, "strategy": "pipeline"})
     >>> check_compatible({"lr": 0.2}, {"lr": 0.1})
     Traceback (most recent call last):
         ...
-    parallel.checkpoint.CheckpointError: the checkpoint was trained with lr 0.2, this run asks for 0.1; resume with the same lr, or start a new run in another directory
+    parallel.checkpoint.CheckpointMismatch: the checkpoint was trained with lr 0.2, this run asks for 0.1; resume with the same lr, or start a new run in another directory
 
     Datasets are compared by their fingerprint (``dataset_fingerprint``) alone: the same examples read from
     another directory are the same dataset; their names only serve the message.
     """
-    for field in COMPATIBLE_FIELDS:
-        if field in saved and _key(field, saved[field]) != _key(field, current.get(field)):
-            raise CheckpointError(f"the checkpoint was trained with {field} {_describe(field, saved[field])}, this "
-                                  f"run asks for {_describe(field, current.get(field))}; resume with the same "
-                                  f"{field}, or start a new run in another directory")
+    # another optimizer's name first: a change of lr or of its other settings follows from it
+    for field, key in [("optimizer", _name_of)] + [(field, _key) for field in COMPATIBLE_FIELDS]:
+        if field in saved and key(field, saved[field]) != key(field, current.get(field)):
+            raise CheckpointMismatch(field, f"the checkpoint was trained with {field} "
+                                            f"{_describe(field, saved[field])}, this run asks for "
+                                            f"{_describe(field, current.get(field))}; resume with the same "
+                                            f"{{{field}}}, or start a new run in another directory")
 
 
 def _key(field, value):
     """What decides whether two values of ``field`` are the same: a dataset's fingerprint, else the value."""
     return value.get("fingerprint") if field == "dataset" and isinstance(value, dict) else value
+
+
+def _name_of(field, value):
+    """What ``check_compatible`` compares before every field: the optimizer's name alone (``"sgd"``)."""
+    return value.get("name") if isinstance(value, dict) else value
 
 
 class CheckpointWriter:

@@ -15,8 +15,8 @@ import argparse
 import contextlib
 import re
 
-__all__ = ["UsageError", "Parser", "flag_message", "users_input", "finite_float", "RESTART_ENV", "USAGE_STATUS",
-           "restart_count", "launched"]
+__all__ = ["UsageError", "Parser", "flag_message", "users_input", "finite_float", "warning_lines", "RESTART_ENV",
+           "USAGE_STATUS", "restart_count", "launched"]
 
 #: The exit status of a command given input that cannot work. ``python -m parallel.launch --max-restarts`` does
 #: not restart a job whose worker exited with it: the same input would fail the same way again.
@@ -98,3 +98,28 @@ def users_input(*errors, flags=None):
     except errors as e:
         render = getattr(e, "render", None)
         raise UsageError(render(flags or {}) if render is not None else flag_message(str(e), flags or {})) from None
+
+
+@contextlib.contextmanager
+def warning_lines(stream=None):
+    r"""Inside the block, print each warning the package (or MXNet) issues as one ``warning: ...`` line on
+    ``stream`` (stderr), as the command's own warnings read: no category, file name or source line. Which
+    warnings show stays Python's filters' choice; both are restored on leaving.
+
+    >>> import io, warnings
+    >>> out = io.StringIO()
+    >>> with warning_lines(out):
+    ...     warnings.warn("the residuals were dropped:\none context compresses nothing")
+    >>> out.getvalue()
+    'warning: the residuals were dropped: one context compresses nothing\n'
+    """
+    import sys
+    import warnings
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        text = " ".join(str(message).split())
+        print(f"warning: {text}", file=stream or sys.stderr, flush=True)
+
+    with warnings.catch_warnings():
+        warnings.showwarning = show
+        yield

@@ -41,6 +41,7 @@ FLAGS = {"epochs": "--epochs", "num_epochs": "--epochs", "batch_size": "--batch-
          "clip_norm": "--clip-norm", "accumulate": "--accumulate", "zero": "--zero", "warmup_epochs": "--warmup-epochs",
          "checkpoint_every": "--checkpoint-every", "compression": "--compression", "trace": "--trace",
          "bucket_mb": "--bucket-mb", "lr_decay_epochs": "--lr-decay-epochs", "lr_decay": "--lr-decay",
+         "factor": "--lr-decay", "milestones": "--lr-decay-epochs",
          "lr_schedule": "--lr-schedule"}
 
 #: The strategies that replicate the model, which ZeRO can shard and compression can compress between.

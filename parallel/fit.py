@@ -62,8 +62,24 @@ def trace_first(steps):
 IN_FLIGHT = 2
 
 
-class NonFiniteLossError(ValueError):
-    """The training loss became NaN or infinite (``lr`` too large: the run diverged)."""
+class NonFiniteLossError(BadValue):
+    """The training loss became NaN or infinite: the run diverged. The message names the likely causes, the
+    optimizer's hyper-parameters set away from their defaults (``lr`` when none is), as a ``BadValue`` naming
+    them, so that the CLI names its flags."""
+
+    @classmethod
+    def at(cls, value, epoch, batch, changed):
+        """The error for a loss that became ``value`` at ``batch`` of ``epoch``; ``changed`` maps the optimizer's
+        hyper-parameters set away from their defaults to their values (``Optimizer.changed``)."""
+        where = f"the loss became {value} at epoch {epoch}, batch {batch} (training diverged)"
+        if not changed or list(changed) == ["lr"]:   # nothing else was touched: the rate is too large for the model
+            return cls("lr", f"{{lr}} is too large: {where}; lower it")
+        named = [f"{{{name}={value:g}}}" for name, value in changed.items()]
+        if len(named) == 1:
+            return cls(next(iter(changed)), f"{named[0]} is likely too large (set away from its default): {where}; "
+                                            "lower it")
+        return cls(next(iter(changed)), f"{where}; the likely causes are the settings away from their defaults, "
+                                        f"{', '.join(named[:-1])} or {named[-1]}: lower them")
 
 
 class TrainingStopped(Exception):
@@ -78,8 +94,8 @@ class _Epoch:
     """One epoch's steps in flight: queue a step's (loss, correct) and read the oldest once ``IN_FLIGHT`` are
     queued; ``totals`` holds the summed loss, correct predictions and seconds of the finished batches."""
 
-    def __init__(self, epoch, per_epoch, skip, totals, progress):
-        self.epoch, self.totals = epoch, list(totals)
+    def __init__(self, epoch, per_epoch, skip, totals, progress, changed):
+        self.epoch, self.totals, self.changed = epoch, list(totals), changed
         self.in_flight = collections.deque()   # (batch number, loss, correct count) of the queued steps
         self.bar = tqdm(total=per_epoch, initial=skip, desc=f"epoch {epoch}", unit="batch", leave=False,
                         disable=not progress, file=sys.stderr)
@@ -94,8 +110,7 @@ class _Epoch:
         batch, loss, correct = self.in_flight.popleft()
         value = float(loss.asscalar())   # waits for the step
         if not math.isfinite(value):
-            raise NonFiniteLossError(f"lr is too large: the loss became {value} at epoch {self.epoch}, batch "
-                                     f"{batch} (training diverged); lower it")
+            raise NonFiniteLossError.at(value, self.epoch, batch, self.changed)
         self.totals[0] += value
         self.totals[1] += float(correct.asscalar())
         self.bar.update(1)
@@ -172,7 +187,7 @@ def _train_epoch(run, epoch, state, stop, on_checkpoint, history):
     resumed = epoch == state.epoch
     skip = state.batch if resumed else 0
     queued = _Epoch(epoch, per_epoch, skip, [state.loss_sum, state.correct, state.seconds] if resumed else [0.0] * 3,
-                    run.config.progress)
+                    run.config.progress, run.optimizer.changed())
     batches = iterate_batches(dataset.train_images, dataset.train_labels, batch_size, shuffle=True,
                               seed=epoch_seed(seed, epoch), start=skip)
     for b, (X, y) in enumerate(batches, start=skip + 1):

@@ -41,7 +41,7 @@ import contextlib
 import os
 import shlex
 
-from .cli import USAGE_STATUS, Parser, UsageError, finite_float, launched, users_input
+from .cli import USAGE_STATUS, Parser, UsageError, finite_float, launched, users_input, warning_lines
 from .comm import ALGORITHMS, DEFAULT_ALGORITHM, DEFAULT_BUCKET_MB
 from .data import DATASETS
 from .config import (FLAGS, check_compression, check_distributed, check_layout, check_zero, optimizer_defaults,
@@ -50,6 +50,7 @@ from .files import LOCK_FILE, DirectoryLock, DirectoryLocked, check_writable, ex
 from .interrupt import INTERRUPTED_STATUS, end_on_signals, hold_interrupts, stop_between_batches
 from .models import MODELS
 from .optim import OPTIMIZERS, SCHEDULES, ZERO_LEVELS, check_hyper
+from .optim.schedules import Step
 from .strategies import DEFAULT_MICRO_BATCHES, DEFAULT_STAGES, STRATEGIES
 from .threads import engine_settings
 from .validate import LR_RANGE, MAX_SEED, check_lr, check_number
@@ -77,8 +78,8 @@ def build_parser():
     add = parser.add_argument
     add("--model", choices=list(MODELS), default="lenet",
         help="lenet: the textbook's LeNet, from scratch; resnet18: the textbook's ResNet-18 for 28x28 images (a "
-             "gluon block with BatchNorm, statistics over the whole batch across one process's devices; in a "
-             "distributed job each worker keeps its own); default lenet")
+             "gluon block with BatchNorm, statistics over the whole batch across one process's devices, over each "
+             "micro-batch under --accumulate; in a distributed job each worker keeps its own); default lenet")
     add("--devices", default="auto", help="'auto' (all GPUs, else one CPU context), 'cpu:N' (N CPU contexts) or "
         "'gpu:I,J,...' (GPU indices as CUDA_VISIBLE_DEVICES numbers them); default auto")
     add("--epochs", type=int, default=10, help="number of epochs (>= 1); default 10")
@@ -188,13 +189,21 @@ def check_optimizer_args(args):
         raise UsageError("--lr-decay-epochs and --lr-decay apply to --lr-schedule step")
     if args.lr_schedule == "step":
         args.lr_decay = 0.1 if args.lr_decay is None else args.lr_decay
-        if not 0 < args.lr_decay <= 1:
-            raise UsageError(f"--lr-decay must be in (0, 1], got {args.lr_decay:g}")
+        if args.lr_decay_epochs == []:
+            raise UsageError("--lr-decay-epochs needs at least one epoch to decay after, such as 5 or 5,8; got an "
+                             "empty list (for no decay, use --lr-schedule constant)")
         epochs = _default_decay_epochs(args.epochs) if args.lr_decay_epochs is None else args.lr_decay_epochs
+        if args.lr_decay_epochs is None and len(epochs) < 2:   # half and three quarters fell on one epoch, or none
+            print(f"warning: --epochs {args.epochs} leaves " +
+                  (f"one decay of the default two (after half and three quarters of the epochs): after epoch "
+                   f"{epochs[0]}" if epochs else "no epoch to decay after: the rate stays constant") +
+                  "; give --lr-decay-epochs to choose", file=sys.stderr, flush=True)
         if any(not 1 <= e < args.epochs for e in epochs) or any(a >= b for a, b in zip(epochs, epochs[1:])):
             raise UsageError(f"--lr-decay-epochs must be strictly increasing epochs in 1..{args.epochs - 1} "
                              f"(a decay after the last epoch would change nothing), got {epochs}")
         args.lr_decay_epochs = epochs
+        with users_input(ValueError, TypeError, flags=FLAGS):   # the decay, and the rate it leads to, MXNet takes
+            Step(epochs, args.lr_decay).check_rates(args.lr)
 
 
 def check_args(args):
@@ -344,6 +353,7 @@ def main(argv=None):
         args.argv = argv
         check_args(args)
         with contextlib.ExitStack() as stack:
+            stack.enter_context(warning_lines())   # a warning is one "warning: ..." line, as the command's own
             if not launched():   # in a job, rank 0 alone writes, and claims its outputs once it knows its rank
                 claim_outputs(args, stack)
             _use_every_core()

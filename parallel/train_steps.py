@@ -122,7 +122,8 @@ def optimizer_of(args, dataset):
                "schedule": schedule_of(args, num_batches(len(dataset.train_labels), args.batch_size))}
     if args.optimizer == "sgd":
         options.update(momentum=args.momentum, nesterov=args.nesterov)
-    return make_optimizer(args.optimizer, args.lr, **options)
+    with users_input(ValueError, TypeError, flags=FLAGS):   # a rate of a step MXNet would refuse (Adam's lr * bias)
+        return make_optimizer(args.optimizer, args.lr, **options)
 
 
 def lay_out(args, checkpoint, ctx_list, job):
@@ -139,6 +140,10 @@ def lay_out(args, checkpoint, ctx_list, job):
         idle = ", ".join(str(ctx) for ctx in ctx_list[len(strategy.ctx_list):])
         print(f"warning: --strategy {args.strategy} uses {len(strategy.ctx_list)} of the {len(ctx_list)} contexts "
               f"of --devices {args.devices} (one per stage); {idle} stay idle", file=sys.stderr, flush=True)
+    if args.compression != "none" and job is None and len(strategy.ctx_list) == 1:
+        print(f"warning: --compression {args.compression} compresses nothing here: one context in one process "
+              "sends no gradient; it applies between several --devices or the workers of a job", file=sys.stderr,
+              flush=True)
     return initial, strategy
 
 
@@ -165,8 +170,9 @@ def check_resume(checkpoint, record, dataset):
         return
     with users_input(CheckpointError):
         check_run_config(checkpoint)
-        saved = {"optimizer": SGD(checkpoint.config["lr"]).config(),   # version 1 trained plain SGD at its lr
-                 "compression": "none", **checkpoint.config}            # and before compression, compressed nothing
+    saved = {"optimizer": SGD(checkpoint.config["lr"]).config(),   # version 1 trained plain SGD at its lr
+             "compression": "none", **checkpoint.config}            # and before compression, compressed nothing
+    with users_input(CheckpointError, flags=FLAGS):   # the advice names the flag: "the same --optimizer"
         check_compatible(saved, record)
     try:   # same batch size, dataset and seed: a position outside the run's epochs is the checkpoint's fault
         check_start(checkpoint.state, record["seed"], num_batches(len(dataset.train_labels), record["batch_size"]))
@@ -184,7 +190,7 @@ def open_report(args, strategy, optimizer, dataset, data_name, job):
                     {"--metrics-json": args.metrics_json, "--plot": args.plot})
     report.say(f"training {report.title} on {data_name}: {len(dataset.train_labels)} train / "
                f"{len(dataset.test_labels)} test examples, batch {args.batch_size}, lr {args.lr}, on {layout}")
-    report.say(f"strategy {strategy.name}: {strategy.describe()}; operator threads: OMP_NUM_THREADS="
+    report.say(f"strategy {strategy.name}: {strategy.describe(args.accumulate)}; operator threads: OMP_NUM_THREADS="
                f"{os.environ.get('OMP_NUM_THREADS', 'unset (MXNet default: half the cores)')}")
     if optimizer.describe() != SGD(args.lr).describe() or args.accumulate > 1:   # more than the textbook's step
         accumulate = f"; {args.accumulate} micro-batches per batch" if args.accumulate > 1 else ""

@@ -18,7 +18,11 @@ parallel.validate.BadType: batch_size must be an int, got 2.0
 >>> check_lr(1e-40)
 Traceback (most recent call last):
     ...
-parallel.validate.BadValue: lr must be between 1.18e-38 and 3.40e+38 (float32's normal range, which MXNet's update takes), got 1e-40
+parallel.validate.BadValue: lr must be between 1.18e-38 and 3.40e+38 (float32's normal range, which MXNet's operators take), got 1e-40
+>>> check_float32(1e40, "wd")
+Traceback (most recent call last):
+    ...
+parallel.validate.BadValue: wd must be 0 or between 1.18e-38 and 3.40e+38 in magnitude (float32's normal range, which MXNet's operators take), got 1e+40
 """
 import math
 import numbers
@@ -26,15 +30,15 @@ import os
 import re
 
 __all__ = ["BadValue", "BadType", "check_int", "check_number", "check_lr", "check_seed", "check_choice", "check_bool",
-           "check_path", "check_contexts", "MAX_SEED", "LR_RANGE"]
+           "check_path", "check_contexts", "check_float32", "fits_float32", "MAX_SEED", "FLOAT32_RANGE", "LR_RANGE"]
 
-_NAME = re.compile(r"\{([a-z_]+)(?:=([^{}|]*))?(?:\|([^{}]*))?\}")
+_NAME = re.compile(r"\{([a-z_][a-z0-9_]*)(?:=([^{}|]*))?(?:\|([^{}]*))?\}")
 
 
 def _named(name):
     """``(argument, how a template writes it)``: ``lr`` -> ``("lr", "{lr}")``, ``boundaries[0]`` ->
     ``("boundaries", "{boundaries}[0]")``; a name of another form is written as it is."""
-    match = re.match(r"([a-z_]+)(.*)$", name)
+    match = re.match(r"([a-z_][a-z0-9_]*)(.*)$", name)
     if match is None:
         return name, name
     return match.group(1), "{" + match.group(1) + "}" + match.group(2)
@@ -71,9 +75,14 @@ class BadType(_ArgumentError, TypeError):
 #: Seeds are those numpy's ``RandomState`` takes: 0 .. 2**32 - 1.
 MAX_SEED = 2 ** 32 - 1
 
-#: Learning rates MXNet's update operators accept: their parameters are float32, and they refuse a value that
-#: does not parse as a normal float32 ("Out of range value for lr").
-LR_RANGE = (1.1754943508222875e-38, 3.4028234663852886e+38)
+#: float32's normal range. MXNet's operators parse each float parameter (``lr``, ``wd``, ``momentum``, ``beta1``,
+#: ``epsilon``, ``rescale_grad``, ...) as a float32 and refuse ("Out of range value for wd, value='1e-46', in
+#: operator sgd_update") any value but 0 whose magnitude is outside it: a subnormal, one that rounds to 0, one
+#: beyond float32's largest (infinite in float32).
+FLOAT32_RANGE = (1.1754943508222875e-38, 3.4028234663852886e+38)
+
+#: Learning rates MXNet's update operators accept: float32's normal range (0 would train nothing).
+LR_RANGE = FLOAT32_RANGE
 
 
 def check_int(value, name, low=None, high=None):
@@ -98,13 +107,35 @@ def check_number(value, name, positive=False):
     return float(value)
 
 
+def fits_float32(value):
+    """Whether MXNet's operators take ``value`` as a float parameter: 0, or its magnitude in ``FLOAT32_RANGE``."""
+    low, high = FLOAT32_RANGE
+    return value == 0 or low <= abs(value) <= high
+
+
+def check_float32(value, name, positive=False, what=None):
+    """Return ``value`` as a ``float``: a finite number (> 0 if ``positive``) that MXNet's operators take as a
+    parameter (``fits_float32``), or that stays within float32 wherever the package computes with it.
+
+    ``what`` names a value computed from the arguments, written as a template (``"{lr} * {factor}**2, the rate
+    after the last decay,"``); the error is raised as ``name``'s. The place to check every float the package
+    hands to MXNet: the optimizers' hyper-parameters, the rates a schedule gives, compression thresholds.
+    """
+    if what is None:
+        value = check_number(value, name, positive)
+    if not fits_float32(value) or (positive and value == 0):
+        low, high = FLOAT32_RANGE
+        allowed = (f"between {low:.2e} and {high:.2e}" if positive else
+                   f"0 or between {low:.2e} and {high:.2e} in magnitude")
+        given = f"{value!r}" if what is None else f"{value:.3g}"
+        raise BadValue(name, f"{what or '{' + name + '}'} must be {allowed} (float32's normal range, which MXNet's "
+                             f"operators take), got {given}")
+    return float(value)
+
+
 def check_lr(lr, name="lr"):
     """Raise unless ``lr`` is a learning rate MXNet can step with: finite, > 0, in float32's normal range."""
-    check_number(lr, name, positive=True)
-    low, high = LR_RANGE
-    if not low <= lr <= high:
-        raise BadValue(name, f"{{{name}}} must be between {low:.2e} and {high:.2e} (float32's normal range, which "
-                             f"MXNet's update takes), got {lr!r}")
+    return check_float32(lr, name, positive=True)
 
 
 def check_seed(seed, name="seed"):

@@ -37,6 +37,7 @@ def test_specs_parse(spec, expected):
     ("gzip", "must be one of"), ("topk", "needs a RATIO"), ("topk:0", "0 < RATIO <= 1"), ("topk:2", "0 < RATIO"),
     ("topk:x", "0 < RATIO"), ("powersgd", "needs a RANK"), ("powersgd:0", "RANK >= 1"), ("powersgd:1.5", "RANK"),
     ("2bit:-1", "THRESHOLD > 0"), ("2bit:nan", "THRESHOLD > 0"), ("fp16:3", "takes no value"),
+    ("2bit:1e40", "float32's normal range"), ("2bit:1e-40", "float32's normal range"),   # inf, subnormal in float32
 ])
 def test_bad_specs_raise_value_error_naming_the_argument(spec, message):
     with pytest.raises(ValueError, match=message) as raised:

@@ -176,3 +176,17 @@ def test_the_cli_resumes_bitwise_and_refuses_another_compressor(tiny, tmp_path, 
     assert main(args + ["--epochs", "2", "--checkpoint-dir", "halves", "--resume"]) == 0
     for got, want in zip(ckpt.load_checkpoint("halves").params, ckpt.load_checkpoint("straight").params):
         np.testing.assert_array_equal(got.asnumpy(), want.asnumpy())
+
+
+def test_resuming_on_one_context_warns_in_one_line(tiny, tmp_path, capsys):
+    """The residuals a one-context run drops are said as one "warning:" line, not a UserWarning and its source."""
+    args = ["--data-dir", str(tiny), "--batch-size", "13", "--seed", "3", "--no-progress", "--compression",
+            "topk:0.05", "--checkpoint-dir", str(tmp_path / "ckpt")]
+    assert main(args + ["--devices", "cpu:2", "--epochs", "1"]) == 0
+    capsys.readouterr()
+    assert main(args + ["--devices", "cpu:1", "--epochs", "2", "--resume"]) == 0
+    err = capsys.readouterr().err
+    dropped = [line for line in err.splitlines() if "residuals were dropped" in line]
+    assert len(dropped) == 1 and dropped[0].startswith("warning: the checkpoint's compression residuals"), err
+    assert all(line.startswith("warning: ") for line in err.splitlines()), err
+    assert "UserWarning" not in err and "warnings.warn" not in err and ".py:" not in err, err

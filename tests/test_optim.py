@@ -335,6 +335,37 @@ def test_bad_arguments_name_themselves(make, error, match):
         make()
 
 
+#: Values each optimizer's own checks once let through, which MXNet's fused operators refuse at the first step
+#: ("Out of range value for wd"): every float they take must be 0 or in float32's normal range.
+@pytest.mark.parametrize("make, argument", [
+    (lambda: Adam(0.001, wd=1e40), "wd"), (lambda: SGD(0.1, wd=1e-46), "wd"), (lambda: SGD(0.1, wd=1e-40), "wd"),
+    (lambda: SGD(0.1, momentum=1e-40), "momentum"), (lambda: Adam(beta1=1e-40), "beta1"),
+    (lambda: Adam(beta2=1e-45), "beta2"), (lambda: Adam(epsilon=1e-40), "epsilon"), (lambda: AdamW(wd=1e39), "wd"),
+    (lambda: SGD(0.1, clip_norm=1e40), "clip_norm"), (lambda: Step([5], factor=1e-45), "factor"),
+    (lambda: Cosine(10, final_lr=1e-40), "final_lr"),
+    (lambda: Adam(2e-38), "lr"),   # lr * Adam's bias correction (0.15 at step 12) is subnormal
+    (lambda: SGD(0.2, schedule=Step([1], factor=1e-40)), "factor"),
+    (lambda: SGD(1e-30, schedule=Step([1, 2], factor=1e-5)), "factor"),   # 1e-40 after the second decay
+    (lambda: SGD(1e-35, schedule=Constant(warmup_steps=10000)), "lr"),     # the first warm-up step's rate
+    (lambda: SGD(1e-33, schedule=Cosine(1000)), "lr"),                      # the cosine's tail
+])
+def test_values_mxnets_operators_refuse_are_refused_up_front(make, argument):
+    with pytest.raises(ValueError, match="float32's normal range") as raised:
+        make()
+    assert raised.value.argument == argument
+
+
+@pytest.mark.parametrize("make", [lambda: SGD(0.1, wd=1.2e-38), lambda: Adam(1e-36), lambda: AdamW(1e-37, wd=0),
+                                  lambda: SGD(1e-30, schedule=Step([1], factor=1e-5)), lambda: Adam(wd=3.4e38)])
+def test_values_at_the_edges_of_float32_take_a_step(make):
+    optimizer = make()
+    weight, grad = mx.nd.ones(3), mx.nd.ones(3)
+    states = optimizer.create_state(weight)
+    for t in (1, 2, 3):
+        optimizer.update(weight, grad, states, optimizer.lr_at(t) if optimizer.schedule else optimizer.lr, 0.5, t)
+    weight.wait_to_read()   # MXNet parsed every parameter
+
+
 def test_lr_and_optimizer_are_exclusive():
     (X, y), = batches(1)
     block = small_cnn(dtype="float32")

@@ -229,3 +229,23 @@ def test_bad_arguments():
         model.step(-1.0, 4)
     with pytest.raises(ValueError, match="batch_size must be >= 1, got 0"):
         model.update(0.1, 0)
+
+
+@pytest.mark.parametrize("k, sync, accumulate, says", [
+    (2, True, 1, ", BatchNorm over the whole batch"),
+    (2, True, 3, ", BatchNorm over each of the 3 micro-batches alone"),   # not the whole batch any more
+    (1, True, 2, ", BatchNorm over each of the 2 micro-batches alone"),
+    (2, False, 1, ", BatchNorm per context"),
+    (2, False, 2, ", BatchNorm per context and micro-batch"),
+    (1, True, 1, None),
+])
+def test_the_header_says_what_batchnorm_normalises_over(k, sync, accumulate, says):
+    """The run's header (describe) under --accumulate: each micro-batch normalises alone, not the whole batch."""
+    from conftest import small_cnn
+    from parallel import GluonNet
+    block = small_cnn(batchnorm=True, dtype="float32")
+    line = DataParallel(GluonNet(block, sync_batchnorm=sync), contexts(k), params=block).describe(accumulate)
+    if says is None:
+        assert "BatchNorm" not in line, line
+    else:
+        assert line.endswith(says) and line.count("BatchNorm") == 1, line

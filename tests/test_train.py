@@ -129,6 +129,22 @@ def test_loss_becoming_nan_stops_with_epoch_and_batch(data_dir, capsys):
     assert len(err.splitlines()) == 1
 
 
+@pytest.mark.parametrize("args, blamed", [
+    (["--wd", "1e30"], "error: --wd 1e+30 is likely too large (set away from its default): the loss became nan"),
+    (["--optimizer", "adamw", "--wd", "1e38"], "error: --wd 1e+38 is likely too large (set away from its default)"),
+    (["--lr", "1e10", "--wd", "1e30"], "the likely causes are the settings away from their defaults, --lr 1e+10 or "
+                                       "--wd 1e+30: lower them"),
+])
+def test_divergence_names_the_flags_set_away_from_their_defaults(args, blamed, capsys):
+    """A loss that becomes NaN under a huge --wd blames --wd, not the default --lr."""
+    status = main(["--dataset", "synthetic", "--devices", "cpu:1", "--epochs", "1", "--batch-size", "64",
+                   "--no-progress", *args])
+    err = capsys.readouterr().err.strip()
+    assert status == 2 and len(err.splitlines()) == 1, err
+    assert blamed in err and "(training diverged)" in err, err
+    assert "--lr is too large" not in err
+
+
 @pytest.fixture
 def broken_dirs(tmp_path, data_dir):
     """Directories each holding one broken IDX file among three good ones."""
@@ -237,8 +253,12 @@ def test_broken_data_exits_2(broken_dirs, case, message, capsys):
     (["--plot", "curves.xyz"], "end the file name with a format matplotlib writes"),
     (["--metrics-json", "out.png", "--plot", "./out.png"], "--metrics-json and --plot both name"),
     # the optimizer's flags
-    (["--optimizer", "adam", "--momentum", "0.9"], "--momentum applies to sgd, not adam"),
+    (["--optimizer", "adam", "--momentum", "0.9"], "--momentum applies to --optimizer sgd, not adam"),
     (["--nesterov"], "--nesterov needs a --momentum > 0"),
+    # not the advice to add --momentum, which adam refuses in turn
+    (["--optimizer", "adam", "--nesterov"], "--nesterov applies to --optimizer sgd with a --momentum > 0, not to adam; "
+                                            "drop --nesterov"),
+    (["--optimizer", "adamw", "--momentum", "0.5"], "--momentum applies to --optimizer sgd, not adamw"),
     (["--momentum", "1"], "--momentum must be in [0, 1), got 1.0"),
     (["--wd", "-0.1"], "--wd must be >= 0"),
     (["--clip-norm", "-1"], "--clip-norm must be a finite number > 0"),
@@ -264,6 +284,56 @@ def test_bad_arguments_exit_2_with_one_line(args, message, capsys):
     err = capsys.readouterr().err.strip()
     assert status == 2
     assert err.startswith("error: ") and message in err and len(err.splitlines()) == 1, err
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--wd", "1e40"], "--wd must be 0 or between 1.18e-38 and 3.40e+38"),    # infinite in float32
+    (["--wd", "1e-46"], "--wd must be 0 or between 1.18e-38 and 3.40e+38"),   # 0 in float32, but not 0
+    (["--lr-schedule", "step", "--lr-decay", "1e-45", "--lr-decay-epochs", "1"], "--lr-decay must be between"),
+    (["--lr", "1e-30", "--lr-schedule", "step", "--lr-decay", "1e-5", "--epochs", "4", "--lr-decay-epochs", "1,2"],
+     "--lr * --lr-decay**2 (the rate after the last decay) must be between"),
+    (["--optimizer", "adam", "--lr", "2e-38"], "--lr * 0.152 (Adam's bias correction at its lowest) must be between"),
+    (["--momentum", "1e-40"], "--momentum must be 0 or between"), (["--clip-norm", "1e39"], "--clip-norm must be"),
+    (["--compression", "2bit:1e40"], "THRESHOLD > 0 in float32's normal range"),
+])
+def test_values_mxnets_operators_refuse_exit_2_before_a_step(args, message, capsys):
+    """Values the flags' own checks once let through, which crashed inside MXNet's update ("Out of range value
+    for wd") with a traceback: refused by the one rule of parallel.validate.check_float32."""
+    status = main(["--dataset", "synthetic", "--no-progress", "--epochs", "2", *args])
+    err = capsys.readouterr().err.strip()
+    assert status == 2
+    assert err.startswith("error: ") and message in err and len(err.splitlines()) == 1, err
+
+
+@pytest.mark.parametrize("text", ["", " "])
+def test_an_empty_list_of_decay_epochs_is_refused(text):
+    """--lr-decay-epochs "" once ran a step schedule that never decays (checked without training: check_args)."""
+    from parallel.cli import UsageError
+    from parallel.train import build_parser, check_args
+    args = build_parser().parse_args(["--dataset", "synthetic", "--lr-schedule", "step", "--lr-decay-epochs", text])
+    with pytest.raises(UsageError, match=r"^--lr-decay-epochs needs at least one epoch to decay after, such as 5 or "
+                                         r"5,8; got an empty list \(for no decay, use --lr-schedule constant\)$"):
+        check_args(args)
+
+
+@pytest.mark.parametrize("epochs, decays, says", [
+    (10, [5, 8], None), (4, [2, 3], None),
+    (3, [2], "warning: --epochs 3 leaves one decay of the default two (after half and three quarters of the "
+             "epochs): after epoch 2; give --lr-decay-epochs to choose"),
+    (1, [], "warning: --epochs 1 leaves no epoch to decay after: the rate stays constant"),
+])
+def test_default_decay_epochs_that_collapse_say_so(epochs, decays, says, capsys):
+    """--lr-schedule step's default decays (after half and three quarters of --epochs) fall on one epoch for
+    --epochs 3: the run says so in one warning line instead of quietly decaying once."""
+    from parallel.train import build_parser, check_args
+    args = build_parser().parse_args(["--dataset", "synthetic", "--epochs", str(epochs), "--lr-schedule", "step"])
+    check_args(args)
+    assert args.lr_decay_epochs == decays
+    err = capsys.readouterr().err.strip()
+    if says is None:
+        assert err == ""
+    else:
+        assert err.startswith(says) and len(err.splitlines()) == 1, err
 
 
 def test_unwritable_output_is_refused_before_training(tmp_path, capsys):
@@ -593,6 +663,19 @@ def test_every_optimizer_configuration_runs_from_the_cli(name, small_dir, capsys
 @pytest.mark.parametrize("name", sorted(OPTIMIZER_RUNS))
 def test_every_optimizer_configuration_learns_from_the_cli(name, data_dir, capsys):
     assert _optimizer_run(name, data_dir, 6, capsys)[-1] > 0.5   # chance is 0.1
+
+
+@pytest.mark.parametrize("devices, warned", [("cpu:1", True), ("cpu:2", False)])
+def test_compression_with_nothing_to_send_says_so(devices, warned, small_dir, capsys):
+    """One context in one process sends no gradient: --compression fp16 there is a warning line, and the run
+    still trains."""
+    status = main(["--data-dir", str(small_dir), "--epochs", "1", "--batch-size", "64", "--no-progress",
+                   "--devices", devices, "--compression", "fp16"])
+    captured = capsys.readouterr()
+    assert status == 0 and len([l for l in captured.out.splitlines() if l.startswith("epoch ")]) == 1
+    lines = [line for line in captured.err.splitlines() if "compresses nothing" in line]
+    assert lines == (["warning: --compression fp16 compresses nothing here: one context in one process sends no "
+                      "gradient; it applies between several --devices or the workers of a job"] if warned else [])
 
 
 def test_plain_sgd_prints_no_optimizer_line(data_dir, capsys):

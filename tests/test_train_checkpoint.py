@@ -98,6 +98,7 @@ def one_epoch(data_dir, tmp_path):
     (["--epochs", "0"], "--epochs must be >= 1"),
     (["--momentum", "0.9"], "trained with optimizer sgd(lr=0.1), this run asks for sgd(lr=0.1, momentum=0.9)"),
     (["--optimizer", "adam", "--lr", "0.1"], "this run asks for adam("),
+    (["--lr", "0.5", "--seed", "4"], "; resume with the same --lr,"),   # the advice names the flag
     (["--clip-norm", "1"], "clip_norm=1.0)"),
 ])
 def test_resume_refuses_a_change_of_computation(one_epoch, data_dir, change, message, capsys):
@@ -107,6 +108,20 @@ def test_resume_refuses_a_change_of_computation(one_epoch, data_dir, change, mes
     err = capsys.readouterr().err.strip()
     assert status == 2 and err.startswith("error: ") and message in err and len(err.splitlines()) == 1, err
     assert _snapshot(one_epoch) == before
+
+
+def test_resuming_with_another_optimizer_names_the_optimizer_not_its_default_lr(data_dir, tmp_path, capsys):
+    """A momentum-SGD checkpoint (its default lr 0.2) resumed with --optimizer adam (whose default lr is 0.001):
+    the change is the optimizer, named as the flag the user typed."""
+    common = ["--data-dir", str(data_dir), "--batch-size", "10", "--no-progress", "--devices", "cpu:1",
+              "--checkpoint-dir", str(tmp_path / "ckpt")]
+    assert main(common + ["--epochs", "1", "--momentum", "0.9"]) == 0
+    capsys.readouterr()
+    assert main(common + ["--epochs", "2", "--resume", "--optimizer", "adam"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: the checkpoint was trained with optimizer sgd(lr=0.2, momentum=0.9), this run asks "
+                          "for adam(lr=0.001") and len(err.splitlines()) == 1, err
+    assert "resume with the same --optimizer," in err and "same lr" not in err, err
 
 
 def test_resume_refuses_another_dataset(one_epoch, data_dir, tmp_path, capsys):

@@ -19,6 +19,7 @@ The names parse here, without MXNet, so that the CLI checks ``--compression`` be
 import math
 
 from ..lazy import lazy_exports
+from ..validate import FLOAT32_RANGE, fits_float32
 
 #: The compressors by name: ``none`` (nothing compressed: bitwise the uncompressed step), ``fp16`` (half
 #: precision), ``2bit`` (MXNet's threshold scheme: +t, -t or 0 per element), ``topk:RATIO`` (the largest
@@ -65,8 +66,10 @@ def parse_compression(spec, name="compression"):
         number = math.nan
     if kind == "topk" and not 0 < number <= 1:
         raise ValueError(f"{name} topk:RATIO needs 0 < RATIO <= 1 (the fraction of elements sent), got {spec!r}")
-    if kind == "2bit" and not (math.isfinite(number) and number > 0):
-        raise ValueError(f"{name} 2bit:THRESHOLD needs a finite THRESHOLD > 0, got {spec!r}")
+    if kind == "2bit" and not (math.isfinite(number) and number > 0 and fits_float32(number)):
+        low, high = FLOAT32_RANGE   # the threshold is a float32 on the device: 1e40 would be infinite there
+        raise ValueError(f"{name} 2bit:THRESHOLD needs a THRESHOLD > 0 in float32's normal range ({low:.2e} .. "
+                         f"{high:.2e}), got {spec!r}")
     return kind, number
 
 

@@ -13,7 +13,7 @@ The registries need no MXNet, so the CLI checks its flags before MXNet starts:
 (['sgd', 'adam', 'adamw'], ['constant', 'step', 'cosine'], (0, 1, 2))
 """
 from ..lazy import lazy_exports
-from ..validate import BadValue, check_bool, check_choice, check_number
+from ..validate import BadValue, check_bool, check_choice, check_float32
 
 #: The optimizers, by name, with what the CLI's help says of each.
 OPTIMIZERS = {
@@ -34,7 +34,8 @@ ZERO_LEVELS = (0, 1, 2)
 
 def check_hyper(name, momentum=0.0, nesterov=False, wd=0.0, clip_norm=None):
     """Check an optimizer's hyper-parameters, without MXNet (the CLI calls it before MXNet starts); returns
-    ``(momentum, nesterov, wd, clip_norm)`` as floats and a bool. ``ValueError``/``TypeError`` naming the argument.
+    ``(momentum, nesterov, wd, clip_norm)`` as floats and a bool. ``ValueError``/``TypeError`` naming the argument;
+    every float must be one MXNet's update operators take (``parallel.validate.check_float32``).
 
     >>> check_hyper("adam", momentum=0.9)
     Traceback (most recent call last):
@@ -42,18 +43,22 @@ def check_hyper(name, momentum=0.0, nesterov=False, wd=0.0, clip_norm=None):
     parallel.validate.BadValue: momentum applies to sgd, not adam (Adam's first moment decays with beta1)
     """
     check_choice(name, "optimizer", tuple(OPTIMIZERS))
-    momentum = check_number(momentum, "momentum")
+    momentum = check_float32(momentum, "momentum")
     if not 0 <= momentum < 1:
         raise BadValue("momentum", f"{{momentum}} must be in [0, 1), got {momentum!r}")
     if momentum and name != "sgd":
-        raise BadValue("momentum", f"{{momentum}} applies to sgd, not {name} (Adam's first moment decays with beta1)")
-    if check_bool(nesterov, "nesterov") and not momentum:
+        raise BadValue("momentum", f"{{momentum}} applies to {{optimizer=sgd|sgd}}, not {name} (Adam's first moment "
+                                   "decays with beta1)")
+    if check_bool(nesterov, "nesterov") and name != "sgd":   # advice to add momentum would fail in turn
+        raise BadValue("nesterov", f"{{nesterov}} applies to {{optimizer=sgd|sgd}} with a {{momentum}} > 0, not to "
+                                   f"{name}; drop {{nesterov}}")
+    if nesterov and not momentum:
         raise BadValue("nesterov", "{nesterov} needs a {momentum} > 0 (Nesterov's momentum without momentum is plain "
                                "SGD); give {momentum=0.9}, say, or drop {nesterov}")
-    wd = check_number(wd, "wd")
+    wd = check_float32(wd, "wd")
     if wd < 0:
         raise BadValue("wd", f"{{wd}} must be >= 0, got {wd!r}")
-    clip_norm = None if clip_norm is None else check_number(clip_norm, "clip_norm", positive=True)
+    clip_norm = None if clip_norm is None else check_float32(clip_norm, "clip_norm", positive=True)
     return momentum, nesterov, wd, clip_norm
 
 

@@ -35,21 +35,22 @@ the number of contexts or workers.
 >>> weight.asnumpy().tolist(), states[0].asnumpy().tolist()
 ([0.8999999761581421, 0.8999999761581421, 0.8999999761581421, 0.8999999761581421], [-0.10000000149011612, -0.10000000149011612, -0.10000000149011612, -0.10000000149011612])
 """
+import inspect
 import math
 
 import mxnet as mx
 
-from ..validate import check_choice, check_int, check_lr, check_number
+from ..validate import BadType, BadValue, check_choice, check_float32, check_int, check_lr
 from . import OPTIMIZERS, ZERO_LEVELS, check_hyper
-from .schedules import Schedule
+from .schedules import Constant, Schedule
 
 __all__ = ["Optimizer", "SGD", "Adam", "AdamW", "make_optimizer"]
 
 
 def _check_fraction(value, name):
-    value = check_number(value, name)
+    value = check_float32(value, name)
     if not 0 <= value < 1:
-        raise ValueError(f"{name} must be in [0, 1), got {value!r}")
+        raise BadValue(name, f"{{{name}}} must be in [0, 1), got {value!r}")
     return value
 
 
@@ -94,13 +95,20 @@ class Optimizer:
         self.momentum, self.nesterov, self.wd, self.clip_norm = check_hyper(self.name, momentum, nesterov, wd,
                                                                             clip_norm)
         if schedule is not None and not isinstance(schedule, Schedule):
-            raise TypeError(f"schedule must be a parallel.optim.Schedule (Constant, Step, Cosine), got {schedule!r}")
+            raise BadType("schedule", f"{{schedule}} must be a parallel.optim.Schedule (Constant, Step, Cosine), got "
+                                      f"{schedule!r}")
         self.schedule = schedule
+        (schedule or Constant()).check_rates(self.lr, self.rate_scales())   # each step's rate MXNet must take
         self.zero = check_int(zero, "zero")
         if self.zero not in ZERO_LEVELS:
             raise ValueError(f"zero must be one of {', '.join(map(str, ZERO_LEVELS))}, got {zero}")
         self.num_update = 0
         self.states = {}
+
+    def rate_scales(self):
+        """``(scale, words)`` pairs bounding what ``update`` multiplies a step's rate by before MXNet's operator
+        takes it: 1 here; Adam's bias correction at its lowest and highest."""
+        return ((1.0, ""),)
 
     def state_names(self):
         """The names of the flat state buffers each parameter needs (``()``: stateless)."""
@@ -131,6 +139,13 @@ class Optimizer:
     def hyper(self):
         """The hyper-parameters that define the update (``config`` adds the schedule and clipping)."""
         return {"lr": self.lr, "wd": self.wd}
+
+    def changed(self):
+        """The numeric hyper-parameters (``hyper``) set away from their defaults, by name (``{"wd": 1e30}``): what
+        to suspect first when training diverges."""
+        defaults = inspect.signature(type(self)).parameters
+        return {name: value for name, value in self.hyper().items() if not isinstance(value, bool)
+                and name in defaults and value != defaults[name].default}
 
     def config(self):
         """The optimizer as JSON, without ``zero``: what decides the computation, and what a checkpoint compares
@@ -222,10 +237,10 @@ class Adam(Optimizer):
 
     def __init__(self, lr=default_lr, beta1=0.9, beta2=0.999, epsilon=1e-8, wd=0.0, schedule=None, clip_norm=None,
                  zero=0):
-        super().__init__(lr, wd, schedule, clip_norm, zero)
         self.beta1 = _check_fraction(beta1, "beta1")
         self.beta2 = _check_fraction(beta2, "beta2")
-        self.epsilon = check_number(epsilon, "epsilon", positive=True)
+        self.epsilon = check_float32(epsilon, "epsilon", positive=True)
+        super().__init__(lr, wd, schedule, clip_norm, zero)   # checks the rates: needs the betas
 
     def state_names(self):
         return ("mean", "var")
@@ -233,6 +248,20 @@ class Adam(Optimizer):
     def bias_correction(self, t):
         """``sqrt(1 - beta2**t) / (1 - beta1**t)``: what step ``t``'s rate is multiplied by."""
         return math.sqrt(1.0 - self.beta2 ** t) / (1.0 - self.beta1 ** t)
+
+    def bias_correction_range(self, steps=1000):
+        """The lowest and highest ``bias_correction(t)`` over every step: those of the first ``steps`` steps, and
+        bounds of the later ones (``sqrt(1 - beta2**(steps+1))`` and ``1 / (1 - beta1**(steps+1))``). Not monotone:
+        with the default betas it falls from 0.32 at step 1 to 0.15 at step 12, then rises to 1."""
+        values = [self.bias_correction(t) for t in range(1, steps + 1)]
+        later = steps + 1
+        return (min(min(values), math.sqrt(1.0 - self.beta2 ** later)),
+                max(max(values), 1.0 / (1.0 - self.beta1 ** later)))
+
+    def rate_scales(self):
+        low, high = self.bias_correction_range()
+        return ((low, f" * {low:.3g} (Adam's bias correction at its lowest)"),
+                (high, f" * {high:.3g} (Adam's bias correction at its highest)"))
 
     def update(self, weight, grad, states, lr, rescale, t):
         mx.nd.adam_update(weight, grad, states[0], states[1], lr=lr * self.bias_correction(t), beta1=self.beta1,
@@ -261,6 +290,9 @@ class AdamW(Adam):
                  clip_norm=None, zero=0):
         super().__init__(lr, beta1, beta2, epsilon, wd, schedule, clip_norm, zero)
         self._rescales = {}   # (context, rescale) -> the (1,) array adamw_update takes as its rescale_grad
+
+    def rate_scales(self):
+        return ((1.0, ""),)   # the rate is adamw_update's eta as it is; the bias correction goes in as its lr
 
     def update(self, weight, grad, states, lr, rescale, t):
         key = (weight.context, rescale)

@@ -20,7 +20,7 @@ MXNet's (``mx.lr_scheduler``), step for step, so MXNet's own schedulers are the 
 """
 import math
 
-from ..validate import check_int, check_number
+from ..validate import BadValue, check_float32, check_int
 
 __all__ = ["Schedule", "Constant", "Step", "Cosine"]
 
@@ -48,6 +48,25 @@ class Schedule:
 
     def after_warmup(self, t, base_lr):
         raise NotImplementedError
+
+    def bounds(self, base_lr):
+        """The rates that bound every rate this schedule gives from ``base_lr``: the largest and the smallest
+        but 0, each as ``(rate, argument, what)``, ``what`` saying which rate it is as a template of argument
+        names (``parallel.validate``) and ``argument`` the one to blame when it is out of range."""
+        rates = [(base_lr, "lr", "{lr}")]
+        if self.warmup_steps > 1:
+            rates.append((base_lr * 1 / self.warmup_steps, "lr",
+                          f"{{lr}} / {self.warmup_steps} (the first warm-up step's rate)"))
+        return rates
+
+    def check_rates(self, base_lr, scales=((1.0, ""),)):
+        """Raise ``BadValue`` unless every rate of every step, times each ``(scale, words)`` of ``scales`` (what
+        an optimizer multiplies it by, such as Adam's bias correction at its lowest and highest), is a float that
+        MXNet's update operators take (``check_float32``): no decay, warm-up or cosine may take it out of
+        float32's normal range, where the update would fail at that step."""
+        for rate, name, what in self.bounds(base_lr):
+            for scale, words in scales:
+                check_float32(rate * scale, name, positive=True, what=what + words)
 
     def config(self):
         """The schedule as JSON: what a checkpoint compares on resume."""
@@ -89,10 +108,10 @@ class Step(Schedule):
         super().__init__(warmup_steps)
         self.milestones = [check_int(m, f"milestones[{i}]", low=1) for i, m in enumerate(milestones)]
         if any(a >= b for a, b in zip(self.milestones, self.milestones[1:])):
-            raise ValueError(f"milestones must be strictly increasing, got {self.milestones}")
-        self.factor = check_number(factor, "factor", positive=True)
+            raise BadValue("milestones", f"{{milestones}} must be strictly increasing, got {self.milestones}")
+        self.factor = check_float32(factor, "factor", positive=True)
         if self.factor > 1:
-            raise ValueError(f"factor must be in (0, 1], got {factor!r}")
+            raise BadValue("factor", f"{{factor}} must be in (0, 1], got {factor!r}")
 
     def after_warmup(self, t, base_lr):
         lr = base_lr
@@ -100,6 +119,13 @@ class Step(Schedule):
             if t > milestone:
                 lr *= self.factor
         return lr
+
+    def bounds(self, base_lr):
+        decays = len(self.milestones)
+        if not decays:
+            return super().bounds(base_lr)
+        return super().bounds(base_lr) + [(self.after_warmup(self.milestones[-1] + 1, base_lr), "factor",
+                                           f"{{lr}} * {{factor}}**{decays} (the rate after the last decay)")]
 
     def config(self):
         return {**super().config(), "milestones": list(self.milestones), "factor": self.factor}
@@ -129,15 +155,24 @@ class Cosine(Schedule):
         if self.total_steps <= self.warmup_steps:
             raise ValueError(f"total_steps ({total_steps}) must exceed warmup_steps ({warmup_steps}): the cosine "
                              "needs steps after the warm-up")
-        self.final_lr = check_number(final_lr, "final_lr")
+        self.final_lr = check_float32(final_lr, "final_lr")
         if self.final_lr < 0:
-            raise ValueError(f"final_lr must be >= 0, got {final_lr!r}")
+            raise BadValue("final_lr", f"{{final_lr}} must be >= 0, got {final_lr!r}")
 
     def after_warmup(self, t, base_lr):
         if t > self.total_steps:
             return self.final_lr
         progress = (t - self.warmup_steps) / (self.total_steps - self.warmup_steps)
         return self.final_lr + (base_lr - self.final_lr) * (1 + math.cos(math.pi * progress)) / 2
+
+    def bounds(self, base_lr):
+        rates = super().bounds(base_lr)
+        if self.total_steps - 1 >= max(1, self.warmup_steps):   # the cosine's smallest rate above final_lr
+            rates.append((self.after_warmup(self.total_steps - 1, base_lr), "lr",
+                          f"the cosine's rate at step {self.total_steps - 1}"))
+        if self.final_lr:
+            rates.append((self.final_lr, "final_lr", "{final_lr}"))
+        return rates
 
     def config(self):
         return {**super().config(), "total_steps": self.total_steps, "final_lr": self.final_lr}

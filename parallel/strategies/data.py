@@ -253,12 +253,15 @@ class DataParallel:
         """What the training loop returns for data parallelism: ``device_params``, one replica per context."""
         return self.device_params
 
-    def describe(self):
-        """One line: how the replicas are kept and summed."""
+    def describe(self, accumulate=1):
+        """One line: how the replicas are kept and summed, and what BatchNorm normalises over when each batch
+        runs as ``accumulate`` micro-batches (each on its own statistics)."""
         summed = self.reducer.describe(len(self.ctx_list))
         line = "one replica per context" + (f", {summed}" if summed else "")
-        if isinstance(self._net, GluonNet) and self._net.has_batchnorm and len(self.ctx_list) > 1:
-            line += ", BatchNorm over the whole batch" if self._net.sync_batchnorm else ", BatchNorm per context"
+        if isinstance(self._net, GluonNet) and self._net.has_batchnorm and (len(self.ctx_list) > 1 or accumulate > 1):
+            over = "the whole batch" if accumulate == 1 else f"each of the {accumulate} micro-batches alone"
+            line += (f", BatchNorm over {over}" if self._net.sync_batchnorm or len(self.ctx_list) == 1 else
+                     ", BatchNorm per context" + ("" if accumulate == 1 else " and micro-batch"))
         if self.job is not None:
             line += f", then over {self.job.num_workers} worker(s) through the {self.job.kv.type} kvstore"
             if self.reducer.codec is not None:

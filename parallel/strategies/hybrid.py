@@ -118,10 +118,10 @@ class Hybrid:
         ``s``, summed over the R contexts holding the stage (and sharded over them with ``zero``)."""
         return [[replica.stage_params[s] for replica in self.replicas] for s in range(len(self.ranges))]
 
-    def describe(self):
+    def describe(self, accumulate=1):
         """One line: each stage and the contexts holding it, e.g.
         '2 replicas x 2 stages: conv1,conv2 @ cpu(0),cpu(2) | dense1,dense2 @ cpu(1),cpu(3)' (for a block:
-        'children 0-2 @ cpu(0),cpu(2) | 3-6 @ cpu(1),cpu(3)')."""
+        'children 0-2 @ cpu(0),cpu(2) | 3-6 @ cpu(1),cpu(3)'). ``accumulate`` changes nothing here."""
         names = self._cut.labels
         return (f"{len(self.replicas)} replica{'s' if len(self.replicas) > 1 else ''} x {len(self.ranges)} "
                 f"stage{'s' if len(self.ranges) > 1 else ''}: " +

@@ -239,9 +239,10 @@ class ModelParallel:
     def __repr__(self):
         return f"{type(self).__name__}({self.describe()})"
 
-    def describe(self):
+    def describe(self, accumulate=1):
         """One line: the stages and where they run, e.g. 'conv1,conv2 @ cpu(0) | dense1,dense2 @ cpu(1)' for
-        LeNet, 'children 0-2 @ cpu(0) | 3-6 @ cpu(1)' for a block."""
+        LeNet, 'children 0-2 @ cpu(0) | 3-6 @ cpu(1)' for a block. ``accumulate`` (every strategy's ``describe``
+        takes it) changes nothing here."""
         return " | ".join(f"{label} @ {ctx}" for label, ctx in zip(self._cut.labels, self.ctx_list))
 
     def params(self):

@@ -84,7 +84,7 @@ class Pipeline(ModelParallel):
         self.short_batches = check_bool(short_batches, "short_batches")
         super().__init__(model, ctx_list, stages, boundaries)
 
-    def describe(self):
+    def describe(self, accumulate=1):
         """One line: the stages, where they run, and the number of micro-batches."""
         return f"{super().describe()}, {self.micro_batches} micro-batches"
 
