@@ -117,18 +117,20 @@ def test_two_bit_sends_the_threshold_and_keeps_the_rest():
     np.testing.assert_array_equal(out.asnumpy(), [t, -t, 0, 0, t, -t] + [0] * 20)
 
 
-def test_scaled_two_bit_sends_the_mean_magnitude_with_its_codes():
-    """Plain 2bit: the threshold is the buffer's mean magnitude, sent as one float32 after the codes, so the
-    receiver decodes with the sender's t."""
-    x = np.array([0.7, -0.6, 0.2, -0.49, 0.5, -0.5] + [0.0] * 20, dtype=np.float32)
-    t = np.abs(x).mean()   # 0.115: every non-zero element passes it
+def test_scaled_two_bit_sends_its_threshold_and_value_with_its_codes():
+    """Plain 2bit: the threshold is the buffer's mean magnitude; what passes it is sent as the mean magnitude of
+    what passes, one float32 after the codes, so the receiver decodes with the sender's value."""
+    x = np.array([0.7, -0.6, 0.2, -0.49, 0.5, -0.5, 0.1] + [0.0] * 19, dtype=np.float32)
+    t = np.abs(x).mean()   # 0.119: 0.1 and the zeros stay behind
+    passed = np.abs(x) >= t
+    value = np.abs(x)[passed].mean()
     compressor = TwoBit()
     payload = compressor.encode(mx.nd.array(x))
     assert payload[0].shape == (4,) and compressor.payload_nbytes(26) == 16
-    np.testing.assert_allclose(payload[0].asnumpy()[-1], t, rtol=1e-6)
+    np.testing.assert_allclose(payload[0].asnumpy()[-1], value, rtol=1e-6)
     out = mx.nd.zeros(x.shape)
-    TwoBit().decode(payload, out)   # another codec object: nothing but the payload says what t was
-    np.testing.assert_allclose(out.asnumpy(), np.sign(x) * t, rtol=1e-6)
+    TwoBit().decode(payload, out)   # another codec object: nothing but the payload says what was sent
+    np.testing.assert_allclose(out.asnumpy(), np.sign(x) * passed * value, rtol=1e-6)
 
 
 def _lenet_gradients(k, batch=16):

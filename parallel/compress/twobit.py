@@ -1,8 +1,9 @@
 """The ``2bit`` codec: MXNet's threshold scheme, +t, -t or 0 an element, twelve two-bit codes to a float32.
 
-``2bit`` (the default) scales the threshold to the gradient: each bucket's ``t`` is the mean magnitude of what it
-encodes (the gradient plus its residual), computed at every step on every context and worker, as 1-bit SGD
-scales by the mean magnitude; ``2bit:T`` keeps MXNet's fixed threshold ``T`` (MXNet's default is 0.5).
+``2bit`` (the default) scales the threshold to the gradient: each tensor's ``t`` is the mean magnitude of what it
+encodes (the gradient plus its residual), computed at every step on every context and worker, and what passes
+it is sent as the mean magnitude of what passes, as 1-bit SGD scales by the mean magnitude; ``2bit:T`` keeps
+MXNet's fixed threshold ``T``, sent as ``+-T`` (MXNet's default is 0.5).
 """
 import math
 import warnings
@@ -24,11 +25,13 @@ class TwoBit(Codec):
     value below 2**24 that a kvstore server can add to zero exactly.
 
     ``threshold=None`` (``"2bit"``): each tensor of the buffer (``shapes``; None: the whole buffer) has its own
-    ``t = mean(|e|)`` over its elements (the gradient plus its residual), sent after the codes, one float32 a
-    tensor, so whoever decodes a payload uses its sender's scales and the sum of the decoded payloads is the sum of
-    what each sender sent. A tensor's scale does not depend on the bucket it is in. A float (``"2bit:0.5"``): that
-    fixed ``t`` on both sides, nothing more sent, as MXNet's ``kv.set_gradient_compression``; a first ``e`` whose
-    mean magnitude is more than ``FAR`` times away from it is warned about, once.
+    threshold ``t = mean(|e|)`` over its elements (``e`` the gradient plus its residual), and what passes it is
+    sent as ``+-v``, ``v`` the mean magnitude of the elements that pass (1-bit SGD sends each group as its mean);
+    ``v`` follows the codes, one float32 a tensor, so whoever decodes a payload uses its sender's values and the
+    sum of the decoded payloads is the sum of what each sender sent. A tensor's scale does not depend on the bucket
+    it is in. A float (``"2bit:0.5"``): that fixed ``t`` on both sides, sent as ``+-t``, nothing more sent, as
+    MXNet's ``kv.set_gradient_compression``; a first ``e`` whose mean magnitude is more than ``FAR`` times away
+    from it is warned about, once.
     """
 
     name = "2bit"
@@ -58,42 +61,54 @@ class TwoBit(Codec):
         return mx.nd.take(scales, self._cache[key])
 
     def scales(self, e, shapes=None):
-        """``(scales, thresholds)`` for encoding ``e``: the fixed threshold twice (floats), or every tensor's
-        ``mean(|e|)`` (a (n,) array) and those spread over its elements (an array to compare ``e`` with)."""
+        """``(values, thresholds)`` for encoding ``e``: the fixed threshold twice (floats); scaled, each tensor's
+        threshold ``mean(|e|)`` over its elements, spread over them (an array to compare ``e`` with), and each
+        tensor's value (a (n,) array): the mean magnitude of its elements at or past the threshold, what they are
+        sent as (0 for a tensor of zeros), as 1-bit SGD sends each group as its mean."""
         if self.threshold is not None:
             if not self._checked:
                 self._checked = True
                 warn_if_far(self.threshold, e)
             return self.threshold, self.threshold
         sizes = tensor_sizes(e.size, shapes)
-        magnitudes, offset, means = mx.nd.abs(e), 0, []
+        magnitudes = mx.nd.abs(e)
+        means = self._per_tensor(magnitudes, sizes, mx.nd.mean)
+        thresholds = self._spread(means, sizes, e.context)
+        passed = mx.nd.broadcast_greater_equal(magnitudes, thresholds)
+        counts = self._per_tensor(passed, sizes, mx.nd.sum)
+        totals = self._per_tensor(magnitudes * passed, sizes, mx.nd.sum)
+        return totals / mx.nd.maximum(counts, 1), thresholds
+
+    @staticmethod
+    def _per_tensor(x, sizes, reduce):
+        """``reduce`` of each tensor's part of the flat ``x``, as a (n,) array."""
+        parts, offset = [], 0
         for n in sizes:
-            means.append(mx.nd.mean(magnitudes[offset:offset + n]).reshape((1,)))
+            parts.append(reduce(x[offset:offset + n]).reshape((1,)))
             offset += n
-        scales = means[0] if len(means) == 1 else mx.nd.concat(*means, dim=0)
-        return scales, self._spread(scales, sizes, e.context)
+        return parts[0] if len(parts) == 1 else mx.nd.concat(*parts, dim=0)
 
     def encode(self, x, shapes=None):
-        scales, t = self.scales(x, shapes)
+        values, t = self.scales(x, shapes)
         up, down = signs(x, t)
         codes = up + 2 * down                                         # 0, 1 (+t) or 2 (-t)
         pad = -x.size % CODES
         if pad:
             codes = mx.nd.concat(codes, mx.nd.zeros((pad,), ctx=x.context, dtype=x.dtype), dim=0)
         packed = pack(codes.reshape((-1, CODES)), self._powers(x.context))   # exact: integers < 2**24
-        return [packed if self.threshold is not None else mx.nd.concat(packed, scales, dim=0)]
+        return [packed if self.threshold is not None else mx.nd.concat(packed, values, dim=0)]
 
     def decode(self, payload, out, shapes=None):
         packed = payload[0]
-        if self.threshold is None:                                    # the sender's scales follow its codes
+        if self.threshold is None:                                    # the sender's values follow its codes
             sizes = tensor_sizes(out.size, shapes)
             n = packed.shape[0] - len(sizes)
-            packed, t = packed[:n], self._spread(packed[n:], sizes, out.context)
+            packed, values = packed[:n], self._spread(packed[n:], sizes, out.context)
         powers = self._powers(out.context).reshape((1, CODES))
         shifted = mx.nd.floor(mx.nd.broadcast_div(packed.reshape((-1, 1)), powers))
         codes = (shifted - 4 * mx.nd.floor(shifted / 4)).reshape((-1,))[:out.size]
         if self.threshold is None:
-            mx.nd.broadcast_mul((codes == 1) - (codes == 2), t, out=out)
+            mx.nd.broadcast_mul((codes == 1) - (codes == 2), values, out=out)
         else:
             mx.nd.elemwise_sub(codes == 1, codes == 2, out=out)
             out *= self.threshold
@@ -111,11 +126,11 @@ class TwoBit(Codec):
         ``sum(q) = digits - W`` and sends ``t * sum(q)``.
 
         With a fixed threshold every worker's ``t`` is it. Scaled, each worker picks its ``q`` with its own
-        scales (``t_w`` a tensor) and writes them into its slot of ``W`` after the digits (the other slots zero,
-        so the servers' sum is exact in any order); every worker then sends each tensor's ``q`` at ``t``, the
-        mean of the workers' ``t_w``, and keeps ``e_w - q t`` as its residual: the sum of the residuals and of
-        what is sent is still the sum of the ``e_w``."""
-        scales, t = self.scales(e, shapes)
+        thresholds and writes its values (``v_w``, one a tensor) into its slot of ``W`` after the digits (the
+        other slots zero, so the servers' sum is exact in any order); every worker then sends each tensor's summed
+        ``q`` at ``v``, the mean of the workers' ``v_w``, and keeps ``e_w - q v`` as its residual: the sum of the
+        residuals and of what is sent is still the sum of the ``e_w``."""
+        values, t = self.scales(e, shapes)
         w = comm.num_workers
         up, down = signs(e, t)
         q = up - down
@@ -132,7 +147,7 @@ class TwoBit(Codec):
         if self.threshold is None:
             sizes = tensor_sizes(e.size, shapes)
             slots = mx.nd.zeros((w * len(sizes),), ctx=e.context, dtype=e.dtype)
-            slots[comm.rank * len(sizes):(comm.rank + 1) * len(sizes)] = scales
+            slots[comm.rank * len(sizes):(comm.rank + 1) * len(sizes)] = values
             packed = mx.nd.concat(packed, slots, dim=0)
         comm.allsum(packed, part=1)
         if self.threshold is None:
