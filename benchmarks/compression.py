@@ -34,7 +34,7 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SPECS = ["none", "fp16", "2bit", "topk:0.01", "powersgd:4"]
+SPECS = ["none", "fp16", "2bit", "2bit:0.5", "topk:0.01", "powersgd:4"]
 #: model -> its training setting: batch, lr, momentum, Nesterov, weight decay, a warm-up epoch, epochs
 SETTINGS = {"lenet": {"batch": 32, "lr": 0.1, "momentum": 0.9, "nesterov": True, "wd": 0.0, "warmup": True,
                       "epochs": 20},

@@ -139,8 +139,9 @@ def _add_reduction_flags(add):
              f"while the backward pass computes the earlier layers (PyTorch DDP's bucket_cap_mb); default "
              f"{DEFAULT_BUCKET_MB}")
     add("--compression", default="none", metavar="SPEC",
-        help="send the gradients between devices compressed, with error feedback: none, fp16, 2bit[:THRESHOLD], "
-             "topk:RATIO or powersgd:RANK (data strategy); default none")
+        help="send the gradients between devices compressed, with error feedback: none, fp16, 2bit (+-t or 0 "
+             "an element, t each bucket's mean magnitude, scaled at every step), 2bit:THRESHOLD (MXNet's fixed t; "
+             "its default is 2bit:0.5), topk:RATIO or powersgd:RANK (data strategy); default none")
 
 
 def _add_optimizer_flags(add):

@@ -99,10 +99,11 @@ def test_a_gluon_block_in_buckets_trains_bitwise_the_same_model():
         np.testing.assert_array_equal(g, w)
 
 
-@pytest.mark.parametrize("spec", ["fp16", "2bit:0.001"])
+@pytest.mark.parametrize("spec", ["fp16", "2bit", "2bit:0.001"])
 def test_an_elementwise_codec_is_bitwise_across_bucket_sizes_and_its_state_is_layout_free(spec):
-    """fp16 and 2bit encode each element on its own: a bucket of the buffer is compressed as the whole buffer's
-    part, so every bucket size gives the same model, and the residuals, laid out as the flat buffer, agree."""
+    """fp16 and 2bit encode each element on its own (2bit with its tensor's scale, and a bucket holds whole
+    tensors): a bucket of the buffer is compressed as the whole buffer's part, so every bucket size gives the same
+    model, and the residuals, laid out as the flat buffer, agree."""
     def run(bucket_mb):
         ctx = contexts(2)
         reducer = Reducer("fused", bucket_mb, compression=spec)

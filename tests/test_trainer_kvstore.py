@@ -69,7 +69,7 @@ def test_bad_arguments_name_themselves():
         AllreduceKVStore("ring", "topk")
 
 
-@pytest.mark.parametrize("spec", ["fp16", "2bit:0.05", "topk:0.1", "powersgd:2"])
+@pytest.mark.parametrize("spec", ["fp16", "2bit", "2bit:0.05", "topk:0.1", "powersgd:2"])
 @pytest.mark.parametrize("k", [2, 3])
 def test_a_trainer_step_is_one_package_allreduce_of_every_gradient(spec, k, monkeypatch):
     """gluon.Trainer's per-parameter pushpull calls make one compressed allreduce a step (one bucket: the model is
@@ -108,7 +108,7 @@ def test_a_trainer_step_is_one_package_allreduce_of_every_gradient(spec, k, monk
         trainer.update(X.shape[0])
 
 
-@pytest.mark.parametrize("spec", ["fp16", "2bit:0.05", "topk:0.1", "powersgd:2"])
+@pytest.mark.parametrize("spec", ["fp16", "2bit", "2bit:0.05", "topk:0.1", "powersgd:2"])
 def test_pushpull_with_compression_is_the_package_compressed_allreduce(spec):
     """A key gluon never announced (no broadcast) is compressed on its own, with its own residuals, which carry
     over from step to step."""

@@ -13,8 +13,8 @@ The names parse here, without MXNet, so that the CLI checks ``--compression`` be
 
 >>> COMPRESSIONS
 ('none', 'fp16', '2bit', 'topk', 'powersgd')
->>> parse_compression("topk:0.01"), parse_compression("2bit")
-(('topk', 0.01), ('2bit', 0.5))
+>>> parse_compression("topk:0.01"), parse_compression("2bit"), parse_compression("2bit:0.5")
+(('topk', 0.01), ('2bit', None), ('2bit', 0.5))
 """
 import math
 
@@ -22,17 +22,20 @@ from ..lazy import lazy_exports
 from ..validate import FLOAT32_RANGE, fits_float32
 
 #: The compressors by name: ``none`` (nothing compressed: bitwise the uncompressed step), ``fp16`` (half
-#: precision), ``2bit`` (MXNet's threshold scheme: +t, -t or 0 per element), ``topk:RATIO`` (the largest
+#: precision), ``2bit`` (MXNet's threshold scheme: +t, -t or 0 per element, t scaled to the gradient, or fixed with
+#: ``2bit:T``), ``topk:RATIO`` (the largest
 #: RATIO of the elements by magnitude, with their indices), ``powersgd:RANK`` (low rank, by power iteration).
 COMPRESSIONS = ("none", "fp16", "2bit", "topk", "powersgd")
 
-#: MXNet's default threshold for its 2-bit compression (``kv.set_gradient_compression``).
-DEFAULT_THRESHOLD = 0.5
+#: MXNet's default threshold for its 2-bit compression (``kv.set_gradient_compression``); ``"2bit:0.5"`` spells it.
+#: The package's ``"2bit"`` scales the threshold to the gradient instead (``parallel.compress.twobit``).
+MXNET_THRESHOLD = 0.5
 
 
 def parse_compression(spec, name="compression"):
-    """``(name, value)`` of a compressor spec: ``"none"``, ``"fp16"``, ``"2bit"`` or ``"2bit:THRESHOLD"``,
-    ``"topk:RATIO"`` (0 < RATIO <= 1), ``"powersgd:RANK"`` (an int >= 1). ``value`` is None for none and fp16.
+    """``(name, value)`` of a compressor spec: ``"none"``, ``"fp16"``, ``"2bit"`` (the threshold scaled to the
+    gradient) or ``"2bit:THRESHOLD"`` (fixed), ``"topk:RATIO"`` (0 < RATIO <= 1), ``"powersgd:RANK"`` (an int >=
+    1). ``value`` is None for none, fp16 and 2bit.
 
     Raises ``TypeError`` for a spec that is not a string and ``ValueError`` (naming ``name``) for a bad one.
     """
@@ -48,7 +51,7 @@ def parse_compression(spec, name="compression"):
             raise ValueError(f"{name} {kind!r} takes no value, got {spec!r}")
         return kind, None
     if kind == "2bit" and not value:
-        return kind, DEFAULT_THRESHOLD
+        return kind, None
     if not value:
         what = "RATIO (e.g. topk:0.01)" if kind == "topk" else "RANK (e.g. powersgd:4)"
         raise ValueError(f"{name} {kind!r} needs a {what}, got {spec!r}")
@@ -76,6 +79,6 @@ def parse_compression(spec, name="compression"):
 _SOURCES = {"codec": ["Codec"], "fp16": ["FP16"], "twobit": ["TwoBit"], "topk": ["TopK"], "powersgd": ["PowerSGD"],
             "registry": ["make_codec", "as_codec", "CODECS"],
             "feedback": ["job_names", "split_name", "place", "expected_residuals"]}
-__all__ = ["COMPRESSIONS", "DEFAULT_THRESHOLD", "parse_compression"] + [name for names in _SOURCES.values()
-                                                                         for name in names]
+__all__ = ["COMPRESSIONS", "MXNET_THRESHOLD", "parse_compression"] + [name for names in _SOURCES.values()
+                                                                       for name in names]
 __getattr__, __dir__ = lazy_exports(__name__, _SOURCES)

@@ -33,9 +33,11 @@ DECODED, BROADCAST = 1 << 20, 1 << 21
 class Codec:
     """A codec with error feedback: ``residuals`` holds, per gradient buffer, what was not sent yet.
 
-    Subclasses define ``encode(x)`` (a list of NDArrays on ``x``'s context), ``decode(payload, out)`` (the dense
-    values into ``out``, a flat array of ``x``'s size), ``payload_nbytes(size)`` (bytes a context sends between
-    contexts) and ``across_nbytes(size, num_workers)`` (bytes a worker pushes).
+    Subclasses define ``encode(x, shapes)`` (a list of NDArrays on ``x``'s context), ``decode(payload, out,
+    shapes)`` (the dense values into ``out``, a flat array of ``x``'s size), ``payload_nbytes(size, shapes)``
+    (bytes a context sends between contexts) and ``across_nbytes(size, num_workers, shapes)`` (bytes a worker
+    pushes); ``shapes``, the tensors laid out one after another in the buffer (None: one tensor), matters to a
+    codec that treats each tensor on its own (``TwoBit``'s scales, ``PowerSGD``'s matrices).
     """
 
     name = None
@@ -108,14 +110,14 @@ class Codec:
         """Load a state entry other than a residual (PowerSGD's ``Q``); False: not one of this codec's."""
         return False
 
-    def feed(self, x, residual, keep=False):
+    def feed(self, x, residual, keep=False, shapes=None):
         """Encode ``x + residual``; afterwards ``residual`` holds what the payload does not carry. ``keep``: add
         that to ``residual`` instead (``x`` is a sum the residual is not part of). Returns the payload."""
         if not keep:
             mx.nd.add_n(x, residual, out=x)                   # e = grad + residual, in the gradient buffer
-        payload = self.encode(x)
+        payload = self.encode(x, shapes)
         sent = mx.nd.empty(x.shape, ctx=x.context, dtype=x.dtype)
-        self.decode(payload, sent)
+        self.decode(payload, sent, shapes)
         if keep:
             mx.nd.add_n(residual, x, -sent, out=residual)
         else:
@@ -126,20 +128,20 @@ class Codec:
         """Sum the flat ``arrays`` (one a context) in place, moving payloads through ``comm``: gather to the first
         context, sum, encode the sum once more, broadcast (see the module's docstring)."""
         root, ctx = arrays[0], arrays[0].context
-        payloads = [self.feed(array, self.residual(array)) for array in arrays]
-        self.decode(payloads[0], root)                        # the first context's own payload, as sent
+        payloads = [self.feed(array, self.residual(array), shapes=shapes) for array in arrays]
+        self.decode(payloads[0], root, shapes)                # the first context's own payload, as sent
         dense = []
         for j, payload in enumerate(payloads[1:]):
             received = [comm.receive(piece, ctx, slot=j) for piece in payload]
             out = comm.scratch(ctx, root.shape, root.dtype, DECODED + j)
-            self.decode(received, out)
+            self.decode(received, out, shapes)
             dense.append(out)
         mx.nd.add_n(root, *dense, out=root)                   # S, in context order
-        sent = self.feed(root, self.residual(root), keep=True)   # the first context keeps what S's payload drops
+        sent = self.feed(root, self.residual(root), keep=True, shapes=shapes)   # what S's payload drops stays here
         for array in arrays[1:]:
             self.decode([comm.receive(piece, array.context, slot=BROADCAST + s) for s, piece in enumerate(sent)],
-                        array)
-        self.decode(sent, root)
+                        array, shapes)
+        self.decode(sent, root, shapes)
 
     def across(self, x, comm, shapes=None):
         """Sum the flat ``x`` over the workers, in place, through ``comm``'s sums: this worker encodes ``x`` plus
@@ -151,16 +153,16 @@ class Codec:
 
     def _across(self, comm, e, residual, shapes):
         """Default: the servers add the payloads (``FP16``: in half precision), every worker decodes the sum."""
-        (piece,) = self.encode(e)
-        self.decode([piece], residual)
+        (piece,) = self.encode(e, shapes)
+        self.decode([piece], residual, shapes)
         mx.nd.elemwise_sub(e, residual, out=residual)
         comm.allsum(piece, part=1)
-        self.decode([piece], e)
+        self.decode([piece], e, shapes)
 
-    def encode(self, x):
+    def encode(self, x, shapes=None):
         raise NotImplementedError
 
-    def decode(self, payload, out):
+    def decode(self, payload, out, shapes=None):
         raise NotImplementedError
 
     def payload_nbytes(self, size, shapes=None):

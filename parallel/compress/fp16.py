@@ -12,10 +12,10 @@ class FP16(Codec):
 
     name = "fp16"
 
-    def encode(self, x):
+    def encode(self, x, shapes=None):
         return [x.astype("float16")]
 
-    def decode(self, payload, out):
+    def decode(self, payload, out, shapes=None):
         mx.nd.Cast(payload[0], dtype=out.dtype, out=out)
 
     def payload_nbytes(self, size, shapes=None):

@@ -27,11 +27,11 @@ class TopK(Codec):
         """How many elements of a buffer of ``size`` are sent: ``ceil(ratio * size)``, at least one."""
         return max(1, min(size, math.ceil(self.ratio * size)))
 
-    def encode(self, x):
+    def encode(self, x, shapes=None):
         indices = mx.nd.topk(mx.nd.abs(x), k=self.k(x.size), ret_typ="indices", dtype="int32")
         return [indices, mx.nd.take(x, indices)]
 
-    def decode(self, payload, out):
+    def decode(self, payload, out, shapes=None):
         indices, values = payload
         out[:] = mx.nd.scatter_nd(values, indices.reshape((1, -1)), shape=out.shape)
 
