@@ -5,7 +5,8 @@ arithmetic the two steps are equal. This script trains LeNet both ways from the 
 in float32 and in float64, and records the difference of the parameters (the largest over the arrays of
 ``max |a - b| / max |b|``) after 1, 2, 4, 8, ... steps. An error would show in float64 as well and from the first
 step at full size; rounding starts at float32's 1e-7 (float64's 1e-16) and grows step by step as training
-amplifies it.
+amplifies it. The start and the batches are those of ``python -m parallel.train --seed 0`` (LeNet's initial
+parameters, epoch 1's order), so the last row is what ``--accumulate N`` against ``--accumulate 1`` gives there.
 
     python benchmarks/rounding.py --data-dir digits           # held-out digits (benchmarks/digits_dataset.py)
     python benchmarks/rounding.py --dataset synthetic --steps 8
@@ -41,13 +42,15 @@ def _trajectory(dataset, dtype, accumulate, optimizer, args, record):
     """The parameters of the first replica after each step count in ``record``."""
     import mxnet as mx
     from parallel import get_params, init_lenet_params, iterate_batches, train_batch
+    from parallel.data.batches import epoch_seed
     from parallel.optim import SGD
 
     ctx_list = [mx.cpu(i) for i in range(args.devices)]
     device_params = [get_params(init_lenet_params(seed=0, dtype=dtype), ctx) for ctx in ctx_list]
     rule = SGD(**OPTIMIZERS[optimizer])
     snapshots = {}
-    batches = iterate_batches(dataset.train_images, dataset.train_labels, args.batch_size, shuffle=True, seed=0)
+    batches = iterate_batches(dataset.train_images, dataset.train_labels, args.batch_size, shuffle=True,
+                              seed=epoch_seed(0, 1))   # epoch 1's order in python -m parallel.train --seed 0
     for step, (X, y) in enumerate(batches, 1):
         train_batch(X.astype(dtype), y.astype(dtype), device_params, ctx_list, optimizer=rule, accumulate=accumulate)
         if step in record:
