@@ -312,6 +312,7 @@ if "mxnet" in sys.modules:
 """
 
 
+@pytest.mark.slow   # a fresh process each, importing MXNet: the slow tier's (the fast tier's time holds on slower CPUs)
 @pytest.mark.parametrize("path, line, code, expected", python_examples())
 def test_python_block_runs_as_written(path, line, code, expected, tmp_path):
     result = run_process([sys.executable, "-c", _BLOCK_RUNNER, path, str(line)], input=code, timeout=600,
@@ -427,7 +428,7 @@ def test_ci_runs_the_readme_install_and_test_commands():
     install = _ci_line("pip install")
     assert install and install[1] == "pip install -e '.[test]'", install
     tiers = [command for _, command in commands("README.md") if command.startswith("python -m pytest")]
-    assert tiers == ["python -m pytest -q", 'python -m pytest -q -m "slow or property" --hypothesis-profile=full'], (
+    assert tiers == ["python -m pytest -q -n 2", 'python -m pytest -q -m "slow or property" --hypothesis-profile=full'], (
         "the README shows the fast tier, then the slow tier; .ci/run runs both")
 
 
@@ -437,8 +438,11 @@ def _registered_markers():
 
 
 def _check_pytest_command(command):
-    words = shlex.split(command)[3:]
-    takes_value = {"-m", "-k", "-p", "-c", "-o", "--rootdir", "--timeout", "--maxfail"}
+    words = shlex.split(command)
+    while words and re.match(r"^\w+=", words[0]):   # environment assignments such as DNNL_MAX_CPU_ISA=SSE41
+        words = words[1:]
+    words = words[3:]
+    takes_value = {"-m", "-k", "-p", "-c", "-o", "-n", "--rootdir", "--timeout", "--maxfail"}
     i = 0
     while i < len(words):
         word = words[i]

@@ -652,6 +652,7 @@ def _optimizer_run(name, directory, epochs, capsys):
     return [float(line.split("test acc ")[1].split(",")[0]) for line in epochs_run]
 
 
+@pytest.mark.slow   # every configuration trains a few epochs: the fast tier checks each optimizer in process
 @pytest.mark.parametrize("name", sorted(OPTIMIZER_RUNS))
 def test_every_optimizer_configuration_runs_from_the_cli(name, small_dir, capsys):
     accuracies = _optimizer_run(name, small_dir, 2, capsys)
