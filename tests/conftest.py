@@ -325,3 +325,13 @@ def in_threads(num_workers, work):
     if errors:
         raise errors[0]
     return results, servers
+
+
+@pytest.fixture
+def threads_reduce_at_once(monkeypatch):
+    """Workers in threads (``in_threads``) that reduce through a Reducer, each on contexts of its own: let them queue
+    their reductions at once (one thread holding the process's reduction lock while it waits in ThreadKV's barrier
+    would stop the other)."""
+    import contextlib
+    from parallel.comm import algorithms
+    monkeypatch.setattr(algorithms._buffers, "lock", contextlib.nullcontext())

@@ -368,7 +368,7 @@ def test_across_workers_the_pushed_bytes_are_the_compressed_ones(spec, at_least)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("spec", ["fp16", "2bit:0.002", "topk:0.01", "powersgd:2"])
+@pytest.mark.parametrize("spec", ["fp16", "2bit", "2bit:0.002", "topk:0.01", "powersgd:2"])
 def test_a_job_of_two_workers_learns_with_every_compressor(spec, tmp_path):
     """Under the launcher, through ps-lite: 2 workers x 2 contexts, compressed between the contexts and between
     the workers (fp16 pushed as float16, which the servers add in half precision)."""

@@ -1,7 +1,6 @@
 """The flight recorder (parallel.flight): what it proves and what it does not, the records a job's collectives leave
 (in threads), the launcher ending a job whose workers disagree (real processes, slow tier), and ``Join`` training
 uneven inputs as one process would."""
-import contextlib
 import io
 import sys
 import threading
@@ -12,7 +11,6 @@ import numpy as np
 import pytest
 
 from parallel import Join, Reducer, get_params, init_lenet_params, train_batch
-from parallel.comm import algorithms
 from parallel.flight import MARKER, FlightRecorder, diagnose, parse_line
 from parallel.job import allreduce_across
 from conftest import in_threads, job_processes, run_process
@@ -85,13 +83,6 @@ def test_a_published_record_is_one_line_the_launcher_reads_back():
     assert snapshot["rank"] == 1 and snapshot["finished"] and snapshot["records"][0]["key"] == 7
     assert any("test_flight.py" in line for line in snapshot["stack"])
     assert parse_line("epoch 1, loss 2.3") == ("epoch 1, loss 2.3", None)
-
-
-@pytest.fixture
-def threads_reduce_at_once(monkeypatch):
-    """Workers in threads each reduce on contexts of their own: let them queue their reductions at once (one thread
-    holding the process's reduction lock while it waits in ThreadKV's barrier would stop the other)."""
-    monkeypatch.setattr(algorithms._buffers, "lock", contextlib.nullcontext())
 
 
 def _lenet_worker(steps_of_rank):

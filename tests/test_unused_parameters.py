@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 from mxnet import autograd, gluon
 
-from parallel import AllreduceKVStore, get_params, train_batch
+from parallel import AllreduceKVStore, Reducer, get_params, train_batch
 from parallel.models.lenet import softmax_cross_entropy
 from parallel.step import may_skip_parameters
 from parallel.strategies import DataParallel
-from conftest import assert_same_parameters, contexts
+from conftest import assert_same_parameters, contexts, in_threads
 
 STEPS, LR = 4, 0.5
 
@@ -84,6 +84,25 @@ def test_a_function_that_skips_a_parameter_gives_it_a_zero_gradient(path):
     want = _by_hand(_initial())
     for replica in replicas:
         assert_same_parameters([p.asnumpy() for p in replica], want, "float64")
+
+
+def test_every_worker_of_a_job_gives_an_unused_parameter_a_zero_gradient(threads_reduce_at_once):
+    """Two workers (threads, a kvstore that sums as ps-lite's servers do) of one context each, the global batch
+    split between them: the same steps as one context by hand."""
+    def work(job, rank):
+        ctx_list, net = [mx.cpu(rank)], Alternating()
+        device_params = [get_params(_initial(), ctx) for ctx in ctx_list]
+        reducer = Reducer(job=job)
+        for t in range(STEPS):
+            net.step = t
+            X, y = _batch(t)
+            train_batch(X, y, device_params, ctx_list, lr=LR, net=net, reducer=reducer)
+        return [p.asnumpy() for p in device_params[0]]
+
+    results, _ = in_threads(2, work)
+    want = _by_hand(_initial())
+    for got in results:
+        assert_same_parameters(got, want, "float64")
 
 
 class BranchyBlock(gluon.Block):
