@@ -200,8 +200,10 @@ def check_optimizer_args(args):
                    f"{epochs[0]}" if epochs else "no epoch to decay after: the rate stays constant") +
                   "; give --lr-decay-epochs to choose", file=sys.stderr, flush=True)
         if any(not 1 <= e < args.epochs for e in epochs) or any(a >= b for a, b in zip(epochs, epochs[1:])):
-            raise UsageError(f"--lr-decay-epochs must be strictly increasing epochs in 1..{args.epochs - 1} "
-                             f"(a decay after the last epoch would change nothing), got {epochs}")
+            where = (f"strictly increasing epochs in 1..{args.epochs - 1}" if args.epochs > 1 else
+                     "epochs before the last, and --epochs 1 has none")
+            raise UsageError(f"--lr-decay-epochs must be {where} (a decay after the last epoch would change "
+                             f"nothing), got {epochs}")
         args.lr_decay_epochs = epochs
         with users_input(ValueError, TypeError, flags=FLAGS):   # the decay, and the rate it leads to, MXNet takes
             Step(epochs, args.lr_decay).check_rates(args.lr)

@@ -272,6 +272,7 @@ def test_broken_data_exits_2(broken_dirs, case, message, capsys):
     (["--lr-decay", "0.5"], "--lr-decay-epochs and --lr-decay apply to --lr-schedule step"),
     (["--lr-schedule", "step", "--lr-decay", "1.5"], "--lr-decay must be in (0, 1]"),
     (["--lr-schedule", "step", "--epochs", "3", "--lr-decay-epochs", "3"], "epochs in 1..2"),
+    (["--lr-schedule", "step", "--epochs", "1", "--lr-decay-epochs", "1"], "epochs before the last, and --epochs 1 has none"),
     (["--lr-schedule", "step", "--lr-decay-epochs", "a,b"], "not a comma-separated list of epochs"),
     (["--warmup-epochs", "10", "--epochs", "10"], "--warmup-epochs must be at least 0 and less than --epochs (10)"),
     (["--warmup-epochs", "-1"], "--warmup-epochs must be at least 0"),
