@@ -34,6 +34,7 @@ from .comm.replica import FlatReplica, grads_of
 from .job import worker_slice
 from .models.gluon import GluonNet, as_net
 from .models.lenet import CachedNet, lenet_cached, softmax_cross_entropy
+from .models.recompute import Recompute
 from .optim.zero import as_optimizer, optimizer_step
 from .split import shard_sizes, split_and_load
 from .trace import mark_backward
@@ -152,7 +153,7 @@ def _forward_backward(replicas, X, y, loss, y_all, count_correct=True):
     if y_all is not None:
         check_labels(y_all, outputs[0].shape[-1], loss)   # before anything is updated
     mark_backward(losses, replicas.groups())   # where a trace's backward starts (parallel.trace)
-    autograd.backward(losses)  # each replica computes the gradient of its own shard
+    getattr(replicas, "backward", autograd.backward)(losses)  # each replica computes the gradient of its own shard
     _fence_statistics(replicas)
     active = len(X_shards)
     for r in range(active, len(replicas.in_ctx_list)):   # an idle replica takes the first one's statistics
@@ -166,11 +167,13 @@ def may_skip_parameters(net):
 
     MXNet's backward writes (``grad_req='write'``) only the gradients it reaches, so a parameter a step did not
     use keeps the gradient of the last step that did, and would be applied again, silently. A fixed graph (a
-    ``CachedNet`` such as ``lenet_cached``, a gluon block's ``GluonNet``) reaches the same arrays at every step (an
-    array outside the graph is never written: its gradient stays zero); any other function ``net(X, params)``, or
+    ``CachedNet`` such as ``lenet_cached``, a gluon block's ``GluonNet``, or blocks of them run by ``Recompute``)
+    reaches the same arrays at every step (an array outside the graph is never written: its gradient stays zero); any other function ``net(X, params)``, or
     a gluon Block run imperatively, may take a branch that skips some: ``step_replicas`` then zeroes every
     gradient before the forward, so that an unused parameter's gradient is zero on every context and worker.
     """
+    if isinstance(net, Recompute):
+        return any(may_skip_parameters(segment.net) for segment in net.segments)
     return not isinstance(net, (CachedNet, GluonNet))
 
 
@@ -288,6 +291,10 @@ class DeviceReplicas:
 
     def aux(self, r):
         return list(getattr(self.device_params[r], "aux", ()))
+
+    def backward(self, losses):
+        """The backward pass of the last forward: the net's own (``Recompute.backward``) or autograd's."""
+        getattr(self.net, "backward", autograd.backward)(losses)
 
     def groups(self):
         return [self.device_params]

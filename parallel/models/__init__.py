@@ -8,6 +8,8 @@
 - ``registry``: what each model does (``LeNetModel``, ``GluonModel``, ``ResNet18Model``): its initial model, the
   layout and checks of its arrays, the function data parallelism runs, where model parallelism cuts it, its
   export; ``behaviour_of`` gives the behaviour of an initial model a strategy is handed.
+- ``recompute``: activation recomputation, a network trained block by block keeping only each block's input
+  (``Recompute`` of a model's ``segments``).
 - ``layout``: what each model of ``MODELS`` is made of: its initial arrays (``init_model``) and the names and
   shapes a checkpoint stores (``model_layout``).
 
@@ -61,6 +63,7 @@ _SOURCES = {
     "resnet": ["Residual", "resnet18", "init_resnet18"],
     "layout": ["init_model", "model_layout", "Layout", "block_names"],
     "registry": ["behaviour_of", "LeNetModel", "GluonModel", "ResNet18Model"],
+    "recompute": ["Recompute", "Segment"],
 }
 __all__ = ["MODELS", "ModelInfo"] + [name for names in _SOURCES.values() for name in names]
 __getattr__, __dir__ = lazy_exports(__name__, _SOURCES)

@@ -64,6 +64,9 @@ class GluonNet:
         normalises its own shard (what ``gluon.Trainer`` training does), faster but not the same model.
     max_shapes : int
         Cached graphs kept per context (one per input shape), least recently used dropped first.
+    static : bool
+        Run static graphs (``cached_graph``), which keep their arrays' memory; False for blocks of a network
+        recomputed block by block.
 
     Attributes
     ----------
@@ -73,11 +76,12 @@ class GluonNet:
         Whether the graph holds a BatchNorm.
     """
 
-    def __init__(self, block, sync_batchnorm=True, max_shapes=4):
+    def __init__(self, block, sync_batchnorm=True, max_shapes=4, static=True):
         if not isinstance(block, gluon.HybridBlock):
             raise TypeError(f"block must be a gluon HybridBlock (its graph is needed), got {type(block).__name__}")
         check_bool(sync_batchnorm, "sync_batchnorm")
         check_int(max_shapes, "max_shapes", low=1)
+        self.static = check_bool(static, "static")
         self.names, _, self.aux_names, _ = block_state(block)
         self.symbol = block(mx.sym.var("data"))
         if not isinstance(self.symbol, mx.sym.Symbol) or len(self.symbol.list_outputs()) != 1:
@@ -132,7 +136,8 @@ class GluonNet:
         # that declares them: there every input is data, and one graph serves every call.
         bound = [array for name, array in zip(self._inputs, arrays) if name != "data"] if training else ()
         graph = self._graphs.get(X.context, (X.shape, training), bound,
-                                 lambda: cached_graph(self.symbol, self._inputs if not training else ("data",))[0])
+                                 lambda: cached_graph(self.symbol, self._inputs if not training else ("data",),
+                                                      static=self.static)[0])
         return graph(*arrays)
 
     def forward_all(self, X_shards, device_params):

@@ -9,7 +9,7 @@ import mxnet as mx
 import numpy as np
 from mxnet import gluon
 
-from ..validate import check_int, check_seed
+from ..validate import check_bool, check_int, check_seed
 
 __all__ = ["LENET_SHAPES", "LENET_PARAM_NAMES", "LENET_LAYERS", "init_lenet_params", "lenet", "lenet_layers",
            "LenetStage", "lenet_cached", "CachedNet", "cached_graph", "GraphCache", "softmax_cross_entropy",
@@ -155,7 +155,7 @@ def lenet(X, params, F=None):
 BACKWARD_BULK_SIZE = 2
 
 
-def cached_graph(symbol, data_names, backward_bulk_size=None):
+def cached_graph(symbol, data_names, backward_bulk_size=None, static=True):
     """``symbol`` as MXNet's ``CachedOp`` with static memory and shapes, its inputs but ``data_names`` declared as
     *parameters* (``param_indices``), as gluon declares a hybridized block's parameters, its backward pass run in
     engine operations of at most ``backward_bulk_size`` operators (default ``BACKWARD_BULK_SIZE``, read at the
@@ -169,6 +169,10 @@ def cached_graph(symbol, data_names, backward_bulk_size=None):
     arrays, MXNet 1.9.1 re-binds its forward pass but its backward still writes the first arrays' gradients
     (``GraphCache`` keeps one graph per set of arrays).
 
+    ``static=False`` leaves out ``static_alloc`` and ``static_shape``: a static graph keeps the memory of every
+    array it computes for as long as it lives, which a network run block by block to hold fewer activations at
+    once (``parallel.models.recompute``) cannot afford; without, the arrays go back to MXNet's pool after use.
+
     Returns
     -------
     (mxnet.ndarray.CachedOp, list of str)
@@ -176,7 +180,7 @@ def cached_graph(symbol, data_names, backward_bulk_size=None):
     """
     inputs = symbol.list_inputs()
     data = [i for i, name in enumerate(inputs) if name in data_names]
-    flags = [("static_alloc", True), ("static_shape", True), ("data_indices", data),
+    flags = [("static_alloc", static), ("static_shape", static), ("data_indices", data),
              ("param_indices", [i for i in range(len(inputs)) if i not in data]),
              ("backward_bulk_size", int(BACKWARD_BULK_SIZE if backward_bulk_size is None else backward_bulk_size))]
     return mx.nd.CachedOp(symbol, flags=flags), inputs
@@ -235,6 +239,9 @@ class CachedNet:
         Graphs kept per context, one per input shape and set of parameter arrays; the least recently used is
         dropped first. A training run uses at most four per context (its shard and the epoch's short last shard,
         for training and for evaluation), which the default keeps.
+    static : bool
+        Static graphs (``cached_graph``), which keep their arrays' memory; False for the blocks of a network
+        recomputed block by block.
 
     Attributes
     ----------
@@ -250,8 +257,8 @@ class CachedNet:
     ((4, 10), 1)
     """
 
-    def __init__(self, net, max_shapes=4):
-        self.net = net
+    def __init__(self, net, max_shapes=4, static=True):
+        self.net, self.static = net, check_bool(static, "static")
         self.max_shapes = check_int(max_shapes, "max_shapes", low=1)
         self._graphs = GraphCache(self.max_shapes)
         self._symbols = {}   # number of params -> the network's symbol
@@ -269,7 +276,7 @@ class CachedNet:
 
     def __call__(self, X, params):
         op, inputs = self._graphs.get(X.context, X.shape, params,
-                                      lambda: cached_graph(self._symbol(len(params)), ("data",)))
+                                      lambda: cached_graph(self._symbol(len(params)), ("data",), static=self.static))
         return op(*[X if name == "data" else params[int(name[5:])] for name in inputs])
 
     def __repr__(self):

@@ -9,6 +9,7 @@ here, imported on first use. It is the one place that knows a model: the rest of
 - ``check(params, aux)``: those arrays checked (count, shapes, finite) and copied to the host, by name;
 - ``net(initial)``: the function ``net(X, params)`` data parallelism runs on each replica;
 - ``layers(initial)`` and ``cut(initial, ranges)``: what model and pipeline parallelism cut, and the stages;
+- ``segments(initial)``: the blocks activation recomputation keeps the input of (``parallel.models.recompute``);
 - ``export(prefix, params, aux, initial)``: the trained arrays as MXNet's symbol + params pair.
 
 A strategy is handed the initial model itself, not its name: ``behaviour_of(initial)`` gives the behaviour
@@ -19,6 +20,7 @@ of LeNet's arrays or of any gluon block.
 >>> lenet.layout().names[:2], lenet.layers(lenet.init(seed=0))
 (('conv1_weight', 'conv1_bias'), Layers(count=4, what="LeNet's 4 layers", unit='layer'))
 """
+import functools
 from typing import List, NamedTuple
 
 import mxnet as mx
@@ -29,7 +31,9 @@ from ..export import check_arrays, check_lenet_params, export_gluon, export_lene
 from . import MODELS
 from .gluon import GluonNet, as_net
 from .layout import Layout, block_names
-from .lenet import LENET_LAYERS, LENET_PARAM_NAMES, LENET_SHAPES, LenetStage, init_lenet_params, lenet_cached
+from .lenet import (LENET_LAYERS, LENET_PARAM_NAMES, LENET_SHAPES, CachedNet, LenetStage, init_lenet_params,
+                    lenet_cached, lenet_layers)
+from .recompute import Segment
 from .resnet import init_resnet18, resnet18
 
 __all__ = ["Layers", "Cut", "Model", "LeNetModel", "GluonModel", "ResNet18Model", "behaviour_of"]
@@ -110,6 +114,11 @@ class Model:
         """``initial`` cut into stages of ``ranges`` (``stage_ranges`` of ``layers(initial)``): a ``Cut``."""
         raise NotImplementedError
 
+    def segments(self, initial):
+        """The blocks of ``initial`` that activation recomputation keeps the input of, in order: a list of
+        ``Segment`` (each a cached graph of the block on its arrays of a replica)."""
+        raise NotImplementedError
+
     def export(self, prefix, params, aux=(), initial=None):
         """Write the trained ``params`` and ``aux`` (a strategy's ``params()`` and ``aux()``) as MXNet's pair
         ``PREFIX-symbol.json`` + ``PREFIX-0000.params``; ``initial`` is the model the run started from.
@@ -160,9 +169,21 @@ class LeNetModel(Model):
                    [LenetStage(start, stop) for start, stop in ranges],
                    [",".join(name for name, _ in LENET_LAYERS[start:stop]) for start, stop in ranges], [], [])
 
+    def segments(self, initial):
+        self.layers(initial)
+        return _lenet_segments()
+
     def export(self, prefix, params, aux=(), initial=None):
         self._no_aux(aux)
         return export_lenet(params, prefix)
+
+
+@functools.lru_cache(maxsize=None)
+def _lenet_segments():
+    """LeNet's layers as blocks: layer ``i`` a cached graph of its two arrays (made once, kept)."""
+    return [Segment(CachedNet(functools.partial(lenet_layers, start=i, stop=i + 1), static=False), 2 * i, 2 * i + 2,
+                    label=name)
+            for i, (name, _) in enumerate(LENET_LAYERS)]
 
 
 class GluonModel(Model):
@@ -194,6 +215,41 @@ class GluonModel(Model):
         labels = [f"{start}" if stop - start == 1 else f"{start}-{stop - 1}" for start, stop in ranges]
         labels[0] = f"children {labels[0]}"
         return Cut(ranges, sources, [GluonNet(stage) for stage in sources], labels, names, aux_names)
+
+    def segments(self, initial):
+        """A child made of blocks that have children of their own (a stage of residual blocks) gives each of
+        them as a block; any other child is a block itself; a child without trained arrays (pooling) joins the
+        block after it (the last ones, the block before)."""
+        self.layers(initial)
+        children = []
+        for child in initial:
+            inner = list(child) if isinstance(child, gluon.nn.HybridSequential) else []
+            children.extend(inner if inner and all(c._children for c in inner) else [child])
+        groups, pending = [], []
+        for child in children:
+            pending.append(child)
+            if block_state(child)[1]:
+                groups.append(pending)
+                pending = []
+        if pending:
+            if not groups:
+                raise ValueError("the block has no trained arrays to recompute the gradients of")
+            groups[-1].extend(pending)
+        segments, first, aux_first = [], 0, 0
+        for g, group in enumerate(groups):
+            block = gluon.nn.HybridSequential(prefix=f"{initial.prefix}block{g}_")   # shares the children
+            for child in group:
+                block.add(child)
+            names, _, aux_names, _ = block_state(block)
+            segments.append(Segment(GluonNet(block, static=False), first, first + len(names), aux_first,
+                                    aux_first + len(aux_names), label=f"block {g}"))
+            first, aux_first = first + len(names), aux_first + len(aux_names)
+        all_names, _, all_aux, _ = block_state(initial)
+        in_blocks = [n for s in segments for n in s.net.names]
+        if in_blocks != all_names or [n for s in segments for n in s.net.aux_names] != all_aux:
+            raise ValueError("the block's arrays are not in the order of its children; recomputation cuts it "
+                             "into its children in order")
+        return segments
 
     def export(self, prefix, params, aux=(), initial=None):
         # into the initial block (unused since make_strategy copied it), then gluon's export
