@@ -29,7 +29,7 @@ from .strategies import DEFAULT_MICRO_BATCHES, STRATEGIES
 from .validate import BadType, BadValue, check_bool, check_choice, check_int, check_path, check_seed
 
 __all__ = ["RunConfig", "run_config", "FLAGS", "check_layout", "check_distributed", "check_zero", "check_compression",
-           "optimizer_defaults"]
+           "check_recompute", "optimizer_defaults"]
 
 #: The flag of ``python -m parallel.train`` for each argument name the package's errors use (``lr`` -> ``--lr``).
 FLAGS = {"epochs": "--epochs", "num_epochs": "--epochs", "batch_size": "--batch-size", "lr": "--lr",
@@ -42,7 +42,7 @@ FLAGS = {"epochs": "--epochs", "num_epochs": "--epochs", "batch_size": "--batch-
          "checkpoint_every": "--checkpoint-every", "compression": "--compression", "trace": "--trace",
          "bucket_mb": "--bucket-mb", "lr_decay_epochs": "--lr-decay-epochs", "lr_decay": "--lr-decay",
          "factor": "--lr-decay", "milestones": "--lr-decay-epochs",
-         "lr_schedule": "--lr-schedule"}
+         "lr_schedule": "--lr-schedule", "recompute": "--recompute"}
 
 #: The strategies that replicate the model, which ZeRO can shard and compression can compress between.
 _REPLICATING = ("data", "hybrid")
@@ -155,6 +155,15 @@ def check_compression(compression, strategy=None, zero=None):
         raise BadValue("compression", "{compression} does not work with {zero=2} (it reduce-scatters the "
                                       "gradients); use {zero=0} or {zero=1}")
     return kind, value
+
+
+def check_recompute(recompute, strategy=None):
+    """Activation recomputation runs a replica's blocks one after another (``parallel.models.Recompute``): the data
+    strategy's replicas; the other strategies run each stage whole."""
+    check_bool(recompute, "recompute")
+    if recompute and strategy is not None and strategy != "data":
+        raise BadValue("recompute", f"{{recompute}} recomputes the blocks of data parallelism's replicas, not the "
+                                    f"stages of {{strategy={strategy}}}; drop it or use {{strategy=data}}")
 
 
 def optimizer_defaults(name):

@@ -44,7 +44,8 @@ import shlex
 from .cli import USAGE_STATUS, Parser, UsageError, finite_float, launched, users_input, warning_lines
 from .comm import ALGORITHMS, DEFAULT_ALGORITHM, DEFAULT_BUCKET_MB
 from .data import DATASETS
-from .config import (FLAGS, check_compression, check_distributed, check_layout, check_zero, optimizer_defaults,
+from .config import (FLAGS, check_compression, check_distributed, check_layout, check_recompute, check_zero,
+                     optimizer_defaults,
                      run_config)
 from .files import LOCK_FILE, DirectoryLock, DirectoryLocked, check_writable, export_files
 from .interrupt import INTERRUPTED_STATUS, end_on_signals, hold_interrupts, stop_between_batches
@@ -169,6 +170,10 @@ def _add_optimizer_flags(add):
     add("--zero", type=int, choices=list(ZERO_LEVELS), default=0,
         help="0: optimizer state on every device; 1: each device keeps and updates its shard of the state "
              "(ZeRO-1); 2: the gradients are reduce-scattered too (ZeRO-2); data and hybrid strategies; default 0")
+    add("--recompute", action="store_true",
+        help="activation recomputation: keep only each block's input (LeNet's layers, ResNet-18's residual blocks) "
+             "and compute its forward again during backward; the same gradients, less memory, about one more "
+             "forward pass a step; data strategy")
 
 
 def _default_decay_epochs(epochs):
@@ -226,6 +231,7 @@ def check_args(args):
         check_distributed(args.strategy, launched())
         check_zero(args.zero, args.strategy, args.allreduce)
         check_compression(args.compression, args.strategy, args.zero)
+        check_recompute(args.recompute, args.strategy)
         check_number(args.bucket_mb, "bucket_mb", positive=True)
     if args.data_dir is not None and args.dataset == "synthetic":
         raise UsageError("--data-dir applies to --dataset fashion-mnist, not synthetic")

@@ -135,7 +135,7 @@ def lay_out(args, checkpoint, ctx_list, job):
             initial = init_model(args.model, args.seed, checkpoint.params, checkpoint.aux)
         reducer = Reducer(args.allreduce, bucket_mb=args.bucket_mb, compression=args.compression, job=job)
         strategy = make_strategy(args.strategy, initial, ctx_list, args.stages, args.boundaries, args.micro_batches,
-                                 args.batch_size, reducer)   # in a job: every replica gets rank 0's
+                                 args.batch_size, reducer, args.recompute)   # in a job: every replica gets rank 0's
     if len(strategy.ctx_list) < len(ctx_list):
         idle = ", ".join(str(ctx) for ctx in ctx_list[len(strategy.ctx_list):])
         print(f"warning: --strategy {args.strategy} uses {len(strategy.ctx_list)} of the {len(ctx_list)} contexts "

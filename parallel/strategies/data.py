@@ -38,6 +38,7 @@ from ..comm.replica import get_params
 from ..evaluate import evaluate_accuracy
 from ..job import broadcast_aux, broadcast_params
 from ..models.gluon import GluonNet
+from ..models.recompute import Recompute
 from ..split import split_and_load
 from ..step import may_skip_parameters, train_step, update_replicas, zero_grads
 from ..validate import check_contexts
@@ -258,10 +259,13 @@ class DataParallel:
         runs as ``accumulate`` micro-batches (each on its own statistics)."""
         summed = self.reducer.describe(len(self.ctx_list))
         line = "one replica per context" + (f", {summed}" if summed else "")
-        if isinstance(self._net, GluonNet) and self._net.has_batchnorm and (len(self.ctx_list) > 1 or accumulate > 1):
+        net = self._net.full if isinstance(self._net, Recompute) else self._net
+        if isinstance(net, GluonNet) and net.has_batchnorm and (len(self.ctx_list) > 1 or accumulate > 1):
             over = "the whole batch" if accumulate == 1 else f"each of the {accumulate} micro-batches alone"
-            line += (f", BatchNorm over {over}" if self._net.sync_batchnorm or len(self.ctx_list) == 1 else
+            line += (f", BatchNorm over {over}" if net.sync_batchnorm or len(self.ctx_list) == 1 else
                      ", BatchNorm per context" + ("" if accumulate == 1 else " and micro-batch"))
+        if isinstance(self._net, Recompute):
+            line += f", activations recomputed in backward ({len(self._net.segments)} blocks)"
         if self.job is not None:
             line += f", then over {self.job.num_workers} worker(s) through the {self.job.kv.type} kvstore"
             if self.reducer.codec is not None:

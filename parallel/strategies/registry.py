@@ -7,9 +7,10 @@
 ('hybrid', '2 replicas x 2 stages: conv1,conv2 @ cpu(0),cpu(2) | dense1,dense2 @ cpu(1),cpu(3)')
 """
 from ..comm.reducer import as_reducer
+from ..models.recompute import Recompute
 from ..models.registry import behaviour_of
 from ..validate import check_contexts
-from ..config import check_compression, check_distributed, check_layout
+from ..config import check_compression, check_distributed, check_layout, check_recompute
 from . import DEFAULT_MICRO_BATCHES
 from .data import DataParallel
 from .hybrid import Hybrid
@@ -20,7 +21,7 @@ __all__ = ["make_strategy"]
 
 
 def make_strategy(name, params, ctx_list, stages=None, boundaries=None, micro_batches=None, batch_size=None,
-                  reducer=None):
+                  reducer=None, recompute=False):
     """Lay ``model`` out on ``ctx_list`` for the parallel style ``name``.
 
     Parameters
@@ -65,9 +66,14 @@ def make_strategy(name, params, ctx_list, stages=None, boundaries=None, micro_ba
     check_layout(name, stages, boundaries, micro_batches, batch_size)
     check_distributed(name, reducer.job is not None)
     check_compression("none" if reducer.codec is None else reducer.codec.spec, strategy=name)
+    check_recompute(recompute, name)
     check_contexts(ctx_list)
     if name == "data":
-        return DataParallel(behaviour_of(params).net(params), ctx_list, params=params, reducer=reducer)
+        behaviour = behaviour_of(params)
+        net = behaviour.net(params)
+        if recompute:
+            net = Recompute(net, behaviour.segments(params))
+        return DataParallel(net, ctx_list, params=params, reducer=reducer)
     if name == "model":
         return ModelParallel(params, ctx_list, stages, boundaries)
     if name == "pipeline":
