@@ -17,7 +17,7 @@ import os
 from .cli import UsageError
 from .files import atomic_write
 
-__all__ = ["format_epoch", "write_metrics", "plot_metrics", "plot_format", "plot_formats", "Report"]
+__all__ = ["format_epoch", "format_memory", "write_metrics", "plot_metrics", "plot_format", "plot_formats", "Report"]
 
 
 def write_metrics(history, path):
@@ -108,6 +108,25 @@ def format_epoch(metrics, ctx_list, strategy="data", workers=1):
             f"on {where if workers == 1 else f'{workers} workers x {where}'}")
 
 
+#: What a context holds for training, in ``parallel.optim.memory_table``'s rows and in this order.
+MEMORY_PARTS = ("parameters", "gradients", "optimizer_state", "gathered_peak")
+
+
+def format_memory(table):
+    """One line: the busiest context of ``table`` (``parallel.optim.memory_table``) and what it holds, in MiB.
+
+    >>> format_memory([{"context": "cpu(0)", "parameters": 2 ** 20, "gradients": 2 ** 20, "optimizer_state": 2 ** 19,
+    ...                 "gathered_peak": 0}])
+    'memory for training: 2.50 MiB on the busiest context, cpu(0) (parameters 1.00, gradients 1.00, optimizer state 0.50 MiB)'
+    """
+    busiest = max(table, key=lambda row: sum(row[part] for part in MEMORY_PARTS))
+    mib = {part: busiest[part] / 2 ** 20 for part in MEMORY_PARTS}
+    gathered = f", gathered parameters {mib['gathered_peak']:.2f}" if busiest["gathered_peak"] else ""
+    return (f"memory for training: {sum(mib.values()):.2f} MiB on the busiest context, {busiest['context']} "
+            f"(parameters {mib['parameters']:.2f}, gradients {mib['gradients']:.2f}, optimizer state "
+            f"{mib['optimizer_state']:.2f}{gathered} MiB)")
+
+
 class Report:
     """What a run shows and writes (rank 0 of a job alone): its lines, and after every epoch the metrics JSON and
     the plot.
@@ -124,11 +143,15 @@ class Report:
         Whether this process prints and writes (rank 0 of a job).
     outputs : dict
         ``{flag: path or None}`` of the files written after every epoch: ``--metrics-json`` and ``--plot``.
+    memory : callable, optional
+        ``memory()`` gives what each context holds (``parallel.optim.memory_table``): measured after every epoch
+        this run trains, it goes into that epoch's ``"memory"`` in the metrics JSON.
     """
 
-    def __init__(self, strategy, title, data_name, layout, workers, main_rank, outputs):
+    def __init__(self, strategy, title, data_name, layout, workers, main_rank, outputs, memory=None):
         self.strategy, self.title, self.data_name, self.layout = strategy, title, data_name, layout
         self.workers, self.main_rank, self.outputs = workers, main_rank, dict(outputs)
+        self.memory, self._memory = memory, {}   # epoch -> its memory table
 
     def say(self, line):
         if self.main_rank:
@@ -137,6 +160,8 @@ class Report:
     def epoch(self, metrics, history):
         """After each epoch (``fit``'s ``on_epoch``): its line, then the metrics JSON and the plot."""
         self.say(format_epoch(metrics, self.strategy.ctx_list, self.strategy.name, self.workers))
+        if self.memory is not None:
+            self._memory[metrics["epoch"]] = self.memory()
         self.write_outputs(history)
 
     def write_outputs(self, history):
@@ -144,6 +169,7 @@ class Report:
         if not self.main_rank:
             return
         title = f"{self.title} on {self.data_name}, {self.strategy.name} parallel on {self.layout}"
+        history = [{**m, "memory": self._memory[m["epoch"]]} if m["epoch"] in self._memory else m for m in history]
         writers = {"--metrics-json": write_metrics, "--plot": lambda h, p: plot_metrics(h, p, title=title)}
         for flag, path in self.outputs.items():
             if path is not None:

@@ -20,9 +20,9 @@ from .fit import NonFiniteLossError, TrainingStopped, check_start, fit
 from .job import join, sum_values
 from .models import MODELS
 from .models.layout import init_model
-from .optim import SGD, Constant, Cosine, Step, make_optimizer
+from .optim import SGD, Constant, Cosine, Step, make_optimizer, memory_table
 from .files import export_files
-from .report import Report
+from .report import Report, format_memory
 from .strategies import make_strategy
 from .trace import check_traceable
 
@@ -187,7 +187,8 @@ def open_report(args, strategy, optimizer, dataset, data_name, job):
     used = len(strategy.ctx_list)
     layout = f"{used} context(s)" if job is None else f"{workers} worker(s) x {used} context(s)"
     report = Report(strategy, MODELS[args.model].title, data_name, layout, workers, job is None or job.rank == 0,
-                    {"--metrics-json": args.metrics_json, "--plot": args.plot})
+                    {"--metrics-json": args.metrics_json, "--plot": args.plot},
+                    memory=lambda: memory_table(optimizer, strategy.groups()))
     report.say(f"training {report.title} on {data_name}: {len(dataset.train_labels)} train / "
                f"{len(dataset.test_labels)} test examples, batch {args.batch_size}, lr {args.lr}, on {layout}")
     report.say(f"strategy {strategy.name}: {strategy.describe(args.accumulate)}; operator threads: OMP_NUM_THREADS="
@@ -195,6 +196,7 @@ def open_report(args, strategy, optimizer, dataset, data_name, job):
     if optimizer.describe() != SGD(args.lr).describe() or args.accumulate > 1:   # more than the textbook's step
         accumulate = f"; {args.accumulate} micro-batches per batch" if args.accumulate > 1 else ""
         report.say(f"optimizer {optimizer.describe()}{accumulate}")
+    report.say(format_memory(memory_table(optimizer, strategy.groups())))
     return report
 
 

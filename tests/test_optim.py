@@ -14,11 +14,11 @@ from mxnet import autograd, gluon
 
 import parallel.comm.reducer
 import parallel.models.gluon
-from parallel import get_params, train_step
+from parallel import get_params, init_lenet_params, train_step
 from parallel.comm.algorithms import shard_range
 from parallel.optim import (SGD, Adam, AdamW, Constant, Cosine, Step, gather_state, load_state, make_optimizer,
                             memory_per_context, optimizer_step)
-from conftest import assert_same_parameters, contexts, small_cnn
+from conftest import assert_same_parameters, contexts, make_batches, small_cnn
 
 LOSS = gluon.loss.SoftmaxCrossEntropyLoss()
 STEPS = 20
@@ -431,3 +431,22 @@ def test_every_optimizer_across_processes_matches_gluon_trainer_on_one_context(t
         for rank in range(workers):
             with np.load(f"{out}-{n}-{rank}.npz") as got:
                 assert_same_parameters([got[f"arr_{i}"] for i in range(len(want))], want, "float32")
+
+
+@pytest.mark.parametrize("zero", [0, 1, 2])
+@pytest.mark.parametrize("make", [lambda z: SGD(0.1, momentum=0.9, zero=z), lambda z: Adam(0.01, zero=z),
+                                  lambda z: SGD(0.1, zero=z)])
+def test_memory_table_before_a_step_is_what_the_step_allocates(zero, make):
+    """The header's memory line is computed from the layout before the first step; the metrics JSON's is measured on
+    the arrays after it: both the same, per context (3 contexts: shards of unequal size)."""
+    from parallel.optim import memory_table
+    ctx_list = contexts(3)
+    device_params = [get_params(init_lenet_params(seed=0), ctx, bucket_mb=0.1) for ctx in ctx_list]
+    optimizer = make(zero)
+    planned = memory_table(optimizer, [device_params])
+    X, y = make_batches([7])[0]
+    train_step(X, y, device_params, ctx_list, optimizer=optimizer, reducer="fused")
+    assert memory_table(optimizer, [device_params]) == planned
+    assert [row["context"] for row in planned] == [str(c) for c in ctx_list]
+    total = sum(p.size for p in init_lenet_params(seed=0)) * 4 * len(optimizer.state_names())
+    assert sum(row["optimizer_state"] for row in planned) == total * (len(ctx_list) if zero == 0 else 1)

@@ -36,7 +36,8 @@ from ..config import check_compression, check_zero
 from ..validate import BadType, check_int
 from .optimizers import SGD, Optimizer
 
-__all__ = ["as_optimizer", "optimizer_step", "gather_state", "load_state", "memory_per_context", "MemoryUse"]
+__all__ = ["as_optimizer", "optimizer_step", "gather_state", "load_state", "memory_per_context", "MemoryUse",
+           "memory_table"]
 
 #: Added to the gradient's norm before dividing by it, as ``gluon.utils.clip_global_norm`` does.
 CLIP_EPS = 1e-8
@@ -290,3 +291,43 @@ def memory_per_context(optimizer, groups):
         params, grads, state = use.get(ctx, (0, 0, 0))
         use[ctx] = (params, grads, state + sum(s.size * s.dtype(0).itemsize for s in states))
     return {ctx: MemoryUse(*values) for ctx, values in use.items()}
+
+
+def _planned_state(optimizer, groups):
+    """``{context: bytes}`` of the state ``optimizer`` holds once it has stepped, from the layout alone: one buffer a
+    state name for each region a replica updates (its whole buffer, or its shards with ``zero``)."""
+    names = len(optimizer.state_names())
+    planned = {}
+    for group in groups:
+        for replica, regions in zip(group, _regions(group, optimizer.zero)):
+            if regions is None:   # a list of arrays: one state per array
+                arrays = list(replica)
+                nbytes = sum(a.size * a.dtype(0).itemsize for a in arrays)
+                ctx = arrays[0].context
+            else:
+                nbytes = sum(stop - start for start, stop in regions) * replica.data.dtype(0).itemsize
+                ctx = replica.data.context
+            planned[ctx] = planned.get(ctx, 0) + names * nbytes
+    return planned
+
+
+def memory_table(optimizer, groups):
+    """What each context holds for training, as ``--metrics-json`` records it (ZeRO's count): a list, one dict a
+    context in the order the groups first name it, ``{"context", "parameters", "gradients", "optimizer_state",
+    "gathered_peak"}`` in bytes. Parameters and gradients are measured on the replicas' arrays; the optimizer's
+    state is measured on its buffers once it has stepped, and before that is what it will hold (the regions each
+    context updates times the state's buffers a parameter). ``gathered_peak`` is the most bytes of full
+    parameters gathered at once on the context: 0 at every ``zero`` that keeps the parameters whole.
+    Reads no array's values: nothing waits.
+
+    >>> import mxnet as mx
+    >>> from parallel import get_params, init_lenet_params
+    >>> replicas = [get_params(init_lenet_params(), mx.cpu(i)) for i in range(2)]
+    >>> [row["optimizer_state"] for row in memory_table(SGD(0.1, momentum=0.9, zero=1), [replicas])]
+    [258136, 258136]
+    """
+    measured = memory_per_context(optimizer, groups)
+    planned = None if optimizer.states else _planned_state(optimizer, groups)
+    return [{"context": str(ctx), "parameters": use.params, "gradients": use.grads,
+             "optimizer_state": use.state if planned is None else planned.get(ctx, 0), "gathered_peak": 0}
+            for ctx, use in measured.items()]
