@@ -131,11 +131,15 @@ def check_distributed(strategy, distributed):
 
 def check_zero(zero, strategy=None, algorithm=None):
     """ZeRO shards replicated optimizer state: the data and hybrid strategies' (zero 1 and 2); zero 2
-    reduce-scatters the gradients, which only the algorithms of ``SHARDED_ALGORITHMS`` split into."""
+    reduce-scatters the gradients, which only the algorithms of ``SHARDED_ALGORITHMS`` split into; zero 3 shards
+    the parameters too, for the data strategy with the fused allreduce's additions."""
     if isinstance(zero, bool) or not isinstance(zero, int):
-        raise BadType("zero", f"{{zero}} must be 0, 1 or 2, got {zero!r}")
+        raise BadType("zero", f"{{zero}} must be 0, 1, 2 or 3, got {zero!r}")
     if zero not in ZERO_LEVELS:
-        raise BadValue("zero", f"{{zero}} must be 0, 1 or 2, got {zero!r}")
+        raise BadValue("zero", f"{{zero}} must be 0, 1, 2 or 3, got {zero!r}")
+    if zero == 3 and strategy is not None and strategy != "data":
+        raise BadValue("zero", f"{{zero=3}} shards the parameters of data parallelism's replicas, not the stages of "
+                               f"{{strategy={strategy}}}; use {{zero=2}} or {{strategy=data}}")
     if zero and strategy is not None and strategy not in _REPLICATING:
         raise BadValue("zero", f"{{zero={zero}}} shards replicated optimizer state, but the {strategy} strategy "
                                "holds one copy of each stage, with its state, on its own context; use {zero=0} or "
@@ -143,6 +147,9 @@ def check_zero(zero, strategy=None, algorithm=None):
     if zero == 2 and algorithm is not None and algorithm not in SHARDED_ALGORITHMS:
         raise BadValue("zero", f"{{zero=2}} reduce-scatters the gradients, which the {algorithm} allreduce cannot; "
                                f"use {{algorithm}} {' or '.join(SHARDED_ALGORITHMS)}")
+    if zero == 3 and algorithm is not None and algorithm != "fused":
+        raise BadValue("zero", f"{{zero=3}} reduce-scatters with the fused allreduce's additions, not the "
+                               f"{algorithm} allreduce's; use {{algorithm}} fused")
 
 
 def check_compression(compression, strategy=None, zero=None):
@@ -151,8 +158,8 @@ def check_compression(compression, strategy=None, zero=None):
     kind, value = parse_compression(compression)
     if kind != "none" and strategy is not None and strategy != "data":
         raise BadValue("compression", f"{{compression}} applies to {{strategy=data}}, not {{strategy={strategy}}}")
-    if kind != "none" and zero == 2:
-        raise BadValue("compression", "{compression} does not work with {zero=2} (it reduce-scatters the "
+    if kind != "none" and zero in (2, 3):
+        raise BadValue("compression", f"{{compression}} does not work with {{zero={zero}}} (it reduce-scatters the "
                                       "gradients); use {zero=0} or {zero=1}")
     return kind, value
 

@@ -175,8 +175,8 @@ class _Run:
         if on_checkpoint is not None:
             strategy = self.strategy
             feedback = _gather_feedback(strategy)
-            on_checkpoint(Snapshot(state, strategy.params(), strategy.aux(),
-                                   gather_state(self.optimizer, strategy.groups(), strategy.params()), feedback))
+            on_checkpoint(Snapshot(state, strategy.params(), strategy.aux(), _state_of(strategy, self.optimizer),
+                                   feedback))
 
 
 def _train_epoch(run, epoch, state, stop, on_checkpoint, history):
@@ -244,6 +244,14 @@ def _epoch_metrics(strategy, dataset, epoch, totals, batch_size):
             "test_acc": test_acc, "seconds": totals[2], "images_per_second": n_train / totals[2]}
 
 
+def _state_of(strategy, optimizer):
+    """The optimizer's whole state as a checkpoint stores it: the strategy's own gathering where its groups are not
+    replicas of the model (ZeRO-3's shards), else ``gather_state`` over its groups."""
+    if hasattr(strategy, "gather_state"):
+        return strategy.gather_state(optimizer)
+    return gather_state(optimizer, strategy.groups(), strategy.params())
+
+
 def _shared_optimizer_state(job, optimizer, strategy, optimizer_state):
     """Give the optimizer the checkpoint's state (rank 0's, broadcast in a job), laid out on the strategy."""
     params = strategy.params()
@@ -257,7 +265,10 @@ def _shared_optimizer_state(job, optimizer, strategy, optimizer_state):
         for k, name in enumerate(optimizer.state_names()):
             broadcast_arrays(job, KEYS["state"] + k, optimizer_state[name])
     if optimizer_state:
-        load_state(optimizer, strategy.groups(), params, optimizer_state)
+        if hasattr(strategy, "load_state"):   # a strategy whose groups are not replicas of the model (ZeRO-3)
+            strategy.load_state(optimizer, optimizer_state)
+        else:
+            load_state(optimizer, strategy.groups(), params, optimizer_state)
 
 
 def _feedback_group(strategy):

@@ -169,7 +169,9 @@ def _add_optimizer_flags(add):
              "(1 to --batch-size); default 1")
     add("--zero", type=int, choices=list(ZERO_LEVELS), default=0,
         help="0: optimizer state on every device; 1: each device keeps and updates its shard of the state "
-             "(ZeRO-1); 2: the gradients are reduce-scattered too (ZeRO-2); data and hybrid strategies; default 0")
+             "(ZeRO-1); 2: the gradients are reduce-scattered too (ZeRO-2); data and hybrid strategies; 3: the "
+             "parameters sharded too, gathered a block at a time and recomputed in backward (ZeRO-3, FSDP; data "
+             "strategy in one process, --allreduce fused); default 0")
     add("--recompute", action="store_true",
         help="activation recomputation: keep only each block's input (LeNet's layers, ResNet-18's residual blocks) "
              "and compute its forward again during backward; the same gradients, less memory, about one more "
@@ -233,6 +235,11 @@ def check_args(args):
         check_compression(args.compression, args.strategy, args.zero)
         check_recompute(args.recompute, args.strategy)
         check_number(args.bucket_mb, "bucket_mb", positive=True)
+    if args.zero == 3:
+        for flag, given, why in (("--accumulate", args.accumulate > 1, "micro-batches"),
+                                 ("python -m parallel.launch", launched(), "a distributed job")):
+            if given:
+                raise UsageError(f"--zero 3 does not take {why} yet ({flag}); use --zero 2")
     if args.data_dir is not None and args.dataset == "synthetic":
         raise UsageError("--data-dir applies to --dataset fashion-mnist, not synthetic")
     if args.data_dir is not None and not os.path.isdir(args.data_dir):   # a typo, not a place to download into

@@ -135,7 +135,7 @@ def lay_out(args, checkpoint, ctx_list, job):
             initial = init_model(args.model, args.seed, checkpoint.params, checkpoint.aux)
         reducer = Reducer(args.allreduce, bucket_mb=args.bucket_mb, compression=args.compression, job=job)
         strategy = make_strategy(args.strategy, initial, ctx_list, args.stages, args.boundaries, args.micro_batches,
-                                 args.batch_size, reducer, args.recompute)   # in a job: every replica gets rank 0's
+                                 args.batch_size, reducer, args.recompute, args.zero)   # in a job: rank 0's
     if len(strategy.ctx_list) < len(ctx_list):
         idle = ", ".join(str(ctx) for ctx in ctx_list[len(strategy.ctx_list):])
         print(f"warning: --strategy {args.strategy} uses {len(strategy.ctx_list)} of the {len(ctx_list)} contexts "
@@ -181,6 +181,12 @@ def check_resume(checkpoint, record, dataset):
                          "resumed") from None
 
 
+def memory_of(strategy, optimizer):
+    """What each context of ``strategy`` holds for training (``memory_table``, with ZeRO-3's gathered buffers)."""
+    gathered = getattr(strategy, "gathered_bytes", None)
+    return memory_table(optimizer, strategy.groups(), gathered() if gathered is not None else None)
+
+
 def open_report(args, strategy, optimizer, dataset, data_name, job):
     """The run's ``Report`` (rank 0 of a job alone prints and writes), after its opening lines."""
     workers = 1 if job is None else job.num_workers
@@ -188,7 +194,7 @@ def open_report(args, strategy, optimizer, dataset, data_name, job):
     layout = f"{used} context(s)" if job is None else f"{workers} worker(s) x {used} context(s)"
     report = Report(strategy, MODELS[args.model].title, data_name, layout, workers, job is None or job.rank == 0,
                     {"--metrics-json": args.metrics_json, "--plot": args.plot},
-                    memory=lambda: memory_table(optimizer, strategy.groups()))
+                    memory=lambda: memory_of(strategy, optimizer))
     report.say(f"training {report.title} on {data_name}: {len(dataset.train_labels)} train / "
                f"{len(dataset.test_labels)} test examples, batch {args.batch_size}, lr {args.lr}, on {layout}")
     report.say(f"strategy {strategy.name}: {strategy.describe(args.accumulate)}; operator threads: OMP_NUM_THREADS="
@@ -196,7 +202,7 @@ def open_report(args, strategy, optimizer, dataset, data_name, job):
     if optimizer.describe() != SGD(args.lr).describe() or args.accumulate > 1:   # more than the textbook's step
         accumulate = f"; {args.accumulate} micro-batches per batch" if args.accumulate > 1 else ""
         report.say(f"optimizer {optimizer.describe()}{accumulate}")
-    report.say(format_memory(memory_table(optimizer, strategy.groups())))
+    report.say(format_memory(memory_of(strategy, optimizer)))
     return report
 
 

@@ -10,7 +10,7 @@
 The registries need no MXNet, so the CLI checks its flags before MXNet starts:
 
 >>> list(OPTIMIZERS), list(SCHEDULES), ZERO_LEVELS
-(['sgd', 'adam', 'adamw'], ['constant', 'step', 'cosine'], (0, 1, 2))
+(['sgd', 'adam', 'adamw'], ['constant', 'step', 'cosine'], (0, 1, 2, 3))
 """
 from ..lazy import lazy_exports
 from ..validate import BadValue, check_bool, check_choice, check_float32
@@ -30,7 +30,7 @@ SCHEDULES = {
 }
 
 #: ZeRO's stages: 0 (state replicated), 1 (state sharded), 2 (gradients and state sharded).
-ZERO_LEVELS = (0, 1, 2)
+ZERO_LEVELS = (0, 1, 2, 3)
 
 def check_hyper(name, momentum=0.0, nesterov=False, wd=0.0, clip_norm=None):
     """Check an optimizer's hyper-parameters, without MXNet (the CLI calls it before MXNet starts); returns

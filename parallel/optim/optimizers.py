@@ -162,7 +162,8 @@ class Optimizer:
             parts.append(f"gradients clipped to norm {self.clip_norm:g}")
         if self.state_names() or self.zero:
             parts.append({0: "state replicated", 1: "ZeRO-1: state and update sharded over the contexts",
-                          2: "ZeRO-2: gradients, state and update sharded over the contexts"}[self.zero])
+                          2: "ZeRO-2: gradients, state and update sharded over the contexts",
+                          3: "ZeRO-3: parameters, gradients, state and update sharded over the contexts"}[self.zero])
         return ", ".join(parts)
 
     def _describe_rule(self):

@@ -10,18 +10,19 @@ from ..comm.reducer import as_reducer
 from ..models.recompute import Recompute
 from ..models.registry import behaviour_of
 from ..validate import check_contexts
-from ..config import check_compression, check_distributed, check_layout, check_recompute
+from ..config import check_compression, check_distributed, check_layout, check_recompute, check_zero
 from . import DEFAULT_MICRO_BATCHES
 from .data import DataParallel
 from .hybrid import Hybrid
 from .model import ModelParallel
 from .pipeline import Pipeline
+from .sharded import FullyShardedDataParallel
 
 __all__ = ["make_strategy"]
 
 
 def make_strategy(name, params, ctx_list, stages=None, boundaries=None, micro_batches=None, batch_size=None,
-                  reducer=None, recompute=False):
+                  reducer=None, recompute=False, zero=0):
     """Lay ``model`` out on ``ctx_list`` for the parallel style ``name``.
 
     Parameters
@@ -67,7 +68,10 @@ def make_strategy(name, params, ctx_list, stages=None, boundaries=None, micro_ba
     check_distributed(name, reducer.job is not None)
     check_compression("none" if reducer.codec is None else reducer.codec.spec, strategy=name)
     check_recompute(recompute, name)
+    check_zero(zero, name, reducer.algorithm)
     check_contexts(ctx_list)
+    if zero == 3:
+        return FullyShardedDataParallel(params, ctx_list, reducer)
     if name == "data":
         behaviour = behaviour_of(params)
         net = behaviour.net(params)

@@ -1,0 +1,227 @@
+"""What activation recomputation (``--recompute``) and ZeRO (``--zero 0..3``) cost and save: step time and memory.
+
+Part ``recompute``: each model with and without recomputation; part ``zero``: ResNet-18 with Adam at every ZeRO
+stage (stage 3 with and without prefetch) on 2 and 4 contexts. Each configuration trains a few steps of the data
+strategy on K CPU contexts in a process of its own, interleaved over the rounds, and reports:
+
+- the median step time over the timed steps (after warm-up; every step waited for);
+- the process's peak resident memory (``ru_maxrss``, which holds MXNet and the data as well: compare the two rows
+  of a model, not the numbers alone);
+- recompute: the activations a step keeps for its backward pass, counted from the graph's shapes on one
+  context's shard (no array allocated): without recomputation every operator's output; with it the blocks'
+  inputs, plus the largest block's operator outputs (one block's activations exist at a time during backward),
+  plus the last block's;
+- zero: what the busiest context holds (``parallel.optim.memory_table``: parameters, gradients, optimizer state,
+  gathered block buffers) and, at stage 3, the bytes a step copies between contexts against ZeRO's 3 Psi.
+
+    python benchmarks/memory.py                         # both parts
+    python benchmarks/memory.py --part recompute --models lenet --rounds 1 --steps 3
+
+Writes ``benchmarks/results/memory.json`` (``--out``) and prints one line a configuration.
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+BATCH = {"lenet": 256, "resnet18": 64}
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--part", choices=["recompute", "zero", "both"], default="both")
+    parser.add_argument("--models", default="lenet,resnet18", help="recompute: comma-separated models")
+    parser.add_argument("--devices", type=int, default=2, help="recompute: CPU contexts")
+    parser.add_argument("--zero-devices", default="2,4", help="zero: comma-separated numbers of CPU contexts")
+    parser.add_argument("--steps", type=int, default=8, help="timed steps a run (after 2 of warm-up)")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved runs of each configuration")
+    parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
+                                                       "memory.json"))
+    parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)   # a configuration, in a child process
+    return parser.parse_args(argv)
+
+
+def _outputs_bytes(symbol, known, data_shape):
+    """Bytes of every operator output of ``symbol`` on ``data_shape`` (float32), inferred from its shapes."""
+    internals = symbol.get_internals()
+    inputs = set(symbol.list_inputs())
+    _, shapes, _ = internals.infer_shape(data=data_shape, **known)
+    total = 0
+    for name, shape in zip(internals.list_outputs(), shapes):
+        if name[:-len("_output")] not in inputs and name not in inputs:
+            size = 4
+            for n in shape:
+                size *= n
+            total += size
+    return total
+
+
+def _graph(net, params):
+    """The graph a block or network runs on ``params`` (its arrays of a replica), and the shapes of its inputs by
+    name: a GluonNet's (inputs named as the block's arrays), or a CachedNet's (``param0``, ``param1``, ...)."""
+    if hasattr(net, "symbol"):
+        return net.symbol, dict(zip(net.names, (p.shape for p in params)))
+    return net._symbol(len(params)), {f"param{i}": p.shape for i, p in enumerate(params)}
+
+
+def counted_activations(model, shard):
+    """(without, with) recomputation: the activation bytes a step keeps on one context for a ``shard`` of images."""
+    import mxnet as mx
+    from parallel.models import MODELS
+    from parallel import get_params
+    behaviour = MODELS[model].behaviour
+    initial = behaviour.init(seed=0)
+    segments = behaviour.segments(initial)
+    replica = get_params(initial, mx.cpu())
+    data = (shard, 1, 28, 28)
+    whole = _outputs_bytes(*_graph(behaviour.net(initial), replica), data)
+    kept, largest, shape = 0, 0, data
+    for i, segment in enumerate(segments):
+        symbol, known = _graph(segment.net, replica[segment.first:segment.stop])
+        inside = _outputs_bytes(symbol, known, shape)
+        if i:
+            kept += 4 * int(mx.nd.zeros(shape).size)   # the block's input
+        largest = max(largest, inside) if i < len(segments) - 1 else largest
+        last = inside
+        _, (out_shape,), _ = symbol.infer_shape(data=shape, **known)
+        shape = out_shape
+    return whole, kept + largest + last
+
+
+def _worker(config, steps):
+    """Train ``steps`` + 2 steps of ``config`` (``_config``'s words); print one JSON line: step times, peak
+    memory, the busiest context's bytes and, at stage 3, the bytes a step moves."""
+    import resource
+    import time
+
+    import mxnet as mx
+    import numpy as np
+    from parallel.models import MODELS
+    from parallel.optim import SGD, Adam, memory_table
+    from parallel.strategies import make_strategy
+    model, recompute, zero, prefetch, devices = config
+    ctx_list = [mx.cpu(i) for i in range(devices)]
+    initial = MODELS[model].behaviour.init(seed=0)
+    if zero == 3 and not prefetch:
+        from parallel.strategies.sharded import FullyShardedDataParallel
+        strategy = FullyShardedDataParallel(initial, ctx_list, prefetch=False)
+    else:
+        strategy = make_strategy("data", initial, ctx_list, recompute=bool(recompute), zero=zero)
+    rng = np.random.RandomState(0)
+    X = mx.nd.array(rng.rand(BATCH[model], 1, 28, 28))
+    y = mx.nd.array(rng.randint(0, 10, BATCH[model]))
+    optimizer = SGD(0.05, momentum=0.9) if recompute is not None else Adam(0.001, zero=zero)
+    times = []
+    for step in range(steps + 2):
+        start = time.perf_counter()
+        loss, _ = strategy.train_step(X, y, optimizer=optimizer)
+        mx.nd.waitall()
+        if step >= 2:
+            times.append(time.perf_counter() - start)
+    gathered = getattr(strategy, "gathered_bytes", None)
+    table = memory_table(optimizer, strategy.groups(), gathered() if gathered else None)
+    busiest = max(table, key=lambda row: sum(v for k, v in row.items() if k != "context"))
+    moved = strategy.bytes_moved() if hasattr(strategy, "bytes_moved") else None
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    print(json.dumps({"times": times, "peak_rss": peak, "loss": float(loss.asscalar()), "busiest": busiest,
+                      "bytes_moved": moved}))
+
+
+def _config(words):
+    """``model:recompute:zero:prefetch:devices`` as a tuple (recompute None for the zero part's runs)."""
+    model, recompute, zero, prefetch, devices = words.split(":")
+    return model, None if recompute == "-" else recompute == "1", int(zero), prefetch == "1", int(devices)
+
+
+def _words(config):
+    model, recompute, zero, prefetch, devices = config
+    return f"{model}:{'-' if recompute is None else int(recompute)}:{zero}:{int(prefetch)}:{devices}"
+
+
+def _run_rounds(configs, args):
+    runs = {config: [] for config in configs}
+    for _ in range(args.rounds):
+        for config in configs:
+            command = [sys.executable, os.path.abspath(__file__), "--worker", _words(config), "--steps",
+                       str(args.steps)]
+            result = subprocess.run(command, capture_output=True, text=True, timeout=1800, check=True,
+                                    start_new_session=True)
+            runs[config].append(json.loads(result.stdout.strip().splitlines()[-1]))
+    return runs
+
+
+def _median(runs, what):
+    return statistics.median(t for run in runs for t in (run[what] if what == "times" else [run[what]]))
+
+
+def _recompute_rows(args):
+    models = args.models.split(",")
+    configs = [(model, recompute, 0, False, args.devices) for model in models for recompute in (False, True)]
+    runs, rows = _run_rounds(configs, args), []
+    for model in models:
+        whole, kept = counted_activations(model, -(-BATCH[model] // args.devices))
+        base = None
+        for recompute in (False, True):
+            got = runs[(model, recompute, 0, False, args.devices)]
+            step, peak = _median(got, "times"), _median(got, "peak_rss")
+            base = step if base is None else base
+            row = {"part": "recompute", "model": model, "recompute": recompute, "batch": BATCH[model],
+                   "devices": args.devices, "step_seconds": step, "time_ratio": step / base, "peak_rss": peak,
+                   "activation_bytes": kept if recompute else whole, "losses": [run["loss"] for run in got]}
+            rows.append(row)
+            print(f"{model:9s} recompute={'on ' if recompute else 'off'} step {step * 1e3:7.1f} ms "
+                  f"({row['time_ratio']:.2f}x)  peak RSS {peak / 2**20:7.1f} MiB  activations kept "
+                  f"{row['activation_bytes'] / 2**20:6.1f} MiB a context", flush=True)
+    return rows
+
+
+def _zero_rows(args):
+    stages = [(0, False), (1, False), (2, False), (3, True), (3, False)]
+    devices = [int(k) for k in args.zero_devices.split(",")]
+    configs = [("resnet18", None, zero, prefetch, k) for k in devices for zero, prefetch in stages]
+    runs, rows = _run_rounds(configs, args), []
+    for k in devices:
+        base = None
+        for zero, prefetch in stages:
+            got = runs[("resnet18", None, zero, prefetch, k)]
+            step = _median(got, "times")
+            base = step if base is None else base
+            busiest = got[0]["busiest"]
+            held = busiest["parameters"] + busiest["gradients"] + busiest["optimizer_state"]
+            row = {"part": "zero", "model": "resnet18", "devices": k, "zero": zero, "prefetch": prefetch,
+                   "batch": BATCH["resnet18"], "step_seconds": step, "time_ratio": step / base,
+                   "busiest": busiest, "bytes_a_parameter": held / (11175818),
+                   "bytes_moved": got[0]["bytes_moved"], "losses": [run["loss"] for run in got]}
+            rows.append(row)
+            moved = "" if row["bytes_moved"] is None else \
+                f"  moved {row['bytes_moved'] / (k * 4 * 11175818):.2f} Psi a context"
+            print(f"resnet18 K={k} zero={zero}{' prefetch' if prefetch else ''}: step {step * 1e3:7.1f} ms "
+                  f"({row['time_ratio']:.2f}x)  {row['bytes_a_parameter']:5.2f} B/param + gathered "
+                  f"{busiest['gathered_peak'] / 2**20:5.1f} MiB{moved}", flush=True)
+    return rows
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.worker is not None:
+        _worker(_config(args.worker), args.steps)
+        return 0
+    rows = []
+    if args.part in ("recompute", "both"):
+        rows += _recompute_rows(args)
+    if args.part in ("zero", "both"):
+        rows += _zero_rows(args)
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    from parallel.files import atomic_write
+    with atomic_write(args.out) as f:
+        json.dump({"omp_num_threads": os.environ.get("OMP_NUM_THREADS"), "rounds": args.rounds, "steps": args.steps,
+                   "rows": rows}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

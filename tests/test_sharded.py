@@ -1,0 +1,211 @@
+"""ZeRO stage 3 (``--zero 3``, ``FullyShardedDataParallel``): each context keeps 1/K of the parameters, their
+gradients and optimizer state, gathers a block at a time and recomputes it in backward; the same model, bitwise,
+as ``zero=0`` with the fused allreduce, with and without prefetch, for LeNet and for a network with BatchNorm."""
+import json
+
+import mxnet as mx
+import numpy as np
+import pytest
+
+from parallel import Reducer, init_lenet_params
+from parallel.models import MODELS
+from parallel.optim import SGD, Adam, memory_table
+from parallel.strategies import make_strategy
+from parallel.strategies.sharded import FullyShardedDataParallel
+from parallel.train import main
+from conftest import contexts, easy_dataset, make_batches, write_idx_files
+from test_recompute import _small_resnet
+
+SIZES = (12, 12, 7, 2)   # the last batch leaves contexts idle at K = 3, 4
+
+
+def _optimizer(kind, zero):
+    if kind == "adam":
+        return Adam(0.01, zero=zero)
+    if kind == "clip":
+        return SGD(0.1, momentum=0.9, clip_norm=0.5, zero=zero)
+    return SGD(0.1, momentum=0.9, zero=zero)
+
+
+def _train(strategy, optimizer, sizes=SIZES):
+    for X, y in make_batches(sizes, seed=1):
+        strategy.train_step(X, y, optimizer=optimizer)
+    return [p.asnumpy() for p in strategy.params()], [a.asnumpy() for a in strategy.aux()]
+
+
+def _assert_bitwise(got, want):
+    for arrays_got, arrays_want in zip(got, want):
+        assert len(arrays_got) == len(arrays_want)
+        for g, w in zip(arrays_got, arrays_want):
+            np.testing.assert_array_equal(g, w)
+
+
+@pytest.mark.parametrize("k", [2, 3, 4])
+@pytest.mark.parametrize("kind", ["momentum", "adam"])
+@pytest.mark.parametrize("prefetch", [True, False])
+def test_lenet_sharded_is_bitwise_zero_0(k, kind, prefetch):
+    want = _train(make_strategy("data", init_lenet_params(seed=0), contexts(k)), _optimizer(kind, 0))
+    sharded = FullyShardedDataParallel(init_lenet_params(seed=0), contexts(k), prefetch=prefetch)
+    _assert_bitwise(_train(sharded, _optimizer(kind, 3)), want)
+
+
+@pytest.mark.parametrize("k", [2, 3])
+def test_a_network_with_batchnorm_sharded_is_bitwise_zero_0_with_its_running_statistics(k):
+    want = _train(make_strategy("data", _small_resnet(), contexts(k)), _optimizer("momentum", 0))
+    got = _train(make_strategy("data", _small_resnet(), contexts(k), zero=3), _optimizer("momentum", 3))
+    _assert_bitwise(got, want)
+    assert got[1] and not np.array_equal(got[1][1], np.ones_like(got[1][1]))   # the running variance moved
+
+
+def test_clipping_sharded_adds_the_chunks_norms_and_matches_zero_0_to_rounding():
+    want = _train(make_strategy("data", init_lenet_params(seed=0), contexts(3)), _optimizer("clip", 0))
+    got = _train(make_strategy("data", init_lenet_params(seed=0), contexts(3), zero=3), _optimizer("clip", 3))
+    for g, w in zip(got[0], want[0]):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5 * np.abs(w).max())
+
+
+@pytest.mark.parametrize("k", [2, 3])
+def test_each_context_keeps_its_chunk_of_every_block_and_gathers_one_block_at_a_time(k):
+    strategy = make_strategy("data", init_lenet_params(seed=0), contexts(k), zero=3)
+    optimizer = Adam(0.01, zero=3)
+    planned = memory_table(optimizer, strategy.groups(), strategy.gathered_bytes())
+    X, y = make_batches([8], seed=1)[0]
+    strategy.train_step(X, y, optimizer=optimizer)
+    table = memory_table(optimizer, strategy.groups(), strategy.gathered_bytes())
+    assert table == planned
+    model = 4 * sum(p.size for p in init_lenet_params(seed=0))
+    assert [row["context"] for row in table] == [str(c) for c in contexts(k)]
+    assert sum(row["parameters"] for row in table) == sum(row["gradients"] for row in table) == model
+    assert sum(row["optimizer_state"] for row in table) == 2 * model   # Adam's two buffers, once over the contexts
+    for row in table:   # chunks of every block differ by at most one element
+        assert abs(row["parameters"] - model / k) <= 4 * len(strategy.blocks)
+    largest = 4 * max(block.size for block in strategy.blocks)
+    assert all(row["gathered_peak"] == 3 * largest for row in table)   # two gather buffers (prefetch), one gradient
+
+
+def test_evaluation_gathers_block_by_block_and_scores_as_zero_0():
+    batches = make_batches([16, 9], seed=3)
+    accuracies = []
+    for zero in (0, 3):
+        strategy = make_strategy("data", init_lenet_params(seed=0), contexts(3), zero=zero)
+        _train(strategy, _optimizer("momentum", zero), sizes=(32,) * 5)
+        accuracies.append(strategy.evaluate(batches))
+    assert accuracies[0] == accuracies[1]
+
+
+@pytest.mark.parametrize("options, error, says", [
+    ({"name": "pipeline"}, ValueError, "not the stages of"),
+    ({"reducer": Reducer("ring")}, ValueError, "use algorithm fused"),
+    ({"zero": 4}, ValueError, "must be 0, 1, 2 or 3"),
+])
+def test_make_strategy_refuses_what_zero_3_does_not_do(options, error, says):
+    options = {"name": "data", "zero": 3, **options}
+    with pytest.raises(error, match=says):
+        make_strategy(options.pop("name"), init_lenet_params(), contexts(2), **options)
+
+
+def test_accumulate_is_refused_naming_it():
+    strategy = make_strategy("data", init_lenet_params(), contexts(2), zero=3)
+    X, y = make_batches([8])[0]
+    with pytest.raises(ValueError, match="accumulate"):
+        strategy.train_step(X, y, optimizer=SGD(0.1, zero=3), accumulate=2)
+
+
+def test_cli_zero_3_trains_the_same_curve_as_zero_0(tmp_path, capsys):
+    data_dir = write_idx_files(str(tmp_path), easy_dataset(num_train=256, num_test=64, seed=1))
+    curves = []
+    for zero in ("0", "3"):
+        path = tmp_path / f"m{zero}.json"
+        assert main(["--data-dir", data_dir, "--devices", "cpu:3", "--epochs", "2", "--batch-size", "32",
+                     "--optimizer", "adam", "--lr", "0.01", "--zero", zero, "--metrics-json", str(path),
+                     "--no-progress"]) == 0
+        history = json.loads(path.read_text())
+        curves.append([{k: m[k] for k in ("train_loss", "train_acc", "test_acc")} for m in history])
+        if zero == "3":
+            assert all(row["gathered_peak"] > 0 for row in history[-1]["memory"])
+    out = capsys.readouterr().out
+    assert "ZeRO-3: each context keeps 1/3 of the parameters" in out and "gathered parameters" in out
+    assert curves[0] == curves[1]
+
+
+@pytest.mark.parametrize("extra, says", [
+    (["--accumulate", "2"], "--zero 3 does not take micro-batches yet (--accumulate)"),
+    (["--allreduce", "ring"], "--zero 3 reduce-scatters with the fused allreduce's additions"),
+    (["--compression", "fp16"], "does not work with --zero 3"),
+    (["--strategy", "hybrid", "--stages", "2", "--devices", "cpu:4"], "not the stages of --strategy hybrid"),
+])
+def test_cli_refuses_what_zero_3_does_not_do_with_one_line(extra, says, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(["--dataset", "synthetic", "--zero", "3", "--no-progress", *extra]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and says in err and len(err.splitlines()) == 1, err
+
+
+@pytest.mark.slow
+def test_resnet18_sharded_is_bitwise_zero_0_on_two_contexts():
+    resnet = MODELS["resnet18"].behaviour
+    want = _train(make_strategy("data", resnet.init(seed=0), contexts(2)), _optimizer("momentum", 0), (16, 16))
+    got = _train(make_strategy("data", resnet.init(seed=0), contexts(2), zero=3), _optimizer("momentum", 3),
+                 (16, 16))
+    _assert_bitwise(got, want)
+
+
+@pytest.mark.slow
+def test_resnet18_with_adam_on_four_contexts_keeps_a_quarter_of_16_bytes_a_parameter():
+    """ZeRO's count: Adam in float32 keeps 16 bytes a parameter (weight, gradient, two moments) on every context;
+    sharded over 4, each context keeps 4 (to the chunks' rounding), besides its gathered block buffers."""
+    resnet = MODELS["resnet18"].behaviour
+    n = sum(p.data().size for p in resnet.init(seed=0).collect_params().values() if p.grad_req != "null")
+    replicated = memory_table(Adam(0.001), make_strategy("data", resnet.init(seed=0), contexts(4)).groups())
+    strategy = make_strategy("data", resnet.init(seed=0), contexts(4), zero=3)
+    sharded = memory_table(Adam(0.001, zero=3), strategy.groups(), strategy.gathered_bytes())
+    for row in replicated:
+        assert row["parameters"] + row["gradients"] + row["optimizer_state"] == 16 * n
+    for row in sharded:
+        assert row["parameters"] + row["gradients"] + row["optimizer_state"] <= 1.05 * 16 * n / 4
+
+
+@pytest.mark.parametrize("k", [2, 3])
+def test_the_bytes_a_step_moves_are_zeros_3_psi(k, monkeypatch):
+    """Counted at the one function every copy between contexts goes through (``algorithms._copy``)."""
+    from parallel.comm import algorithms
+    moved, copy = [], algorithms._copy
+
+    def counting(src, dst):
+        if not isinstance(dst, mx.Context) and dst.context != src.context:
+            moved.append(src.size * np.dtype(src.dtype).itemsize)
+        return copy(src, dst)
+    strategy = make_strategy("data", init_lenet_params(seed=0), contexts(k), zero=3)
+    monkeypatch.setattr(algorithms, "_copy", counting)
+    X, y = make_batches([8], seed=1)[0]
+    strategy.train_step(X, y, optimizer=SGD(0.1, zero=3))
+    psi = 4 * sum(p.size for p in init_lenet_params(seed=0))
+    assert sum(moved) == strategy.bytes_moved() <= 3 * psi * (k - 1)
+    assert strategy.bytes_moved() == (k - 1) * (3 * psi - 4 * strategy.blocks[-1].size)
+
+
+def test_a_zero_3_checkpoint_resumes_under_other_layouts_and_stages(tmp_path):
+    """Written by ``--zero 3`` on 3 contexts after one epoch, resumed for a second under ``--zero 0`` on 2 contexts,
+    ``--zero 1`` on 1 and ``--zero 3`` on 2: each as close to the uninterrupted run on its layout as two
+    uninterrupted layouts are to each other (float32 rounding of the sums' order), and on the same layout
+    bitwise (``test_train_checkpoint``)."""
+    from parallel import checkpoint as ckpt
+    data_dir = write_idx_files(str(tmp_path), easy_dataset(num_train=120, num_test=30, seed=4))
+    common = ["--data-dir", data_dir, "--batch-size", "12", "--momentum", "0.9", "--lr", "0.05", "--no-progress"]
+
+    def run(directory, *extra):
+        assert main([*common, "--checkpoint-dir", str(tmp_path / directory), *extra]) == 0
+        return [p.asnumpy() for p in ckpt.load_checkpoint(tmp_path / directory).params]
+
+    straight = {layout: run(f"straight-{i}", "--epochs", "2", *layout.split())
+                for i, layout in enumerate(("--devices cpu:3 --zero 3", "--devices cpu:2", "--devices cpu:1 --zero 1",
+                                            "--devices cpu:2 --zero 3"))}
+    reference = straight["--devices cpu:3 --zero 3"]
+    scale = max(np.abs(w).max() for w in reference)
+    apart = max(np.abs(a - b).max() for layout, arrays in straight.items() for a, b in zip(arrays, reference))
+    assert apart < 1e-4 * scale   # rounding, not another model
+    for i, layout in enumerate(list(straight)[1:]):
+        run(f"resumed-{i}", "--epochs", "1", "--devices", "cpu:3", "--zero", "3")
+        resumed = run(f"resumed-{i}", "--epochs", "2", "--resume", *layout.split())
+        gap = max(np.abs(a - b).max() for a, b in zip(resumed, straight[layout]))
+        assert gap <= max(apart, 1e-7 * scale), (layout, gap, apart)
