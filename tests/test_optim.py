@@ -320,7 +320,7 @@ def test_state_gathered_from_one_layout_continues_in_another():
     (lambda: SGD(-1.0), ValueError, "^lr must be"),
     (lambda: SGD(0.1, wd=-0.1), ValueError, "^wd must be >= 0"),
     (lambda: SGD(0.1, wd="0.1"), TypeError, "^wd must be a number"),
-    (lambda: SGD(0.1, zero=3), ValueError, "^zero must be one of 0, 1, 2"),
+    (lambda: SGD(0.1, zero=4), ValueError, "^zero must be one of 0, 1, 2, 3"),
     (lambda: SGD(0.1, clip_norm=0.0), ValueError, "^clip_norm must be"),
     (lambda: SGD(0.1, schedule="cosine"), TypeError, "^schedule must be"),
     (lambda: Adam(beta2=1.0), ValueError, "^beta2 must be in"),

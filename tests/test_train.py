@@ -269,7 +269,7 @@ def test_broken_data_exits_2(broken_dirs, case, message, capsys):
     (["--clip-norm", "-1"], "--clip-norm must be a finite number > 0"),
     (["--accumulate", "0"], "--accumulate must be between 1 and 256, got 0"),
     (["--batch-size", "8", "--accumulate", "9"], "--accumulate must be between 1 and 8, got 9"),
-    (["--zero", "3"], "invalid choice: 3"),
+    (["--zero", "4"], "invalid choice: 4"),
     (["--zero", "1", "--strategy", "pipeline", "--devices", "cpu:2"], "the pipeline strategy holds one copy"),
     (["--zero", "2", "--allreduce", "naive"], "which the naive allreduce cannot"),
     (["--optimizer", "lamb"], "invalid choice: 'lamb'"),

@@ -6,6 +6,8 @@
 - ``model``: ``ModelParallel``, LeNet or a gluon ``HybridSequential`` cut into stages on different contexts.
 - ``pipeline``: ``Pipeline``, micro-batches through the stages (GPipe's schedule).
 - ``hybrid``: ``Hybrid``, data parallelism over groups of model-parallel stages.
+- ``sharded``: ``FullyShardedDataParallel``, data parallelism with the parameters sharded too (ZeRO-3, FSDP):
+  ``make_strategy("data", ..., zero=3)``.
 - ``registry``: ``make_strategy(name, model, ctx_list, ...)``, a strategy of ``STRATEGIES`` by name.
 
 A strategy is an object with ``name``, ``ctx_list`` (the contexts it uses), ``job`` (None in one process),
@@ -45,6 +47,7 @@ _SOURCES = {
     "model": ["ModelParallel", "stage_ranges", "forward_stages"],
     "pipeline": ["Pipeline", "bubble_fraction"],
     "hybrid": ["Hybrid", "hybrid_groups"],
+    "sharded": ["FullyShardedDataParallel"],
     "registry": ["make_strategy"],
 }
 __all__ = ["STRATEGIES", "DEFAULT_STAGES", "DEFAULT_MICRO_BATCHES"] + [
