@@ -335,3 +335,29 @@ def threads_reduce_at_once(monkeypatch):
     import contextlib
     from parallel.comm import algorithms
     monkeypatch.setattr(algorithms._buffers, "lock", contextlib.nullcontext())
+
+
+def assert_same_arrays(got, want):
+    """Two lists of lists of arrays (a run's trained arrays, its running statistics) equal, bit for bit."""
+    for arrays_got, arrays_want in zip(got, want):
+        assert len(arrays_got) == len(arrays_want)
+        for g, w in zip(arrays_got, arrays_want):
+            np.testing.assert_array_equal(g, w)
+
+
+def small_resnet():
+    """A gluon HybridSequential shaped as ResNet-18 is (a stem, a stage of blocks with BatchNorm, pooling and a dense
+    head), small enough for the fast tier."""
+    from mxnet import gluon
+    from parallel.models.resnet import Residual
+    net = gluon.nn.HybridSequential(prefix="small_")
+    with net.name_scope():
+        stem = gluon.nn.HybridSequential()
+        stem.add(gluon.nn.Conv2D(4, kernel_size=3, padding=1), gluon.nn.BatchNorm(), gluon.nn.Activation("relu"))
+        stage = gluon.nn.HybridSequential()
+        stage.add(Residual(4), Residual(8, use_1x1conv=True, strides=2))
+        net.add(stem, stage, gluon.nn.GlobalAvgPool2D(), gluon.nn.Dense(10))
+    mx.random.seed(0)
+    net.initialize(mx.init.Normal(sigma=0.1))
+    net(mx.nd.zeros((1, 1, 28, 28)))
+    return net

@@ -7,7 +7,7 @@ import json
 import mxnet as mx
 import numpy as np
 import pytest
-from mxnet import autograd, gluon
+from mxnet import autograd
 
 from parallel import get_params, init_lenet_params
 from parallel.models import MODELS
@@ -17,7 +17,7 @@ from parallel.models.registry import behaviour_of
 from parallel.optim import SGD, Adam
 from parallel.strategies import make_strategy
 from parallel.train import main
-from conftest import contexts, easy_dataset, make_batches, write_idx_files
+from conftest import assert_same_arrays, contexts, easy_dataset, make_batches, small_resnet, write_idx_files
 
 
 def _train(initial, k, recompute, optimizer, sizes=(12, 12, 7), accumulate=1):
@@ -26,13 +26,6 @@ def _train(initial, k, recompute, optimizer, sizes=(12, 12, 7), accumulate=1):
     for X, y in make_batches(sizes, seed=1):
         strategy.train_step(X, y, optimizer=optimizer, accumulate=accumulate)
     return [p.asnumpy() for p in strategy.params()], [a.asnumpy() for a in strategy.aux()]
-
-
-def _assert_bitwise(got, want):
-    for arrays_got, arrays_want in zip(got, want):
-        assert len(arrays_got) == len(arrays_want)
-        for g, w in zip(arrays_got, arrays_want):
-            np.testing.assert_array_equal(g, w)
 
 
 @pytest.mark.parametrize("k, accumulate", [(1, 1), (2, 1), (3, 1), (2, 3)])
@@ -45,25 +38,8 @@ def test_lenet_recomputed_is_bitwise_the_whole_network(k, accumulate, optimizer)
         return Adam(0.01, zero=zero) if optimizer.startswith("adam") else SGD(0.1, momentum=0.9, zero=zero)
     want = _train(init_lenet_params(seed=0), k, False, make(), accumulate=accumulate)
     got = _train(init_lenet_params(seed=0), k, True, make(), accumulate=accumulate)
-    _assert_bitwise(got, want)
+    assert_same_arrays(got, want)
     assert not np.array_equal(got[0][0], init_lenet_params(seed=0)[0].asnumpy())   # it trained
-
-
-def _small_resnet():
-    """A gluon HybridSequential shaped as ResNet-18 is (a stem, a stage of blocks with BatchNorm, pooling and a dense
-    head), small enough for the fast tier."""
-    from parallel.models.resnet import Residual
-    net = gluon.nn.HybridSequential(prefix="small_")
-    with net.name_scope():
-        stem = gluon.nn.HybridSequential()
-        stem.add(gluon.nn.Conv2D(4, kernel_size=3, padding=1), gluon.nn.BatchNorm(), gluon.nn.Activation("relu"))
-        stage = gluon.nn.HybridSequential()
-        stage.add(Residual(4), Residual(8, use_1x1conv=True, strides=2))
-        net.add(stem, stage, gluon.nn.GlobalAvgPool2D(), gluon.nn.Dense(10))
-    mx.random.seed(0)
-    net.initialize(mx.init.Normal(sigma=0.1))
-    net(mx.nd.zeros((1, 1, 28, 28)))
-    return net
 
 
 @pytest.mark.parametrize("k", [1, 2, 3])
@@ -73,10 +49,10 @@ def test_a_block_with_batchnorm_recomputed_is_bitwise_with_its_running_statistic
     cached graph and each block another, and MXNet's graphs round BatchNorm's backward differently (a few ulps):
     there the check is float32 rounding, 1e-6 of the model's scale (its largest value) after three steps: a
     convolution's bias before a BatchNorm has no gradient but rounding noise, so its own scale is no yardstick."""
-    want = _train(_small_resnet(), k, False, SGD(0.1, momentum=0.9))
-    got = _train(_small_resnet(), k, True, SGD(0.1, momentum=0.9))
+    want = _train(small_resnet(), k, False, SGD(0.1, momentum=0.9))
+    got = _train(small_resnet(), k, True, SGD(0.1, momentum=0.9))
     if k > 1:
-        _assert_bitwise(got, want)
+        assert_same_arrays(got, want)
     else:
         scale = max(np.abs(w).max() for w in want[0])
         for g, w in zip(got[0] + got[1], want[0] + want[1]):
@@ -85,7 +61,7 @@ def test_a_block_with_batchnorm_recomputed_is_bitwise_with_its_running_statistic
 
 
 def test_the_blocks_of_a_gluon_network_are_its_composite_children():
-    segments = behaviour_of(_small_resnet()).segments(_small_resnet())
+    segments = behaviour_of(small_resnet()).segments(small_resnet())
     # the stem whole, each residual block of the stage, then pooling joined to the dense head
     assert [len(s.net.names) for s in segments] == [4, 8, 10, 2]
     assert [(s.first, s.stop) for s in segments] == [(0, 4), (4, 12), (12, 22), (22, 24)]
@@ -98,7 +74,7 @@ def test_resnet18_recomputed_is_bitwise_on_two_contexts():
     assert len(segments) == 10   # stem, 8 residual blocks, pooling + dense
     want = _train(MODELS["resnet18"].behaviour.init(seed=0), 2, False, SGD(0.05, momentum=0.9), sizes=(16, 16))
     got = _train(MODELS["resnet18"].behaviour.init(seed=0), 2, True, SGD(0.05, momentum=0.9), sizes=(16, 16))
-    _assert_bitwise(got, want)
+    assert_same_arrays(got, want)
 
 
 def test_every_parameter_gets_its_gradient_through_net_backward():

@@ -13,8 +13,7 @@ from parallel.optim import SGD, Adam, memory_table
 from parallel.strategies import make_strategy
 from parallel.strategies.sharded import FullyShardedDataParallel
 from parallel.train import main
-from conftest import contexts, easy_dataset, make_batches, write_idx_files
-from test_recompute import _small_resnet
+from conftest import assert_same_arrays, contexts, easy_dataset, make_batches, small_resnet, write_idx_files
 
 SIZES = (12, 12, 7, 2)   # the last batch leaves contexts idle at K = 3, 4
 
@@ -33,27 +32,20 @@ def _train(strategy, optimizer, sizes=SIZES):
     return [p.asnumpy() for p in strategy.params()], [a.asnumpy() for a in strategy.aux()]
 
 
-def _assert_bitwise(got, want):
-    for arrays_got, arrays_want in zip(got, want):
-        assert len(arrays_got) == len(arrays_want)
-        for g, w in zip(arrays_got, arrays_want):
-            np.testing.assert_array_equal(g, w)
-
-
 @pytest.mark.parametrize("k", [2, 3, 4])
 @pytest.mark.parametrize("kind", ["momentum", "adam"])
 @pytest.mark.parametrize("prefetch", [True, False])
 def test_lenet_sharded_is_bitwise_zero_0(k, kind, prefetch):
     want = _train(make_strategy("data", init_lenet_params(seed=0), contexts(k)), _optimizer(kind, 0))
     sharded = FullyShardedDataParallel(init_lenet_params(seed=0), contexts(k), prefetch=prefetch)
-    _assert_bitwise(_train(sharded, _optimizer(kind, 3)), want)
+    assert_same_arrays(_train(sharded, _optimizer(kind, 3)), want)
 
 
 @pytest.mark.parametrize("k", [2, 3])
 def test_a_network_with_batchnorm_sharded_is_bitwise_zero_0_with_its_running_statistics(k):
-    want = _train(make_strategy("data", _small_resnet(), contexts(k)), _optimizer("momentum", 0))
-    got = _train(make_strategy("data", _small_resnet(), contexts(k), zero=3), _optimizer("momentum", 3))
-    _assert_bitwise(got, want)
+    want = _train(make_strategy("data", small_resnet(), contexts(k)), _optimizer("momentum", 0))
+    got = _train(make_strategy("data", small_resnet(), contexts(k), zero=3), _optimizer("momentum", 3))
+    assert_same_arrays(got, want)
     assert got[1] and not np.array_equal(got[1][1], np.ones_like(got[1][1]))   # the running variance moved
 
 
@@ -147,7 +139,7 @@ def test_resnet18_sharded_is_bitwise_zero_0_on_two_contexts():
     want = _train(make_strategy("data", resnet.init(seed=0), contexts(2)), _optimizer("momentum", 0), (16, 16))
     got = _train(make_strategy("data", resnet.init(seed=0), contexts(2), zero=3), _optimizer("momentum", 3),
                  (16, 16))
-    _assert_bitwise(got, want)
+    assert_same_arrays(got, want)
 
 
 @pytest.mark.slow
