@@ -116,9 +116,7 @@ class FullyShardedDataParallel:
         dtype = source.data.dtype
         self.shards = []
         for i, ctx in enumerate(self.ctx_list):
-            data = mx.nd.concat(*[source.data[b.start + b.chunk(i)[0]:b.start + b.chunk(i)[1]] for b in self.blocks
-                                  if b.chunk(i)[1] > b.chunk(i)[0]], dim=0).copyto(ctx) if sizes[i] else \
-                mx.nd.zeros((0,), ctx=ctx, dtype=dtype)
+            data = self._chunks(source.data, i).copyto(ctx) if sizes[i] else mx.nd.zeros((0,), ctx=ctx, dtype=dtype)
             grad = mx.nd.zeros(data.shape, ctx=ctx, dtype=dtype)
             self.shards.append(FlatReplica([data], data, [grad], [Bucket(0, 1, 0, data.size)]))
         self.aux_arrays = [[a.copyto(ctx) for a in getattr(source, "aux", ())] for ctx in self.ctx_list]
@@ -272,6 +270,12 @@ class FullyShardedDataParallel:
         psi = sum(block.size for block in self.blocks)
         return (k - 1) * (3 * psi - self.blocks[-1].size) * itemsize
 
+    def _chunks(self, flat, i):
+        """Context ``i``'s chunks of every block of ``flat`` (a flat array of the model), one after the other: the
+        layout of its shard (``_whole`` puts them back). Context ``i`` must own at least one element."""
+        return mx.nd.concat(*[flat[b.start + b.chunk(i)[0]:b.start + b.chunk(i)[1]] for b in self.blocks
+                              if b.chunk(i)[1] > b.chunk(i)[0]], dim=0)
+
     def _whole(self, chunks):
         """One flat array of the model on the CPU from each context's flat array of its chunks (``chunks[i]``)."""
         whole = mx.nd.zeros((self._starts[-1],), ctx=mx.cpu(), dtype=self.shards[0].data.dtype)
@@ -307,11 +311,9 @@ class FullyShardedDataParallel:
         for i, shard in enumerate(self.shards):
             if not shard.data.size:
                 continue
-            chunks = {name: mx.nd.concat(*[flats[name][b.start + b.chunk(i)[0]:b.start + b.chunk(i)[1]]
-                                           for b in self.blocks if b.chunk(i)[1] > b.chunk(i)[0]], dim=0)
-                      for name in names}
             optimizer.states[(id(shard.data), (0, shard.data.size))] = (shard.data, [
-                chunks[name].as_in_context(shard.data.context).astype(shard.data.dtype) for name in names])
+                self._chunks(flats[name], i).as_in_context(shard.data.context).astype(shard.data.dtype)
+                for name in names])
 
     def gathered_bytes(self):
         """``{context: bytes}`` of full-size block arrays each context holds at once: its gather buffers (one
