@@ -23,8 +23,13 @@ A checkpoint directory holds two to four files:
   (before optimizers had state) holds no optimizer state.
 
 A new checkpoint first writes new parameter and optimizer files, then replaces ``checkpoint.json`` (the commit
-point),then removes the previous parameter file; every write is atomic (temporary file, fsync, rename). A crash or a
+point), then removes the previous parameter file; every write is atomic (temporary file, fsync, rename). A crash or a
 full disk at any moment leaves the previous checkpoint complete and loadable.
+
+The files are written one array at a time: each array is read, checked, copied to the host and written when its
+turn comes (``parallel.export.save_arrays``). A strategy that holds its parameters in shards hands
+``save_checkpoint`` a ``LazyArrays`` (item ``i`` gathered when read), so no more than one array is ever whole on
+the host; a worker that does not write the checkpoint calls ``read_all`` to run the same gathers in the same order.
 
 >>> import tempfile
 >>> from parallel.models import init_lenet_params
@@ -35,6 +40,7 @@ full disk at any moment leaves the previous checkpoint complete and loadable.
 >>> loaded.state == state, len(loaded.params), loaded.config["lr"]
 (True, 8, 0.2)
 """
+import contextlib
 import hashlib
 import json
 import os
@@ -44,16 +50,16 @@ import mxnet as mx
 import numpy as np
 
 from .compress.feedback import split_name
-from .export import check_arrays, save_arrays
+from .export import LazyArrays, array_thunks, save_arrays
 from .files import atomic_write, fsync_directory
 from .models import MODELS
 from .models.layout import model_layout
 from .validate import BadValue, check_choice, check_int, check_lr, check_number, check_seed
 
 __all__ = ["FORMAT", "VERSION", "READABLE_VERSIONS", "MANIFEST", "CheckpointError", "CheckpointMismatch", "TrainingState",
-           "Snapshot", "Checkpoint", "CheckpointWriter", "CheckpointWriteError", "save_checkpoint",
-           "load_checkpoint", "has_checkpoint", "check_compatible", "check_run_config", "dataset_fingerprint",
-           "COMPATIBLE_FIELDS"]
+           "Snapshot", "Checkpoint", "CheckpointWriter", "CheckpointWriteError", "LazyArrays", "save_checkpoint",
+           "read_all", "load_checkpoint", "has_checkpoint", "check_compatible", "check_run_config",
+           "dataset_fingerprint", "COMPATIBLE_FIELDS"]
 
 FORMAT = "parallel-checkpoint"
 #: Bumped whenever a field changes meaning; a checkpoint of another version is refused, never misread.
@@ -104,11 +110,14 @@ class Snapshot(NamedTuple):
     """A run between two batches, as ``fit`` hands it to ``on_checkpoint`` and takes it back as ``resume``: the
     position, the model's arrays, the optimizer's whole state, every worker's error feedback."""
     state: TrainingState
-    #: The trainable arrays (a strategy's ``params()``), live.
+    #: The trainable arrays (a strategy's ``params()``), live: a list, or a ``LazyArrays`` whose items are gathered
+    #: when read (``save_checkpoint`` reads each once).
     params: list
     #: The arrays that are not trained (a strategy's ``aux()``: BatchNorm's running statistics); ``[]`` for LeNet.
+    #: A list or a ``LazyArrays``.
     aux: list
     #: ``{state name: [array per trainable array]}`` on the CPU (``parallel.optim.gather_state``); ``{}`` for SGD.
+    #: Each value a list or a ``LazyArrays``.
     optimizer_state: dict
     #: Error feedback, ``{"w<rank>/<name>": array}`` (``parallel.compress.feedback``); ``{}`` without compression.
     compression_state: dict
@@ -168,24 +177,34 @@ def save_checkpoint(directory, params, state, config, aux=(), model="lenet", opt
                     compression_state=None):
     """Write a checkpoint into ``directory`` (created if needed), replacing the previous one atomically.
 
+    The files are written one array at a time: each array is read, checked, copied to the host, written and
+    dropped before the next is read, so with ``LazyArrays`` (item ``i`` computed when read: a sharded strategy's
+    parameter gathered whole) no more than one array is whole on the host at once. The arrays are read in this
+    order, each exactly once: ``params[0]``, ..., ``params[-1]``, then ``aux[0]``, ..., ``aux[-1]``, then, for
+    each state name of ``optimizer_state`` in the dict's order, its arrays from first to last; then
+    ``compression_state`` (which is never lazy). ``read_all`` reads a ``Snapshot``'s ``LazyArrays`` in the same
+    order: what a worker that does not write calls, so that the gathers behind them match on every worker. When
+    a check fails, the arrays after the failing one are not read.
+
     Parameters
     ----------
     directory : str or os.PathLike
-    params : list of NDArray
+    params : list or LazyArrays of NDArray
         The model's trainable arrays in ``model_layout(model).names`` order (LeNet's eight; ResNet-18's in
         ``block_state`` order, as ``get_params`` replicas and the strategies' ``params()`` give them), on any
         context (read once, which waits for the device).
     state : TrainingState
     config : dict
         The run's configuration, JSON-serialisable; ``check_compatible`` compares its ``COMPATIBLE_FIELDS``.
-    aux : list of NDArray
+    aux : list or LazyArrays of NDArray
         The arrays that are not trained, in ``model_layout(model).aux_names`` order (a replica's ``aux``, a
         strategy's ``aux()``); none for LeNet.
     model : str
         One of ``MODELS``.
     optimizer_state : dict, optional
         The optimizer's state as ``parallel.optim.gather_state`` gives it: ``{state name: [array per trainable
-        array, in params order]}``; None or empty for a stateless optimizer.
+        array, in params order]}`` (each value a list or a ``LazyArrays``); None or empty for a stateless
+        optimizer.
     compression_state : dict, optional
         Error feedback as ``fit`` hands it to ``on_checkpoint``: ``{"w<rank>/<name>": array}``, finite; None or
         empty without compression.
@@ -198,26 +217,23 @@ def save_checkpoint(directory, params, state, config, aux=(), model="lenet", opt
     Raises
     ------
     ValueError, TypeError
-        For arrays that are not the model's or not finite (``check_arrays``): nothing is written, so a
-        diverged run never replaces the last good checkpoint.
+        For arrays that are not the model's or not finite (``check_arrays``; the counts are checked before
+        anything is written, each array when its turn comes): the files being written are removed and the
+        manifest is not replaced, so a diverged run never replaces the last good checkpoint.
     OSError
         When a write fails (a full disk, a file size limit): the previous checkpoint is left as it was.
     """
     directory = os.fspath(directory)
-    arrays = _model_arrays(model, params, aux)
-    optimizer_arrays = _optimizer_arrays(model, optimizer_state or {})
-    compression_arrays = _compression_arrays(compression_state or {})
+    contents = (("params", _model_thunks(model, params, aux)),
+                ("optimizer", _optimizer_thunks(model, optimizer_state or {})),
+                ("compression", _compression_thunks(compression_state or {})))
+    created = not os.path.isdir(directory)
     os.makedirs(directory, exist_ok=True)
     manifest_path = os.path.join(directory, MANIFEST)
     previous = _previous_files(manifest_path)
-    generation = _next_generation(directory)
     written = {}
     try:
-        for prefix, content in (("params", arrays), ("optimizer", optimizer_arrays),
-                                ("compression", compression_arrays)):
-            if content:
-                written[prefix] = f"{prefix}-{generation:06d}.params"
-                save_arrays(os.path.join(directory, written[prefix]), content)
+        _write_files(directory, contents, written)
         manifest = {"format": FORMAT, "version": VERSION, "model": model, "params_file": written["params"],
                     "params_sha256": _sha256(os.path.join(directory, written["params"])),
                     "optimizer_file": written.get("optimizer"),
@@ -233,6 +249,9 @@ def save_checkpoint(directory, params, state, config, aux=(), model="lenet", opt
     except BaseException:
         for name in written.values():
             _remove(os.path.join(directory, name))
+        if created:   # a first checkpoint that failed leaves no empty directory
+            with contextlib.suppress(OSError):
+                os.rmdir(directory)
         raise
     stale = [name for name in previous if name not in written.values()]
     for name in stale:
@@ -242,39 +261,81 @@ def save_checkpoint(directory, params, state, config, aux=(), model="lenet", opt
     return manifest_path
 
 
-def _model_arrays(model, params, aux):
-    """The model's arrays by name, as numpy, checked (finite, the model's shapes) before anything is written."""
+def _write_files(directory, contents, written):
+    """Write each non-empty ``(prefix, {name: thunk})`` of ``contents`` as ``<prefix>-<generation>.params``, one
+    array at a time, recording each file's name in ``written`` before it is written (so a failure removes it)."""
+    generation = _next_generation(directory)
+    for prefix, content in contents:
+        if content:
+            written[prefix] = f"{prefix}-{generation:06d}.params"
+            save_arrays(os.path.join(directory, written[prefix]), content)
+
+
+def read_all(snapshot):
+    """Read, and drop, every item of the ``LazyArrays`` of ``snapshot`` in the order ``save_checkpoint`` reads them:
+    ``params``, then ``aux``, then each list of ``optimizer_state`` in the dict's order; lists are skipped.
+
+    What a worker that does not write the checkpoint calls when the writer calls ``save_checkpoint`` on the same
+    snapshot, so that the collective gathers behind the items' ``get`` run in the same order on every worker.
+    Each item is waited for (``wait_to_read``) before the next is read: one array at a time, as the writer.
+
+    >>> import mxnet as mx
+    >>> calls = []
+    >>> lazy = LazyArrays(2, lambda i: calls.append(i) or mx.nd.zeros(1))
+    >>> state = TrainingState(1, 0, 0.0, 0.0, 0.0, 0, [])
+    >>> read_all(Snapshot(state, lazy, [], {"momentum": lazy}, {}))
+    >>> calls
+    [0, 1, 0, 1]
+    """
+    for arrays in (snapshot.params, snapshot.aux, *(snapshot.optimizer_state or {}).values()):
+        if isinstance(arrays, LazyArrays):
+            for i in range(len(arrays)):
+                item = arrays[i]
+                if hasattr(item, "wait_to_read"):
+                    item.wait_to_read()
+                del item
+
+
+def _model_thunks(model, params, aux):
+    """The model's arrays by name, each a function that checks it (finite, the model's shape) and returns it as
+    numpy; the counts are checked now, before anything is written."""
     check_choice(model, "model", tuple(MODELS))
-    return MODELS[model].behaviour.check(params, aux)
+    return MODELS[model].behaviour.thunks(params, aux)
 
 
-def _optimizer_arrays(model, optimizer_state):
-    """The optimizer's state by ``"<state>:<parameter>"``, as numpy, checked against the model's layout."""
+def _optimizer_thunks(model, optimizer_state):
+    """The optimizer's state by ``"<state>:<parameter>"``, each a function that checks the array against the
+    model's layout and returns it as numpy; the names and counts are checked now."""
     if not isinstance(optimizer_state, dict):
         raise TypeError(f"optimizer_state must be a dict of state name -> arrays, got {type(optimizer_state).__name__}")
     layout = model_layout(model)
-    arrays = {}
+    thunks = {}
     for name, values in optimizer_state.items():
         if not isinstance(name, str) or not name or ":" in name:
             raise ValueError(f"optimizer state name {name!r} must be a non-empty string without ':'")
-        checked = check_arrays(values, layout.names, layout.shapes, f"the optimizer's {name} of")
-        arrays.update((f"{name}:{param}", value) for param, value in zip(layout.names, checked))
-    return arrays
+        checks = array_thunks(values, layout.names, layout.shapes, f"the optimizer's {name} of")
+        thunks.update((f"{name}:{param}", thunk) for param, thunk in zip(layout.names, checks))
+    return thunks
 
 
-def _compression_arrays(compression_state):
-    """Error feedback by name, as numpy, checked (names ``w<rank>/...``, finite) before anything is written."""
+def _compression_thunks(compression_state):
+    """Error feedback by name, each a function that checks it (finite) and returns it as float32 numpy; the names
+    (``w<rank>/...``) are checked now, before anything is written."""
     if not isinstance(compression_state, dict):
         raise TypeError(f"compression_state must be a dict of name -> array, got {type(compression_state).__name__}")
-    arrays = {}
-    for name, value in compression_state.items():
+    for name in compression_state:
         if split_name(name) is None:
             raise ValueError(f"compression_state name {name!r} must be w<rank>/<name>, as fit gives it")
-        value = np.asarray(value.asnumpy() if hasattr(value, "asnumpy") else value, dtype=np.float32)
-        if not np.isfinite(value).all():
-            raise ValueError(f"compression_state {name} is not finite; the checkpoint was not written")
-        arrays[name] = value
-    return arrays
+    return {name: (lambda name=name, value=value: _compression_array(name, value))
+            for name, value in compression_state.items()}
+
+
+def _compression_array(name, value):
+    """One array of error feedback as float32 numpy, checked finite."""
+    value = np.asarray(value.asnumpy() if hasattr(value, "asnumpy") else value, dtype=np.float32)
+    if not np.isfinite(value).all():
+        raise ValueError(f"compression_state {name} is not finite; the checkpoint was not written")
+    return value
 
 
 def _remove(path):

@@ -11,6 +11,11 @@ Both predict what ``lenet(X, params)`` predicts. A gluon network trained on flat
 ``get_params(block, ctx)``, or a strategy's ``params()`` and ``aux()``) goes back into its block and out through
 gluon's own ``export``: ``export_gluon``.
 
+The ``.params`` files are written here in plain Python, one array at a time (``save_arrays``): a value may be a
+function that produces its array when its turn comes, so a model never needs to be whole on the host at once.
+``array_thunks`` gives ``check_arrays``'s checks as one such function per array, and ``LazyArrays`` is a
+sequence whose items are computed when read (a sharded model's arrays, gathered one at a time).
+
 >>> import os, tempfile
 >>> import mxnet as mx
 >>> from mxnet import gluon
@@ -23,21 +28,24 @@ gluon's own ``export``: ``export_gluon``.
 ...     print(net(X).shape, (net(X) - lenet(X, params)).abs().max().asscalar() < 1e-6)
 (2, 10) True
 """
+import collections.abc
 import errno
+import operator
 import os
 import shutil
+import struct
 import tempfile
 
 import mxnet as mx
 import numpy as np
 from mxnet import gluon
 
-from .files import atomic_path, atomic_write, fsync_directory
+from .files import atomic_write, fsync_directory
 from .comm.replica import block_state
 from .models.lenet import LENET_PARAM_NAMES, LENET_SHAPES, lenet
 
-__all__ = ["lenet_symbol", "check_arrays", "check_lenet_params", "save_arrays", "export_lenet",
-           "export_gluon", "to_gluon"]
+__all__ = ["lenet_symbol", "LazyArrays", "array_thunks", "check_arrays", "lenet_thunks", "check_lenet_params",
+           "save_arrays", "export_lenet", "export_gluon", "to_gluon"]
 
 #: Floating-point types a LeNet can be exported in (the from-scratch network runs in any of them).
 _FLOAT_DTYPES = (np.float16, np.float32, np.float64)
@@ -64,12 +72,126 @@ def lenet_symbol():
         return lenet(mx.sym.var("data"), [mx.sym.var(name) for name in LENET_PARAM_NAMES], F=mx.sym)
 
 
+class LazyArrays(collections.abc.Sequence):
+    """A sequence of ``length`` arrays whose item ``i`` is ``get(i)``, computed every time it is read, never kept.
+
+    What a sharded strategy hands ``save_checkpoint`` (``parallel.checkpoint``) and ``check_arrays``: ``get`` may
+    gather a parameter from the contexts (and workers) that hold its shards, so only the array being checked and
+    written is ever whole. ``len`` calls no ``get``; a slice is another ``LazyArrays`` (nothing is read).
+
+    Parameters
+    ----------
+    length : int
+        How many arrays, >= 0.
+    get : callable
+        ``get(i)`` for ``0 <= i < length``: the array (an NDArray, on any context).
+
+    >>> import mxnet as mx
+    >>> calls = []
+    >>> arrays = LazyArrays(3, lambda i: calls.append(i) or mx.nd.full((2,), i))
+    >>> len(arrays), calls
+    (3, [])
+    >>> arrays[-1].asnumpy(), len(arrays[1:]), calls
+    (array([2., 2.], dtype=float32), 2, [2])
+    """
+
+    def __init__(self, length, get):
+        if isinstance(length, bool) or not isinstance(length, int) or length < 0:
+            raise TypeError(f"length must be an int >= 0, got {length!r}")
+        if not callable(get):
+            raise TypeError(f"get must be a function of the index, got {type(get).__name__}")
+        self._length, self._get = length, get
+
+    def __len__(self):
+        return self._length
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            indices = range(self._length)[index]
+            return LazyArrays(len(indices), lambda j: self._get(indices[j]))
+        i = operator.index(index)
+        if i < 0:
+            i += self._length
+        if not 0 <= i < self._length:
+            raise IndexError(f"index {index} out of range for {self._length} arrays")
+        return self._get(i)
+
+    def __repr__(self):
+        return f"LazyArrays({self._length}, {self._get!r})"
+
+
+def array_thunks(arrays, names, shapes, what="the model's"):
+    """``check_arrays``'s checks, one function per array: each checks its array and returns a numpy copy.
+
+    The container and the count are checked at once; thunk ``i`` reads ``arrays[i]`` (once per call: a
+    ``LazyArrays`` computes it then) and raises what ``check_arrays`` raises for it; the last thunk also
+    raises for mixed dtypes (of the arrays its group's thunks read). Called in order, once each, they do
+    exactly what ``check_arrays`` does, holding one array at a time.
+
+    Parameters
+    ----------
+    arrays : list, tuple or LazyArrays of NDArray
+    names, shapes : sequence
+        The expected arrays, in order (``check_arrays``).
+    what : str
+        How the messages name the set of arrays.
+
+    Returns
+    -------
+    list of callable
+        ``len(shapes)`` functions of no argument, each returning a numpy array.
+
+    Raises
+    ------
+    TypeError
+        For a container that is not a list, a tuple or a ``LazyArrays``.
+    ValueError
+        For the wrong number of arrays.
+    """
+    if not isinstance(arrays, (list, tuple, LazyArrays)):
+        raise TypeError(f"params must be a list of {what} {len(shapes)} NDArrays, got {type(arrays).__name__}")
+    if len(arrays) != len(shapes):
+        listed = f" ({', '.join(names)})" if len(names) <= 8 else ""
+        raise ValueError(f"{what} {len(shapes)} arrays{listed} are expected, got {len(arrays)}; pass all of them "
+                         "in order")
+    dtypes = {}   # index -> dtype name, of the arrays read so far
+
+    def thunk(i, name, shape):
+        a = _checked_copy(arrays[i], i, name, shape, what)
+        dtypes[i] = a.dtype.name
+        if i == len(shapes) - 1 and len(set(dtypes.values())) > 1:
+            raise TypeError(f"params mix dtypes {sorted(set(dtypes.values()))}; cast them all to one "
+                            "(e.g. p.astype('float32'))")
+        return a
+
+    return [lambda i=i, name=name, shape=shape: thunk(i, name, shape)
+            for i, (name, shape) in enumerate(zip(names, shapes))]
+
+
+def _checked_copy(p, i, name, shape, what):
+    """``p`` (``params[i]``) checked (an NDArray of ``shape``, a float dtype, finite) and copied to the host."""
+    if not isinstance(p, mx.nd.NDArray):
+        raise TypeError(f"params[{i}] ({name}) must be an NDArray, got {type(p).__name__}; "
+                        f"convert it with mx.nd.array")
+    if p.shape != tuple(shape):
+        raise ValueError(f"params[{i}] ({name}) has shape {p.shape}, expected {tuple(shape)}; "
+                         f"pass {what} arrays in order")
+    if np.dtype(p.dtype) not in _FLOAT_DTYPES:
+        raise TypeError(f"params[{i}] ({name}) has dtype {np.dtype(p.dtype).name}; "
+                        f"{what} arrays must be float16, float32 or float64")
+    a = p.asnumpy()
+    if not np.isfinite(a).all():
+        raise ValueError(f"params[{i}] ({name}) holds {np.size(a) - np.isfinite(a).sum()} non-finite values "
+                         f"(NaN or inf); refusing to export a diverged network, use earlier parameters")
+    return a
+
+
 def check_arrays(arrays, names, shapes, what="the model's"):
     """Raise unless ``arrays`` are finite float NDArrays of ``shapes``, all of one dtype; return numpy copies.
 
     Parameters
     ----------
-    arrays : list or tuple of NDArray
+    arrays : list, tuple or LazyArrays of NDArray
         On any context; ``asnumpy`` waits for them and copies them to the host.
     names, shapes : sequence
         The expected arrays, in order; the messages name the offending one (``params[4] (dense1_weight)``).
@@ -79,37 +201,20 @@ def check_arrays(arrays, names, shapes, what="the model's"):
     Raises
     ------
     TypeError
-        For a container that is not a list or tuple, a member that is not an NDArray, a dtype that is not
-        float16, float32 or float64, or mixed dtypes.
+        For a container that is not a list, tuple or ``LazyArrays``, a member that is not an NDArray, a dtype
+        that is not float16, float32 or float64, or mixed dtypes.
     ValueError
         For the wrong number of arrays, a wrong shape, or a NaN or infinite value.
     """
-    if not isinstance(arrays, (list, tuple)):
-        raise TypeError(f"params must be a list of {what} {len(shapes)} NDArrays, got {type(arrays).__name__}")
-    if len(arrays) != len(shapes):
-        listed = f" ({', '.join(names)})" if len(names) <= 8 else ""
-        raise ValueError(f"{what} {len(shapes)} arrays{listed} are expected, got {len(arrays)}; pass all of them "
-                         "in order")
-    copies = []
-    for i, (p, name, shape) in enumerate(zip(arrays, names, shapes)):
-        if not isinstance(p, mx.nd.NDArray):
-            raise TypeError(f"params[{i}] ({name}) must be an NDArray, got {type(p).__name__}; "
-                            f"convert it with mx.nd.array")
-        if p.shape != tuple(shape):
-            raise ValueError(f"params[{i}] ({name}) has shape {p.shape}, expected {tuple(shape)}; "
-                             f"pass {what} arrays in order")
-        if np.dtype(p.dtype) not in _FLOAT_DTYPES:
-            raise TypeError(f"params[{i}] ({name}) has dtype {np.dtype(p.dtype).name}; "
-                            f"{what} arrays must be float16, float32 or float64")
-        a = p.asnumpy()
-        if not np.isfinite(a).all():
-            raise ValueError(f"params[{i}] ({name}) holds {np.size(a) - np.isfinite(a).sum()} non-finite values "
-                             f"(NaN or inf); refusing to export a diverged network, use earlier parameters")
-        copies.append(a)
-    dtypes = sorted({a.dtype.name for a in copies})
-    if len(dtypes) > 1:
-        raise TypeError(f"params mix dtypes {dtypes}; cast them all to one (e.g. p.astype('float32'))")
-    return copies
+    return [thunk() for thunk in array_thunks(arrays, names, shapes, what)]
+
+
+def lenet_thunks(params):
+    """``check_lenet_params``'s checks, one function per array (``array_thunks``), in ``LENET_SHAPES`` order."""
+    if isinstance(params, (list, tuple, LazyArrays)) and len(params) != len(LENET_SHAPES):
+        raise ValueError(f"LeNet has {len(LENET_SHAPES)} parameters ({', '.join(LENET_PARAM_NAMES)}), "
+                         f"got {len(params)}; pass all of them in LENET_SHAPES order")
+    return array_thunks(params, LENET_PARAM_NAMES, LENET_SHAPES, "LeNet's")
 
 
 def check_lenet_params(params):
@@ -117,10 +222,7 @@ def check_lenet_params(params):
 
     The arrays may live on any context; ``asnumpy`` waits for them and copies them to the host.
     """
-    if isinstance(params, (list, tuple)) and len(params) != len(LENET_SHAPES):
-        raise ValueError(f"LeNet has {len(LENET_SHAPES)} parameters ({', '.join(LENET_PARAM_NAMES)}), "
-                         f"got {len(params)}; pass all of them in LENET_SHAPES order")
-    return check_arrays(params, LENET_PARAM_NAMES, LENET_SHAPES, "LeNet's")
+    return [thunk() for thunk in lenet_thunks(params)]
 
 
 def _ctx_list(ctx):
@@ -133,19 +235,78 @@ def _ctx_list(ctx):
     return ctx_list
 
 
-def save_arrays(path, arrays):
-    """Write named numpy arrays in MXNet's ``.params`` format (``mx.nd.load`` reads it back), atomically.
+#: MXNet's NDArray-list file (``NDArray::Save`` of a list): its magic, then a reserved 0, both uint64.
+_LIST_MAGIC = 0x112
+#: The magic of each array: version 2 (with a storage type), version 3 under numpy shape semantics.
+_ARRAY_MAGIC, _ARRAY_MAGIC_NP = 0xF993FAC9, 0xF993FACA
+#: MXNet's type flags (mshadow) of the numpy dtypes ``save_arrays`` writes.
+_TYPE_FLAGS = {np.float32: 0, np.float64: 1, np.float16: 2, np.uint8: 3, np.int32: 4, np.int8: 5, np.int64: 6}
+#: Dense storage (``kDefaultStorage``) and the CPU (device type 1, id 0): what the arrays are saved as.
+_DENSE, _CPU = 0, (1, 0)
 
-    ``mx.nd.save`` takes only a file name, so it writes a temporary file beside ``path`` (``atomic_path``);
-    a write that fails (a full disk, a file size limit) raises ``OSError`` and leaves ``path`` as it was,
-    instead of MXNet's ``MXNetError``.
+
+def save_arrays(path, arrays):
+    """Write named arrays in MXNet's ``.params`` format (``mx.nd.load`` reads it back), one at a time, atomically.
+
+    The file is byte for byte what ``mx.nd.save(path, {name: mx.nd.array(a, ctx=mx.cpu(), dtype=a.dtype)})``
+    writes (MXNet's ``NDArray::Save`` of a list: the list's header and count, each array's magic, storage type,
+    shape, context, type flag and data, then the names), written here in Python so that each array is produced
+    when its turn comes and dropped once written: the host holds one array at a time.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        Written through a temporary file beside it (``atomic_write``): a failure (a full disk, a file size
+        limit, an exception of a value's function) leaves ``path`` as it was and no temporary file.
+    arrays : mapping
+        ``{name (str): array}``, in the file's order; an array is a numpy array (float16, float32, float64,
+        uint8, int8, int32 or int64), or a function of no argument that returns one, called once, when its
+        entry is written.
+
+    Raises
+    ------
+    TypeError
+        For a name that is not a string or an array of another dtype (when its entry is written).
+    OSError
+        When a write fails.
+
+    >>> import os, tempfile
+    >>> import mxnet as mx, numpy as np
+    >>> with tempfile.TemporaryDirectory() as d:
+    ...     save_arrays(os.path.join(d, "a.params"), {"w": np.ones((2, 3)), "b": lambda: np.zeros(3, "float16")})
+    ...     loaded = mx.nd.load(os.path.join(d, "a.params"))
+    >>> {name: (a.shape, a.dtype.__name__) for name, a in loaded.items()}
+    {'w': ((2, 3), 'float64'), 'b': ((3,), 'float16')}
     """
-    try:
-        with atomic_path(path) as tmp:
-            mx.nd.save(tmp, {name: mx.nd.array(a, ctx=mx.cpu(), dtype=a.dtype) for name, a in arrays.items()})
-    except mx.base.MXNetError as e:
-        last = [line for line in str(e).splitlines() if line.strip()][-1:] or ["no detail"]
-        raise OSError(errno.EIO, f"MXNet could not write the file ({last[0].strip()})", os.fspath(path)) from None
+    names = list(arrays)
+    for name in names:
+        if not isinstance(name, str):
+            raise TypeError(f"array names must be strings, got {name!r}")
+    magic = _ARRAY_MAGIC_NP if mx.util.is_np_shape() else _ARRAY_MAGIC
+    with atomic_write(path, "wb") as f:
+        f.write(struct.pack("<QQQ", _LIST_MAGIC, 0, len(names)))
+        for name in names:
+            value = arrays[name]
+            array = value() if callable(value) else value
+            _write_array(f, array, name, magic)
+            del array, value   # the host holds no array between two entries
+        f.write(struct.pack("<Q", len(names)))
+        for name in names:
+            encoded = name.encode("utf-8")
+            f.write(struct.pack("<Q", len(encoded)))
+            f.write(encoded)
+
+
+def _write_array(f, array, name, magic):
+    """Write one array as ``NDArray::Save`` does: a dense array on the CPU, its data little-endian, in C order."""
+    array = np.asarray(array)
+    flag = _TYPE_FLAGS.get(array.dtype.type)
+    if flag is None:
+        raise TypeError(f"{name}: arrays of dtype {array.dtype.name} cannot be saved; use one of "
+                        f"{', '.join(np.dtype(t).name for t in _TYPE_FLAGS)}")
+    data = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<"))
+    f.write(struct.pack(f"<Iii{array.ndim}qiii", magic, _DENSE, array.ndim, *array.shape, *_CPU, flag))
+    f.write(data.reshape(-1).view(np.uint8))
 
 
 def _export_paths(prefix, epoch):

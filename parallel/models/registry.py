@@ -7,6 +7,8 @@ here, imported on first use. It is the one place that knows a model: the rest of
 - ``init(seed, params=None, aux=None)``: the initial model, as ``make_strategy`` takes it;
 - ``layout()``: the names and shapes of its arrays, as a checkpoint stores them (``Layout``);
 - ``check(params, aux)``: those arrays checked (count, shapes, finite) and copied to the host, by name;
+  ``thunks(params, aux)`` the same checks as one function per name, each reading, checking and copying its
+  array when called (a checkpoint written one array at a time);
 - ``net(initial)``: the function ``net(X, params)`` data parallelism runs on each replica;
 - ``layers(initial)`` and ``cut(initial, ranges)``: what model and pipeline parallelism cut, and the stages;
 - ``segments(initial)``: the blocks activation recomputation keeps the input of (``parallel.models.recompute``);
@@ -21,13 +23,14 @@ of LeNet's arrays or of any gluon block.
 (('conv1_weight', 'conv1_bias'), Layers(count=4, what="LeNet's 4 layers", unit='layer'))
 """
 import functools
+from collections.abc import Sequence
 from typing import List, NamedTuple
 
 import mxnet as mx
 from mxnet import gluon
 
 from ..comm.replica import block_state
-from ..export import check_arrays, check_lenet_params, export_gluon, export_lenet
+from ..export import array_thunks, export_gluon, export_lenet, lenet_thunks
 from . import MODELS
 from .gluon import GluonNet, as_net
 from .layout import Layout, block_names
@@ -99,6 +102,23 @@ class Model:
         TypeError, ValueError
             For arrays that are not the model's (count, shape, dtype) or not finite (``check_arrays``).
         """
+        return {name: thunk() for name, thunk in self.thunks(params, aux).items()}
+
+    def thunks(self, params, aux=()):
+        """``check``'s checks, one function per name: the count of ``params`` and ``aux`` (lists, tuples or
+        ``LazyArrays``) is checked at once, and each function reads its array (once per call), checks it and
+        returns a numpy copy (``array_thunks``).
+
+        Returns
+        -------
+        dict
+            ``{name: function of no argument}``, trainable arrays first, in ``layout()`` order.
+
+        Raises
+        ------
+        TypeError, ValueError
+            For containers that are not the model's (type, count); the functions raise what ``check`` raises.
+        """
         raise self._lacks("fixed layout")
 
     def net(self, initial):
@@ -136,9 +156,12 @@ class LeNetModel(Model):
     of ``LENET_LAYERS``, exported with ``export_lenet``."""
 
     def _no_aux(self, aux):
-        aux = [] if aux is None else list(aux)
-        if aux:
-            raise ValueError(f"{self.title} has no arrays besides its parameters, got {len(aux)} aux arrays")
+        if aux is None:
+            count = 0
+        else:   # a sequence's length reads none of its arrays (a LazyArrays computes them when read)
+            count = len(aux) if isinstance(aux, Sequence) else len(list(aux))
+        if count:
+            raise ValueError(f"{self.title} has no arrays besides its parameters, got {count} aux arrays")
 
     def init(self, seed=0, params=None, aux=None):
         self._no_aux(aux)
@@ -147,9 +170,9 @@ class LeNetModel(Model):
     def layout(self):
         return Layout(tuple(LENET_PARAM_NAMES), tuple(LENET_SHAPES), (), ())
 
-    def check(self, params, aux=()):
+    def thunks(self, params, aux=()):
         self._no_aux(aux)
-        return dict(zip(LENET_PARAM_NAMES, check_lenet_params(params)))
+        return dict(zip(LENET_PARAM_NAMES, lenet_thunks(params)))
 
     def net(self, initial):
         return lenet_cached
@@ -298,12 +321,12 @@ class ResNet18Model(GluonModel):
                                   tuple(by_structure[n] for n in aux_names))
         return self._layout
 
-    def check(self, params, aux=()):
+    def thunks(self, params, aux=()):
         layout = self.layout()
-        arrays = dict(zip(layout.names, check_arrays(params, layout.names, layout.shapes, f"{self.title}'s")))
-        arrays.update(zip(layout.aux_names, check_arrays(aux, layout.aux_names, layout.aux_shapes,
+        thunks = dict(zip(layout.names, array_thunks(params, layout.names, layout.shapes, f"{self.title}'s")))
+        thunks.update(zip(layout.aux_names, array_thunks(aux, layout.aux_names, layout.aux_shapes,
                                                          f"{self.title}'s running statistics")))
-        return arrays
+        return thunks
 
 
 #: The behaviour of a gluon block handed to a strategy, whichever it is.
