@@ -1,8 +1,10 @@
 """What activation recomputation (``--recompute``) and ZeRO (``--zero 0..3``) cost and save: step time and memory.
 
 Part ``recompute``: each model with and without recomputation; part ``zero``: ResNet-18 with Adam at every ZeRO
-stage (stage 3 with and without prefetch) on 2 and 4 contexts. Each configuration trains a few steps of the data
-strategy on K CPU contexts in a process of its own, interleaved over the rounds, and reports:
+stage (stage 3 with and without prefetch) on 2 and 4 contexts; part ``job``: the same stages in a job of 2 workers
+(``python -m parallel.launch -n 2 -s 2``) of ``--job-devices`` contexts each, ZeRO-3 sharding over all of them.
+Each configuration trains a few steps of the data strategy on K CPU contexts in a process (or a job) of its own,
+interleaved over the rounds, and reports:
 
 - the median step time over the timed steps (after warm-up; every step waited for);
 - the process's peak resident memory (``ru_maxrss``, which holds MXNet and the data as well: compare the two rows
@@ -12,12 +14,15 @@ strategy on K CPU contexts in a process of its own, interleaved over the rounds,
   inputs, plus the largest block's operator outputs (one block's activations exist at a time during backward),
   plus the last block's;
 - zero: what the busiest context holds (``parallel.optim.memory_table``: parameters, gradients, optimizer state,
-  gathered block buffers) and, at stage 3, the bytes a step copies between contexts against ZeRO's 3 Psi.
+  gathered block buffers) and, at stage 3, the bytes a step copies between contexts against ZeRO's 3 Psi;
+- job: the same, rank 0's, and the bytes a worker pushes to the servers a step (and pulls back as many).
 
-    python benchmarks/memory.py                         # both parts
+    python benchmarks/memory.py                         # the recompute and zero parts
+    python benchmarks/memory.py --part job --rounds 3   # 2 workers under the launcher
     python benchmarks/memory.py --part recompute --models lenet --rounds 1 --steps 3
 
-Writes ``benchmarks/results/memory.json`` (``--out``) and prints one line a configuration.
+Writes ``benchmarks/results/memory.json`` (``memory_job.json`` for the job part; ``--out``) and prints one line a
+configuration.
 """
 import argparse
 import json
@@ -33,14 +38,15 @@ BATCH = {"lenet": 256, "resnet18": 64}
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--part", choices=["recompute", "zero", "both"], default="both")
+    parser.add_argument("--part", choices=["recompute", "zero", "both", "job"], default="both")
     parser.add_argument("--models", default="lenet,resnet18", help="recompute: comma-separated models")
     parser.add_argument("--devices", type=int, default=2, help="recompute: CPU contexts")
     parser.add_argument("--zero-devices", default="2,4", help="zero: comma-separated numbers of CPU contexts")
+    parser.add_argument("--job-devices", default="1,2", help="job: comma-separated contexts a worker")
     parser.add_argument("--steps", type=int, default=8, help="timed steps a run (after 2 of warm-up)")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved runs of each configuration")
-    parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
-                                                       "memory.json"))
+    parser.add_argument("--out", default=None, help="the JSON file (default: results/memory.json, "
+                                                     "results/memory_job.json for --part job)")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)   # a configuration, in a child process
     return parser.parse_args(argv)
 
@@ -103,14 +109,20 @@ def _worker(config, steps):
     from parallel.models import MODELS
     from parallel.optim import SGD, Adam, memory_table
     from parallel.strategies import make_strategy
+    from parallel import Reducer
     model, recompute, zero, prefetch, devices = config
     ctx_list = [mx.cpu(i) for i in range(devices)]
     initial = MODELS[model].behaviour.init(seed=0)
+    job = None
+    if os.environ.get("DMLC_ROLE"):   # a worker of the job part, under the launcher
+        from parallel.job import join
+        job = join()
+    reducer = Reducer(job=job)
     if zero == 3 and not prefetch:
         from parallel.strategies.sharded import FullyShardedDataParallel
-        strategy = FullyShardedDataParallel(initial, ctx_list, prefetch=False)
+        strategy = FullyShardedDataParallel(initial, ctx_list, reducer, prefetch=False)
     else:
-        strategy = make_strategy("data", initial, ctx_list, recompute=bool(recompute), zero=zero)
+        strategy = make_strategy("data", initial, ctx_list, recompute=bool(recompute), zero=zero, reducer=reducer)
     rng = np.random.RandomState(0)
     X = mx.nd.array(rng.rand(BATCH[model], 1, 28, 28))
     y = mx.nd.array(rng.randint(0, 10, BATCH[model]))
@@ -126,9 +138,11 @@ def _worker(config, steps):
     table = memory_table(optimizer, strategy.groups(), gathered() if gathered else None)
     busiest = max(table, key=lambda row: sum(v for k, v in row.items() if k != "context"))
     moved = strategy.bytes_moved() if hasattr(strategy, "bytes_moved") else None
+    pushed = strategy.network_bytes() if hasattr(strategy, "network_bytes") else None
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    print(json.dumps({"times": times, "peak_rss": peak, "loss": float(loss.asscalar()), "busiest": busiest,
-                      "bytes_moved": moved}))
+    if job is None or job.rank == 0:
+        print("RESULT " + json.dumps({"times": times, "peak_rss": peak, "loss": float(loss.asscalar()),
+                                      "busiest": busiest, "bytes_moved": moved, "pushed": pushed}), flush=True)
 
 
 def _config(words):
@@ -142,15 +156,22 @@ def _words(config):
     return f"{model}:{'-' if recompute is None else int(recompute)}:{zero}:{int(prefetch)}:{devices}"
 
 
-def _run_rounds(configs, args):
+def _run_rounds(configs, args, workers=0):
+    """Each configuration once a round, in a process of its own (``workers``: a job of that many workers and
+    servers under the launcher); the RESULT line of each run."""
     runs = {config: [] for config in configs}
     for _ in range(args.rounds):
         for config in configs:
             command = [sys.executable, os.path.abspath(__file__), "--worker", _words(config), "--steps",
                        str(args.steps)]
-            result = subprocess.run(command, capture_output=True, text=True, timeout=1800, check=True,
-                                    start_new_session=True)
-            runs[config].append(json.loads(result.stdout.strip().splitlines()[-1]))
+            if workers:
+                command = [sys.executable, "-m", "parallel.launch", "-n", str(workers), "-s", str(workers),
+                           "--stall-timeout", "600", *command]
+            result = subprocess.run(command, capture_output=True, text=True, timeout=1800, start_new_session=True)
+            if result.returncode:
+                raise SystemExit(f"{_words(config)} failed (exit {result.returncode}): {result.stderr[-2000:]}")
+            line = [line for line in result.stdout.splitlines() if "RESULT " in line][-1]
+            runs[config].append(json.loads(line.split("RESULT ", 1)[1]))
     return runs
 
 
@@ -179,11 +200,12 @@ def _recompute_rows(args):
     return rows
 
 
-def _zero_rows(args):
+def _zero_rows(args, workers=0):
     stages = [(0, False), (1, False), (2, False), (3, True), (3, False)]
-    devices = [int(k) for k in args.zero_devices.split(",")]
+    devices = [int(k) for k in (args.job_devices if workers else args.zero_devices).split(",")]
     configs = [("resnet18", None, zero, prefetch, k) for k in devices for zero, prefetch in stages]
-    runs, rows = _run_rounds(configs, args), []
+    runs, rows = _run_rounds(configs, args, workers), []
+    psi = 4 * 11175818
     for k in devices:
         base = None
         for zero, prefetch in stages:
@@ -192,14 +214,21 @@ def _zero_rows(args):
             base = step if base is None else base
             busiest = got[0]["busiest"]
             held = busiest["parameters"] + busiest["gradients"] + busiest["optimizer_state"]
-            row = {"part": "zero", "model": "resnet18", "devices": k, "zero": zero, "prefetch": prefetch,
+            row = {"part": "job" if workers else "zero", "model": "resnet18", "workers": workers or 1,
+                   "devices": k, "zero": zero, "prefetch": prefetch,
                    "batch": BATCH["resnet18"], "step_seconds": step, "time_ratio": step / base,
                    "busiest": busiest, "bytes_a_parameter": held / (11175818),
-                   "bytes_moved": got[0]["bytes_moved"], "losses": [run["loss"] for run in got]}
+                   "bytes_moved": got[0]["bytes_moved"], "pushed": got[0].get("pushed"),
+                   "losses": [run["loss"] for run in got]}
             rows.append(row)
-            moved = "" if row["bytes_moved"] is None else \
-                f"  moved {row['bytes_moved'] / (k * 4 * 11175818):.2f} Psi a context"
-            print(f"resnet18 K={k} zero={zero}{' prefetch' if prefetch else ''}: step {step * 1e3:7.1f} ms "
+            moved = "" if row["bytes_moved"] is None else f"  moved {row['bytes_moved'] / (k * psi):.2f} Psi a context"
+            if workers:
+                # a Reducer pushes each gradient once a step (zero 0, 1, 2); ZeRO-3 reports its own bytes
+                pushed = row["pushed"] if zero == 3 else psi
+                row["pushed"] = pushed
+                moved += f"  pushed {pushed / psi:.2f} Psi a worker"
+            where = f"W={workers} K={k}" if workers else f"K={k}"
+            print(f"resnet18 {where} zero={zero}{' prefetch' if prefetch else ''}: step {step * 1e3:7.1f} ms "
                   f"({row['time_ratio']:.2f}x)  {row['bytes_a_parameter']:5.2f} B/param + gathered "
                   f"{busiest['gathered_peak'] / 2**20:5.1f} MiB{moved}", flush=True)
     return rows
@@ -215,6 +244,11 @@ def main(argv=None):
         rows += _recompute_rows(args)
     if args.part in ("zero", "both"):
         rows += _zero_rows(args)
+    if args.part == "job":
+        rows += _zero_rows(args, workers=2)
+    if args.out is None:
+        args.out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
+                                "memory_job.json" if args.part == "job" else "memory.json")
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     from parallel.files import atomic_write
     with atomic_write(args.out) as f:

@@ -171,12 +171,13 @@ class _Run:
     def checkpoint(self, on_checkpoint, state):
         """Hand ``on_checkpoint`` a ``Snapshot``: the position, the model's arrays, the optimizer's whole state and
         every worker's error feedback, read after the queued steps (in a job, every worker takes part; rank 0
-        gets the arrays)."""
+        gets the arrays). A sharded strategy's (ZeRO-3) arrays are ``LazyArrays``, gathered one at a time as the
+        checkpoint is written (a worker that does not write reads them too: ``parallel.checkpoint.read_all``)."""
         if on_checkpoint is not None:
             strategy = self.strategy
             feedback = _gather_feedback(strategy)
-            on_checkpoint(Snapshot(state, strategy.params(), strategy.aux(), _state_of(strategy, self.optimizer),
-                                   feedback))
+            params = strategy.lazy_params() if hasattr(strategy, "lazy_params") else strategy.params()
+            on_checkpoint(Snapshot(state, params, strategy.aux(), _state_of(strategy, self.optimizer), feedback))
 
 
 def _train_epoch(run, epoch, state, stop, on_checkpoint, history):

@@ -31,6 +31,10 @@ KEYS = {
     "chunks": 1000,   # the pieces of a broadcast object use keys 1000 .. 9999 (objects up to 36 MB)
     "feedback": 30000,    # every worker's error-feedback state, gathered for a checkpoint (30000), or rank 0's
                           # checkpoint of it, broadcast on resume (30001)
+    "sharded": 40000,     # zero=3: block s's piece j of k summed over the workers, gathered (kind 0) or reduced
+                          # (kind 1), key 40000 + (2 s + kind) k + j (below 499999)
+    "sharded_arrays": 500000,   # zero=3's squared norms (499999); one array gathered whole for a checkpoint:
+                                # 500000 + n_arrays * (state + 1) + array (state -1: the parameters)
     "buckets": 1000000,   # a Reducer's buckets: bucket b's part p (its sum, a hook's rounds, zero=2's shards) uses
                           # key 1000000 + BUCKET_KEYS * b + p (bucket_key)
 }
@@ -79,6 +83,11 @@ class Job:
         the device: the push starts once ``array`` is computed, and reading the result (``asnumpy``) waits for
         the sum. ``priority``: MXNet's engine runs higher priorities first among pushes and pulls ready at once.
         ``kind``: what the flight recorder calls this collective (``allreduce``, ``broadcast``, ``allgather``).
+
+        Calls under one key with *different* arrays must wait for the earlier result (``wait_to_read``) unless a
+        data dependency orders them: MXNet's kvstore pushes a CPU array without copying it, so nothing in its
+        engine orders a push of another array after this pull, and a worker's next round can reach the servers
+        first (measured: wrong sums under the launcher, not in threads). The same array again is ordered.
         """
         layout = (tuple(array.shape), array.dtype)
         known = self._keys.get(key)

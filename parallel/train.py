@@ -235,11 +235,6 @@ def check_args(args):
         check_compression(args.compression, args.strategy, args.zero)
         check_recompute(args.recompute, args.strategy)
         check_number(args.bucket_mb, "bucket_mb", positive=True)
-    if args.zero == 3:
-        for flag, given, why in (("--accumulate", args.accumulate > 1, "micro-batches"),
-                                 ("python -m parallel.launch", launched(), "a distributed job")):
-            if given:
-                raise UsageError(f"--zero 3 does not take {why} yet ({flag}); use --zero 2")
     if args.data_dir is not None and args.dataset == "synthetic":
         raise UsageError("--data-dir applies to --dataset fashion-mnist, not synthetic")
     if args.data_dir is not None and not os.path.isdir(args.data_dir):   # a typo, not a place to download into

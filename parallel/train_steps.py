@@ -8,7 +8,7 @@ import math
 import os
 import sys
 
-from .checkpoint import (CheckpointError, CheckpointWriteError, CheckpointWriter, check_compatible,
+from .checkpoint import (CheckpointError, CheckpointWriteError, CheckpointWriter, check_compatible, read_all,
                          check_run_config, dataset_fingerprint, has_checkpoint, load_checkpoint)
 from .cli import UsageError, launched, restart_count, users_input
 from .comm.reducer import Reducer
@@ -239,12 +239,18 @@ def train(args, strategy, optimizer, dataset, checkpoint, stop, report, record):
 
 
 def _gathered(snapshot):
-    """What a worker but rank 0 does with a checkpoint it helped gather: nothing."""
+    """What a worker but rank 0 does with a checkpoint it helps gather: reads the arrays gathered as the checkpoint
+    is written (ZeRO-3's, one at a time, in the writer's order), and drops them."""
+    read_all(snapshot)
 
 
 def export(args, strategy, initial, report):
     """``--export``: the trained model as MXNet's symbol + params pair (rank 0 of a job alone)."""
-    if args.export is None or not report.main_rank:
+    if args.export is None:
+        return
+    if not report.main_rank:
+        if getattr(strategy, "gathers_collectively", False):   # ZeRO-3 in a job: every worker gathers the model
+            strategy.params()
         return
     try:
         MODELS[args.model].behaviour.export(args.export, strategy.params(), strategy.aux(), initial)

@@ -38,3 +38,20 @@ def test_zero_benchmark_runs_every_stage_and_trains_the_same(tmp_path):
     held = [r["bytes_a_parameter"] for r in rows]
     assert held[0] == 16 and held[3] == held[4] < held[2] <= held[1] < held[0]   # zero 2: whole gradient buffers
     assert rows[3]["bytes_moved"] is not None and rows[0]["bytes_moved"] is None
+
+
+@pytest.mark.slow
+def test_job_benchmark_runs_every_stage_under_the_launcher_and_trains_the_same(tmp_path):
+    """2 workers of 1 context each: every stage the same losses (ZeRO-3 bitwise zero 0 in a job), ZeRO-3 keeps
+    half of zero 0's bytes a parameter on each worker and pushes 3 Psi - Psi_last a step."""
+    bench = load_benchmark("memory")
+    out = tmp_path / "memory_job.json"
+    assert bench.main(["--part", "job", "--job-devices", "1", "--rounds", "1", "--steps", "1", "--out",
+                       str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["workers"], r["zero"], r["prefetch"]) for r in rows] == [
+        (2, 0, False), (2, 1, False), (2, 2, False), (2, 3, True), (2, 3, False)]
+    assert len({tuple(r["losses"]) for r in rows}) == 1
+    assert rows[0]["bytes_a_parameter"] == 16 and rows[3]["bytes_a_parameter"] == rows[4]["bytes_a_parameter"] == 8
+    psi = 4 * 11175818
+    assert 2 * psi < rows[3]["pushed"] < 3 * psi and rows[0]["pushed"] == psi

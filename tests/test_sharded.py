@@ -13,7 +13,8 @@ from parallel.optim import SGD, Adam, memory_table
 from parallel.strategies import make_strategy
 from parallel.strategies.sharded import FullyShardedDataParallel
 from parallel.train import main
-from conftest import assert_same_arrays, contexts, easy_dataset, make_batches, small_resnet, write_idx_files
+from conftest import (assert_same_arrays, contexts, easy_dataset, in_threads, make_batches, small_resnet,
+                      write_idx_files)
 
 SIZES = (12, 12, 7, 2)   # the last batch leaves contexts idle at K = 3, 4
 
@@ -72,7 +73,9 @@ def test_each_context_keeps_its_chunk_of_every_block_and_gathers_one_block_at_a_
     for row in table:   # chunks of every block differ by at most one element
         assert abs(row["parameters"] - model / k) <= 4 * len(strategy.blocks)
     largest = 4 * max(block.size for block in strategy.blocks)
-    assert all(row["gathered_peak"] == 3 * largest for row in table)   # two gather buffers (prefetch), one gradient
+    piece = 4 * -(-max(block.size for block in strategy.blocks) // k)   # a context's K-th of the largest block
+    # two gather buffers (prefetch), one gradient buffer, and K - 1 receive buffers of a piece: nothing else
+    assert all(row["gathered_peak"] == 3 * largest + (k - 1) * piece for row in table)
 
 
 def test_evaluation_gathers_block_by_block_and_scores_as_zero_0():
@@ -96,11 +99,116 @@ def test_make_strategy_refuses_what_zero_3_does_not_do(options, error, says):
         make_strategy(options.pop("name"), init_lenet_params(), contexts(2), **options)
 
 
-def test_accumulate_is_refused_naming_it():
+@pytest.mark.parametrize("k", [1, 3])
+def test_micro_batches_reduce_scatter_each_and_match_zero_0_to_rounding(k):
+    """FSDP's accumulation: each micro-batch gathered, recomputed and reduce-scattered, the sums added in the shards
+    (zero=0 adds the micro-batches on each context first: the same sums, added in another order)."""
+    def train(zero, accumulate):
+        strategy = make_strategy("data", init_lenet_params(seed=0), contexts(k), zero=zero)
+        optimizer = _optimizer("momentum", zero)
+        for X, y in make_batches(SIZES, seed=1):
+            strategy.train_step(X, y, optimizer=optimizer, accumulate=min(accumulate, X.shape[0]))
+        return [p.asnumpy() for p in strategy.params()]
+    got, want = train(3, 3), train(0, 3)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5 * np.abs(w).max())
+    assert any(not np.array_equal(g, w) for g, w in zip(train(3, 1), got))   # the micro-batches did run
     strategy = make_strategy("data", init_lenet_params(), contexts(2), zero=3)
-    X, y = make_batches([8])[0]
-    with pytest.raises(ValueError, match="accumulate"):
-        strategy.train_step(X, y, optimizer=SGD(0.1, zero=3), accumulate=2)
+    X, y = make_batches([4])[0]
+    with pytest.raises(ValueError, match="accumulate=5"):
+        strategy.train_step(X, y, optimizer=SGD(0.1, zero=3), accumulate=5)
+
+
+def test_a_step_allocates_no_receive_buffer_outside_the_strategy():
+    """The reductions receive into the strategy's own buffers (counted in ``gathered_bytes``), not into the
+    allreduce's cache, which would keep one buffer per block shape: most of the model again on every context."""
+    from parallel.comm import algorithms
+    strategy = make_strategy("data", small_resnet(), contexts(3), zero=3)
+    algorithms.free_buffers()
+    _train(strategy, _optimizer("momentum", 3), sizes=(12,))
+    assert algorithms.buffer_info().entries == 0
+
+
+def _job_contexts(rank, k):
+    return [mx.cpu(rank * k + i) for i in range(k)]
+
+
+def _train_in_job(zero, kind, k=2, model=lambda: init_lenet_params(seed=0), sizes=SIZES, accumulate=1, rank_seed=True):
+    """2 workers in threads, each on k contexts of its own; each worker's trained arrays and optimizer state."""
+    def work(job, rank):
+        # each rank starts from different arrays: rank 0's must win
+        initial = model() if rank == 0 or not rank_seed else init_lenet_params(seed=7)
+        strategy = make_strategy("data", initial, _job_contexts(rank, k), reducer=Reducer(job=job), zero=zero)
+        optimizer = _optimizer(kind, zero)
+        for X, y in make_batches(sizes, seed=1):
+            strategy.train_step(X, y, optimizer=optimizer, accumulate=min(accumulate, X.shape[0]))
+        params, aux = [p.asnumpy() for p in strategy.params()], [a.asnumpy() for a in strategy.aux()]
+        if zero == 3:
+            state = strategy.gather_state(optimizer)
+        else:
+            from parallel.optim import gather_state
+            state = gather_state(optimizer, strategy.groups(), strategy.params())
+        return params, aux, {name: [a.asnumpy() for a in arrays] for name, arrays in state.items()}
+    results, _ = in_threads(2, work)
+    return results
+
+
+@pytest.mark.parametrize("kind", ["momentum", "adam"])
+def test_two_workers_times_two_contexts_sharded_is_bitwise_zero_0_in_the_same_job(kind, threads_reduce_at_once):
+    """Sharded over the job's 4 contexts (each keeps a quarter); the last batch of 2 leaves worker 1 without an
+    example, which still makes every gather and reduction. The optimizer's state gathered for a checkpoint too."""
+    want = _train_in_job(0, kind)
+    got = _train_in_job(3, kind)
+    for (params, aux, state), (want_params, want_aux, want_state) in zip(got, want):
+        assert_same_arrays([params, aux], [want_params, want_aux])
+        assert sorted(state) == sorted(want_state)
+        assert_same_arrays([state[name] for name in sorted(state)], [want_state[name] for name in sorted(state)])
+    assert_same_arrays([got[0][0]], [got[1][0]])   # every worker gathers the same model
+
+
+def test_a_sharded_job_with_momentum_is_one_context_to_rounding(threads_reduce_at_once):
+    (params, _, _), _ = _train_in_job(3, "momentum")
+    want = _train(make_strategy("data", init_lenet_params(seed=0), contexts(1)), _optimizer("momentum", 0))[0]
+    for g, w in zip(params, want):
+        np.testing.assert_allclose(g, w, rtol=0, atol=1e-5 * np.abs(w).max())
+
+
+def test_a_sharded_job_with_batchnorm_and_micro_batches(threads_reduce_at_once):
+    """BatchNorm's statistics per worker (as zero=0 in a job); micro-batches in a job: zero=0's to rounding."""
+    got = _train_in_job(3, "momentum", model=small_resnet, rank_seed=False, sizes=(12, 7), accumulate=2)
+    want = _train_in_job(0, "momentum", model=small_resnet, rank_seed=False, sizes=(12, 7), accumulate=2)
+    for (params, aux, _), (want_params, want_aux, _) in zip(got, want):
+        scale = max(np.abs(w).max() for w in want_params)
+        for g, w in zip(params + aux, want_params + want_aux):
+            np.testing.assert_allclose(g, w, rtol=0, atol=1e-5 * scale)
+
+
+def test_a_sharded_job_moves_3_psi_a_worker_through_the_servers(threads_reduce_at_once, monkeypatch):
+    """Each worker pushes every block's pieces for each gather and each reduction: 3 Psi - Psi_last (and pulls as
+    many); the copies between its contexts are what ``bytes_moved`` says."""
+    from parallel.comm import algorithms
+    moved, copy = [], algorithms._copy
+
+    def counting(src, dst):
+        if not isinstance(dst, mx.Context) and dst.context != src.context:
+            moved.append(src.size * np.dtype(src.dtype).itemsize)
+        return copy(src, dst)
+
+    def work(job, rank):
+        strategy = make_strategy("data", init_lenet_params(seed=0), _job_contexts(rank, 2), reducer=Reducer(job=job),
+                                 zero=3)
+        X, y = make_batches([16], seed=1)[0]
+        strategy.train_step(X, y, optimizer=SGD(0.1, zero=3))   # the first use of each key
+        first = len(servers_of[0].pushed) if servers_of else None
+        return strategy, first
+    servers_of = []
+    monkeypatch.setattr(algorithms, "_copy", counting)
+    results, servers = in_threads(2, work)
+    strategy = results[0][0]
+    psi = 4 * sum(p.size for p in init_lenet_params(seed=0))
+    pushed = sum(nbytes for key, nbytes in servers.pushed if key < 500000 and key >= 40000)
+    assert pushed == 2 * strategy.network_bytes() == 2 * (3 * psi - 4 * strategy.blocks[-1].size)
+    assert sum(moved) == 2 * strategy.bytes_moved()
 
 
 def test_cli_zero_3_trains_the_same_curve_as_zero_0(tmp_path, capsys):
@@ -121,7 +229,6 @@ def test_cli_zero_3_trains_the_same_curve_as_zero_0(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("extra, says", [
-    (["--accumulate", "2"], "--zero 3 does not take micro-batches yet (--accumulate)"),
     (["--allreduce", "ring"], "--zero 3 reduce-scatters with the fused allreduce's additions"),
     (["--compression", "fp16"], "does not work with --zero 3"),
     (["--strategy", "hybrid", "--stages", "2", "--devices", "cpu:4"], "not the stages of --strategy hybrid"),
@@ -201,3 +308,37 @@ def test_a_zero_3_checkpoint_resumes_under_other_layouts_and_stages(tmp_path):
         resumed = run(f"resumed-{i}", "--epochs", "2", "--resume", *layout.split())
         gap = max(np.abs(a - b).max() for a, b in zip(resumed, straight[layout]))
         assert gap <= max(apart, 1e-7 * scale), (layout, gap, apart)
+
+
+def test_a_zero_3_checkpoint_is_written_one_array_at_a_time(tmp_path, monkeypatch):
+    """``fit`` hands the writer ``LazyArrays``: each parameter and each state array gathered when its turn comes,
+    so no more than one array of the model is ever whole on the host; the checkpoint holds the model's bits."""
+    import sys
+    from parallel import RunConfig, fit
+    from parallel.checkpoint import CheckpointWriter, load_checkpoint
+    strategy = make_strategy("data", init_lenet_params(seed=0), contexts(3), zero=3)
+    produced, peak, original = [], [0], strategy._array
+
+    def tracking(*args, **kwargs):   # NDArrays take no weak references: count who else holds the earlier ones
+        held = sum(sys.getrefcount(array) > 3 for array in produced)   # our list, the loop, getrefcount's argument
+        peak[0] = max(peak[0], held + 1)
+        produced.append(original(*args, **kwargs))
+        return produced[-1]
+
+    def write(snapshot):   # the arrays gathered while the checkpoint is written (params() at the end gathers all)
+        produced.clear()
+        peak[0] = 0
+        CheckpointWriter(tmp_path, {"zero": 3})(snapshot)
+        written.append((len(produced), peak[0]))
+    written = []
+    monkeypatch.setattr(strategy, "_array", tracking)
+    dataset = easy_dataset(num_train=48, num_test=16, seed=2)
+    optimizer = Adam(0.01, zero=3)
+    fit(dataset, strategy, optimizer, RunConfig(epochs=1, batch_size=16, progress=False), on_checkpoint=write)
+    assert written == [(3 * 8, 1)]   # LeNet's 8 arrays and Adam's 2 states, each read once, alone
+    saved = load_checkpoint(tmp_path)
+    monkeypatch.undo()
+    assert_same_arrays([[p.asnumpy() for p in saved.params]], [[p.asnumpy() for p in strategy.params()]])
+    state = strategy.gather_state(optimizer)
+    for name in ("mean", "var"):
+        assert_same_arrays([[a.asnumpy() for a in saved.optimizer_state[name]]], [[a.asnumpy() for a in state[name]]])

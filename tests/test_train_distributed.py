@@ -16,8 +16,8 @@ from parallel import RunConfig, fit
 from parallel.checkpoint import load_checkpoint
 from parallel.models import LENET_PARAM_NAMES
 from parallel.train import main
-from conftest import (assert_same_parameters, easy_dataset, job_processes, lenet_strategy, start_process, stop_process,
-                      write_idx_files)
+from conftest import (assert_same_arrays, assert_same_parameters, easy_dataset, job_processes, lenet_strategy,
+                      start_process, stop_process, write_idx_files)
 
 MARK = "PARALLEL_TEST_JOB"
 TRAIN = ["--batch-size", "13", "--lr", "0.1", "--seed", "3", "--no-progress"]
@@ -193,3 +193,48 @@ def test_a_job_resumes_its_optimizer_state_on_every_worker(tiny, tmp_path):
     out, err = finish(launch(2, resumed, *args, "--epochs", "2", "--resume"))
     assert "resuming from" in out and "exported LeNet" in out, err[-3000:]
     assert_same_parameters(exported(resumed / "lenet"), exported(straight / "lenet"), "float32")
+
+
+@pytest.mark.slow
+def test_a_sharded_job_is_zero_0_and_its_checkpoint_resumes_on_any_layout(tiny, tmp_path):
+    """2 workers x 2 contexts with ``--zero 3`` (each context keeps a quarter of the model; the last batch of 5
+    leaves contexts idle) export the bits ``--zero 0`` does in the same job, through ps-lite's servers. Its
+    checkpoint after one epoch resumes in one process (cpu:1, ``--zero 0``), and in the job with ``--zero 3`` on 1
+    context a worker: each as close to the uninterrupted run on its layout as the straight runs of two layouts are
+    to each other (within a factor 2: both are float32 rounding of the sums' order); on the same layout, bitwise."""
+    data_dir, _ = tiny
+    args = ["--data-dir", str(data_dir), *TRAIN, "--momentum", "0.9", "--checkpoint-dir", "ckpt", "--export", "lenet"]
+    runs, outs = {}, {}
+    for name, workers, layout in (("zero0", 2, ["--devices", "cpu:2"]), ("zero3", 2, ["--devices", "cpu:2", "--zero", "3"]),
+                                  ("one", 1, ["--devices", "cpu:1"]), ("job1", 2, ["--devices", "cpu:1", "--zero", "3"])):
+        (tmp_path / name).mkdir()
+        if workers == 1:
+            assert main([*args, *layout, "--epochs", "2", "--checkpoint-dir", str(tmp_path / name / "ckpt"),
+                         "--export", str(tmp_path / name / "lenet")]) == 0
+        else:
+            outs[name], err = finish(launch(workers, tmp_path / name, *args, *layout, "--epochs", "2"))
+            assert "exported LeNet" in outs[name], err[-3000:]
+        runs[name] = exported(tmp_path / name / "lenet")
+    assert "ZeRO-3: each context keeps 1/4 (2 workers x 2 contexts)" in outs["zero3"]
+    assert_same_arrays([runs["zero3"]], [runs["zero0"]])
+    scale = max(np.abs(w).max() for w in runs["zero3"])
+    apart = max(np.abs(a - b).max() for name in ("one", "job1") for a, b in zip(runs[name], runs["zero3"]))
+    assert apart < 1e-4 * scale   # rounding of the sums' order, not another model
+    for name, workers, layout in (("one", 1, ["--devices", "cpu:1"]), ("job1", 2, ["--devices", "cpu:1", "--zero", "3"]),
+                                  ("zero3", 2, ["--devices", "cpu:2", "--zero", "3"])):
+        directory = tmp_path / f"resumed-{name}"
+        directory.mkdir()
+        out, err = finish(launch(2, directory, *args, "--devices", "cpu:2", "--zero", "3", "--epochs", "1"))
+        assert load_checkpoint(directory / "ckpt").optimizer_state, err[-3000:]
+        if workers == 1:
+            assert main([*args, *layout, "--epochs", "2", "--resume", "--checkpoint-dir", str(directory / "ckpt"),
+                         "--export", str(directory / "lenet")]) == 0
+        else:
+            out, err = finish(launch(workers, directory, *args, *layout, "--epochs", "2", "--resume"))
+            assert "resuming from" in out, err[-3000:]
+        resumed = exported(directory / "lenet")
+        if name == "zero3":
+            assert_same_arrays([resumed], [runs["zero3"]])
+        else:
+            gap = max(np.abs(a - b).max() for a, b in zip(resumed, runs[name]))
+            assert gap <= 2 * max(apart, 1e-7 * scale), (name, gap, apart)   # the same order: float32 rounding

@@ -102,10 +102,14 @@ def _owned_grads(group, regions, zero):
     return [param.grad for param in group[0]]
 
 
-def _clip(clip_norm, groups, regions, zero, batch_size):
-    """Scale every gradient so that the mean gradient's global norm is at most ``clip_norm``, in place."""
+def _clip(clip_norm, groups, regions, zero, batch_size, combine=None):
+    """Scale every gradient so that the mean gradient's global norm is at most ``clip_norm``, in place.
+    ``combine``: a function of the squared norms of the owned gradients giving every squared norm to add (ZeRO-3
+    in a job: every worker's)."""
     partials = [mx.nd.norm(grad).reshape((1,)) ** 2
                 for group, group_regions in zip(groups, regions) for grad in _owned_grads(group, group_regions, zero)]
+    if combine is not None:
+        partials = combine(partials)
     scales = {}
     for group, group_regions in zip(groups, regions):
         for replica, region in zip(group, group_regions):

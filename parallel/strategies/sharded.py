@@ -31,40 +31,63 @@ The same model as without sharding: the same operators on the same values (the g
 the same bits), the fused allreduce's additions, the same elementwise update: bitwise ``zero=0`` with the
 ``fused`` allreduce (``tests/test_sharded.py``).
 """
+import functools
+
 import mxnet as mx
+import numpy as np
 from mxnet import autograd
 
 from ..comm import algorithms
-from ..comm.algorithms import _chunk_bounds, exclusive, receive
+from ..comm.algorithms import _chunk_bounds, exclusive
 from ..comm.reducer import as_reducer
 from ..comm.replica import Bucket, FlatReplica, get_params
 from ..evaluate import evaluate_accuracy
+from ..export import LazyArrays
+from ..job import KEYS, broadcast_arrays, sum_values, worker_slice
 from ..models.lenet import softmax_cross_entropy
 from ..models.recompute import _Part, _run
 from ..models.registry import behaviour_of
 from ..optim.zero import _clip, _update, as_optimizer
-from ..split import split_and_load
+from ..split import shard_sizes, split_and_load
 from ..step import check_batch, check_labels, loss_and_correct
 from ..validate import BadValue, check_bool, check_contexts, check_int
 
 __all__ = ["FullyShardedDataParallel"]
 
 
-class _Block:
-    """Where a block's parameters lie: elements ``start .. stop - 1`` of the model's flat buffer, cut into K chunks
-    (``bounds``), chunk ``i`` at ``offset .. offset + size_i - 1`` of context ``i``'s shard."""
+def _block_key(s, kind, j, k):
+    """The kvstore key under which local context ``j`` of ``k`` sums its piece of block ``s`` over the workers:
+    ``kind`` 0 for a gather, 1 for a reduction."""
+    return KEYS["sharded"] + (2 * s + kind) * k + j
 
-    def __init__(self, segment, start, stop, k, offsets):
-        self.segment, self.start, self.stop = segment, start, stop
-        self.bounds = _chunk_bounds(stop - start, k)
-        self.offsets = offsets   # per context: where its chunk starts in its shard
+
+class _Block:
+    """Where a block's parameters lie: elements ``start .. stop - 1`` of the model's flat buffer, cut into one chunk
+    per context of the job (``bounds``: W x K chunks, worker ``r``'s contexts owning chunks ``r K .. r K + K - 1``,
+    ``first`` the first of them), this worker's context ``i``'s chunk at ``offsets[i]`` of its shard. ``pieces``
+    cut the block into K parts, one a local context: what each context sums over the contexts of its process
+    (and, in a job, over the workers); in one process the pieces are the chunks."""
+
+    def __init__(self, segment, start, stop, n, first, k, offsets):
+        self.segment, self.start, self.stop, self.first = segment, start, stop, first
+        self.bounds = _chunk_bounds(stop - start, n)
+        self.pieces = _chunk_bounds(stop - start, k)
+        self.offsets = offsets   # per local context: where its chunk starts in its shard
 
     @property
     def size(self):
         return self.stop - self.start
 
     def chunk(self, i):
-        return self.bounds[i], self.bounds[i + 1]
+        """Local context ``i``'s chunk: ``(a, b)``, element offsets in the block."""
+        return self.bounds[self.first + i], self.bounds[self.first + i + 1]
+
+    def piece(self, j):
+        return self.pieces[j], self.pieces[j + 1]
+
+    def mine(self):
+        """The elements this worker's contexts own, one run: ``(a, b)``."""
+        return self.bounds[self.first], self.bounds[self.first + len(self.offsets)]
 
 
 class FullyShardedDataParallel:
@@ -94,37 +117,51 @@ class FullyShardedDataParallel:
         self.ctx_list = check_contexts(ctx_list)
         self.reducer = as_reducer(reducer)
         self.prefetch = check_bool(prefetch, "prefetch")
-        if self.reducer.job is not None or self.reducer.codec is not None or self.reducer.algorithm != "fused":
-            raise BadValue("zero", "{zero=3} shards the parameters over one process's contexts with the fused "
-                                   "allreduce's additions; without a job, without compression, {algorithm=fused}")
+        if self.reducer.codec is not None or self.reducer.algorithm != "fused":
+            raise BadValue("zero", "{zero=3} shards the parameters with the fused allreduce's additions; without "
+                                   "compression, {algorithm=fused}")
+        job, k = self.reducer.job, len(self.ctx_list)
+        workers, rank = (1, 0) if job is None else (job.num_workers, job.rank)
         behaviour = behaviour_of(params)
         self.full_net, segments = behaviour.net(params), behaviour.segments(params)
         source = get_params(params, mx.cpu())   # the initial values, whole, on the host
         self.names, self.aux_names = list(getattr(source, "names", ())), list(getattr(source, "aux_names", ()))
+        aux = list(getattr(source, "aux", ()))
+        if job is not None:   # every worker starts from rank 0's model
+            job.broadcast(KEYS["params"], source.data)
+            if aux:
+                broadcast_arrays(job, KEYS["aux"], aux)
         self._shapes = [p.shape for p in source]
         self._starts = [0]
         for p in source:
             self._starts.append(self._starts[-1] + p.size)
-        k = len(self.ctx_list)
         self.blocks, sizes = [], [0] * k
         for segment in segments:
-            block = _Block(segment, self._starts[segment.first], self._starts[segment.stop], k, list(sizes))
+            block = _Block(segment, self._starts[segment.first], self._starts[segment.stop], workers * k, rank * k, k,
+                           list(sizes))
             for i in range(k):
                 a, b = block.chunk(i)
                 sizes[i] += b - a
             self.blocks.append(block)
+        if job is not None and _block_key(len(self.blocks), 0, 0, k) >= KEYS["sharded_arrays"]:
+            raise BadValue("zero", f"{{zero=3}} in a job sums each block under keys of its own; {len(self.blocks)} "
+                                   f"blocks on {k} contexts need more than it has")
         dtype = source.data.dtype
         self.shards = []
         for i, ctx in enumerate(self.ctx_list):
             data = self._chunks(source.data, i).copyto(ctx) if sizes[i] else mx.nd.zeros((0,), ctx=ctx, dtype=dtype)
             grad = mx.nd.zeros(data.shape, ctx=ctx, dtype=dtype)
             self.shards.append(FlatReplica([data], data, [grad], [Bucket(0, 1, 0, data.size)]))
-        self.aux_arrays = [[a.copyto(ctx) for a in getattr(source, "aux", ())] for ctx in self.ctx_list]
+        self.aux_arrays = [[a.copyto(ctx) for a in aux] for ctx in self.ctx_list]
         largest = max(b.size for b in self.blocks)
         buffers = 2 if self.prefetch else 1
         self._gathered = [[mx.nd.zeros((largest,), ctx=ctx, dtype=dtype) for _ in range(buffers)]
                           for ctx in self.ctx_list]
         self._gathered_grads = [mx.nd.zeros((largest,), ctx=ctx, dtype=dtype) for ctx in self.ctx_list]
+        # each context's receive buffers for the reduction: the other contexts' copies of its piece of a block
+        piece = max(b.pieces[1] for b in self.blocks)
+        self._received = [[mx.nd.zeros((piece,), ctx=ctx, dtype=dtype) for _ in range(k - 1)]
+                          for ctx in self.ctx_list]
         self._parts = [self._block_parts(s) for s in range(len(self.blocks))]
 
     def _block_parts(self, s):
@@ -151,47 +188,116 @@ class FullyShardedDataParallel:
 
     @property
     def job(self):
-        return None
+        """The distributed job whose W x K contexts share the shards (the reducer's), or None."""
+        return self.reducer.job
+
+    @property
+    def gathers_collectively(self):
+        """Whether reading the model (``params``, ``gather_state``) is a collective call: in a job every worker
+        must make it, also those that do not use the result."""
+        return self.job is not None
 
     def describe(self, accumulate=1):
-        return (f"one replica per context, ZeRO-3: each context keeps 1/{len(self.ctx_list)} of the parameters, "
-                f"their gradients and optimizer state; each of the {len(self.blocks)} blocks gathered before its "
-                f"forward and again for its backward (recomputed), gradients reduce-scattered with the fused "
-                f"allreduce's additions" + (", the next block's gather prefetched" if self.prefetch else ""))
+        k, job = len(self.ctx_list), self.job
+        over = f"1/{k}" if job is None else f"1/{k * job.num_workers} ({job.num_workers} workers x {k} contexts)"
+        line = (f"one replica per context, ZeRO-3: each context keeps {over} of the parameters, their gradients "
+                f"and optimizer state; each of the {len(self.blocks)} blocks gathered before its forward and again "
+                f"for its backward (recomputed), gradients reduce-scattered with the fused allreduce's additions")
+        if job is not None:
+            line += f", summed over the workers through the {job.kv.type} kvstore"
+        if accumulate > 1:
+            line += f", once a micro-batch ({accumulate})"
+        return line + (", the next block's gather prefetched" if self.prefetch else "")
 
     # ---- the collectives -------------------------------------------------------------------------------------
 
     def _gather(self, s, contexts=None):
-        """Every context (or those of ``contexts``) copies every owner's chunk of block ``s`` into its buffer."""
-        block = self.blocks[s]
+        """Every context (or those of ``contexts``, in one process) copies every owner's chunk of block ``s`` into
+        its buffer. In a job, local context ``j`` fills its piece of the block with this worker's chunks (zeros
+        elsewhere) and sums it over the workers (adding zeros changes no float: the owners' bits), then every
+        context copies the pieces of the others."""
+        block, job = self.blocks[s], self.job
+        buffers = [gathered[s % len(gathered)] for gathered in self._gathered]
         with exclusive():
-            for i in (range(len(self.ctx_list)) if contexts is None else contexts):
-                buffer = self._gathered[i][s % len(self._gathered[i])]
-                for j, shard in enumerate(self.shards):
-                    a, b = block.chunk(j)
+            if job is None:
+                for i in (range(len(self.ctx_list)) if contexts is None else contexts):
+                    for j, shard in enumerate(self.shards):
+                        a, b = block.chunk(j)
+                        if b > a:
+                            algorithms._copy(shard.data[block.offsets[j]:block.offsets[j] + b - a], buffers[i][a:b])
+                return
+            low, high = block.mine()
+            for j, buffer in enumerate(buffers):
+                p, q = block.piece(j)
+                if q == p:
+                    continue
+                for a, b in ((p, min(q, low)), (max(p, high), q)):   # other workers' elements
                     if b > a:
-                        algorithms._copy(shard.data[block.offsets[j]:block.offsets[j] + b - a], buffer[a:b])
+                        buffer[a:b] = 0
+                for i, shard in enumerate(self.shards):   # this worker's chunks that fall in the piece
+                    a, b = block.chunk(i)
+                    a, b = max(a, p), min(b, q)
+                    if b > a:
+                        start = block.offsets[i] + a - block.chunk(i)[0]
+                        algorithms._copy(shard.data[start:start + b - a], buffer[a:b])
+                job.allsum(_block_key(s, 0, j, len(buffers)), buffer[p:q], kind="allgather")
+            for i, buffer in enumerate(buffers):
+                for j, other in enumerate(buffers):
+                    p, q = block.piece(j)
+                    if j != i and q > p:
+                        algorithms._copy(other[p:q], buffer[p:q])
 
-    def _reduce_scatter(self, s):
-        """Each owner sums the contexts' gradients of its chunk of block ``s`` (context order, one ``add_n``)."""
-        block = self.blocks[s]
+    def _reduce_scatter(self, s, active, accumulate=False):
+        """Each owner gets the sum over the contexts (and the workers) of its chunk of block ``s``'s gradient,
+        written into its shard's gradient (``accumulate``: added to it); contexts ``active ..`` computed nothing
+        and add zeros. Local context ``j`` sums every context's
+        copy of its piece in context order with one ``add_n`` (the fused allreduce's additions); in a job the sum
+        is then summed over the workers (each piece under its own key) and each owner copies its chunk out of the
+        pieces."""
+        block, job, k = self.blocks[s], self.job, len(self.ctx_list)
+        grads = self._gathered_grads
+        direct = job is None and not accumulate   # in one process a piece is its owner's chunk
+        for i in range(active, k):   # contexts without a shard add zeros (their buffer may hold an earlier sum)
+            grads[i][:block.size] = 0
         with exclusive():
+            for j in range(k):
+                p, q = block.piece(j)
+                if q == p:
+                    continue
+                mine = grads[j][p:q]
+                pieces = [mine if i == j else algorithms._copy(grads[i][p:q], self._received[j][i - (i > j)][:q - p])
+                          for i in range(k)]
+                out = self.shards[j].grads[0][block.offsets[j]:block.offsets[j] + q - p] if direct else mine
+                mx.nd.add_n(*pieces, out=out) if k > 1 else (direct and algorithms._copy(mine, out))
+                if job is not None:
+                    job.allsum(_block_key(s, 1, j, k), mine, kind="reduce_scatter")
+            if direct:
+                return
             for i, shard in enumerate(self.shards):
                 a, b = block.chunk(i)
-                if b == a:
-                    continue
-                ctx = self.ctx_list[i]
-                pieces = [grads[a:b] if j == i else receive(grads[a:b], ctx, slot=j)
-                          for j, grads in enumerate(self._gathered_grads)]
-                out = shard.grads[0][block.offsets[i]:block.offsets[i] + b - a]
-                mx.nd.add_n(*pieces, out=out) if len(pieces) > 1 else algorithms._copy(pieces[0], out)
+                for j in range(k):   # the pieces that hold part of chunk i
+                    p, q = block.piece(j)
+                    lo, hi = max(a, p), min(b, q)
+                    if hi <= lo:
+                        continue
+                    start = block.offsets[i] + lo - a
+                    out = shard.grads[0][start:start + hi - lo]
+                    summed = grads[j][lo:hi]
+                    if not accumulate:
+                        algorithms._copy(summed, out)
+                        continue
+                    if j != i:   # into a receive buffer of context i (its reduction is queued before this)
+                        summed = algorithms._copy(summed, self._received[i][j - (j > i)][:hi - lo])
+                    mx.nd.elemwise_add(out, summed, out=out)
 
     # ---- a step ------------------------------------------------------------------------------------------------
 
-    def _forward_backward(self, X_shards, y_shards, loss):
-        """The sharded forward and backward of one batch (see the module's docstring); returns outputs and losses."""
+    def _forward_backward(self, X_shards, y_shards, loss, accumulate=False):
+        """The sharded forward and backward of one batch (see the module's docstring); returns outputs and losses.
+        A worker of a job without an example (no shard) still makes every gather and reduction, adding zeros.
+        ``accumulate``: the reduced gradients are added to the shards' (a micro-batch after the first)."""
         n = len(self.blocks)
-        prefetch = self.prefetch
+        prefetch, computes = self.prefetch, bool(X_shards)
         self._gather(0)
         hidden, kept = list(X_shards), []
         active = range(len(X_shards))
@@ -200,60 +306,94 @@ class FullyShardedDataParallel:
                 if prefetch:
                     self._gather(s + 1)
                 kept.append(hidden)
-                hidden = _run(self.blocks[s].segment.net, hidden, [self._parts[s][1][i] for i in active])
+                if computes:
+                    hidden = _run(self.blocks[s].segment.net, hidden, [self._parts[s][1][i] for i in active])
                 if not prefetch:
                     self._gather(s + 1)
+        outputs, losses = [], []
         if n > 1:
             hidden = [X.detach() for X in hidden]
             for X in hidden:
                 X.attach_grad()
-        with autograd.record():
-            outputs = _run(self.blocks[-1].segment.net, hidden, [self._parts[-1][0][i] for i in active])
-            losses = [loss(out, y) for out, y in zip(outputs, y_shards)]
-        if len(X_shards) < len(self.ctx_list):   # contexts without a shard add a zero gradient
-            for grads in self._gathered_grads[len(X_shards):]:
-                grads[:] = 0
-        autograd.backward(losses)
+        if computes:
+            with autograd.record():
+                outputs = _run(self.blocks[-1].segment.net, hidden, [self._parts[-1][0][i] for i in active])
+                losses = [loss(out, y) for out, y in zip(outputs, y_shards)]
+        if computes:
+            autograd.backward(losses)
         for s in reversed(range(n - 1)):
             if prefetch:
                 self._gather(s)   # into the other buffer: queued before block s+1's reduce-scatter
-            self._reduce_scatter(s + 1)
+            self._reduce_scatter(s + 1, len(X_shards), accumulate)
             if not prefetch:
                 self._gather(s)
             inputs = [X.detach() for X in kept[s]]
             if s:
                 for X in inputs:
                     X.attach_grad()
-            with autograd.record():
-                again = _run(self.blocks[s].segment.net, inputs, [self._parts[s][0][i] for i in active])
-            autograd.backward(again, [X.grad for X in hidden])
+            if computes:
+                with autograd.record():
+                    again = _run(self.blocks[s].segment.net, inputs, [self._parts[s][0][i] for i in active])
+                autograd.backward(again, [X.grad for X in hidden])
             hidden = inputs
-        self._reduce_scatter(0)
+        self._reduce_scatter(0, len(X_shards), accumulate)
         return outputs, losses
 
     def train_step(self, X, y, lr=None, loss=softmax_cross_entropy, optimizer=None, accumulate=1):
         """One step on the batch (see the module's docstring): returns (summed loss, correct count), each (1,) on
-        ``ctx_list[0]``, not waited for. ``accumulate`` must be 1 (not yet sharded)."""
+        ``ctx_list[0]``, not waited for. In a job, ``X`` and ``y`` are the global batch, this worker trains its
+        slice (``parallel.job.worker_slice``) and every worker must call it for every batch. ``accumulate``:
+        the batch runs as that many micro-batches, each gathered, recomputed and reduce-scattered, their sums
+        added in the shards (FSDP's accumulation: the same model as the whole batch up to float rounding)."""
         check_batch(X, y)
         optimizer = as_optimizer(lr, optimizer)
-        if check_int(accumulate, "accumulate", low=1) != 1:
-            raise BadValue("accumulate", "{accumulate} > 1 does not work with {zero=3} yet; use {zero=2}")
-        X_shards, y_shards = split_and_load(X, self.ctx_list), split_and_load(y, self.ctx_list)
-        outputs, losses = self._forward_backward(X_shards, y_shards, loss)
-        check_labels(y, outputs[0].shape[-1], loss)
-        for r in range(len(X_shards), len(self.ctx_list)):   # an idle context takes the first one's statistics
-            for first, aux in zip(self.aux_arrays[0], self.aux_arrays[r]):
-                first.copyto(aux)
+        accumulate = check_int(accumulate, "accumulate", low=1)
+        if accumulate > X.shape[0]:
+            raise BadValue("accumulate", f"{{accumulate={accumulate}}} cannot split a batch of {X.shape[0]} "
+                                         f"examples into micro-batches; use at most {X.shape[0]}")
+        n, job = X.shape[0], self.job
+        if job is not None:
+            start, stop = worker_slice(n, len(self.ctx_list), job.rank, job.num_workers)
+            X, y = X[start:stop], y[start:stop]
+        sizes = shard_sizes(X.shape[0], accumulate) if X.shape[0] else []   # this worker's slice, as zero=0 cuts
+        sizes += [0] * (accumulate - len(sizes))   # every worker runs as many: each makes the same collectives
+        bounds = np.cumsum([0] + sizes).tolist()
+        sums, checked = [], False
+        for m, (a, b) in enumerate(zip(bounds, bounds[1:])):
+            X_shards = split_and_load(X[a:b], self.ctx_list) if b > a else []
+            y_shards = split_and_load(y[a:b], self.ctx_list) if b > a else []
+            outputs, losses = self._forward_backward(X_shards, y_shards, loss, accumulate=m > 0)
+            if outputs and not checked:
+                check_labels(y, outputs[0].shape[-1], loss)
+                checked = True
+            if outputs:
+                sums.append(loss_and_correct(outputs, y_shards, losses, self.ctx_list[0]))
+            for r in range(len(X_shards), len(self.ctx_list)):   # an idle context takes the first one's statistics
+                for first, aux in zip(self.aux_arrays[0], self.aux_arrays[r]):
+                    first.copyto(aux)
         t = optimizer.num_update + 1
         lr_t = optimizer.lr_at(t)
         regions = [[[(0, shard.data.size)]] for shard in self.shards]
         if optimizer.clip_norm is not None:   # the norm of every context's chunks, as ZeRO-2 adds its shards'
-            _clip(optimizer.clip_norm, self.groups(), regions, 2, X.shape[0])
+            _clip(optimizer.clip_norm, self.groups(), regions, 2, n,
+                  combine=None if job is None else self._all_partials)
         for shard, (shard_regions,) in zip(self.shards, regions):
             if shard.data.size:
-                _update(optimizer, shard, shard_regions, lr_t, 1.0 / X.shape[0], t)
+                _update(optimizer, shard, shard_regions, lr_t, 1.0 / n, t)
         optimizer.num_update = t
-        return loss_and_correct(outputs, y_shards, losses, self.ctx_list[0])
+        if not sums:
+            zero = mx.nd.zeros((1,), ctx=self.ctx_list[0])
+            return zero, zero.copy()
+        if len(sums) == 1:
+            return sums[0]
+        return mx.nd.add_n(*[l for l, _ in sums]), mx.nd.add_n(*[c for _, c in sums])
+
+    def _all_partials(self, partials):
+        """The squared norms of every context's chunks in the job, in global context order (this worker's in
+        ``partials``): one gather over the workers, so every context adds the same numbers in the same order."""
+        local = mx.nd.concat(*[p.as_in_context(mx.cpu()) for p in partials], dim=0)
+        gathered = self.job.allgather(KEYS["sharded_arrays"] - 1, local)
+        return [row[i:i + 1] for row in gathered for i in range(len(partials))]
 
     # ---- what the training loop reads ----------------------------------------------------------------------------
 
@@ -261,45 +401,80 @@ class FullyShardedDataParallel:
         """Each context's shard, as one group each (what ``memory_table`` measures; each is updated alone)."""
         return [[shard] for shard in self.shards]
 
-    def bytes_moved(self):
-        """Bytes one step copies between contexts, over all of them: each block's gather in forward and again in
-        backward (not the last block's, whose buffer still holds it), each owner receiving the other contexts'
-        copies of its chunk in the reduce-scatter: ``(K - 1) (3 Psi - Psi_last)`` elements of ``Psi``, ZeRO's
-        3 Psi a device (times (K - 1) / K, the part that is not already there)."""
+    def bytes_moved(self, accumulate=1):
+        """Bytes one step copies between this process's contexts, over all of them: each block's gather in forward
+        and again in backward (not the last block's, whose buffer still holds it), each context receiving the
+        other contexts' copies of its piece in the reduction: ``(K - 1) (3 Psi - Psi_last)`` elements of ``Psi``,
+        ZeRO's 3 Psi a device (times (K - 1) / K, the part that is not already there). In a job, add the copies
+        of a chunk into a piece held by another context (filling a gather, and the owners' copies out of the
+        summed pieces). ``accumulate`` micro-batches: as many times."""
         k, itemsize = len(self.ctx_list), self.shards[0].data.dtype(0).itemsize
+        elements = 0
+        for s, block in enumerate(self.blocks):
+            gathers = 1 if s == len(self.blocks) - 1 else 2
+            crossing = 0 if self.job is None else sum(
+                max(0, min(block.chunk(i)[1], block.piece(j)[1]) - max(block.chunk(i)[0], block.piece(j)[0]))
+                for i in range(k) for j in range(k) if i != j)
+            elements += (gathers + 1) * ((k - 1) * block.size + crossing)
+        return accumulate * elements * itemsize
+
+    def network_bytes(self, accumulate=1):
+        """Bytes this worker pushes to the kvstore's servers in one step (and pulls back as many): every gather
+        and every reduction of a block sums the whole block over the workers, ``3 Psi - Psi_last``, ZeRO's 3 Psi.
+        0 in one process. (The servers add every worker's pushes: a parameter-server job moves twice a ring's
+        bytes.)"""
+        if self.job is None:
+            return 0
         psi = sum(block.size for block in self.blocks)
-        return (k - 1) * (3 * psi - self.blocks[-1].size) * itemsize
+        return accumulate * (3 * psi - self.blocks[-1].size) * self.shards[0].data.dtype(0).itemsize
 
     def _chunks(self, flat, i):
         """Context ``i``'s chunks of every block of ``flat`` (a flat array of the model), one after the other: the
-        layout of its shard (``_whole`` puts them back). Context ``i`` must own at least one element."""
+        layout of its shard. Context ``i`` must own at least one element."""
         return mx.nd.concat(*[flat[b.start + b.chunk(i)[0]:b.start + b.chunk(i)[1]] for b in self.blocks
                               if b.chunk(i)[1] > b.chunk(i)[0]], dim=0)
 
-    def _whole(self, chunks):
-        """One flat array of the model on the CPU from each context's flat array of its chunks (``chunks[i]``)."""
-        whole = mx.nd.zeros((self._starts[-1],), ctx=mx.cpu(), dtype=self.shards[0].data.dtype)
-        for block in self.blocks:
-            for j, chunk in enumerate(chunks):
-                a, b = block.chunk(j)
-                if b > a:
-                    algorithms._copy(chunk[block.offsets[j]:block.offsets[j] + b - a],
-                                     whole[block.start + a:block.start + b])
-        return whole
+    def _array(self, chunks, j, state=-1):
+        """The model's array ``j``, whole, on the CPU, from each local context's flat array of its chunks
+        (``chunks[i]``, laid out as its shard): the only array of the model gathered at once. In a job, a
+        collective call: this worker fills its elements, zeros elsewhere, and sums over the workers (the key of
+        array ``j`` of state ``state``, -1 for the parameters)."""
+        block = next(b for b in self.blocks if b.segment.first <= j < b.segment.stop)
+        low, high = self._starts[j] - block.start, self._starts[j + 1] - block.start
+        whole = mx.nd.zeros((high - low,), ctx=mx.cpu(), dtype=self.shards[0].data.dtype)
+        for i, chunk in enumerate(chunks):
+            a, b = block.chunk(i)
+            lo, hi = max(a, low), min(b, high)
+            if hi > lo:
+                start = block.offsets[i] + lo - a
+                algorithms._copy(chunk[start:start + hi - lo], whole[lo - low:hi - low])
+        if self.job is not None:
+            n = len(self._shapes)
+            self.job.allsum(KEYS["sharded_arrays"] + n * (state + 1) + j, whole, kind="allgather")
+            # waited for: MXNet's kvstore lets a push of another array under the key overtake this pull (it
+            # pushes a CPU array without copying it, so nothing orders the two)
+            whole.wait_to_read()
+        return whole.reshape(self._shapes[j])
 
-    def _arrays(self, whole):
-        """A flat array of the model cut into its parameters' shapes (views)."""
-        return [whole[a:b].reshape(shape) for a, b, shape in zip(self._starts, self._starts[1:], self._shapes)]
+    def _state_chunks(self, optimizer):
+        """Each state's flat array of chunks per local context: ``{name: [chunks of context i]}``."""
+        entries = [optimizer.states.get((id(shard.data), (0, shard.data.size))) for shard in self.shards]
+        return {name: [entry[1][k] if entry else shard.data.zeros_like() for entry, shard in zip(entries, self.shards)]
+                for k, name in enumerate(optimizer.state_names())}
 
     def gather_state(self, optimizer):
         """The optimizer's state as a checkpoint stores it (``parallel.optim.gather_state``'s form): ``{state name:
-        [array per parameter]}``, whole, on the CPU; zeros where it has not stepped yet."""
-        entries = [optimizer.states.get((id(shard.data), (0, shard.data.size))) for shard in self.shards]
-        state = {}
-        for k, name in enumerate(optimizer.state_names()):
-            chunks = [entry[1][k] if entry else shard.data.zeros_like() for entry, shard in zip(entries, self.shards)]
-            state[name] = self._arrays(self._whole(chunks))
-        return state
+        LazyArrays}``, item ``j`` the state of parameter ``j``, gathered whole on the CPU when read (zeros where
+        it has not stepped yet), one at a time. In a job, reading an item is a collective call: every worker
+        reads the same items in the same order (``parallel.checkpoint.read_all``)."""
+        chunks = self._state_chunks(optimizer)
+        return {name: LazyArrays(len(self._shapes), functools.partial(self._array, chunks[name], state=k))
+                for k, name in enumerate(optimizer.state_names())}
+
+    def lazy_params(self):
+        """``params()`` as a ``LazyArrays``: item ``j`` gathered when read, so a checkpoint holds one array of the
+        model whole at a time (``parallel.checkpoint.save_checkpoint``)."""
+        return LazyArrays(len(self._shapes), functools.partial(self._array, [shard.data for shard in self.shards]))
 
     def load_state(self, optimizer, state):
         """Give ``optimizer`` the state ``state`` (``gather_state``'s form, from any layout): each context its
@@ -316,14 +491,17 @@ class FullyShardedDataParallel:
                 for name in names])
 
     def gathered_bytes(self):
-        """``{context: bytes}`` of full-size block arrays each context holds at once: its gather buffers (one
-        block's parameters, two with prefetch) and the block gradient buffer reduce-scattered from."""
-        return {ctx: sum(b.size * b.dtype(0).itemsize for b in buffers + [grads])
-                for ctx, buffers, grads in zip(self.ctx_list, self._gathered, self._gathered_grads)}
+        """``{context: bytes}`` of the block-sized arrays each context holds besides its shard: its gather buffers
+        (one block's parameters, two with prefetch), the block gradient buffer it reduces from, and the receive
+        buffers of its piece (the other contexts' copies, K - 1 of a block's K-th)."""
+        return {ctx: sum(b.size * b.dtype(0).itemsize for b in buffers + [grads] + received)
+                for ctx, buffers, grads, received in zip(self.ctx_list, self._gathered, self._gathered_grads,
+                                                         self._received)}
 
     def params(self):
-        """The model's trainable arrays, whole, on the CPU, copied from the shards."""
-        return self._arrays(self._whole([shard.data for shard in self.shards]))
+        """The model's trainable arrays, whole, on the CPU, gathered one at a time from the shards (in a job, a
+        collective call: every worker gets them)."""
+        return [self._array([shard.data for shard in self.shards], j) for j in range(len(self._shapes))]
 
     def aux(self):
         """The first context's running statistics (every context holds the same after synchronized training)."""
@@ -342,6 +520,25 @@ class FullyShardedDataParallel:
         return hidden[0]
 
     def evaluate(self, data_iter):
-        """Accuracy over ``data_iter``, each batch split across the contexts, each gathering block by block."""
-        return evaluate_accuracy(data_iter, list(range(len(self.ctx_list))), self.ctx_list,
-                                 net=lambda X, i: self._predict(X, i))
+        """Accuracy over ``data_iter``, each batch split across the contexts, each gathering block by block. In a
+        job, each worker scores its slice of each batch (every worker gathers every block of every batch, with
+        or without examples) and the counts are summed over the workers."""
+        job = self.job
+        if job is None:
+            return evaluate_accuracy(data_iter, list(range(len(self.ctx_list))), self.ctx_list,
+                                     net=lambda X, i: self._predict(X, i))
+        correct, total = mx.nd.zeros((1,), ctx=self.ctx_list[0]), 0
+        for X, y in data_iter:
+            total += X.shape[0]
+            start, stop = worker_slice(X.shape[0], len(self.ctx_list), job.rank, job.num_workers)
+            hidden = split_and_load(X[start:stop], self.ctx_list) if stop > start else []
+            for s, block in enumerate(self.blocks):
+                self._gather(s)
+                if hidden:
+                    hidden = _run(block.segment.net, hidden, [self._parts[s][0][i] for i in range(len(hidden))])
+            for out, y_shard in zip(hidden, split_and_load(y[start:stop], self.ctx_list) if hidden else []):
+                right = out.argmax(axis=1) == y_shard.astype(out.dtype)
+                correct += right.sum().astype(correct.dtype).as_in_context(self.ctx_list[0])
+        if total == 0:
+            raise ValueError("data_iter yielded no examples")
+        return sum_values(job, [float(correct.asscalar())])[0] / total
