@@ -22,6 +22,15 @@ gathered weights can only be freed after its forward if the block runs again in 
 therefore activation recomputation plus sharding: one more forward pass a step, and the activations of one block
 at a time besides the blocks' inputs.
 
+In a job (a reducer with a ``job``), the chunks are W x K, one per context of the job: worker ``r``'s context ``i``
+owns chunk ``r K + i``. Each block is also cut into K *pieces*, one per local context: a gather fills each piece
+with this worker's chunks (zeros elsewhere) and sums it over the workers through the kvstore, then every context
+copies the other pieces; a reduction adds every local context's copy of a piece in context order and sums it over
+the workers, and each owner copies its chunk out of the pieces. Those are the additions ``zero=0`` makes in a job
+(the contexts, then the servers): bitwise the same model. A worker without an example still makes every
+collective. Micro-batches (``accumulate``) each make a step's gathers and reductions, their sums added in the
+shards.
+
 Prefetch (``prefetch=True``, FSDP's forward and backward prefetch): two gather buffers a context, and the next
 block's gather is queued before the current block runs, so MXNet's engine can copy while it computes; without, one
 buffer, and each gather waits for the block before it to finish with the buffer. The gathered peak (full
@@ -100,8 +109,9 @@ class FullyShardedDataParallel:
     ctx_list : list of mxnet.Context
         Distinct contexts; each keeps ``1/K`` of every block's parameters.
     reducer : parallel.comm.Reducer or str, optional
-        Only its algorithm ``"fused"`` (the default): the reduce-scatter makes its additions. No job, no
-        compression (not yet).
+        Only its algorithm ``"fused"`` (the default): the reduce-scatter makes its additions; no compression. With
+        a ``job``, the shards span every context of every worker (a collective constructor: every worker makes
+        it; rank 0's initial model wins).
     prefetch : bool
         Queue the next block's gather before the current block runs (two gather buffers a context).
 
