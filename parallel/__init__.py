@@ -33,6 +33,7 @@ _SOURCES = {
                      "softmax_cross_entropy", "LENET_SHAPES", "LENET_LAYERS"],
     "models.gluon": ["GluonNet", "set_block_params"],
     "models.resnet": ["resnet18", "init_resnet18"],
+    "models.vit": ["vit", "init_vit"],
     "models.layout": ["init_model"],
     "evaluate": ["evaluate_accuracy", "accuracy"],
     "devices": ["try_gpu", "try_all_gpus", "parse_devices"],

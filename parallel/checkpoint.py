@@ -5,7 +5,8 @@ A checkpoint directory holds two to four files:
 - ``params-NNNNNN.params``: the model's arrays in MXNet's own format (``mx.nd.load`` reads it), by name
   (``parallel.models.model_layout``): LeNet's eight, named as in ``parallel.models.LENET_PARAM_NAMES``; or
   ResNet-18's 76
-  trainable arrays and the 34 running statistics of its BatchNorm layers, under gluon's structural names
+  trainable arrays and the 34 running statistics of its BatchNorm layers (the ViT's 56 trainable arrays, and no
+  others), under gluon's structural names
   (``"1.0.conv1.weight"``, ``"1.0.bn1.running_mean"``: what ``save_parameters`` writes). They are the model,
   whatever strategy trained it, so a checkpoint resumes on any number of contexts and under any strategy.
 - ``optimizer-NNNNNN.params``, for an optimizer with state (momentum, Adam's moments): its state for every
@@ -134,7 +135,7 @@ class Checkpoint(NamedTuple):
     #: The arrays that are not trained (BatchNorm's running statistics), in ``model_layout(model).aux_names``
     #: order; empty for LeNet.
     aux: list = ()
-    #: ``"lenet"`` or ``"resnet18"`` (``MODELS``).
+    #: ``"lenet"``, ``"resnet18"`` or ``"vit"`` (``MODELS``).
     model: str = "lenet"
     #: The optimizer's state, ``{state name: [array per trainable array, in params order]}`` on the CPU; empty for
     #: a stateless optimizer (plain SGD) and for checkpoints of version 1.

@@ -1,5 +1,5 @@
-"""Train LeNet (or ResNet-18) on Fashion-MNIST with data parallelism written from scratch, or with the other
-parallel styles: the command ``python -m parallel.train``.
+"""Train LeNet (or ResNet-18, or a small ViT) on Fashion-MNIST with data parallelism written from scratch, or with
+the other parallel styles: the command ``python -m parallel.train``.
 
 Run::
 
@@ -15,7 +15,9 @@ alone prints the epochs and writes the metrics, plot, checkpoints and export.
 
 Every strategy runs the same SGD step on the same batches: the same ``--seed`` gives the same loss curve.
 ``--model resnet18`` trains the textbook's ResNet-18 (a gluon block, 11.2 million parameters, BatchNorm) the same
-ways instead of LeNet; on a CPU it costs a few hundred times LeNet's time per example.
+ways instead of LeNet; on a CPU it costs a few hundred times LeNet's time per example. ``--model vit`` trains a
+small Vision Transformer (7x7 patches, a class token, four pre-norm Transformer blocks of width 64: 139 thousand
+parameters, no BatchNorm) the same ways.
 
 The arguments are checked before MXNet is imported, so ``--help`` and argument errors answer at once; then,
 unless ``OMP_NUM_THREADS`` is set, the command sets it to every core (MXNet reads it when it is imported; see
@@ -75,12 +77,15 @@ _layer_indices = _int_list("layer indices", "2 or 1,3")
 def build_parser():
     """The argument parser of ``python -m parallel.train`` (it imports nothing heavy)."""
     parser = Parser(prog="python -m parallel.train",
-                    description="Train LeNet or ResNet-18 with data parallelism written from scratch on MXNet.")
+                    description="Train LeNet, ResNet-18 or a small ViT with data parallelism written from scratch on "
+                                "MXNet.")
     add = parser.add_argument
     add("--model", choices=list(MODELS), default="lenet",
         help="lenet: the textbook's LeNet, from scratch; resnet18: the textbook's ResNet-18 for 28x28 images (a "
              "gluon block with BatchNorm, statistics over the whole batch across one process's devices, over each "
-             "micro-batch under --accumulate; in a distributed job each worker keeps its own); default lenet")
+             "micro-batch under --accumulate; in a distributed job each worker keeps its own); vit: a small Vision "
+             "Transformer for 28x28 images (7x7 patches, a class token, 4 pre-norm blocks of width 64, 4 heads); "
+             "default lenet")
     add("--devices", default="auto", help="'auto' (all GPUs, else one CPU context), 'cpu:N' (N CPU contexts) or "
         "'gpu:I,J,...' (GPU indices as CUDA_VISIBLE_DEVICES numbers them); default auto")
     add("--epochs", type=int, default=10, help="number of epochs (>= 1); default 10")
@@ -97,8 +102,8 @@ def build_parser():
     add("--strategy", choices=list(STRATEGIES), default="data",
         help="; ".join(f"{name}: {what}" for name, what in STRATEGIES.items()) + "; default data")
     add("--stages", type=int, default=None,
-        help=f"model/pipeline/hybrid: cut the model's layers (LeNet's 4, ResNet-18's 7 children) into N stages as "
-             f"evenly as possible (default {DEFAULT_STAGES})")
+        help=f"model/pipeline/hybrid: cut the model's layers (LeNet's 4, ResNet-18's 7 children, the ViT's 6) into N "
+             f"stages as evenly as possible (default {DEFAULT_STAGES})")
     add("--boundaries", type=_layer_indices, default=None, metavar="I,J",
         help="model/pipeline/hybrid: instead of --stages, the layer indices where stages start, e.g. 2 (conv | "
              "dense) or 1,3; " + "; ".join(f"{MODELS[m].title}'s layers are {MODELS[m].layers}" for m in MODELS))
@@ -173,7 +178,8 @@ def _add_optimizer_flags(add):
              "parameters sharded too, gathered a block at a time and recomputed in backward (ZeRO-3, FSDP; data "
              "strategy in one process, --allreduce fused); default 0")
     add("--recompute", action="store_true",
-        help="activation recomputation: keep only each block's input (LeNet's layers, ResNet-18's residual blocks) "
+        help="activation recomputation: keep only each block's input (LeNet's layers, ResNet-18's residual blocks, "
+             "the ViT's children) "
              "and compute its forward again during backward; the same gradients, less memory, about one more "
              "forward pass a step; data strategy")
 

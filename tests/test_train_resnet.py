@@ -65,7 +65,7 @@ def straight(data_dir, tmp_path_factory):
 
 def test_the_cli_offers_the_registrys_models():
     model_flag = next(a for a in build_parser()._actions if a.dest == "model")
-    assert model_flag.choices == list(MODELS) == ["lenet", "resnet18"]
+    assert model_flag.choices == list(MODELS) == ["lenet", "resnet18", "vit"]
 
 
 @pytest.mark.slow
@@ -172,7 +172,8 @@ def test_the_export_loads_into_gluon_and_predicts_what_the_checkpoint_holds(stra
 def test_bad_model_exits_2_with_one_line(capsys):
     assert main(["--model", "vgg16", "--dataset", "synthetic"]) == 2
     err = capsys.readouterr().err
-    assert err.strip() == ("error: argument --model: invalid choice: 'vgg16' (choose from 'lenet', 'resnet18')")
+    assert err.strip() == ("error: argument --model: invalid choice: 'vgg16' (choose from 'lenet', 'resnet18', "
+                           "'vit')")
 
 
 @pytest.mark.slow

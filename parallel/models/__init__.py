@@ -3,11 +3,14 @@
 - ``lenet``: the textbook's LeNet written from scratch, a function ``lenet(X, params)`` of plain arrays, and
   ``CachedNet`` (``lenet_cached``) that runs such a function as a cached graph.
 - ``resnet``: the textbook's ResNet-18 for 28x28 images, a gluon ``HybridSequential``.
+- ``vit``: a small Vision Transformer for 28x28 images (7x7 patches, a class token, pre-norm Transformer blocks),
+  a gluon ``HybridSequential``.
 - ``gluon``: any gluon ``HybridBlock`` as a function ``net(X, params)`` of flat replicas (``GluonNet``), with
   BatchNorm synchronized across contexts.
-- ``registry``: what each model does (``LeNetModel``, ``GluonModel``, ``ResNet18Model``): its initial model, the
-  layout and checks of its arrays, the function data parallelism runs, where model parallelism cuts it, its
-  export; ``behaviour_of`` gives the behaviour of an initial model a strategy is handed.
+- ``registry``: what each model does (``LeNetModel``, ``GluonModel``, and the ``BuiltGluonModel`` subclasses
+  ``ResNet18Model`` and ``ViTModel``): its initial model, the layout and checks of its arrays, the function data
+  parallelism runs, where model parallelism cuts it, its export; ``behaviour_of`` gives the behaviour of an
+  initial model a strategy is handed.
 - ``recompute``: activation recomputation, a network trained block by block keeping only each block's input
   (``Recompute`` of a model's ``segments``).
 - ``layout``: what each model of ``MODELS`` is made of: its initial arrays (``init_model``) and the names and
@@ -17,7 +20,7 @@
 class of ``registry``, imported on first use) is the one place that knows the model:
 
 >>> list(MODELS), MODELS["resnet18"].title
-(['lenet', 'resnet18'], 'ResNet-18')
+(['lenet', 'resnet18', 'vit'], 'ResNet-18')
 >>> MODELS["resnet18"].behaviour.layout().names[:2]
 ('0.0.weight', '0.0.bias')
 """
@@ -54,6 +57,8 @@ MODELS = {
     "lenet": ModelInfo("LeNet", "0 conv1, 1 conv2, 2 dense1, 3 dense2", "LeNetModel"),
     "resnet18": ModelInfo("ResNet-18", "0 stem (conv, BatchNorm, ReLU), 1-4 its four stages of residual blocks "
                                        "(64, 128, 256, 512 channels), 5 pooling, 6 dense", "ResNet18Model"),
+    "vit": ModelInfo("ViT", "0 patch embedding (7x7 patches, class token, positions), 1-4 its four Transformer "
+                            "blocks, 5 head (LayerNorm, dense)", "ViTModel"),
 }
 
 _SOURCES = {
@@ -61,8 +66,9 @@ _SOURCES = {
               "LENET_SHAPES", "LENET_LAYERS", "LENET_PARAM_NAMES"],
     "gluon": ["GluonNet", "as_net", "set_block_params"],
     "resnet": ["Residual", "resnet18", "init_resnet18"],
+    "vit": ["PatchEmbedding", "MultiHeadAttention", "TransformerBlock", "ClassifierHead", "vit", "init_vit"],
     "layout": ["init_model", "model_layout", "Layout", "block_names"],
-    "registry": ["behaviour_of", "LeNetModel", "GluonModel", "ResNet18Model"],
+    "registry": ["behaviour_of", "LeNetModel", "GluonModel", "BuiltGluonModel", "ResNet18Model", "ViTModel"],
     "recompute": ["Recompute", "Segment"],
 }
 __all__ = ["MODELS", "ModelInfo"] + [name for names in _SOURCES.values() for name in names]

@@ -1,9 +1,9 @@
 """What each model of ``MODELS`` is made of: its initial arrays, and the names and shapes a checkpoint stores.
 
-``init_model(name, seed)`` gives a run's initial model: LeNet's eight arrays, or ResNet-18 as an initialized
-gluon block; ``model_layout(name)`` the ``Layout`` of its arrays, by name, independent of how a strategy lays
-them out on contexts. Both check the name and ask the model's entry (``MODELS[name].behaviour``, a class of
-``parallel.models.registry``):
+``init_model(name, seed)`` gives a run's initial model: LeNet's eight arrays, or ResNet-18 or the ViT as an
+initialized gluon block; ``model_layout(name)`` the ``Layout`` of its arrays, by name, independent of how a
+strategy lays them out on contexts. Both check the name and ask the model's entry (``MODELS[name].behaviour``,
+a class of ``parallel.models.registry``):
 
 >>> layout = model_layout("lenet")
 >>> layout.names[:2], layout.shapes[0], layout.aux_names
@@ -50,7 +50,7 @@ def block_names(block):
 def model_layout(model):
     """The ``Layout`` of a model of ``MODELS``: what its checkpoint holds (``MODELS[model].behaviour.layout()``).
 
-    ResNet-18's shapes are inferred from its graph on 1x28x28 images with 10 classes (what ``fit`` trains),
+    A gluon model's shapes are inferred from its graph on 1x28x28 images with 10 classes (what ``fit`` trains),
     without allocating its arrays.
 
     >>> layout = model_layout("resnet18")
@@ -67,19 +67,19 @@ def init_model(model="lenet", seed=0, params=None, aux=None):
     Parameters
     ----------
     model : str
-        ``"lenet"`` (the from-scratch LeNet) or ``"resnet18"`` (the textbook's ResNet-18 for 1x28x28 images and
-        10 classes, ``init_resnet18``): one of ``MODELS``.
+        ``"lenet"`` (the from-scratch LeNet), ``"resnet18"`` (the textbook's ResNet-18 for 1x28x28 images and
+        10 classes, ``init_resnet18``) or ``"vit"`` (the small Vision Transformer, ``init_vit``): one of ``MODELS``.
     seed : int
         Seeds the initial values when ``params`` is not given.
     params, aux : list of NDArray, optional
         Values to start from (a checkpoint's): the trainable arrays and the others (BatchNorm's running
-        statistics), in ``block_state`` order for ResNet-18 (``aux`` is required with it); LeNet's eight, and
-        no ``aux``, for LeNet. Copied, not modified.
+        statistics), in ``block_state`` order for a gluon model (``aux`` is required with ResNet-18; the ViT has
+        none); LeNet's eight, and no ``aux``, for LeNet. Copied, not modified.
 
     Returns
     -------
     list of NDArray or mxnet.gluon.nn.HybridSequential
-        LeNet's eight arrays (on the CPU), or ResNet-18 as an initialized gluon block on the CPU.
+        LeNet's eight arrays (on the CPU), or ResNet-18 or the ViT as an initialized gluon block on the CPU.
 
     Raises
     ------

@@ -38,8 +38,10 @@ from .lenet import (LENET_LAYERS, LENET_PARAM_NAMES, LENET_SHAPES, CachedNet, Le
                     lenet_cached, lenet_layers)
 from .recompute import Segment
 from .resnet import init_resnet18, resnet18
+from .vit import init_vit, vit
 
-__all__ = ["Layers", "Cut", "Model", "LeNetModel", "GluonModel", "ResNet18Model", "behaviour_of"]
+__all__ = ["Layers", "Cut", "Model", "LeNetModel", "GluonModel", "BuiltGluonModel", "ResNet18Model", "ViTModel",
+           "behaviour_of"]
 
 
 class Layers(NamedTuple):
@@ -279,9 +281,11 @@ class GluonModel(Model):
         return export_gluon(initial, prefix, params, aux)
 
 
-class ResNet18Model(GluonModel):
-    """The textbook's ResNet-18 for 1x28x28 images and 10 classes (``init_resnet18``): a gluon block whose
-    checkpoint holds its trainable arrays and its BatchNorm running statistics, under structural names."""
+class BuiltGluonModel(GluonModel):
+    """A gluon model of ``MODELS``: a block of one architecture (``build``) initialized from a seed
+    (``initialize``), for 1x28x28 images and 10 classes, whose checkpoint holds its trainable arrays and its
+    others (BatchNorm's running statistics) under structural names. A model is a subclass naming its two
+    functions."""
 
     #: The images it takes (one example) and the classes it tells apart: what ``fit`` trains.
     input_shape = (1, 1, 28, 28)
@@ -291,8 +295,16 @@ class ResNet18Model(GluonModel):
         super().__init__(title)
         self._layout = None
 
+    def build(self):
+        """The model's block, uninitialized."""
+        raise NotImplementedError
+
+    def initialize(self, seed):
+        """The model's block initialized from ``seed`` on the CPU, its shapes known."""
+        raise NotImplementedError
+
     def init(self, seed=0, params=None, aux=None):
-        block = init_resnet18(seed, num_classes=self.num_classes, input_shape=self.input_shape)
+        block = self.initialize(seed)
         if params is None:
             return block
         names, arrays, aux_names, aux_arrays = block_state(block)
@@ -310,7 +322,7 @@ class ResNet18Model(GluonModel):
     def layout(self):
         """Shapes inferred from the graph on ``input_shape`` images, without allocating the arrays (once)."""
         if self._layout is None:
-            block = resnet18(num_classes=self.num_classes)
+            block = self.build()
             symbol = block(mx.sym.var("data"))
             arg_shapes, _, aux_shapes = symbol.infer_shape(data=self.input_shape)
             shapes = dict(zip(symbol.list_arguments(), arg_shapes))
@@ -327,6 +339,29 @@ class ResNet18Model(GluonModel):
         thunks.update(zip(layout.aux_names, array_thunks(aux, layout.aux_names, layout.aux_shapes,
                                                          f"{self.title}'s running statistics")))
         return thunks
+
+
+class ResNet18Model(BuiltGluonModel):
+    """The textbook's ResNet-18 for 1x28x28 images and 10 classes (``init_resnet18``): a gluon block whose
+    checkpoint holds its trainable arrays and its BatchNorm running statistics, under structural names."""
+
+    def build(self):
+        return resnet18(num_classes=self.num_classes)
+
+    def initialize(self, seed):
+        return init_resnet18(seed, num_classes=self.num_classes, input_shape=self.input_shape)
+
+
+class ViTModel(BuiltGluonModel):
+    """The small Vision Transformer for 1x28x28 images and 10 classes (``init_vit``: 7x7 patches, 4 pre-norm
+    blocks of width 64): a gluon block whose checkpoint holds its trainable arrays, under structural names (it has
+    no others: no BatchNorm)."""
+
+    def build(self):
+        return vit(num_classes=self.num_classes, image=self.input_shape[-1])
+
+    def initialize(self, seed):
+        return init_vit(seed, num_classes=self.num_classes, input_shape=self.input_shape)
 
 
 #: The behaviour of a gluon block handed to a strategy, whichever it is.

@@ -2,7 +2,8 @@
 
 A *stage* is a run of consecutive layers: of ``parallel.models.LENET_LAYERS`` (conv1, conv2, dense1, dense2)
 for LeNet's parameter list, or of the children of a gluon ``HybridSequential`` (``init_resnet18()`` has seven:
-stem, four stages of residual blocks, pooling, classifier). Stage boundaries are layer (child) indices:
+stem, four stages of residual blocks, pooling, classifier; ``init_vit()`` six: patch embedding, four Transformer
+blocks, head). Stage boundaries are layer (child) indices:
 ``boundaries=[2]`` makes the stages [0, 2) and [2, 4) (LeNet's convolutional part, then its dense part);
 ``stages=N`` splits the layers as evenly as possible. Stage ``s`` runs on ``ctx_list[s]``; its output is copied
 to the next stage's context inside ``autograd.record()``, where MXNet records the copy, so the backward pass

@@ -23,7 +23,7 @@ BatchNorm. A gluon ``HybridSequential`` with BatchNorm (``init_resnet18()``) is 
 context: each micro-batch is normalised by its own mean and variance, and the running statistics are
 updated once per micro-batch, as GPipe does. Gradients are then those of M smaller batches, not of the
 batch; ``ModelParallel`` (the whole batch through each stage) and ``Hybrid`` (statistics synchronized
-across its replicas) train the one-context model. Without BatchNorm the pipeline is exact.
+across its replicas) train the one-context model. Without BatchNorm (LeNet, the ViT) the pipeline is exact.
 """
 from ..models.lenet import softmax_cross_entropy
 from ..step import step_replicas
