@@ -136,6 +136,15 @@ def loss_and_correct(outputs, y_shards, losses, ctx, count_correct=True):
     return mx.nd.add_n(*loss_sums), mx.nd.add_n(*corrects)
 
 
+def check_accumulate(accumulate, n):
+    """``accumulate`` (an int >= 1) micro-batches of a batch of ``n`` examples: at most ``n``; returns it."""
+    accumulate = check_int(accumulate, "accumulate", low=1)
+    if accumulate > n:
+        raise ValueError(f"accumulate={accumulate} cannot split a batch of {n} examples into micro-batches; "
+                         f"use at most {n}")
+    return accumulate
+
+
 def check_batch(X, y):
     """Raise ``ValueError`` unless ``X`` and ``y`` hold the same number of examples, at least one."""
     if X.shape[0] != y.shape[0]:
@@ -250,10 +259,7 @@ def step_replicas(replicas, X, y, lr=None, loss=softmax_cross_entropy, batch_siz
     """
     check_batch(X, y)
     optimizer = as_optimizer(lr, optimizer)
-    accumulate = check_int(accumulate, "accumulate", low=1)
-    if accumulate > X.shape[0]:
-        raise ValueError(f"accumulate={accumulate} cannot split a batch of {X.shape[0]} examples into micro-batches; "
-                         f"use at most {X.shape[0]}")
+    accumulate = check_accumulate(accumulate, X.shape[0])
     if accumulate == 1:
         if may_skip_parameters(getattr(replicas, "net", lenet_cached)):   # an unused parameter's gradient is 0
             zero_grads(replicas.groups())

@@ -7,13 +7,16 @@ import pytest
 from conftest import load_benchmark
 
 
+def _rows(tmp_path, *args):
+    """The rows ``benchmarks/memory.py`` writes for ``args``, on one round of one timed step."""
+    out = tmp_path / "memory.json"
+    assert load_benchmark("memory").main([*args, "--rounds", "1", "--steps", "1", "--out", str(out)]) == 0
+    return json.loads(out.read_text())["rows"]
+
+
 @pytest.mark.slow
 def test_recompute_benchmark_runs_both_ways_and_trains_the_same(tmp_path):
-    bench = load_benchmark("memory")
-    out = tmp_path / "memory.json"
-    assert bench.main(["--part", "recompute", "--models", "lenet", "--rounds", "1", "--steps", "1", "--out",
-                       str(out)]) == 0
-    rows = json.loads(out.read_text())["rows"]
+    rows = _rows(tmp_path, "--part", "recompute", "--models", "lenet")
     assert [(r["model"], r["recompute"]) for r in rows] == [("lenet", False), ("lenet", True)]
     off, on = rows
     assert off["losses"] == on["losses"]   # bitwise the same steps
@@ -28,11 +31,7 @@ def test_counted_activations_of_resnet18_shrink_with_recomputation():
 
 @pytest.mark.slow
 def test_zero_benchmark_runs_every_stage_and_trains_the_same(tmp_path):
-    bench = load_benchmark("memory")
-    out = tmp_path / "memory.json"
-    assert bench.main(["--part", "zero", "--zero-devices", "2", "--rounds", "1", "--steps", "1", "--out",
-                       str(out)]) == 0
-    rows = json.loads(out.read_text())["rows"]
+    rows = _rows(tmp_path, "--part", "zero", "--zero-devices", "2")
     assert [(r["zero"], r["prefetch"]) for r in rows] == [(0, False), (1, False), (2, False), (3, True), (3, False)]
     assert len({tuple(r["losses"]) for r in rows}) == 1   # every stage trains the same steps, bitwise
     held = [r["bytes_a_parameter"] for r in rows]
@@ -44,11 +43,7 @@ def test_zero_benchmark_runs_every_stage_and_trains_the_same(tmp_path):
 def test_job_benchmark_runs_every_stage_under_the_launcher_and_trains_the_same(tmp_path):
     """2 workers of 1 context each: every stage the same losses (ZeRO-3 bitwise zero 0 in a job), ZeRO-3 keeps
     half of zero 0's bytes a parameter on each worker and pushes 3 Psi - Psi_last a step."""
-    bench = load_benchmark("memory")
-    out = tmp_path / "memory_job.json"
-    assert bench.main(["--part", "job", "--job-devices", "1", "--rounds", "1", "--steps", "1", "--out",
-                       str(out)]) == 0
-    rows = json.loads(out.read_text())["rows"]
+    rows = _rows(tmp_path, "--part", "job", "--job-devices", "1")
     assert [(r["workers"], r["zero"], r["prefetch"]) for r in rows] == [
         (2, 0, False), (2, 1, False), (2, 2, False), (2, 3, True), (2, 3, False)]
     assert len({tuple(r["losses"]) for r in rows}) == 1

@@ -58,8 +58,8 @@ from ..models.recompute import _Part, _run
 from ..models.registry import behaviour_of
 from ..optim.zero import _clip, _update, as_optimizer
 from ..split import shard_sizes, split_and_load
-from ..step import check_batch, check_labels, loss_and_correct
-from ..validate import BadValue, check_bool, check_contexts, check_int
+from ..step import check_accumulate, check_batch, check_labels, loss_and_correct
+from ..validate import BadValue, check_bool, check_contexts
 
 __all__ = ["FullyShardedDataParallel"]
 
@@ -97,6 +97,13 @@ class _Block:
     def mine(self):
         """The elements this worker's contexts own, one run: ``(a, b)``."""
         return self.bounds[self.first], self.bounds[self.first + len(self.offsets)]
+
+    def overlap(self, i, low, high):
+        """The part of local context ``i``'s chunk within the block's elements ``low .. high - 1``: ``(a, b,
+        start)``, elements ``a .. b - 1`` of the block at ``start ..`` of the context's shard; None if empty."""
+        first, last = self.chunk(i)
+        a, b = max(first, low), min(last, high)
+        return (a, b, self.offsets[i] + a - first) if b > a else None
 
 
 class FullyShardedDataParallel:
@@ -232,9 +239,10 @@ class FullyShardedDataParallel:
             if job is None:
                 for i in (range(len(self.ctx_list)) if contexts is None else contexts):
                     for j, shard in enumerate(self.shards):
-                        a, b = block.chunk(j)
-                        if b > a:
-                            algorithms._copy(shard.data[block.offsets[j]:block.offsets[j] + b - a], buffers[i][a:b])
+                        part = block.overlap(j, 0, block.size)
+                        if part:
+                            a, b, start = part
+                            algorithms._copy(shard.data[start:start + b - a], buffers[i][a:b])
                 return
             low, high = block.mine()
             for j, buffer in enumerate(buffers):
@@ -245,10 +253,9 @@ class FullyShardedDataParallel:
                     if b > a:
                         buffer[a:b] = 0
                 for i, shard in enumerate(self.shards):   # this worker's chunks that fall in the piece
-                    a, b = block.chunk(i)
-                    a, b = max(a, p), min(b, q)
-                    if b > a:
-                        start = block.offsets[i] + a - block.chunk(i)[0]
+                    part = block.overlap(i, p, q)
+                    if part:
+                        a, b, start = part
                         algorithms._copy(shard.data[start:start + b - a], buffer[a:b])
                 job.allsum(_block_key(s, 0, j, len(buffers)), buffer[p:q], kind="allgather")
             for i, buffer in enumerate(buffers):
@@ -278,19 +285,20 @@ class FullyShardedDataParallel:
                 pieces = [mine if i == j else algorithms._copy(grads[i][p:q], self._received[j][i - (i > j)][:q - p])
                           for i in range(k)]
                 out = self.shards[j].grads[0][block.offsets[j]:block.offsets[j] + q - p] if direct else mine
-                mx.nd.add_n(*pieces, out=out) if k > 1 else (direct and algorithms._copy(mine, out))
+                if k > 1:
+                    mx.nd.add_n(*pieces, out=out)
+                elif direct:   # one context: its piece is the sum
+                    algorithms._copy(mine, out)
                 if job is not None:
                     job.allsum(_block_key(s, 1, j, k), mine, kind="reduce_scatter")
             if direct:
                 return
             for i, shard in enumerate(self.shards):
-                a, b = block.chunk(i)
                 for j in range(k):   # the pieces that hold part of chunk i
-                    p, q = block.piece(j)
-                    lo, hi = max(a, p), min(b, q)
-                    if hi <= lo:
+                    part = block.overlap(i, *block.piece(j))
+                    if part is None:
                         continue
-                    start = block.offsets[i] + lo - a
+                    lo, hi, start = part
                     out = shard.grads[0][start:start + hi - lo]
                     summed = grads[j][lo:hi]
                     if not accumulate:
@@ -329,7 +337,6 @@ class FullyShardedDataParallel:
             with autograd.record():
                 outputs = _run(self.blocks[-1].segment.net, hidden, [self._parts[-1][0][i] for i in active])
                 losses = [loss(out, y) for out, y in zip(outputs, y_shards)]
-        if computes:
             autograd.backward(losses)
         for s in reversed(range(n - 1)):
             if prefetch:
@@ -357,10 +364,7 @@ class FullyShardedDataParallel:
         added in the shards (FSDP's accumulation: the same model as the whole batch up to float rounding)."""
         check_batch(X, y)
         optimizer = as_optimizer(lr, optimizer)
-        accumulate = check_int(accumulate, "accumulate", low=1)
-        if accumulate > X.shape[0]:
-            raise BadValue("accumulate", f"{{accumulate={accumulate}}} cannot split a batch of {X.shape[0]} "
-                                         f"examples into micro-batches; use at most {X.shape[0]}")
+        accumulate = check_accumulate(accumulate, X.shape[0])
         n, job = X.shape[0], self.job
         if job is not None:
             start, stop = worker_slice(n, len(self.ctx_list), job.rank, job.num_workers)
@@ -422,9 +426,11 @@ class FullyShardedDataParallel:
         elements = 0
         for s, block in enumerate(self.blocks):
             gathers = 1 if s == len(self.blocks) - 1 else 2
-            crossing = 0 if self.job is None else sum(
-                max(0, min(block.chunk(i)[1], block.piece(j)[1]) - max(block.chunk(i)[0], block.piece(j)[0]))
-                for i in range(k) for j in range(k) if i != j)
+            crossing = 0   # in a job: the parts of chunk i that fall in another context's piece j
+            for i in range(k if self.job is not None else 0):
+                for j in range(k):
+                    part = block.overlap(i, *block.piece(j)) if j != i else None
+                    crossing += part[1] - part[0] if part else 0
             elements += (gathers + 1) * ((k - 1) * block.size + crossing)
         return accumulate * elements * itemsize
 
@@ -453,10 +459,9 @@ class FullyShardedDataParallel:
         low, high = self._starts[j] - block.start, self._starts[j + 1] - block.start
         whole = mx.nd.zeros((high - low,), ctx=mx.cpu(), dtype=self.shards[0].data.dtype)
         for i, chunk in enumerate(chunks):
-            a, b = block.chunk(i)
-            lo, hi = max(a, low), min(b, high)
-            if hi > lo:
-                start = block.offsets[i] + lo - a
+            part = block.overlap(i, low, high)
+            if part:
+                lo, hi, start = part
                 algorithms._copy(chunk[start:start + hi - lo], whole[lo - low:hi - low])
         if self.job is not None:
             n = len(self._shapes)
