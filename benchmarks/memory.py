@@ -14,7 +14,7 @@ interleaved over the rounds, and reports:
   inputs, plus the largest block's operator outputs (one block's activations exist at a time during backward),
   plus the last block's;
 - zero: what the busiest context holds (``parallel.optim.memory_table``: parameters, gradients, optimizer state,
-  gathered block buffers) and, at stage 3, the bytes a step copies between contexts against ZeRO's 3 Psi;
+  gathered parameters, temporary buffers) and, at stage 3, the bytes a step copies between contexts against ZeRO's 3 Psi;
 - job: the same, rank 0's, and the bytes a worker pushes to the servers a step (and pulls back as many).
 
     python benchmarks/memory.py                         # the recompute and zero parts
@@ -107,8 +107,9 @@ def _worker(config, steps):
     import mxnet as mx
     import numpy as np
     from parallel.models import MODELS
-    from parallel.optim import SGD, Adam, memory_table
+    from parallel.optim import SGD, Adam
     from parallel.strategies import make_strategy
+    from parallel.train_steps import memory_of
     from parallel import Reducer
     model, recompute, zero, prefetch, devices = config
     ctx_list = [mx.cpu(i) for i in range(devices)]
@@ -118,9 +119,9 @@ def _worker(config, steps):
         from parallel.job import join
         job = join()
     reducer = Reducer(job=job)
-    if zero == 3 and not prefetch:
+    if zero == 3:
         from parallel.strategies.sharded import FullyShardedDataParallel
-        strategy = FullyShardedDataParallel(initial, ctx_list, reducer, prefetch=False)
+        strategy = FullyShardedDataParallel(initial, ctx_list, reducer, prefetch=prefetch)
     else:
         strategy = make_strategy("data", initial, ctx_list, recompute=bool(recompute), zero=zero, reducer=reducer)
     rng = np.random.RandomState(0)
@@ -134,8 +135,7 @@ def _worker(config, steps):
         mx.nd.waitall()
         if step >= 2:
             times.append(time.perf_counter() - start)
-    gathered = getattr(strategy, "gathered_bytes", None)
-    table = memory_table(optimizer, strategy.groups(), gathered() if gathered else None)
+    table = memory_of(strategy, optimizer)
     busiest = max(table, key=lambda row: sum(v for k, v in row.items() if k != "context"))
     moved = strategy.bytes_moved() if hasattr(strategy, "bytes_moved") else None
     pushed = strategy.network_bytes() if hasattr(strategy, "network_bytes") else None
@@ -230,7 +230,8 @@ def _zero_rows(args, workers=0):
             where = f"W={workers} K={k}" if workers else f"K={k}"
             print(f"resnet18 {where} zero={zero}{' prefetch' if prefetch else ''}: step {step * 1e3:7.1f} ms "
                   f"({row['time_ratio']:.2f}x)  {row['bytes_a_parameter']:5.2f} B/param + gathered "
-                  f"{busiest['gathered_peak'] / 2**20:5.1f} MiB{moved}", flush=True)
+                  f"{busiest['gathered_peak'] / 2**20:5.1f} MiB + temporary {busiest['temporary_buffers'] / 2**20:5.1f} "
+                  f"MiB{moved}", flush=True)
     return rows
 
 

@@ -109,22 +109,23 @@ def format_epoch(metrics, ctx_list, strategy="data", workers=1):
 
 
 #: What a context holds for training, in ``parallel.optim.memory_table``'s rows and in this order.
-MEMORY_PARTS = ("parameters", "gradients", "optimizer_state", "gathered_peak")
+MEMORY_PARTS = ("parameters", "gradients", "optimizer_state", "gathered_peak", "temporary_buffers")
 
 
 def format_memory(table):
     """One line: the busiest context of ``table`` (``parallel.optim.memory_table``) and what it holds, in MiB.
 
     >>> format_memory([{"context": "cpu(0)", "parameters": 2 ** 20, "gradients": 2 ** 20, "optimizer_state": 2 ** 19,
-    ...                 "gathered_peak": 0}])
+    ...                 "gathered_peak": 0, "temporary_buffers": 0}])
     'memory for training: 2.50 MiB on the busiest context, cpu(0) (parameters 1.00, gradients 1.00, optimizer state 0.50 MiB)'
     """
     busiest = max(table, key=lambda row: sum(row[part] for part in MEMORY_PARTS))
     mib = {part: busiest[part] / 2 ** 20 for part in MEMORY_PARTS}
     gathered = f", gathered parameters {mib['gathered_peak']:.2f}" if busiest["gathered_peak"] else ""
+    buffers = f", temporary buffers {mib['temporary_buffers']:.2f}" if busiest["temporary_buffers"] else ""
     return (f"memory for training: {sum(mib.values()):.2f} MiB on the busiest context, {busiest['context']} "
             f"(parameters {mib['parameters']:.2f}, gradients {mib['gradients']:.2f}, optimizer state "
-            f"{mib['optimizer_state']:.2f}{gathered} MiB)")
+            f"{mib['optimizer_state']:.2f}{gathered}{buffers} MiB)")
 
 
 class Report:

@@ -11,6 +11,7 @@ import sys
 from .checkpoint import (CheckpointError, CheckpointWriteError, CheckpointWriter, check_compatible, read_all,
                          check_run_config, dataset_fingerprint, has_checkpoint, load_checkpoint)
 from .cli import UsageError, launched, restart_count, users_input
+from .comm.algorithms import buffer_bytes, free_buffers
 from .comm.reducer import Reducer
 from .config import FLAGS, run_config
 from .data import DataError, identify_dataset, load_data, num_batches
@@ -127,7 +128,9 @@ def optimizer_of(args, dataset):
 
 
 def lay_out(args, checkpoint, ctx_list, job):
-    """The initial model (the checkpoint's, else seeded) and the strategy that lays it out on ``ctx_list``."""
+    """The initial model (the checkpoint's, else seeded) and the strategy that lays it out on ``ctx_list``. The
+    allreduce's receive buffers of an earlier run in this process are dropped: the memory a run reports is its own."""
+    free_buffers()
     with users_input(ValueError, TypeError, flags=FLAGS):
         if checkpoint is None:
             initial = init_model(args.model, args.seed)   # in a job, replaced by rank 0's in make_strategy
@@ -182,9 +185,13 @@ def check_resume(checkpoint, record, dataset):
 
 
 def memory_of(strategy, optimizer):
-    """What each context of ``strategy`` holds for training (``memory_table``, with ZeRO-3's gathered buffers)."""
-    gathered = getattr(strategy, "gathered_bytes", None)
-    return memory_table(optimizer, strategy.groups(), gathered() if gathered is not None else None)
+    """What each context of ``strategy`` holds for training (``memory_table``): with ZeRO-3's gather buffers, and
+    as temporary buffers the allreduce's receive buffers (``buffer_bytes``) and ZeRO-3's block gradient buffers."""
+    gathered, own = getattr(strategy, "gathered_bytes", None), getattr(strategy, "temporary_bytes", None)
+    temporary = buffer_bytes()
+    for ctx, nbytes in (own() if own is not None else {}).items():
+        temporary[ctx] = temporary.get(ctx, 0) + nbytes
+    return memory_table(optimizer, strategy.groups(), gathered() if gathered is not None else None, temporary)
 
 
 def open_report(args, strategy, optimizer, dataset, data_name, job):

@@ -58,13 +58,14 @@ def test_clipping_sharded_adds_the_chunks_norms_and_matches_zero_0_to_rounding()
 
 
 @pytest.mark.parametrize("k", [2, 3])
-def test_each_context_keeps_its_chunk_of_every_block_and_gathers_one_block_at_a_time(k):
-    strategy = make_strategy("data", init_lenet_params(seed=0), contexts(k), zero=3)
+@pytest.mark.parametrize("prefetch", [True, False])
+def test_each_context_keeps_its_chunk_of_every_block_and_gathers_one_block_at_a_time(k, prefetch):
+    strategy = FullyShardedDataParallel(init_lenet_params(seed=0), contexts(k), prefetch=prefetch)
     optimizer = Adam(0.01, zero=3)
-    planned = memory_table(optimizer, strategy.groups(), strategy.gathered_bytes())
+    planned = memory_table(optimizer, strategy.groups(), strategy.gathered_bytes(), strategy.temporary_bytes())
     X, y = make_batches([8], seed=1)[0]
     strategy.train_step(X, y, optimizer=optimizer)
-    table = memory_table(optimizer, strategy.groups(), strategy.gathered_bytes())
+    table = memory_table(optimizer, strategy.groups(), strategy.gathered_bytes(), strategy.temporary_bytes())
     assert table == planned
     model = 4 * sum(p.size for p in init_lenet_params(seed=0))
     assert [row["context"] for row in table] == [str(c) for c in contexts(k)]
@@ -74,8 +75,23 @@ def test_each_context_keeps_its_chunk_of_every_block_and_gathers_one_block_at_a_
         assert abs(row["parameters"] - model / k) <= 4 * len(strategy.blocks)
     largest = 4 * max(block.size for block in strategy.blocks)
     piece = 4 * -(-max(block.size for block in strategy.blocks) // k)   # a context's K-th of the largest block
-    # two gather buffers (prefetch), one gradient buffer, and K - 1 receive buffers of a piece: nothing else
-    assert all(row["gathered_peak"] == 3 * largest + (k - 1) * piece for row in table)
+    # gathered: one block's parameters (two with prefetch); temporary: one gradient buffer and K - 1 receive
+    # buffers of a piece; nothing else
+    assert all(row["gathered_peak"] == (2 if prefetch else 1) * largest for row in table)
+    assert all(row["temporary_buffers"] == largest + (k - 1) * piece for row in table)
+
+
+def test_a_residual_block_is_gathered_in_two_halves():
+    """ZeRO-3's blocks are recomputation's, each residual block cut in two (``Residual.parts``): the second half
+    takes the first's output and the block's input, so no block holds both convolutions' weights."""
+    strategy = make_strategy("data", small_resnet(), contexts(2), zero=3)
+    segments = [block.segment for block in strategy.blocks]
+    # the stem; conv1 + bn1, then conv2 + bn2 (+ the 1x1 shortcut) of each residual block; pooling + dense
+    assert [len(s.net.names) for s in segments] == [4, 4, 4, 4, 6, 2]
+    assert [len(s.net.data_names) for s in segments] == [1, 1, 2, 1, 2, 1]
+    assert [s.net.num_outputs for s in segments] == [1, 2, 1, 2, 1, 1]
+    recompute = [len(s.net.names) for s in MODELS["resnet18"].behaviour.segments(small_resnet())]
+    assert recompute == [4, 8, 10, 2]   # recomputation alone keeps whole residual blocks
 
 
 def test_evaluation_gathers_block_by_block_and_scores_as_zero_0():
@@ -252,16 +268,21 @@ def test_resnet18_sharded_is_bitwise_zero_0_on_two_contexts():
 @pytest.mark.slow
 def test_resnet18_with_adam_on_four_contexts_keeps_a_quarter_of_16_bytes_a_parameter():
     """ZeRO's count: Adam in float32 keeps 16 bytes a parameter (weight, gradient, two moments) on every context;
-    sharded over 4, each context keeps 4 (to the chunks' rounding), besides its gathered block buffers."""
+    sharded over 4, each context keeps 4 (to the chunks' rounding), besides its gathered parameters (under a
+    quarter of the model: the largest half of a residual block, 22%) and its temporary gradient buffers."""
     resnet = MODELS["resnet18"].behaviour
     n = sum(p.data().size for p in resnet.init(seed=0).collect_params().values() if p.grad_req != "null")
     replicated = memory_table(Adam(0.001), make_strategy("data", resnet.init(seed=0), contexts(4)).groups())
     strategy = make_strategy("data", resnet.init(seed=0), contexts(4), zero=3)
-    sharded = memory_table(Adam(0.001, zero=3), strategy.groups(), strategy.gathered_bytes())
+    sharded = memory_table(Adam(0.001, zero=3), strategy.groups(), strategy.gathered_bytes(),
+                           strategy.temporary_bytes())
     for row in replicated:
         assert row["parameters"] + row["gradients"] + row["optimizer_state"] == 16 * n
+    largest = max(block.size for block in strategy.blocks)
     for row in sharded:
         assert row["parameters"] + row["gradients"] + row["optimizer_state"] <= 1.05 * 16 * n / 4
+        assert row["gathered_peak"] == 4 * largest < 4 * n / 4
+        assert row["temporary_buffers"] == 4 * largest + 3 * 4 * -(-largest // 4)
 
 
 @pytest.mark.parametrize("k", [2, 3])

@@ -57,6 +57,8 @@ def test_trains_above_chance_and_writes_outputs(data_dir, tmp_path, capsys):
         for row in m["memory"]:   # LeNet's 129068 float32 parameters, their gradient; plain SGD keeps no state
             assert (row["parameters"], row["gradients"], row["optimizer_state"], row["gathered_peak"]) == (
                 4 * 129068, 4 * 129068, 0, 0)
+        # the fused allreduce receives cpu(1)'s gradient into one buffer on cpu(0)
+        assert [row["temporary_buffers"] for row in m["memory"]] == [4 * 129068, 0]
     assert "memory for training: 0.98 MiB on the busiest context, cpu(0) (parameters 0.49" in out
     assert history[-1]["test_acc"] > 0.5            # chance is 0.1
     assert history[-1]["train_loss"] < history[0]["train_loss"]

@@ -4,10 +4,10 @@
   gradients, as views into one flat buffer (a ``FlatReplica``), the gradients in buckets (``bucket_ranges``);
   ``block_state`` reads a block's arrays by role.
 - ``algorithms``: ``allreduce(arrays, algorithm)`` leaves the elementwise *sum* in every array, by one of the
-  ``ALGORITHMS``; its persistent receive buffers (``free_buffers``, ``set_buffer_limit``, ``buffer_info``); and
-  ``bytes_moved``, what each algorithm copies between contexts; ``reduce_scatter`` and ``all_gather``, an
-  allreduce's two halves (``shard_range`` tells which shard each context owns between them); ``receive``,
-  ``scratch`` and ``exclusive``, the buffers a communication hook moves payloads through.
+  ``ALGORITHMS``; its persistent receive buffers (``free_buffers``, ``set_buffer_limit``, ``buffer_info``,
+  ``buffer_bytes``); and ``bytes_moved``, what each algorithm copies between contexts; ``reduce_scatter`` and
+  ``all_gather``, an allreduce's two halves (``shard_range`` tells which shard each context owns between them);
+  ``receive``, ``scratch`` and ``exclusive``, the buffers a communication hook moves payloads through.
 - ``reducer``: the ``Reducer`` (algorithm, buckets, the job, one communication hook: ``allreduce_hook``, a codec's
   ``CompressionHook`` or the user's), ``allreduce_grads`` and ``compressed_allreduce``.
 
@@ -38,7 +38,7 @@ _SOURCES = {
     "replica": ["FlatReplica", "Bucket", "get_params", "bucket_ranges", "bucket_bytes", "block_state", "grads_of"],
     "algorithms": ["allreduce", "reduce_scatter", "all_gather", "shard_range", "check_same_arrays",
                    "ALLREDUCE_ALGORITHMS", "bytes_moved", "BytesMoved", "free_buffers", "set_buffer_limit",
-                   "buffer_info", "BufferInfo", "DEFAULT_BUFFER_LIMIT", "receive", "scratch", "exclusive"],
+                   "buffer_info", "buffer_bytes", "BufferInfo", "DEFAULT_BUFFER_LIMIT", "receive", "scratch", "exclusive"],
     "reducer": ["Reducer", "GradBucket", "BucketComm", "allreduce_hook", "CompressionHook", "as_reducer",
                 "allreduce_grads", "compressed_allreduce"],
 }

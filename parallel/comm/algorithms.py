@@ -189,6 +189,16 @@ def buffer_info():
                           _buffers.evictions)
 
 
+def buffer_bytes():
+    """``{context: bytes}`` the receive-buffer cache holds on each context now (what a run's memory table counts as
+    temporary buffers); contexts without a buffer are left out."""
+    per_context = {}
+    with _buffers.lock:
+        for buffer in _buffers.buffers.values():
+            per_context[buffer.context] = per_context.get(buffer.context, 0) + buffer.size * buffer.dtype(0).itemsize
+    return per_context
+
+
 def _add_into(dst, src):
     """``dst += src`` on ``dst``'s context, queued; the same additions ``dst[i] + src[i]``, bit for bit.
 

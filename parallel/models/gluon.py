@@ -27,7 +27,7 @@ from ..comm.replica import block_state
 from ..validate import check_bool, check_int
 from .lenet import GraphCache, cached_graph
 
-__all__ = ["GluonNet", "as_net", "set_block_params"]
+__all__ = ["Chain", "GluonNet", "as_net", "set_block_params"]
 
 
 def set_block_params(block, params):
@@ -42,6 +42,23 @@ def set_block_params(block, params):
     by_name = block.collect_params()
     for name, array in zip(names + aux_names, list(params) + list(params.aux)):
         by_name[name].set_data(array)
+
+
+class Chain(gluon.HybridBlock):
+    """``blocks`` run one after the other, each taking what the one before returns (a tuple as that many
+    arguments): a ``HybridSequential`` whose blocks may take and return several arrays. The blocks are shared,
+    not copied."""
+
+    def __init__(self, blocks, **kwargs):
+        super().__init__(**kwargs)
+        for i, block in enumerate(blocks):
+            self.register_child(block, str(i))
+
+    def hybrid_forward(self, F, *inputs):
+        for block in self._children.values():
+            out = block(*inputs)
+            inputs = out if isinstance(out, (list, tuple)) else (out,)
+        return inputs[0] if len(inputs) == 1 else tuple(inputs)
 
 
 class GluonNet:
@@ -67,6 +84,10 @@ class GluonNet:
     static : bool
         Run static graphs (``cached_graph``), which keep their arrays' memory; False for blocks of a network
         recomputed block by block.
+    num_inputs : int
+        How many arrays the block takes, ``block(X)`` or ``block(X, H, ...)``: ``net(X, params)`` then takes a
+        tuple of as many arrays as ``X``. A block that returns a tuple gives a tuple (a part of a residual block
+        passes its input on to the next part: ``parallel.models.resnet.Residual.parts``).
 
     Attributes
     ----------
@@ -76,25 +97,31 @@ class GluonNet:
         Whether the graph holds a BatchNorm.
     """
 
-    def __init__(self, block, sync_batchnorm=True, max_shapes=4, static=True):
+    def __init__(self, block, sync_batchnorm=True, max_shapes=4, static=True, num_inputs=1):
         if not isinstance(block, gluon.HybridBlock):
             raise TypeError(f"block must be a gluon HybridBlock (its graph is needed), got {type(block).__name__}")
         check_bool(sync_batchnorm, "sync_batchnorm")
         check_int(max_shapes, "max_shapes", low=1)
         self.static = check_bool(static, "static")
+        check_int(num_inputs, "num_inputs", low=1)
         self.names, _, self.aux_names, _ = block_state(block)
-        self.symbol = block(mx.sym.var("data"))
-        if not isinstance(self.symbol, mx.sym.Symbol) or len(self.symbol.list_outputs()) != 1:
-            raise ValueError("the block must return one output")
+        self.data_names = ("data",) + tuple(f"data{i}" for i in range(1, num_inputs))
+        out = block(*[mx.sym.var(name) for name in self.data_names])
+        if isinstance(out, (list, tuple)) and all(isinstance(o, mx.sym.Symbol) for o in out):
+            out = mx.sym.Group(list(out))
+        if not isinstance(out, mx.sym.Symbol):
+            raise ValueError("the block must return a symbol or a tuple of them")
+        self.symbol, self.num_outputs = out, len(out.list_outputs())
         inputs = self.symbol.list_inputs()
-        known = {"data"} | set(self.names) | set(self.aux_names)
+        known = set(self.data_names) | set(self.names) | set(self.aux_names)
         unknown = [name for name in inputs if name not in known]
-        if unknown or "data" not in inputs:
-            raise ValueError(f"the block's graph takes inputs {unknown or ['(no data)']} that are not its "
-                             "parameters; GluonNet runs blocks of one input, block(X)")
+        missing = [name for name in self.data_names if name not in inputs]
+        if unknown or missing:
+            raise ValueError(f"the block's graph takes inputs {unknown or ['(not all its data)']} that are not its "
+                             f"parameters; GluonNet runs blocks of num_inputs={num_inputs} input(s)")
         self._inputs = inputs
-        self._nodes = json.loads(self.symbol.tojson())["nodes"]
-        self._head = json.loads(self.symbol.tojson())["heads"][0]
+        graph = json.loads(self.symbol.tojson())
+        self._nodes, self._heads = graph["nodes"], graph["heads"]
         self.has_batchnorm = any(node["op"] in ("BatchNorm", "_contrib_SyncBatchNorm") for node in self._nodes)
         self.sync_batchnorm = sync_batchnorm
         self.max_shapes = int(max_shapes)
@@ -119,8 +146,21 @@ class GluonNet:
                              "get_params(block, ctx)")
         by_name = dict(zip(self.names, params))
         by_name.update(zip(self.aux_names, params.aux))
-        by_name["data"] = X
+        by_name.update(zip(self.data_names, self._data(X)))
         return by_name
+
+    def _data(self, X):
+        """The block's inputs: ``X`` itself, or the tuple of its ``num_inputs`` arrays."""
+        if len(self.data_names) == 1:
+            return (X,)
+        if not isinstance(X, (list, tuple)) or len(X) != len(self.data_names):
+            raise ValueError(f"the block takes {len(self.data_names)} arrays, a tuple of them, got {type(X).__name__}")
+        return tuple(X)
+
+    def _result(self, outputs):
+        """One output as an array, several as a tuple."""
+        outputs = outputs if isinstance(outputs, (list, tuple)) else [outputs]
+        return outputs[0] if self.num_outputs == 1 else tuple(outputs)
 
     def __call__(self, X, params):
         training = autograd.is_training()
@@ -134,11 +174,12 @@ class GluonNet:
         # Training passes the replica's own arrays at every call: declared as parameters, which MXNet binds once and
         # bulks (``cached_graph``), one graph per replica. Inference passes fresh copies, which would re-bind a graph
         # that declares them: there every input is data, and one graph serves every call.
-        bound = [array for name, array in zip(self._inputs, arrays) if name != "data"] if training else ()
-        graph = self._graphs.get(X.context, (X.shape, training), bound,
-                                 lambda: cached_graph(self.symbol, self._inputs if not training else ("data",),
+        bound = [array for name, array in zip(self._inputs, arrays) if name not in self.data_names] if training else ()
+        data = self._data(X)
+        graph = self._graphs.get(data[0].context, (tuple(x.shape for x in data), training), bound,
+                                 lambda: cached_graph(self.symbol, self._inputs if not training else self.data_names,
                                                       static=self.static)[0])
-        return graph(*arrays)
+        return self._result(graph(*arrays))
 
     def forward_all(self, X_shards, device_params):
         """The outputs of every shard on its replica's context, in one forward of the whole batch.
@@ -163,8 +204,7 @@ class GluonNet:
                 outputs[index] = [[out] for out in _sync_batchnorm(inputs, attrs)]
             else:
                 outputs[index] = [_invoke(node["op"], args, attrs) for args in inputs]
-        i, j, _ = self._head
-        return [out[j] for out in outputs[i]]
+        return [self._result([outputs[i][k][j] for i, j, _ in self._heads]) for k in range(len(values))]
 
 
 class _Copies(list):

@@ -53,10 +53,28 @@ class _Part(list):
 
 
 def _run(net, X_shards, parts):
+    """``net`` on each context's input (an array, or a tuple of arrays for a block of several inputs)."""
     forward_all = getattr(net, "forward_all", None)
     if forward_all is not None:
         return forward_all(X_shards, parts)
     return [net(X, part) for X, part in zip(X_shards, parts)]
+
+
+def _flat(states):
+    """Every array of each context's state (an array or a tuple of them), in order."""
+    return [X for state in states for X in (state if isinstance(state, tuple) else (state,))]
+
+
+def _detached(states, attach=True):
+    """Each context's state off the tape (a tuple stays a tuple), its arrays with gradients attached if
+    ``attach``: a block's input, whose gradient the block's backward writes."""
+    detached = []
+    for state in states:
+        arrays = tuple(X.detach() for X in (state if isinstance(state, tuple) else (state,)))
+        for X in arrays if attach else ():
+            X.attach_grad()
+        detached.append(arrays if isinstance(state, tuple) else arrays[0])
+    return detached
 
 
 class Recompute:
@@ -138,9 +156,7 @@ class Recompute:
                 hidden = _run(segment.net, hidden, [scratch[s] for _, scratch in per_replica])
         last = len(self.segments) - 1
         if last:
-            hidden = [X.detach() for X in hidden]
-            for X in hidden:
-                X.attach_grad()
+            hidden = _detached(hidden)
         self._pending = (per_replica, kept, hidden)
         return _run(self.segments[last].net, hidden, [parts[last] for parts, _ in per_replica])
 
@@ -153,12 +169,9 @@ class Recompute:
         self._pending = None
         autograd.backward(heads, head_grads)
         for s in reversed(range(len(kept))):
-            grads = [X.grad for X in hidden]
-            inputs = [X.detach() for X in kept[s]]
-            if s:   # the first block's input is the data: no gradient
-                for X in inputs:
-                    X.attach_grad()
+            grads = [X.grad for X in _flat(hidden)]
+            inputs = _detached(kept[s], attach=s > 0)   # the first block's input is the data: no gradient
             with autograd.record(train_mode=True):
                 outputs = _run(self.segments[s].net, inputs, [parts[s] for parts, _ in per_replica])
-            autograd.backward(outputs, grads)
+            autograd.backward(_flat(outputs), grads)
             hidden = inputs

@@ -12,6 +12,7 @@ here, imported on first use. It is the one place that knows a model: the rest of
 - ``net(initial)``: the function ``net(X, params)`` data parallelism runs on each replica;
 - ``layers(initial)`` and ``cut(initial, ranges)``: what model and pipeline parallelism cut, and the stages;
 - ``segments(initial)``: the blocks activation recomputation keeps the input of (``parallel.models.recompute``);
+  ``units(initial)`` the finer ones ZeRO-3 gathers one at a time (a residual block in its two halves);
 - ``export(prefix, params, aux, initial)``: the trained arrays as MXNet's symbol + params pair.
 
 A strategy is handed the initial model itself, not its name: ``behaviour_of(initial)`` gives the behaviour
@@ -32,7 +33,7 @@ from mxnet import gluon
 from ..comm.replica import block_state
 from ..export import array_thunks, export_gluon, export_lenet, lenet_thunks
 from . import MODELS
-from .gluon import GluonNet, as_net
+from .gluon import Chain, GluonNet, as_net
 from .layout import Layout, block_names
 from .lenet import (LENET_LAYERS, LENET_PARAM_NAMES, LENET_SHAPES, CachedNet, LenetStage, init_lenet_params,
                     lenet_cached, lenet_layers)
@@ -141,6 +142,11 @@ class Model:
         ``Segment`` (each a cached graph of the block on its arrays of a replica)."""
         raise NotImplementedError
 
+    def units(self, initial):
+        """The blocks ZeRO-3 gathers one at a time (and recomputes): ``segments``, cut finer where the model can be
+        (a ``Segment`` of several inputs takes the tuple the one before returns)."""
+        return self.segments(initial)
+
     def export(self, prefix, params, aux=(), initial=None):
         """Write the trained ``params`` and ``aux`` (a strategy's ``params()`` and ``aux()``) as MXNet's pair
         ``PREFIX-symbol.json`` + ``PREFIX-0000.params``; ``initial`` is the model the run started from.
@@ -245,11 +251,27 @@ class GluonModel(Model):
         """A child made of blocks that have children of their own (a stage of residual blocks) gives each of
         them as a block; any other child is a block itself; a child without trained arrays (pooling) joins the
         block after it (the last ones, the block before)."""
+        return self._chain(initial, self._children(initial))
+
+    def units(self, initial):
+        """``segments``, each block that says how to cut it (``parts()``: a residual block's two halves) cut so."""
+        units = []
+        for child in self._children(initial):
+            units.extend(child.parts() if hasattr(child, "parts") else [child])
+        return self._chain(initial, units)
+
+    def _children(self, initial):
         self.layers(initial)
         children = []
         for child in initial:
             inner = list(child) if isinstance(child, gluon.nn.HybridSequential) else []
             children.extend(inner if inner and all(c._children for c in inner) else [child])
+        return children
+
+    @staticmethod
+    def _chain(initial, children):
+        """``children`` (blocks run one after the other) grouped into ``Segment``s: a child without trained arrays
+        joins the group after it (the last ones, the group before); a group takes its first child's inputs."""
         groups, pending = [], []
         for child in children:
             pending.append(child)
@@ -262,12 +284,11 @@ class GluonModel(Model):
             groups[-1].extend(pending)
         segments, first, aux_first = [], 0, 0
         for g, group in enumerate(groups):
-            block = gluon.nn.HybridSequential(prefix=f"{initial.prefix}block{g}_")   # shares the children
-            for child in group:
-                block.add(child)
+            block = Chain(group, prefix=f"{initial.prefix}block{g}_")   # shares the children
             names, _, aux_names, _ = block_state(block)
-            segments.append(Segment(GluonNet(block, static=False), first, first + len(names), aux_first,
-                                    aux_first + len(aux_names), label=f"block {g}"))
+            net = GluonNet(block, static=False, num_inputs=getattr(group[0], "num_inputs", 1))
+            segments.append(Segment(net, first, first + len(names), aux_first, aux_first + len(aux_names),
+                                    label=f"block {g}"))
             first, aux_first = first + len(names), aux_first + len(aux_names)
         all_names, _, all_aux, _ = block_state(initial)
         in_blocks = [n for s in segments for n in s.net.names]

@@ -18,7 +18,9 @@ __all__ = ["Residual", "resnet18", "init_resnet18"]
 
 class Residual(nn.HybridBlock):
     """Two 3x3 convolutions with BatchNorm, added to the input (through a 1x1 convolution when the shape
-    changes): ``relu(bn2(conv2(relu(bn1(conv1(X))))) + shortcut(X))``."""
+    changes): ``relu(bn2(conv2(relu(bn1(conv1(X))))) + shortcut(X))``.
+
+    ``parts()`` cuts it in two blocks run one after the other (what ZeRO-3 gathers a piece at a time)."""
 
     def __init__(self, channels, use_1x1conv=False, strides=1, **kwargs):
         super().__init__(**kwargs)
@@ -29,12 +31,41 @@ class Residual(nn.HybridBlock):
             self.bn2 = nn.BatchNorm()
             self.conv3 = nn.Conv2D(channels, kernel_size=1, strides=strides) if use_1x1conv else None
 
-    def hybrid_forward(self, F, X):
-        Y = F.relu(self.bn1(self.conv1(X)))
+    def _first(self, F, X):
+        return F.relu(self.bn1(self.conv1(X)))
+
+    def _second(self, F, Y, X):
         Y = self.bn2(self.conv2(Y))
         if self.conv3 is not None:
             X = self.conv3(X)
         return F.relu(Y + X)
+
+    def hybrid_forward(self, F, X):
+        return self._second(F, self._first(F, X), X)
+
+    def parts(self):
+        """The block as two blocks, the second taking what the first returns: ``(relu(bn1(conv1(X))), X)`` (the
+        input passed on, copied), then the rest. The same operators on the same values as the block, and the
+        input's gradient the same two terms added (its convolution's and the shortcut's): bitwise the block's.
+        Each part shares the block's layers (and so its parameters, in the block's order); the second has
+        ``num_inputs = 2``."""
+        first = _Part(lambda F, X: (self._first(F, X), F.identity(X)), [self.conv1, self.bn1],
+                      prefix=f"{self.prefix}part0_")
+        rest = [self.conv2, self.bn2] + ([self.conv3] if self.conv3 is not None else [])
+        return [first, _Part(self._second, rest, num_inputs=2, prefix=f"{self.prefix}part1_")]
+
+
+class _Part(nn.HybridBlock):
+    """``forward(F, *inputs)`` as a block that owns ``layers`` (shared with the block they belong to)."""
+
+    def __init__(self, forward, layers, num_inputs=1, **kwargs):
+        super().__init__(**kwargs)
+        self._forward, self.num_inputs = forward, num_inputs
+        for i, layer in enumerate(layers):
+            self.register_child(layer, f"layer{i}")
+
+    def hybrid_forward(self, F, *inputs):
+        return self._forward(F, *inputs)
 
 
 def _stage(channels, residuals, first=False):

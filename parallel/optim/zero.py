@@ -315,14 +315,16 @@ def _planned_state(optimizer, groups):
     return planned
 
 
-def memory_table(optimizer, groups, gathered=None):
+def memory_table(optimizer, groups, gathered=None, temporary=None):
     """What each context holds for training, as ``--metrics-json`` records it (ZeRO's count): a list, one dict a
     context in the order the groups first name it, ``{"context", "parameters", "gradients", "optimizer_state",
-    "gathered_peak"}`` in bytes. Parameters and gradients are measured on the replicas' arrays; the optimizer's
-    state is measured on its buffers once it has stepped, and before that is what it will hold (the regions each
-    context updates times the state's buffers a parameter). ``gathered_peak`` is the most bytes of full-size
-    arrays gathered at once on the context, ``gathered`` (``{context: bytes}``: ZeRO-3's block buffers), else 0:
-    every other ``zero`` keeps the parameters whole. Reads no array's values: nothing waits.
+    "gathered_peak", "temporary_buffers"}`` in bytes. Parameters and gradients are measured on the replicas' arrays;
+    the optimizer's state is measured on its buffers once it has stepped, and before that is what it will hold (the
+    regions each context updates times the state's buffers a parameter). ``gathered_peak`` is the most bytes of
+    full parameters gathered at once on the context, ``gathered`` (``{context: bytes}``: ZeRO-3's gather buffers),
+    else 0: every other ``zero`` keeps the parameters whole. ``temporary_buffers`` (ZeRO's "temporary buffers",
+    which it counts apart from the model's states) is ``temporary`` (``{context: bytes}``: the buffers a
+    reduction receives into, ZeRO-3's block gradient), else 0. Reads no array's values: nothing waits.
 
     >>> import mxnet as mx
     >>> from parallel import get_params, init_lenet_params
@@ -334,4 +336,5 @@ def memory_table(optimizer, groups, gathered=None):
     planned = None if optimizer.states else _planned_state(optimizer, groups)
     return [{"context": str(ctx), "parameters": use.params, "gradients": use.grads,
              "optimizer_state": use.state if planned is None else planned.get(ctx, 0),
-             "gathered_peak": (gathered or {}).get(ctx, 0)} for ctx, use in measured.items()]
+             "gathered_peak": (gathered or {}).get(ctx, 0), "temporary_buffers": (temporary or {}).get(ctx, 0)}
+            for ctx, use in measured.items()]

@@ -4,8 +4,9 @@ time.
 ZeRO-1 and 2 shard the optimizer state and the update; every context still holds the whole model. Here context
 ``i`` of ``K`` keeps only its chunk ``i`` of every block's parameters (``_chunk_bounds``: chunks that differ by at
 most one element), with that chunk's gradient and optimizer state: 1/K of the model's 16 bytes a parameter under
-Adam. A step runs the model block by block (the blocks of ``parallel.models.Recompute``: LeNet's layers,
-ResNet-18's residual blocks):
+Adam. A step runs the model block by block (a model's ``units``: recomputation's blocks, LeNet's layers, each of
+ResNet-18's residual blocks cut in its two halves, ``Residual.parts``, so that no block holds two of its largest
+convolutions; a block after a half takes a tuple, the half's output and the residual block's input):
 
 - forward: before a block runs, every context *all-gathers* the block's full parameters into a gather buffer (a
   copy of each owner's chunk); the block runs off the tape and its input is kept; the buffer is then free for
@@ -32,9 +33,11 @@ collective. Micro-batches (``accumulate``) each make a step's gathers and reduct
 shards.
 
 Prefetch (``prefetch=True``, FSDP's forward and backward prefetch): two gather buffers a context, and the next
-block's gather is queued before the current block runs, so MXNet's engine can copy while it computes; without, one
-buffer, and each gather waits for the block before it to finish with the buffer. The gathered peak (full
-parameters at once on a context) is one block's (the largest) without prefetch, two blocks' with it.
+block's gather is queued before the current block runs, so MXNet's engine can copy while it computes; without
+(the default), one buffer, and each gather waits for the block before it to finish with the buffer. The gathered
+peak (full parameters at once on a context) is one block's (the largest) without prefetch, two blocks' with it:
+ResNet-18's largest block is 22% of the model, so prefetch takes the peak from 22% to 45%, for 2% of the step
+time measured here (``benchmarks/memory.py``; CPU contexts share the cores that copy and compute).
 
 The same model as without sharding: the same operators on the same values (the gathered parameters are copies of
 the same bits), the fused allreduce's additions, the same elementwise update: bitwise ``zero=0`` with the
@@ -54,7 +57,7 @@ from ..evaluate import evaluate_accuracy
 from ..export import LazyArrays
 from ..job import KEYS, broadcast_arrays, sum_values, worker_slice
 from ..models.lenet import softmax_cross_entropy
-from ..models.recompute import _Part, _run
+from ..models.recompute import _detached, _flat, _Part, _run
 from ..models.registry import behaviour_of
 from ..optim.zero import _clip, _update, as_optimizer
 from ..split import shard_sizes, split_and_load
@@ -120,7 +123,8 @@ class FullyShardedDataParallel:
         a ``job``, the shards span every context of every worker (a collective constructor: every worker makes
         it; rank 0's initial model wins).
     prefetch : bool
-        Queue the next block's gather before the current block runs (two gather buffers a context).
+        Queue the next block's gather before the current block runs (two gather buffers a context: twice the
+        gathered peak). Off by default.
 
     Attributes
     ----------
@@ -130,7 +134,7 @@ class FullyShardedDataParallel:
 
     name = "data"
 
-    def __init__(self, params, ctx_list, reducer=None, prefetch=True):
+    def __init__(self, params, ctx_list, reducer=None, prefetch=False):
         self.ctx_list = check_contexts(ctx_list)
         self.reducer = as_reducer(reducer)
         self.prefetch = check_bool(prefetch, "prefetch")
@@ -140,7 +144,7 @@ class FullyShardedDataParallel:
         job, k = self.reducer.job, len(self.ctx_list)
         workers, rank = (1, 0) if job is None else (job.num_workers, job.rank)
         behaviour = behaviour_of(params)
-        self.full_net, segments = behaviour.net(params), behaviour.segments(params)
+        self.full_net, segments = behaviour.net(params), behaviour.units(params)
         source = get_params(params, mx.cpu())   # the initial values, whole, on the host
         self.names, self.aux_names = list(getattr(source, "names", ())), list(getattr(source, "aux_names", ()))
         aux = list(getattr(source, "aux", ()))
@@ -330,9 +334,7 @@ class FullyShardedDataParallel:
                     self._gather(s + 1)
         outputs, losses = [], []
         if n > 1:
-            hidden = [X.detach() for X in hidden]
-            for X in hidden:
-                X.attach_grad()
+            hidden = _detached(hidden)
         if computes:
             with autograd.record():
                 outputs = _run(self.blocks[-1].segment.net, hidden, [self._parts[-1][0][i] for i in active])
@@ -344,14 +346,11 @@ class FullyShardedDataParallel:
             self._reduce_scatter(s + 1, len(X_shards), accumulate)
             if not prefetch:
                 self._gather(s)
-            inputs = [X.detach() for X in kept[s]]
-            if s:
-                for X in inputs:
-                    X.attach_grad()
+            inputs = _detached(kept[s], attach=s > 0)
             if computes:
                 with autograd.record():
                     again = _run(self.blocks[s].segment.net, inputs, [self._parts[s][0][i] for i in active])
-                autograd.backward(again, [X.grad for X in hidden])
+                autograd.backward(_flat(again), [X.grad for X in _flat(hidden)])
             hidden = inputs
         self._reduce_scatter(0, len(X_shards), accumulate)
         return outputs, losses
@@ -506,12 +505,17 @@ class FullyShardedDataParallel:
                 for name in names])
 
     def gathered_bytes(self):
-        """``{context: bytes}`` of the block-sized arrays each context holds besides its shard: its gather buffers
-        (one block's parameters, two with prefetch), the block gradient buffer it reduces from, and the receive
-        buffers of its piece (the other contexts' copies, K - 1 of a block's K-th)."""
-        return {ctx: sum(b.size * b.dtype(0).itemsize for b in buffers + [grads] + received)
-                for ctx, buffers, grads, received in zip(self.ctx_list, self._gathered, self._gathered_grads,
-                                                         self._received)}
+        """``{context: bytes}`` of full parameters each context holds gathered at once: its gather buffers, one
+        block's parameters (the largest block's) each, two with prefetch."""
+        return {ctx: sum(b.size * b.dtype(0).itemsize for b in buffers)
+                for ctx, buffers in zip(self.ctx_list, self._gathered)}
+
+    def temporary_bytes(self):
+        """``{context: bytes}`` of the block-sized buffers of the gradients each context holds besides its shard:
+        the block gradient buffer its backward writes and it reduces from, and the receive buffers of its piece
+        (the other contexts' copies, K - 1 of a block's K-th): ZeRO's temporary buffers."""
+        return {ctx: sum(b.size * b.dtype(0).itemsize for b in [grads] + received)
+                for ctx, grads, received in zip(self.ctx_list, self._gathered_grads, self._received)}
 
     def params(self):
         """The model's trainable arrays, whole, on the CPU, gathered one at a time from the shards (in a job, a
