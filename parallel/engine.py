@@ -50,7 +50,9 @@ def fence(reads, writes):
         push_sync(_NOTHING, writes[0].context, reads, writes)
 
 
-def mark(name, ctx, reads=()):
-    """Queue an empty operation named ``name`` on ``ctx`` once the NDArrays ``reads`` are written: a mark in
-    MXNet's profiler (``parallel.trace``) where that context's work reaches that point. No value changes."""
-    push_sync(_NOTHING, ctx, reads, name=name)
+def mark(name, ctx, reads=(), writes=()):
+    """Queue an empty operation named ``name`` on ``ctx`` once the NDArrays ``reads`` are written (and, with
+    ``writes``, once everything queued before on ``writes`` has run; what is queued after on them then waits for
+    it): a mark in MXNet's profiler (``parallel.trace``) where that context's work reaches that point. No value
+    changes."""
+    push_sync(_NOTHING, ctx, reads, writes, name=name)

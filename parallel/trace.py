@@ -10,7 +10,14 @@ prefixed with the worker in a job, each operator an event named by its phase:
   imperative backward pass (the model and pipeline strategies' LeNet stages): those after the step's mark
   (``mark_backward``, which ``parallel.step`` queues on every context before ``backward()``);
 - ``allreduce``: copies between contexts and the sums after the backward (``add_n``, and a compressor's work);
-- ``update``: the optimizer's operators (``sgd_update``, ``sgd_mom_update``, ``adam_update``, ...).
+- ``update``: the optimizer's operators (``sgd_update``, ``sgd_mom_update``, ``adam_update``, ...);
+- ZeRO-3's steps (``parallel.strategies.sharded``) add ``gather`` (the copies of an all-gather of a block's
+  parameters), ``reduce-scatter`` (the copies and sums of a block's gradient into the owners' chunks) and
+  ``recompute`` (a block's forward run again in backward). The strategy brackets each collective on every context
+  with marks (``collective``): empty operations that write the arrays its collectives read or write there, so
+  a collective's operations on that context run between its two marks, and the context's collectives one after
+  another (while a trace records, a prefetched gather in backward therefore waits for the backward of the block
+  before it); and it marks each recomputation (``mark_recompute``).
 
 The operator itself is in each event's ``args.op``. ``plot_timeline(trace)`` draws the same as a Gantt chart.
 
@@ -24,6 +31,7 @@ and ``--trace`` refuse those contexts up front (``check_traceable``). The slots'
 first dump of a process, into whatever file the profiler was configured with then, so lanes are named from the
 slot numbers, not from the labels.
 """
+import contextlib
 import json
 import os
 import re
@@ -33,11 +41,12 @@ from collections import namedtuple
 
 from .files import atomic_write
 
-__all__ = ["trace", "Trace", "PHASES", "BACKWARD_MARK", "mark_backward", "check_traceable", "plot_timeline",
-           "read_trace", "worker_path"]
+__all__ = ["trace", "Trace", "PHASES", "BACKWARD_MARK", "mark_backward", "mark_backward_each", "collective",
+           "mark_recompute",
+           "check_traceable", "plot_timeline", "read_trace", "worker_path"]
 
-#: The phases of a step, in the order they happen on every context.
-PHASES = ("load", "forward", "backward", "allreduce", "update")
+#: The phases of a step, the first five in the order they happen on every context; ZeRO-3's steps add the last three.
+PHASES = ("load", "forward", "backward", "allreduce", "update", "gather", "recompute", "reduce-scatter")
 
 _UPDATES = ("sgd_update", "sgd_mom_update", "nag_mom_update", "adam_update", "_contrib_adamw_update", "adamw_update",
             "multi_", "mp_sgd", "lamb_update", "_mul_scalar_update")
@@ -49,6 +58,13 @@ _BOOKKEEPING = ("DeleteVariable", "SetValueOp", "WaitForVar")
 _BULK = "ImperativeBulk"
 #: The empty operation ``mark_backward`` queues on a context: its backward pass comes after it.
 BACKWARD_MARK = "parallel:backward"
+#: The marks of ZeRO-3's collectives (``collective``): a gather's or a reduce-scatter's operations on a context run
+#: between its mark and the next ``END_MARK`` there.
+GATHER_MARK, REDUCE_SCATTER_MARK, END_MARK = "parallel:gather", "parallel:reduce-scatter", "parallel:end"
+#: Before a recomputed forward (``mark_recompute``): a lane's operators from it to the next ``BACKWARD_MARK``.
+RECOMPUTE_MARK = "parallel:recompute"
+#: What a collective runs: copies between contexts, sums, zero fills, the kvstore's transfers.
+_TRANSFERS = ("Copy", "add_n", "_copyto", "elemwise_add", "_slice_assign", "_set_value", "KVStore")
 #: The head and the tail MXNet writes around a dump's events (a later dump may lack the head: see the module's notes).
 _FRAME = re.compile(r"\{\s*\"traceEvents\"\s*:\s*\[|\]\s*,\s*\"displayTimeUnit\"\s*:\s*\"ms\"\s*\}")
 
@@ -169,6 +185,46 @@ def mark_backward(losses, groups):
             mark(BACKWARD_MARK, ctx, losses)
 
 
+@contextlib.contextmanager
+def collective(kind, arrays):
+    """While a trace records: bracket the operations queued inside the ``with`` block on each context with a
+    ``kind`` mark (``"gather"`` or ``"reduce-scatter"``) before and ``END_MARK`` after, on the context of each list
+    of ``arrays`` (a list per context: the arrays the collective reads or writes there). Each mark writes that
+    list, so the collective's operations on those arrays run between the two marks, and whatever was queued on them
+    before runs first. Nothing otherwise: no mark, no order beyond MXNet's own."""
+    if not _state["recording"]:
+        yield
+        return
+    from .engine import mark
+    name = {"gather": GATHER_MARK, "reduce-scatter": REDUCE_SCATTER_MARK}[kind]
+    arrays = [list(group) for group in arrays if group]
+    for group in arrays:
+        mark(name, group[0].context, writes=group)
+    yield
+    for group in arrays:
+        mark(END_MARK, group[0].context, writes=group)
+
+
+def mark_backward_each(arrays):
+    """While a trace records: ``BACKWARD_MARK`` on the context of each of ``arrays`` (the losses, or a recomputed
+    block's outputs) once that array is computed: each context's backward pass follows its own mark (a context may
+    start its backward before another has computed its loss). Nothing otherwise."""
+    if _state["recording"]:
+        from .engine import mark
+        for array in arrays:
+            mark(BACKWARD_MARK, array.context, reads=[array])
+
+
+def mark_recompute(buffers):
+    """While a trace records: ``RECOMPUTE_MARK`` on the context of each of ``buffers`` (the gathered parameters of a
+    block about to be recomputed) once they are written: the recomputed forward, which reads them, follows it, up to
+    the ``mark_backward`` of its outputs. Nothing otherwise."""
+    if _state["recording"]:
+        from .engine import mark
+        for buffer in buffers:
+            mark(RECOMPUTE_MARK, buffer.context, reads=[buffer])
+
+
 def _events(text):
     """The events of MXNet's profiler file: the dumps appended to it, each framed by a head and a tail or not."""
     pieces = (piece.strip().strip(",").strip() for piece in _FRAME.split(text))
@@ -226,20 +282,38 @@ def _backward_ahead(spans):
 
 
 def _named_bulks(spans):
-    """``spans`` (sorted by start) with each lane's ``ImperativeBulk`` between its ``BACKWARD_MARK`` and its next
-    update named as backward (``ImperativeBulk:_backward``); the marks and the other bulks left out."""
-    marked, kept = set(), []
+    """``spans`` (sorted by start) with each lane's ``ImperativeBulk`` named by the last mark before it on that lane
+    since its last update: after ``BACKWARD_MARK`` as backward (``ImperativeBulk:_backward``), after one of ZeRO-3's
+    marks kept as it is (the timeline names it by the lane's phase), and without a mark left out, like the other
+    bulks; the marks kept."""
+    last, kept = {}, []
     for begin, end, pid, op in spans:
-        if op == BACKWARD_MARK:
-            marked.add(pid)
+        if op.startswith("parallel:"):
+            last[pid] = op
+            kept.append((begin, end, pid, op))   # the marks stay for the timeline's ZeRO-3 phases
         elif op == _BULK:
-            if pid in marked:
+            if last.get(pid) == BACKWARD_MARK:
                 kept.append((begin, end, pid, f"{_BULK}:_backward"))
+            elif last.get(pid) is not None:
+                kept.append((begin, end, pid, op))
         else:
             if any(op.startswith(u) for u in _UPDATES):
-                marked.discard(pid)
+                last.pop(pid, None)
             kept.append((begin, end, pid, op))
     return kept
+
+
+def _follow_mark(op, lane):
+    """A lane's ZeRO-3 state (``[collective or None, region or None]``: the region forward, recompute or backward,
+    None on a lane without ZeRO-3's marks) after the mark ``op``."""
+    if op in (GATHER_MARK, REDUCE_SCATTER_MARK):
+        lane[0], lane[1] = op.split(":", 1)[1], lane[1] or "forward"
+    elif op == END_MARK:
+        lane[0] = None
+    elif op == RECOMPUTE_MARK:
+        lane[1] = "recompute"
+    elif op == BACKWARD_MARK and lane[1] is not None:
+        lane[1] = "backward"
 
 
 def _timeline(raw, fresh, worker, path, contexts):
@@ -255,14 +329,28 @@ def _timeline(raw, fresh, worker, path, contexts):
         elif key in opened:
             spans.append((opened.pop(key), event["ts"], event["pid"], event["name"]))
     spans = _named_bulks(sorted(s for s in spans if s[3] not in _BOOKKEEPING))
-    start = min((s[0] for s in spans), default=0)
+    start = min((s[0] for s in spans if not s[3].startswith("parallel:")), default=0)
     events, state = [], {pid: [False, False, False] for pid in pids}
+    sharded = {pid: [None, None] for pid in pids}   # ZeRO-3's marks: the collective under way, the region
     for (begin, end, pid, op), ahead in zip(spans, _backward_ahead(spans)):
+        if op.startswith("parallel:"):   # a mark: what follows on its lane, not an event
+            _follow_mark(op, sharded[pid])
+            continue
+        collective, region = sharded[pid]
         phase = _phase(op, state[pid], ahead)
+        if collective is not None and op.startswith(_TRANSFERS):
+            phase = collective
+        elif op == _BULK:   # kept on a lane with ZeRO-3's marks only
+            phase = region
+        elif region == "recompute" and phase in ("forward", "backward", "allreduce") and "_backward" not in op:
+            phase = "recompute"
+        elif region is not None and phase == "allreduce":   # ZeRO-3 sums nothing outside its collectives
+            phase = region
         if phase in ("forward", "backward", "allreduce"):
             state[pid][("forward", "backward", "allreduce").index(phase)] = True
         elif phase == "update":
             state[pid] = [False, False, False]   # the next step starts
+            sharded[pid] = [None, None]
         events.append({"name": phase, "cat": phase, "ph": "X", "ts": begin - start, "dur": max(end - begin, 0),
                        "pid": pids.index(pid), "tid": 0, "args": {"op": op}})
     metadata = [{"name": "process_name", "ph": "M", "pid": i, "args": {"name": names[pid]}}
@@ -289,20 +377,21 @@ def read_trace(path):
 
 
 _COLORS = {"load": "#9e9e9e", "forward": "#1f77b4", "backward": "#ff7f0e", "allreduce": "#2ca02c",
-           "update": "#d62728"}
+           "update": "#d62728", "gather": "#9467bd", "recompute": "#17becf", "reduce-scatter": "#8c564b"}
 
 
 def plot_timeline(timeline, path=None, title=None):
     """Draw a ``Trace`` (or the path of one) as a Gantt chart: a row per lane, a bar per event colored by its
-    phase; write it to ``path`` (atomically, the format from its extension) if given. Returns the figure."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    phase; write it to ``path`` (atomically, the format from its extension) if given. Returns the figure, a
+    ``matplotlib.figure.Figure`` built without pyplot, so it never changes the plotting backend (a notebook shows
+    it as a cell's value)."""
+    from matplotlib.figure import Figure
     from matplotlib.patches import Patch
     if not isinstance(timeline, Trace):
         timeline = read_trace(timeline)
     spans = [e for e in timeline.events if e.get("ph") == "X"]
-    fig, ax = plt.subplots(figsize=(10, 1.6 + 0.6 * max(1, len(timeline.lanes))))
+    fig = Figure(figsize=(10, 1.6 + 0.6 * max(1, len(timeline.lanes))))
+    ax = fig.add_subplot()
     for phase in PHASES:
         for lane in range(len(timeline.lanes)):
             bars = [(e["ts"] / 1000, max(e["dur"], 1) / 1000) for e in spans if e["name"] == phase and e["pid"] == lane]
@@ -313,7 +402,8 @@ def plot_timeline(timeline, path=None, title=None):
     ax.invert_yaxis()
     ax.set_xlabel("ms")
     ax.set_title(title or "what each context ran")
-    fig.legend(handles=[Patch(color=_COLORS[p], label=p) for p in PHASES], loc="lower center", ncol=len(PHASES),
+    shown = [p for p in PHASES if p in {e["name"] for e in spans}] or list(PHASES[:5])
+    fig.legend(handles=[Patch(color=_COLORS[p], label=p) for p in shown], loc="lower center", ncol=len(shown),
                fontsize=8, frameon=False)
     fig.tight_layout(rect=(0, 0.1, 1, 1))
     if path is not None:

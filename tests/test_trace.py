@@ -169,3 +169,46 @@ def test_each_worker_of_a_job_writes_its_lanes(tmp_path):
     for rank in (0, 1):
         _phases_in_order(read_trace(tmp_path / f"steps.worker{rank}.json"),
                          [f"worker {rank} cpu(0)", f"worker {rank} cpu(1)"])
+
+
+@pytest.mark.parametrize("prefetch", [False, True])
+def test_a_zero_3_step_names_its_gathers_recomputations_and_reduce_scatters(prefetch):
+    """ZeRO-3's copies were named load, forward or allreduce and its recomputed forward backward; each lane now has
+    a gather before each block's forward, then the last block's backward, its reduce-scatter, and for each block
+    before it a gather, the recomputed forward and its backward. The engine runs what is ready, so an operator at
+    a boundary may take its neighbour's name: the order is checked on the phases' median positions."""
+    import statistics
+    from parallel.optim import SGD
+    from parallel.strategies.sharded import FullyShardedDataParallel
+    from conftest import small_resnet
+    strategy = FullyShardedDataParallel(small_resnet(), contexts(2), prefetch=prefetch)
+    optimizer = SGD(0.1, zero=3)
+    X, y = make_batches([24], seed=3)[0]
+    strategy.train_step(X, y, optimizer=optimizer)   # the graphs built before the trace
+    with trace(contexts=strategy.ctx_list) as recorded:
+        strategy.train_step(X, y, optimizer=optimizer)
+    n = len(strategy.blocks)
+    for lane in (0, 1):
+        names = [e["name"] for e in recorded.result.events if e.get("ph") == "X" and e["pid"] == lane]
+        where = {p: statistics.median(i for i, name in enumerate(names) if name == p)
+                 for p in ("forward", "recompute", "reduce-scatter", "update")}
+        assert where["forward"] < where["recompute"] < where["update"], where
+        assert where["forward"] < where["reduce-scatter"] < where["update"], where
+        assert names.count("update") == 1 and "backward" in names
+        runs = [p for i, p in enumerate(names) if i == 0 or p != names[i - 1]]
+        assert runs.count("recompute") >= n - 1, runs
+        if not prefetch:   # with prefetch a block's gather may follow the one before it at once
+            assert runs.count("gather") >= 2 * n - 1, runs
+
+
+def test_the_cli_traces_zero_3(tmp_path):
+    data_dir = write_idx_files(tmp_path, easy_dataset(num_train=128, num_test=32, seed=4))
+    path = tmp_path / "steps.json"
+    assert main(["--data-dir", str(data_dir), "--epochs", "1", "--devices", "cpu:2", "--batch-size", "32",
+                 "--no-progress", "--trace", str(path), "--zero", "3"]) == 0
+    timeline = read_trace(path)
+    for lane in (0, 1):
+        names = {e["name"] for e in timeline.events if e.get("ph") == "X" and e["pid"] == lane}
+        assert {"gather", "forward", "recompute", "backward", "reduce-scatter", "update"} <= names, names
+    figure = plot_timeline(timeline)
+    assert "reduce-scatter" in [t.get_text() for t in figure.legends[0].get_texts()]

@@ -62,6 +62,7 @@ from ..models.registry import behaviour_of
 from ..optim.zero import _clip, _update, as_optimizer
 from ..split import shard_sizes, split_and_load
 from ..step import check_accumulate, check_batch, check_labels, loss_and_correct
+from ..trace import collective, mark_backward_each, mark_recompute
 from ..validate import BadValue, check_bool, check_contexts
 
 __all__ = ["FullyShardedDataParallel"]
@@ -232,6 +233,13 @@ class FullyShardedDataParallel:
 
     # ---- the collectives -------------------------------------------------------------------------------------
 
+    def _touched(self, i, buffer=None):
+        """What context ``i``'s collectives read or write (a trace's marks write them all: ``parallel.trace``): its
+        shard and its gradient, the block gradient buffer and receive buffers, and a gather's ``buffer``."""
+        shard = self.shards[i]
+        return [shard.data, shard.grads[0], self._gathered_grads[i], *self._received[i]] + (
+            [] if buffer is None else [buffer])
+
     def _gather(self, s, contexts=None):
         """Every context (or those of ``contexts``, in one process) copies every owner's chunk of block ``s`` into
         its buffer. In a job, local context ``j`` fills its piece of the block with this worker's chunks (zeros
@@ -239,7 +247,7 @@ class FullyShardedDataParallel:
         context copies the pieces of the others."""
         block, job = self.blocks[s], self.job
         buffers = [gathered[s % len(gathered)] for gathered in self._gathered]
-        with exclusive():
+        with exclusive(), collective("gather", [self._touched(i, buffer) for i, buffer in enumerate(buffers)]):
             if job is None:
                 for i in (range(len(self.ctx_list)) if contexts is None else contexts):
                     for j, shard in enumerate(self.shards):
@@ -280,7 +288,7 @@ class FullyShardedDataParallel:
         direct = job is None and not accumulate   # in one process a piece is its owner's chunk
         for i in range(active, k):   # contexts without a shard add zeros (their buffer may hold an earlier sum)
             grads[i][:block.size] = 0
-        with exclusive():
+        with exclusive(), collective("reduce-scatter", [self._touched(i) for i in range(k)]):
             for j in range(k):
                 p, q = block.piece(j)
                 if q == p:
@@ -338,6 +346,7 @@ class FullyShardedDataParallel:
         if computes:
             with autograd.record():
                 outputs = _run(self.blocks[-1].segment.net, hidden, [self._parts[-1][0][i] for i in active])
+                mark_backward_each(outputs)   # a trace's backward: after the block (the loss's backward may not wait)
                 losses = [loss(out, y) for out, y in zip(outputs, y_shards)]
             autograd.backward(losses)
         for s in reversed(range(n - 1)):
@@ -348,8 +357,10 @@ class FullyShardedDataParallel:
                 self._gather(s)
             inputs = _detached(kept[s], attach=s > 0)
             if computes:
+                mark_recompute([self._gathered[i][s % len(self._gathered[i])] for i in active])
                 with autograd.record():
                     again = _run(self.blocks[s].segment.net, inputs, [self._parts[s][0][i] for i in active])
+                mark_backward_each(_flat(again))
                 autograd.backward(_flat(again), [X.grad for X in _flat(hidden)])
             hidden = inputs
         self._reduce_scatter(0, len(X_shards), accumulate)
