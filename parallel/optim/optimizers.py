@@ -301,7 +301,9 @@ class AdamW(Adam):
         if scale is None:
             if len(self._rescales) > 64:   # batch sizes come and go (an epoch's short last batch): stay bounded
                 self._rescales.clear()
-            scale = self._rescales[key] = mx.nd.full((1,), rescale, ctx=weight.context, dtype=weight.dtype)
+            # float32 whatever the weight's dtype: MXNet's adamw_update infers its rescale_grad as float32 and
+            # refuses a float64 one ("Type inconsistent") for float64 weights
+            scale = self._rescales[key] = mx.nd.full((1,), rescale, ctx=weight.context, dtype="float32")
         mx.nd.contrib.adamw_update(weight, grad, states[0], states[1], scale, lr=self.bias_correction(t), eta=lr,
                                    beta1=self.beta1, beta2=self.beta2, epsilon=self.epsilon, wd=self.wd, out=weight)
 
