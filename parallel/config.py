@@ -24,12 +24,13 @@ from typing import Optional
 
 from .comm import SHARDED_ALGORITHMS
 from .compress import parse_compression
+from .models import MODELS
 from .optim import OPTIMIZERS, ZERO_LEVELS
-from .strategies import DEFAULT_MICRO_BATCHES, STRATEGIES
+from .strategies import DEFAULT_MICRO_BATCHES, DEFAULT_STAGES, PIPELINE_SCHEDULES, STRATEGIES
 from .validate import BadType, BadValue, check_bool, check_choice, check_int, check_path, check_seed
 
 __all__ = ["RunConfig", "run_config", "FLAGS", "check_layout", "check_distributed", "check_zero", "check_compression",
-           "check_recompute", "optimizer_defaults"]
+           "check_tensor", "check_schedule", "check_recompute", "optimizer_defaults"]
 
 #: The flag of ``python -m parallel.train`` for each argument name the package's errors use (``lr`` -> ``--lr``).
 FLAGS = {"epochs": "--epochs", "num_epochs": "--epochs", "batch_size": "--batch-size", "lr": "--lr",
@@ -42,7 +43,8 @@ FLAGS = {"epochs": "--epochs", "num_epochs": "--epochs", "batch_size": "--batch-
          "checkpoint_every": "--checkpoint-every", "compression": "--compression", "trace": "--trace",
          "bucket_mb": "--bucket-mb", "lr_decay_epochs": "--lr-decay-epochs", "lr_decay": "--lr-decay",
          "factor": "--lr-decay", "milestones": "--lr-decay-epochs",
-         "lr_schedule": "--lr-schedule", "recompute": "--recompute"}
+         "lr_schedule": "--lr-schedule", "recompute": "--recompute", "tensor": "--tensor", "schedule": "--schedule",
+         "virtual_stages": "--virtual-stages", "virtual": "--virtual-stages"}
 
 #: The strategies that replicate the model, which ZeRO can shard and compression can compress between.
 _REPLICATING = ("data", "hybrid")
@@ -122,6 +124,28 @@ def check_layout(strategy, stages=None, boundaries=None, micro_batches=None, bat
                                             f"use at most {batch_size} micro-batches or a larger {{batch_size}}")
 
 
+def check_schedule(strategy, schedule="gpipe", virtual=1, stages=None, micro_batches=None, boundaries=None):
+    """A pipeline's schedule (``PIPELINE_SCHEDULES``) and virtual stages: the pipeline strategy's; more than one
+    virtual stage interleaves 1F1B, the micro-batches taken a stage-count at a time (a multiple of the devices)."""
+    check_choice(schedule, "schedule", tuple(PIPELINE_SCHEDULES))
+    check_int(virtual, "virtual_stages", low=1)
+    if strategy != "pipeline" and (schedule != "gpipe" or virtual > 1):
+        raise BadValue("schedule", f"{{schedule}} and {{virtual_stages}} order a pipeline's micro-batches, not the "
+                                   f"{strategy} strategy's; use {{strategy=pipeline}}")
+    if virtual > 1 and schedule != "1f1b":
+        raise BadValue("virtual_stages", f"{{virtual_stages={virtual}}} interleaves 1F1B; use {{schedule}} 1f1b")
+    if virtual > 1:
+        devices = stages if stages is not None else (len(boundaries) + 1) // virtual if boundaries else DEFAULT_STAGES
+        m = DEFAULT_MICRO_BATCHES if micro_batches is None else micro_batches
+        if boundaries is not None and (len(boundaries) + 1) % virtual:
+            raise BadValue("boundaries", f"{{boundaries}} cut {len(boundaries) + 1} chunks, which cannot be dealt "
+                                         f"{virtual} a device ({{virtual_stages={virtual}}}); give a multiple of "
+                                         f"{virtual} chunks")
+        if devices and m % devices:
+            raise BadValue("micro_batches", f"interleaving takes the micro-batches {devices} at a time, one a stage: "
+                                            f"{{micro_batches={m}}} must be a multiple of {devices}")
+
+
 def check_distributed(strategy, distributed):
     """Only data parallelism trains one worker's share of a distributed job."""
     if distributed and strategy != "data":
@@ -162,6 +186,40 @@ def check_compression(compression, strategy=None, zero=None):
         raise BadValue("compression", f"{{compression}} does not work with {{zero={zero}}} (it reduce-scatters the "
                                       "gradients); use {zero=0} or {zero=1}")
     return kind, value
+
+
+def check_tensor(tensor, strategy=None, zero=0, recompute=False, compression="none", distributed=False, model=None,
+                 clip=False):
+    """Tensor parallelism splits the data strategy's replicas into groups of ``tensor`` contexts, each layer split
+    over a group (``parallel.strategies.TensorParallel``): a model that splits (``MODELS[model].tensor``, at most
+    that many ranks), in one process, with ZeRO's stage 0, without recomputation, compression or clipping."""
+    check_int(tensor, "tensor", low=1)
+    if tensor == 1:
+        return
+    if model is not None:
+        most = MODELS[check_choice(model, "model", tuple(MODELS))].tensor
+        splits = [name for name, info in MODELS.items() if info.tensor]
+        if not most:
+            raise BadValue("tensor", f"{{tensor={tensor}}} splits attention heads and MLP units; {MODELS[model].title} "
+                                     f"has none: use {{model}} {' or '.join(splits)}")
+        if tensor > most:
+            raise BadValue("tensor", f"{{tensor={tensor}}} ranks cannot split {MODELS[model].title}'s {most} attention "
+                                     f"heads; use at most {most}")
+    if clip:
+        raise BadValue("tensor", f"{{tensor={tensor}}} does not clip yet (a global norm must count the replicated "
+                                 "arrays once); drop {clip_norm}")
+    if strategy is not None and strategy != "data":
+        raise BadValue("tensor", f"{{tensor={tensor}}} splits each layer of data parallelism's replicas over groups of "
+                                 f"contexts, not the stages of {{strategy={strategy}}}; use {{strategy=data}}")
+    if zero:
+        raise BadValue("tensor", f"{{tensor={tensor}}} keeps each rank's optimizer state beside its part of the "
+                                 "model; use {zero=0}")
+    if recompute:
+        raise BadValue("tensor", f"{{tensor={tensor}}} does not recompute its layers; drop {{recompute}}")
+    if compression != "none":
+        raise BadValue("tensor", f"{{tensor={tensor}}} sums its activations uncompressed; use {{compression}} none")
+    if distributed:
+        raise BadValue("tensor", f"{{tensor={tensor}}} runs in one process; drop the launcher or use {{tensor=1}}")
 
 
 def check_recompute(recompute, strategy=None):

@@ -146,13 +146,14 @@ class Report:
         ``{flag: path or None}`` of the files written after every epoch: ``--metrics-json`` and ``--plot``.
     memory : callable, optional
         ``memory()`` gives what each context holds (``parallel.optim.memory_table``): measured after every epoch
-        this run trains, it goes into that epoch's ``"memory"`` in the metrics JSON.
+        this run trains, it goes into that epoch's ``"memory"`` in the metrics JSON. A pipeline's
+        ``pipeline_metrics()`` (its schedule, stashed micro-batches and bubble) goes into its ``"pipeline"``.
     """
 
     def __init__(self, strategy, title, data_name, layout, workers, main_rank, outputs, memory=None):
         self.strategy, self.title, self.data_name, self.layout = strategy, title, data_name, layout
         self.workers, self.main_rank, self.outputs = workers, main_rank, dict(outputs)
-        self.memory, self._memory = memory, {}   # epoch -> its memory table
+        self.memory, self._extra = memory, {}   # epoch -> what its metrics add: its memory table, the pipeline
 
     def say(self, line):
         if self.main_rank:
@@ -161,8 +162,11 @@ class Report:
     def epoch(self, metrics, history):
         """After each epoch (``fit``'s ``on_epoch``): its line, then the metrics JSON and the plot."""
         self.say(format_epoch(metrics, self.strategy.ctx_list, self.strategy.name, self.workers))
-        if self.memory is not None:
-            self._memory[metrics["epoch"]] = self.memory()
+        extra = {} if self.memory is None else {"memory": self.memory()}
+        pipeline = getattr(self.strategy, "pipeline_metrics", None)
+        if pipeline is not None:
+            extra["pipeline"] = pipeline()
+        self._extra[metrics["epoch"]] = extra
         self.write_outputs(history)
 
     def write_outputs(self, history):
@@ -170,7 +174,7 @@ class Report:
         if not self.main_rank:
             return
         title = f"{self.title} on {self.data_name}, {self.strategy.name} parallel on {self.layout}"
-        history = [{**m, "memory": self._memory[m["epoch"]]} if m["epoch"] in self._memory else m for m in history]
+        history = [{**m, **self._extra.get(m["epoch"], {})} for m in history]
         writers = {"--metrics-json": write_metrics, "--plot": lambda h, p: plot_metrics(h, p, title=title)}
         for flag, path in self.outputs.items():
             if path is not None:

@@ -41,7 +41,8 @@ from collections import namedtuple
 
 from .files import atomic_write
 
-__all__ = ["trace", "Trace", "PHASES", "BACKWARD_MARK", "mark_backward", "mark_backward_each", "collective",
+__all__ = ["trace", "Trace", "PHASES", "BACKWARD_MARK", "mark_backward", "mark_backward_each", "mark_forward_each",
+           "collective",
            "mark_recompute",
            "check_traceable", "plot_timeline", "read_trace", "worker_path"]
 
@@ -63,6 +64,8 @@ BACKWARD_MARK = "parallel:backward"
 GATHER_MARK, REDUCE_SCATTER_MARK, END_MARK = "parallel:gather", "parallel:reduce-scatter", "parallel:end"
 #: Before a recomputed forward (``mark_recompute``): a lane's operators from it to the next ``BACKWARD_MARK``.
 RECOMPUTE_MARK = "parallel:recompute"
+#: Before a forward that may follow a backward on its lane (a pipeline's 1F1B: ``mark_forward_each``).
+FORWARD_MARK = "parallel:forward"
 #: What a collective runs: copies between contexts, sums, zero fills, the kvstore's transfers.
 _TRANSFERS = ("Copy", "add_n", "_copyto", "elemwise_add", "_slice_assign", "_set_value", "KVStore")
 #: The head and the tail MXNet writes around a dump's events (a later dump may lack the head: see the module's notes).
@@ -205,6 +208,16 @@ def collective(kind, arrays):
         mark(END_MARK, group[0].context, writes=group)
 
 
+def mark_forward_each(arrays):
+    """While a trace records: ``FORWARD_MARK`` on the context of each of ``arrays`` (a forward's inputs) once it is
+    written: that context's work from it to its next mark is a forward (a pipeline's schedule interleaves forwards
+    and backwards on a lane). Nothing otherwise."""
+    if _state["recording"]:
+        from .engine import mark
+        for array in arrays:
+            mark(FORWARD_MARK, array.context, reads=[array])
+
+
 def mark_backward_each(arrays):
     """While a trace records: ``BACKWARD_MARK`` on the context of each of ``arrays`` (the losses, or a recomputed
     block's outputs) once that array is computed: each context's backward pass follows its own mark (a context may
@@ -304,14 +317,16 @@ def _named_bulks(spans):
 
 
 def _follow_mark(op, lane):
-    """A lane's ZeRO-3 state (``[collective or None, region or None]``: the region forward, recompute or backward,
-    None on a lane without ZeRO-3's marks) after the mark ``op``."""
+    """A lane's state under ZeRO-3's and a pipeline's marks (``[collective or None, region or None]``: the region
+    forward, recompute or backward, None on a lane without such marks) after the mark ``op``."""
     if op in (GATHER_MARK, REDUCE_SCATTER_MARK):
         lane[0], lane[1] = op.split(":", 1)[1], lane[1] or "forward"
     elif op == END_MARK:
         lane[0] = None
     elif op == RECOMPUTE_MARK:
         lane[1] = "recompute"
+    elif op == FORWARD_MARK:
+        lane[1] = "forward"
     elif op == BACKWARD_MARK and lane[1] is not None:
         lane[1] = "backward"
 

@@ -46,7 +46,8 @@ import shlex
 from .cli import USAGE_STATUS, Parser, UsageError, finite_float, launched, users_input, warning_lines
 from .comm import ALGORITHMS, DEFAULT_ALGORITHM, DEFAULT_BUCKET_MB
 from .data import DATASETS
-from .config import (FLAGS, check_compression, check_distributed, check_layout, check_recompute, check_zero,
+from .config import (FLAGS, check_compression, check_distributed, check_layout, check_recompute, check_schedule,
+                     check_tensor, check_zero,
                      optimizer_defaults,
                      run_config)
 from .files import LOCK_FILE, DirectoryLock, DirectoryLocked, check_writable, export_files
@@ -54,7 +55,7 @@ from .interrupt import INTERRUPTED_STATUS, end_on_signals, hold_interrupts, stop
 from .models import MODELS
 from .optim import OPTIMIZERS, SCHEDULES, ZERO_LEVELS, check_hyper
 from .optim.schedules import Step
-from .strategies import DEFAULT_MICRO_BATCHES, DEFAULT_STAGES, STRATEGIES
+from .strategies import DEFAULT_MICRO_BATCHES, DEFAULT_STAGES, PIPELINE_SCHEDULES, STRATEGIES
 from .threads import engine_settings
 from .validate import LR_RANGE, MAX_SEED, check_lr, check_number
 
@@ -99,17 +100,7 @@ def build_parser():
                                          "$MXNET_HOME/datasets/fashion-mnist, i.e. ~/.mxnet/..., created when "
                                          "missing)")
     _add_reduction_flags(add)
-    add("--strategy", choices=list(STRATEGIES), default="data",
-        help="; ".join(f"{name}: {what}" for name, what in STRATEGIES.items()) + "; default data")
-    add("--stages", type=int, default=None,
-        help=f"model/pipeline/hybrid: cut the model's layers (LeNet's 4, ResNet-18's 7 children, the ViT's 6) into N "
-             f"stages as evenly as possible (default {DEFAULT_STAGES})")
-    add("--boundaries", type=_layer_indices, default=None, metavar="I,J",
-        help="model/pipeline/hybrid: instead of --stages, the layer indices where stages start, e.g. 2 (conv | "
-             "dense) or 1,3; " + "; ".join(f"{MODELS[m].title}'s layers are {MODELS[m].layers}" for m in MODELS))
-    add("--micro-batches", type=int, default=None, metavar="M",
-        help=f"pipeline: micro-batches per batch, at most --batch-size (default {DEFAULT_MICRO_BATCHES}); a "
-             "shorter last batch uses one per example")
+    _add_layout_flags(add)
     _add_optimizer_flags(add)
     add("--seed", type=int, default=0, help=f"seeds initial parameters and shuffling, 0 to {MAX_SEED}; default 0")
     add("--metrics-json", metavar="PATH", help="write per-epoch metrics as JSON")
@@ -134,6 +125,31 @@ def build_parser():
              "default dist_sync (dist_device_sync for GPUs)")
     add("--no-progress", action="store_true", help="hide the progress bars")
     return parser
+
+
+def _add_layout_flags(add):
+    """How the model is laid out on the devices: the strategy, its stages and micro-batches, the tensor axis."""
+    add("--strategy", choices=list(STRATEGIES), default="data",
+        help="; ".join(f"{name}: {what}" for name, what in STRATEGIES.items()) + "; default data")
+    add("--stages", type=int, default=None,
+        help=f"model/pipeline/hybrid: cut the model's layers (LeNet's 4, ResNet-18's 7 children, the ViT's 6) into N "
+             f"stages as evenly as possible (default {DEFAULT_STAGES})")
+    add("--boundaries", type=_layer_indices, default=None, metavar="I,J",
+        help="model/pipeline/hybrid: instead of --stages, the layer indices where stages start, e.g. 2 (conv | "
+             "dense) or 1,3; " + "; ".join(f"{MODELS[m].title}'s layers are {MODELS[m].layers}" for m in MODELS))
+    add("--micro-batches", type=int, default=None, metavar="M",
+        help=f"pipeline: micro-batches per batch, at most --batch-size (default {DEFAULT_MICRO_BATCHES}); a "
+             "shorter last batch uses one per example")
+    add("--schedule", choices=list(PIPELINE_SCHEDULES), default="gpipe",
+        help="pipeline: the order its micro-batches' forwards and backwards are issued in; " +
+             "; ".join(f"{name}: {what}" for name, what in PIPELINE_SCHEDULES.items()) + "; default gpipe")
+    add("--virtual-stages", type=int, default=1, metavar="V",
+        help="pipeline with --schedule 1f1b: V model chunks a device (interleaved 1F1B: the model cut into "
+             "--stages x V chunks, --micro-batches a multiple of --stages); default 1")
+    add("--tensor", type=int, default=1, metavar="T",
+        help="tensor parallelism (Megatron-LM): split each layer's attention heads and MLP units over groups of T "
+             "devices, data parallelism over the groups (--devices a multiple of T); --model vit, data strategy; "
+             "default 1 (none)")
 
 
 def _add_reduction_flags(add):
@@ -232,6 +248,8 @@ def check_args(args):
             raise UsageError(f"{flag} needs a path, got an empty string")
     with users_input(ValueError, TypeError, flags=FLAGS):
         check_layout(args.strategy, args.stages, args.boundaries, args.micro_batches, args.batch_size)
+        check_schedule(args.strategy, args.schedule, args.virtual_stages, args.stages, args.micro_batches,
+                       args.boundaries)
         run_config(args)
     check_optimizer_args(args)
     with users_input(ValueError, TypeError, flags=FLAGS):
@@ -240,6 +258,8 @@ def check_args(args):
         check_zero(args.zero, args.strategy, args.allreduce)
         check_compression(args.compression, args.strategy, args.zero)
         check_recompute(args.recompute, args.strategy)
+        check_tensor(args.tensor, args.strategy, args.zero, args.recompute, args.compression, launched(), args.model,
+                     args.clip_norm is not None)
         check_number(args.bucket_mb, "bucket_mb", positive=True)
     if args.data_dir is not None and args.dataset == "synthetic":
         raise UsageError("--data-dir applies to --dataset fashion-mnist, not synthetic")

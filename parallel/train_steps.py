@@ -24,7 +24,7 @@ from .models.layout import init_model
 from .optim import SGD, Constant, Cosine, Step, make_optimizer, memory_table
 from .files import export_files
 from .report import Report, format_memory
-from .strategies import make_strategy
+from .strategies import Stages, make_strategy
 from .trace import check_traceable
 
 __all__ = ["join_job", "read_checkpoint", "devices", "check_trace", "load_dataset", "schedule_of", "optimizer_of",
@@ -137,8 +137,9 @@ def lay_out(args, checkpoint, ctx_list, job):
         else:
             initial = init_model(args.model, args.seed, checkpoint.params, checkpoint.aux)
         reducer = Reducer(args.allreduce, bucket_mb=args.bucket_mb, compression=args.compression, job=job)
-        strategy = make_strategy(args.strategy, initial, ctx_list, args.stages, args.boundaries, args.micro_batches,
-                                 args.batch_size, reducer, args.recompute, args.zero)   # in a job: rank 0's
+        layout = Stages(args.stages, args.boundaries, args.micro_batches, args.schedule, args.virtual_stages)
+        strategy = make_strategy(args.strategy, initial, ctx_list, layout, reducer, args.recompute, args.zero,
+                                 args.tensor, args.batch_size)   # in a job: rank 0's
     if len(strategy.ctx_list) < len(ctx_list):
         idle = ", ".join(str(ctx) for ctx in ctx_list[len(strategy.ctx_list):])
         print(f"warning: --strategy {args.strategy} uses {len(strategy.ctx_list)} of the {len(ctx_list)} contexts "
@@ -161,6 +162,7 @@ def checkpoint_record(args, strategy, optimizer, dataset, data_name, job):
             "batch_size": args.batch_size, "lr": args.lr, "seed": args.seed, "epochs": args.epochs,
             "strategy": args.strategy, "allreduce": args.allreduce, "devices": args.devices,
             "stages": args.stages, "boundaries": args.boundaries, "micro_batches": args.micro_batches,
+            "tensor": args.tensor, "schedule": args.schedule, "virtual_stages": args.virtual_stages,
             "workers": 1 if job is None else job.num_workers, "optimizer": optimizer.config(), "zero": args.zero,
             "accumulate": args.accumulate, "compression": "none" if codec is None else codec.spec}
 

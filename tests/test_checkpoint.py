@@ -15,7 +15,7 @@ from parallel.comm import get_params
 from parallel.data.batches import epoch_seed
 from parallel.fit import NonFiniteLossError, TrainingStopped, fit
 from parallel.models import init_model
-from parallel.strategies import make_strategy
+from parallel.strategies import Stages, make_strategy
 from parallel.optim import SGD, Adam, AdamW, Cosine, Step
 from conftest import assert_same_parameters, easy_dataset, lenet_strategy, stop_before
 
@@ -26,8 +26,8 @@ EPOCHS = 2
 
 LAYOUTS = {   # (strategy, devices, options)
     **{f"data-{a}": ("data", 2, {"algorithm": a}) for a in ("naive", "fused", "ring", "tree")},
-    "model": ("model", 2, {"boundaries": [2]}),
-    "pipeline": ("pipeline", 2, {"micro_batches": 3}),
+    "model": ("model", 2, {"stages": Stages(boundaries=[2])}),
+    "pipeline": ("pipeline", 2, {"stages": Stages(micro_batches=3)}),
     **{f"hybrid-{a}": ("hybrid", 4, {"stages": 2, "algorithm": a}) for a in ("naive", "fused", "ring", "tree")},
 }
 

@@ -46,7 +46,7 @@ PACKAGE = os.path.join(ROOT, "parallel")
 _NOT_DOCS = {"build", "dist", "venv", "node_modules", "__pycache__"}
 #: The pages the README links to; markdown_files() must find them all.
 DOCS_PAGES = ["checkpoints", "distributed", "strategies", "gluon", "optimizers", "compression", "reducer", "threads",
-              "fast-path", "data", "testing", "memory"]
+              "fast-path", "data", "testing", "memory", "tensor"]
 
 
 # ----------------------------------------------------------------------------------------------

@@ -42,6 +42,16 @@ def test_lenet_sharded_is_bitwise_zero_0(k, kind, prefetch):
     assert_same_arrays(_train(sharded, _optimizer(kind, 3)), want)
 
 
+@pytest.mark.parametrize("k", [2, 3, 4])
+def test_lenet_sharded_with_momentum_is_one_context_to_rounding(k):
+    """Against one context without sharding, at equal threads: float32 rounding of the sums' order (Adam's
+    difference is reported by benchmarks/rounding.py --compare sharded, not bounded)."""
+    want = _train(make_strategy("data", init_lenet_params(seed=0), contexts(1)), _optimizer("momentum", 0))[0]
+    got = _train(make_strategy("data", init_lenet_params(seed=0), contexts(k), zero=3), _optimizer("momentum", 3))[0]
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5 * np.abs(w).max())
+
+
 @pytest.mark.parametrize("k", [2, 3])
 def test_a_network_with_batchnorm_sharded_is_bitwise_zero_0_with_its_running_statistics(k):
     want = _train(make_strategy("data", small_resnet(), contexts(k)), _optimizer("momentum", 0))

@@ -7,7 +7,7 @@ from mxnet import autograd
 from parallel import (ALLREDUCE_ALGORITHMS, Dataset, evaluate_accuracy, get_params, init_lenet_params,
                       iterate_batches, lenet, softmax_cross_entropy, train_batch)
 from parallel.strategies import (Hybrid, ModelParallel, Pipeline, bubble_fraction, forward_stages, hybrid_groups,
-                                 stage_ranges)
+                                 stage_ranges, Stages)
 from parallel import RunConfig, fit, init_model, make_strategy
 from parallel.optim import SGD, Adam, Cosine
 from conftest import assert_same_parameters, contexts, make_batches
@@ -123,7 +123,8 @@ def test_gradients_flow_back_across_contexts():
 
 
 @pytest.mark.parametrize("name, kwargs", [
-    ("model", {"boundaries": [2]}), ("pipeline", {"stages": 2, "micro_batches": 3}), ("hybrid", {"stages": 2}),
+    ("model", {"stages": Stages(boundaries=[2])}), ("pipeline", {"stages": Stages(2, micro_batches=3)}),
+    ("hybrid", {"stages": 2}),
 ])
 def test_evaluate_matches_one_context(name, kwargs):
     strategy = make_strategy(name, init_lenet_params(seed=0), contexts(4), **kwargs)
@@ -142,7 +143,8 @@ def test_pipeline_short_last_batch_uses_one_micro_batch_per_example():
     (X, y), = make_batches([3])
     with pytest.raises(ValueError, match="micro_batches=4 cannot split a batch of 3 examples; use at most 3"):
         model.train_step(X, y, 0.2)
-    strategy = make_strategy("pipeline", init_lenet_params(seed=0, dtype="float64"), contexts(2), micro_batches=4)
+    strategy = make_strategy("pipeline", init_lenet_params(seed=0, dtype="float64"), contexts(2),
+                             Stages(micro_batches=4))
     assert_equal_to_one_context(strategy.model, [7, 3, 1], "float64", step=strategy.train_step)
 
 
@@ -152,7 +154,8 @@ def test_fit_runs_every_strategy_on_the_same_curve():
     data = Dataset(rng.randint(0, 255, (18, 28, 28)).astype(np.uint8), rng.randint(0, 10, 18).astype(np.uint8),
                    rng.randint(0, 255, (7, 28, 28)).astype(np.uint8), rng.randint(0, 10, 7).astype(np.uint8))
     curves = {}
-    for name, kwargs in [("data", {}), ("model", {}), ("pipeline", {"micro_batches": 4}), ("hybrid", {})]:
+    for name, kwargs in [("data", {}), ("model", {}), ("pipeline", {"stages": Stages(micro_batches=4)}),
+                         ("hybrid", {})]:
         strategy = make_strategy(name, init_model("lenet", seed=1), contexts(4), batch_size=8, **kwargs)
         history, model = fit(data, strategy, 0.3, RunConfig(epochs=2, batch_size=8, seed=1))
         assert len(history) == 2
@@ -238,10 +241,12 @@ def test_bad_batches_and_learning_rates():
 @pytest.mark.parametrize("kwargs, message", [
     ({"name": "diagonal"}, "strategy must be one of data, model, pipeline, hybrid; got 'diagonal'"),
     ({"name": "data", "stages": 2}, "stages apply to the model, pipeline and hybrid strategies, not to data"),
-    ({"name": "data", "boundaries": [2]}, "boundaries apply to the model, pipeline and hybrid strategies, not to data"),
-    ({"name": "model", "stages": 2, "boundaries": [2]}, "stages and boundaries both say where to cut"),
-    ({"name": "model", "micro_batches": 2}, "micro_batches apply to the pipeline strategy only, not to model"),
-    ({"name": "pipeline", "micro_batches": 9, "batch_size": 8},
+    ({"name": "data", "stages": Stages(boundaries=[2])},
+     "boundaries apply to the model, pipeline and hybrid strategies, not to data"),
+    ({"name": "model", "stages": Stages(2, [2])}, "stages and boundaries both say where to cut"),
+    ({"name": "model", "stages": Stages(micro_batches=2)},
+     "micro_batches apply to the pipeline strategy only, not to model"),
+    ({"name": "pipeline", "stages": Stages(micro_batches=9), "batch_size": 8},
      "micro_batches=9 cannot split batches of 8 examples; use at most 8"),
 ])
 def test_make_strategy_refuses_options_that_do_not_apply(kwargs, message):
@@ -270,7 +275,7 @@ OPTIMIZER_CASES = {
 
 @pytest.mark.parametrize("case", sorted(OPTIMIZER_CASES))
 @pytest.mark.parametrize("strategy, k, options", [
-    ("model", 2, {"boundaries": [2]}), ("pipeline", 3, {"stages": 3, "micro_batches": 1}),
+    ("model", 2, {"stages": Stages(boundaries=[2])}), ("pipeline", 3, {"stages": Stages(3, micro_batches=1)}),
     ("hybrid", 4, {"stages": 2}), ("hybrid", 3, {"stages": 1}),
 ])
 def test_every_strategy_takes_an_optimizer_and_equals_one_context(strategy, k, options, case):

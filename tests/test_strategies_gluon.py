@@ -163,7 +163,7 @@ def test_describe_names_the_children_ranges():
     assert ModelParallel(block, contexts(3), boundaries=[1, 6]).describe() == \
         "children 0 @ cpu(0) | 1-5 @ cpu(1) | 6 @ cpu(2)"
     assert Pipeline(block, contexts(2), micro_batches=3).describe() == \
-        "children 0-3 @ cpu(0) | 4-6 @ cpu(1), 3 micro-batches"
+        "children 0-3 @ cpu(0) | 4-6 @ cpu(1), 3 micro-batches, schedule gpipe"
     assert Hybrid(block, contexts(4), stages=2).describe() == \
         "2 replicas x 2 stages: children 0-3 @ cpu(0),cpu(2) | 4-6 @ cpu(1),cpu(3)"
 

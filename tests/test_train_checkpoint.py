@@ -36,8 +36,10 @@ def _params(directory):
 
 
 def _without_timings(history):
-    """The metrics of the computation: not the timings, nor the memory a run measures for the epochs it trained."""
-    return [{k: v for k, v in m.items() if k not in ("seconds", "images_per_second", "memory")} for m in history]
+    """The metrics of the computation: not the timings, nor the memory (and pipeline) a run measures for the epochs
+    it trained."""
+    return [{k: v for k, v in m.items() if k not in ("seconds", "images_per_second", "memory", "pipeline")}
+            for m in history]
 
 
 def _snapshot(directory):

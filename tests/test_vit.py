@@ -18,7 +18,7 @@ from parallel import checkpoint as ckpt
 from parallel.models import MODELS, block_names, init_model, init_vit, model_layout, vit
 from parallel.models.registry import behaviour_of
 from parallel.optim import SGD
-from parallel.strategies import make_strategy
+from parallel.strategies import Stages, make_strategy
 from parallel.train import build_parser, main
 from conftest import (assert_same_arrays, assert_same_parameters, contexts, easy_dataset, load_benchmark, make_batches,
                       write_idx_files)
@@ -167,8 +167,8 @@ def test_zero_3_is_bitwise_zero_0_with_the_fused_allreduce_on_two_contexts():
 def test_two_stages_cut_at_the_children_train_the_one_context_model(name, k, where):
     """Without BatchNorm the pipeline's micro-batches are the batch's examples: the one-context model; so are the
     stages and the hybrid's replicas of them."""
-    layout = {"micro_batches": 3} if name == "pipeline" else {}
-    strategy = make_strategy(name, init_model("vit", 0), contexts(k), stages=2, **layout)
+    layout = Stages(count=2, micro_batches=3 if name == "pipeline" else None)
+    strategy = make_strategy(name, init_model("vit", 0), contexts(k), layout)
     assert strategy.describe().startswith(where), strategy.describe()
     got = _train(strategy, _momentum())
     want = _train(make_strategy("data", init_model("vit", 0), contexts(1)), _momentum())

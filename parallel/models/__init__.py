@@ -5,8 +5,9 @@
 - ``resnet``: the textbook's ResNet-18 for 28x28 images, a gluon ``HybridSequential``.
 - ``vit``: a small Vision Transformer for 28x28 images (7x7 patches, a class token, pre-norm Transformer blocks),
   a gluon ``HybridSequential``.
+- ``vit_tensor``: the ViT split over the ranks of a tensor-parallel group, Megatron's way (``TensorViT``).
 - ``gluon``: any gluon ``HybridBlock`` as a function ``net(X, params)`` of flat replicas (``GluonNet``), with
-  BatchNorm synchronized across contexts.
+  BatchNorm synchronized across contexts; ``Chain``, blocks passing tuples.
 - ``registry``: what each model does (``LeNetModel``, ``GluonModel``, and the ``BuiltGluonModel`` subclasses
   ``ResNet18Model`` and ``ViTModel``): its initial model, the layout and checks of its arrays, the function data
   parallelism runs, where model parallelism cuts it, its export; ``behaviour_of`` gives the behaviour of an
@@ -39,6 +40,8 @@ class ModelInfo(NamedTuple):
     layers: str
     #: The class of ``parallel.models.registry`` that holds its behaviour.
     source: str
+    #: The most ranks tensor parallelism splits it over (its attention heads: ``--tensor``); 0: it is not split.
+    tensor: int = 0
 
     @property
     def behaviour(self):
@@ -58,15 +61,16 @@ MODELS = {
     "resnet18": ModelInfo("ResNet-18", "0 stem (conv, BatchNorm, ReLU), 1-4 its four stages of residual blocks "
                                        "(64, 128, 256, 512 channels), 5 pooling, 6 dense", "ResNet18Model"),
     "vit": ModelInfo("ViT", "0 patch embedding (7x7 patches, class token, positions), 1-4 its four Transformer "
-                            "blocks, 5 head (LayerNorm, dense)", "ViTModel"),
+                            "blocks, 5 head (LayerNorm, dense)", "ViTModel", tensor=4),
 }
 
 _SOURCES = {
     "lenet": ["init_lenet_params", "lenet", "lenet_layers", "lenet_cached", "CachedNet", "softmax_cross_entropy",
               "LENET_SHAPES", "LENET_LAYERS", "LENET_PARAM_NAMES"],
-    "gluon": ["GluonNet", "as_net", "set_block_params"],
+    "gluon": ["GluonNet", "Chain", "as_net", "set_block_params"],
     "resnet": ["Residual", "resnet18", "init_resnet18"],
     "vit": ["PatchEmbedding", "MultiHeadAttention", "TransformerBlock", "ClassifierHead", "vit", "init_vit"],
+    "vit_tensor": ["TensorViT"],
     "layout": ["init_model", "model_layout", "Layout", "block_names"],
     "registry": ["behaviour_of", "LeNetModel", "GluonModel", "BuiltGluonModel", "ResNet18Model", "ViTModel"],
     "recompute": ["Recompute", "Segment"],

@@ -4,8 +4,11 @@
   wrapper: scatter, replicate, parallel apply, gather) for a function of (inputs, params) or a gluon Block,
   and its functional twin ``data_parallel``.
 - ``model``: ``ModelParallel``, LeNet or a gluon ``HybridSequential`` cut into stages on different contexts.
-- ``pipeline``: ``Pipeline``, micro-batches through the stages (GPipe's schedule).
+- ``pipeline``: ``Pipeline``, micro-batches through the stages, issued in a schedule's order
+  (``schedules``: GPipe, 1F1B, interleaved 1F1B; ``PIPELINE_SCHEDULES`` names them without MXNet).
 - ``hybrid``: ``Hybrid``, data parallelism over groups of model-parallel stages.
+- ``tensor``: ``TensorParallel``, the ViT's layers split over groups of contexts (Megatron-LM), data parallelism
+  over the groups: ``make_strategy("data", ..., tensor=T)``.
 - ``sharded``: ``FullyShardedDataParallel``, data parallelism with the parameters sharded too (ZeRO-3, FSDP):
   ``make_strategy("data", ..., zero=3)``.
 - ``registry``: ``make_strategy(name, model, ctx_list, ...)``, a strategy of ``STRATEGIES`` by name.
@@ -25,6 +28,8 @@ The names need no MXNet, so the CLI offers them before MXNet starts (which optio
 >>> list(STRATEGIES), DEFAULT_STAGES, DEFAULT_MICRO_BATCHES
 (['data', 'model', 'pipeline', 'hybrid'], 2, 4)
 """
+from typing import NamedTuple, Optional
+
 from ..lazy import lazy_exports
 
 #: The parallel styles, by name, with what the CLI's help says of each.
@@ -41,15 +46,43 @@ DEFAULT_STAGES = 2
 #: Micro-batches per batch of the pipeline strategy when not given.
 DEFAULT_MICRO_BATCHES = 4
 
+#: The orders a pipeline issues its work in (``parallel.strategies.schedules``), with what the CLI's help says.
+PIPELINE_SCHEDULES = {
+    "gpipe": "every micro-batch's forward, then every backward (GPipe)",
+    "1f1b": "one forward, one backward: each backward as soon as it can (PipeDream-Flush); interleaved with "
+            "--virtual-stages",
+}
+
+
+class Stages(NamedTuple):
+    """Where the model, pipeline and hybrid strategies cut the model, and how a pipeline feeds it: ``make_strategy``'s
+    ``stages`` (an int there is ``Stages(count=...)``).
+
+    >>> Stages(count=2), Stages(boundaries=(2,), micro_batches=8, schedule="1f1b").schedule
+    (Stages(count=2, boundaries=None, micro_batches=None, schedule='gpipe', virtual=1), '1f1b')
+    """
+    #: Stages of layers as even as possible (``stage_ranges``), or None.
+    count: Optional[int] = None
+    #: The layer indices where stages start, instead of ``count``.
+    boundaries: Optional[tuple] = None
+    #: Micro-batches a pipeline cuts each batch into (default ``DEFAULT_MICRO_BATCHES``).
+    micro_batches: Optional[int] = None
+    #: The order a pipeline issues its work in: ``"gpipe"`` or ``"1f1b"`` (``parallel.strategies.schedules``).
+    schedule: str = "gpipe"
+    #: Model chunks a pipeline device holds: more than 1 interleaves 1F1B.
+    virtual: int = 1
+
 
 _SOURCES = {
     "data": ["DataParallel", "data_parallel", "replicate", "parallel_apply", "gather"],
     "model": ["ModelParallel", "stage_ranges", "forward_stages"],
     "pipeline": ["Pipeline", "bubble_fraction"],
+    "schedules": ["pipeline_schedule", "Schedule", "Op"],
     "hybrid": ["Hybrid", "hybrid_groups"],
     "sharded": ["FullyShardedDataParallel"],
+    "tensor": ["TensorParallel"],
     "registry": ["make_strategy"],
 }
-__all__ = ["STRATEGIES", "DEFAULT_STAGES", "DEFAULT_MICRO_BATCHES"] + [
+__all__ = ["STRATEGIES", "DEFAULT_STAGES", "DEFAULT_MICRO_BATCHES", "PIPELINE_SCHEDULES", "Stages"] + [
     name for names in _SOURCES.values() for name in names]
 __getattr__, __dir__ = lazy_exports(__name__, _SOURCES)

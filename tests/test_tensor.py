@@ -1,0 +1,194 @@
+"""Tensor parallelism (``--tensor T``, ``TensorParallel``, ``TensorViT``, ``TensorTape``): the ViT's heads and MLP
+units split over T contexts with Megatron's f and g between, data parallelism over the groups; the same model as
+one context to float32 rounding, its collectives' bytes by Megatron's count, checkpoints and resumes across
+layouts, and the CLI's refusals."""
+import json
+
+import mxnet as mx
+import numpy as np
+import pytest
+from mxnet import autograd
+
+from parallel.comm import algorithms
+from parallel.comm.replica import block_state
+from parallel.comm.tensor import TensorTape
+from parallel.models import init_model
+from parallel.models.vit_tensor import TensorViT
+from parallel.optim import SGD, AdamW, memory_table
+from parallel.strategies import TensorParallel, make_strategy
+from parallel.train import main
+from conftest import contexts, make_batches, write_idx_files, easy_dataset
+
+SIZES = (12, 12, 7, 2)   # the last batch leaves the second group idle on 4 contexts
+
+
+def _train(strategy, optimizer, sizes=SIZES):
+    for X, y in make_batches(list(sizes), seed=1):
+        strategy.train_step(X, y, optimizer=optimizer)
+    return [p.asnumpy() for p in strategy.params()]
+
+
+def _close_to_scale(got, want, rtol):
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=0, atol=rtol * np.abs(w).max())
+
+
+@pytest.fixture(scope="module")
+def one_context():
+    """The ViT trained on one context without tensor parallelism, with momentum SGD."""
+    return _train(make_strategy("data", init_model("vit", 0), contexts(1)), SGD(0.05, momentum=0.9))
+
+
+@pytest.mark.parametrize("tensor, k", [(2, 2), (4, 4), (3, 3), (2, 4)])
+def test_tensor_parallel_trains_the_one_context_model(tensor, k, one_context):
+    """T = 2, 4 (and 3, whose heads and units split unevenly), and data x tensor (2 groups of 2): within 1e-5 of
+    each array's scale after four steps with momentum, at equal threads."""
+    strategy = make_strategy("data", init_model("vit", 0), contexts(k), tensor=tensor)
+    assert isinstance(strategy, TensorParallel) and len(strategy.ranks) == k // tensor
+    got = _train(strategy, SGD(0.05, momentum=0.9))
+    _close_to_scale(got, one_context, 1e-5)
+    assert not np.array_equal(got[6], init_model("vit", 0)[1].attention.qkv.weight.data().asnumpy())   # it trained
+
+
+def test_the_ranks_hold_their_parts_and_put_the_model_back_together():
+    """Each rank holds its heads' rows of the query/key/value layer, their columns of the output projection, its
+    MLP units, its pixels of the patch projection and its classes; the replicated arrays whole; unshard gives the
+    model's arrays back bit for bit."""
+    net = init_model("vit", 0)
+    plan = TensorViT(net, 2)
+    names, arrays, _, _ = block_state(net)
+    parts = [plan.shard(arrays, t) for t in range(2)]
+    shapes = {name: [p[i].shape for p in parts] for i, name in enumerate(plan.names)}
+    assert shapes["1.attention.qkv.weight"] == [(96, 64), (96, 64)]      # 2 of 4 heads' q, k, v rows each
+    assert shapes["1.attention.proj.weight"] == [(64, 32), (64, 32)]     # their columns of the projection
+    assert shapes["1.hidden.weight"] == [(64, 64), (64, 64)] and shapes["1.out.weight"] == [(64, 64), (64, 64)]
+    assert shapes["0.proj.weight"] == [(64, 25), (64, 24)]               # the 49 pixels of a patch
+    assert shapes["5.dense.weight"] == [(5, 64), (5, 64)]                # the 10 classes
+    assert shapes["1.norm1.gamma"] == [(64,), (64,)]                     # replicated
+    qkv = arrays[plan.names.index("1.attention.qkv.weight")].asnumpy()
+    np.testing.assert_array_equal(parts[1][plan.names.index("1.attention.qkv.weight")].asnumpy()[:32], qkv[32:64])
+    for back, array in zip(plan.unshard(parts), arrays):
+        np.testing.assert_array_equal(back, array.asnumpy())
+
+
+def test_f_and_g_forward_and_backward():
+    """g sums the ranks' arrays forward and passes the gradient through; f passes forward and sums backward."""
+    tape = TensorTape()
+    xs = [mx.nd.array([1.0, 2.0], ctx=mx.cpu(0)), mx.nd.array([3.0, 4.0], ctx=mx.cpu(1))]
+    for x in xs:
+        x.attach_grad()
+    with autograd.record():
+        copied = tape.f(tape.run(lambda t, x: x * (t + 1), xs))        # forward: the same arrays
+        loss = tape.run(lambda t, c: (c * (10 ** t)).sum(), copied)    # rank t weighs its copy by 10^t
+    assert [c.asnumpy().tolist() for c in copied] == [[1.0, 2.0], [6.0, 8.0]]
+    tape.backward(loss)
+    # f's backward sums the ranks' gradients (1 + 10) into each rank's input; then x * (t + 1)
+    assert xs[0].grad.asnumpy().tolist() == [11.0, 11.0] and xs[1].grad.asnumpy().tolist() == [22.0, 22.0]
+    assert tape.allreduced == 4   # f's backward summed two arrays of two elements
+    assert [a.context for a in copied] == [mx.cpu(0), mx.cpu(1)]
+    assert xs[1].grad.context == mx.cpu(1)
+
+
+@pytest.mark.parametrize("tensor, batch", [(2, 8), (4, 6), (3, 5)])
+def test_the_bytes_a_step_moves_are_megatrons_count(tensor, batch, monkeypatch):
+    """Counted at the one function every copy between contexts goes through (``algorithms._copy``): 4 allreduces
+    of the activations a block (2 forward, 2 backward), the patch projection's and the head's, each the fused
+    allreduce's bytes on T contexts, and the images and the logits' gather; the allreduced elements are Megatron's
+    4 L b s h plus the embedding's b (s - 1) h and the head's b h, on every rank."""
+    moved, copy = [], algorithms._copy
+
+    def counting(src, dst):
+        if (dst if isinstance(dst, mx.Context) else dst.context) != src.context:
+            moved.append(src.size * np.dtype(src.dtype).itemsize)
+        return copy(src, dst)
+    strategy = make_strategy("data", init_model("vit", 0), contexts(tensor), tensor=tensor)
+    X, y = make_batches([batch], seed=1)[0]
+    strategy.train_step(X, y, optimizer=SGD(0.1))   # graphs and buffers made
+    tapes = []
+    monkeypatch.setattr(algorithms, "_copy", counting)
+    monkeypatch.setattr(TensorTape, "backward", _recording(TensorTape.backward, tapes))
+    strategy.train_step(X, y, optimizer=SGD(0.1))
+    mx.nd.waitall()
+    plan = strategy.plan
+    gathered_back = 4 * batch * (plan.num_classes - plan.classes[1])   # the gather's backward: MXNet's own copies
+    assert sum(moved) + gathered_back == strategy.bytes_moved(batch) > 0
+    megatron = 4 * plan.depth * batch * plan.tokens * plan.dim + batch * (plan.tokens - 1) * plan.dim + batch * plan.dim
+    assert [tape.allreduced for tape in tapes] == [tensor * megatron]
+
+
+def _recording(backward, tapes):
+    def recorded(tape, *args, **kwargs):
+        result = backward(tape, *args, **kwargs)
+        tapes.append(tape)
+        return result
+    return recorded
+
+
+def test_each_rank_keeps_its_part_of_the_model_and_its_state():
+    strategy = make_strategy("data", init_model("vit", 0), contexts(4), tensor=2)
+    optimizer = AdamW(0.003)
+    X, y = make_batches([8], seed=1)[0]
+    strategy.train_step(X, y, optimizer=optimizer)
+    table = memory_table(optimizer, strategy.groups())
+    whole = 4 * sum(p.size for p in strategy.params())
+    for row in table:   # each rank about half the model (the replicated arrays whole), its gradient, AdamW's two
+        assert whole / 2 < row["parameters"] < 0.6 * whole
+        assert row["gradients"] == row["parameters"] and row["optimizer_state"] == 2 * row["parameters"]
+
+
+def test_a_checkpoint_moves_between_tensor_and_data_parallel_layouts(tmp_path):
+    """Written by --tensor 2 on 4 contexts, resumed on one context without tensor parallelism and on --tensor 4:
+    each run as close to the uninterrupted one-context run as float32 rounding of the layouts (1e-5 of the scale
+    with momentum); a checkpoint's arrays are the ViT's, by name, whatever the layout."""
+    data_dir = write_idx_files(tmp_path, easy_dataset(num_train=48, num_test=16, seed=3))
+    common = ["--model", "vit", "--data-dir", str(data_dir), "--batch-size", "16", "--lr", "0.05", "--momentum",
+              "0.9", "--no-progress", "--seed", "1"]
+
+    def run(name, *extra):
+        assert main(common + ["--checkpoint-dir", str(tmp_path / name), *extra]) == 0
+        from parallel.checkpoint import load_checkpoint
+        checkpoint = load_checkpoint(str(tmp_path / name))
+        return [p.asnumpy() for p in checkpoint.params], checkpoint
+    straight, _ = run("straight", "--epochs", "2", "--devices", "cpu:1")
+    _, first = run("moved", "--epochs", "1", "--devices", "cpu:4", "--tensor", "2")
+    assert first.model == "vit" and first.config["tensor"] == 2 and len(first.params) == 56
+    moved, _ = run("moved", "--epochs", "2", "--devices", "cpu:1", "--resume")
+    _close_to_scale(moved, straight, 1e-5)
+    run("moved4", "--epochs", "1", "--devices", "cpu:4", "--tensor", "2")
+    again, _ = run("moved4", "--epochs", "2", "--devices", "cpu:4", "--tensor", "4", "--resume")
+    _close_to_scale(again, straight, 1e-5)
+
+
+def test_the_cli_trains_with_tensor_parallelism_and_says_how(tmp_path, capsys):
+    data_dir = write_idx_files(tmp_path, easy_dataset(num_train=64, num_test=16, seed=3))
+    metrics = tmp_path / "m.json"
+    assert main(["--model", "vit", "--data-dir", str(data_dir), "--batch-size", "16", "--epochs", "1",
+                 "--devices", "cpu:4", "--tensor", "2", "--optimizer", "adamw", "--lr", "0.003", "--no-progress",
+                 "--metrics-json", str(metrics), "--export", str(tmp_path / "vit")]) == 0
+    out = capsys.readouterr().out
+    assert ("strategy data: 2 data-parallel groups x 2 tensor ranks: each rank 2 of 4 heads, 64 of 128 MLP units, "
+            "5 of 10 classes; ranks cpu(0),cpu(1) | cpu(2),cpu(3)") in out
+    memory = json.loads(metrics.read_text())[-1]["memory"]
+    assert sorted(row["context"] for row in memory) == [f"cpu({i})" for i in range(4)]
+    exported = mx.gluon.SymbolBlock.imports(str(tmp_path / "vit-symbol.json"), ["data"],
+                                            str(tmp_path / "vit-0000.params"))
+    assert exported(mx.nd.zeros((2, 1, 28, 28))).shape == (2, 10)
+
+
+@pytest.mark.parametrize("extra, says", [
+    (["--tensor", "2"], "--tensor 2 splits attention heads and MLP units; LeNet has none: use --model vit"),
+    (["--model", "vit", "--tensor", "8", "--devices", "cpu:8"], "--tensor 8 ranks cannot split ViT's 4 attention"),
+    (["--model", "vit", "--tensor", "2", "--devices", "cpu:3"], "3 contexts cannot form groups of --tensor 2"),
+    (["--model", "vit", "--tensor", "2", "--zero", "1"], "use --zero 0"),
+    (["--model", "vit", "--tensor", "2", "--clip-norm", "1"], "drop --clip-norm"),
+    (["--model", "vit", "--tensor", "2", "--strategy", "pipeline"], "use --strategy data"),
+    (["--model", "vit", "--tensor", "0"], "--tensor must be"),
+])
+def test_cli_refuses_what_tensor_parallelism_does_not_do_with_one_line(extra, says, tmp_path, capsys):
+    data_dir = write_idx_files(tmp_path, easy_dataset(num_train=32, num_test=8, seed=3))
+    args = ["--data-dir", str(data_dir), "--epochs", "1", "--batch-size", "8", "--no-progress"]
+    if "--devices" not in extra:
+        args += ["--devices", "cpu:2"]
+    assert main(args + extra) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and says in err and len(err.splitlines()) == 1, err
