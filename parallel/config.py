@@ -190,8 +190,9 @@ def check_compression(compression, strategy=None, zero=None):
 
 def check_tensor(tensor, strategy=None, zero=0, recompute=False, compression="none", distributed=False, model=None,
                  clip=False):
-    """Tensor parallelism splits the data strategy's replicas into groups of ``tensor`` contexts, each layer split
-    over a group (``parallel.strategies.TensorParallel``): a model that splits (``MODELS[model].tensor``, at most
+    """Tensor parallelism splits the data strategy's replicas (the hybrid strategy's stages) into groups of
+    ``tensor`` contexts, each layer split over a group (``parallel.strategies.TensorParallel``): a model that
+    splits (``MODELS[model].tensor``, at most
     that many ranks), in one process, with ZeRO's stage 0, without recomputation, compression or clipping."""
     check_int(tensor, "tensor", low=1)
     if tensor == 1:
@@ -208,9 +209,10 @@ def check_tensor(tensor, strategy=None, zero=0, recompute=False, compression="no
     if clip:
         raise BadValue("tensor", f"{{tensor={tensor}}} does not clip yet (a global norm must count the replicated "
                                  "arrays once); drop {clip_norm}")
-    if strategy is not None and strategy != "data":
-        raise BadValue("tensor", f"{{tensor={tensor}}} splits each layer of data parallelism's replicas over groups of "
-                                 f"contexts, not the stages of {{strategy={strategy}}}; use {{strategy=data}}")
+    if strategy is not None and strategy not in ("data", "hybrid"):
+        raise BadValue("tensor", f"{{tensor={tensor}}} splits each layer of the data or hybrid strategy's replicas over "
+                                 f"groups of contexts, not {{strategy={strategy}}}'s; use {{strategy}} data or "
+                                 "hybrid")
     if zero:
         raise BadValue("tensor", f"{{tensor={tensor}}} keeps each rank's optimizer state beside its part of the "
                                  "model; use {zero=0}")

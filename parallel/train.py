@@ -148,8 +148,8 @@ def _add_layout_flags(add):
              "--stages x V chunks, --micro-batches a multiple of --stages); default 1")
     add("--tensor", type=int, default=1, metavar="T",
         help="tensor parallelism (Megatron-LM): split each layer's attention heads and MLP units over groups of T "
-             "devices, data parallelism over the groups (--devices a multiple of T); --model vit, data strategy; "
-             "default 1 (none)")
+             "devices, data parallelism over the groups (--devices a multiple of T); with --strategy hybrid each "
+             "stage split so (data x pipeline x tensor); --model vit; default 1 (none)")
 
 
 def _add_reduction_flags(add):

@@ -50,6 +50,17 @@ def test_tensor_parallel_trains_the_one_context_model(tensor, k, one_context):
     assert not np.array_equal(got[6], init_model("vit", 0)[1].attention.qkv.weight.data().asnumpy())   # it trained
 
 
+@pytest.mark.parametrize("stages, k", [(2, 4), (2, 8), (3, 6)])
+def test_all_three_axes_train_the_one_context_model(stages, k, one_context):
+    """The hybrid strategy with --tensor: data x pipeline-stages x tensor (8 contexts: 2 replicas x 2 stages x 2
+    ranks), within 1e-5 of each array's scale of one context after four steps with momentum."""
+    strategy = make_strategy("hybrid", init_model("vit", 0), contexts(k), stages, tensor=2)
+    assert strategy.name == "hybrid" and len(strategy.ranges) == stages
+    assert len(strategy.ranks) == k // (2 * stages) and len(strategy.groups()) == 2 * stages
+    got = _train(strategy, SGD(0.05, momentum=0.9))
+    _close_to_scale(got, one_context, 1e-5)
+
+
 def test_the_ranks_hold_their_parts_and_put_the_model_back_together():
     """Each rank holds its heads' rows of the query/key/value layer, their columns of the output projection, its
     MLP units, its pixels of the patch projection and its classes; the replicated arrays whole; unshard gives the
@@ -89,8 +100,8 @@ def test_f_and_g_forward_and_backward():
     assert xs[1].grad.context == mx.cpu(1)
 
 
-@pytest.mark.parametrize("tensor, batch", [(2, 8), (4, 6), (3, 5)])
-def test_the_bytes_a_step_moves_are_megatrons_count(tensor, batch, monkeypatch):
+@pytest.mark.parametrize("tensor, batch, stages", [(2, 8, 1), (4, 6, 1), (3, 5, 1), (2, 8, 2)])
+def test_the_bytes_a_step_moves_are_megatrons_count(tensor, batch, stages, monkeypatch):
     """Counted at the one function every copy between contexts goes through (``algorithms._copy``): 4 allreduces
     of the activations a block (2 forward, 2 backward), the patch projection's and the head's, each the fused
     allreduce's bytes on T contexts, and the images and the logits' gather; the allreduced elements are Megatron's
@@ -101,7 +112,9 @@ def test_the_bytes_a_step_moves_are_megatrons_count(tensor, batch, monkeypatch):
         if (dst if isinstance(dst, mx.Context) else dst.context) != src.context:
             moved.append(src.size * np.dtype(src.dtype).itemsize)
         return copy(src, dst)
-    strategy = make_strategy("data", init_model("vit", 0), contexts(tensor), tensor=tensor)
+    name = "data" if stages == 1 else "hybrid"
+    strategy = make_strategy(name, init_model("vit", 0), contexts(tensor * stages), stages if stages > 1 else None,
+                             tensor=tensor)
     X, y = make_batches([batch], seed=1)[0]
     strategy.train_step(X, y, optimizer=SGD(0.1))   # graphs and buffers made
     tapes = []
@@ -110,8 +123,10 @@ def test_the_bytes_a_step_moves_are_megatrons_count(tensor, batch, monkeypatch):
     strategy.train_step(X, y, optimizer=SGD(0.1))
     mx.nd.waitall()
     plan = strategy.plan
-    gathered_back = 4 * batch * (plan.num_classes - plan.classes[1])   # the gather's backward: MXNet's own copies
-    assert sum(moved) + gathered_back == strategy.bytes_moved(batch) > 0
+    # the gather's backward and the stages' hidden states' gradients: MXNet's own copies, in backward
+    gathered_back = 4 * batch * (plan.num_classes - plan.classes[1])
+    hidden_back = (stages - 1) * tensor * 4 * batch * plan.tokens * plan.dim
+    assert sum(moved) + gathered_back + hidden_back == strategy.bytes_moved(batch) > 0
     megatron = 4 * plan.depth * batch * plan.tokens * plan.dim + batch * (plan.tokens - 1) * plan.dim + batch * plan.dim
     assert [tape.allreduced for tape in tapes] == [tensor * megatron]
 
@@ -157,6 +172,20 @@ def test_a_checkpoint_moves_between_tensor_and_data_parallel_layouts(tmp_path):
     run("moved4", "--epochs", "1", "--devices", "cpu:4", "--tensor", "2")
     again, _ = run("moved4", "--epochs", "2", "--devices", "cpu:4", "--tensor", "4", "--resume")
     _close_to_scale(again, straight, 1e-5)
+    run("moved3d", "--epochs", "1", "--devices", "cpu:8", "--strategy", "hybrid", "--stages", "2", "--tensor", "2")
+    three, _ = run("moved3d", "--epochs", "2", "--devices", "cpu:2", "--resume")
+    _close_to_scale(three, straight, 1e-5)
+
+
+def test_the_cli_trains_on_all_three_axes(tmp_path, capsys):
+    data_dir = write_idx_files(tmp_path, easy_dataset(num_train=64, num_test=16, seed=3))
+    assert main(["--model", "vit", "--data-dir", str(data_dir), "--batch-size", "16", "--epochs", "1",
+                 "--devices", "cpu:8", "--strategy", "hybrid", "--stages", "2", "--tensor", "2", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert ("strategy hybrid: 2 data-parallel replicas x 2 stages (children 0-2, 3-5) x 2 tensor ranks: each rank 2 "
+            "of 4 heads, 64 of 128 MLP units, 5 of 10 classes; ranks cpu(0),cpu(1) | cpu(2),cpu(3) | cpu(4),cpu(5) | "
+            "cpu(6),cpu(7)") in out
+    assert "hybrid parallel on [cpu(0)" in out
 
 
 def test_the_cli_trains_with_tensor_parallelism_and_says_how(tmp_path, capsys):
@@ -181,7 +210,9 @@ def test_the_cli_trains_with_tensor_parallelism_and_says_how(tmp_path, capsys):
     (["--model", "vit", "--tensor", "2", "--devices", "cpu:3"], "3 contexts cannot form groups of --tensor 2"),
     (["--model", "vit", "--tensor", "2", "--zero", "1"], "use --zero 0"),
     (["--model", "vit", "--tensor", "2", "--clip-norm", "1"], "drop --clip-norm"),
-    (["--model", "vit", "--tensor", "2", "--strategy", "pipeline"], "use --strategy data"),
+    (["--model", "vit", "--tensor", "2", "--strategy", "pipeline"], "use --strategy data or hybrid"),
+    (["--model", "vit", "--tensor", "2", "--strategy", "hybrid", "--devices", "cpu:6"],
+     "6 contexts cannot form groups of 2 stages of --tensor 2; use a multiple of 4 contexts"),
     (["--model", "vit", "--tensor", "0"], "--tensor must be"),
 ])
 def test_cli_refuses_what_tensor_parallelism_does_not_do_with_one_line(extra, says, tmp_path, capsys):

@@ -159,16 +159,33 @@ class TensorViT:
 
     # ---- the forward pass of one group -------------------------------------------------------------------------
 
-    def forward(self, X, ranks, tape):
-        """The logits of the images ``X`` through a group whose rank ``t`` holds ``ranks[t]`` (``shard``'s arrays,
-        in ``names`` order, each on the rank's context), on the first rank's context: each rank's work run by
-        ``tape`` (a ``parallel.comm.TensorTape``) a segment at a time, f and g between. Recording, the tape keeps
-        what its ``backward`` needs after ``autograd.backward`` of the loss; nothing waits."""
-        P = [dict(zip(self.names, arrays)) for arrays in ranks]
-        xs = [X if X.context == p["0.cls_token"].context else algorithms._copy(X, p["0.cls_token"].context) for p in P]
-        h = tape.run(lambda t, e: self._embedded(e, P[t]), self._g(tape, tape.run(self._patches, xs, P)))
-        for i in range(1, self.depth + 1):
+    def names_of(self, start, stop):
+        """The structural names of children ``start .. stop - 1``'s trainable arrays, in the model's order (what a
+        stage of them holds)."""
+        return [name for name in self.names if start <= int(name.split(".", 1)[0]) < stop]
+
+    def forward(self, X, ranks, tape, start=0, stop=None):
+        """Children ``start .. stop - 1`` (default all: the logits of the images ``X``) of a group whose rank ``t``
+        holds ``ranks[t]`` (``shard``'s arrays, in ``names`` order, or a stage's: ``names_of(start, stop)``, each on
+        the rank's context): each rank's work run by ``tape`` (a ``parallel.comm.TensorTape``) a segment at a time,
+        f and g between. ``X``: the images (from child 0), else the ranks' hidden states of the stage before
+        (copied to this stage's ranks, recorded). Returns the logits on the first rank's context after the last
+        child, else the ranks' hidden states. Recording, the tape keeps what its ``backward`` needs after
+        ``autograd.backward`` of the loss; nothing waits."""
+        stop = self.depth + 2 if stop is None else stop
+        P = [dict(zip(self.names_of(start, stop), arrays)) for arrays in ranks]
+        contexts = [arrays[0].context for arrays in ranks]
+        if start == 0:
+            h = [X if X.context == ctx else algorithms._copy(X, ctx) for ctx in contexts]
+            h = tape.run(lambda t, e: self._embedded(e, P[t]), self._g(tape, tape.run(self._patches, h, P)))
+        else:   # the stage before's hidden states, rank t's to rank t (every rank holds the same)
+            h = tape.run(lambda t, x: x if x.context == contexts[t] else algorithms._copy(x, contexts[t]), X)
+        for i in range(max(start, 1), min(stop, self.depth + 1)):
             h = self._block(tape, h, P, str(i))
+        return self._head(tape, h, P) if stop == self.depth + 2 else h
+
+    def _head(self, tape, h, P):
+        """The classifier: the class token's LayerNorm on every rank, f, each rank's classes, gathered."""
         head = str(self.depth + 1)
         cls = tape.run(lambda t, x: mx.nd.LayerNorm(mx.nd.slice_axis(x, axis=1, begin=0, end=1),
                                                     P[t][f"{head}.norm.gamma"], P[t][f"{head}.norm.beta"], axis=-1,

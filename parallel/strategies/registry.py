@@ -98,7 +98,7 @@ def make_strategy(name, params, ctx_list, stages=None, reducer=None, recompute=F
     if zero == 3:
         return FullyShardedDataParallel(params, ctx_list, reducer)
     if tensor > 1:
-        return TensorParallel(params, ctx_list, tensor, reducer)
+        return TensorParallel(params, ctx_list, tensor, reducer, layout if name == "hybrid" else None)
     if name == "data":
         behaviour = behaviour_of(params)
         net = behaviour.net(params)

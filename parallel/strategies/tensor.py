@@ -31,60 +31,81 @@ from ..comm.tensor import TensorTape
 from ..evaluate import accuracy
 from ..models.lenet import softmax_cross_entropy
 from ..optim.zero import gather_state, load_state
+from ..models.registry import behaviour_of
 from ..models.vit_tensor import TensorViT
 from ..split import shard_sizes
 from ..step import step_replicas
 from ..validate import BadValue, check_contexts, check_int
+from . import Stages
+from .model import stage_ranges
 
 __all__ = ["TensorParallel"]
 
 
 class TensorParallel:
-    """Data parallelism over groups of ``tensor`` contexts, each group running the model split over its contexts
-    (see the module's docstring).
+    """Data parallelism over replicas of ``stages`` stages, each stage split over ``tensor`` contexts (see the
+    module's docstring).
 
     Parameters
     ----------
     params : mxnet.gluon.nn.HybridSequential
         The ViT (``init_model("vit")``, ``init_vit``), initialized; copied, not modified.
     ctx_list : list of mxnet.Context
-        Distinct contexts, a multiple of ``tensor``: group ``d`` is ``ctx_list[d*T:(d+1)*T]``.
+        Distinct contexts, a multiple of ``tensor`` x the stages: replica ``r``'s stage ``s``'s rank ``t`` on
+        ``ctx_list[(r S + s) T + t]``.
     tensor : int
-        T, the contexts a group splits each layer over: 1 to the ViT's number of heads.
+        T, the contexts a stage splits each layer over: 1 to the ViT's number of heads.
     reducer : parallel.Reducer or str, optional
-        How each rank's gradients are summed over the groups (an allreduce's name, buckets); its algorithm is
-        f's and g's too. One process, uncompressed.
+        How each rank's gradients are summed over the replicas (an allreduce's name, buckets); its algorithm is f's
+        and g's too. One process, uncompressed.
+    stages : int or parallel.strategies.Stages, optional
+        Where to cut the ViT's children into stages (``stage_ranges``; default: one stage, the whole model): the
+        hybrid strategy's pipeline axis, its stages run one after the other for each replica's shard.
 
     Attributes
     ----------
     plan : parallel.models.vit_tensor.TensorViT
-        Which part of each array each rank holds, and the group's forward pass.
-    ranks : list of list of FlatReplica
-        ``ranks[d][t]``: group ``d``'s rank ``t``, its arrays on ``ctx_list[d*T + t]`` (gradients attached).
+        Which part of each array each rank holds, and a stage's forward pass.
+    ranges : list of (int, int)
+        The children of each stage.
+    ranks : list of list of list of FlatReplica
+        ``ranks[r][s][t]``: replica ``r``'s stage ``s``'s rank ``t``, its part of the stage's arrays (gradients
+        attached).
     """
 
-    name = "data"
     job = None
 
-    def __init__(self, params, ctx_list, tensor=1, reducer=None):
+    def __init__(self, params, ctx_list, tensor=1, reducer=None, stages=None):
         self.reducer = as_reducer(reducer)
         if self.reducer.job is not None or self.reducer.codec is not None:
             raise BadValue("tensor", "{tensor} splits the model within one process, uncompressed; give a Reducer "
                                      "without a job or compression")
         check_int(tensor, "tensor", low=1)
         check_contexts(ctx_list)
-        self.ctx_list, self.tensor = list(ctx_list), int(tensor)
-        if len(self.ctx_list) % self.tensor:
-            lower = len(self.ctx_list) // self.tensor * self.tensor
-            raise BadValue("tensor", f"{len(self.ctx_list)} contexts cannot form groups of {{tensor={tensor}}}; use a "
-                                     f"multiple of {tensor} contexts (e.g. {lower or tensor})")
         self.plan = TensorViT(params, tensor, self.reducer.algorithm)
-        groups = [self.ctx_list[d:d + self.tensor] for d in range(0, len(self.ctx_list), self.tensor)]
+        self.ctx_list, self.tensor = list(ctx_list), int(tensor)
+        layout = Stages(count=stages) if isinstance(stages, int) else stages or Stages(count=1)
+        self.ranges = stage_ranges(layout.count, layout.boundaries, *behaviour_of(params).layers(params))
+        self.name = "data" if len(self.ranges) == 1 else "hybrid"
+        width = self.tensor * len(self.ranges)
+        if len(self.ctx_list) % width:
+            lower = len(self.ctx_list) // width * width
+            what = f"{{tensor={tensor}}}" if len(self.ranges) == 1 else \
+                f"{len(self.ranges)} stages of {{tensor={tensor}}}"
+            raise BadValue("tensor", f"{len(self.ctx_list)} contexts cannot form groups of {what}; use a multiple of "
+                                     f"{width} contexts (e.g. {lower or width})")
         _, arrays, _, _ = block_state(params)
-        host = [a.as_in_context(mx.cpu()) for a in arrays]
-        shards = [self.plan.shard(host, t) for t in range(self.tensor)]
-        self.ranks = [[self.reducer.replicate(shards[t], [ctx])[0] for t, ctx in enumerate(group)]
-                      for group in groups]
+        shards = [self.plan.shard([a.as_in_context(mx.cpu()) for a in arrays], t) for t in range(self.tensor)]
+        index = {name: i for i, name in enumerate(self.plan.names)}
+        self.ranks = []
+        for r in range(len(self.ctx_list) // width):
+            replica = []
+            for s, (start, stop) in enumerate(self.ranges):
+                picked = [index[name] for name in self.plan.names_of(start, stop)]
+                contexts = self.ctx_list[(r * len(self.ranges) + s) * self.tensor:][:self.tensor]
+                replica.append([self.reducer.replicate([shards[t][i] for i in picked], [ctx])[0]
+                                for t, ctx in enumerate(contexts)])
+            self.ranks.append(replica)
         self._tapes = []
 
     def __repr__(self):
@@ -96,33 +117,46 @@ class TensorParallel:
         return self
 
     def describe(self, accumulate=1):
-        """One line: the groups, what each rank holds, and the contexts of each group."""
-        plan, groups = self.plan, len(self.ranks)
+        """One line: the replicas (and stages), what each rank holds, and the contexts of each stage."""
+        plan, replicas, stages = self.plan, len(self.ranks), len(self.ranges)
         share = (f"each rank {plan.heads[1]} of {plan.num_heads} heads, {plan.units[1]} of {plan.mlp_dim} MLP "
                  f"units, {plan.classes[1]} of {plan.num_classes} classes")
         if any(b - a != plan.heads[1] for a, b in zip(plan.heads, plan.heads[1:])):
             share = share.replace("each rank", "each rank about")
-        where = " | ".join(",".join(str(r[0].context) for r in group) for group in self.ranks)
-        return (f"{groups} data-parallel group{'s' if groups > 1 else ''} x {self.tensor} tensor rank"
-                f"{'s' if self.tensor > 1 else ''}: {share}; ranks {where}")
+        where = " | ".join(",".join(str(rank[0].context) for rank in stage) for replica in self.ranks
+                           for stage in replica)
+        axes = f"{replicas} data-parallel {'group' if stages == 1 else 'replica'}{'s' if replicas > 1 else ''}"
+        if stages > 1:
+            labels = ", ".join(f"{a}-{b - 1}" if b - a > 1 else f"{a}" for a, b in self.ranges)
+            axes += f" x {stages} stages (children {labels})"
+        return f"{axes} x {self.tensor} tensor rank{'s' if self.tensor > 1 else ''}: {share}; ranks {where}"
 
-    # ``parallel.step.step_replicas`` takes the strategy as its replicas: one tensor-parallel group each.
+    # ``parallel.step.step_replicas`` takes the strategy as its replicas: one replica of stages of ranks each.
     @property
     def in_ctx_list(self):
-        """Where each group takes its shard of the batch and gives its logits: its first rank's context."""
-        return [group[0][0].context for group in self.ranks]
+        """Where each replica takes its shard of the batch: its first stage's first rank's context."""
+        return [replica[0][0][0].context for replica in self.ranks]
 
-    out_ctx_list = in_ctx_list
+    @property
+    def out_ctx_list(self):
+        """Where each replica gives its logits: its last stage's first rank's context."""
+        return [replica[-1][0][0].context for replica in self.ranks]
+
+    def _forward(self, X, replica, tape):
+        """The logits of ``X`` through ``replica``'s stages, one after the other."""
+        for (start, stop), stage in zip(self.ranges, replica):
+            X = self.plan.forward(X, stage, tape, start, stop)
+        return X
 
     def forward_all(self, X_shards):
-        """Each group's logits of its shard (on its first rank's context), the ranks of a group in lockstep; the
-        tapes kept for ``backward``."""
+        """Each replica's logits of its shard (on its last stage's first rank's context), the ranks of a stage in
+        lockstep; the tapes kept for ``backward``."""
         self._tapes = [TensorTape(self.plan.algorithm) for _ in X_shards]
-        return [self.plan.forward(X, group, tape) for X, group, tape in zip(X_shards, self.ranks, self._tapes)]
+        return [self._forward(X, replica, tape) for X, replica, tape in zip(X_shards, self.ranks, self._tapes)]
 
     def backward(self, losses):
-        """The backward pass of the last ``forward_all``: through the losses, then each group's tape (f's
-        allreduces and g's identities between its segments)."""
+        """The backward pass of the last ``forward_all``: through the losses, then each replica's tape (f's
+        allreduces and g's identities between its segments, the stages' copies)."""
         mx.autograd.backward(losses)
         for tape in self._tapes:
             tape.backward()
@@ -133,33 +167,42 @@ class TensorParallel:
         return []
 
     def groups(self):
-        """The trained arrays as ``parallel.optim.optimizer_step`` takes them: rank ``t`` of every group forms group
-        ``t``, summed over the groups (and sharded over them with ``zero``)."""
-        return [[group[t] for group in self.ranks] for t in range(self.tensor)]
+        """The trained arrays as ``parallel.optim.optimizer_step`` takes them: stage ``s``'s rank ``t`` of every
+        replica forms a group, summed over the replicas."""
+        return [[replica[s][t] for replica in self.ranks] for s in range(len(self.ranges))
+                for t in range(self.tensor)]
 
     def train_step(self, X, y, lr=None, loss=softmax_cross_entropy, optimizer=None, accumulate=1):
-        """One optimizer step (``parallel.step.step_replicas``): the batch split over the groups, each group's
-        forward and backward through its ranks, each rank's gradients summed over the groups, every rank updated.
-        Returns (summed loss, correct count), each (1,) on ``ctx_list[0]``, not waited for."""
+        """One optimizer step (``parallel.step.step_replicas``): the batch split over the replicas, each replica's
+        forward and backward through its stages and ranks, each rank's gradients summed over the replicas, every
+        rank updated. Returns (summed loss, correct count), each (1,) on ``ctx_list[0]``, not waited for."""
         return step_replicas(self, X, y, lr, loss, optimizer=optimizer, accumulate=accumulate)
 
-    def _predictor(self, group):
-        return lambda X: self.plan.forward(X, group, TensorTape(self.plan.algorithm))
+    def _ranks_of(self, replica):
+        """``replica``'s arrays as each rank would hold the whole model's (its stages' arrays one after the
+        other, in the model's order): what ``TensorViT.unshard`` takes."""
+        return [[array for stage in replica for array in stage[t]] for t in range(self.tensor)]
+
+    def _predictor(self, replica):
+        return lambda X: self._forward(X, replica, TensorTape(self.plan.algorithm))
 
     def evaluate(self, data_iter):
-        """Accuracy over ``data_iter``, each batch split over the groups (``parallel.evaluate.accuracy``)."""
-        return accuracy(data_iter, [self._predictor(group) for group in self.ranks], self.in_ctx_list)
+        """Accuracy over ``data_iter``, each batch split over the replicas (``parallel.evaluate.accuracy``)."""
+        return accuracy(data_iter, [self._predictor(replica) for replica in self.ranks], self.in_ctx_list)
 
     def params(self):
         """The model's trainable arrays, whole, on the CPU, in its order (group 0's ranks put together): what a
         checkpoint stores."""
-        return [mx.nd.array(a, ctx=mx.cpu(), dtype=a.dtype) for a in self.plan.unshard(self.ranks[0])]
+        return [mx.nd.array(a, ctx=mx.cpu(), dtype=a.dtype) for a in self.plan.unshard(self._ranks_of(self.ranks[0]))]
 
     def gather_state(self, optimizer):
         """The optimizer's state as a checkpoint stores it (``parallel.optim.gather_state``'s form: ``{state name:
         [array per parameter of the model]}``, whole, on the CPU): each rank's state put together as ``params()``
         puts the arrays."""
-        per_rank = [gather_state(optimizer, [group], list(group[0])) for group in self.groups()]
+        groups, stages = self.groups(), len(self.ranges)
+        per_group = [gather_state(optimizer, [group], list(group[0])) for group in groups]
+        per_rank = [{name: [a for s in range(stages) for a in per_group[s * self.tensor + t][name]]
+                     for name in optimizer.state_names()} for t in range(self.tensor)]
         return {name: [mx.nd.array(a, ctx=mx.cpu(), dtype=a.dtype)
                        for a in self.plan.unshard([state[name] for state in per_rank])]
                 for name in optimizer.state_names()}
@@ -169,8 +212,13 @@ class TensorParallel:
         names = optimizer.state_names()
         if sorted(state) != sorted(names):
             raise ValueError(f"state holds {sorted(state)} but {optimizer.name} keeps {list(names)}")
-        for t, group in enumerate(self.groups()):
-            load_state(optimizer, [group], list(group[0]), {name: self.plan.shard(state[name], t) for name in names})
+        index = {name: i for i, name in enumerate(self.plan.names)}
+        shards = [{name: self.plan.shard(state[name], t) for name in names} for t in range(self.tensor)]
+        for (s, t), group in zip([(s, t) for s in range(len(self.ranges)) for t in range(self.tensor)],
+                                 self.groups()):
+            picked = [index[n] for n in self.plan.names_of(*self.ranges[s])]
+            load_state(optimizer, [group], list(group[0]), {name: [shards[t][name][i] for i in picked]
+                                                            for name in names})
 
     def names(self):
         """The model's trainable arrays' structural names, in ``params()`` order."""
@@ -180,16 +228,18 @@ class TensorParallel:
         return []
 
     def bytes_moved(self, batch):
-        """Bytes one training step of ``batch`` examples copies between contexts within the groups, over all of
-        them: each group's f and g allreduces (Megatron's count, ``TensorViT.allreduces``) times the allreduce's
-        own bytes (``parallel.comm.bytes_moved``), its images copied to its other ranks, and its logits gathered
-        on its first rank and their gradient sent back. (Data parallelism's sum of the gradients over the groups
-        is not counted.) 0 for ``tensor=1``."""
+        """Bytes one training step of ``batch`` examples copies between contexts within the replicas, over all of
+        them: each stage's f and g allreduces (Megatron's count, ``TensorViT.allreduces``) times the allreduce's
+        own bytes (``parallel.comm.bytes_moved``), the images copied to the first stage's other ranks, the logits
+        gathered on the last stage's first rank and their gradient sent back, and between stages each rank's
+        hidden states forward and their gradient back. (Data parallelism's sum of the gradients over the replicas
+        is not counted.)"""
         plan, t, itemsize = self.plan, self.tensor, 4
-        if t == 1:
-            return 0
         total = 0
-        for n in shard_sizes(batch, len(self.ranks)):
+        for n in shard_sizes(batch, len(self.ranks)) if batch else []:
+            total += 2 * (len(self.ranges) - 1) * t * n * plan.tokens * plan.dim * itemsize
+            if t == 1:
+                continue
             total += sum(count * allreduce_bytes(plan.algorithm, elements * itemsize, t).total
                          for elements, count in plan.allreduces(n))
             gathered = n * (plan.num_classes - plan.classes[1])   # every rank's classes but the first's
