@@ -188,12 +188,11 @@ def check_compression(compression, strategy=None, zero=None):
     return kind, value
 
 
-def check_tensor(tensor, strategy=None, zero=0, recompute=False, compression="none", distributed=False, model=None,
-                 clip=False):
+def check_tensor(tensor, strategy=None, zero=0, recompute=False, compression="none", model=None, clip=False):
     """Tensor parallelism splits the data strategy's replicas (the hybrid strategy's stages) into groups of
     ``tensor`` contexts, each layer split over a group (``parallel.strategies.TensorParallel``): a model that
-    splits (``MODELS[model].tensor``, at most
-    that many ranks), in one process, with ZeRO's stage 0, without recomputation, compression or clipping."""
+    splits (``MODELS[model].tensor``, at most that many ranks), with ZeRO's stage 0, without recomputation,
+    compression or clipping. (Across processes, ``check_distributed``: the data strategy's groups.)"""
     check_int(tensor, "tensor", low=1)
     if tensor == 1:
         return
@@ -220,8 +219,6 @@ def check_tensor(tensor, strategy=None, zero=0, recompute=False, compression="no
         raise BadValue("tensor", f"{{tensor={tensor}}} does not recompute its layers; drop {{recompute}}")
     if compression != "none":
         raise BadValue("tensor", f"{{tensor={tensor}}} sums its activations uncompressed; use {{compression}} none")
-    if distributed:
-        raise BadValue("tensor", f"{{tensor={tensor}}} runs in one process; drop the launcher or use {{tensor=1}}")
 
 
 def check_recompute(recompute, strategy=None):

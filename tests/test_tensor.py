@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from mxnet import autograd
 
+from parallel import Reducer
 from parallel.comm import algorithms
 from parallel.comm.replica import block_state
 from parallel.comm.tensor import TensorTape
@@ -17,7 +18,7 @@ from parallel.models.vit_tensor import TensorViT
 from parallel.optim import SGD, AdamW, memory_table
 from parallel.strategies import TensorParallel, make_strategy
 from parallel.train import main
-from conftest import contexts, make_batches, write_idx_files, easy_dataset
+from conftest import contexts, easy_dataset, in_threads, make_batches, write_idx_files
 
 SIZES = (12, 12, 7, 2)   # the last batch leaves the second group idle on 4 contexts
 
@@ -59,6 +60,26 @@ def test_all_three_axes_train_the_one_context_model(stages, k, one_context):
     assert len(strategy.ranks) == k // (2 * stages) and len(strategy.groups()) == 2 * stages
     got = _train(strategy, SGD(0.05, momentum=0.9))
     _close_to_scale(got, one_context, 1e-5)
+
+
+def test_two_workers_of_tensor_groups_train_the_one_context_model(threads_reduce_at_once, one_context):
+    """Across processes (threads standing in for ps-lite): 2 workers, each one group of 2 ranks on contexts of its
+    own; each worker trains its slice of the global batch (the last, of 2, leaves worker 1 without an example) and
+    each rank's gradients are summed over the workers. Rank 1 starts from another model: rank 0's wins. Both
+    workers end with the same model, the one-context model to 1e-5 of its scale."""
+    def work(job, rank):
+        initial = init_model("vit", 0 if rank == 0 else 7)
+        strategy = make_strategy("data", initial, [mx.cpu(2 * rank), mx.cpu(2 * rank + 1)], tensor=2,
+                                 reducer=Reducer(job=job))
+        assert "summed over 2 workers" in strategy.describe()
+        got = _train(strategy, SGD(0.05, momentum=0.9))
+        X, y = make_batches([10], seed=4)[0]
+        return got, strategy.evaluate([(X, y)])
+    (first, accuracy0), (second, accuracy1) = in_threads(2, work)[0]
+    for a, b in zip(first, second):
+        np.testing.assert_array_equal(a, b)
+    assert accuracy0 == accuracy1
+    _close_to_scale(first, one_context, 1e-5)
 
 
 def test_the_ranks_hold_their_parts_and_put_the_model_back_together():
@@ -202,6 +223,36 @@ def test_the_cli_trains_with_tensor_parallelism_and_says_how(tmp_path, capsys):
     exported = mx.gluon.SymbolBlock.imports(str(tmp_path / "vit-symbol.json"), ["data"],
                                             str(tmp_path / "vit-0000.params"))
     assert exported(mx.nd.zeros((2, 1, 28, 28))).shape == (2, 10)
+
+
+@pytest.mark.slow
+def test_a_job_of_tensor_groups_trains_the_one_context_model_through_the_cli(tmp_path):
+    """python -m parallel.launch -n 2 python -m parallel.train --model vit --devices cpu:2 --tensor 2: 2 workers,
+    each a group of 2 ranks, through the launcher's real servers; the exported model is the one-context run's to
+    1e-5 of its scale, and its checkpoint resumes in one process on one context."""
+    import subprocess
+    import sys
+    from conftest import start_process, stop_process
+    data_dir = write_idx_files(tmp_path, easy_dataset(num_train=48, num_test=16, seed=3))
+    args = ["--model", "vit", "--data-dir", str(data_dir), "--batch-size", "16", "--lr", "0.05", "--momentum",
+            "0.9", "--seed", "1", "--no-progress", "--epochs", "2"]
+    process = start_process([sys.executable, "-m", "parallel.launch", "-n", "2", "-s", "2", "--stall-timeout", "120",
+                             sys.executable, "-m", "parallel.train", *args, "--devices", "cpu:2", "--tensor", "2",
+                             "--checkpoint-dir", str(tmp_path / "job")], cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = process.communicate(timeout=300)
+    except subprocess.TimeoutExpired:
+        stop_process(process, grace=60)
+        raise
+    assert process.returncode == 0, err[-3000:]
+    assert "gradients summed over 2 workers" in out
+    assert main(args + ["--devices", "cpu:1", "--checkpoint-dir", str(tmp_path / "one")]) == 0
+    from parallel.checkpoint import load_checkpoint
+    job = [p.asnumpy() for p in load_checkpoint(str(tmp_path / "job")).params]
+    one = [p.asnumpy() for p in load_checkpoint(str(tmp_path / "one")).params]
+    _close_to_scale(job, one, 1e-5)
+    assert main(args[:-1] + ["3", "--devices", "cpu:1", "--checkpoint-dir", str(tmp_path / "job"), "--resume"]) == 0
 
 
 @pytest.mark.parametrize("extra, says", [

@@ -239,13 +239,15 @@ class Reducer:
                            [param.shape for param in first[layout.first:layout.stop]], layout.first)
                 for b, layout in enumerate(first.buckets)]
 
-    def _comm(self, index, num_buckets):
+    def _comm(self, index, num_buckets, first_bucket=0):
         # the first layers' bucket (reduced last, needed first by the next forward) gets the highest priority
-        return BucketComm(self.algorithm, self.job, index, priority=index - num_buckets + 1)
+        return BucketComm(self.algorithm, self.job, first_bucket + index, priority=index - num_buckets + 1)
 
-    def reduce(self, group, active=None):
+    def reduce(self, group, active=None, first_bucket=0):
         """Sum the gradients of ``group`` (the replicas of the same parameters, one a context) in place, bucket by
         bucket, through the hook: afterwards every replica holds the sum over its contexts and the job's workers.
+        ``first_bucket``: in a job, where this group's buckets start among the kvstore's keys (a step of several
+        groups gives each its own keys: ``optimizer_step``).
 
         ``active``: replicas ``active..`` computed nothing this step (a batch smaller than the group): their
         gradients are zeroed first, so they add nothing and no stale gradient leaks in. Queued, not waited for,
@@ -262,7 +264,7 @@ class Reducer:
         buckets = self.buckets(group)
         with exclusive():
             for bucket in buckets:
-                self.hook(bucket, self._comm(bucket.index, len(buckets)))
+                self.hook(bucket, self._comm(bucket.index, len(buckets), first_bucket))
 
     def _reduce_lists(self, group):
         """Replicas that are plain lists of arrays (several dtypes): one allreduce a tensor, as in the textbook."""

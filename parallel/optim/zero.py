@@ -169,11 +169,13 @@ def optimizer_step(optimizer, groups, batch_size, reducer=None, active=None):
     t = optimizer.num_update + 1
     lr = optimizer.lr_at(t)
     regions = [_regions(group, zero) for group in groups]
+    first_bucket = 0   # in a job, each group's buckets under keys of their own
     for group, group_regions in zip(groups, regions):
         if zero == 2:
             reducer.reduce_scatter(group, group_regions, active)
         else:
-            reducer.reduce(group, active)
+            reducer.reduce(group, active, first_bucket)
+        first_bucket += len(group[0].buckets) if isinstance(group[0], FlatReplica) else 0
     if optimizer.clip_norm is not None:
         _clip(optimizer.clip_norm, groups, regions, zero, batch_size)
     gather = "ring" if reducer.algorithm == "ring" else "fused"

@@ -92,8 +92,7 @@ def make_strategy(name, params, ctx_list, stages=None, reducer=None, recompute=F
     check_compression(compression, strategy=name)
     check_recompute(recompute, name)
     check_zero(zero, name, reducer.algorithm)
-    check_tensor(tensor, name, zero=zero, recompute=recompute, compression=compression,
-                 distributed=reducer.job is not None)
+    check_tensor(tensor, name, zero=zero, recompute=recompute, compression=compression)
     check_contexts(ctx_list)
     if zero == 3:
         return FullyShardedDataParallel(params, ctx_list, reducer)

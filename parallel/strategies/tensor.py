@@ -26,7 +26,7 @@ import mxnet as mx
 
 from ..comm.algorithms import bytes_moved as allreduce_bytes
 from ..comm.reducer import as_reducer
-from ..comm.replica import block_state
+from ..comm.replica import block_state, get_params
 from ..comm.tensor import TensorTape
 from ..evaluate import accuracy
 from ..models.lenet import softmax_cross_entropy
@@ -34,7 +34,9 @@ from ..optim.zero import gather_state, load_state
 from ..models.registry import behaviour_of
 from ..models.vit_tensor import TensorViT
 from ..split import shard_sizes
-from ..step import step_replicas
+from ..job import KEYS, worker_slice
+from ..optim.zero import as_optimizer
+from ..step import idle_step, step_replicas
 from ..validate import BadValue, check_contexts, check_int
 from . import Stages
 from .model import stage_ranges
@@ -56,8 +58,10 @@ class TensorParallel:
     tensor : int
         T, the contexts a stage splits each layer over: 1 to the ViT's number of heads.
     reducer : parallel.Reducer or str, optional
-        How each rank's gradients are summed over the replicas (an allreduce's name, buckets); its algorithm is f's
-        and g's too. One process, uncompressed.
+        How each rank's gradients are summed over the replicas (an allreduce's name, buckets; uncompressed); its
+        algorithm is f's and g's too. With a ``job``, the replicas of every worker are data-parallel replicas of
+        the job (a collective constructor: every worker makes it, rank 0's initial model wins), each worker
+        training its slice of each global batch; the stages and ranks of a replica stay in one process.
     stages : int or parallel.strategies.Stages, optional
         Where to cut the ViT's children into stages (``stage_ranges``; default: one stage, the whole model): the
         hybrid strategy's pipeline axis, its stages run one after the other for each replica's shard.
@@ -73,13 +77,10 @@ class TensorParallel:
         attached).
     """
 
-    job = None
-
     def __init__(self, params, ctx_list, tensor=1, reducer=None, stages=None):
         self.reducer = as_reducer(reducer)
-        if self.reducer.job is not None or self.reducer.codec is not None:
-            raise BadValue("tensor", "{tensor} splits the model within one process, uncompressed; give a Reducer "
-                                     "without a job or compression")
+        if self.reducer.codec is not None:
+            raise BadValue("tensor", "{tensor} sums its gradients uncompressed; give a Reducer without compression")
         check_int(tensor, "tensor", low=1)
         check_contexts(ctx_list)
         self.plan = TensorViT(params, tensor, self.reducer.algorithm)
@@ -95,7 +96,10 @@ class TensorParallel:
             raise BadValue("tensor", f"{len(self.ctx_list)} contexts cannot form groups of {what}; use a multiple of "
                                      f"{width} contexts (e.g. {lower or width})")
         _, arrays, _, _ = block_state(params)
-        shards = [self.plan.shard([a.as_in_context(mx.cpu()) for a in arrays], t) for t in range(self.tensor)]
+        host = get_params(list(arrays), mx.cpu())   # the model's arrays as one flat buffer, on the host
+        if self.job is not None:   # every worker starts from rank 0's model
+            self.job.broadcast(KEYS["params"], host.data)
+        shards = [self.plan.shard(list(host), t) for t in range(self.tensor)]
         index = {name: i for i, name in enumerate(self.plan.names)}
         self.ranks = []
         for r in range(len(self.ctx_list) // width):
@@ -110,6 +114,12 @@ class TensorParallel:
 
     def __repr__(self):
         return f"TensorParallel({self.describe()})"
+
+    @property
+    def job(self):
+        """The distributed job whose workers' replicas are data-parallel replicas of each other (the reducer's),
+        or None."""
+        return self.reducer.job
 
     @property
     def model(self):
@@ -129,7 +139,10 @@ class TensorParallel:
         if stages > 1:
             labels = ", ".join(f"{a}-{b - 1}" if b - a > 1 else f"{a}" for a, b in self.ranges)
             axes += f" x {stages} stages (children {labels})"
-        return f"{axes} x {self.tensor} tensor rank{'s' if self.tensor > 1 else ''}: {share}; ranks {where}"
+        line = f"{axes} x {self.tensor} tensor rank{'s' if self.tensor > 1 else ''}: {share}; ranks {where}"
+        if self.job is not None:
+            line += f"; gradients summed over {self.job.num_workers} workers through the {self.job.kv.type} kvstore"
+        return line
 
     # ``parallel.step.step_replicas`` takes the strategy as its replicas: one replica of stages of ranks each.
     @property
@@ -175,8 +188,17 @@ class TensorParallel:
     def train_step(self, X, y, lr=None, loss=softmax_cross_entropy, optimizer=None, accumulate=1):
         """One optimizer step (``parallel.step.step_replicas``): the batch split over the replicas, each replica's
         forward and backward through its stages and ranks, each rank's gradients summed over the replicas, every
-        rank updated. Returns (summed loss, correct count), each (1,) on ``ctx_list[0]``, not waited for."""
-        return step_replicas(self, X, y, lr, loss, optimizer=optimizer, accumulate=accumulate)
+        rank updated. Returns (summed loss, correct count), each (1,) on ``ctx_list[0]``, not waited for. In a job,
+        ``X`` and ``y`` are the global batch and this worker trains its slice (``parallel.job.worker_slice``); every
+        worker must call it for every batch (one without an example adds zeros to the sums)."""
+        optimizer = as_optimizer(lr, optimizer)
+        n, job = X.shape[0], self.job
+        if job is not None:
+            start, stop = worker_slice(n, len(self.ranks), job.rank, job.num_workers)
+            if start == stop:
+                return idle_step(self, n, optimizer)
+            X, y, accumulate = X[start:stop], y[start:stop], min(accumulate, stop - start)
+        return step_replicas(self, X, y, loss=loss, batch_size=n, optimizer=optimizer, accumulate=accumulate)
 
     def _ranks_of(self, replica):
         """``replica``'s arrays as each rank would hold the whole model's (its stages' arrays one after the
@@ -188,7 +210,7 @@ class TensorParallel:
 
     def evaluate(self, data_iter):
         """Accuracy over ``data_iter``, each batch split over the replicas (``parallel.evaluate.accuracy``)."""
-        return accuracy(data_iter, [self._predictor(replica) for replica in self.ranks], self.in_ctx_list)
+        return accuracy(data_iter, [self._predictor(replica) for replica in self.ranks], self.in_ctx_list, self.job)
 
     def params(self):
         """The model's trainable arrays, whole, on the CPU, in its order (group 0's ranks put together): what a
