@@ -178,8 +178,8 @@ class TensorViT:
         if start == 0:
             h = [X if X.context == ctx else algorithms._copy(X, ctx) for ctx in contexts]
             h = tape.run(lambda t, e: self._embedded(e, P[t]), self._g(tape, tape.run(self._patches, h, P)))
-        else:   # the stage before's hidden states, rank t's to rank t (every rank holds the same)
-            h = tape.run(lambda t, x: x if x.context == contexts[t] else algorithms._copy(x, contexts[t]), X)
+        else:   # the stage before's hidden states, rank t's to rank t (every rank holds the same), recorded copies
+            h = tape.run(lambda t, x: algorithms._copy(x, contexts[t]), X)
         for i in range(max(start, 1), min(stop, self.depth + 1)):
             h = self._block(tape, h, P, str(i))
         return self._head(tape, h, P) if stop == self.depth + 2 else h

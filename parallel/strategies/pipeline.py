@@ -1,11 +1,15 @@
-"""Pipeline parallelism: micro-batches flow through model-parallel stages (GPipe's schedule).
+"""Pipeline parallelism: micro-batches flow through model-parallel stages, in the order of a schedule.
 
-The batch splits into M micro-batches (sizes differ by at most one, as ``shard_sizes`` splits). The host
-queues every micro-batch's forward through every stage, then one backward over all M losses, which sums
-each parameter's gradient over the micro-batches; then one SGD update for the batch. MXNet's engine runs
-each context's work in order but different contexts concurrently, so stage s can work on micro-batch m+1
-while stage s+1 works on micro-batch m. With K stages, each stage idles for K-1 of the M+K-1 slots of
-the forward (and of the backward): the *bubble fraction* ``(K-1)/(M+K-1)``:
+The batch splits into M micro-batches (sizes differ by at most one, as ``shard_sizes`` splits). The pipeline
+issues each micro-batch's forward and backward through each stage in the order of its schedule
+(``parallel.strategies.schedules``: ``"gpipe"``, every forward then every backward; ``"1f1b"``, each backward as
+soon as it can, so a stage holds at most as many micro-batches as there are stages after it, itself included;
+with ``virtual`` chunks a device, interleaved 1F1B). Each stage's forward of a micro-batch is recorded on its own
+input (a copy of the stage before's output) and its backward runs from the gradient the stage after left there;
+every stage adds its micro-batches' gradients in micro-batch order, whatever the schedule; then one update for
+the batch. MXNet's engine runs each context's work in the order it is issued but different contexts
+concurrently, so stage s can work on micro-batch m+1 while stage s+1 works on micro-batch m. With K stages,
+each stage idles ``(K-1)/(M+K-1)`` of the step (GPipe and 1F1B alike): the *bubble fraction*:
 
 >>> import mxnet as mx
 >>> from parallel import init_lenet_params
@@ -37,8 +41,8 @@ from ..optim.zero import as_optimizer, optimizer_step
 from ..split import shard_sizes, split_and_load
 from ..step import check_accumulate, check_batch, check_labels, loss_and_correct, zero_grads
 from ..trace import mark_backward_each, mark_forward_each
-from ..validate import BadValue, check_bool, check_contexts, check_int
-from . import DEFAULT_MICRO_BATCHES
+from ..validate import BadValue, check_bool, check_choice, check_contexts, check_int
+from . import DEFAULT_MICRO_BATCHES, PIPELINE_SCHEDULES
 from .model import ModelParallel, _cut, _unsharded
 from .schedules import pipeline_schedule
 
@@ -105,16 +109,16 @@ class Pipeline(ModelParallel):
         self.micro_batches = _check_micro_batches(micro_batches)
         self.short_batches = check_bool(short_batches, "short_batches")
         self.virtual = check_int(virtual, "virtual_stages", low=1)
-        pipeline_schedule(schedule, 1, 1)   # the name checked
-        self.schedule = schedule
+        self.schedule = check_choice(schedule, "schedule", tuple(PIPELINE_SCHEDULES))
         if self.virtual == 1:
             super().__init__(model, ctx_list, stages, boundaries)
         else:
             chunks = None if stages is None else check_int(stages, "stages", low=1) * self.virtual
             cut = _cut(model, 2 * self.virtual if stages is None and boundaries is None else chunks, boundaries)
             if len(cut.ranges) % self.virtual:
-                raise BadValue("boundaries", f"{len(cut.ranges)} chunks cannot be dealt to devices "
-                                             f"{{virtual_stages={self.virtual}}} each; give a multiple of {self.virtual}")
+                raise BadValue("boundaries", f"{{boundaries}} cut {len(cut.ranges)} chunks, which cannot be dealt "
+                                             f"{self.virtual} a device ({{virtual_stages={self.virtual}}}); give a "
+                                             f"multiple of {self.virtual} chunks")
             self._place_chunks(cut, ctx_list)
         self.last_stash = []
         if self.virtual > 1:   # checked up front: the micro-batches come in groups of the stages
