@@ -188,11 +188,11 @@ def check_compression(compression, strategy=None, zero=None):
     return kind, value
 
 
-def check_tensor(tensor, strategy=None, zero=0, recompute=False, compression="none", model=None, clip=False):
+def check_tensor(tensor, strategy=None, zero=0, recompute=False, compression="none", model=None):
     """Tensor parallelism splits the data strategy's replicas (the hybrid strategy's stages) into groups of
     ``tensor`` contexts, each layer split over a group (``parallel.strategies.TensorParallel``): a model that
-    splits (``MODELS[model].tensor``, at most that many ranks), with ZeRO's stage 0, without recomputation,
-    compression or clipping. (Across processes, ``check_distributed``: the data strategy's groups.)"""
+    splits (``MODELS[model].tensor``, at most that many ranks), with ZeRO's stage 0, without recomputation or
+    compression. (Across processes, ``check_distributed``: the data strategy's groups.)"""
     check_int(tensor, "tensor", low=1)
     if tensor == 1:
         return
@@ -205,9 +205,6 @@ def check_tensor(tensor, strategy=None, zero=0, recompute=False, compression="no
         if tensor > most:
             raise BadValue("tensor", f"{{tensor={tensor}}} ranks cannot split {MODELS[model].title}'s {most} attention "
                                      f"heads; use at most {most}")
-    if clip:
-        raise BadValue("tensor", f"{{tensor={tensor}}} does not clip yet (a global norm must count the replicated "
-                                 "arrays once); drop {clip_norm}")
     if strategy is not None and strategy not in ("data", "hybrid"):
         raise BadValue("tensor", f"{{tensor={tensor}}} splits each layer of the data or hybrid strategy's replicas over "
                                  f"groups of contexts, not {{strategy={strategy}}}'s; use {{strategy}} data or "

@@ -258,8 +258,7 @@ def check_args(args):
         check_zero(args.zero, args.strategy, args.allreduce)
         check_compression(args.compression, args.strategy, args.zero)
         check_recompute(args.recompute, args.strategy)
-        check_tensor(args.tensor, args.strategy, args.zero, args.recompute, args.compression, args.model,
-                     args.clip_norm is not None)
+        check_tensor(args.tensor, args.strategy, args.zero, args.recompute, args.compression, args.model)
         check_number(args.bucket_mb, "bucket_mb", positive=True)
     if args.data_dir is not None and args.dataset == "synthetic":
         raise UsageError("--data-dir applies to --dataset fashion-mnist, not synthetic")

@@ -82,6 +82,9 @@ class FlatReplica(list):
     aux : list of NDArray
         The block's arrays that are not trained (BatchNorm's running statistics, frozen parameters),
         copies on the same context, in ``aux_names``' order; empty for a list of arrays.
+    copies : set of int
+        The indices of arrays that a replica of another group holds as well (tensor parallelism's replicated
+        arrays, on every rank but the first): a global norm over the groups counts them once. Empty by default.
 
     Calling ``attach_grad()`` on a member would give it a separate gradient and break the link.
     """
@@ -94,6 +97,7 @@ class FlatReplica(list):
         self.names = list(names)
         self.aux = list(aux)
         self.aux_names = list(aux_names)
+        self.copies = set()
 
     @property
     def grad(self):

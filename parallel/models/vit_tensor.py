@@ -115,6 +115,11 @@ class TensorViT:
             return 0, np.arange(*_parts(self.classes, t))
         return None
 
+    def replicated(self, name):
+        """Whether every rank holds array ``name`` whole (a layer norm, a row-parallel layer's bias, the class
+        token, the positions)."""
+        return self._rule(name, 0) is None
+
     def _flat(self, name, array):
         """The patch projection's weight as (dim, pixels); every other array as it is."""
         return array.reshape((array.shape[0], -1)) if name == "0.proj.weight" else array

@@ -95,11 +95,13 @@ def _pieces(replica, regions):
 
 def _owned_grads(group, regions, zero):
     """The gradients whose squared norms add up to the group's whole summed gradient, once each: every tensor's
-    (``zero`` 0 and 1: the same pieces whatever the buckets), or each replica's owned shards (``zero=2``)."""
+    (``zero`` 0 and 1: the same pieces whatever the buckets; not the ``copies`` of another group's), or each
+    replica's owned shards (``zero=2``)."""
     if zero == 2:
         return [grad for replica, replica_regions in zip(group, regions)
                 for _, _, grad in _pieces(replica, replica_regions)]
-    return [param.grad for param in group[0]]
+    copies = getattr(group[0], "copies", ())
+    return [param.grad for i, param in enumerate(group[0]) if i not in copies]
 
 
 def _clip(clip_norm, groups, regions, zero, batch_size, combine=None):

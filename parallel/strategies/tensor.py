@@ -107,8 +107,11 @@ class TensorParallel:
             for s, (start, stop) in enumerate(self.ranges):
                 picked = [index[name] for name in self.plan.names_of(start, stop)]
                 contexts = self.ctx_list[(r * len(self.ranges) + s) * self.tensor:][:self.tensor]
-                replica.append([self.reducer.replicate([shards[t][i] for i in picked], [ctx])[0]
-                                for t, ctx in enumerate(contexts)])
+                ranks = [self.reducer.replicate([shards[t][i] for i in picked], [ctx])[0]
+                         for t, ctx in enumerate(contexts)]
+                for rank in ranks[1:]:   # a global norm (clipping) counts the replicated arrays once
+                    rank.copies = {j for j, i in enumerate(picked) if self.plan.replicated(self.plan.names[i])}
+                replica.append(ranks)
             self.ranks.append(replica)
         self._tapes = []
 
