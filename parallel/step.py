@@ -24,6 +24,8 @@ replica per context (one group of K); hybrid parallelism one model-parallel grou
 per stage); model and pipeline parallelism one model whose micro-batches take the replicas' place (a group of one
 per stage).
 """
+import contextlib
+
 import mxnet as mx
 import numpy as np
 from mxnet import autograd, gluon
@@ -41,7 +43,8 @@ from .trace import mark_backward
 from .validate import check_contexts, check_int, check_lr
 
 __all__ = ["check_labels", "check_batch", "sgd", "update_replicas", "loss_and_correct", "step_replicas", "idle_step",
-           "DeviceReplicas", "train_step", "train_batch", "may_skip_parameters", "zero_grads"]
+           "worker_step", "DeviceReplicas", "train_step", "train_batch", "may_skip_parameters", "zero_grads",
+           "adding_gradients", "fence_statistics"]
 
 
 def check_labels(y, num_classes, loss=softmax_cross_entropy):
@@ -163,7 +166,7 @@ def _forward_backward(replicas, X, y, loss, y_all, count_correct=True):
         check_labels(y_all, outputs[0].shape[-1], loss)   # before anything is updated
     mark_backward(losses, replicas.groups())   # where a trace's backward starts (parallel.trace)
     getattr(replicas, "backward", autograd.backward)(losses)  # each replica computes the gradient of its own shard
-    _fence_statistics(replicas)
+    fence_statistics(replicas)
     active = len(X_shards)
     for r in range(active, len(replicas.in_ctx_list)):   # an idle replica takes the first one's statistics
         for first, aux in zip(replicas.aux(0), replicas.aux(r)):
@@ -194,9 +197,9 @@ def zero_grads(groups):
                 grad[:] = 0
 
 
-def _fence_statistics(replicas):
+def fence_statistics(replicas):
     """Order every later read of a replica's running statistics after its backward pass, which writes them without
-    telling MXNet's engine (BatchNorm on CPU contexts: ``parallel.engine``)."""
+    telling MXNet's engine (BatchNorm on CPU contexts: ``parallel.engine``); ``replicas`` has ``groups()``."""
     for group in replicas.groups():
         for replica in group:
             if getattr(replica, "aux", None):
@@ -209,19 +212,26 @@ def _trained_arrays(groups):
     return arrays, [param.grad for param in arrays]
 
 
-def _accumulate(replicas, X, y, loss, n, count_correct=True):
-    """``n`` micro-batches of the batch one after another, their gradients summed in place (``grad_req='add'``
-    from zeroed buffers); returns (summed loss, correct) over the whole batch."""
-    groups = replicas.groups()
+@contextlib.contextmanager
+def adding_gradients(groups):
+    """Inside the ``with`` block, every backward adds its gradients into the trained arrays' buffers of ``groups``,
+    zeroed on entry (``grad_req='add'``: micro-batches one after another); afterwards it writes them again."""
     arrays, grads = _trained_arrays(groups)
     zero_grads(groups)
     autograd.mark_variables(arrays, grads, "add")
     try:
+        yield
+    finally:
+        autograd.mark_variables(arrays, grads, "write")
+
+
+def _accumulate(replicas, X, y, loss, n, count_correct=True):
+    """``n`` micro-batches of the batch one after another, their gradients summed in place (``grad_req='add'``
+    from zeroed buffers); returns (summed loss, correct) over the whole batch."""
+    with adding_gradients(replicas.groups()):
         bounds = np.cumsum([0] + shard_sizes(X.shape[0], n))
         sums = [_forward_backward(replicas, X[a:b], y[a:b], loss, y if a == 0 else None, count_correct)[:2]
                 for a, b in zip(bounds, bounds[1:])]
-    finally:
-        autograd.mark_variables(arrays, grads, "write")
     return mx.nd.add_n(*[s[0] for s in sums]), mx.nd.add_n(*[s[1] for s in sums]) if count_correct else None
 
 
@@ -360,10 +370,18 @@ def _data_parallel_step(X, y, device_params, ctx_list, lr, net, loss, reducer, o
     _check_replicas(device_params, ctx_list)
     check_batch(X, y)
     replicas = DeviceReplicas(device_params, ctx_list, net, reducer)
-    n, job = X.shape[0], reducer.job   # the global batch
+    return worker_step(replicas, X, y, loss, optimizer, accumulate, reducer.job, count_correct)
+
+
+def worker_step(replicas, X, y, loss, optimizer, accumulate=1, job=None, count_correct=True):
+    """``step_replicas`` on the global batch ``X``, ``y``, as one worker of ``job`` (None: the whole batch): this
+    worker's slice (``parallel.job.worker_slice`` over its ``len(replicas.in_ctx_list)`` replicas), or, for a
+    worker without an example, ``idle_step`` (it adds a zero gradient and takes the same step); divided by the
+    global batch size."""
+    n = X.shape[0]
     if job is not None:
-        start, stop = worker_slice(n, len(ctx_list), job.rank, job.num_workers)
-        if start == stop:   # no example for this worker: it adds a zero gradient and takes the same step
+        start, stop = worker_slice(n, len(replicas.in_ctx_list), job.rank, job.num_workers)
+        if start == stop:
             return idle_step(replicas, n, optimizer, count_correct)
         X, y = X[start:stop], y[start:stop]
         accumulate = min(accumulate, stop - start)   # a worker's slice may hold fewer examples than micro-batches

@@ -34,12 +34,11 @@ import numpy as np
 from mxnet import autograd
 
 from ..comm import algorithms
-from ..comm.replica import get_params, grads_of
-from ..engine import fence
+from ..comm.replica import get_params
 from ..models.lenet import softmax_cross_entropy
 from ..optim.zero import as_optimizer, optimizer_step
 from ..split import shard_sizes, split_and_load
-from ..step import check_accumulate, check_batch, check_labels, loss_and_correct, zero_grads
+from ..step import adding_gradients, check_accumulate, check_batch, check_labels, fence_statistics, loss_and_correct
 from ..trace import mark_backward_each, mark_forward_each
 from ..validate import BadValue, check_bool, check_choice, check_contexts, check_int
 from . import DEFAULT_MICRO_BATCHES, PIPELINE_SCHEDULES
@@ -192,20 +191,11 @@ class Pipeline(ModelParallel):
         optimizer = as_optimizer(lr, _unsharded(optimizer, self.name))
         accumulate = check_accumulate(accumulate, X.shape[0])
         m = _check_micro_batches(self.micro_batches if micro_batches is None else micro_batches)
-        groups = self.groups()
-        arrays = [param for group in groups for replica in group for param in replica]
-        grads = [param.grad for param in arrays]
-        zero_grads(groups)
-        autograd.mark_variables(arrays, grads, "add")   # every micro-batch's gradient added in place
-        try:
+        with adding_gradients(self.groups()):   # every micro-batch's gradient added in place
             bounds = np.cumsum([0] + shard_sizes(X.shape[0], accumulate))
             sums = [self._run(X[a:b], y[a:b], loss, m, check=a == 0) for a, b in zip(bounds, bounds[1:])]
-        finally:
-            autograd.mark_variables(arrays, grads, "write")
-        for replica in self.stage_params:   # BatchNorm's backward writes its statistics unannounced (engine.py)
-            if getattr(replica, "aux", None):
-                fence(grads_of(replica), replica.aux)
-        optimizer_step(optimizer, groups, X.shape[0], None)
+        fence_statistics(self)   # BatchNorm's backward writes its statistics unannounced (parallel.engine)
+        optimizer_step(optimizer, self.groups(), X.shape[0], None)
         if len(sums) == 1:
             return sums[0]
         return mx.nd.add_n(*[s[0] for s in sums]), mx.nd.add_n(*[s[1] for s in sums])

@@ -36,7 +36,7 @@ Prefetch (``prefetch=True``, FSDP's forward and backward prefetch): two gather b
 block's gather is queued before the current block runs, so MXNet's engine can copy while it computes; without
 (the default), one buffer, and each gather waits for the block before it to finish with the buffer. The gathered
 peak (full parameters at once on a context) is one block's (the largest) without prefetch, two blocks' with it:
-ResNet-18's largest block is 22% of the model, so prefetch takes the peak from 22% to 45%, for 2% of the step
+ResNet-18's largest block is 22% of the model, so prefetch takes the peak from 22% to 45%, for 1-3% of the step
 time measured here (``benchmarks/memory.py``; CPU contexts share the cores that copy and compute).
 
 The same model as without sharding: the same operators on the same values (the gathered parameters are copies of

@@ -34,9 +34,9 @@ from ..optim.zero import gather_state, load_state
 from ..models.registry import behaviour_of
 from ..models.vit_tensor import TensorViT
 from ..split import shard_sizes
-from ..job import KEYS, worker_slice
+from ..job import KEYS
 from ..optim.zero import as_optimizer
-from ..step import idle_step, step_replicas
+from ..step import worker_step
 from ..validate import BadValue, check_contexts, check_int
 from . import Stages
 from .model import stage_ranges
@@ -194,14 +194,7 @@ class TensorParallel:
         rank updated. Returns (summed loss, correct count), each (1,) on ``ctx_list[0]``, not waited for. In a job,
         ``X`` and ``y`` are the global batch and this worker trains its slice (``parallel.job.worker_slice``); every
         worker must call it for every batch (one without an example adds zeros to the sums)."""
-        optimizer = as_optimizer(lr, optimizer)
-        n, job = X.shape[0], self.job
-        if job is not None:
-            start, stop = worker_slice(n, len(self.ranks), job.rank, job.num_workers)
-            if start == stop:
-                return idle_step(self, n, optimizer)
-            X, y, accumulate = X[start:stop], y[start:stop], min(accumulate, stop - start)
-        return step_replicas(self, X, y, loss=loss, batch_size=n, optimizer=optimizer, accumulate=accumulate)
+        return worker_step(self, X, y, loss, as_optimizer(lr, optimizer), accumulate, self.job)
 
     def _ranks_of(self, replica):
         """``replica``'s arrays as each rank would hold the whole model's (its stages' arrays one after the
