@@ -146,11 +146,12 @@ def check_schedule(strategy, schedule="gpipe", virtual=1, stages=None, micro_bat
                                             f"{{micro_batches={m}}} must be a multiple of {devices}")
 
 
-def check_distributed(strategy, distributed):
-    """Only data parallelism trains one worker's share of a distributed job."""
-    if distributed and strategy != "data":
-        raise BadValue("strategy", f"{{strategy={strategy}}} cannot train across processes, only data can; run the "
-                                   f"{strategy} strategy in one process")
+def check_distributed(strategy, distributed, tensor=1):
+    """Only data parallelism trains one worker's share of a distributed job, and the hybrid strategy with
+    ``tensor`` > 1 (its replicas of tensor-parallel stages are data-parallel replicas of the job's)."""
+    if distributed and strategy != "data" and not (strategy == "hybrid" and tensor > 1):
+        raise BadValue("strategy", f"{{strategy={strategy}}} cannot train across processes, only data can (and "
+                                   f"hybrid with {{tensor}}); run the {strategy} strategy in one process")
 
 
 def check_zero(zero, strategy=None, algorithm=None):

@@ -254,7 +254,7 @@ def check_args(args):
     check_optimizer_args(args)
     with users_input(ValueError, TypeError, flags=FLAGS):
         check_lr(args.lr)
-        check_distributed(args.strategy, launched())
+        check_distributed(args.strategy, launched(), args.tensor)
         check_zero(args.zero, args.strategy, args.allreduce)
         check_compression(args.compression, args.strategy, args.zero)
         check_recompute(args.recompute, args.strategy)

@@ -100,6 +100,20 @@ def test_clipping_counts_the_replicated_arrays_once(tensor, k, stages):
     assert max(np.abs(a - b).max() for a, b in zip(unclipped, want)) > 1e-4   # the clip did act
 
 
+def test_two_workers_of_stages_of_tensor_groups_train_the_one_context_model(threads_reduce_at_once, one_context):
+    """All three axes across processes: 2 workers (threads standing in for ps-lite), each one replica of 2 stages of
+    2 ranks on 4 contexts of its own; each stage's rank t sums its gradients over the workers under keys of its own.
+    The one-context model to 1e-5 of its scale, on both workers."""
+    def work(job, rank):
+        strategy = make_strategy("hybrid", init_model("vit", 0), [mx.cpu(4 * rank + i) for i in range(4)], 2,
+                                 tensor=2, reducer=Reducer(job=job))
+        return _train(strategy, SGD(0.05, momentum=0.9))
+    first, second = in_threads(2, work)[0]
+    for a, b in zip(first, second):
+        np.testing.assert_array_equal(a, b)
+    _close_to_scale(first, one_context, 1e-5)
+
+
 def test_the_ranks_hold_their_parts_and_put_the_model_back_together():
     """Each rank holds its heads' rows of the query/key/value layer, their columns of the output projection, its
     MLP units, its pixels of the patch projection and its classes; the replicated arrays whole; unshard gives the

@@ -154,7 +154,10 @@ def test_distributed_flags_outside_or_inside_a_job(monkeypatch, capsys):
     monkeypatch.setenv("DMLC_ROLE", "worker")
     assert main(["--strategy", "pipeline", "--dataset", "synthetic"]) == 2
     assert capsys.readouterr().err.strip() == ("error: --strategy pipeline cannot train across processes, only data "
-                                               "can; run the pipeline strategy in one process")
+                                               "can (and hybrid with --tensor); run the pipeline strategy in one "
+                                               "process")
+    assert main(["--strategy", "hybrid", "--dataset", "synthetic"]) == 2   # hybrid alone, without --tensor
+    assert "--strategy hybrid cannot train across processes" in capsys.readouterr().err
 
 
 @pytest.mark.slow

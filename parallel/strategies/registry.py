@@ -87,7 +87,7 @@ def make_strategy(name, params, ctx_list, stages=None, reducer=None, recompute=F
     stages, boundaries, micro_batches, schedule, virtual = layout
     check_layout(name, stages, boundaries, micro_batches, batch_size)
     check_schedule(name, schedule, virtual, stages, micro_batches, boundaries)
-    check_distributed(name, reducer.job is not None)
+    check_distributed(name, reducer.job is not None, tensor)
     compression = "none" if reducer.codec is None else reducer.codec.spec
     check_compression(compression, strategy=name)
     check_recompute(recompute, name)
