@@ -1,7 +1,8 @@
 """What does pipelining cost or save? ms per LeNet training step, pipeline vs. model vs. data parallelism.
 
 For K = 2 and 4 stages and M = 1, 2, 4, 8 micro-batches, the pipeline's time per training step (batch 256)
-next to GPipe's bubble fraction (K-1)/(M+K-1), with model parallelism (K stages, no micro-batches) and
+with the GPipe and the 1F1B schedules, next to their bubble fraction (K-1)/(M+K-1) and the micro-batches each
+stage holds at once, with model parallelism (K stages, no micro-batches) and
 single-context data parallelism as references, and a control: the same micro-batches on one context and
 one stage (K = 1), which separates what micro-batching alone does from what overlapping stages does.
 All configurations are measured in one run, interleaved (one round visits every configuration, then the
@@ -57,11 +58,13 @@ def configurations(ctx_list, X, y):
             configs.append({"strategy": "model", "stages": k, "micro_batches": None,
                             "bubble_fraction": bubble_fraction(k, 1), "contexts": k,
                             "step": lambda model=model: model.train_step(X, y, LR)[0]})
-        for m in MICRO_BATCHES:
-            pipe = Pipeline(init_lenet_params(seed=0), ctx_list, stages=k, micro_batches=m)
-            configs.append({"strategy": "pipeline", "stages": k, "micro_batches": m,
-                            "bubble_fraction": bubble_fraction(k, m), "contexts": k,
-                            "step": lambda pipe=pipe: pipe.train_step(X, y, LR)[0]})
+        for schedule in ("gpipe",) + (("1f1b",) if k > 1 else ()):
+            for m in MICRO_BATCHES:
+                pipe = Pipeline(init_lenet_params(seed=0), ctx_list, stages=k, micro_batches=m, schedule=schedule)
+                configs.append({"strategy": "pipeline", "schedule": schedule, "stages": k, "micro_batches": m,
+                                "bubble_fraction": bubble_fraction(k, m), "contexts": k,
+                                "stashed_peak": pipe.plan().stashed_peak,
+                                "step": lambda pipe=pipe: pipe.train_step(X, y, LR)[0]})
     return configs
 
 
@@ -82,16 +85,17 @@ def label(config):
         return f"model, K={config['stages']}"
     if config["stages"] == 1:
         return f"micro-batches, K=1 M={config['micro_batches']}"
-    return f"pipeline, K={config['stages']} M={config['micro_batches']}"
+    return f"{config['schedule']}, K={config['stages']} M={config['micro_batches']}"
 
 
 def format_table(results, reference):
-    lines = [f"{'configuration':<24}{'K':>3}{'M':>4}{'bubble':>9}{'ms/step':>10}{'vs data':>9}"]
+    lines = [f"{'configuration':<24}{'K':>3}{'M':>4}{'bubble':>9}{'ms/step':>10}{'vs data':>9}  held"]
     for r in results:
         m = "-" if r["micro_batches"] is None else str(r["micro_batches"])
         bubble = "-" if r["bubble_fraction"] is None else f"{r['bubble_fraction']:.3f}"
+        held = "" if "stashed_peak" not in r or r["stages"] == 1 else f"  {r['stashed_peak']}"
         lines.append(f"{label(r):<24}{r['stages']:>3}{m:>4}{bubble:>9}{r['ms_per_step']:>10.1f}"
-                     f"{r['ms_per_step'] / reference:>8.2f}x")
+                     f"{r['ms_per_step'] / reference:>8.2f}x{held}")
     return "\n".join(lines)
 
 
@@ -103,10 +107,14 @@ def plot(report, path):
     results = report["results"]
     fig, (ax_time, ax_bubble) = plt.subplots(1, 2, figsize=(10, 3.8))
     for k in sorted({r["stages"] for r in results if r["strategy"] == "pipeline"}):
-        rows = [r for r in results if r["strategy"] == "pipeline" and r["stages"] == k]
+        rows = [r for r in results if r["strategy"] == "pipeline" and r["stages"] == k and r["schedule"] == "gpipe"]
         line, = ax_time.plot([r["micro_batches"] for r in rows], [r["ms_per_step"] for r in rows],
                              "o-" if k > 1 else "s--",
-                             label=f"pipeline, K={k}" if k > 1 else "micro-batches only, K=1")
+                             label=f"gpipe, K={k}" if k > 1 else "micro-batches only, K=1")
+        later = [r for r in results if r["strategy"] == "pipeline" and r["stages"] == k and r["schedule"] == "1f1b"]
+        if later:
+            ax_time.plot([r["micro_batches"] for r in later], [r["ms_per_step"] for r in later], "^:",
+                         color=line.get_color(), label=f"1f1b, K={k}")
         ax_bubble.plot([r["micro_batches"] for r in rows], [r["bubble_fraction"] for r in rows], "o-",
                        color=line.get_color(), label=f"K={k}")
         for r in results:
