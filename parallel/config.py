@@ -192,8 +192,8 @@ def check_compression(compression, strategy=None, zero=None):
 def check_tensor(tensor, strategy=None, zero=0, recompute=False, compression="none", model=None):
     """Tensor parallelism splits the data strategy's replicas (the hybrid strategy's stages) into groups of
     ``tensor`` contexts, each layer split over a group (``parallel.strategies.TensorParallel``): a model that
-    splits (``MODELS[model].tensor``, at most that many ranks), with ZeRO's stage 0, without recomputation or
-    compression. (Across processes, ``check_distributed``: the data strategy's groups.)"""
+    splits (``MODELS[model].tensor``, at most that many ranks), with ZeRO's stages 0-2 (each rank's state sharded
+    over its replicas), without recomputation or compression. (Across processes, ``check_distributed``: the data strategy's groups.)"""
     check_int(tensor, "tensor", low=1)
     if tensor == 1:
         return
@@ -210,9 +210,9 @@ def check_tensor(tensor, strategy=None, zero=0, recompute=False, compression="no
         raise BadValue("tensor", f"{{tensor={tensor}}} splits each layer of the data or hybrid strategy's replicas over "
                                  f"groups of contexts, not {{strategy={strategy}}}'s; use {{strategy}} data or "
                                  "hybrid")
-    if zero:
-        raise BadValue("tensor", f"{{tensor={tensor}}} keeps each rank's optimizer state beside its part of the "
-                                 "model; use {zero=0}")
+    if zero == 3:
+        raise BadValue("tensor", f"{{tensor={tensor}}} splits the parameters over a group's ranks; {{zero=3}} would "
+                                 "shard them again over the replicas: use {zero} 0, 1 or 2")
     if recompute:
         raise BadValue("tensor", f"{{tensor={tensor}}} does not recompute its layers; drop {{recompute}}")
     if compression != "none":

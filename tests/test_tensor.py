@@ -114,6 +114,25 @@ def test_two_workers_of_stages_of_tensor_groups_train_the_one_context_model(thre
     _close_to_scale(first, one_context, 1e-5)
 
 
+def test_zero_1_and_2_shard_each_ranks_state_over_the_groups_bitwise():
+    """ZeRO-1 and 2 on tensor parallelism: each rank's optimizer state sharded over the groups holding that rank
+    (2 groups of 2 ranks: half each); the same model and state, bitwise, as ZeRO-0 on the same layout."""
+    from parallel.optim import Adam
+    results, tables = {}, {}
+    for zero in (0, 1, 2):
+        strategy = make_strategy("data", init_model("vit", 0), contexts(4), zero=zero, tensor=2)
+        optimizer = Adam(0.01, zero=zero)
+        results[zero] = _train(strategy, optimizer)
+        state = strategy.gather_state(optimizer)
+        results[zero] += [a.asnumpy() for name in sorted(state) for a in state[name]]
+        tables[zero] = memory_table(optimizer, strategy.groups())
+    for zero in (1, 2):
+        for got, want in zip(results[zero], results[0]):
+            np.testing.assert_array_equal(got, want)
+        for row, whole in zip(tables[zero], tables[0]):
+            assert abs(row["optimizer_state"] - whole["optimizer_state"] / 2) <= 4 * 64
+
+
 def test_the_ranks_hold_their_parts_and_put_the_model_back_together():
     """Each rank holds its heads' rows of the query/key/value layer, their columns of the output projection, its
     MLP units, its pixels of the patch projection and its classes; the replicated arrays whole; unshard gives the
@@ -291,7 +310,7 @@ def test_a_job_of_tensor_groups_trains_the_one_context_model_through_the_cli(tmp
     (["--tensor", "2"], "--tensor 2 splits attention heads and MLP units; LeNet has none: use --model vit"),
     (["--model", "vit", "--tensor", "8", "--devices", "cpu:8"], "--tensor 8 ranks cannot split ViT's 4 attention"),
     (["--model", "vit", "--tensor", "2", "--devices", "cpu:3"], "3 contexts cannot form groups of --tensor 2"),
-    (["--model", "vit", "--tensor", "2", "--zero", "1"], "use --zero 0"),
+    (["--model", "vit", "--tensor", "2", "--zero", "3"], "use --zero 0, 1 or 2"),
     (["--model", "vit", "--tensor", "2", "--strategy", "pipeline"], "use --strategy data or hybrid"),
     (["--model", "vit", "--tensor", "2", "--strategy", "hybrid", "--devices", "cpu:6"],
      "6 contexts cannot form groups of 2 stages of --tensor 2; use a multiple of 4 contexts"),
