@@ -2,6 +2,8 @@
 rounding), so what float32 shows is rounding, not an error."""
 import json
 
+import pytest
+
 from conftest import load_benchmark
 
 
@@ -18,6 +20,7 @@ def test_accumulate_equals_the_whole_batch_in_float64(tmp_path):
         assert row["difference"] < bound, row
 
 
+@pytest.mark.slow
 def test_zero_3_against_one_context_is_rounding(tmp_path):
     """--compare sharded: ZeRO-3 on K contexts against one context without sharding, float64 at its rounding (so
     float32's difference is rounding too), momentum in float32 within 1e-5 of an array's scale."""
@@ -33,6 +36,7 @@ def test_zero_3_against_one_context_is_rounding(tmp_path):
         assert 0 <= row["difference"] < bound, row
 
 
+@pytest.mark.slow
 def test_tensor_parallel_against_one_context_is_rounding(tmp_path):
     """--compare tensor: the ViT with --tensor 2 and 4 (and 2 groups of 2) against one context, float64 at its
     rounding, momentum in float32 within 1e-5 of an array's scale (AdamW's difference is reported)."""
