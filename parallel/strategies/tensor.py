@@ -11,6 +11,11 @@ is data parallelism: the batch is split over the groups as ``split_and_load`` sp
 gradients are summed over the groups' same ranks (the reducer's allreduce: cpu(0) with cpu(2), cpu(1) with
 cpu(3)), then every rank takes the same optimizer step.
 
+With ``stages`` (the hybrid strategy: ``make_strategy("hybrid", ..., tensor=T)``), each data-parallel replica is
+a chain of stages of the ViT's children and each stage a group of T ranks: data x pipeline stages x tensor, the
+stages run one after the other on a replica's shard. With a reducer's ``job``, every worker's replicas are
+data-parallel replicas of the job's (each gradient group summed over the workers under keys of its own).
+
 >>> import mxnet as mx
 >>> from parallel.models import init_model
 >>> from parallel.strategies import TensorParallel
