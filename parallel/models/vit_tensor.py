@@ -142,7 +142,7 @@ class TensorViT:
         ``shard`` lays them out): the split ones put together, the replicated ones rank 0's."""
         out = []
         for i, (name, shape) in enumerate(zip(self.names, self.shapes)):
-            if self._rule(name, 0) is None:
+            if self.replicated(name):
                 out.append(ranks[0][i].asnumpy())
                 continue
             whole = np.zeros(self._flat(name, np.zeros(shape)).shape, dtype=ranks[0][i].dtype)
@@ -164,10 +164,14 @@ class TensorViT:
 
     # ---- the forward pass of one group -------------------------------------------------------------------------
 
+    def indices_of(self, start, stop):
+        """The indices in ``names`` of children ``start .. stop - 1``'s trainable arrays, in the model's order (what
+        a stage of them holds)."""
+        return [i for i, name in enumerate(self.names) if start <= int(name.split(".", 1)[0]) < stop]
+
     def names_of(self, start, stop):
-        """The structural names of children ``start .. stop - 1``'s trainable arrays, in the model's order (what a
-        stage of them holds)."""
-        return [name for name in self.names if start <= int(name.split(".", 1)[0]) < stop]
+        """The structural names of children ``start .. stop - 1``'s trainable arrays (``indices_of``'s)."""
+        return [self.names[i] for i in self.indices_of(start, stop)]
 
     def forward(self, X, ranks, tape, start=0, stop=None):
         """Children ``start .. stop - 1`` (default all: the logits of the images ``X``) of a group whose rank ``t``

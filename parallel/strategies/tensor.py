@@ -105,12 +105,11 @@ class TensorParallel:
         if self.job is not None:   # every worker starts from rank 0's model
             self.job.broadcast(KEYS["params"], host.data)
         shards = [self.plan.shard(list(host), t) for t in range(self.tensor)]
-        index = {name: i for i, name in enumerate(self.plan.names)}
         self.ranks = []
         for r in range(len(self.ctx_list) // width):
             replica = []
             for s, (start, stop) in enumerate(self.ranges):
-                picked = [index[name] for name in self.plan.names_of(start, stop)]
+                picked = self.plan.indices_of(start, stop)
                 contexts = self.ctx_list[(r * len(self.ranges) + s) * self.tensor:][:self.tensor]
                 ranks = [self.reducer.replicate([shards[t][i] for i in picked], [ctx])[0]
                          for t, ctx in enumerate(contexts)]
@@ -235,11 +234,10 @@ class TensorParallel:
         names = optimizer.state_names()
         if sorted(state) != sorted(names):
             raise ValueError(f"state holds {sorted(state)} but {optimizer.name} keeps {list(names)}")
-        index = {name: i for i, name in enumerate(self.plan.names)}
         shards = [{name: self.plan.shard(state[name], t) for name in names} for t in range(self.tensor)]
         for (s, t), group in zip([(s, t) for s in range(len(self.ranges)) for t in range(self.tensor)],
                                  self.groups()):
-            picked = [index[n] for n in self.plan.names_of(*self.ranges[s])]
+            picked = self.plan.indices_of(*self.ranges[s])
             load_state(optimizer, [group], list(group[0]), {name: [shards[t][name][i] for i in picked]
                                                             for name in names})
 
