@@ -133,7 +133,7 @@ def ring_reference(values):
     """Ring order: chunk c starts on context c and collects c+1, c+2, ... (each adds into its own copy)."""
     k = len(values)
     flats = [v.reshape(-1) for v in values]
-    bounds = comm._chunk_bounds(flats[0].size, k)
+    bounds = comm.chunk_bounds(flats[0].size, k)
     out = np.empty_like(flats[0])
     for c in range(k):
         a, b = bounds[c], bounds[c + 1]
@@ -198,14 +198,14 @@ def test_allreduce_only_queues_work(algorithm, monkeypatch):
 
 
 def count_copies(monkeypatch):
-    """Wrap ``comm._copy``; returns the list of (source context, destination context, bytes)."""
-    copies, copy = [], comm._copy
+    """Wrap ``comm.copy_to``; returns the list of (source context, destination context, bytes)."""
+    copies, copy = [], comm.copy_to
 
     def counting_copy(src, dst):
         dst_ctx = dst if isinstance(dst, mx.Context) else dst.context
         copies.append((src.context, dst_ctx, src.size * src.dtype(0).itemsize))
         return copy(src, dst)
-    monkeypatch.setattr(comm, "_copy", counting_copy)
+    monkeypatch.setattr(comm, "copy_to", counting_copy)
     return copies
 
 
@@ -289,12 +289,12 @@ def full_arrays(shape, ctx_list, dtype="float32", scale=1):
     ("tree", 4, 2), ("tree", 5, 2), ("tree", 3, 1)])
 def test_buffers_are_reused_across_calls(algorithm, k, entries, fresh_buffers, monkeypatch):
     """The second call with the same shapes allocates nothing: it copies into the first call's buffers."""
-    copies, copy = [], comm._copy
+    copies, copy = [], comm.copy_to
 
     def recording_copy(src, dst):
         copies.append(dst)
         return copy(src, dst)
-    monkeypatch.setattr(comm, "_copy", recording_copy)
+    monkeypatch.setattr(comm, "copy_to", recording_copy)
     ctx_list = SCRAMBLED[:k]
     allreduce(full_arrays((1000,), ctx_list), algorithm)
     first, info = cached(), comm.buffer_info()

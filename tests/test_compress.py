@@ -197,12 +197,12 @@ def test_top_k_keeps_the_largest_magnitudes():
 
 def _counted_bytes(monkeypatch):
     moved = []
-    copy = algorithms._copy
+    copy = algorithms.copy_to
 
     def counting(src, dst):
         moved.append(src.size * np.dtype(src.dtype).itemsize)
         return copy(src, dst)
-    monkeypatch.setattr(algorithms, "_copy", counting)
+    monkeypatch.setattr(algorithms, "copy_to", counting)
     return moved
 
 

@@ -213,7 +213,7 @@ def test_a_sharded_job_moves_3_psi_a_worker_through_the_servers(threads_reduce_a
     """Each worker pushes every block's pieces for each gather and each reduction: 3 Psi - Psi_last (and pulls as
     many); the copies between its contexts are what ``bytes_moved`` says."""
     from parallel.comm import algorithms
-    moved, copy = [], algorithms._copy
+    moved, copy = [], algorithms.copy_to
 
     def counting(src, dst):
         if not isinstance(dst, mx.Context) and dst.context != src.context:
@@ -228,7 +228,7 @@ def test_a_sharded_job_moves_3_psi_a_worker_through_the_servers(threads_reduce_a
         first = len(servers_of[0].pushed) if servers_of else None
         return strategy, first
     servers_of = []
-    monkeypatch.setattr(algorithms, "_copy", counting)
+    monkeypatch.setattr(algorithms, "copy_to", counting)
     results, servers = in_threads(2, work)
     strategy = results[0][0]
     psi = 4 * sum(p.size for p in init_lenet_params(seed=0))
@@ -297,16 +297,16 @@ def test_resnet18_with_adam_on_four_contexts_keeps_a_quarter_of_16_bytes_a_param
 
 @pytest.mark.parametrize("k", [2, 3])
 def test_the_bytes_a_step_moves_are_zeros_3_psi(k, monkeypatch):
-    """Counted at the one function every copy between contexts goes through (``algorithms._copy``)."""
+    """Counted at the one function every copy between contexts goes through (``algorithms.copy_to``)."""
     from parallel.comm import algorithms
-    moved, copy = [], algorithms._copy
+    moved, copy = [], algorithms.copy_to
 
     def counting(src, dst):
         if not isinstance(dst, mx.Context) and dst.context != src.context:
             moved.append(src.size * np.dtype(src.dtype).itemsize)
         return copy(src, dst)
     strategy = make_strategy("data", init_lenet_params(seed=0), contexts(k), zero=3)
-    monkeypatch.setattr(algorithms, "_copy", counting)
+    monkeypatch.setattr(algorithms, "copy_to", counting)
     X, y = make_batches([8], seed=1)[0]
     strategy.train_step(X, y, optimizer=SGD(0.1, zero=3))
     psi = 4 * sum(p.size for p in init_lenet_params(seed=0))

@@ -174,11 +174,11 @@ def test_f_and_g_forward_and_backward():
 
 @pytest.mark.parametrize("tensor, batch, stages", [(2, 8, 1), (4, 6, 1), (3, 5, 1), (2, 8, 2)])
 def test_the_bytes_a_step_moves_are_megatrons_count(tensor, batch, stages, monkeypatch):
-    """Counted at the one function every copy between contexts goes through (``algorithms._copy``): 4 allreduces
+    """Counted at the one function every copy between contexts goes through (``algorithms.copy_to``): 4 allreduces
     of the activations a block (2 forward, 2 backward), the patch projection's and the head's, each the fused
     allreduce's bytes on T contexts, and the images and the logits' gather; the allreduced elements are Megatron's
     4 L b s h plus the embedding's b (s - 1) h and the head's b h, on every rank."""
-    moved, copy = [], algorithms._copy
+    moved, copy = [], algorithms.copy_to
 
     def counting(src, dst):
         if (dst if isinstance(dst, mx.Context) else dst.context) != src.context:
@@ -190,7 +190,7 @@ def test_the_bytes_a_step_moves_are_megatrons_count(tensor, batch, stages, monke
     X, y = make_batches([batch], seed=1)[0]
     strategy.train_step(X, y, optimizer=SGD(0.1))   # graphs and buffers made
     tapes = []
-    monkeypatch.setattr(algorithms, "_copy", counting)
+    monkeypatch.setattr(algorithms, "copy_to", counting)
     monkeypatch.setattr(TensorTape, "backward", _recording(TensorTape.backward, tapes))
     strategy.train_step(X, y, optimizer=SGD(0.1))
     mx.nd.waitall()

@@ -18,9 +18,9 @@ import mxnet as mx
 from ..validate import check_choice, check_int
 from . import ALGORITHMS, SHARDED_ALGORITHMS
 
-__all__ = ["allreduce", "reduce_scatter", "all_gather", "shard_range", "check_same_arrays", "ALLREDUCE_ALGORITHMS",
-           "bytes_moved", "BytesMoved", "free_buffers", "set_buffer_limit", "buffer_info", "BufferInfo",
-           "DEFAULT_BUFFER_LIMIT", "receive", "scratch", "exclusive"]
+__all__ = ["allreduce", "reduce_scatter", "all_gather", "shard_range", "chunk_bounds", "copy_to", "check_same_arrays",
+           "ALLREDUCE_ALGORITHMS", "bytes_moved", "BytesMoved", "free_buffers", "set_buffer_limit", "buffer_info",
+           "BufferInfo", "DEFAULT_BUFFER_LIMIT", "receive", "scratch", "exclusive"]
 
 
 def check_same_arrays(arrays, name="arrays"):
@@ -52,7 +52,7 @@ def check_same_arrays(arrays, name="arrays"):
         seen[array.context] = i
 
 
-def _copy(src, dst):
+def copy_to(src, dst):
     """Copy ``src`` to ``dst`` (a Context: returns a new array there; an NDArray: fills it, returns it).
 
     Every copy between contexts in the algorithms below goes through here, so a test can count the
@@ -132,7 +132,7 @@ def _receive(src, ctx, slot=0):
     The buffer is overwritten by the next receive into the same slot (in this call or the next one):
     an algorithm gives distinct slots to the receives on one context that must coexist.
     """
-    return _copy(src, _buffers.get(ctx, src.shape, src.dtype, slot))
+    return copy_to(src, _buffers.get(ctx, src.shape, src.dtype, slot))
 
 
 def receive(src, ctx, slot=0):
@@ -218,7 +218,7 @@ def _naive(arrays):
     for array in arrays[1:]:
         _add_into(total, _receive(array, total.context))   # runs on the first context
     for array in arrays[1:]:
-        _copy(total, array)                                # broadcast: one copy per other context
+        copy_to(total, array)                                # broadcast: one copy per other context
 
 
 def _fused(arrays):
@@ -230,13 +230,16 @@ def _fused(arrays):
     mx.nd.add_n(*[arrays[0]] + [_receive(array, ctx, slot) for slot, array in enumerate(arrays[1:])],
                 out=arrays[0])
     for array in arrays[1:]:
-        _copy(arrays[0], array)
+        copy_to(arrays[0], array)
 
 
-def _chunk_bounds(n, k):
+def chunk_bounds(n, k):
     """``k + 1`` offsets cutting ``n`` elements into ``k`` chunks whose sizes differ by at most one.
 
     The first ``n % k`` chunks get one element more; with ``n < k`` the last chunks are empty.
+
+    >>> chunk_bounds(10, 3), chunk_bounds(2, 3)
+    ([0, 4, 7, 10], [0, 1, 2, 2])
     """
     base, extra = divmod(n, k)
     bounds = [0]
@@ -246,8 +249,8 @@ def _chunk_bounds(n, k):
 
 
 def _ring_chunks(arrays):
-    """Each array's flat views cut into K chunks (``_chunk_bounds``); ``None`` for an empty chunk."""
-    bounds = _chunk_bounds(arrays[0].size, len(arrays))
+    """Each array's flat views cut into K chunks (``chunk_bounds``); ``None`` for an empty chunk."""
+    bounds = chunk_bounds(arrays[0].size, len(arrays))
     return [[flat[a:b] if a < b else None for a, b in zip(bounds, bounds[1:])]
             for flat in [array.reshape(-1) for array in arrays]]
 
@@ -275,7 +278,7 @@ def _ring_all_gather(arrays):
         for i in range(k):
             c, dst = (i + 1 - s) % k, (i + 1) % k
             if chunks[i][c] is not None:
-                _copy(chunks[i][c], chunks[dst][c])
+                copy_to(chunks[i][c], chunks[dst][c])
 
 
 def _ring(arrays):
@@ -315,7 +318,7 @@ def _direct_all_gather(arrays):
         if chunks[i][c] is not None:
             for j in range(k):
                 if j != i:
-                    _copy(chunks[i][c], chunks[j][c])
+                    copy_to(chunks[i][c], chunks[j][c])
 
 
 def _tree(arrays):
@@ -337,7 +340,7 @@ def _tree(arrays):
             _add_into(arrays[i], _receive(arrays[i + stride], arrays[i].context))
     for stride in reversed(strides):                  # broadcast: the same pairs, backwards
         for i in range(0, k - stride, 2 * stride):
-            _copy(arrays[i], arrays[i + stride])
+            copy_to(arrays[i], arrays[i + stride])
 
 
 #: The algorithms by name (``parallel.comm.ALGORITHMS``, in that order).
@@ -401,7 +404,7 @@ def bytes_moved(algorithm, nbytes, k, itemsize=4, compression=None, shapes=None)
     if k == 1:
         return BytesMoved(0, 0)
     if algorithm == "ring":   # context i sends every chunk but i+1 (reduce-scatter) and i+2 (all-gather)
-        bounds = _chunk_bounds(n // itemsize, k)
+        bounds = chunk_bounds(n // itemsize, k)
         sizes = [(b - a) * itemsize for a, b in zip(bounds, bounds[1:])]
         return BytesMoved(total, 2 * n - min(sizes[(i + 1) % k] + sizes[(i + 2) % k] for i in range(k)))
     if algorithm == "tree":
@@ -474,7 +477,7 @@ def shard_range(size, k, i):
     check_int(size, "size", low=0)
     check_int(k, "k", low=1)
     check_int(i, "i", low=0, high=k - 1)
-    bounds = _chunk_bounds(size, k)
+    bounds = chunk_bounds(size, k)
     c = (i + 1) % k
     return bounds[c], bounds[c + 1]
 

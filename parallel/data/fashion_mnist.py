@@ -21,7 +21,7 @@ from mxnet.gluon.utils import check_sha1
 from tqdm import tqdm
 
 from ..files import atomic_write
-from .folder import FILES, _missing_files, load_idx_dataset
+from .folder import FILES, missing_files, load_idx_dataset
 from .idx import DataError
 
 __all__ = ['FASHION_MNIST_MIRRORS', 'FASHION_MNIST_SHA1', 'DOWNLOAD_TIMEOUT', 'default_data_dir',
@@ -295,6 +295,6 @@ def load_fashion_mnist(data_dir=None, download=True, progress=True):
         malformed (see ``load_idx_dataset``).
     """
     data_dir = default_data_dir() if data_dir is None else os.fspath(data_dir)
-    if download and _missing_files(data_dir):
+    if download and missing_files(data_dir):
         download_fashion_mnist(data_dir, progress=progress)
     return load_idx_dataset(data_dir)

@@ -38,7 +38,8 @@ def _find(data_dir, name):
     return None
 
 
-def _missing_files(data_dir):
+def missing_files(data_dir):
+    """The names of the four IDX files (raw or ``.gz``) that ``data_dir`` does not hold."""
     return [name for name in FILES.values() if _find(data_dir, name) is None]
 
 
@@ -65,7 +66,7 @@ def load_idx_dataset(data_dir):
         disagree: image and label counts, image sizes, images other than 28x28, labels >= 10.
     """
     data_dir = os.fspath(data_dir)
-    missing = _missing_files(data_dir)
+    missing = missing_files(data_dir)
     if missing:
         raise DataError('%s: missing %s (raw or .gz); put the MNIST-format files there, '
                         'or use the synthetic dataset' % (data_dir, ', '.join(missing)))

@@ -28,7 +28,7 @@ import mxnet as mx
 import numpy as np
 
 from ..comm import algorithms
-from ..comm.algorithms import _chunk_bounds
+from ..comm.algorithms import chunk_bounds
 from ..comm.replica import block_state
 from ..validate import BadValue, check_int
 from .layout import block_names
@@ -84,10 +84,10 @@ class TensorViT:
             raise BadValue("tensor", f"{{tensor={tensor}}} ranks cannot split the ViT's {self.num_heads} attention "
                                      f"heads; use at most {self.num_heads}")
         self.tensor, self.algorithm = int(tensor), algorithm
-        self.heads = _chunk_bounds(self.num_heads, tensor)
-        self.units = _chunk_bounds(self.mlp_dim, tensor)
-        self.pixels = _chunk_bounds(self.patch * self.patch, tensor)
-        self.classes = _chunk_bounds(self.num_classes, tensor)
+        self.heads = chunk_bounds(self.num_heads, tensor)
+        self.units = chunk_bounds(self.mlp_dim, tensor)
+        self.pixels = chunk_bounds(self.patch * self.patch, tensor)
+        self.classes = chunk_bounds(self.num_classes, tensor)
         self.shapes = [shapes[name] for name in self.names]
 
     def __repr__(self):
@@ -185,10 +185,10 @@ class TensorViT:
         P = [dict(zip(self.names_of(start, stop), arrays)) for arrays in ranks]
         contexts = [arrays[0].context for arrays in ranks]
         if start == 0:
-            h = [X if X.context == ctx else algorithms._copy(X, ctx) for ctx in contexts]
+            h = [X if X.context == ctx else algorithms.copy_to(X, ctx) for ctx in contexts]
             h = tape.run(lambda t, e: self._embedded(e, P[t]), self._g(tape, tape.run(self._patches, h, P)))
         else:   # the stage before's hidden states, rank t's to rank t (every rank holds the same), recorded copies
-            h = tape.run(lambda t, x: algorithms._copy(x, contexts[t]), X)
+            h = tape.run(lambda t, x: algorithms.copy_to(x, contexts[t]), X)
         for i in range(max(start, 1), min(stop, self.depth + 1)):
             h = self._block(tape, h, P, str(i))
         return self._head(tape, h, P) if stop == self.depth + 2 else h
@@ -206,7 +206,7 @@ class TensorViT:
         if self.tensor == 1:
             return logits[0]
         first = logits[0].context   # Megatron's gather_output: the classes side by side on the first rank
-        return mx.nd.concat(logits[0], *[algorithms._copy(part, first) for part in logits[1:]], dim=1)
+        return mx.nd.concat(logits[0], *[algorithms.copy_to(part, first) for part in logits[1:]], dim=1)
 
     def _f(self, tape, xs):
         return tape.f(xs) if self.tensor > 1 else xs

@@ -238,7 +238,7 @@ class Pipeline(ModelParallel):
             params = self.stage_params[c]
             ctx, device = params[0].context, c % p
             if op.kind == "F":
-                X = X_parts[i] if c == 0 else algorithms._copy(outputs[(c - 1, i)].detach(), ctx)
+                X = X_parts[i] if c == 0 else algorithms.copy_to(outputs[(c - 1, i)].detach(), ctx)
                 if c:
                     X.attach_grad()
                 mark_forward_each([X])   # where a trace's forward starts (parallel.trace)
@@ -258,7 +258,7 @@ class Pipeline(ModelParallel):
                 autograd.backward([losses[i]], retain_graph=True)
                 kept[i], losses[i] = outputs.pop((c, i)).detach(), losses[i].detach()
             else:
-                head = algorithms._copy(inputs.pop((c + 1, i)).grad, ctx)
+                head = algorithms.copy_to(inputs.pop((c + 1, i)).grad, ctx)
                 mark_backward_each([head])
                 autograd.backward([outputs.pop((c, i))], [head], retain_graph=True)
             held[device] -= 1

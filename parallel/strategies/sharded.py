@@ -2,7 +2,7 @@
 time.
 
 ZeRO-1 and 2 shard the optimizer state and the update; every context still holds the whole model. Here context
-``i`` of ``K`` keeps only its chunk ``i`` of every block's parameters (``_chunk_bounds``: chunks that differ by at
+``i`` of ``K`` keeps only its chunk ``i`` of every block's parameters (``chunk_bounds``: chunks that differ by at
 most one element), with that chunk's gradient and optimizer state: 1/K of the model's 16 bytes a parameter under
 Adam. A step runs the model block by block (a model's ``units``: recomputation's blocks, LeNet's layers, each of
 ResNet-18's residual blocks cut in its two halves, ``Residual.parts``, so that no block holds two of its largest
@@ -50,7 +50,7 @@ import numpy as np
 from mxnet import autograd
 
 from ..comm import algorithms
-from ..comm.algorithms import _chunk_bounds, exclusive
+from ..comm.algorithms import chunk_bounds, exclusive
 from ..comm.reducer import as_reducer
 from ..comm.replica import Bucket, FlatReplica, get_params
 from ..evaluate import evaluate_accuracy
@@ -83,8 +83,8 @@ class _Block:
 
     def __init__(self, segment, start, stop, n, first, k, offsets):
         self.segment, self.start, self.stop, self.first = segment, start, stop, first
-        self.bounds = _chunk_bounds(stop - start, n)
-        self.pieces = _chunk_bounds(stop - start, k)
+        self.bounds = chunk_bounds(stop - start, n)
+        self.pieces = chunk_bounds(stop - start, k)
         self.offsets = offsets   # per local context: where its chunk starts in its shard
 
     @property
@@ -254,7 +254,7 @@ class FullyShardedDataParallel:
                         part = block.overlap(j, 0, block.size)
                         if part:
                             a, b, start = part
-                            algorithms._copy(shard.data[start:start + b - a], buffers[i][a:b])
+                            algorithms.copy_to(shard.data[start:start + b - a], buffers[i][a:b])
                 return
             low, high = block.mine()
             for j, buffer in enumerate(buffers):
@@ -268,13 +268,13 @@ class FullyShardedDataParallel:
                     part = block.overlap(i, p, q)
                     if part:
                         a, b, start = part
-                        algorithms._copy(shard.data[start:start + b - a], buffer[a:b])
+                        algorithms.copy_to(shard.data[start:start + b - a], buffer[a:b])
                 job.allsum(_block_key(s, 0, j, len(buffers)), buffer[p:q], kind="allgather")
             for i, buffer in enumerate(buffers):
                 for j, other in enumerate(buffers):
                     p, q = block.piece(j)
                     if j != i and q > p:
-                        algorithms._copy(other[p:q], buffer[p:q])
+                        algorithms.copy_to(other[p:q], buffer[p:q])
 
     def _reduce_scatter(self, s, active, accumulate=False):
         """Each owner gets the sum over the contexts (and the workers) of its chunk of block ``s``'s gradient,
@@ -294,13 +294,13 @@ class FullyShardedDataParallel:
                 if q == p:
                     continue
                 mine = grads[j][p:q]
-                pieces = [mine if i == j else algorithms._copy(grads[i][p:q], self._received[j][i - (i > j)][:q - p])
+                pieces = [mine if i == j else algorithms.copy_to(grads[i][p:q], self._received[j][i - (i > j)][:q - p])
                           for i in range(k)]
                 out = self.shards[j].grads[0][block.offsets[j]:block.offsets[j] + q - p] if direct else mine
                 if k > 1:
                     mx.nd.add_n(*pieces, out=out)
                 elif direct:   # one context: its piece is the sum
-                    algorithms._copy(mine, out)
+                    algorithms.copy_to(mine, out)
                 if job is not None:
                     job.allsum(_block_key(s, 1, j, k), mine, kind="reduce_scatter")
             if direct:
@@ -314,10 +314,10 @@ class FullyShardedDataParallel:
                     out = shard.grads[0][start:start + hi - lo]
                     summed = grads[j][lo:hi]
                     if not accumulate:
-                        algorithms._copy(summed, out)
+                        algorithms.copy_to(summed, out)
                         continue
                     if j != i:   # into a receive buffer of context i (its reduction is queued before this)
-                        summed = algorithms._copy(summed, self._received[i][j - (j > i)][:hi - lo])
+                        summed = algorithms.copy_to(summed, self._received[i][j - (j > i)][:hi - lo])
                     mx.nd.elemwise_add(out, summed, out=out)
 
     # ---- a step ------------------------------------------------------------------------------------------------
@@ -472,7 +472,7 @@ class FullyShardedDataParallel:
             part = block.overlap(i, low, high)
             if part:
                 lo, hi, start = part
-                algorithms._copy(chunk[start:start + hi - lo], whole[lo - low:hi - low])
+                algorithms.copy_to(chunk[start:start + hi - lo], whole[lo - low:hi - low])
         if self.job is not None:
             n = len(self._shapes)
             self.job.allsum(KEYS["sharded_arrays"] + n * (state + 1) + j, whole, kind="allgather")
