@@ -298,16 +298,23 @@ def _ring(arrays):
 
 def _direct_reduce_scatter(arrays):
     """Each chunk summed at once where it is owned (context ``i`` owns chunk ``i + 1``, as after the ring's
-    reduce-scatter): the owner receives the chunk from every other context and adds them with one ``add_n``
-    (its own copy first, then the others in context order)."""
+    reduce-scatter): the owner receives the chunk from every other context and adds the K copies with one
+    ``add_n`` in context order, the fused allreduce's additions (its own copy in its place among them), so the
+    sums are ``_fused``'s bits. An owner other than the first context adds into a scratch buffer and copies the
+    sum into its chunk: ``add_n`` may write its output only over its first input."""
     k, chunks = len(arrays), _ring_chunks(arrays)
     for i in range(k):
         c = (i + 1) % k
-        if chunks[i][c] is None:
+        own = chunks[i][c]
+        if own is None:
             continue
-        others = [j for j in range(k) if j != i]
-        mx.nd.add_n(chunks[i][c], *[_receive(chunks[j][c], arrays[i].context, slot)
-                                    for slot, j in enumerate(others)], out=chunks[i][c])
+        ctx = arrays[i].context
+        others = iter(range(k - 1))
+        copies = [own if j == i else _receive(chunks[j][c], ctx, next(others)) for j in range(k)]
+        if i == 0:
+            mx.nd.add_n(*copies, out=own)
+        else:
+            copy_to(mx.nd.add_n(*copies, out=_buffers.get(ctx, own.shape, own.dtype, k - 1)), own)
 
 
 def _direct_all_gather(arrays):
@@ -496,8 +503,9 @@ def reduce_scatter(arrays, algorithm="ring"):
     algorithm : str
         ``"ring"``: the ring's reduce-scatter, K-1 rounds in which each context sends one chunk to the next
         (``allreduce(arrays, "ring")`` is ``reduce_scatter`` then ``all_gather``, bit for bit). ``"fused"``:
-        every owner receives its chunk from all the others at once and sums them with one ``add_n``. Either
-        way each context sends and receives ``(K-1) / K`` of the array.
+        every owner receives its chunk from all the others at once and sums the K copies with one ``add_n`` in
+        context order (``allreduce(arrays, "fused")``'s additions: its sums, bit for bit). Either way each context
+        sends and receives ``(K-1) / K`` of the array.
 
     Returns
     -------

@@ -16,7 +16,8 @@ replica per stage). For each group, with ``zero`` the optimizer's stage:
   in two, the optimizer in the middle, with no more bytes moved than ``zero=0``.
 
 The update of a shard is the same elementwise operator on the same values as the update of the whole buffer, so
-every stage gives the same model (``zero=2`` sums in the reduce-scatter's order, the same as the ring's).
+every stage gives the same model, bit for bit (``zero=2``'s reduce-scatter makes its allreduce's additions, in the
+same order: ``parallel.comm.reduce_scatter``).
 Clipping by global norm needs the norm of the whole summed gradient: the squared norm of every tensor (with
 ``zero=2``, of every shard a context owns) is added, in the same order on every context, so the scale is bitwise
 the same everywhere (and on every worker, whose summed gradients are the same bits).
