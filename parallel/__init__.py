@@ -45,6 +45,7 @@ _SOURCES = {
     "strategies": ["make_strategy"],
     "checkpoint": ["TrainingState", "Snapshot", "save_checkpoint", "load_checkpoint", "CheckpointError"],
     "config": ["RunConfig"],
+    "layout": ["Layout"],
     "export": ["export_lenet", "export_gluon", "to_gluon", "lenet_symbol"],
     "job": ["join", "Job", "broadcast_params", "allreduce_across"],
     "uneven": ["Join"],

@@ -30,11 +30,12 @@ import mxnet as mx
 
 from .checkpoint import Snapshot, TrainingState
 from .compress.feedback import job_names, place
-from .config import RunConfig, check_compression, check_zero
+from .config import RunConfig
 from .data import iterate_batches, num_batches
 from .data.batches import epoch_seed
 from .job import KEYS, broadcast_arrays, broadcast_object, gather_arrays, sum_values
-from .optim.zero import as_optimizer, gather_state, load_state
+from .optim.zero import as_optimizer
+from .strategies.base import Strategy
 from .trace import trace, worker_path
 from .validate import BadType, BadValue
 
@@ -176,8 +177,8 @@ class _Run:
         if on_checkpoint is not None:
             strategy = self.strategy
             feedback = _gather_feedback(strategy)
-            params = strategy.lazy_params() if hasattr(strategy, "lazy_params") else strategy.params()
-            on_checkpoint(Snapshot(state, params, strategy.aux(), _state_of(strategy, self.optimizer), feedback))
+            on_checkpoint(Snapshot(state, strategy.lazy_params(), strategy.aux(), strategy.gather_state(self.optimizer),
+                                   feedback))
 
 
 def _train_epoch(run, epoch, state, stop, on_checkpoint, history):
@@ -245,14 +246,6 @@ def _epoch_metrics(strategy, dataset, epoch, totals, batch_size):
             "test_acc": test_acc, "seconds": totals[2], "images_per_second": n_train / totals[2]}
 
 
-def _state_of(strategy, optimizer):
-    """The optimizer's whole state as a checkpoint stores it: the strategy's own gathering where its groups are not
-    replicas of the model (ZeRO-3's shards), else ``gather_state`` over its groups."""
-    if hasattr(strategy, "gather_state"):
-        return strategy.gather_state(optimizer)
-    return gather_state(optimizer, strategy.groups(), strategy.params())
-
-
 def _shared_optimizer_state(job, optimizer, strategy, optimizer_state):
     """Give the optimizer the checkpoint's state (rank 0's, broadcast in a job), laid out on the strategy."""
     params = strategy.params()
@@ -266,27 +259,26 @@ def _shared_optimizer_state(job, optimizer, strategy, optimizer_state):
         for k, name in enumerate(optimizer.state_names()):
             broadcast_arrays(job, KEYS["state"] + k, optimizer_state[name])
     if optimizer_state:
-        if hasattr(strategy, "load_state"):   # a strategy whose groups are not replicas of the model (ZeRO-3)
-            strategy.load_state(optimizer, optimizer_state)
-        else:
-            load_state(optimizer, strategy.groups(), params, optimizer_state)
+        strategy.load_state(optimizer, optimizer_state)
 
 
-def _feedback_group(strategy):
-    """The replicas of a strategy whose reducer keeps error feedback (a codec's residuals), or None."""
-    reducer = getattr(strategy, "reducer", None)
-    if reducer is None or reducer.codec is None:
-        return None
-    return strategy.device_params
+def _feedback_state(strategy):
+    """This worker's error-feedback state of every group of ``strategy`` whose reducer keeps it (a codec's
+    residuals), each group's under ``"g<group>/"`` when there are several; ``{}`` without compression."""
+    groups = strategy.feedback_groups()
+    local = {}
+    for g, group in enumerate(groups):
+        prefix = f"g{g}/" if len(groups) > 1 else ""
+        local.update({prefix + name: value for name, value in strategy.reducer.state(group).items()})
+    return local
 
 
 def _gather_feedback(strategy):
     """Every worker's error-feedback state under ``"w<rank>/"`` names (``parallel.compress.feedback``), on rank
     0 (``{}`` elsewhere, and without compression). In a job, a collective call."""
-    group = _feedback_group(strategy)
-    if group is None:
+    if not strategy.feedback_groups():
         return {}
-    local = strategy.reducer.state(group)
+    local = _feedback_state(strategy)
     job = strategy.job
     if job is None:
         return job_names(0, local)
@@ -307,8 +299,8 @@ def _host_array(value):
 def _shared_feedback(strategy, saved):
     """Give the compressor its share of a checkpoint's error-feedback state ``saved`` (rank 0's, broadcast in a
     job): its own arrays on the same layout, the residuals' sum on another (``parallel.compress.feedback``)."""
-    group = _feedback_group(strategy)
-    if group is None:
+    groups = strategy.feedback_groups()
+    if not groups:
         if saved:
             raise ValueError("compression_state: the checkpoint holds compression residuals but this run "
                              "compresses nothing; resume it with the same compression")
@@ -323,22 +315,24 @@ def _shared_feedback(strategy, saved):
             broadcast_arrays(job, KEYS["feedback"] + 1, arrays)
             saved = dict(zip(sorted(names), arrays))
     local, note = place(saved or {}, 0 if job is None else job.rank, 1 if job is None else job.num_workers,
-                        len(group))
+                        len(groups[0]), len(groups))
     if note is not None:
         warnings.warn(note, stacklevel=3)
-    strategy.reducer.load_state(local, group)
+    for g, group in enumerate(groups):
+        prefix = f"g{g}/" if len(groups) > 1 else ""
+        strategy.reducer.load_state({name[len(prefix):]: value for name, value in local.items()
+                                     if name.startswith(prefix)}, group)
 
 
 def _check_strategy(strategy, optimizer):
-    """A built strategy (``make_strategy``), and the rules its reducer and the optimizer must keep together."""
-    for member in ("train_step", "evaluate", "params", "aux", "groups", "ctx_list", "job", "model"):
-        if not hasattr(strategy, member):
-            raise BadType("strategy", f"{{strategy}} must be a built strategy (parallel.make_strategy, DataParallel, "
-                                      f"ModelParallel, Pipeline, Hybrid), got {strategy!r}: it has no {member}")
-    reducer = getattr(strategy, "reducer", None)
-    check_zero(optimizer.zero, strategy.name, None if reducer is None else reducer.algorithm)
-    if reducer is not None and reducer.codec is not None:
-        check_compression(reducer.codec.spec, zero=optimizer.zero)
+    """A built strategy (``make_strategy``), and ZeRO-3 on both the optimizer and the layout or neither."""
+    if not isinstance(strategy, Strategy):
+        raise BadType("strategy", f"{{strategy}} must be a built strategy (parallel.make_strategy, DataParallel, "
+                                  f"Hybrid and its presets), got {strategy!r}")
+    if (optimizer.zero == 3) != (strategy.layout.zero == 3):
+        raise BadValue("zero", f"the optimizer's zero={optimizer.zero} but the strategy's layout has zero="
+                               f"{strategy.layout.zero}: ZeRO-3 shards the parameters the strategy lays out, so give "
+                               "make_strategy and the optimizer the same {zero}")
 
 
 def fit(dataset, strategy, optimizer, config, on_epoch=None, on_checkpoint=None, stop=None, resume=None):

@@ -33,8 +33,9 @@ KEYS = {
                           # checkpoint of it, broadcast on resume (30001)
     "sharded": 40000,     # zero=3: block s's piece j of k summed over the workers, gathered (kind 0) or reduced
                           # (kind 1), key 40000 + (2 s + kind) k + j (below 499999)
-    "sharded_arrays": 500000,   # zero=3's squared norms (499999); one array gathered whole for a checkpoint:
-                                # 500000 + n_arrays * (state + 1) + array (state -1: the parameters)
+    "norms": 499999,     # zero=3's squared norms of every worker's shards, gathered for clipping
+    "sharded_arrays": 500000,   # zero=3: one array gathered whole for a checkpoint: 500000 + n_arrays * (state + 1)
+                                # + array (state -1: the parameters)
     "buckets": 1000000,   # a Reducer's buckets: bucket b's part p (its sum, a hook's rounds, zero=2's shards) uses
                           # key 1000000 + BUCKET_KEYS * b + p (bucket_key)
 }

@@ -147,7 +147,7 @@ class Report:
     memory : callable, optional
         ``memory()`` gives what each context holds (``parallel.optim.memory_table``): measured after every epoch
         this run trains, it goes into that epoch's ``"memory"`` in the metrics JSON. A pipeline's
-        ``pipeline_metrics()`` (its schedule, stashed micro-batches and bubble) goes into its ``"pipeline"``.
+        ``metrics()`` (a pipeline's schedule, stashed micro-batches and bubble, as its ``"pipeline"``) too.
     """
 
     def __init__(self, strategy, title, data_name, layout, workers, main_rank, outputs, memory=None):
@@ -163,9 +163,7 @@ class Report:
         """After each epoch (``fit``'s ``on_epoch``): its line, then the metrics JSON and the plot."""
         self.say(format_epoch(metrics, self.strategy.ctx_list, self.strategy.name, self.workers))
         extra = {} if self.memory is None else {"memory": self.memory()}
-        pipeline = getattr(self.strategy, "pipeline_metrics", None)
-        if pipeline is not None:
-            extra["pipeline"] = pipeline()
+        extra.update(self.strategy.metrics())   # a pipeline's "pipeline"
         self._extra[metrics["epoch"]] = extra
         self.write_outputs(history)
 

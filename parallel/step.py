@@ -5,24 +5,28 @@ replicas, run each replica's forward (recorded) and loss, check the labels, run 
 no example the first one's running statistics, then take one optimizer step everywhere
 (``parallel.optim.optimizer_step``: sum the gradients, clip, update, all-gather). With ``accumulate=N`` the batch
 is run as N micro-batches one after another, their gradients summed in place, before the one optimizer step.
-What a "replica" is differs between strategies, behind these members:
+What a "replica" is differs between strategies, behind the members of ``Replicas``:
 
 - ``in_ctx_list`` / ``out_ctx_list``: where each replica takes its shard of ``X`` and gives its outputs (the
   labels go there);
-- ``forward_all(X_shards)``: the outputs of every shard, each through its replica (in lockstep where
-  BatchNorm is synchronized);
+- ``forward_backward(X_shards, y_shards, loss)``: every shard's forward through its replica, its loss and the
+  backward pass; by default ``forward_all(X_shards)`` (the outputs of every shard, in lockstep where BatchNorm is
+  synchronized) recorded, then ``backward(losses)``; a pipeline issues its micro-batches in its schedule's order
+  instead;
 - ``aux(r)``: replica ``r``'s arrays that are not trained (BatchNorm's running statistics);
 - ``groups()``: the trained arrays, as groups of replicas holding the same parameters on distinct contexts
   (replica ``r`` of each group belongs to replica ``r`` of the step); ``reducer``, the ``parallel.comm.Reducer``
-  that sums a group (its algorithm, buckets, hook and job; None: the default, for groups of one).
+  that sums a group (its algorithm, buckets, hook and job; None: the default, for groups of one);
+- ``adds_gradients``: whether its backward runs more than once a step (micro-batches, ZeRO-3's blocks), so that the
+  step zeroes the gradients first and adds into them; ``skips_parameters``: whether a step may leave a parameter's
+  gradient unwritten (then it is zeroed first).
 
 The reduction is queued right after ``backward()`` returns, before the gradients exist: MXNet's engine starts each
 bucket's sum as soon as backward has written it, while it computes the earlier layers (``parallel.comm.reducer``).
 
 Data parallelism (``train_step``, the textbook's ``train_batch``, and ``strategies.DataParallel``) has one
-replica per context (one group of K); hybrid parallelism one model-parallel group of contexts per replica (a group
-per stage); model and pipeline parallelism one model whose micro-batches take the replicas' place (a group of one
-per stage).
+replica per context (one group of K); the composed strategy (``strategies.Hybrid``: data x pipeline stages x tensor
+ranks, ZeRO-3, recomputation) one chain of stages of tensor groups per replica (a group per stage and rank).
 """
 import contextlib
 
@@ -36,7 +40,7 @@ from .comm.replica import FlatReplica, grads_of
 from .job import worker_slice
 from .models.gluon import GluonNet, as_net
 from .models.lenet import CachedNet, lenet_cached, softmax_cross_entropy
-from .models.recompute import Recompute
+from .models.recompute import Recompute, run_net
 from .optim.zero import as_optimizer, optimizer_step
 from .split import shard_sizes, split_and_load
 from .trace import mark_backward
@@ -159,19 +163,57 @@ def check_batch(X, y):
 def _forward_backward(replicas, X, y, loss, y_all, count_correct=True):
     """Forward and backward of one (micro-)batch over the replicas; returns (summed loss, correct, active)."""
     X_shards, y_shards = split_and_load(X, replicas.in_ctx_list), split_and_load(y, replicas.out_ctx_list)
-    with autograd.record():   # forward on every replica that holds a shard
-        outputs = replicas.forward_all(X_shards)
-        losses = [loss(out, y_shard) for out, y_shard in zip(outputs, y_shards)]
+    outputs, y_parts, losses = replicas.forward_backward(X_shards, y_shards, loss)
     if y_all is not None:
         check_labels(y_all, outputs[0].shape[-1], loss)   # before anything is updated
-    mark_backward(losses, replicas.groups())   # where a trace's backward starts (parallel.trace)
-    getattr(replicas, "backward", autograd.backward)(losses)  # each replica computes the gradient of its own shard
     fence_statistics(replicas)
     active = len(X_shards)
     for r in range(active, len(replicas.in_ctx_list)):   # an idle replica takes the first one's statistics
         for first, aux in zip(replicas.aux(0), replicas.aux(r)):
             first.copyto(aux)
-    return (*loss_and_correct(outputs, y_shards, losses, replicas.in_ctx_list[0], count_correct), active)
+    return (*loss_and_correct(outputs, y_parts, losses, replicas.in_ctx_list[0], count_correct), active)
+
+
+class Replicas:
+    """What ``step_replicas`` steps (see the module's docstring), with its defaults: a subclass defines
+    ``in_ctx_list``, ``out_ctx_list``, ``groups()`` and ``forward_all(X_shards)`` (or its own
+    ``forward_backward``)."""
+
+    #: The ``parallel.comm.Reducer`` that sums each group (None: the default).
+    reducer = None
+    #: Whether a step runs its backward more than once (the step then zeroes the gradients and adds into them).
+    adds_gradients = False
+    #: Whether a step may leave a parameter's gradient unwritten (the step then zeroes every gradient first).
+    skips_parameters = False
+
+    def forward_all(self, X_shards):
+        """The outputs of every shard, each on its replica's context."""
+        raise NotImplementedError
+
+    def backward(self, losses):
+        """The backward pass of the last ``forward_all``."""
+        autograd.backward(losses)
+
+    def forward_backward(self, X_shards, y_shards, loss):
+        """Every shard's forward (recorded), loss and backward; returns ``(outputs, y_shards, losses)``, one each a
+        shard (a pipeline's: one each a micro-batch). With no shard (a worker of a job without an example) a
+        strategy still makes every collective of a step; nothing here to make."""
+        if not X_shards:
+            return [], [], []
+        with autograd.record():   # forward on every replica that holds a shard
+            outputs = self.forward_all(X_shards)
+            losses = [loss(out, y_shard) for out, y_shard in zip(outputs, y_shards)]
+        mark_backward(losses, self.groups())   # where a trace's backward starts (parallel.trace)
+        self.backward(losses)   # each replica computes the gradient of its own shard
+        return outputs, y_shards, losses
+
+    def aux(self, r):
+        """Replica ``r``'s arrays that are not trained (BatchNorm's running statistics)."""
+        return []
+
+    def groups(self):
+        """The trained arrays as groups of replicas of the same parameters (``optimizer_step``'s)."""
+        raise NotImplementedError
 
 
 def may_skip_parameters(net):
@@ -207,8 +249,9 @@ def fence_statistics(replicas):
 
 
 def _trained_arrays(groups):
-    """Every trained array of ``groups`` and its gradient, for re-marking how backward writes the gradient."""
-    arrays = [param for group in groups for replica in group for param in replica]
+    """Every trained array of ``groups`` that backward writes the gradient of, and that gradient, for re-marking how
+    backward writes it (ZeRO-3's shards are written by their reductions, not by backward)."""
+    arrays = [param for group in groups for replica in group for param in replica if param.grad is not None]
     return arrays, [param.grad for param in arrays]
 
 
@@ -218,20 +261,29 @@ def adding_gradients(groups):
     zeroed on entry (``grad_req='add'``: micro-batches one after another); afterwards it writes them again."""
     arrays, grads = _trained_arrays(groups)
     zero_grads(groups)
-    autograd.mark_variables(arrays, grads, "add")
+    if arrays:
+        autograd.mark_variables(arrays, grads, "add")
     try:
         yield
     finally:
-        autograd.mark_variables(arrays, grads, "write")
+        if arrays:
+            autograd.mark_variables(arrays, grads, "write")
 
 
 def _accumulate(replicas, X, y, loss, n, count_correct=True):
     """``n`` micro-batches of the batch one after another, their gradients summed in place (``grad_req='add'``
-    from zeroed buffers); returns (summed loss, correct) over the whole batch."""
+    from zeroed buffers); returns (summed loss, correct) over the whole batch. A batch of fewer examples (one
+    worker's slice of a global batch) runs its examples one a micro-batch and the rest empty: a strategy whose
+    forward and backward make collectives (ZeRO-3) makes them as often on every worker."""
     with adding_gradients(replicas.groups()):
-        bounds = np.cumsum([0] + shard_sizes(X.shape[0], n))
-        sums = [_forward_backward(replicas, X[a:b], y[a:b], loss, y if a == 0 else None, count_correct)[:2]
-                for a, b in zip(bounds, bounds[1:])]
+        sizes = shard_sizes(X.shape[0], min(n, X.shape[0]))
+        bounds = np.cumsum([0] + sizes + [0] * (n - len(sizes)))
+        sums = []
+        for a, b in zip(bounds, bounds[1:]):
+            if b > a:
+                sums.append(_forward_backward(replicas, X[a:b], y[a:b], loss, y if a == 0 else None, count_correct))
+            else:
+                replicas.forward_backward([], [], loss)
     return mx.nd.add_n(*[s[0] for s in sums]), mx.nd.add_n(*[s[1] for s in sums]) if count_correct else None
 
 
@@ -257,7 +309,7 @@ def step_replicas(replicas, X, y, lr=None, loss=softmax_cross_entropy, batch_siz
     accumulate : int
         Run the batch as this many micro-batches one after another (sizes differ by at most one), summing
         their gradients, then take one optimizer step: the same step as the whole batch at once, with less
-        memory for activations. At most ``len(X)``.
+        memory for activations. At most ``batch_size`` (a worker's slice of fewer examples runs the rest empty).
     count_correct : bool
         False: leave the count of correct predictions out (None), for a caller that reads the loss alone.
 
@@ -269,9 +321,9 @@ def step_replicas(replicas, X, y, lr=None, loss=softmax_cross_entropy, batch_siz
     """
     check_batch(X, y)
     optimizer = as_optimizer(lr, optimizer)
-    accumulate = check_accumulate(accumulate, X.shape[0])
-    if accumulate == 1:
-        if may_skip_parameters(getattr(replicas, "net", lenet_cached)):   # an unused parameter's gradient is 0
+    accumulate = check_accumulate(accumulate, X.shape[0] if batch_size is None else batch_size)
+    if accumulate == 1 and not replicas.adds_gradients:
+        if replicas.skips_parameters:   # an unused parameter's gradient is 0
             zero_grads(replicas.groups())
         loss_sum, correct, active = _forward_backward(replicas, X, y, loss, y, count_correct)
     else:   # every gradient buffer was zeroed first: a replica idle in some micro-batch adds nothing stale
@@ -281,16 +333,21 @@ def step_replicas(replicas, X, y, lr=None, loss=softmax_cross_entropy, batch_siz
     return loss_sum, correct
 
 
-def idle_step(replicas, batch_size, optimizer, count_correct=True):
-    """The step of a worker that has no example this time: its replicas add a zero gradient to the sum over the
-    workers (every collective of the step, as the others make them) and take the same optimizer step, divided by
-    the global ``batch_size``. Returns a zero loss and count, as ``step_replicas`` would."""
+def idle_step(replicas, batch_size, optimizer, count_correct=True, accumulate=1, loss=softmax_cross_entropy):
+    """The step of a worker that has no example this time: its replicas make every collective of the step's
+    forwards and backwards (``forward_backward`` of no shard, once a micro-batch: ZeRO-3's gathers and reductions),
+    add a zero gradient to the sum over the workers, and take the same optimizer step, divided by the global
+    ``batch_size``. Returns a zero loss and count, as ``step_replicas`` would."""
+    if replicas.adds_gradients:
+        with adding_gradients(replicas.groups()):
+            for _ in range(accumulate):
+                replicas.forward_backward([], [], loss)
     optimizer_step(optimizer, replicas.groups(), batch_size, replicas.reducer, 0)
     zero = mx.nd.zeros((1,), ctx=replicas.in_ctx_list[0])
     return zero, zero.copy() if count_correct else None
 
 
-class DeviceReplicas:
+class DeviceReplicas(Replicas):
     """Data parallelism's replicas: ``device_params[i]`` on ``ctx_list[i]``, each running ``net``: one group,
     summed by ``reducer`` over the contexts and, in a distributed job (``reducer.job``), over the workers."""
 
@@ -298,19 +355,20 @@ class DeviceReplicas:
         self.device_params, self.in_ctx_list = device_params, list(ctx_list)
         self.out_ctx_list = self.in_ctx_list
         self.net, self.reducer = as_net(net), as_reducer(reducer)
+        self.skips_parameters = may_skip_parameters(self.net)
 
     def forward_all(self, X_shards):
-        forward_all = getattr(self.net, "forward_all", None)   # a net that needs every shard at once (BatchNorm)
-        if forward_all is not None:
-            return forward_all(X_shards, self.device_params[:len(X_shards)])
-        return [self.net(X, params) for X, params in zip(X_shards, self.device_params)]
+        return run_net(self.net, X_shards, self.device_params[:len(X_shards)])
 
     def aux(self, r):
         return list(getattr(self.device_params[r], "aux", ()))
 
     def backward(self, losses):
         """The backward pass of the last forward: the net's own (``Recompute.backward``) or autograd's."""
-        getattr(self.net, "backward", autograd.backward)(losses)
+        if isinstance(self.net, Recompute):
+            self.net.backward(losses)
+        else:
+            autograd.backward(losses)
 
     def groups(self):
         return [self.device_params]
@@ -382,9 +440,8 @@ def worker_step(replicas, X, y, loss, optimizer, accumulate=1, job=None, count_c
     if job is not None:
         start, stop = worker_slice(n, len(replicas.in_ctx_list), job.rank, job.num_workers)
         if start == stop:
-            return idle_step(replicas, n, optimizer, count_correct)
-        X, y = X[start:stop], y[start:stop]
-        accumulate = min(accumulate, stop - start)   # a worker's slice may hold fewer examples than micro-batches
+            return idle_step(replicas, n, optimizer, count_correct, accumulate, loss)
+        X, y = X[start:stop], y[start:stop]   # fewer examples than micro-batches: the rest run empty
     return step_replicas(replicas, X, y, loss=loss, batch_size=n, optimizer=optimizer, accumulate=accumulate,
                          count_correct=count_correct)
 

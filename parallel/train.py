@@ -46,10 +46,7 @@ import shlex
 from .cli import USAGE_STATUS, Parser, UsageError, finite_float, launched, users_input, warning_lines
 from .comm import ALGORITHMS, DEFAULT_ALGORITHM, DEFAULT_BUCKET_MB
 from .data import DATASETS
-from .config import (FLAGS, check_compression, check_distributed, check_layout, check_recompute, check_schedule,
-                     check_tensor, check_zero,
-                     optimizer_defaults,
-                     run_config)
+from .config import FLAGS, layout_of_args, optimizer_defaults, run_config
 from .files import LOCK_FILE, DirectoryLock, DirectoryLocked, check_writable, export_files
 from .interrupt import INTERRUPTED_STATUS, end_on_signals, hold_interrupts, stop_between_batches
 from .models import MODELS
@@ -247,18 +244,11 @@ def check_args(args):
         if value == "":
             raise UsageError(f"{flag} needs a path, got an empty string")
     with users_input(ValueError, TypeError, flags=FLAGS):
-        check_layout(args.strategy, args.stages, args.boundaries, args.micro_batches, args.batch_size)
-        check_schedule(args.strategy, args.schedule, args.virtual_stages, args.stages, args.micro_batches,
-                       args.boundaries)
+        layout_of_args(args).check(model=args.model, batch_size=args.batch_size)
         run_config(args)
     check_optimizer_args(args)
     with users_input(ValueError, TypeError, flags=FLAGS):
         check_lr(args.lr)
-        check_distributed(args.strategy, launched(), args.tensor)
-        check_zero(args.zero, args.strategy, args.allreduce)
-        check_compression(args.compression, args.strategy, args.zero)
-        check_recompute(args.recompute, args.strategy)
-        check_tensor(args.tensor, args.strategy, args.zero, args.recompute, args.compression, args.model)
         check_number(args.bucket_mb, "bucket_mb", positive=True)
     if args.data_dir is not None and args.dataset == "synthetic":
         raise UsageError("--data-dir applies to --dataset fashion-mnist, not synthetic")

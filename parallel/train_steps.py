@@ -13,7 +13,7 @@ from .checkpoint import (CheckpointError, CheckpointWriteError, CheckpointWriter
 from .cli import UsageError, launched, restart_count, users_input
 from .comm.algorithms import buffer_bytes, free_buffers
 from .comm.reducer import Reducer
-from .config import FLAGS, run_config
+from .config import FLAGS, layout_of_args, run_config
 from .data import DataError, identify_dataset, load_data, num_batches
 from .data.fashion_mnist import default_data_dir
 from .devices import parse_devices
@@ -24,7 +24,7 @@ from .models.layout import init_model
 from .optim import SGD, Constant, Cosine, Step, make_optimizer, memory_table
 from .files import export_files
 from .report import Report, format_memory
-from .strategies import Stages, make_strategy
+from .strategies import make_strategy
 from .trace import check_traceable
 
 __all__ = ["join_job", "read_checkpoint", "devices", "check_trace", "load_dataset", "schedule_of", "optimizer_of",
@@ -137,9 +137,8 @@ def lay_out(args, checkpoint, ctx_list, job):
         else:
             initial = init_model(args.model, args.seed, checkpoint.params, checkpoint.aux)
         reducer = Reducer(args.allreduce, bucket_mb=args.bucket_mb, compression=args.compression, job=job)
-        layout = Stages(args.stages, args.boundaries, args.micro_batches, args.schedule, args.virtual_stages)
-        strategy = make_strategy(args.strategy, initial, ctx_list, layout, reducer, args.recompute, args.zero,
-                                 args.tensor, args.batch_size)   # in a job: rank 0's
+        strategy = make_strategy(layout_of_args(args), initial, ctx_list, reducer=reducer,
+                                 batch_size=args.batch_size)   # in a job: rank 0's
     if len(strategy.ctx_list) < len(ctx_list):
         idle = ", ".join(str(ctx) for ctx in ctx_list[len(strategy.ctx_list):])
         print(f"warning: --strategy {args.strategy} uses {len(strategy.ctx_list)} of the {len(ctx_list)} contexts "
@@ -157,7 +156,7 @@ def checkpoint_record(args, strategy, optimizer, dataset, data_name, job):
     (rank 0) computes it."""
     main_rank = job is None or job.rank == 0
     fingerprint = None if args.checkpoint_dir is None or not main_rank else dataset_fingerprint(dataset)
-    codec = strategy.reducer.codec if getattr(strategy, "reducer", None) is not None else None
+    codec = strategy.reducer.codec
     return {"model": args.model, "dataset": {"name": data_name, "fingerprint": fingerprint},
             "batch_size": args.batch_size, "lr": args.lr, "seed": args.seed, "epochs": args.epochs,
             "strategy": args.strategy, "allreduce": args.allreduce, "devices": args.devices,
@@ -189,11 +188,11 @@ def check_resume(checkpoint, record, dataset):
 def memory_of(strategy, optimizer):
     """What each context of ``strategy`` holds for training (``memory_table``): with ZeRO-3's gather buffers, and
     as temporary buffers the allreduce's receive buffers (``buffer_bytes``) and ZeRO-3's block gradient buffers."""
-    gathered, own = getattr(strategy, "gathered_bytes", None), getattr(strategy, "temporary_bytes", None)
+    gathered, own = strategy.memory_buffers()
     temporary = buffer_bytes()
-    for ctx, nbytes in (own() if own is not None else {}).items():
+    for ctx, nbytes in own.items():
         temporary[ctx] = temporary.get(ctx, 0) + nbytes
-    return memory_table(optimizer, strategy.groups(), gathered() if gathered is not None else None, temporary)
+    return memory_table(optimizer, strategy.groups(), gathered, temporary)
 
 
 def open_report(args, strategy, optimizer, dataset, data_name, job):
@@ -258,7 +257,7 @@ def export(args, strategy, initial, report):
     if args.export is None:
         return
     if not report.main_rank:
-        if getattr(strategy, "gathers_collectively", False):   # ZeRO-3 in a job: every worker gathers the model
+        if strategy.gathers_collectively:   # ZeRO-3 in a job: every worker gathers the model
             strategy.params()
         return
     try:

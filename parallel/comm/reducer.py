@@ -25,10 +25,10 @@ import mxnet as mx
 
 from ..compress import COMPRESSIONS
 from ..compress.registry import as_codec
-from ..job import BUCKET_KEYS, allreduce_across, bucket_key
+from ..job import allreduce_across, bucket_key
 from ..validate import check_choice
 from . import ALGORITHMS, DEFAULT_ALGORITHM, DEFAULT_BUCKET_MB, SHARDED_ALGORITHMS
-from .algorithms import allreduce, check_same_arrays, exclusive, receive, reduce_scatter, scratch
+from .algorithms import allreduce, check_same_arrays, exclusive, receive, reduce_scatter, scratch, shard_range
 from .replica import FlatReplica, bucket_bytes, get_params, grads_of
 
 __all__ = ["Reducer", "GradBucket", "BucketComm", "allreduce_hook", "CompressionHook", "as_reducer",
@@ -49,14 +49,21 @@ class GradBucket:
         The shapes of the parameters laid out one after another in the buffer.
     first : int
         The index (in the replica) of the bucket's first parameter.
+    regions : list of (int, int) or None
+        None: an allreduce, every context must end with the whole sum. Else a *reduce-scatter* (ZeRO-2's and
+        ZeRO-3's): context ``i`` needs the sum only in its elements ``regions[i]`` (``shard_range(size, K, i)``,
+        where ``parallel.comm.reduce_scatter`` leaves it); its other elements may hold anything. A hook that
+        allreduces satisfies it too.
     """
 
-    def __init__(self, index, num_buckets, grads, shapes, first=0):
+    def __init__(self, index, num_buckets, grads, shapes, first=0, regions=None):
         self.index, self.num_buckets, self.grads, self.shapes, self.first = index, num_buckets, grads, shapes, first
+        self.regions = regions
 
     def __repr__(self):
+        kind = "" if self.regions is None else ", reduce-scatter"
         return (f"GradBucket({self.index} of {self.num_buckets}: {len(self.shapes)} tensor(s), "
-                f"{self.grads[0].size} elements, {len(self.grads)} context(s))")
+                f"{self.grads[0].size} elements, {len(self.grads)} context(s){kind})")
 
     def tensors(self, k):
         """The bucket's parameters' gradients on context ``k``, as views of their shapes."""
@@ -104,6 +111,11 @@ class BucketComm:
         """Sum ``arrays`` over this process's contexts, in place, with the reducer's algorithm."""
         return allreduce(arrays, self.algorithm)
 
+    def reduce_scatter_contexts(self, arrays):
+        """The first half of the reducer's algorithm (``parallel.comm.reduce_scatter``): ``arrays[i]`` ends with the
+        sum over the contexts in its elements ``shard_range(size, K, i)``."""
+        return reduce_scatter(arrays, self.algorithm)
+
     def allreduce_across(self, arrays, part=0):
         """Sum ``arrays[0]`` over the workers (this bucket's key ``part``) and copy it to the other arrays."""
         return allreduce_across(self.job, arrays, bucket_key(self.bucket, part), self.priority)
@@ -128,7 +140,16 @@ class BucketComm:
 
 def allreduce_hook(bucket, comm):
     """The default communication hook: the bucket's sum over the contexts (``comm.algorithm``; ``naive``: one
-    reduction a tensor, as in the textbook) and, in a job, over the workers."""
+    reduction a tensor, as in the textbook) and, in a job, over the workers. A reduce-scatter (``bucket.regions``)
+    with an algorithm that splits into halves (``SHARDED_ALGORITHMS``) runs its first half, then sums each context's
+    region over the workers under a key of its own; with another algorithm, the allreduce (which leaves every
+    region its sum)."""
+    if bucket.regions is not None and comm.algorithm in SHARDED_ALGORITHMS:
+        comm.reduce_scatter_contexts(bucket.grads)
+        for i, (start, stop) in enumerate(bucket.regions if comm.job is not None else ()):
+            if stop > start:
+                comm.allsum(bucket.grads[i][start:stop], 4 + i)
+        return
     if comm.algorithm == "naive":
         for views in zip(*[bucket.tensors(k) for k in range(len(bucket.grads))]):
             comm.allreduce_contexts(list(views))
@@ -207,7 +228,8 @@ class Reducer:
         """Reduce every bucket with ``hook(bucket, comm)`` from now on (PyTorch DDP's ``register_comm_hook``): given
         a ``GradBucket`` and its ``BucketComm``, it must leave in each of ``bucket.grads`` the same reduction,
         over the contexts and, in a job, the workers (every worker calling the same collectives in the same
-        order). Returns the reducer."""
+        order); for a reduce-scatter (``bucket.regions``, ZeRO-2 and 3), the sum at least in each context's region.
+        Returns the reducer."""
         if not callable(hook):
             raise TypeError(f"hook must be callable as hook(bucket, comm), got {hook!r}")
         self.hook = hook
@@ -232,11 +254,13 @@ class Reducer:
             line += f" in buckets of {self.bucket_mb:g} MB"
         return line
 
-    def buckets(self, group):
-        """The ``GradBucket`` of each bucket of ``group`` (flat replicas), in reduction order."""
-        first = group[0]
+    def buckets(self, group, scatter=False):
+        """The ``GradBucket`` of each bucket of ``group`` (flat replicas), in reduction order; ``scatter``: each
+        with its contexts' regions of a reduce-scatter (``shard_range``)."""
+        first, k = group[0], len(group)
         return [GradBucket(b, len(first.buckets), [replica.grads[b] for replica in group],
-                           [param.shape for param in first[layout.first:layout.stop]], layout.first)
+                           [param.shape for param in first[layout.first:layout.stop]], layout.first,
+                           [shard_range(layout.end - layout.start, k, i) for i in range(k)] if scatter else None)
                 for b, layout in enumerate(first.buckets)]
 
     def _comm(self, index, num_buckets, first_bucket=0):
@@ -253,6 +277,17 @@ class Reducer:
         gradients are zeroed first, so they add nothing and no stale gradient leaks in. Queued, not waited for,
         except the kvstore's first use of a key (a barrier of the workers).
         """
+        self._issue(group, active, first_bucket, scatter=False)
+
+    def reduce_scatter(self, group, active=None, first_bucket=0):
+        """ZeRO's reduction (stages 2 and 3): each bucket's gradients summed over the contexts and the workers, each
+        replica ``i`` needing the sum only in its elements ``shard_range(size, K, i)`` of the bucket (a
+        ``GradBucket`` with ``regions``): the hook's reduce-scatter, which the default makes with the algorithm's
+        first half and the fused allreduce's additions (bitwise an allreduce's sums); a hook that allreduces (a
+        codec's) works too. Other elements hold partial sums. ``active`` and ``first_bucket`` as in ``reduce``."""
+        self._issue(group, active, first_bucket, scatter=True)
+
+    def _issue(self, group, active, first_bucket, scatter):
         for replica in group[len(group) if active is None else active:]:
             for grad in grads_of(replica):
                 grad[:] = 0
@@ -261,7 +296,7 @@ class Reducer:
         if not all(isinstance(replica, FlatReplica) for replica in group):
             self._reduce_lists(group)
             return
-        buckets = self.buckets(group)
+        buckets = self.buckets(group, scatter)
         with exclusive():
             for bucket in buckets:
                 self.hook(bucket, self._comm(bucket.index, len(buckets), first_bucket))
@@ -276,32 +311,6 @@ class Reducer:
                             "parameters of one dtype")
         for arrays in zip(*group):
             allreduce([array.grad for array in arrays], self.algorithm)
-
-    def reduce_scatter(self, group, regions, active=None):
-        """ZeRO's stage 2: each bucket's gradients reduce-scattered over the group (``regions[i]``: the element
-        ranges of the flat buffer replica ``i`` owns, one a bucket), then each owned shard summed over the
-        workers; other elements hold partial sums."""
-        if self.hook is not allreduce_hook:
-            raise ValueError("zero=2 reduce-scatters the gradients, which a communication hook (compression) "
-                             "does not do; use zero=0 or zero=1")
-        check_choice(self.algorithm, "algorithm", SHARDED_ALGORITHMS)
-        for replica in group[len(group) if active is None else active:]:
-            for grad in replica.grads:
-                grad[:] = 0
-        layouts = group[0].buckets
-        with exclusive():
-            for b, layout in enumerate(layouts):
-                reduce_scatter([replica.grads[b] for replica in group], self.algorithm)
-                if self.job is None:
-                    continue
-                for i, replica in enumerate(group):
-                    start, stop = regions[i][b]
-                    if stop > start:
-                        if 4 + i >= BUCKET_KEYS:
-                            raise ValueError(f"zero=2 in a job sums each context's shard under its own key; "
-                                             f"{len(group)} contexts is too many (at most {BUCKET_KEYS - 4})")
-                        self.job.allsum(bucket_key(b, 4 + i), replica.grads[b][start - layout.start:stop - layout.start],
-                                        b - len(layouts) + 1)
 
     def state(self, group):
         """The communication hook's error feedback for ``group`` (a codec's residuals and ``Q`` matrices), whatever

@@ -85,6 +85,9 @@ class FlatReplica(list):
     copies : set of int
         The indices of arrays that a replica of another group holds as well (tensor parallelism's replicated
         arrays, on every rank but the first): a global norm over the groups counts them once. Empty by default.
+    uncounted : list of (int, int)
+        The same as element ranges of ``data`` (sorted): what a norm over shards of the buffer leaves out (ZeRO-2
+        and 3). Empty by default.
 
     Calling ``attach_grad()`` on a member would give it a separate gradient and break the link.
     """
@@ -97,7 +100,7 @@ class FlatReplica(list):
         self.names = list(names)
         self.aux = list(aux)
         self.aux_names = list(aux_names)
-        self.copies = set()
+        self.copies, self.uncounted = set(), []
 
     @property
     def grad(self):

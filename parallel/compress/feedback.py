@@ -37,19 +37,23 @@ def job_names(rank, state):
     return {f"w{rank}/{name}": value for name, value in state.items()}
 
 
-def expected_residuals(num_workers, num_contexts):
+def expected_residuals(num_workers, num_contexts, num_groups=1):
     """The residuals one worker keeps on this layout once it has stepped: one a context when there are
-    several (the compressed allreduce between them), one across the workers in a job of several."""
+    several (the compressed allreduce between them), one across the workers in a job of several; each under
+    ``"g<group>/"`` when the layout sums several groups (a stage's or a tensor rank's replicas each)."""
     names = {f"residual/c{k}" for k in range(num_contexts)} if num_contexts > 1 else set()
-    return names | ({"residual/across"} if num_workers > 1 else set())
+    names |= {"residual/across"} if num_workers > 1 else set()
+    return names if num_groups == 1 else {f"g{g}/{name}" for g in range(num_groups) for name in names}
 
 
-def place(saved, rank, num_workers, num_contexts):
+def place(saved, rank, num_workers, num_contexts, num_groups=1):
     """Worker ``rank``'s share of a checkpoint's error-feedback state ``saved`` (``"w<r>/..."`` names, as
-    ``job_names`` gives them) for a run of ``num_workers`` workers of ``num_contexts`` contexts each.
+    ``job_names`` gives them) for a run of ``num_workers`` workers of ``num_contexts`` contexts each, summing
+    ``num_groups`` groups of replicas (their state named ``"g<group>/..."`` when several).
 
     Returns ``(state, note)``: the state for ``Codec.load_state`` (``Reducer.load_state``) (numpy arrays), and None, or a sentence
-    saying that residuals were dropped (a single context in a single process compresses nothing).
+    saying that residuals were dropped (a single context in a single process compresses nothing; the residuals of
+    a layout of several groups, whose buffers are parts of the model, fit only the same layout).
     """
     workers = {}
     for name, value in saved.items():
@@ -61,10 +65,13 @@ def place(saved, rank, num_workers, num_contexts):
                                                                 else value)
     if not workers:
         return {}, None
-    expected = expected_residuals(num_workers, num_contexts)
+    expected = expected_residuals(num_workers, num_contexts, num_groups)
     if sorted(workers) == list(range(num_workers)) and all(
-            {name for name in state if name.startswith("residual/")} == expected for state in workers.values()):
+            {name for name in state if "residual/" in name} == expected for state in workers.values()):
         return workers[rank], None                      # the layout that saved them: bitwise
+    if num_groups > 1 or any(name.startswith("g") for state in workers.values() for name in state):
+        return {}, ("the checkpoint's compression residuals were dropped: they belong to the buffers of another "
+                    "layout's groups of replicas (stages, tensor ranks), which this layout does not have")
     local = {}
     residuals = [state[name] for _, state in sorted(workers.items()) for name in sorted(state)
                  if name.startswith("residual/")]

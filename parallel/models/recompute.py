@@ -1,85 +1,248 @@
-"""Activation recomputation (activation checkpointing): keep each block's input, recompute its forward in backward.
+"""A network run block by block, with hooks around each block and, optionally, activation recomputation.
 
-A training step keeps, until its backward pass, every array the backward of each operator reads: the
-activations of the whole network. ``Recompute(net, segments)`` runs the network as a chain of blocks (LeNet's
-layers, ResNet-18's residual blocks) and keeps only what enters each block: during backward each block's forward
-runs again, recorded this time, and its backward follows at once, so at most one block's activations exist at a
-time besides the blocks' inputs (Chen et al. 2016: O(sqrt(n)) memory for a network of n layers cut into sqrt(n)
-blocks, for about one more forward pass). MXNet's ``MXNET_BACKWARD_DO_MIRROR`` does this only in the symbolic
-executor, not for gluon or cached graphs, so it is written here, explicitly:
+A training step keeps, until its backward pass, every array the backward of each operator reads: the activations
+of the whole network. ``Blocks(segments, recompute=True)`` runs a network as a chain of blocks (LeNet's layers,
+ResNet-18's residual blocks, the ViT's children) and keeps only what enters each block: during backward each
+block's forward runs again, recorded this time, and its backward follows at once, so at most one block's
+activations exist at a time besides the blocks' inputs (Chen et al. 2016: O(sqrt(n)) memory for a network of n
+layers cut into sqrt(n) blocks, for about one more forward pass). MXNet's ``MXNET_BACKWARD_DO_MIRROR`` does this
+only in the symbolic executor, not for gluon or cached graphs, so it is written here, explicitly:
 
 - forward: every block but the last runs off the tape (in training mode: BatchNorm normalises by the batch), its
   input kept; the last block runs on the tape;
-- backward (``Recompute.backward``, which the training step calls in place of ``autograd.backward``): the last
-  block's backward, then for each block before it, last first, its forward again under ``autograd.record()`` on
-  its kept input and the replica's own parameter arrays, and its backward from the gradient of its output. The
-  parameters' gradients land where an ordinary backward writes them, with their ``grad_req`` (so accumulation
-  works). BatchNorm's running statistics are updated once a step, by the recomputation (MXNet's BatchNorm
-  updates them in its backward pass, the synchronized one in its forward): the forward off the tape writes
-  them into scratch arrays.
+- backward: the last block's backward, then for each block before it, last first, its forward again under
+  ``autograd.record()`` on its kept input and the replica's own parameter arrays, and its backward from the
+  gradient of its output. The parameters' gradients land where an ordinary backward writes them, with their
+  ``grad_req`` (so accumulation works). BatchNorm's running statistics are updated once a step, by the
+  recomputation (MXNet's BatchNorm updates them in its backward pass, the synchronized one in its forward): the
+  forward off the tape writes them into scratch arrays.
+
+*Hooks* (``BlockHooks``) run before each block's forward (again before its recomputation) and after its backward:
+ZeRO-3 is this class with hooks that gather a block's sharded parameters and reduce-scatter its gradients
+(``parallel.strategies.sharded``), as fairscale composes ``FSDP(checkpoint_wrapper(block))``. A block's net runs
+every replica of a step at once (``run_net``: BatchNorm synchronized across them); a tensor-parallel block runs
+on its ranks and records its collectives on the *tape* each forward is given (``parallel.comm.tensor``), whose
+backward the block's backward runs.
 
 Each block runs the same operators on the same values as in the whole network, so the gradients are bitwise an
-ordinary step's (``tests/test_recompute.py``). A block spans every context of a step, so BatchNorm synchronized
-across the contexts (``GluonNet.forward_all``) recomputes over the whole batch.
+ordinary step's (``tests/test_recompute.py``). ``Recompute(full, segments)`` is the network of a data-parallel
+replica as ``parallel.step`` runs it (``forward_all`` / ``backward``).
 
 Why not an ``autograd.Function`` a block: MXNet 1.9.1's ``Function`` stops assigning input gradients at the first
 input whose gradient is not requested (the data), and never adds one where ``grad_req`` is ``"add"`` (it compares
 the request's number with the string ``'add'``): the first block and accumulation would silently get no gradient.
 """
+from typing import NamedTuple
+
 import mxnet as mx
 from mxnet import autograd
 
-__all__ = ["Recompute", "Segment"]
+from ..comm.tensor import TensorTape
+
+__all__ = ["Recompute", "Segment", "Blocks", "BlockHooks", "Part", "run_net", "flat_arrays", "detached", "parts_of"]
 
 
 class Segment:
-    """One block of a ``Recompute``: ``net(X, params)`` run on a replica's trained arrays ``first .. stop - 1``
-    and its other arrays (BatchNorm's running statistics) ``aux_first .. aux_stop - 1``."""
+    """One block of a network: ``net(X, params)`` run on a replica's trained arrays ``first .. stop - 1`` and its
+    other arrays (BatchNorm's running statistics) ``aux_first .. aux_stop - 1``; ``block``, the gluon block it
+    runs (None for LeNet's layers), which a tensor-parallel run splits."""
 
-    def __init__(self, net, first, stop, aux_first=0, aux_stop=0, label=""):
+    def __init__(self, net, first, stop, aux_first=0, aux_stop=0, label="", block=None):
         self.net, self.first, self.stop, self.aux_first, self.aux_stop = net, first, stop, aux_first, aux_stop
-        self.label = label
+        self.label, self.block = label, block
 
     def __repr__(self):
         return f"Segment({self.label or self.net!r}, arrays {self.first}..{self.stop - 1})"
 
 
-class _Part(list):
-    """A segment's arrays of one replica, as ``GluonNet`` takes a replica: trained arrays, ``names`` and ``aux``."""
+class Part(list):
+    """A block's arrays of one replica, as ``GluonNet`` takes a replica: trained arrays, ``names`` and ``aux``."""
 
     def __init__(self, arrays, names, aux):
         super().__init__(arrays)
         self.names, self.aux = names, aux
 
 
-def _run(net, X_shards, parts):
-    """``net`` on each context's input (an array, or a tuple of arrays for a block of several inputs)."""
+def run_net(net, X_shards, parts, tape=None):
+    """``net`` on each replica's input (an array, a tuple of arrays for a block of several inputs, or a tensor-parallel
+    group's ``Ranks``), all replicas at once where the net takes them so (``forward_all``: BatchNorm synchronized,
+    a tensor-parallel block recording on ``tape``)."""
     forward_all = getattr(net, "forward_all", None)
-    if forward_all is not None:
-        return forward_all(X_shards, parts)
-    return [net(X, part) for X, part in zip(X_shards, parts)]
+    if forward_all is None:
+        return [net(X, part) for X, part in zip(X_shards, parts)]
+    if tape is not None and getattr(net, "takes_tape", False):
+        return forward_all(X_shards, parts, tape)
+    return forward_all(X_shards, parts)
 
 
-def _flat(states):
-    """Every array of each context's state (an array or a tuple of them), in order."""
-    return [X for state in states for X in (state if isinstance(state, tuple) else (state,))]
-
-
-def _detached(states, attach=True):
-    """Each context's state off the tape (a tuple stays a tuple), its arrays with gradients attached if
-    ``attach``: a block's input, whose gradient the block's backward writes."""
-    detached = []
+def flat_arrays(states):
+    """Every array of each replica's state (an array, a tuple of arrays, or a ``Ranks``), in order."""
+    arrays = []
     for state in states:
-        arrays = tuple(X.detach() for X in (state if isinstance(state, tuple) else (state,)))
-        for X in arrays if attach else ():
+        if isinstance(state, tuple):
+            arrays.extend(state)
+        elif isinstance(state, mx.nd.NDArray):
+            arrays.append(state)
+        else:   # a tensor-parallel group's value: one array a rank
+            arrays.extend(state.arrays)
+    return arrays
+
+
+def detached(states, attach=True):
+    """Each replica's state off the tape (a tuple stays a tuple, ``Ranks`` stay ``Ranks``), its arrays with gradients
+    attached if ``attach``: a block's input, whose gradient the block's backward writes."""
+    out = []
+    for state in states:
+        if isinstance(state, tuple):
+            arrays = tuple(X.detach() for X in state)
+        elif isinstance(state, mx.nd.NDArray):
+            arrays = state.detach()
+        else:
+            arrays = state.detach()
+        for X in flat_arrays([arrays]) if attach else ():
             X.attach_grad()
-        detached.append(arrays if isinstance(state, tuple) else arrays[0])
-    return detached
+        out.append(arrays)
+    return out
+
+
+def parts_of(segments, replica, scratch=False):
+    """A replica's arrays per segment (``Part``s); ``scratch``: with copies of its running statistics, which a forward
+    off the tape writes instead of the replica's (updated once a step, by the recomputation)."""
+    names, aux = list(getattr(replica, "names", ())), list(getattr(replica, "aux", ()))
+    parts = []
+    for s in segments:
+        block_aux = aux[s.aux_first:s.aux_stop]
+        parts.append(Part(replica[s.first:s.stop], names[s.first:s.stop] if names else None,
+                          [a.copy() for a in block_aux] if scratch else block_aux))
+    return parts
+
+
+class BlockHooks:
+    """What ``Blocks`` calls around each block ``s`` (the default does nothing): ``before_forward(s, after,
+    recompute)`` before the block runs (its forward, in evaluation, and again before its recomputation, then with
+    ``recompute``; ``after``: the block that will run next, for a prefetch, or None), ``before_backward(s)`` before
+    the backward of a block recorded in the forward (the last), ``after_backward(s)`` once its backward is
+    issued."""
+
+    def before_forward(self, s, after=None, recompute=False):
+        """Called before block ``s`` runs."""
+
+    def before_backward(self, s):
+        """Called before the backward of block ``s``'s recorded forward."""
+
+    def after_backward(self, s):
+        """Called once block ``s``'s backward is issued."""
+
+
+class Pending(NamedTuple):
+    """What a recorded forward leaves for its backward: the tape of the last block (every block's, without
+    recomputation), the kept inputs of the blocks before it, and the inputs the last block read."""
+    tape: object
+    kept: list
+    hidden: list
+
+
+class Blocks:
+    """A network as a chain of blocks run over the replicas of a step, with hooks, optionally recomputing (see the
+    module's docstring).
+
+    Parameters
+    ----------
+    segments : list of Segment
+        The blocks in order, covering the replica's trained arrays (and its other arrays) once each, in order.
+    recompute : bool
+        Keep only each block's input and run its forward again in backward.
+    hooks : BlockHooks, optional
+    algorithm : str
+        The allreduce of a tensor-parallel block's collectives (its tape's).
+    """
+
+    def __init__(self, segments, recompute=False, hooks=None, algorithm="fused"):
+        segments = list(segments)
+        if not segments:
+            raise ValueError("segments is empty; a network runs block by block")
+        for a, b in zip(segments, segments[1:]):
+            if (a.stop, a.aux_stop) != (b.first, b.aux_first):
+                raise ValueError(f"segments {a!r} and {b!r} do not follow each other in the replica's arrays")
+        self.segments, self.recompute = segments, bool(recompute)
+        self.hooks, self.algorithm = hooks or BlockHooks(), algorithm
+
+    def __repr__(self):
+        return f"Blocks({len(self.segments)} blocks{', recomputed' if self.recompute else ''})"
+
+    def _run(self, s, X_shards, parts, tape=None):
+        return run_net(self.segments[s].net, X_shards, parts, tape)
+
+    def _next(self, s):
+        return s + 1 if s + 1 < len(self.segments) else None
+
+    def predict(self, X_shards, parts):
+        """The outputs of every replica's input, outside ``autograd.record()`` (evaluation): each block after
+        its hook. ``parts[s][r]``: block ``s``'s arrays of replica ``r``."""
+        hidden = list(X_shards)
+        for s in range(len(self.segments)):
+            self.hooks.before_forward(s, self._next(s))
+            hidden = self._run(s, hidden, parts[s][:len(hidden)], TensorTape(self.algorithm))
+        return hidden
+
+    def forward(self, X_shards, parts, scratch=None):
+        """The recorded forward (call it inside ``autograd.record()``) of every replica's input; returns the outputs
+        and the ``Pending`` its ``backward`` takes. ``parts[s][r]``: block ``s``'s arrays of replica ``r``;
+        ``scratch`` the same with copies of the running statistics, for the blocks run off the tape (default
+        ``parts``). Several forwards may be pending at once (a pipeline's micro-batches)."""
+        hidden, n = list(X_shards), len(self.segments)
+        if not self.recompute:
+            tape = TensorTape(self.algorithm)
+            for s in range(n):
+                self.hooks.before_forward(s, self._next(s))
+                hidden = self._run(s, hidden, parts[s][:len(hidden)], tape)
+            return hidden, Pending(tape, [], [])
+        scratch = parts if scratch is None else scratch
+        kept = []
+        with autograd.pause(train_mode=True):   # BatchNorm by the batch, its running statistics into scratch copies
+            for s in range(n - 1):
+                self.hooks.before_forward(s, self._next(s))
+                kept.append(hidden)
+                hidden = self._run(s, hidden, scratch[s][:len(hidden)], TensorTape(self.algorithm))
+        if n > 1:
+            hidden = detached(hidden)
+        self.hooks.before_forward(n - 1, None)
+        tape = TensorTape(self.algorithm)
+        return self._run(n - 1, hidden, parts[n - 1][:len(hidden)], tape), Pending(tape, kept, hidden)
+
+    def backward(self, pending, heads, head_grads=None, parts=None):
+        """The backward pass of a recorded forward: ``heads`` (arrays computed from its outputs, the losses; or its
+        outputs' arrays with ``head_grads``) through the last block, then each earlier block recomputed (on
+        ``parts``, ``forward``'s) and differentiated, last first, each followed by its hook. A kept input that is
+        the forward's own input keeps its gradient where the caller attached it. Nothing waits."""
+        n = len(self.segments)
+        for s in reversed(range(len(pending.kept), n)):   # the blocks recorded in the forward
+            self.hooks.before_backward(s)
+        pending.tape.backward(heads, head_grads)
+        if not self.recompute:
+            for s in reversed(range(n)):
+                self.hooks.after_backward(s)
+            return
+        self.hooks.after_backward(n - 1)
+        hidden = pending.hidden
+        for s in reversed(range(len(pending.kept))):
+            grads = [X.grad for X in flat_arrays(hidden)]
+            inputs = pending.kept[s]
+            if s > 0:   # the first block's input is the data, or the caller's leaf (a pipeline stage's input)
+                inputs = detached(inputs)
+            self.hooks.before_forward(s, s - 1 if s else None, recompute=True)
+            tape = TensorTape(self.algorithm)
+            with autograd.record(train_mode=True):
+                outputs = self._run(s, inputs, parts[s][:len(inputs)], tape)
+            tape.backward(flat_arrays(outputs), grads)
+            self.hooks.after_backward(s)
+            hidden = inputs
 
 
 class Recompute:
     """A network ``full`` (a function ``net(X, params)`` of a replica, e.g. ``lenet_cached`` or a ``GluonNet``)
-    trained block by block with activation recomputation (see the module's docstring).
+    trained block by block with activation recomputation (see the module's docstring): the net of a data-parallel
+    replica (``parallel.step.DeviceReplicas``).
 
     Parameters
     ----------
@@ -110,33 +273,21 @@ class Recompute:
     """
 
     def __init__(self, full, segments):
-        segments = list(segments)
-        if not segments:
-            raise ValueError("segments is empty; a network recomputes block by block")
-        for a, b in zip(segments, segments[1:]):
-            if (a.stop, a.aux_stop) != (b.first, b.aux_first):
-                raise ValueError(f"segments {a!r} and {b!r} do not follow each other in the replica's arrays")
-        self.full, self.segments = full, segments
+        self.full, self.blocks = full, Blocks(segments, recompute=True)
+        self.segments = self.blocks.segments
         self._parts = {}     # id(replica) -> (replica, [part per segment], [part with scratch aux per segment])
-        self._pending = None   # what the last recorded forward left for backward: [(segment index, inputs)]
+        self._pending = None   # what the last recorded forward left for backward: (Pending, parts)
 
     def __repr__(self):
         return f"Recompute({self.full!r}, {len(self.segments)} blocks)"
 
     def _parts_of(self, replica):
-        """A replica's arrays per segment, and the same with scratch running statistics (which a recomputed
-        forward writes instead of the replica's, updated once a step). Made once per replica, so that cached graphs
-        bound to the arrays are built once."""
+        """A replica's arrays per segment, and the same with scratch running statistics. Made once per replica, so
+        that cached graphs bound to the arrays are built once."""
         entry = self._parts.get(id(replica))
         if entry is None:
-            names, aux = list(getattr(replica, "names", ())), list(getattr(replica, "aux", ()))
-            parts, scratch = [], []
-            for s in self.segments:
-                arrays, block_aux = replica[s.first:s.stop], aux[s.aux_first:s.aux_stop]
-                block_names = names[s.first:s.stop] if names else None
-                parts.append(_Part(arrays, block_names, block_aux))
-                scratch.append(_Part(arrays, block_names, [a.copy() for a in block_aux]))
-            entry = self._parts[id(replica)] = (replica, parts, scratch)
+            entry = self._parts[id(replica)] = (replica, parts_of(self.segments, replica),
+                                                parts_of(self.segments, replica, scratch=True))
         return entry[1], entry[2]
 
     def __call__(self, X, params):
@@ -147,31 +298,18 @@ class Recompute:
         if len(X_shards) != len(device_params):
             raise ValueError(f"{len(X_shards)} shards but {len(device_params)} replicas")
         if not autograd.is_recording():
-            return _run(self.full, X_shards, device_params)
+            return run_net(self.full, X_shards, device_params)
         per_replica = [self._parts_of(replica) for replica in device_params]
-        hidden, kept = list(X_shards), []
-        with autograd.pause(train_mode=True):   # BatchNorm by the batch, its running statistics into scratch copies
-            for s, segment in enumerate(self.segments[:-1]):
-                kept.append(hidden)
-                hidden = _run(segment.net, hidden, [scratch[s] for _, scratch in per_replica])
-        last = len(self.segments) - 1
-        if last:
-            hidden = _detached(hidden)
-        self._pending = (per_replica, kept, hidden)
-        return _run(self.segments[last].net, hidden, [parts[last] for parts, _ in per_replica])
+        parts = [[own[s] for own, _ in per_replica] for s in range(len(self.segments))]
+        scratch = [[spare[s] for _, spare in per_replica] for s in range(len(self.segments))]
+        outputs, pending = self.blocks.forward(X_shards, parts, scratch)
+        self._pending = (pending, parts)
+        return outputs
 
     def backward(self, heads, head_grads=None):
         """The backward pass of the last recorded forward: ``autograd.backward(heads, head_grads)`` through the
         last block, then each earlier block recomputed and differentiated, last first. Nothing waits."""
         if self._pending is None:
             raise RuntimeError("net.backward follows a forward recorded under autograd.record(); there is none")
-        per_replica, kept, hidden = self._pending
-        self._pending = None
-        autograd.backward(heads, head_grads)
-        for s in reversed(range(len(kept))):
-            grads = [X.grad for X in _flat(hidden)]
-            inputs = _detached(kept[s], attach=s > 0)   # the first block's input is the data: no gradient
-            with autograd.record(train_mode=True):
-                outputs = _run(self.segments[s].net, inputs, [parts[s] for parts, _ in per_replica])
-            autograd.backward(_flat(outputs), grads)
-            hidden = inputs
+        (pending, parts), self._pending = self._pending, None
+        self.blocks.backward(pending, heads, head_grads, parts)

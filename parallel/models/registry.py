@@ -147,6 +147,11 @@ class Model:
         (a ``Segment`` of several inputs takes the tuple the one before returns)."""
         return self.segments(initial)
 
+    def stage_blocks(self, cut, c, fine=False):
+        """Stage ``c`` of ``cut`` (``cut(initial, ranges)``) as the blocks recomputation keeps the inputs of
+        (``fine``: the finer blocks ZeRO-3 gathers one at a time): ``Segment``s over the stage's arrays."""
+        raise NotImplementedError
+
     def export(self, prefix, params, aux=(), initial=None):
         """Write the trained ``params`` and ``aux`` (a strategy's ``params()`` and ``aux()``) as MXNet's pair
         ``PREFIX-symbol.json`` + ``PREFIX-0000.params``; ``initial`` is the model the run started from.
@@ -204,6 +209,11 @@ class LeNetModel(Model):
         self.layers(initial)
         return _lenet_segments()
 
+    def stage_blocks(self, cut, c, fine=False):
+        start, stop = cut.ranges[c]
+        return [Segment(segment.net, segment.first - 2 * start, segment.stop - 2 * start, label=segment.label)
+                for segment in _lenet_segments()[start:stop]]
+
     def export(self, prefix, params, aux=(), initial=None):
         self._no_aux(aux)
         return export_lenet(params, prefix)
@@ -260,6 +270,14 @@ class GluonModel(Model):
             units.extend(child.parts() if hasattr(child, "parts") else [child])
         return self._chain(initial, units)
 
+    def stage_blocks(self, cut, c, fine=False):
+        """A stage of trained arrays cut into its blocks (``segments``, or with ``fine`` ``units``); a stage without
+        any (pooling alone) is one block, the stage's own net."""
+        stage = cut.sources[c]
+        if not block_state(stage)[1]:
+            return [Segment(cut.nets[c], 0, 0, 0, len(block_state(stage)[3]), label=cut.labels[c], block=stage)]
+        return self.units(stage) if fine else self.segments(stage)
+
     def _children(self, initial):
         self.layers(initial)
         children = []
@@ -288,7 +306,7 @@ class GluonModel(Model):
             names, _, aux_names, _ = block_state(block)
             net = GluonNet(block, static=False, num_inputs=getattr(group[0], "num_inputs", 1))
             segments.append(Segment(net, first, first + len(names), aux_first, aux_first + len(aux_names),
-                                    label=f"block {g}"))
+                                    label=f"block {g}", block=block))
             first, aux_first = first + len(names), aux_first + len(aux_names)
         all_names, _, all_aux, _ = block_state(initial)
         in_blocks = [n for s in segments for n in s.net.names]

@@ -66,7 +66,7 @@ _SOURCES = {
     "optimizers": ["Optimizer", "SGD", "Adam", "AdamW", "make_optimizer"],
     "schedules": ["Schedule", "Constant", "Step", "Cosine"],
     "zero": ["optimizer_step", "as_optimizer", "gather_state", "load_state", "memory_per_context",
-             "MemoryUse", "memory_table"],
+             "MemoryUse", "memory_table", "ReplicatedStore", "owned_regions"],
 }
 __all__ = ["OPTIMIZERS", "SCHEDULES", "ZERO_LEVELS", "check_hyper"] + [name for names in _SOURCES.values() for name in names]
 __getattr__, __dir__ = lazy_exports(__name__, _SOURCES)

@@ -127,6 +127,17 @@ class Optimizer:
             entry = self.states[key] = (owner, self.create_state(like))
         return entry[1]
 
+    def region_state(self, data, region):
+        """The state buffers of elements ``region`` (``(start, stop)``) of the flat buffer ``data`` (a replica's or a
+        shard's), or None before their first update."""
+        entry = self.states.get((id(data), region))
+        return None if entry is None or entry[0] is not data else entry[1]
+
+    def set_region_state(self, data, region, arrays):
+        """Give elements ``region`` of the flat buffer ``data`` the state ``arrays`` (one a state name, each of
+        the region's size, on ``data``'s context); replaces what they held."""
+        self.states[(id(data), region)] = (data, list(arrays))
+
     def lr_at(self, t):
         """The learning rate of step ``t`` (1 for the first): ``schedule(t, lr)``, or ``lr``."""
         return self.lr if self.schedule is None else self.schedule(t, self.lr)

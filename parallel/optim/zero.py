@@ -26,6 +26,7 @@ Across processes (the reducer's ``job``), each worker's contexts reduce first, t
 through the kvstore (``parallel.job.allreduce_across``): with ``zero=2``, each context's shard alone. The state is
 sharded over a worker's contexts and replicated over the workers (what PyTorch's FSDP calls hybrid sharding).
 """
+import functools
 from typing import NamedTuple
 
 import mxnet as mx
@@ -33,12 +34,12 @@ import mxnet as mx
 from ..comm.algorithms import all_gather, shard_range
 from ..comm.reducer import as_reducer
 from ..comm.replica import FlatReplica, grads_of
-from ..config import check_compression, check_zero
+from ..job import KEYS
 from ..validate import BadType, check_int
 from .optimizers import SGD, Optimizer
 
-__all__ = ["as_optimizer", "optimizer_step", "gather_state", "load_state", "memory_per_context", "MemoryUse",
-           "memory_table"]
+__all__ = ["as_optimizer", "optimizer_step", "owned_regions", "ReplicatedStore", "gather_state", "load_state",
+           "memory_per_context", "MemoryUse", "memory_table"]
 
 #: Added to the gradient's norm before dividing by it, as ``gluon.utils.clip_global_norm`` does.
 CLIP_EPS = 1e-8
@@ -60,7 +61,7 @@ def as_optimizer(lr=None, optimizer=None):
     return optimizer
 
 
-def _regions(group, zero):
+def owned_regions(group, zero):
     """The element ranges ``(start, stop)`` of its flat buffer each replica of ``group`` updates, one a bucket: the
     whole bucket (``zero=0``) or the replica's shard of it (``shard_range``); None for a list of arrays."""
     if not isinstance(group[0], FlatReplica):
@@ -71,7 +72,7 @@ def _regions(group, zero):
     return [[tuple(b.start + x for x in shard_range(b.end - b.start, k, i)) for b in layouts] for i in range(k)]
 
 
-def _check_groups(groups, zero, reducer):
+def _check_groups(groups, zero):
     for g, group in enumerate(groups):
         if not group:
             raise ValueError(f"groups[{g}] is empty; a group holds the replicas of the same parameters")
@@ -79,8 +80,9 @@ def _check_groups(groups, zero, reducer):
         if zero and not flat:   # the replicas' type, as every check of "needs flat replicas": a TypeError
             raise BadType("zero", "{zero} > 0 shards flat buffers: build the replicas with get_params from parameters "
                                   "of one dtype, or use {zero=0}")
-        if len(group) > 1:
-            check_zero(zero, algorithm=reducer.algorithm)
+        if zero == 3 and len(group) > 1:
+            raise ValueError(f"groups[{g}] holds {len(group)} replicas; with zero=3 each group is one context's "
+                             "shard, its gradient already reduced (parallel.strategies.sharded)")
 
 
 def _pieces(replica, regions):
@@ -97,12 +99,30 @@ def _pieces(replica, regions):
 def _owned_grads(group, regions, zero):
     """The gradients whose squared norms add up to the group's whole summed gradient, once each: every tensor's
     (``zero`` 0 and 1: the same pieces whatever the buckets; not the ``copies`` of another group's), or each
-    replica's owned shards (``zero=2``)."""
-    if zero == 2:
-        return [grad for replica, replica_regions in zip(group, regions)
-                for _, _, grad in _pieces(replica, replica_regions)]
-    copies = getattr(group[0], "copies", ())
+    replica's owned shards (``zero`` 2 and 3), but the elements another group's replica also holds
+    (``FlatReplica.uncounted``)."""
+    if zero >= 2:
+        grads = []
+        for replica, replica_regions in zip(group, regions):
+            for (start, stop), _, grad in _pieces(replica, replica_regions):
+                grads += [grad[a - start:b - start] for a, b in _counted(start, stop, replica.uncounted)]
+        return grads
+    copies = group[0].copies if isinstance(group[0], FlatReplica) else ()
     return [param.grad for i, param in enumerate(group[0]) if i not in copies]
+
+
+def _counted(start, stop, uncounted):
+    """The element ranges of ``start .. stop - 1`` outside every range of ``uncounted`` (sorted, disjoint)."""
+    ranges, low = [], start
+    for a, b in uncounted:
+        if b <= low or a >= stop:
+            continue
+        if a > low:
+            ranges.append((low, a))
+        low = max(low, b)
+    if stop > low:
+        ranges.append((low, stop))
+    return ranges
 
 
 def _clip(clip_norm, groups, regions, zero, batch_size, combine=None):
@@ -166,21 +186,17 @@ def optimizer_step(optimizer, groups, batch_size, reducer=None, active=None):
     if flight is not None:   # the flight recorder numbers the steps its collectives belong to
         flight.next_step()
     zero = optimizer.zero
-    _check_groups(groups, zero, reducer)
-    if zero == 2 and reducer.codec is not None:
-        check_compression(reducer.codec.spec, zero=zero)
+    _check_groups(groups, zero)
     t = optimizer.num_update + 1
     lr = optimizer.lr_at(t)
-    regions = [_regions(group, zero) for group in groups]
+    regions = [owned_regions(group, zero) for group in groups]
     first_bucket = 0   # in a job, each group's buckets under keys of their own
-    for group, group_regions in zip(groups, regions):
-        if zero == 2:
-            reducer.reduce_scatter(group, group_regions, active)
-        else:
-            reducer.reduce(group, active, first_bucket)
+    for group in groups if zero < 3 else ():   # ZeRO-3 reduce-scattered each block as its backward ended
+        (reducer.reduce_scatter if zero == 2 else reducer.reduce)(group, active, first_bucket)
         first_bucket += len(group[0].buckets) if isinstance(group[0], FlatReplica) else 0
-    if optimizer.clip_norm is not None:
-        _clip(optimizer.clip_norm, groups, regions, zero, batch_size)
+    if optimizer.clip_norm is not None:   # ZeRO-3's shards in a job: every worker's norms
+        combine = functools.partial(_every_workers, reducer.job) if zero == 3 and reducer.job is not None else None
+        _clip(optimizer.clip_norm, groups, regions, zero, batch_size, combine)
     gather = "ring" if reducer.algorithm == "ring" else "fused"
     for group, group_regions in zip(groups, regions):
         for replica, replica_regions in zip(group, group_regions):
@@ -191,60 +207,80 @@ def optimizer_step(optimizer, groups, batch_size, reducer=None, active=None):
     optimizer.num_update = t
 
 
-def _group_state(optimizer, group, regions):
-    """The whole state of a group's parameters, per state name: one flat array on the CPU (or, for lists of
-    arrays, one per array); zeros where the optimizer has not stepped yet."""
-    first = group[0]
-    names = optimizer.state_names()
-    if not isinstance(first, FlatReplica):
-        entries = [optimizer.states.get((id(p), None)) for p in first]
-        return {name: [(e[1][k] if e else mx.nd.zeros(p.shape, dtype=p.dtype)).as_in_context(mx.cpu())
-                       for e, p in zip(entries, first)] for k, name in enumerate(names)}
-    owned = [(region, replica) for replica, replica_regions in zip(group, regions) for region in replica_regions
-             if region[1] > region[0]]
-    if optimizer.zero == 0:
-        owned = [(region, first) for region in regions[0] if region[1] > region[0]]   # replicated: the first's
-    pieces = {name: [] for name in names}
-    for (start, stop), replica in sorted(owned, key=lambda item: item[0][0]):
-        entry = optimizer.states.get((id(replica.data), (start, stop)))
-        for k, name in enumerate(names):
-            piece = entry[1][k] if entry else mx.nd.zeros((stop - start,), dtype=first.data.dtype)
-            pieces[name].append(piece.as_in_context(mx.cpu()))
-    return {name: [mx.nd.concat(*parts, dim=0) if len(parts) > 1 else parts[0]]
-            for name, parts in pieces.items() if parts}
+def _every_workers(job, partials):
+    """The squared norms of every worker's shards in rank order (this worker's ``partials``): one gather over the
+    workers, so that every context of the job adds the same numbers in the same order (ZeRO-3 in a job)."""
+    local = mx.nd.concat(*[p.as_in_context(mx.cpu()) for p in partials], dim=0)
+    gathered = job.allgather(KEYS["norms"], local)
+    return [row[i:i + 1] for row in gathered for i in range(len(partials))]
 
 
-def _positions(groups, params):
-    """For each array of ``params`` (a strategy's ``params()``), its group and index in the group's replicas."""
-    where = {id(array): (g, j) for g, group in enumerate(groups) for j, array in enumerate(group[0])}
-    try:
-        return [where[id(param)] for param in params]
-    except KeyError:
-        raise ValueError("params are not the first replicas' arrays of groups") from None
+class ReplicatedStore:
+    """A group of replicas holding the same parameters on distinct contexts (``FlatReplica``s, or lists of arrays):
+    the parameters are read from the first and written to every one; the optimizer's state from the regions each
+    replica updates (``parallel.optim.owned_regions``: the whole buffer with ``zero=0``, its shards with 1 or 2)."""
 
+    def __init__(self, group):
+        self.group = list(group)
+        first = self.group[0]
+        self.offsets = [0]
+        for array in first:
+            self.offsets.append(self.offsets[-1] + array.size)
+        self.flat = isinstance(first, FlatReplica)
 
-def _split(flat, replica):
-    """A flat array cut into the shapes of ``replica``'s arrays, in order (views)."""
-    arrays, offset = [], 0
-    for param in replica:
-        arrays.append(flat[offset:offset + param.size].reshape(param.shape))
-        offset += param.size
-    return arrays
+    def read(self, optimizer, state, i, key=None):
+        """Array ``i`` of the group: the first replica's live array (``state`` -1), or state buffer ``state`` of the
+        optimizer, whole, on the CPU (zeros before the first step)."""
+        first = self.group[0]
+        if state < 0:
+            return first[i]
+        if not self.flat:
+            found = optimizer.region_state(first[i], None)
+            return (found[state] if found else mx.nd.zeros(first[i].shape, dtype=first[i].dtype)).copyto(mx.cpu())
+        low, high = self.offsets[i], self.offsets[i + 1]
+        whole = mx.nd.zeros((high - low,), ctx=mx.cpu(), dtype=first.data.dtype)
+        owners = list(zip(self.group, owned_regions(self.group, optimizer.zero)))
+        for replica, regions in owners[:1] if optimizer.zero == 0 else owners:   # replicated: the first's
+            for a, b in regions:
+                lo, hi = max(a, low), min(b, high)
+                found = optimizer.region_state(replica.data, (a, b)) if hi > lo else None
+                if found:
+                    whole[lo - low:hi - low] = found[state][lo - a:hi - a].as_in_context(mx.cpu())
+        return whole.reshape(first[i].shape)
+
+    def write(self, optimizer, state, arrays):
+        """Give the group ``arrays`` (one a trained array, the group's order, any context): the parameters
+        (``state`` -1) of every replica, or state buffer ``state`` of each region a replica updates."""
+        if state < 0:
+            for replica in self.group:
+                for target, value in zip(replica, arrays):
+                    target[:] = value.as_in_context(target.context).astype(target.dtype)
+            return
+        names = optimizer.state_names()
+        for replica, regions in zip(self.group, owned_regions(self.group, optimizer.zero)):
+            if not self.flat:
+                for target, value in zip(replica, arrays):
+                    kept = optimizer.region_state(target, None) or optimizer.create_state(target)
+                    kept[state] = value.as_in_context(target.context).astype(target.dtype)
+                    optimizer.set_region_state(target, None, kept)
+                continue
+            flat = mx.nd.concat(*[a.reshape(-1) for a in arrays], dim=0) if len(arrays) > 1 else arrays[0].reshape(-1)
+            for a, b in regions:
+                if b > a:
+                    kept = optimizer.region_state(replica.data, (a, b)) or [
+                        mx.nd.zeros((b - a,), ctx=replica.data.context, dtype=replica.data.dtype) for _ in names]
+                    kept[state] = flat[a:b].as_in_context(replica.data.context).astype(replica.data.dtype)
+                    optimizer.set_region_state(replica.data, (a, b), kept)
 
 
 def gather_state(optimizer, groups, params):
     """The optimizer's state of a layout as layout-free arrays: ``{state name: [array per param]}``, one array of
-    each parameter's shape on the CPU, in ``params`` order (the strategy's ``params()``); whole, however it is
-    sharded (``zero``). ``{}`` for a stateless optimizer. Reading the arrays waits for the devices."""
-    names = optimizer.state_names()
-    if not names:
-        return {}
-    per_group = []
-    for group in groups:
-        state = _group_state(optimizer, group, _regions(group, optimizer.zero))
-        per_group.append({name: (_split(arrays[0], group[0]) if isinstance(group[0], FlatReplica) else arrays)
-                          for name, arrays in state.items()})
-    return {name: [per_group[g][name][j] for g, j in _positions(groups, params)] for name in names}
+    each parameter's shape on the CPU, in ``params`` order (the arrays of the groups' first replicas, as a
+    strategy's ``params()`` gives them); whole, however it is sharded (``zero``). ``{}`` for a stateless optimizer.
+    Reading the arrays waits for the devices."""
+    places = _places(groups, params)
+    return {name: [store.read(optimizer, k, i) for store, i in places]
+            for k, name in enumerate(optimizer.state_names())}
 
 
 def load_state(optimizer, groups, params, state):
@@ -253,26 +289,26 @@ def load_state(optimizer, groups, params, state):
     names = optimizer.state_names()
     if sorted(state) != sorted(names):
         raise ValueError(f"state holds {sorted(state)} but {optimizer.name} keeps {list(names)}")
-    positions = _positions(groups, params)
     for name in names:
         if len(state[name]) != len(params):
             raise ValueError(f"state[{name!r}] holds {len(state[name])} arrays, the model {len(params)}")
-    for g, group in enumerate(groups):
-        by_index = {j: k for k, (gg, j) in enumerate(positions) if gg == g}
-        first = group[0]
-        for i, (replica, regions) in enumerate(zip(group, _regions(group, optimizer.zero))):
-            if not isinstance(first, FlatReplica):
-                for j, param in enumerate(replica):
-                    optimizer.states[(id(param), None)] = (param, [state[name][by_index[j]].as_in_context(
-                        param.context).astype(param.dtype) for name in names])
-                continue
-            flats = {name: mx.nd.concat(*[state[name][by_index[j]].reshape(-1) for j in range(len(first))], dim=0)
-                     for name in names}
-            for start, stop in regions:
-                if stop > start:
-                    optimizer.states[(id(replica.data), (start, stop))] = (replica.data, [
-                        flats[name][start:stop].as_in_context(replica.data.context).astype(replica.data.dtype)
-                        for name in names])
+    places = _places(groups, params)
+    for k, name in enumerate(names):
+        per_store = {}
+        for (store, i), value in zip(places, state[name]):
+            per_store.setdefault(store, {})[i] = value if isinstance(value, mx.nd.NDArray) else mx.nd.array(value)
+        for store, arrays in per_store.items():
+            store.write(optimizer, k, [arrays[i] for i in range(len(arrays))])
+
+
+def _places(groups, params):
+    """For each array of ``params``, the ``ReplicatedStore`` of its group and its index there."""
+    stores = [ReplicatedStore(group) for group in groups]
+    where = {id(array): (store, j) for store in stores for j, array in enumerate(store.group[0])}
+    try:
+        return [where[id(param)] for param in params]
+    except KeyError:
+        raise ValueError("params are not the first replicas' arrays of groups") from None
 
 
 class MemoryUse(NamedTuple):
@@ -308,7 +344,7 @@ def _planned_state(optimizer, groups):
     names = len(optimizer.state_names())
     planned = {}
     for group in groups:
-        for replica, regions in zip(group, _regions(group, optimizer.zero)):
+        for replica, regions in zip(group, owned_regions(group, optimizer.zero)):
             if regions is None:   # a list of arrays: one state per array
                 arrays = list(replica)
                 nbytes = sum(a.size * a.dtype(0).itemsize for a in arrays)

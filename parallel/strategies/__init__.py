@@ -1,26 +1,29 @@
-"""Every parallel style, one file each, all taking the one step of ``parallel.step``, and the registry of them.
+"""Every parallel layout, driven by the one step of ``parallel.step``, and the registry of them.
 
+- ``base``: ``Strategy``, the protocol every strategy keeps (its members and defaults), and ``ArrayPlace``: where
+  each of a model's arrays lies, from which its arrays are read whole and written back, whatever the layout.
 - ``data``: ``DataParallel``, one replica per context (the textbook's data parallelism, and a PyTorch-style
   wrapper: scatter, replicate, parallel apply, gather) for a function of (inputs, params) or a gluon Block,
   and its functional twin ``data_parallel``.
-- ``model``: ``ModelParallel``, LeNet or a gluon ``HybridSequential`` cut into stages on different contexts.
-- ``pipeline``: ``Pipeline``, micro-batches through the stages, issued in a schedule's order
-  (``schedules``: GPipe, 1F1B, interleaved 1F1B; ``PIPELINE_SCHEDULES`` names them without MXNet).
-- ``hybrid``: ``Hybrid``, data parallelism over groups of model-parallel stages.
-- ``tensor``: ``TensorParallel``, the ViT's layers split over groups of contexts (Megatron-LM), data parallelism
-  over the groups: ``make_strategy("data", ..., tensor=T)``.
-- ``sharded``: ``FullyShardedDataParallel``, data parallelism with the parameters sharded too (ZeRO-3, FSDP):
-  ``make_strategy("data", ..., zero=3)``.
-- ``registry``: ``make_strategy(name, model, ctx_list, ...)``, a strategy of ``STRATEGIES`` by name.
+- ``hybrid``: ``Hybrid``, the composed strategy: data x pipeline stages x tensor ranks, with ZeRO and
+  recomputation, every axis a plug-in of the same step; its presets ``ModelParallel`` (one replica of stages),
+  ``Pipeline`` (fed micro-batches) and ``FullyShardedDataParallel`` (ZeRO-3).
+- ``pipeline``: a schedule's order issued over a model's chunks (``issue``), micro-batches, ``bubble_fraction``.
+- ``schedules``: GPipe, 1F1B, interleaved 1F1B laid out on slots (``PIPELINE_SCHEDULES`` names them without
+  MXNet).
+- ``sharded``: ZeRO-3 as hooks around a network's blocks (``ShardedGroup``: a group's arrays sharded over the
+  replicas, gathered a block at a time, reduce-scattered through the Reducer).
+- ``model``: where a model is cut into stages (``stage_ranges``, ``cut_model``).
+- ``registry``: ``make_strategy(name, model, ctx_list, ...)``, a strategy of a ``parallel.Layout``.
 
-A strategy is an object with ``name``, ``ctx_list`` (the contexts it uses), ``job`` (None in one process),
-``train_step(X, y, lr=None, optimizer=None, accumulate=1)`` -> (summed loss, correct count),
-``evaluate(data_iter)`` -> accuracy, ``params()`` and ``aux()`` (the model's trained arrays and the others, live,
-in the model's order: what a checkpoint stores), ``groups()`` (the replicas of each parameter, as
+A strategy is a ``Strategy`` (``base``): ``name``, ``layout``, ``ctx_list`` (the contexts it uses), ``reducer``,
+``job`` (None in one process), ``train_step(X, y, lr=None, optimizer=None, accumulate=1)`` -> (summed loss, correct
+count), ``evaluate(data_iter)`` -> accuracy, ``params()`` and ``aux()`` (the model's trained arrays and the others,
+whole, in the model's order: what a checkpoint stores), ``groups()`` (the replicas of each parameter, as
 ``parallel.optim.optimizer_step`` takes them: where an optimizer's state lives), ``describe()`` and ``model``
 (what ``fit`` returns: the replicas for data parallelism, else the strategy). Each ``train_step`` is the same step
-as ``parallel.train_batch`` on one context (except a pipeline of a network with BatchNorm, which normalises each
-micro-batch on its own), with plain SGD at ``lr`` or any ``parallel.optim`` optimizer.
+as ``parallel.train_batch`` on one context (but a network with BatchNorm fed micro-batches, which normalises each
+on its own), with plain SGD at ``lr`` or any ``parallel.optim`` optimizer.
 
 The names need no MXNet, so the CLI offers them before MXNet starts (which options each takes:
 ``parallel.config.check_layout``):
@@ -74,14 +77,14 @@ class Stages(NamedTuple):
 
 
 _SOURCES = {
+    "base": ["Strategy", "ArrayPlace"],
     "data": ["DataParallel", "data_parallel", "replicate", "parallel_apply", "gather"],
-    "model": ["ModelParallel", "stage_ranges", "forward_stages"],
-    "pipeline": ["Pipeline", "bubble_fraction"],
+    "hybrid": ["Hybrid", "Chunk", "hybrid_groups", "ModelParallel", "Pipeline", "FullyShardedDataParallel"],
+    "model": ["stage_ranges", "forward_stages", "cut_model"],
+    "pipeline": ["bubble_fraction", "issue", "micro_batches"],
     "schedules": ["pipeline_schedule", "Schedule", "Op"],
-    "hybrid": ["Hybrid", "hybrid_groups"],
-    "sharded": ["FullyShardedDataParallel"],
-    "tensor": ["TensorParallel"],
-    "registry": ["make_strategy"],
+    "sharded": ["ShardedGroup", "ShardedHooks", "Keys"],
+    "registry": ["make_strategy", "layout_of"],
 }
 __all__ = ["STRATEGIES", "DEFAULT_STAGES", "DEFAULT_MICRO_BATCHES", "PIPELINE_SCHEDULES", "Stages"] + [
     name for names in _SOURCES.values() for name in names]

@@ -37,11 +37,14 @@ from ..comm.reducer import as_reducer
 from ..comm.replica import get_params
 from ..evaluate import evaluate_accuracy
 from ..job import broadcast_aux, broadcast_params
+from ..layout import Layout
 from ..models.gluon import GluonNet
 from ..models.recompute import Recompute
+from ..optim.zero import ReplicatedStore
 from ..split import split_and_load
 from ..step import may_skip_parameters, train_step, update_replicas, zero_grads
 from ..validate import check_contexts
+from .base import ArrayPlace, Strategy
 
 __all__ = ["DataParallel", "data_parallel", "replicate", "parallel_apply", "gather"]
 
@@ -168,7 +171,7 @@ class _BlockFunction:
         return self.block(X)
 
 
-class DataParallel:
+class DataParallel(Strategy):
     """Run ``module`` data-parallel over ``ctx_list``: the data strategy, and PyTorch's ``nn.DataParallel`` for
     MXNet contexts.
 
@@ -212,6 +215,10 @@ class DataParallel:
     def __init__(self, module, ctx_list, params=None, reducer=None):
         self.ctx_list = check_contexts(ctx_list)
         self.module, self.reducer = module, as_reducer(reducer)
+        codec = self.reducer.codec
+        self.layout = Layout("data", recompute=isinstance(module, Recompute),
+                             compression="none" if codec is None else codec.spec)
+        self._store = None
         if isinstance(module, gluon.Block):
             if params is not None:
                 raise TypeError("params= is for a function of (inputs, params); a gluon Block holds its own "
@@ -236,11 +243,6 @@ class DataParallel:
 
     def __repr__(self):
         return f"DataParallel({self.describe()})"
-
-    @property
-    def job(self):
-        """The distributed job this strategy trains in (its reducer's), or None."""
-        return self.reducer.job
 
     @property
     def device_params(self):
@@ -274,9 +276,11 @@ class DataParallel:
                 line += " (BatchNorm statistics per worker)"
         return line
 
-    def params(self):
-        """The primary replica's trainable arrays, live (every replica holds the same values)."""
-        return list(self.device_params[0])
+    def places(self):
+        """Every trained array lies whole on every replica (``ReplicatedStore``): the primary's, live."""
+        if self._store is None or isinstance(self.module, gluon.Block):
+            self._store = ReplicatedStore(self.device_params)
+        return [ArrayPlace([self._store], j) for j in range(len(self._store.group[0]))]
 
     def aux(self):
         """The primary replica's arrays that are not trained (BatchNorm's running statistics), live; ``[]``

@@ -1,190 +1,579 @@
-"""Hybrid parallelism: data parallelism over groups of model-parallel stages.
+"""The composed strategy: data x pipeline stages x tensor ranks, with ZeRO and recomputation, in one class.
 
-With S stages and R = len(ctx_list) / S replicas, replica ``r`` holds stage ``s`` on ``ctx_list[r*S + s]``:
-four contexts and two stages give replica 0 = (cpu(0), cpu(1)) and replica 1 = (cpu(2), cpu(3)). The
-batch is split across the replicas as ``split_and_load`` splits it; each replica runs its shard through
-its stages; then the gradients of stage ``s`` are summed with ``parallel.allreduce`` across the R contexts
-that hold stage ``s`` only (cpu(0) with cpu(2), cpu(1) with cpu(3)); then every replica takes the same step:
+``Hybrid(params, ctx_list, layout)`` lays a model out as its ``parallel.layout.Layout`` says. With D replicas,
+S stages (``virtual`` V chunks a stage) and T tensor ranks, context ``(d S + s) T + t`` of ``ctx_list`` holds
+replica ``d``'s stage ``s``'s rank ``t``: four contexts and two stages give replica 0 = (cpu(0), cpu(1)) and
+replica 1 = (cpu(2), cpu(3)). One step (``parallel.step.step_replicas``, the step of every strategy):
+
+- the batch is split over the replicas (and, in a job, over the workers first), each replica's shard into
+  ``micro_batches``;
+- each micro-batch runs through the model's chunks in the schedule's order (``parallel.strategies.pipeline``),
+  every replica at once: a chunk is a ``parallel.models.recompute.Blocks`` of its blocks, recomputed with
+  ``recompute``, with ZeRO-3's hooks (``parallel.strategies.sharded``), each block run on its tensor group's ranks
+  (``parallel.models.layers.run_ranks``: Megatron's f and g on the chunk's tape) when T > 1;
+- every chunk's rank's gradients are summed over the replicas (a *group*: ``groups()``) by the Reducer, with its
+  buckets, hook and job (ZeRO-2 reduce-scatters; ZeRO-3 reduce-scattered each block already), clipped over every
+  group, and every replica takes the same optimizer step (``parallel.optim.optimizer_step``).
+
+So every axis is a plug-in of the same step: the model and pipeline strategies are one replica of stages (their
+presets ``ModelParallel`` and ``Pipeline``), the data strategy's ZeRO-3 (``FullyShardedDataParallel``) is one
+stage of sharded blocks, tensor parallelism one stage of ranks.
 
 >>> import mxnet as mx
 >>> from parallel import init_lenet_params
->>> from parallel.strategies import Hybrid
->>> model = Hybrid(init_lenet_params(seed=0), [mx.cpu(i) for i in range(4)], stages=2)
+>>> model = Hybrid(init_lenet_params(seed=0), [mx.cpu(i) for i in range(4)], Layout("hybrid", stages=2))
 >>> model.describe()
 '2 replicas x 2 stages: conv1,conv2 @ cpu(0),cpu(2) | dense1,dense2 @ cpu(1),cpu(3)'
 >>> X, y = mx.nd.ones((8, 1, 28, 28)), mx.nd.array([0, 1, 2, 3, 4, 5, 6, 7])
 >>> loss_sum, correct = model.train_step(X, y, lr=0.2)   # the same step as train_batch on one context
 
-A gluon ``HybridSequential`` is cut at its children, as ``ModelParallel`` cuts it. The replicas run stage by
-stage in lockstep (stage ``s`` on every replica, then stage ``s+1``), so a stage with BatchNorm normalises
-over the whole batch, not over one replica's shard (``GluonNet.forward_all`` sums the statistics across the
-contexts holding the stage): the same model as one context, and the same running statistics on every replica.
+The same model as one context, but for BatchNorm fed micro-batches (each normalised alone, as GPipe does): every
+layout of ``tests/test_layouts.py`` trains one context's model (bitwise where the sums are the same additions).
 """
-from ..comm.reducer import as_reducer
-from ..evaluate import accuracy
-from ..models.lenet import softmax_cross_entropy
-from ..step import step_replicas
-from ..validate import BadValue, check_contexts
-from .model import ModelParallel, _cut, _forward_all
+import mxnet as mx
 
-__all__ = ["Hybrid", "hybrid_groups"]
+from ..comm.reducer import as_reducer
+from ..comm.replica import FlatReplica, block_state, get_params
+from ..comm import algorithms
+from ..evaluate import accuracy
+from ..job import KEYS, broadcast_arrays
+from ..layout import Layout
+from ..models.lenet import softmax_cross_entropy
+from ..models.recompute import Blocks, Segment, flat_arrays, parts_of
+from ..models.registry import behaviour_of
+from ..optim.zero import ReplicatedStore, as_optimizer
+from ..shard import Replicated
+from ..step import Replicas, worker_step
+from ..validate import check_bool, check_contexts
+from .base import ArrayPlace, Strategy
+from .model import stage_ranges
+from .pipeline import issue, micro_batches
+from .schedules import pipeline_schedule
+from .sharded import Keys, ShardedGroup, ShardedHooks
+
+__all__ = ["Hybrid", "Chunk", "hybrid_groups", "ModelParallel", "Pipeline", "FullyShardedDataParallel"]
 
 
 def hybrid_groups(ctx_list, num_stages):
-    """Group ``ctx_list`` into replicas of ``num_stages`` consecutive contexts.
-
-    Returns
-    -------
-    list of list of mxnet.Context
-        ``groups[r][s] == ctx_list[r * num_stages + s]``: replica ``r``'s stage ``s``.
-
-    Raises
-    ------
-    ValueError
-        Unless ``len(ctx_list)`` is a positive multiple of ``num_stages``.
-    """
-    check_contexts(ctx_list, needed=num_stages, what=f"{num_stages} stages")
-    if len(ctx_list) % num_stages:
-        lower = len(ctx_list) // num_stages * num_stages
-        raise BadValue("ctx_list", f"{len(ctx_list)} contexts in {{ctx_list}} cannot form equal groups of "
-                                   f"{num_stages} {{stages}}; use a multiple of {num_stages} contexts (e.g. {lower} or "
-                                   f"{lower + num_stages})")
-    return [list(ctx_list[r:r + num_stages]) for r in range(0, len(ctx_list), num_stages)]
+    """Group ``ctx_list`` into replicas of ``num_stages`` consecutive contexts: ``groups[r][s] ==
+    ctx_list[r * num_stages + s]``, replica ``r``'s stage ``s``; ``ValueError`` unless ``len(ctx_list)`` is a positive
+    multiple of ``num_stages``."""
+    placement = Layout("hybrid", stages=num_stages).place(len(check_contexts(ctx_list)))
+    return [list(ctx_list[r * num_stages:(r + 1) * num_stages]) for r in range(placement.data)]
 
 
-class Hybrid:
-    """R model-parallel replicas of S stages; stage gradients allreduced among the contexts holding that stage.
+class Chunk:
+    """One chunk of the model (a pipeline stage, or one of a stage's virtual chunks) over the data-parallel
+    replicas: its ``Blocks``, each block's arrays on every replica (``parts``; ``scratch`` with copies of the
+    running statistics) and where each replica's ranks compute (``contexts[d][t]``)."""
+
+    def __init__(self, blocks, parts, scratch, contexts):
+        self.blocks, self.parts, self.scratch, self.contexts = blocks, parts, scratch, contexts
+
+    @property
+    def ranks(self):
+        return len(self.contexts[0])
+
+    def forward(self, X_shards):
+        """The recorded forward of each replica's input (call it inside ``autograd.record()``)."""
+        return self.blocks.forward(X_shards, self.parts, self.scratch)
+
+    def backward(self, pending, heads, head_grads=None):
+        self.blocks.backward(pending, heads, head_grads, self.parts)
+
+    def predict(self, X_shards):
+        return self.blocks.predict(X_shards, self.parts)
+
+    def logits(self, out):
+        """A replica's output as the loss takes it: the first rank's."""
+        return out if self.ranks == 1 else out[0]
+
+    def receive(self, outputs, grad=True):
+        """The chunk before's ``outputs`` (one a replica), copied rank by rank to this chunk's contexts: its inputs,
+        off the tape, gradients attached (``grad``)."""
+        copies = []
+        for d, out in enumerate(outputs):
+            if self.ranks == 1:
+                copies.append(algorithms.copy_to(out.detach(), self.contexts[d][0]))
+            else:
+                copies.append(out.detach().copy_to_contexts(self.contexts[d]))
+        if grad:
+            for array in flat_arrays(copies):
+                array.attach_grad()
+        return copies
+
+    def send_back(self, inputs, before):
+        """The gradients this chunk's ``inputs`` got, copied to the contexts of the chunk ``before`` it."""
+        grads = []
+        for d, X in enumerate(inputs):
+            arrays = flat_arrays([X])
+            grads += [algorithms.copy_to(a.grad, ctx) for a, ctx in zip(arrays, before.contexts[d])]
+        return grads
+
+
+class Hybrid(Strategy, Replicas):
+    """Data parallelism over replicas of pipeline stages of tensor groups, with ZeRO and recomputation (see the
+    module's docstring).
 
     Parameters
     ----------
-    model : list of NDArray, or mxnet.gluon.nn.HybridSequential
-        LeNet's eight parameters, or an initialized gluon ``HybridSequential`` with known shapes, cut at its
-        children (see ``ModelParallel``); copied to every replica, not modified.
+    params : list of NDArray, or mxnet.gluon.nn.HybridSequential
+        The initial model (``parallel.models.init_model``): LeNet's arrays or an initialized gluon block with known
+        shapes, cut at its children; copied, not modified.
     ctx_list : list of mxnet.Context
-        Distinct contexts, a multiple of the number of stages: replica ``r`` holds stage ``s`` on
-        ``ctx_list[r*S + s]``.
-    stages, boundaries
-        Where to cut, see ``stage_ranges`` (default: two stages).
+        Distinct contexts: replica ``d``'s stage ``s``'s rank ``t`` on ``ctx_list[(d S + s) T + t]``; the model and
+        pipeline presets use ``S x T`` of them and leave the rest idle.
+    layout : parallel.layout.Layout, optional
+        The axes (default ``Layout("hybrid")``: replicas of two stages).
     reducer : parallel.Reducer or str, optional
-        How each stage's gradients are summed over the R contexts holding it (``parallel.comm.Reducer``, or an
-        algorithm's name); its buckets lay out each stage's replicas. One process, uncompressed.
+        How every group's gradients are summed over the replicas (an allreduce's name, buckets, a hook or codec,
+        a job); its algorithm is the tensor groups' f and g too. With a ``job``, every worker's replicas are
+        data-parallel replicas of the job's (a collective constructor: every worker makes it, rank 0's initial
+        model wins), each worker training its slice of each global batch; the stages and ranks of a replica stay
+        in one process.
+    prefetch : bool
+        With ZeRO-3, gather the next block while the current one runs (two gather buffers a context).
 
     Attributes
     ----------
-    replicas : list of ModelParallel
-        ``replicas[r]`` runs on ``ctx_list[r*S:(r+1)*S]``; all hold the same values (and running statistics)
-        after every step.
-    nets : list of callable
-        ``nets[s](X, params)`` runs stage ``s``, shared by the replicas.
-    ranges, ctx_list, reducer
+    layout, placement : Layout, parallel.layout.Placement
+    ranges : list of (int, int)
+        The children (layers) of each chunk.
+    chunks : list of Chunk
+    replicas : list of list of list
+        ``replicas[d][c][t]``: replica ``d``'s chunk ``c``'s rank ``t`` (a ``FlatReplica``); without ZeRO-3.
+    sharded : list of list of ShardedGroup
+        ``sharded[c][t]``: chunk ``c``'s rank ``t``'s arrays sharded over the replicas; with ZeRO-3.
     """
 
-    name = "hybrid"
-    job = None
+    adds_gradients = True
 
-    def __init__(self, model, ctx_list, stages=None, boundaries=None, reducer=None):
-        self.reducer = as_reducer(reducer)
-        if self.reducer.job is not None or self.reducer.codec is not None:
-            raise ValueError("reducer: the hybrid strategy sums its stages in one process, uncompressed; give it a "
-                             "Reducer without a job or compression")
-        cut = _cut(model, stages, boundaries)
-        self.ranges, self.nets = cut.ranges, cut.nets
-        groups = hybrid_groups(ctx_list, len(self.ranges))
-        self.ctx_list = list(ctx_list)
-        self._cut = cut
-        self.replicas = [ModelParallel._from_cut(cut, group, self.reducer.bucket_mb) for group in groups]
+    def __init__(self, params, ctx_list, layout=None, reducer=None, prefetch=False):
+        self.layout = Layout("hybrid") if layout is None else layout
+        if not isinstance(self.layout, Layout):
+            raise TypeError(f"layout must be a parallel.Layout, got {type(self.layout).__name__}")
+        self.layout.check()
+        self.name, self.reducer = self.layout.strategy, as_reducer(reducer)
+        self.prefetch = check_bool(prefetch, "prefetch")
+        ctx_list = check_contexts(ctx_list)
+        self.placement = self.layout.place(len(ctx_list))
+        self.ctx_list = list(ctx_list[:self.placement.used])
+        behaviour = behaviour_of(params)
+        layers = behaviour.layers(params)
+        chunks = None if self.layout.boundaries is not None else self.layout.chunks
+        self.ranges = stage_ranges(chunks, self.layout.boundaries, *layers)
+        if len(self.ranges) % self.layout.virtual:
+            raise ValueError(f"{len(self.ranges)} chunks cannot be dealt {self.layout.virtual} a device")
+        self._cut = behaviour.cut(params, self.ranges)
+        self._host = _host_model(params, self.job)
+        self._specs = _tensor_specs(behaviour, params, self._host, self.placement.tensor)
+        self._indices = [_chunk_indices(self._host, self._cut, c) for c in range(len(self.ranges))]
+        self._lay_out(behaviour)
+        self._places = self._array_places()
+        if self.layout.virtual > 1:   # checked up front: the micro-batches come in groups of the stages
+            pipeline_schedule(self.layout.schedule, self.placement.stages, self.layout.micro, self.layout.virtual)
+        self.last_stash = []
 
     def __repr__(self):
-        return f"Hybrid({self.describe()})"
+        return f"{type(self).__name__}({self.describe()})"
 
-    @property
-    def model(self):
-        """What the training loop returns: the strategy itself."""
-        return self
+    # ---- the layout ------------------------------------------------------------------------------------------
 
-    # ``parallel.step.step_replicas`` takes a Hybrid as its replicas: one model-parallel group of contexts each.
+    def context(self, d, c, t=0):
+        """The context of replica ``d``'s chunk ``c``'s rank ``t``."""
+        p = self.placement
+        return self.ctx_list[(d * p.stages + c % p.stages) * p.tensor + t]
+
+    def _lay_out(self, behaviour):
+        """Each chunk's arrays on every replica and rank (or their shards), its blocks and their parts."""
+        p, zero = self.placement, self.layout.zero
+        self.replicas = [[[None] * p.tensor for _ in self.ranges] for _ in range(p.data)]
+        self.sharded = [[] for _ in self.ranges]
+        self.chunks = []
+        keys = [0, 0, len(self._host[1])]   # each group's first gather and bucket, and the model's arrays
+        for c in range(len(self.ranges)):
+            segments = (behaviour.stage_blocks(self._cut, c, fine=zero == 3) if self.layout.recompute or zero == 3
+                        else [_whole_stage(self._cut, c, len(self._indices[c][0]), len(self._indices[c][1]))])
+            segments = _on_ranks(segments, p.tensor)
+            contexts = [[self.context(d, c, t) for t in range(p.tensor)] for d in range(p.data)]
+            if zero == 3:
+                self.chunks.append(self._sharded_chunk(c, segments, contexts, keys))
+            else:
+                self.chunks.append(self._replicated_chunk(c, segments, contexts))
+
+    def _local(self, c, t):
+        """Chunk ``c``'s arrays as rank ``t`` holds them (its part of each), with their names, and its other
+        arrays."""
+        names, arrays, aux_names, aux = self._host
+        index, aux_index = self._indices[c]
+        local = [self._specs[i].local(arrays[i], t, self.placement.tensor) for i in index]
+        return local, [names[i] for i in index] if names else None, [aux[i] for i in aux_index], \
+            [aux_names[i] for i in aux_index]
+
+    def _replicated_chunk(self, c, segments, contexts):
+        p = self.placement
+        for d in range(p.data):
+            for t in range(p.tensor):
+                local, names, aux, aux_names = self._local(c, t)
+                self.replicas[d][c][t] = _replica(local, names, aux, aux_names, contexts[d][t], self.reducer.bucket_mb)
+                if t:   # a global norm (clipping) counts the arrays every rank holds once
+                    _mark_copies(self.replicas[d][c][t], [self._specs[i] for i in self._indices[c][0]])
+        own = [[parts_of(segments, self.replicas[d][c][t]) for t in range(p.tensor)] for d in range(p.data)]
+        spare = [[parts_of(segments, self.replicas[d][c][t], scratch=True) for t in range(p.tensor)]
+                 for d in range(p.data)]
+        parts = [[[own[d][t][s] for t in range(p.tensor)] for d in range(p.data)] for s in range(len(segments))]
+        scratch = [[[spare[d][t][s] for t in range(p.tensor)] for d in range(p.data)] for s in range(len(segments))]
+        blocks = Blocks(segments, recompute=self.layout.recompute, algorithm=self.reducer.algorithm)
+        return Chunk(blocks, _per_rank(parts, p.tensor), _per_rank(scratch, p.tensor), contexts)
+
+    def _sharded_chunk(self, c, segments, contexts, keys):
+        p = self.placement
+        groups = []
+        for t in range(p.tensor):
+            local, names, aux, _ = self._local(c, t)
+            group = ShardedGroup(local, names, aux, segments, [contexts[d][t] for d in range(p.data)], self.reducer,
+                                 Keys(keys[0], keys[1], t, p.tensor, keys[2]), self.prefetch)
+            if t:
+                _mark_shard_copies(group, [self._specs[i] for i in self._indices[c][0]])
+            keys[0] += len(segments)
+            keys[1] += len(segments)
+            groups.append(group)
+        self.sharded[c] = groups
+        parts = [[[group.parts[s][d] for group in groups] for d in range(p.data)] for s in range(len(segments))]
+        scratch = [[[group.scratch[s][d] for group in groups] for d in range(p.data)] for s in range(len(segments))]
+        blocks = Blocks(segments, recompute=True, hooks=ShardedHooks(groups), algorithm=self.reducer.algorithm)
+        return Chunk(blocks, _per_rank(parts, p.tensor), _per_rank(scratch, p.tensor), contexts)
+
+    def _array_places(self):
+        """Where each of the model's trained arrays lies: its chunk's stores (one a rank), its index there."""
+        p, places = self.placement, [None] * len(self._host[1])
+        for c, (index, _) in enumerate(self._indices):
+            stores = (self.sharded[c] if self.layout.zero == 3 else
+                      [ReplicatedStore([self.replicas[d][c][t] for d in range(p.data)]) for t in range(p.tensor)])
+            for i, j in enumerate(index):
+                places[j] = ArrayPlace(stores, i, self._specs[j])
+        return places
+
+    # ---- what the step takes (parallel.step.Replicas) ------------------------------------------------------
+
     @property
     def in_ctx_list(self):
-        """Where each replica takes its shard: its first stage's context."""
-        return [replica.ctx_list[0] for replica in self.replicas]
+        """Where each replica takes its shard of the batch: its first chunk's first rank's context."""
+        return [self.context(d, 0) for d in range(self.placement.data)]
 
     @property
     def out_ctx_list(self):
-        """Where each replica gives its outputs: its last stage's context."""
-        return [replica.ctx_list[-1] for replica in self.replicas]
+        """Where each replica gives its outputs: its last chunk's first rank's context."""
+        return [self.context(d, len(self.ranges) - 1) for d in range(self.placement.data)]
 
     def groups(self):
-        """The trained arrays as ``parallel.optim.optimizer_step`` takes them: stage ``s``'s replicas form group
-        ``s``, summed over the R contexts holding the stage (and sharded over them with ``zero``)."""
-        return [[replica.stage_params[s] for replica in self.replicas] for s in range(len(self.ranges))]
-
-    def describe(self, accumulate=1):
-        """One line: each stage and the contexts holding it, e.g.
-        '2 replicas x 2 stages: conv1,conv2 @ cpu(0),cpu(2) | dense1,dense2 @ cpu(1),cpu(3)' (for a block:
-        'children 0-2 @ cpu(0),cpu(2) | 3-6 @ cpu(1),cpu(3)'). ``accumulate`` changes nothing here."""
-        names = self._cut.labels
-        return (f"{len(self.replicas)} replica{'s' if len(self.replicas) > 1 else ''} x {len(self.ranges)} "
-                f"stage{'s' if len(self.ranges) > 1 else ''}: " +
-                " | ".join(f"{name} @ {','.join(str(r.ctx_list[s]) for r in self.replicas)}"
-                           for s, name in enumerate(names)))
-
-    def params(self):
-        """Replica 0's trainable arrays (every replica holds the same values), in ``ModelParallel.params``
-        order: LeNet's eight, or the block's in ``block_state(block)[0]`` order."""
-        return self.replicas[0].params()
+        """The trained arrays as ``optimizer_step`` takes them: chunk ``c``'s rank ``t`` of every replica forms a
+        group, summed over the replicas; with ZeRO-3 each context's shard is a group of its own."""
+        if self.layout.zero == 3:
+            return [[shard] for row in self.sharded for group in row for shard in group.shards]
+        p = self.placement
+        return [[self.replicas[d][c][t] for d in range(p.data)] for c in range(len(self.ranges))
+                for t in range(p.tensor)]
 
     def aux(self, r=0):
-        """Replica ``r``'s running statistics (identical on every replica) in ``block_state(block)[2]`` order;
-        ``[]`` for LeNet."""
-        return self.replicas[r].aux()
+        """Replica ``r``'s arrays that are not trained (BatchNorm's running statistics), in the model's order."""
+        by_index = {}
+        for c, (_, aux_index) in enumerate(self._indices):
+            held = (self.sharded[c][0].aux_arrays[r] if self.layout.zero == 3 else self.replicas[r][c][0].aux)
+            by_index.update(zip(aux_index, held))
+        return [by_index[i] for i in range(len(by_index))]
 
-    def names(self):
-        """The block's trainable parameter names, in ``params()`` order; ``[]`` for LeNet."""
-        return self.replicas[0].names()
+    def forward_backward(self, X_shards, y_shards, loss):
+        """Each replica's shard in micro-batches through the chunks, in the schedule's order (``issue``)."""
+        m = self.layout.micro
+        for group in self._sharded_groups():
+            group.active = len(X_shards)
+        X_parts, y_parts = micro_batches(X_shards, m), micro_batches(y_shards, m)
+        outputs, y, losses, peak = issue(self.plan(), self.chunks, X_parts, y_parts, loss)
+        self.last_stash = [n / self.layout.virtual if self.layout.virtual > 1 else n for n in peak]
+        return outputs, y, losses
 
-    def aux_names(self):
-        """The names of ``aux()``'s arrays; ``[]`` for LeNet."""
-        return self.replicas[0].aux_names()
-
-    def forward_all(self, X_shards):
-        """Outputs of each shard ``X_shards[r]`` through replica ``r``, stage by stage in lockstep.
-
-        Stage ``s`` runs on every replica before stage ``s+1`` (``forward_all`` of the stage's net): in
-        training, a block's BatchNorm normalises over all the shards together. Returns the outputs, each on
-        its replica's last context; nothing waits for the devices.
-        """
-        replicas = self.replicas[:len(X_shards)]
-        for s, net in enumerate(self.nets):
-            X_shards = [X.as_in_context(replica.ctx_list[s]) for X, replica in zip(X_shards, replicas)]
-            X_shards = _forward_all(net, X_shards, [replica.stage_params[s] for replica in replicas])
-        return X_shards
+    # ---- the strategy ------------------------------------------------------------------------------------------
 
     def train_step(self, X, y, lr=None, loss=softmax_cross_entropy, optimizer=None, accumulate=1):
-        """One optimizer step: split across replicas, forward/backward through the stages, sum, update.
-
-        Parameters
-        ----------
-        X, y : NDArray
-            A batch of images and labels (any context, any batch size >= 1).
-        lr : float, optional
-            Plain SGD at this rate; the summed gradient is divided by the global batch size ``len(X)``.
-        loss : callable
-            ``loss(outputs, y)`` returns per-example losses.
-        optimizer : parallel.optim.Optimizer, optional
-            Instead of ``lr``: the update; with ``zero`` 1 or 2 each stage's state is sharded over the R
-            contexts holding the stage.
-        accumulate : int
-            Micro-batches run one after another before the update (``parallel.step.step_replicas``).
-
-        Returns
-        -------
-        (NDArray, NDArray)
-            Summed loss and count of correct predictions, each (1,) on ``ctx_list[0]``, not yet computed.
-            Every replica's parameters (and a block's running statistics) are updated in place.
-        """
-        return step_replicas(self, X, y, lr, loss, optimizer=optimizer, accumulate=accumulate)
+        """One optimizer step on the batch (``parallel.step.step_replicas``): returns (summed loss, correct count),
+        each (1,) on the first replica's first context, not waited for. In a job, ``X`` and ``y`` are the global
+        batch and this worker trains its slice (``parallel.job.worker_slice``); every worker must call it for every
+        batch (one without an example still makes every collective)."""
+        optimizer = as_optimizer(lr, optimizer)
+        if (optimizer.zero == 3) != (self.layout.zero == 3):
+            raise ValueError(f"optimizer zero={optimizer.zero} but the layout's zero={self.layout.zero}: ZeRO-3 shards "
+                             "the parameters the strategy lays out; give both the same zero")
+        for group in self._sharded_groups():
+            group.stale()
+        return worker_step(self, X, y, loss, optimizer, accumulate, self.job)
 
     def evaluate(self, data_iter):
-        """Accuracy over ``data_iter``, each batch split across the replicas (see ``parallel.evaluate.accuracy``)."""
-        return accuracy(data_iter, [replica.forward for replica in self.replicas],
-                        [replica.ctx_list[0] for replica in self.replicas])
+        """Accuracy over ``data_iter``, each batch split over the replicas, each through the chunks."""
+        for group in self._sharded_groups():
+            group.stale()
+        return accuracy(data_iter, self._predict, self.in_ctx_list, self.job, collective=self.layout.zero == 3)
+
+    def _predict(self, X_shards):
+        hidden = list(X_shards)
+        for c, chunk in enumerate(self.chunks):
+            if c:
+                hidden = chunk.receive(hidden, grad=False)
+            hidden = chunk.predict(hidden)
+        return [self.chunks[-1].logits(out) for out in hidden]
+
+    def places(self):
+        return self._places
+
+    @property
+    def gathers_collectively(self):
+        """ZeRO-3 in a job: reading the model gathers every worker's chunks."""
+        return self.layout.zero == 3 and self.job is not None
+
+    def names(self):
+        """The model's trainable arrays' names (a gluon block's ``param.name``s), in ``params()`` order; ``[]`` for
+        LeNet."""
+        return list(self._host[0])
+
+    def aux_names(self):
+        return list(self._host[2])
+
+    def memory_buffers(self):
+        """ZeRO-3's gather buffers (gathered) and block gradient buffers (temporary), per context."""
+        gathered, temporary = {}, {}
+        for group in self._sharded_groups():
+            for held, own in ((gathered, group.gathered_bytes()), (temporary, group.temporary_bytes())):
+                for ctx, nbytes in own.items():
+                    held[ctx] = held.get(ctx, 0) + nbytes
+        return gathered, temporary
+
+    def _sharded_groups(self):
+        return [group for row in self.sharded for group in row]
+
+    def plan(self, micro_batches=None):
+        """The ``parallel.strategies.schedules.Schedule`` a batch of ``micro_batches`` (default the layout's) runs."""
+        return pipeline_schedule(self.layout.schedule, self.placement.stages, micro_batches or self.layout.micro,
+                                 self.layout.virtual)
+
+    def bubble_fraction(self):
+        """The idle fraction of a full batch's schedule: ``(K-1)/(M+K-1)`` for K stages and M micro-batches
+        (GPipe and 1F1B), about V times less interleaved."""
+        return self.plan().bubble
+
+    def metrics(self):
+        """What ``--metrics-json`` records of a pipeline (its ``"pipeline"``): the schedule, each stage's peak of
+        micro-batches' activations held at once and the bubble, of the schedule a full batch runs."""
+        if not self.layout.pipelined:
+            return {}
+        plan = self.plan()
+        name = self.layout.schedule if self.layout.virtual == 1 else "interleaved-1f1b"
+        return {"pipeline": {"schedule": name, "micro_batches": plan.micro_batches,
+                             "virtual_stages": self.layout.virtual, "stashed_peak": plan.stashed_peak,
+                             "bubble": plan.bubble}}
+
+    def describe(self, accumulate=1):
+        """One line: the axes, each chunk and the contexts holding it, and what is sharded, recomputed or
+        pipelined."""
+        p, labels = self.placement, self._cut.labels
+        where = " | ".join(f"{label} @ " + ",".join(str(self.context(d, c, t)) for d in range(p.data)
+                                                    for t in range(p.tensor)) for c, label in enumerate(labels))
+        line = f"{self.layout.describe_axes(p)}: {where}"
+        if self.layout.pipelined and self.layout.micro > 1:
+            schedule = (self.layout.schedule if self.layout.virtual == 1 else
+                        f"interleaved 1f1b, {self.layout.virtual} chunks a device")
+            line += f", {self.layout.micro} micro-batches, schedule {schedule}"
+        if self.layout.zero == 3:
+            line += f", ZeRO-3: parameters sharded over the {p.data} replicas, each block gathered and recomputed"
+        elif self.layout.recompute:
+            line += ", activations recomputed in backward"
+        summed = self.reducer.describe(p.data)
+        if summed:
+            line += f"; {summed}"
+        if self.job is not None:
+            line += f"; over {self.job.num_workers} worker(s) through the {self.job.kv.type} kvstore"
+        return line
+
+
+class ModelParallel(Hybrid):
+    """A model cut into stages, stage ``s`` on ``ctx_list[s]``, the whole batch through each: the model strategy
+    (``Layout("model", stages, boundaries)``), trained with the same step as ``train_batch``.
+
+    >>> from parallel import init_lenet_params
+    >>> ModelParallel(init_lenet_params(seed=0), [mx.cpu(0), mx.cpu(1)], boundaries=[2])
+    ModelParallel(2 stages: conv1,conv2 @ cpu(0) | dense1,dense2 @ cpu(1))
+    """
+
+    def __init__(self, model, ctx_list, stages=None, boundaries=None, reducer=None):
+        super().__init__(model, ctx_list, Layout("model", stages=stages, boundaries=boundaries), reducer)
+
+    def forward(self, X):
+        """Outputs of ``X`` on the last stage's context; outside ``autograd.record()`` BatchNorm uses its running
+        statistics."""
+        return self._predict([X.as_in_context(self.context(0, 0))])[0]
+
+    def __call__(self, X):
+        return self.forward(X)
+
+
+class Pipeline(Hybrid):
+    """A model cut into stages fed micro-batches in a schedule's order (GPipe, 1F1B, interleaved 1F1B), one update
+    per batch: the pipeline strategy (``Layout("pipeline", ...)``, ``parallel.strategies.pipeline``).
+
+    >>> from parallel import init_lenet_params
+    >>> model = Pipeline(init_lenet_params(seed=0), [mx.cpu(0), mx.cpu(1)], stages=2, micro_batches=4)
+    >>> model.bubble_fraction()   # (2-1) / (4+2-1)
+    0.2
+    """
+
+    def __init__(self, model, ctx_list, stages=None, boundaries=None, micro_batches=None, schedule="gpipe",
+                 virtual=1, reducer=None):
+        super().__init__(model, ctx_list, Layout("pipeline", stages=stages, boundaries=boundaries,
+                                                 micro_batches=micro_batches, schedule=schedule, virtual=virtual),
+                         reducer)
+
+
+class FullyShardedDataParallel(Hybrid):
+    """The data strategy with ZeRO stage 3 (``Layout("data", zero=3)``, ``parallel.strategies.sharded``): each
+    context keeps its chunk of every block's parameters, gradients and optimizer state, gathers a block before it
+    runs and recomputes it in backward.
+
+    Attributes
+    ----------
+    group : ShardedGroup
+        The model's arrays sharded over the contexts: its ``shards`` (one a context) and ``units`` (the blocks).
+    """
+
+    def __init__(self, params, ctx_list, reducer=None, prefetch=False):
+        super().__init__(params, ctx_list, Layout("data", zero=3), reducer, prefetch)
+        self.group = self.sharded[0][0]
+
+    @property
+    def shards(self):
+        return self.group.shards
+
+    @property
+    def blocks(self):
+        return self.group.units
+
+    def gathered_bytes(self):
+        """``{context: bytes}`` of full parameters gathered at once (the gather buffers)."""
+        return self.memory_buffers()[0]
+
+    def bytes_moved(self, accumulate=1):
+        """Bytes one step copies between this process's contexts, over all of them: each block's gather in forward
+        and again in backward (not the last block's, whose buffer still holds it), each context receiving the
+        other contexts' copies of its piece in the reduction: ``(K - 1) (3 Psi - Psi_last)`` elements of ``Psi``,
+        ZeRO's 3 Psi a device (times (K - 1) / K, the part that is not already there). In a job, add the copies
+        of a chunk into a piece held by another context (filling a gather, and the owners' copies out of the
+        summed pieces). ``accumulate`` micro-batches: as many times."""
+        group, k = self.group, len(self.ctx_list)
+        itemsize, elements = group.shards[0].data.dtype(0).itemsize, 0
+        for s, unit in enumerate(group.units):
+            gathers = 1 if s == len(group.units) - 1 else 2
+            crossing = 0   # in a job: the parts of chunk i that fall in another context's piece j
+            for i in range(k if self.job is not None else 0):
+                for j in range(k):
+                    part = unit.overlap(i, *unit.pieces[j]) if j != i else None
+                    crossing += part[1] - part[0] if part else 0
+            elements += (gathers + 1) * ((k - 1) * unit.size + crossing)
+        return accumulate * elements * itemsize
+
+    def network_bytes(self, accumulate=1):
+        """Bytes this worker pushes to the kvstore's servers in one step (and pulls back as many): every gather
+        and every reduction of a block sums the whole block over the workers, ``3 Psi - Psi_last``, ZeRO's 3 Psi.
+        0 in one process."""
+        if self.job is None:
+            return 0
+        units = self.group.units
+        psi = sum(unit.size for unit in units)
+        return accumulate * (3 * psi - units[-1].size) * self.group.shards[0].data.dtype(0).itemsize
+
+
+# ---- building the layout ---------------------------------------------------------------------------------------
+
+def _host_model(params, job):
+    """The model's arrays on the host, ``(names, arrays, aux_names, aux)`` (LeNet's names empty), rank 0's in a
+    job (a collective call: every worker makes it)."""
+    if isinstance(params, mx.gluon.Block):
+        names, arrays, aux_names, aux = block_state(params)
+    else:
+        names, arrays, aux_names, aux = [], list(params), [], []
+    host = get_params(list(arrays), mx.cpu()) if arrays else []
+    arrays = [a.copy() for a in host]
+    aux = [a.copyto(mx.cpu()) for a in aux]
+    if job is not None:   # every worker starts from rank 0's model
+        broadcast_arrays(job, KEYS["params"], arrays)
+        if aux:
+            broadcast_arrays(job, KEYS["aux"], aux)
+    return list(names), arrays, list(aux_names), aux
+
+
+def _tensor_specs(behaviour, params, host, tensor):
+    """Each of the model's trained arrays' tensor-parallel spec (``parallel.shard``): all replicated on one rank."""
+    if tensor == 1:
+        return [Replicated()] * len(host[1])
+    by_name = behaviour.shard_specs(params)
+    return [by_name[name] for name in host[0]]
+
+
+def _chunk_indices(host, cut, c):
+    """The indices (in the model's order) of chunk ``c``'s trained arrays and of its other arrays."""
+    names, arrays, aux_names, _ = host
+    if not names:   # LeNet: layer i owns arrays 2 i and 2 i + 1
+        start, stop = cut.ranges[c]
+        return list(range(2 * start, 2 * stop)), []
+    stage_names, _, stage_aux, _ = block_state(cut.sources[c])
+    where, aux_where = {n: i for i, n in enumerate(names)}, {n: i for i, n in enumerate(aux_names)}
+    return [where[n] for n in stage_names], [aux_where[n] for n in stage_aux]
+
+
+def _whole_stage(cut, c, count, aux_count):
+    """Stage ``c`` of ``cut`` as one block: its own net (a cached graph of the whole stage)."""
+    source = cut.sources[c]
+    return Segment(cut.nets[c], 0, count, 0, aux_count, label=cut.labels[c],
+                   block=source if isinstance(source, mx.gluon.Block) else None)
+
+
+def _on_ranks(segments, tensor):
+    """``segments`` as a tensor group of ``tensor`` ranks runs them (each block split by its parallel layers)."""
+    if tensor == 1:
+        return segments
+    from ..models.layers import RankedNet
+    return [Segment(RankedNet(s.block), s.first, s.stop, s.aux_first, s.aux_stop, s.label, s.block)
+            for s in segments]
+
+
+def _per_rank(parts, tensor):
+    """``parts[s][d][t]`` as the blocks take them: a list of ranks, or for one rank the part itself."""
+    return parts if tensor > 1 else [[ranks[0] for ranks in per_replica] for per_replica in parts]
+
+
+def _replica(arrays, names, aux, aux_names, ctx, bucket_mb):
+    """A replica of ``arrays`` on ``ctx`` in buckets of ``bucket_mb`` MiB, with its names and other arrays."""
+    replica = get_params(arrays, ctx, bucket_mb)
+    return FlatReplica(list(replica), replica.data, replica.grads, replica.buckets, names or (),
+                       [a.copyto(ctx) for a in aux], aux_names)
+
+
+def _mark_copies(replica, specs):
+    """The arrays every rank holds whole, marked on a rank but the first (``FlatReplica.copies``)."""
+    offset = 0
+    for i, (array, spec) in enumerate(zip(replica, specs)):
+        if isinstance(spec, Replicated):
+            replica.copies.add(i)
+            replica.uncounted.append((offset, offset + array.size))
+        offset += array.size
+
+
+def _mark_shard_copies(group, specs):
+    """The elements of each shard that belong to arrays every rank holds whole (``FlatReplica.uncounted``)."""
+    whole = [(group.starts[i], group.starts[i + 1]) for i, spec in enumerate(specs) if isinstance(spec, Replicated)]
+    for c, shard in enumerate(group.shards):
+        for unit in group.units:
+            a, b = unit.owned[c]
+            for lo, hi in whole:
+                lo, hi = max(lo - unit.start, a), min(hi - unit.start, b)
+                if hi > lo:
+                    shard.uncounted.append((unit.offsets[c] + lo - a, unit.offsets[c] + hi - a))
+        shard.uncounted.sort()
+
