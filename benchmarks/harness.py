@@ -351,7 +351,8 @@ def figure(nrows=1, ncols=1, figsize=(6.4, 4.8), **subplots):
 
 
 def save_figure(fig, path):
-    """Write ``fig`` as a PNG to ``path`` atomically."""
+    """Write ``fig`` (laid out tight) as a PNG to ``path`` atomically; its directory is made."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     fig.tight_layout()
     with atomic_write(path, "wb") as f:
         fig.savefig(f, format="png", dpi=100)
