@@ -307,6 +307,19 @@ class CommaList(argparse.Action):
             parser.error(f"{option_string} {e}")
 
 
+def check_minimum(values, minimum=1):
+    """Check the values of flags that count something: ``values`` is ``[(flag, value), ...]``.
+
+    Raises
+    ------
+    ValueError
+        Naming the first flag below ``minimum``: ``"--steps must be >= 1, got 0"``.
+    """
+    for flag, value in values:
+        if value < minimum:
+            raise ValueError(f"{flag} must be >= {minimum}, got {value}")
+
+
 def add_out(parser, what, default=RESULTS):
     """``--out DIR``: the directory the script writes ``what`` (its JSON, its PNG) to; default
     ``benchmarks/results``."""
