@@ -257,22 +257,20 @@ def parse_args(argv):
     return parser.parse_args(argv)
 
 
-def main(argv=None):
-    """Run the benchmark; returns an exit code (0 on success, 2 for bad arguments)."""
-    args = parse_args(argv)
-    repeats = args.repeats if args.repeats is not None else (2 if args.quick else 31)
-    try:
-        if repeats < 1:
-            raise ValueError(f"--repeats {repeats} is too small; give at least 1")
-        ctx_list = parse_devices(args.devices)
-        if len(ctx_list) < 2:
-            raise ValueError(f"--devices {args.devices!r} gives {len(ctx_list)} context; allreduce needs "
-                             "at least 2, use e.g. --devices cpu:4")
-        json_path = harness.results_path(args.out, "allreduce.json")
-        png_path = os.path.join(args.out, "allreduce.png")
-    except (ValueError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+def _check(args):
+    """The arguments' values (``ValueError`` naming the flag): the contexts, and the JSON's path (checked
+    writable)."""
+    if args.repeats < 1:
+        raise ValueError(f"--repeats {args.repeats} is too small; give at least 1")
+    ctx_list = parse_devices(args.devices)
+    if len(ctx_list) < 2:
+        raise ValueError(f"--devices {args.devices!r} gives {len(ctx_list)} context; allreduce needs "
+                         "at least 2, use e.g. --devices cpu:4")
+    return ctx_list, harness.results_path(args.out, "allreduce.json")
+
+
+def run(args, ctx_list):
+    """Every case timed in every repeat; the JSON's record of them."""
     ks = sorted({k for k in (2, 4, len(ctx_list)) if k <= len(ctx_list)})
     sizes = QUICK_SIZES if args.quick else SIZES
     memcpy_bytes = max(sizes)
@@ -281,21 +279,33 @@ def main(argv=None):
     cases = {**allreduce_cases(ctx_list, ks, sizes, kv), **memcpy_cases(ctx_list, memcpy_bytes),
              **lenet_cases(ctx_list, ks, kv)}
     start = time.perf_counter()
-    times = measure(cases, repeats)
+    times = measure(cases, args.repeats)
     records, lenet, memcpy, fastest = summarize(times, ks, sizes, memcpy_bytes)
     settings = {**thread_settings(), "devices": args.devices, "contexts": [str(c) for c in ctx_list],
-                "repeats": repeats, "quick": args.quick, "ks": ks, "sizes": sizes, "algorithms": ALGORITHMS,
+                "repeats": args.repeats, "quick": args.quick, "ks": ks, "sizes": sizes, "algorithms": ALGORITHMS,
                 "methods": METHODS, "dtype": "float32", "lenet_size": LENET_SIZE,
                 "seconds": time.perf_counter() - start,
                 "order": "every configuration once per repeat, in a fresh shuffled order (seed 0)"}
-    result = {"settings": settings, "memcpy": memcpy, "allreduce": records,
-              "fraction_of_bound": fraction_table(records), "lenet": lenet, "fastest_lenet_flat": fastest,
-              "buffers": comm.buffer_info()._asdict()}
+    return {"settings": settings, "memcpy": memcpy, "allreduce": records,
+            "fraction_of_bound": fraction_table(records), "lenet": lenet, "fastest_lenet_flat": fastest,
+            "buffers": comm.buffer_info()._asdict()}
+
+
+def _run_and_write(args, ctx_list, json_path):
+    result = run(args, ctx_list)
     print_tables(result)
     harness.write_json(json_path, result)
+    png_path = os.path.join(args.out, "allreduce.png")
     plot(result, png_path)
     print(f"\nwrote {json_path} and {png_path}")
-    return 0
+
+
+def main(argv=None):
+    """Run the benchmark; returns an exit code (0 on success, 2 for bad arguments)."""
+    args = parse_args(argv)
+    if args.repeats is None:
+        args.repeats = 2 if args.quick else 31
+    return harness.command_status(lambda: _check(args), lambda checked: _run_and_write(args, *checked))
 
 
 if __name__ == "__main__":

@@ -708,40 +708,45 @@ def build_parser():
     return parser
 
 
-def main(argv=None):
-    """Run the benchmark; 0 on success, 1 when a job or process failed, 2 for bad arguments."""
-    argv = sys.argv[1:] if argv is None else list(argv)
-    if argv and argv[0] == WORKER_FLAG:
-        return worker_main(argv[1:])
+def parse_args(argv):
+    """The driver's arguments (``--quick`` applied; ``args.argv``: the command's words, for the JSON)."""
     args = build_parser().parse_args(argv)
     args.argv = argv
     if args.quick:
         args.rounds, args.steps, args.warmup, args.batch_size = 1, 3, 1, 32
         args.sizes = args.sizes or QUICK_SIZES
     args.sizes = args.sizes or SIZES
-    try:
-        harness.check_minimum([("--workers", args.workers), ("--rounds", args.rounds), ("--steps", args.steps),
-                               ("--batch-size", args.batch_size), ("--local-k", args.local_k)])
-        if args.batch_size < args.workers:
-            raise ValueError(f"--batch-size {args.batch_size} leaves a worker without an example; "
-                             f"give at least --workers ({args.workers})")
-        if any(n < ITEMSIZE or n % ITEMSIZE for n in args.sizes):
-            raise ValueError(f"--sizes must be multiples of {ITEMSIZE} bytes (float32), got {args.sizes}")
-        json_path, png_path = harness.results_path(args.out, "distributed.json"), os.path.join(args.out,
-                                                                                                "distributed.png")
-    except (ValueError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    try:
-        result = run(args)
-    except BenchmarkError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    harness.write_json(json_path, result)
-    plot(result, png_path)
+    return args
+
+
+def _check(args):
+    """The arguments' values (``ValueError`` naming the flag); the paths of the JSON (checked writable) and the
+    PNG."""
+    harness.check_minimum([("--workers", args.workers), ("--rounds", args.rounds), ("--steps", args.steps),
+                           ("--batch-size", args.batch_size), ("--local-k", args.local_k)])
+    if args.batch_size < args.workers:
+        raise ValueError(f"--batch-size {args.batch_size} leaves a worker without an example; "
+                         f"give at least --workers ({args.workers})")
+    if any(n < ITEMSIZE or n % ITEMSIZE for n in args.sizes):
+        raise ValueError(f"--sizes must be multiples of {ITEMSIZE} bytes (float32), got {args.sizes}")
+    return harness.results_path(args.out, "distributed.json"), os.path.join(args.out, "distributed.png")
+
+
+def _run_and_write(args, paths):
+    result = run(args)
+    harness.write_json(paths[0], result)
+    plot(result, paths[1])
     print(f"{result['command']}\nmachine: {result['machine']}\n")
     print(render_table(result))
-    return 0
+
+
+def main(argv=None):
+    """Run the benchmark; 0 on success, 1 when a job or process failed, 2 for bad arguments."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] == WORKER_FLAG:
+        return worker_main(argv[1:])
+    args = parse_args(argv)
+    return harness.command_status(lambda: _check(args), lambda paths: _run_and_write(args, paths))
 
 
 if __name__ == "__main__":

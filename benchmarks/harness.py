@@ -390,6 +390,32 @@ def run_settings(unset="unset (MXNet: half the cores)"):
             "machine": platform.processor() or platform.machine()}
 
 
+# ---- a command's status ----------------------------------------------------------------------------------------------
+
+def command_status(check, run):
+    """A benchmark command's exit status, its two phases run: ``check()`` (the arguments' values and the outputs'
+    paths, before any long work), then ``run(checked)`` with what ``check`` returned (the measurements and their
+    outputs).
+
+    Returns
+    -------
+    int
+        0; 2 with one ``error: ...`` line on stderr when ``check`` refused (``ValueError``, ``OSError``); 1 with
+        one when ``run`` failed (``BenchmarkError``: a job or process of the benchmark).
+    """
+    try:
+        checked = check()
+    except (ValueError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    try:
+        run(checked)
+    except BenchmarkError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
 # ---- child processes -----------------------------------------------------------------------------------------------
 
 def child_env(**extra):
@@ -401,12 +427,24 @@ def child_env(**extra):
     return env
 
 
-def _kill_group(process):
+def stop_group(process, grace=10.0):
+    """End ``process`` (started in a session of its own) and everything in its process group: SIGTERM (a launcher
+    then stops what it started), SIGKILL after ``grace`` seconds, and SIGKILL to whatever the group still holds
+    once its leader is gone. A no-op for a group that is gone."""
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 30.0)):
+        try:
+            os.killpg(process.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            process.wait(timeout=wait)
+            break
+        except subprocess.TimeoutExpired:
+            continue
     try:
         os.killpg(process.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
-    process.communicate()
 
 
 def run_process(argv, env=None, cwd=ROOT, timeout=3600):
@@ -438,10 +476,11 @@ def run_process(argv, env=None, cwd=ROOT, timeout=3600):
     try:
         out, err = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        _kill_group(process)
-        raise BenchmarkError(f"{command} timed out after {timeout:g} s; killed its process group") from None
+        stop_group(process)
+        process.communicate()
+        raise BenchmarkError(f"{command} timed out after {timeout:g} s; stopped its process group") from None
     except BaseException:
-        _kill_group(process)
+        stop_group(process)
         raise
     if process.returncode != 0:
         raise BenchmarkError(f"{command} failed (exit {process.returncode}): {err[-2000:]}")

@@ -151,8 +151,8 @@ def _check(args):
     return ctx_list
 
 
-def run(args, argv):
-    ctx_list = _check(args)
+def run(args, argv, ctx_list):
+    """Every configuration timed in every round on ``ctx_list``; the table printed, the JSON and PNG written."""
     X, y = harness.random_batch(args.batch_size)
     configs = configurations(ctx_list, X, y)
     threads = thread_settings()
@@ -181,12 +181,8 @@ def run(args, argv):
 def main(argv=None):
     """Run the benchmark; returns the exit status (2 with one ``error:`` line for bad arguments)."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    try:
-        run(build_parser().parse_args(argv), argv)
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    return 0
+    args = build_parser().parse_args(argv)
+    return harness.command_status(lambda: _check(args), lambda ctx_list: run(args, argv, ctx_list))
 
 
 if __name__ == "__main__":

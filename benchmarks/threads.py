@@ -35,7 +35,6 @@ import sys
 
 sys.path.append(os.path.dirname(os.path.abspath(__file__)))   # harness.py, beside this script
 import harness  # noqa: E402
-from harness import BenchmarkError  # noqa: E402
 
 WORKER_FLAG = "--worker"
 SETTINGS = ("unset", "env", "api")
@@ -151,36 +150,41 @@ def build_parser():
     return parser
 
 
+def parse_args(argv):
+    """The driver's arguments (``--quick`` applied; ``args.argv``: the command's words, for the JSON)."""
+    args = build_parser().parse_args(argv)
+    args.argv = argv
+    if args.quick:
+        args.steps, args.warmup, args.repeats, args.batch_size = 2, 1, 1, 32
+    return args
+
+
+def _check(args):
+    """The arguments' values (``ValueError`` naming the flag); the JSON's path, checked writable."""
+    from parallel.threads import recommended_omp_threads
+    harness.check_minimum([("--threads", args.threads), ("--batch-size", args.batch_size),
+                           ("--steps", args.steps), ("--repeats", args.repeats)])
+    harness.check_minimum([("--warmup", args.warmup)], minimum=0)
+    if args.threads > recommended_omp_threads():
+        raise ValueError(f"--threads {args.threads} is more than the {recommended_omp_threads()} cores "
+                         "this process may run on")
+    return harness.results_path(args.out, "threads.json")
+
+
+def _run_and_write(args, json_path):
+    result = run(args)
+    harness.write_json(json_path, result)
+    print(f"{result['command']}\nmachine: {result['machine']}\nsettings: {result['settings']}\n")
+    print(render_table(result))
+
+
 def main(argv=None):
     """Run the benchmark; 0 on success, 1 when a worker failed, 2 for bad arguments."""
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv and argv[0] == WORKER_FLAG:
         return worker_main(argv[1:])
-    args = build_parser().parse_args(argv)
-    args.argv = argv
-    if args.quick:
-        args.steps, args.warmup, args.repeats, args.batch_size = 2, 1, 1, 32
-    from parallel.threads import recommended_omp_threads
-    try:
-        harness.check_minimum([("--threads", args.threads), ("--batch-size", args.batch_size),
-                               ("--steps", args.steps), ("--repeats", args.repeats)])
-        harness.check_minimum([("--warmup", args.warmup)], minimum=0)
-        if args.threads > recommended_omp_threads():
-            raise ValueError(f"--threads {args.threads} is more than the {recommended_omp_threads()} cores "
-                             "this process may run on")
-        json_path = harness.results_path(args.out, "threads.json")
-    except (ValueError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    try:
-        result = run(args)
-    except BenchmarkError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    harness.write_json(json_path, result)
-    print(f"{result['command']}\nmachine: {result['machine']}\nsettings: {result['settings']}\n")
-    print(render_table(result))
-    return 0
+    args = parse_args(argv)
+    return harness.command_status(lambda: _check(args), lambda json_path: _run_and_write(args, json_path))
 
 
 if __name__ == "__main__":
