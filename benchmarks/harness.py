@@ -10,17 +10,22 @@ Importing it imports no MXNet (the drivers of ``distributed.py`` and ``horovod.p
 time or build arrays import it when they are called.
 
 - rounds: ``round_orders`` and ``interleave`` (every round visits every configuration once, in a shuffled, rotated
-  or fixed order), ``timed`` (waits for MXNet's engine before and after, no garbage collection inside),
-  ``warm_up``, ``time_interleaved``;
+  or fixed order), ``timed`` (waits for MXNet's engine before and after, no garbage collection inside:
+  ``no_gc``), ``warm_up``, ``time_interleaved``;
 - numbers: ``median``, ``medians``, ``add_ratios`` (each record against its group's reference);
-- flags: ``CommaList`` (``--ks 1,2,4``, ``--networks lenet``: refused with the flag's name), ``add_out``;
+- flags: ``CommaList`` (``--ks 1,2,4``, ``--networks lenet``: ``parse_list``, refused with the flag's name),
+  ``check_minimum``, ``add_out``;
 - results: ``results_path`` (checked before the long work), ``write_json`` and ``save_figure`` (atomic, through
   ``parallel.files.atomic_write``), ``figure`` (matplotlib without pyplot), ``markdown_table``, ``size_label``,
   ``run_settings``;
-- processes: ``child_env``, ``run_process`` (a session of its own, killed whole on a timeout), ``report_result`` /
-  ``read_result`` (one ``RESULT {json}`` line), ``proc_environ`` / ``proc_parent`` (a process's environment and
-  parent, read from ``/proc``), ``BenchmarkError``;
-- data: ``random_batch``, ``write_dataset``.
+- a command's status: ``command_status`` (2 for refused arguments, 1 for a failed job, one ``error:`` line);
+- processes: ``child_env``, ``run_process`` (a session of its own), ``stop_group`` (SIGTERM, then SIGKILL, to the
+  whole process group), ``report_result`` / ``read_result`` (one ``RESULT {json}`` line), ``proc_environ`` /
+  ``proc_parent`` (a process's environment and parent, read from ``/proc``), ``BenchmarkError``;
+- data: ``random_batch``, ``write_dataset``;
+- the step comparisons against ``gluon.Trainer`` (trainer.py, optimizers.py, step_time.py): ``NETWORKS``,
+  ``add_network_flags``, ``network_settings``, ``gluon_network``, ``gluon_trainer``, ``gluon_step``,
+  ``trainer_update``.
 """
 import argparse
 import contextlib
