@@ -435,21 +435,16 @@ def child_env(**extra):
 def stop_group(process, grace=10.0):
     """End ``process`` (started in a session of its own) and everything in its process group: SIGTERM (a launcher
     then stops what it started), SIGKILL after ``grace`` seconds, and SIGKILL to whatever the group still holds
-    once its leader is gone. A no-op for a group that is gone."""
+    once its leader is gone (``parallel.launch.processes.kill_group``). A no-op for a group that is gone."""
+    from parallel.launch.processes import kill_group
     for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 30.0)):
-        try:
-            os.killpg(process.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
+        kill_group(process.pid, sig)
         try:
             process.wait(timeout=wait)
             break
         except subprocess.TimeoutExpired:
             continue
-    try:
-        os.killpg(process.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
+    kill_group(process.pid, signal.SIGKILL)
 
 
 def run_process(argv, env=None, cwd=ROOT, timeout=3600):
