@@ -26,24 +26,22 @@ and whether any was dropped for the cache's bound (``evictions``: then timed cal
 Prints tables and writes ``allreduce.json`` and ``allreduce.png`` to ``--out``.
 """
 import argparse
-import gc
-import json
 import os
 import platform
-import random
-import statistics
 import sys
 import time
 
-import mxnet as mx
-import numpy as np
+sys.path.append(os.path.dirname(os.path.abspath(__file__)))   # harness.py, beside this script
+import harness  # noqa: E402
+from harness import KB, MB  # noqa: E402
 
-from parallel import ALLREDUCE_ALGORITHMS, LENET_SHAPES, allreduce, parse_devices
-from parallel import comm
-from parallel.comm import bytes_moved
-from parallel.files import atomic_write, check_writable
+import mxnet as mx  # noqa: E402
+import numpy as np  # noqa: E402
 
-KB, MB = 1024, 1024 ** 2
+from parallel import ALLREDUCE_ALGORITHMS, LENET_SHAPES, allreduce, parse_devices  # noqa: E402
+from parallel import comm  # noqa: E402
+from parallel.comm import bytes_moved  # noqa: E402
+
 SIZES = [1 * KB, 4 * KB, 16 * KB, 64 * KB, 256 * KB, 1 * MB, 4 * MB, 16 * MB, 64 * MB]
 QUICK_SIZES = [1 * KB, 64 * KB, 1 * MB]
 ALGORITHMS = list(ALLREDUCE_ALGORITHMS)
@@ -61,43 +59,23 @@ def thread_settings():
             "numpy": np.__version__, "python": platform.python_version()}
 
 
-def timed(fn):
-    """Seconds that ``fn()`` and all the work it queues take (waits for the engine before and after)."""
-    mx.nd.waitall()
-    start = time.perf_counter()
-    fn()
-    mx.nd.waitall()
-    return time.perf_counter() - start
-
-
-def measure(cases, repeats, seed=0):
-    """Time every case once per repeat, in a fresh random order each repeat; returns raw times.
+def measure(cases, repeats):
+    """Time every case once per repeat, in a fresh random order each repeat (``harness.time_interleaved``, after
+    one untimed call each: first-touch allocations, kvstore merge buffers); returns raw times.
 
     Parameters
     ----------
     cases : dict
         Key -> callable with no arguments.
     repeats : int
-        Timings per case (after one untimed warm-up call each).
+        Timings per case.
 
     Returns
     -------
     dict
         Key -> list of ``repeats`` times in seconds.
     """
-    order, rng = list(cases), random.Random(seed)
-    times = {key: [] for key in cases}
-    for key in order:                # warm-up: first-touch allocations, kvstore merge buffers
-        timed(cases[key])
-    gc.disable()                     # no garbage collection pauses inside a timing
-    try:
-        for _ in range(repeats):
-            rng.shuffle(order)
-            for key in order:
-                times[key].append(timed(cases[key]))
-    finally:
-        gc.enable()
-    return times
+    return harness.time_interleaved(cases, repeats, warmup=1, unit="s")
 
 
 def allreduce_cases(ctx_list, ks, sizes, kv):
@@ -160,7 +138,7 @@ def lenet_cases(ctx_list, ks, kv):
 
 def summarize(times, ks, sizes, memcpy_bytes):
     """Turn raw times into the JSON's records: medians, bounds, fractions of the bound, speed-ups."""
-    median = {key: statistics.median(values) for key, values in times.items()}
+    median = harness.medians(times)
     bandwidth = {lib: memcpy_bytes / median["memcpy", lib] for lib in ("mxnet", "numpy")}
     records = []
     for k in ks:
@@ -208,10 +186,6 @@ def fraction_table(records):
     return table
 
 
-def fmt_bytes(n):
-    return f"{n // MB} MB" if n >= MB else f"{n // KB} KB"
-
-
 def fmt_time(seconds):
     return f"{seconds * 1e3:9.3f}"
 
@@ -222,7 +196,7 @@ def print_tables(result):
           f"OMP_NUM_THREADS={settings['OMP_NUM_THREADS']}, "
           f"MXNET_CPU_WORKER_NTHREADS={settings['MXNET_CPU_WORKER_NTHREADS']}")
     print(f"devices {settings['devices']}; median of {settings['repeats']} interleaved repeats\n")
-    print(f"memcpy bandwidth ({fmt_bytes(memcpy['nbytes'])}): MXNet cpu(0)->cpu(1) "
+    print(f"memcpy bandwidth ({harness.size_label(memcpy['nbytes'])}): MXNet cpu(0)->cpu(1) "
           f"{memcpy['mxnet_bytes_per_s'] / 1e9:.2f} GB/s, numpy {memcpy['numpy_bytes_per_s'] / 1e9:.2f} GB/s")
     for k in settings["ks"]:
         rows = {(r["nbytes"], r["method"]): r for r in result["allreduce"] if r["k"] == k}
@@ -230,17 +204,17 @@ def print_tables(result):
         print(f"{'size':>6}" + "".join(f"{m:>10}" for m in METHODS) + f"{'bound':>10}")
         for nbytes in settings["sizes"]:
             bound = rows[nbytes, ALGORITHMS[0]]["bound_s"]
-            print(f"{fmt_bytes(nbytes):>6}" + "".join(f"{fmt_time(rows[nbytes, m]['median_s']):>10}"
+            print(f"{harness.size_label(nbytes):>6}" + "".join(f"{fmt_time(rows[nbytes, m]['median_s']):>10}"
                                                       for m in METHODS) + f"{fmt_time(bound):>10}")
         print(f"fraction of the memcpy bound (bound / measured, 2 significant digits), K={k}; "
               "kvstore/fused = time ratio")
         print(f"{'size':>6}" + "".join(f"{m:>10}" for m in ALGORITHMS) + f"{'kv/fused':>10}")
         for nbytes in settings["sizes"]:
             ratio = rows[nbytes, "kvstore"]["median_s"] / rows[nbytes, "fused"]["median_s"]
-            print(f"{fmt_bytes(nbytes):>6}" + "".join(f"{rows[nbytes, m]['fraction_of_bound']:>10.2g}"
+            print(f"{harness.size_label(nbytes):>6}" + "".join(f"{rows[nbytes, m]['fraction_of_bound']:>10.2g}"
                                                       for m in ALGORITHMS) + f"{ratio:>10.2f}")
     largest = max(settings["sizes"])
-    print(f"\nfraction of the memcpy bound at {fmt_bytes(largest)}: " + "; ".join(
+    print(f"\nfraction of the memcpy bound at {harness.size_label(largest)}: " + "; ".join(
         f"K={k}: " + ", ".join(f"{m} {result['fraction_of_bound'][str(k)][m][str(largest)]:.2f}"
                                for m in ALGORITHMS) for k in settings["ks"]))
     buffers = result["buffers"]
@@ -259,11 +233,8 @@ def print_tables(result):
 
 def plot(result, path):
     """Time against size, log-log, one line per method and the memcpy bound; one panel per K."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     ks, sizes = result["settings"]["ks"], result["settings"]["sizes"]
-    fig, axes = plt.subplots(1, len(ks), figsize=(6 * len(ks), 4.5), squeeze=False)
+    fig, axes = harness.figure(1, len(ks), figsize=(6 * len(ks), 4.5), squeeze=False)
     for ax, k in zip(axes[0], ks):
         rows = {(r["nbytes"], r["method"]): r for r in result["allreduce"] if r["k"] == k}
         for method in METHODS:
@@ -273,10 +244,7 @@ def plot(result, path):
                title=f"allreduce over K={k} contexts")
         ax.grid(True, which="both", alpha=0.3)
         ax.legend()
-    fig.tight_layout()
-    with atomic_write(path, "wb") as f:
-        fig.savefig(f, format="png", dpi=100)
-    plt.close(fig)
+    harness.save_figure(fig, path)
 
 
 def parse_args(argv):
@@ -285,29 +253,24 @@ def parse_args(argv):
     parser.add_argument("--quick", action="store_true", help="few sizes, 2 repeats: a smoke test")
     parser.add_argument("--repeats", type=int, default=None, help="timings per configuration "
                         "(default 31, or 2 with --quick)")
-    parser.add_argument("--out", default=os.path.join("benchmarks", "results"),
-                        help="directory for allreduce.json and allreduce.png")
+    harness.add_out(parser, "allreduce.json and allreduce.png")
     return parser.parse_args(argv)
 
 
-def main(argv=None):
-    """Run the benchmark; returns an exit code (0 on success, 2 for bad arguments)."""
-    args = parse_args(argv)
-    repeats = args.repeats if args.repeats is not None else (2 if args.quick else 31)
-    try:
-        if repeats < 1:
-            raise ValueError(f"--repeats {repeats} is too small; give at least 1")
-        ctx_list = parse_devices(args.devices)
-        if len(ctx_list) < 2:
-            raise ValueError(f"--devices {args.devices!r} gives {len(ctx_list)} context; allreduce needs "
-                             "at least 2, use e.g. --devices cpu:4")
-        os.makedirs(args.out, exist_ok=True)
-        json_path = os.path.join(args.out, "allreduce.json")
-        png_path = os.path.join(args.out, "allreduce.png")
-        check_writable(json_path, "benchmark results")
-    except (ValueError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+def _check(args):
+    """The arguments' values (``ValueError`` naming the flag): the contexts, and the JSON's path (checked
+    writable)."""
+    if args.repeats < 1:
+        raise ValueError(f"--repeats {args.repeats} is too small; give at least 1")
+    ctx_list = parse_devices(args.devices)
+    if len(ctx_list) < 2:
+        raise ValueError(f"--devices {args.devices!r} gives {len(ctx_list)} context; allreduce needs "
+                         "at least 2, use e.g. --devices cpu:4")
+    return ctx_list, harness.results_path(args.out, "allreduce.json")
+
+
+def run(args, ctx_list):
+    """Every case timed in every repeat; the JSON's record of them."""
     ks = sorted({k for k in (2, 4, len(ctx_list)) if k <= len(ctx_list)})
     sizes = QUICK_SIZES if args.quick else SIZES
     memcpy_bytes = max(sizes)
@@ -316,22 +279,33 @@ def main(argv=None):
     cases = {**allreduce_cases(ctx_list, ks, sizes, kv), **memcpy_cases(ctx_list, memcpy_bytes),
              **lenet_cases(ctx_list, ks, kv)}
     start = time.perf_counter()
-    times = measure(cases, repeats)
+    times = measure(cases, args.repeats)
     records, lenet, memcpy, fastest = summarize(times, ks, sizes, memcpy_bytes)
     settings = {**thread_settings(), "devices": args.devices, "contexts": [str(c) for c in ctx_list],
-                "repeats": repeats, "quick": args.quick, "ks": ks, "sizes": sizes, "algorithms": ALGORITHMS,
+                "repeats": args.repeats, "quick": args.quick, "ks": ks, "sizes": sizes, "algorithms": ALGORITHMS,
                 "methods": METHODS, "dtype": "float32", "lenet_size": LENET_SIZE,
                 "seconds": time.perf_counter() - start,
                 "order": "every configuration once per repeat, in a fresh shuffled order (seed 0)"}
-    result = {"settings": settings, "memcpy": memcpy, "allreduce": records,
-              "fraction_of_bound": fraction_table(records), "lenet": lenet, "fastest_lenet_flat": fastest,
-              "buffers": comm.buffer_info()._asdict()}
+    return {"settings": settings, "memcpy": memcpy, "allreduce": records,
+            "fraction_of_bound": fraction_table(records), "lenet": lenet, "fastest_lenet_flat": fastest,
+            "buffers": comm.buffer_info()._asdict()}
+
+
+def _run_and_write(args, ctx_list, json_path):
+    result = run(args, ctx_list)
     print_tables(result)
-    with atomic_write(json_path) as f:
-        json.dump(result, f, indent=1)
+    harness.write_json(json_path, result)
+    png_path = os.path.join(args.out, "allreduce.png")
     plot(result, png_path)
     print(f"\nwrote {json_path} and {png_path}")
-    return 0
+
+
+def main(argv=None):
+    """Run the benchmark; returns an exit code (0 on success, 2 for bad arguments)."""
+    args = parse_args(argv)
+    if args.repeats is None:
+        args.repeats = 2 if args.quick else 31
+    return harness.command_status(lambda: _check(args), lambda checked: _run_and_write(args, *checked))
 
 
 if __name__ == "__main__":

@@ -26,14 +26,13 @@ decay 5e-4, lr 0.02, cosine (benchmarks/optimizer_accuracy.py's ``resnet18/momen
 import argparse
 import json
 import os
-import random
-import statistics
-import subprocess
 import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.append(os.path.dirname(os.path.abspath(__file__)))   # harness.py, beside this script
+import harness  # noqa: E402
+
 SPECS = ["none", "fp16", "2bit", "2bit:0.5", "topk:0.01", "powersgd:4"]
 #: model -> its training setting: batch, lr, momentum, Nesterov, weight decay, a warm-up epoch, epochs
 SETTINGS = {"lenet": {"batch": 32, "lr": 0.1, "momentum": 0.9, "nesterov": True, "wd": 0.0, "warmup": True,
@@ -72,6 +71,7 @@ def _dataset(args):
 
 
 def part_process(args):
+    """Every compressor (but MXNet's) in one process of 2 contexts, in a shuffled order: its rows."""
     import mxnet as mx
     import numpy as np
     from parallel import Reducer, RunConfig, bytes_moved, fit, init_model, make_codec, make_strategy
@@ -80,8 +80,7 @@ def part_process(args):
     dataset = _dataset(args)
     per_epoch = num_batches(len(dataset.train_labels), setting["batch"])
     size = sum(int(np.prod(s)) for s in shapes)
-    order = [spec for spec in args.specs if spec != "mxnet-2bit"]
-    random.Random(0).shuffle(order)
+    order = next(harness.round_orders([spec for spec in args.specs if spec != "mxnet-2bit"], 1, seed=0))
     rows = {}
     for spec in order:
         compressor = make_codec(spec)
@@ -91,7 +90,7 @@ def part_process(args):
         history, _ = fit(dataset, strategy, _optimizer(setting, args.epochs, per_epoch),
                          RunConfig(epochs=args.epochs, batch_size=setting["batch"]))
         moved = bytes_moved("fused", 4 * size, 2, compression=compressor, shapes=shapes)
-        rows[spec] = {"bytes_per_step": moved.total, "seconds_per_epoch": statistics.median(
+        rows[spec] = {"bytes_per_step": moved.total, "seconds_per_epoch": harness.median(
             h["seconds"] for h in history), "test_acc": [h["test_acc"] for h in history],
             "wall_seconds": time.monotonic() - started}
         print(f"process: {spec} done", file=sys.stderr, flush=True)
@@ -105,7 +104,7 @@ def worker_native(args):
     dist_sync, the servers running the same optimizer."""
     import mxnet as mx
     from mxnet import autograd, gluon
-    from parallel import init_lenet_params, init_resnet18, iterate_batches, to_gluon
+    from parallel import iterate_batches
     from parallel.data import num_batches
     from parallel.data.batches import epoch_seed
     from parallel.job import worker_slice
@@ -114,11 +113,8 @@ def worker_native(args):
     kv.set_gradient_compression({"type": "2bit", "threshold": 0.5})
     ctx = mx.cpu(0)
     setting = SETTINGS[args.model]
-    if args.model == "lenet":
-        net = to_gluon(init_lenet_params(seed=0), ctx)
-    else:
-        net = init_resnet18(seed=0)
-        net.collect_params().reset_ctx(ctx)
+    net = harness.gluon_network(args.model)
+    net.collect_params().reset_ctx(ctx)
     net.hybridize(static_alloc=True, static_shape=True)
     batch = setting["batch"]
     per_epoch = num_batches(len(dataset.train_labels), batch)
@@ -154,83 +150,73 @@ def worker_native(args):
     for X, y in iterate_batches(dataset.test_images, dataset.test_labels, 256):
         correct += int((net(X.as_in_context(ctx)).argmax(axis=1) == y.as_in_context(ctx)).sum().asscalar())
     if kv.rank == 0:
-        print("RESULT " + json.dumps({"seconds": seconds, "test_acc": correct / len(dataset.test_labels)}),
-              flush=True)
+        harness.report_result({"seconds": seconds, "test_acc": correct / len(dataset.test_labels)})
 
 
-def _run(command, cwd, timeout=3600):
-    result = subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=timeout,
-                            start_new_session=True)
-    if result.returncode != 0:
-        raise RuntimeError(f"{' '.join(command[:6])} ... failed ({result.returncode}): {result.stderr[-2000:]}")
-    return result
+def _job_native(args, launch, data_dir, tmp, size):
+    """MXNet's own 2-bit compression (``--worker-native`` under the launcher): its row."""
+    out, _ = harness.run_process(launch + [sys.executable, os.path.abspath(__file__), "--worker-native", "--epochs",
+                                           str(args.epochs), "--data-dir", os.path.abspath(data_dir), "--model",
+                                           args.model], cwd=tmp)
+    native = harness.read_result(out, "the mxnet-2bit job")
+    # MXNet packs 16 two-bit codes per float32 on the push; the pull of the weights is dense
+    return {"bytes_per_step": 4 * -(-size // 16), "pull_bytes_per_step": 4 * size,
+            "seconds_per_epoch": harness.median(native["seconds"]), "test_acc": native["test_acc"]}
+
+
+def _job_package(args, spec, launch, data_dir, tmp, size):
+    """``python -m parallel.train --compression SPEC`` under the launcher: its row."""
+    from parallel import make_codec
+    setting, shapes = SETTINGS[args.model], _shapes(args.model)
+    metrics = os.path.join(tmp, f"{spec.replace(':', '_')}.json")
+    harness.run_process(launch + [sys.executable, "-m", "parallel.train", "--data-dir", os.path.abspath(data_dir),
+                                  "--model", args.model, "--epochs", str(args.epochs),
+                                  *_cli_flags(setting, args.epochs), "--devices", "cpu:1", "--no-progress",
+                                  "--compression", spec, "--metrics-json", metrics], cwd=tmp)
+    with open(metrics) as f:
+        history = json.load(f)
+    compressor = make_codec(spec)
+    pushed = 4 * size if compressor is None else compressor.across_nbytes(size, 2, shapes)
+    return {"bytes_per_step": pushed, "pull_bytes_per_step": pushed,
+            "seconds_per_epoch": harness.median(h["seconds"] for h in history), "test_acc": history[-1]["test_acc"]}
 
 
 def part_job(args):
+    """Every compressor (and MXNet's 2-bit) in a job of 2 workers under the launcher, in a shuffled order."""
     import numpy as np
-    from parallel import make_codec
-    setting, shapes = SETTINGS[args.model], _shapes(args.model)
-    size = sum(int(np.prod(s)) for s in shapes)
-    order = list(args.specs)
-    random.Random(1).shuffle(order)
+    size = sum(int(np.prod(s)) for s in _shapes(args.model))
+    order = next(harness.round_orders(args.specs, 1, seed=1))
     rows = {}
     with tempfile.TemporaryDirectory() as tmp:
-        data_dir = args.data_dir
-        if data_dir is None:
-            from parallel import write_idx
-            from parallel.data import FILES
-            data_dir = os.path.join(tmp, "data")
-            os.mkdir(data_dir)
-            for role, name in FILES.items():
-                write_idx(os.path.join(data_dir, name), getattr(_dataset(args), role))
+        data_dir = args.data_dir or harness.write_dataset(os.path.join(tmp, "data"), _dataset(args))
         launch = [sys.executable, "-m", "parallel.launch", "-n", "2"]
         for spec in order:
-            if spec == "mxnet-2bit":
-                result = _run(launch + [sys.executable, os.path.abspath(__file__), "--worker-native", "--epochs",
-                                        str(args.epochs), "--data-dir", os.path.abspath(data_dir), "--model",
-                                        args.model], tmp)
-                line = [l for l in result.stdout.splitlines() if "RESULT " in l][-1]
-                native = json.loads(line.split("RESULT ", 1)[1])
-                # MXNet packs 16 two-bit codes per float32 on the push; the pull of the weights is dense
-                rows[spec] = {"bytes_per_step": 4 * -(-size // 16), "pull_bytes_per_step": 4 * size,
-                              "seconds_per_epoch": statistics.median(native["seconds"]),
-                              "test_acc": native["test_acc"]}
-            else:
-                metrics = os.path.join(tmp, f"{spec.replace(':', '_')}.json")
-                _run(launch + [sys.executable, "-m", "parallel.train", "--data-dir", os.path.abspath(data_dir),
-                               "--model", args.model, "--epochs", str(args.epochs), *_cli_flags(setting, args.epochs),
-                               "--devices", "cpu:1", "--no-progress", "--compression", spec,
-                               "--metrics-json", metrics], tmp)
-                with open(metrics) as f:
-                    history = json.load(f)
-                compressor = make_codec(spec)
-                pushed = 4 * size if compressor is None else compressor.across_nbytes(size, 2, shapes)
-                rows[spec] = {"bytes_per_step": pushed, "pull_bytes_per_step": pushed,
-                              "seconds_per_epoch": statistics.median(h["seconds"] for h in history),
-                              "test_acc": history[-1]["test_acc"]}
+            rows[spec] = (_job_native(args, launch, data_dir, tmp, size) if spec == "mxnet-2bit" else
+                          _job_package(args, spec, launch, data_dir, tmp, size))
             print(f"job: {spec} done", file=sys.stderr, flush=True)
     return {"order": order, "rows": rows}
 
 
-def main(argv=None):
+def parse_args(argv=None):
+    """The benchmark's arguments: ``--specs`` with ``none`` first, ``--epochs`` the model's by default."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--data-dir", default=None, help="MNIST-format data (digits); default: synthetic")
     parser.add_argument("--part", choices=["process", "job", "both"], default="both")
     parser.add_argument("--model", choices=list(SETTINGS), default="lenet")
     parser.add_argument("--epochs", type=int, default=None, help="default: 20 for LeNet, 4 for ResNet-18")
     parser.add_argument("--quick", action="store_true", help="smoke test: 1 epoch of a small synthetic set")
-    parser.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results"))
+    harness.add_out(parser, "compression.json")
     parser.add_argument("--specs", default=None, metavar="SPEC,...",
                         help="the compressors to run (none is always added: the baseline), e.g. "
                              "powersgd:8,topk:0.05; default: " + ",".join(SPECS) + " and mxnet-2bit (in the job)")
     parser.add_argument("--worker-native", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    chosen = args.specs
-    if chosen is None:
+    args.chosen = args.specs
+    if args.specs is None:
         args.specs = SPECS + ["mxnet-2bit"]
     else:
         from parallel.compress import parse_compression
-        args.specs = ["none"] + [spec for spec in chosen.split(",") if spec and spec != "none"]
+        args.specs = ["none"] + [spec for spec in args.chosen.split(",") if spec and spec != "none"]
         for spec in args.specs:
             if spec != "mxnet-2bit":
                 try:
@@ -241,6 +227,29 @@ def main(argv=None):
         args.epochs = 1
     elif args.epochs is None:
         args.epochs = SETTINGS[args.model]["epochs"]
+    return args
+
+
+def _final_accuracy(row):
+    """A row's test accuracy after its last epoch (the process part keeps every epoch's)."""
+    return row["test_acc"][-1] if isinstance(row["test_acc"], list) else row["test_acc"]
+
+
+def _print_rows(result):
+    for part in ("process", "job"):
+        if part in result:
+            rows = result[part]["rows"]
+            base = rows["none"]
+            print("\n".join(harness.markdown_table(
+                [part, "bytes/step", "fewer", "s/epoch", "vs none", "test acc"],
+                [[spec, row["bytes_per_step"], f"{base['bytes_per_step'] / row['bytes_per_step']:.1f}x",
+                  f"{row['seconds_per_epoch']:.2f}", f"{row['seconds_per_epoch'] / base['seconds_per_epoch']:.2f}x",
+                  f"{_final_accuracy(row):.3f} ({_final_accuracy(row) - _final_accuracy(base):+.3f})"]
+                 for spec, row in rows.items()])))
+
+
+def main(argv=None):
+    args = parse_args(argv)
     if args.worker_native:
         worker_native(args)
         return 0
@@ -251,25 +260,11 @@ def main(argv=None):
         result["process"] = part_process(args)
     if args.part in ("job", "both"):
         result["job"] = part_job(args)
-    for part in ("process", "job"):
-        if part in result:
-            rows = result[part]["rows"]
-            base = rows["none"]
-            print(f"| {part} | bytes/step | fewer | s/epoch | vs none | test acc |")
-            for spec, row in rows.items():
-                acc = row["test_acc"][-1] if isinstance(row["test_acc"], list) else row["test_acc"]
-                base_acc = base["test_acc"][-1] if isinstance(base["test_acc"], list) else base["test_acc"]
-                print(f"| {spec} | {row['bytes_per_step']} | {base['bytes_per_step'] / row['bytes_per_step']:.1f}x "
-                      f"| {row['seconds_per_epoch']:.2f} | {row['seconds_per_epoch'] / base['seconds_per_epoch']:.2f}x "
-                      f"| {acc:.3f} ({acc - base_acc:+.3f}) |")
-    os.makedirs(args.out, exist_ok=True)
+    _print_rows(result)
     name = "compression" + ("" if args.model == "lenet" else f"_{args.model}") + \
         ("" if args.part == "both" else f"_{args.part}") + \
-        ("" if chosen is None else "_" + "-".join(args.specs[1:]).replace(":", "_")) + ".json"
-    path = os.path.join(args.out, name)
-    with open(path + ".tmp", "w") as f:
-        json.dump(result, f, indent=2)
-    os.replace(path + ".tmp", path)
+        ("" if args.chosen is None else "_" + "-".join(args.specs[1:]).replace(":", "_")) + ".json"
+    harness.write_json(os.path.join(args.out, name), result)
     return 0
 
 

@@ -18,6 +18,9 @@ import sys
 
 import numpy as np
 
+sys.path.append(os.path.dirname(os.path.abspath(__file__)))   # harness.py, beside this script
+import harness  # noqa: E402
+
 
 def digits_dataset(num_train=1500, size=28, seed=0):
     """scikit-learn's digits as a ``parallel.data.Dataset``: uint8 images (n, size, size), uint8 labels.
@@ -58,14 +61,11 @@ def main(argv=None):
     parser.add_argument("--size", type=int, default=28, help="side of the resized images (default 28)")
     parser.add_argument("--seed", type=int, default=0, help="seeds the train/test split (default 0)")
     args = parser.parse_args(argv)
-    from parallel.data import FILES, write_idx
     try:
         dataset = digits_dataset(args.num_train, args.size, args.seed)
     except ValueError as e:
         parser.error(str(e))
-    os.makedirs(args.out, exist_ok=True)
-    for role, name in FILES.items():
-        write_idx(os.path.join(args.out, name), getattr(dataset, role))
+    harness.write_dataset(args.out, dataset)
     print(f"wrote {len(dataset.train_labels)} train / {len(dataset.test_labels)} test digits of "
           f"{args.size}x{args.size} to {args.out}")
     return 0

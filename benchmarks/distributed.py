@@ -50,24 +50,23 @@ prints markdown tables.
 """
 import argparse
 import gc
-import json
 import os
 import platform
 import queue
 import re
-import statistics
 import subprocess
 import sys
 import threading
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.append(os.path.dirname(os.path.abspath(__file__)))   # harness.py, beside this script
+import harness  # noqa: E402
+from harness import KB, MB, RESULT_PREFIX, BenchmarkError  # noqa: E402
+
 THIS = os.path.abspath(__file__)
 WORKER_FLAG = "--worker"
-RESULT_PREFIX = "RESULT "
 READY_LINE = "READY"
 
-KB, MB = 1024, 1024 ** 2
 SIZES = [4 * KB, 16 * KB, 64 * KB, 256 * KB, 1 * MB, 4 * MB, 16 * MB, 64 * MB]
 QUICK_SIZES = [4 * KB, 1 * MB]
 ITEMSIZE = 4                    # float32
@@ -78,16 +77,8 @@ CONFIG_NAMES = {"a": "one process, every core", "b": "from scratch, launch -n W"
                 "c": "gluon.Trainer dist_sync, launch -n W"}
 
 
-class BenchmarkError(Exception):
-    """A job or process failed; ``main`` prints ``error: <message>`` and returns 1."""
-
-
 def _cores():
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-
-
-def _size_label(nbytes):
-    return f"{nbytes // MB} MB" if nbytes >= MB else f"{nbytes // KB} KB"
 
 
 def _sweep_reps(nbytes, quick):
@@ -108,124 +99,106 @@ def _environment():
             "mxnet": mx.__version__}
 
 
-def _report(result):
-    print(RESULT_PREFIX + json.dumps(result), flush=True)
-
-
-def _batch(n):
-    """The global batch, the same on every worker (seeded)."""
-    import mxnet as mx
-    import numpy as np
-    rng = np.random.RandomState(0)
-    return mx.nd.array(rng.rand(n, 1, 28, 28)), mx.nd.array(rng.randint(0, 10, n))
-
-
-def _time_steps(step, warmup, steps):
-    """Seconds for ``steps`` calls of ``step`` after ``warmup`` calls; no host sync inside the timed loop."""
-    import mxnet as mx
-    for _ in range(warmup):
-        step()
-    mx.nd.waitall()
-    gc.disable()
-    try:
-        start = time.perf_counter()
-        for _ in range(steps):
-            step()
-        mx.nd.waitall()
-        return time.perf_counter() - start
-    finally:
-        gc.enable()
+def _seconds_of_steps(step, warmup, steps):
+    """Seconds for ``steps`` calls of ``step`` after ``warmup`` calls; no host sync inside the timed steps."""
+    harness.warm_up([step], warmup)
+    return harness.timed(step, steps) * steps
 
 
 def _checksum(arrays):
     return float(sum(float(a.abs().sum().asscalar()) for a in arrays))
 
 
+def _clock(fn, *args):
+    """Seconds that ``fn(*args)`` takes (it waits for its own work)."""
+    start = time.perf_counter()
+    fn(*args)
+    return time.perf_counter() - start
+
+
+class _Sweep:
+    """The push+pull sweep's arrays on one worker: a kvstore key, a pushed array and a memcpy pair per size
+    (zeros: the sums stay zero); every worker makes the same keys in the same order."""
+
+    def __init__(self, kv, sizes, ctx):
+        import mxnet as mx
+        self.kv, self.keys, self.arrays, self.sources, self.targets = kv, {}, {}, {}, {}
+        for i, nbytes in enumerate(sizes):
+            n = nbytes // ITEMSIZE
+            self.keys[nbytes], self.arrays[nbytes] = SWEEP_KEY0 + i, mx.nd.zeros(n, ctx=ctx)
+            kv.init(self.keys[nbytes], self.arrays[nbytes])
+            self.sources[nbytes], self.targets[nbytes] = mx.nd.zeros(n, ctx=ctx), mx.nd.ones(n, ctx=ctx)
+
+    def pushpull(self, nbytes):
+        self.kv.push(self.keys[nbytes], self.arrays[nbytes])
+        self.kv.pull(self.keys[nbytes], out=self.arrays[nbytes])
+        self.arrays[nbytes].wait_to_read()
+
+    def memcpy(self, nbytes):
+        self.sources[nbytes].copyto(self.targets[nbytes])
+        self.targets[nbytes].wait_to_read()
+
+    def block(self, nbytes, reps):
+        """``reps`` timed memcpys then ``reps`` timed push+pulls of ``nbytes``: their seconds."""
+        with harness.no_gc():
+            memcpy = [_clock(self.memcpy, nbytes) for _ in range(reps)]
+            self.pushpull(nbytes)   # untimed: lines the workers up after their copies
+            return memcpy, [_clock(self.pushpull, nbytes) for _ in range(reps)]
+
+
+def _lenet_calls(job, opts, ctx):
+    """LeNet's reduction (``allreduce_across`` of its flat gradient) and its whole step, each a function timed
+    alone (``waitall`` before and after); and the replica whose gradient they sum."""
+    from parallel import Reducer, get_params, init_lenet_params, train_batch
+    from parallel.job import allreduce_across, broadcast_params
+    device_params = [get_params(init_lenet_params(seed=0), ctx)]
+    broadcast_params(job, device_params)
+    X, y = harness.random_batch(opts.batch_size)
+
+    def reduction():
+        return harness.timed(lambda: allreduce_across(job, [params.grad for params in device_params]))
+
+    def step():
+        return harness.timed(lambda: train_batch(X, y, device_params, [ctx], opts.lr, reducer=Reducer(job=job)))
+    return reduction, step, device_params[0]
+
+
 def worker_kvstore(opts):
     """Parts 1 and 2: the push+pull sweep against memcpy, and LeNet's allreduce_across against its step."""
     import mxnet as mx
-    from parallel import Reducer, get_params, init_lenet_params, train_batch
-    from parallel.job import allreduce_across, broadcast_params, join
+    from parallel.job import join
 
     job = join()
-    kv = job.kv
     print(READY_LINE, flush=True)
-    ctx = mx.cpu(0)
-    sizes = opts.sizes
-    arrays, sources, targets = {}, {}, {}
-    for i, nbytes in enumerate(sizes):   # every worker: the same keys, in the same order
-        n = nbytes // ITEMSIZE
-        arrays[nbytes] = mx.nd.zeros(n, ctx=ctx)   # zeros: the sums stay zero
-        kv.init(SWEEP_KEY0 + i, arrays[nbytes])
-        sources[nbytes], targets[nbytes] = mx.nd.zeros(n, ctx=ctx), mx.nd.ones(n, ctx=ctx)
-    keys = {nbytes: SWEEP_KEY0 + i for i, nbytes in enumerate(sizes)}
-
-    def pushpull(nbytes):
-        start = time.perf_counter()
-        kv.push(keys[nbytes], arrays[nbytes])
-        kv.pull(keys[nbytes], out=arrays[nbytes])
-        arrays[nbytes].wait_to_read()
-        return time.perf_counter() - start
-
-    def memcpy(nbytes):
-        start = time.perf_counter()
-        sources[nbytes].copyto(targets[nbytes])
-        targets[nbytes].wait_to_read()
-        return time.perf_counter() - start
-
-    device_params = [get_params(init_lenet_params(seed=0), ctx)]
-    broadcast_params(job, device_params)
-    X, y = _batch(opts.batch_size)
-    grad = device_params[0].grad
-
-    def reduction():
-        mx.nd.waitall()
-        start = time.perf_counter()
-        allreduce_across(job, [params.grad for params in device_params])
-        mx.nd.waitall()
-        return time.perf_counter() - start
-
-    def step():
-        mx.nd.waitall()
-        start = time.perf_counter()
-        train_batch(X, y, device_params, [ctx], opts.lr, reducer=Reducer(job=job))
-        mx.nd.waitall()
-        return time.perf_counter() - start
-
+    ctx, sizes = mx.cpu(0), opts.sizes
+    sweep = _Sweep(job.kv, sizes, ctx)
+    reduction, step, replica = _lenet_calls(job, opts, ctx)
     for nbytes in sizes:   # warm-up: first touch, the servers' merge buffers
-        memcpy(nbytes)
-        pushpull(nbytes)
+        sweep.memcpy(nbytes)
+        sweep.pushpull(nbytes)
     for _ in range(max(1, opts.warmup)):
         step()
     reduction()
     lenet_reps = 3 if opts.quick else max(5, opts.steps // 4)
     samples = {"pushpull": {n: [] for n in sizes}, "memcpy": {n: [] for n in sizes}, "allreduce_across": [],
                "train_batch": []}
-    for r in range(opts.rounds):
-        for nbytes in sizes[r % len(sizes):] + sizes[:r % len(sizes)]:
-            reps = _sweep_reps(nbytes, opts.quick)
-            gc.disable()
-            try:
-                samples["memcpy"][nbytes] += [memcpy(nbytes) for _ in range(reps)]
-                pushpull(nbytes)   # untimed: lines the workers up after their copies
-                samples["pushpull"][nbytes] += [pushpull(nbytes) for _ in range(reps)]
-            finally:
-                gc.enable()
-            print(f"round {r + 1}: {_size_label(nbytes)} done", flush=True)   # progress for --stall-timeout
-        gc.disable()
-        try:
-            grad[:] = 0   # the sums stay zero (a pulled sum is pushed again by the next call)
-            samples["allreduce_across"] += [reduction() for _ in range(lenet_reps)]
-            samples["train_batch"] += [step() for _ in range(lenet_reps)]
-        finally:
-            gc.enable()
-        print(f"round {r + 1}: LeNet done", flush=True)
-    _report({"kind": "kvstore", "rank": job.rank, "num_workers": job.num_workers,
-             "num_servers": int(os.environ.get("DMLC_NUM_SERVER", "0")), "kvstore": kv.type,
-             "env": _environment(), "lenet_floats": int(grad.size),
-             "pushpull_s": {str(n): v for n, v in samples["pushpull"].items()},
-             "memcpy_s": {str(n): v for n, v in samples["memcpy"].items()},
-             "allreduce_across_s": samples["allreduce_across"], "train_batch_s": samples["train_batch"]})
+    for r, order in enumerate(harness.round_orders(sizes, opts.rounds, "rotate"), 1):   # the size order rotates
+        for nbytes in order:
+            memcpy, pushpull = sweep.block(nbytes, _sweep_reps(nbytes, opts.quick))
+            samples["memcpy"][nbytes] += memcpy
+            samples["pushpull"][nbytes] += pushpull
+            print(f"round {r}: {harness.size_label(nbytes)} done", flush=True)   # progress for --stall-timeout
+        replica.grad[:] = 0   # the sums stay zero (a pulled sum is pushed again by the next call)
+        samples["allreduce_across"] += [reduction() for _ in range(lenet_reps)]
+        samples["train_batch"] += [step() for _ in range(lenet_reps)]
+        print(f"round {r}: LeNet done", flush=True)
+    harness.report_result({
+        "kind": "kvstore", "rank": job.rank, "num_workers": job.num_workers,
+        "num_servers": int(os.environ.get("DMLC_NUM_SERVER", "0")), "kvstore": job.kv.type,
+        "env": _environment(), "lenet_floats": int(replica.grad.size),
+        "pushpull_s": {str(n): v for n, v in samples["pushpull"].items()},
+        "memcpy_s": {str(n): v for n, v in samples["memcpy"].items()},
+        "allreduce_across_s": samples["allreduce_across"], "train_batch_s": samples["train_batch"]})
 
 
 def worker_local(opts):
@@ -234,10 +207,11 @@ def worker_local(opts):
     from parallel import get_params, init_lenet_params, train_batch
     ctx_list = [mx.cpu(i) for i in range(opts.local_k)]
     device_params = [get_params(init_lenet_params(seed=0), c) for c in ctx_list]
-    X, y = _batch(opts.batch_size)
-    seconds = _time_steps(lambda: train_batch(X, y, device_params, ctx_list, opts.lr), opts.warmup, opts.steps)
-    _report({"kind": "local", "rank": 0, "num_workers": 1, "contexts": len(ctx_list), "seconds": seconds,
-             "env": _environment(), "params_checksum": _checksum(device_params[0])})
+    X, y = harness.random_batch(opts.batch_size)
+    seconds = _seconds_of_steps(lambda: train_batch(X, y, device_params, ctx_list, opts.lr), opts.warmup,
+                                opts.steps)
+    harness.report_result({"kind": "local", "rank": 0, "num_workers": 1, "contexts": len(ctx_list),
+                           "seconds": seconds, "env": _environment(), "params_checksum": _checksum(device_params[0])})
 
 
 def worker_scratch(opts):
@@ -250,11 +224,12 @@ def worker_scratch(opts):
     ctx_list = [mx.cpu(0)]
     device_params = [get_params(init_lenet_params(seed=0), ctx_list[0])]
     broadcast_params(job, device_params)
-    X, y = _batch(opts.batch_size)
-    seconds = _time_steps(lambda: train_batch(X, y, device_params, ctx_list, opts.lr, reducer=Reducer(job=job)),
-                          opts.warmup, opts.steps)
-    _report({"kind": "scratch", "rank": job.rank, "num_workers": job.num_workers, "seconds": seconds,
-             "env": _environment(), "params_checksum": _checksum(device_params[0])})
+    X, y = harness.random_batch(opts.batch_size)
+    seconds = _seconds_of_steps(
+        lambda: train_batch(X, y, device_params, ctx_list, opts.lr, reducer=Reducer(job=job)), opts.warmup,
+        opts.steps)
+    harness.report_result({"kind": "scratch", "rank": job.rank, "num_workers": job.num_workers, "seconds": seconds,
+                           "env": _environment(), "params_checksum": _checksum(device_params[0])})
 
 
 def worker_gluon(opts):
@@ -272,7 +247,7 @@ def worker_gluon(opts):
     net.hybridize(static_alloc=True, static_shape=True)
     trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": opts.lr}, kvstore=kv)
     loss = gluon.loss.SoftmaxCrossEntropyLoss()
-    X, y = _batch(opts.batch_size)
+    X, y = harness.random_batch(opts.batch_size)
     n = X.shape[0]
     start, stop = worker_slice(n, 1, kv.rank, kv.num_workers)
 
@@ -283,21 +258,23 @@ def worker_gluon(opts):
         l.backward()
         trainer.step(n)   # the global batch: the servers sum the workers' gradients, then divide by n
 
-    seconds = _time_steps(step, opts.warmup, opts.steps)
+    seconds = _seconds_of_steps(step, opts.warmup, opts.steps)
     params = [p.data(ctx) for p in net.collect_params().values()]
-    _report({"kind": "gluon", "rank": kv.rank, "num_workers": kv.num_workers, "seconds": seconds,
-             "env": _environment(), "params_checksum": _checksum(params), "kvstore": kv.type,
-             # gluon.Trainer has no public accessor for these (MXNet 1.9.1): read after the first step
-             "update_on_kvstore": bool(trainer._update_on_kvstore), "distributed": bool(trainer._distributed)})
+    harness.report_result({
+        "kind": "gluon", "rank": kv.rank, "num_workers": kv.num_workers, "seconds": seconds, "env": _environment(),
+        "params_checksum": _checksum(params), "kvstore": kv.type,
+        # gluon.Trainer has no public accessor for these (MXNet 1.9.1): read after the first step
+        "update_on_kvstore": bool(trainer._update_on_kvstore), "distributed": bool(trainer._distributed)})
 
 
 WORKERS = {"kvstore": worker_kvstore, "local": worker_local, "scratch": worker_scratch, "gluon": worker_gluon}
 
 
 def worker_main(argv):
+    """A worker process of kind ``argv[0]``: measure, print one RESULT line; a failure ends it at once."""
     parser = argparse.ArgumentParser(prog="distributed.py --worker")
     parser.add_argument("kind", choices=sorted(WORKERS))
-    parser.add_argument("--sizes", type=_int_list, default=SIZES)
+    parser.add_argument("--sizes", action=harness.CommaList, item=int, minimum=1, default=SIZES)
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=3)
@@ -331,27 +308,11 @@ def _children_environments(ppid):
     from ``/proc/PID/environ``: the environment each one started with, which is what MXNet read. Children with no
     ``DMLC_ROLE`` (the launcher's watchdog) are left out."""
     found = []
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return found
-    for entry in entries:
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                parent = int(f.read().rsplit(")", 1)[1].split()[1])
-            if parent != ppid:
-                continue
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                raw = f.read().decode("utf-8", "replace")
-        except (OSError, IndexError, ValueError):
-            continue
-        env = dict(item.split("=", 1) for item in raw.split("\0") if "=" in item)
-        if "DMLC_ROLE" not in env:   # the launcher's watchdog, which is not a process of the job
-            continue
-        found.append({"role": env["DMLC_ROLE"], "pid": int(entry),
-                      "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", "unset")})
+    for entry in (name for name in os.listdir("/proc") if name.isdigit()):
+        env = harness.proc_environ(entry) if harness.proc_parent(entry) == ppid else None
+        if env is not None and "DMLC_ROLE" in env:   # not the launcher's watchdog, which is no process of the job
+            found.append({"role": env["DMLC_ROLE"], "pid": int(entry),
+                          "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", "unset")})
     return sorted(found, key=lambda p: (["scheduler", "server", "worker"].index(p["role"])
                                         if p["role"] in ("scheduler", "server", "worker") else 3, p["pid"]))
 
@@ -375,13 +336,61 @@ def _worker_command(kind, args, **extra):
     return argv + (["--quick"] if args.quick else [])
 
 
-def _child_env(extra=None):
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([ROOT] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
-    for name in [n for n in env if n.startswith("DMLC_")]:   # never inherit a job's role
-        del env[name]
-    env.update(extra or {})
-    return env
+class _Launcher:
+    """``python -m parallel.launch`` running one job, its stdout and stderr read by threads of their own."""
+
+    def __init__(self, argv, env):
+        self.process = subprocess.Popen(argv, cwd=harness.ROOT, env=env, stdin=subprocess.DEVNULL,
+                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.out, self.err = queue.Queue(), queue.Queue()
+        self.readers = [threading.Thread(target=_drain, args=(self.process.stdout, self.out), daemon=True),
+                        threading.Thread(target=_drain, args=(self.process.stderr, self.err), daemon=True)]
+        for reader in self.readers:
+            reader.start()
+
+    def worker_lines(self, started, timeout, label):
+        """``(launch index, text)`` of each ``[worker i] text`` line it prints, until it closes its stdout;
+        ``BenchmarkError`` once ``timeout`` seconds have passed since ``started`` (``time.perf_counter``)."""
+        while True:
+            try:
+                line = self.out.get(timeout=1.0)
+            except queue.Empty:
+                if time.perf_counter() - started > timeout:
+                    raise BenchmarkError(f"{label}: the job ran longer than {timeout:g} s; stopped it") from None
+                continue
+            if line is None:
+                return
+            match = _WORKER_LINE.match(line)
+            if match:
+                yield int(match.group(1)), match.group(2)
+
+    def stop(self):
+        """SIGTERM (the launcher stops every process it started), SIGKILL a minute later."""
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+    def stderr_lines(self):
+        for reader in self.readers:
+            reader.join(5)
+        lines = []
+        while not self.err.empty():
+            line = self.err.get()
+            if line is not None:
+                lines.append(line)
+        return lines
+
+
+def _launcher_argv(command, workers, stall_timeout, job_threads):
+    argv = [sys.executable, "-m", "parallel.launch", "-n", str(workers), "-s", str(workers),
+            "--stall-timeout", str(stall_timeout)]
+    if job_threads:
+        argv += ["--env", f"OMP_NUM_THREADS:{job_threads}"]
+    return argv + list(command)
 
 
 def launch_job(label, command, workers, stall_timeout, job_threads=0, timeout=3600):
@@ -391,61 +400,24 @@ def launch_job(label, command, workers, stall_timeout, job_threads=0, timeout=36
     raises ``BenchmarkError`` with the launcher's ``error:`` line when the job fails or stalls, or when a worker
     reports nothing. ``job_threads`` 0 leaves ``OMP_NUM_THREADS`` to the launcher (it splits the cores).
     """
-    argv = [sys.executable, "-m", "parallel.launch", "-n", str(workers), "-s", str(workers),
-            "--stall-timeout", str(stall_timeout)]
-    env = _child_env()
+    env = harness.child_env()
     env.pop("OMP_NUM_THREADS", None)
-    if job_threads:
-        argv += ["--env", f"OMP_NUM_THREADS:{job_threads}"]
-    argv += list(command)
     started = time.perf_counter()
-    launcher = subprocess.Popen(argv, cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)
-    out_lines, err_lines = queue.Queue(), []
-    err_queue = queue.Queue()
-    readers = [threading.Thread(target=_drain, args=(launcher.stdout, out_lines), daemon=True),
-               threading.Thread(target=_drain, args=(launcher.stderr, err_queue), daemon=True)]
-    for reader in readers:
-        reader.start()
-    results, processes, finished = {}, [], False
+    launcher = _Launcher(_launcher_argv(command, workers, stall_timeout, job_threads), env)
+    results, processes = {}, []
     try:
-        while not finished:
-            try:
-                line = out_lines.get(timeout=1.0)
-            except queue.Empty:
-                if time.perf_counter() - started > timeout:
-                    raise BenchmarkError(f"{label}: the job ran longer than {timeout:g} s; stopped it")
-                continue
-            if line is None:
-                finished = True
-                continue
-            match = _WORKER_LINE.match(line)
-            if not match:
-                continue
-            text = match.group(2)
+        for index, text in launcher.worker_lines(started, timeout, label):
             if text == READY_LINE and not processes:   # every process of the job is up: read their settings
-                processes = _children_environments(launcher.pid)
+                processes = _children_environments(launcher.process.pid)
             elif text.startswith(RESULT_PREFIX):
-                result = json.loads(text[len(RESULT_PREFIX):])
-                result["launch_index"] = int(match.group(1))
+                result = dict(harness.read_result(text), launch_index=index)
                 results[result["rank"]] = result
-        status = launcher.wait(timeout=120)
+        status = launcher.process.wait(timeout=120)
     except BaseException:
-        if launcher.poll() is None:
-            launcher.terminate()   # SIGTERM: the launcher stops every process it started
-            try:
-                launcher.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                launcher.kill()
-                launcher.wait()
+        launcher.stop()
         raise
     finally:
-        for reader in readers:
-            reader.join(5)
-        while not err_queue.empty():
-            line = err_queue.get()
-            if line is not None:
-                err_lines.append(line)
+        err_lines = launcher.stderr_lines()
     if status != 0:
         errors = [line for line in err_lines if line.startswith("error:")]
         raise BenchmarkError(f"{label}: python -m parallel.launch exited with status {status}: "
@@ -459,15 +431,8 @@ def launch_job(label, command, workers, stall_timeout, job_threads=0, timeout=36
 
 def run_local(command, threads, timeout=3600):
     """Configuration a: one process with ``OMP_NUM_THREADS=threads``; returns its RESULT dict."""
-    proc = subprocess.run(command, cwd=ROOT, env=_child_env({"OMP_NUM_THREADS": str(threads)}),
-                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout)
-    if proc.returncode != 0:
-        raise BenchmarkError(f"a (one process): exited with status {proc.returncode}: "
-                             f"{_stderr_tail(proc.stderr.splitlines())}")
-    lines = [line for line in proc.stdout.splitlines() if line.startswith(RESULT_PREFIX)]
-    if not lines:
-        raise BenchmarkError(f"a (one process): printed no {RESULT_PREFIX.strip()} line")
-    return json.loads(lines[-1][len(RESULT_PREFIX):])
+    out, _ = harness.run_process(command, env=harness.child_env(OMP_NUM_THREADS=str(threads)), timeout=timeout)
+    return harness.read_result(out, "a (one process)")
 
 
 def _omp_by_role(job):
@@ -480,39 +445,36 @@ def _omp_by_role(job):
     return roles
 
 
-def _median(values):
-    return statistics.median(values)
+def _sweep_size(results, key, bound):
+    """One size of the push+pull sweep: rank 0's medians, and every rank's."""
+    rank0, nbytes = results[0], int(key)
+    pushpull, memcpy = harness.median(rank0["pushpull_s"][key]), harness.median(rank0["memcpy_s"][key])
+    floats = nbytes // ITEMSIZE
+    return {"bytes": nbytes, "label": harness.size_label(nbytes), "floats": floats,
+            "split_over_servers": bool(floats >= bound and rank0["num_servers"] > 1),
+            "pushpull_s": pushpull, "memcpy_s": memcpy,
+            "pushpull_gbps": nbytes / pushpull / 1e9, "memcpy_gbps": nbytes / memcpy / 1e9,
+            "fraction_of_memcpy": memcpy / pushpull,
+            "per_rank": [{"rank": r["rank"], "pushpull_s": harness.median(r["pushpull_s"][key]),
+                          "memcpy_s": harness.median(r["memcpy_s"][key]),
+                          "samples": {"pushpull_s": r["pushpull_s"][key], "memcpy_s": r["memcpy_s"][key]}}
+                         for r in results]}
 
 
 def summarize_kvstore(job, workers):
     results = job["results"]
     rank0 = results[0]
     bound = rank0["env"]["MXNET_KVSTORE_BIGARRAY_BOUND"]
-    sizes = []
-    for key in rank0["pushpull_s"]:
-        nbytes = int(key)
-        pushpull, memcpy = _median(rank0["pushpull_s"][key]), _median(rank0["memcpy_s"][key])
-        floats = nbytes // ITEMSIZE
-        sizes.append({
-            "bytes": nbytes, "label": _size_label(nbytes), "floats": floats,
-            "split_over_servers": bool(floats >= bound and rank0["num_servers"] > 1),
-            "pushpull_s": pushpull, "memcpy_s": memcpy,
-            "pushpull_gbps": nbytes / pushpull / 1e9, "memcpy_gbps": nbytes / memcpy / 1e9,
-            "fraction_of_memcpy": memcpy / pushpull,
-            "per_rank": [{"rank": r["rank"], "pushpull_s": _median(r["pushpull_s"][key]),
-                          "memcpy_s": _median(r["memcpy_s"][key]),
-                          "samples": {"pushpull_s": r["pushpull_s"][key], "memcpy_s": r["memcpy_s"][key]}}
-                         for r in results]})
-    sizes.sort(key=lambda s: s["bytes"])
-    allreduce_ms = _median(rank0["allreduce_across_s"]) * 1000
-    step_ms = _median(rank0["train_batch_s"]) * 1000
+    sizes = sorted((_sweep_size(results, key, bound) for key in rank0["pushpull_s"]), key=lambda s: s["bytes"])
+    allreduce_ms = harness.median(rank0["allreduce_across_s"]) * 1000
+    step_ms = harness.median(rank0["train_batch_s"]) * 1000
     lenet_floats = rank0["lenet_floats"]
     reduction = {
         "floats": lenet_floats, "bytes": lenet_floats * ITEMSIZE,
         "split_over_servers": bool(lenet_floats >= bound and rank0["num_servers"] > 1),
         "allreduce_across_ms": allreduce_ms, "train_batch_ms": step_ms, "fraction": allreduce_ms / step_ms,
-        "per_rank": [{"rank": r["rank"], "allreduce_across_ms": _median(r["allreduce_across_s"]) * 1000,
-                      "train_batch_ms": _median(r["train_batch_s"]) * 1000,
+        "per_rank": [{"rank": r["rank"], "allreduce_across_ms": harness.median(r["allreduce_across_s"]) * 1000,
+                      "train_batch_ms": harness.median(r["train_batch_s"]) * 1000,
                       "samples_ms": {"allreduce_across": [s * 1000 for s in r["allreduce_across_s"]],
                                      "train_batch": [s * 1000 for s in r["train_batch_s"]]}} for r in results]}
     common = {"workers": workers, "servers": rank0["num_servers"], "kvstore": rank0["kvstore"],
@@ -521,7 +483,71 @@ def summarize_kvstore(job, workers):
     return {**common, "sizes": sizes}, {**common, **reduction}
 
 
+def _measure_config(args, config, local_threads):
+    """One round's measurement of configuration ``config`` (a, b or c): its images/s from rank 0's time, and
+    what the JSON records of the round."""
+    if config == "a":
+        result = run_local(_worker_command("local", args, local_k=args.local_k), local_threads)
+        ranks, omp = [result], {"process": [result["env"]["OMP_NUM_THREADS"]]}
+    else:
+        job = launch_job(f"{config} ({CONFIG_NAMES[config]})",
+                         _worker_command("scratch" if config == "b" else "gluon", args), args.workers,
+                         args.stall_timeout, args.job_threads)
+        ranks, omp = job["results"], _omp_by_role(job)
+    images = args.batch_size * args.steps / ranks[0]["seconds"]   # rank 0's time
+    detail = {"images_per_second": images, "omp_num_threads": omp,
+              "per_rank": [{"rank": x["rank"], "seconds": x["seconds"],
+                            "images_per_second": args.batch_size * args.steps / x["seconds"],
+                            "OMP_NUM_THREADS": x["env"]["OMP_NUM_THREADS"],
+                            "params_checksum": x["params_checksum"]} for x in ranks]}
+    if config == "c":
+        detail["update_on_kvstore"] = ranks[0]["update_on_kvstore"]
+    return images, detail
+
+
+def _images_rounds(args, local_threads):
+    """Configurations a, b, c in each of ``--rounds`` rounds (the order rotates every round): the images/s of
+    each, what each round recorded, and the rounds' rows."""
+    samples, detail, rounds = {c: [] for c in CONFIGS}, {c: [] for c in CONFIGS}, []
+    for r, order in enumerate(harness.round_orders(CONFIGS, args.rounds, "rotate"), 1):
+        row = {"round": r, "order": order}
+        for config in order:
+            row[config], measured = _measure_config(args, config, local_threads)
+            samples[config].append(row[config])
+            detail[config].append({"round": r, **measured})
+        rounds.append(row)
+        print(f"round {r}/{args.rounds}: " + ", ".join(f"{c} {row[c]:.0f} images/s" for c in CONFIGS),
+              file=sys.stderr, flush=True)
+    return samples, detail, rounds
+
+
+def _images_summary(args, samples, detail, rounds):
+    """The images/s part of the JSON: every configuration's medians and rounds, and the ratios of the medians."""
+    medians = harness.medians(samples)
+    ratio_pairs = {"b/a": ("b", "a"), "c/a": ("c", "a"), "b/c": ("b", "c")}
+    configs = {}
+    for c in CONFIGS:
+        configs[c] = {"name": CONFIG_NAMES[c].replace("W", str(args.workers)), "images_per_second": medians[c],
+                      "samples": samples[c], "omp_num_threads": detail[c][-1]["omp_num_threads"],
+                      "rounds": detail[c],
+                      "params_agree_across_ranks": all(len({p["params_checksum"] for p in d["per_rank"]}) == 1
+                                                       for d in detail[c]),
+                      "params_checksum": detail[c][0]["per_rank"][0]["params_checksum"],
+                      "processes": (1 if c == "a" else f"{args.workers} workers + {args.workers} servers + scheduler"),
+                      "contexts_per_process": args.local_k if c == "a" else 1}
+    configs["c"]["update_on_kvstore"] = all(d["update_on_kvstore"] for d in detail["c"])
+    return {
+        "global_batch": args.batch_size, "steps": args.steps, "warmup": args.warmup, "rounds": args.rounds,
+        "timing": "rank 0's seconds for the timed steps (every rank's in configs.<c>.rounds[].per_rank); images/s = "
+                  "global batch x steps / seconds; medians over rounds",
+        "configs": configs,
+        "ratios": {name: medians[x] / medians[y] for name, (x, y) in ratio_pairs.items()},
+        "ratios_per_round": {name: [row[x] / row[y] for row in rounds] for name, (x, y) in ratio_pairs.items()},
+        "per_round": rounds}
+
+
 def run(args):
+    """The whole benchmark: the kvstore job (parts 1 and 2), then the images/s rounds (part 3); the JSON."""
     cores = _cores()
     local_threads = args.local_threads or cores
     print(f"kvstore job: push+pull sweep and LeNet reduction, {args.workers} workers ...", file=sys.stderr,
@@ -532,56 +558,7 @@ def run(args):
                         args.workers, args.stall_timeout, args.job_threads)
     kv_job_seconds = time.perf_counter() - started
     sweep, reduction = summarize_kvstore(kv_job, args.workers)
-
-    rounds = []
-    samples = {c: [] for c in CONFIGS}
-    detail = {c: [] for c in CONFIGS}
-    for r in range(args.rounds):
-        order = list(CONFIGS[r % 3:] + CONFIGS[:r % 3])   # the order rotates every round
-        row = {"round": r + 1, "order": order}
-        for config in order:
-            if config == "a":
-                result = run_local(_worker_command("local", args, local_k=args.local_k), local_threads)
-                ranks, omp = [result], {"process": [result["env"]["OMP_NUM_THREADS"]]}
-            else:
-                kind = "scratch" if config == "b" else "gluon"
-                job = launch_job(f"{config} ({CONFIG_NAMES[config]})", _worker_command(kind, args), args.workers,
-                                 args.stall_timeout, args.job_threads)
-                ranks, omp = job["results"], _omp_by_role(job)
-            images = args.batch_size * args.steps / ranks[0]["seconds"]   # rank 0's time
-            samples[config].append(images)
-            detail[config].append({"round": r + 1, "images_per_second": images, "omp_num_threads": omp,
-                                   "per_rank": [{"rank": x["rank"], "seconds": x["seconds"],
-                                                 "images_per_second": args.batch_size * args.steps / x["seconds"],
-                                                 "OMP_NUM_THREADS": x["env"]["OMP_NUM_THREADS"],
-                                                 "params_checksum": x["params_checksum"]} for x in ranks],
-                                   **({"update_on_kvstore": ranks[0]["update_on_kvstore"]} if config == "c" else {})})
-            row[config] = images
-        rounds.append(row)
-        print(f"round {r + 1}/{args.rounds}: " + ", ".join(f"{c} {row[c]:.0f} images/s" for c in CONFIGS),
-              file=sys.stderr, flush=True)
-
-    medians = {c: _median(samples[c]) for c in CONFIGS}
-    ratio_pairs = {"b/a": ("b", "a"), "c/a": ("c", "a"), "b/c": ("b", "c")}
-    omp = {c: detail[c][-1]["omp_num_threads"] for c in CONFIGS}
-    configs = {}
-    for c in CONFIGS:
-        agree = all(len({p["params_checksum"] for p in d["per_rank"]}) == 1 for d in detail[c])
-        configs[c] = {"name": CONFIG_NAMES[c].replace("W", str(args.workers)), "images_per_second": medians[c],
-                      "samples": samples[c], "omp_num_threads": omp[c], "rounds": detail[c],
-                      "params_agree_across_ranks": agree,
-                      "params_checksum": detail[c][0]["per_rank"][0]["params_checksum"],
-                      "processes": (1 if c == "a" else f"{args.workers} workers + {args.workers} servers + scheduler"),
-                      "contexts_per_process": args.local_k if c == "a" else 1}
-    configs["c"]["update_on_kvstore"] = all(d["update_on_kvstore"] for d in detail["c"])
-    images = {
-        "global_batch": args.batch_size, "steps": args.steps, "warmup": args.warmup, "rounds": args.rounds,
-        "timing": "rank 0's seconds for the timed steps (every rank's in configs.<c>.rounds[].per_rank); images/s = "
-                  "global batch x steps / seconds; medians over rounds",
-        "configs": configs,
-        "ratios": {name: medians[x] / medians[y] for name, (x, y) in ratio_pairs.items()},
-        "ratios_per_round": {name: [row[x] / row[y] for row in rounds] for name, (x, y) in ratio_pairs.items()},
-        "per_round": rounds}
+    images = _images_summary(args, *_images_rounds(args, local_threads))
     env0 = kv_job["results"][0]["env"]
     return {
         "command": "python benchmarks/distributed.py " + " ".join(args.argv),
@@ -594,7 +571,8 @@ def run(args):
                      "job_threads": args.job_threads or "the launcher's split of the cores",
                      "sizes": args.sizes, "stall_timeout": args.stall_timeout, "quick": args.quick,
                      "MXNET_KVSTORE_BIGARRAY_BOUND": env0["MXNET_KVSTORE_BIGARRAY_BOUND"]},
-        "omp_num_threads": {"pushpull_job": sweep["omp_num_threads"], **{c: omp[c] for c in CONFIGS}},
+        "omp_num_threads": {"pushpull_job": sweep["omp_num_threads"],
+                            **{c: images["configs"][c]["omp_num_threads"] for c in CONFIGS}},
         "pushpull": sweep,
         "lenet_reduction": reduction,
         "images_per_second": images,
@@ -612,63 +590,61 @@ def _omp_text(roles):
                             if kv[0] in names else 3))
 
 
-def render_table(result):
-    sweep, reduction, images = result["pushpull"], result["lenet_reduction"], result["images_per_second"]
-    lines = [f"push+pull sweep: {sweep['workers']} workers, {sweep['servers']} servers ({sweep['kvstore']}), "
-             f"MXNET_KVSTORE_BIGARRAY_BOUND={sweep['MXNET_KVSTORE_BIGARRAY_BOUND']}; OMP_NUM_THREADS: "
-             f"{_omp_text(sweep['omp_num_threads'])}; rank 0's medians",
-             "",
-             "| size | floats | split over servers | push+pull ms | push+pull GB/s | memcpy ms | memcpy GB/s "
-             "| push+pull / memcpy |",
-             "|---|---|---|---|---|---|---|---|"]
-    for s in sweep["sizes"]:
-        lines.append(f"| {s['label']} | {s['floats']:,} | {'yes' if s['split_over_servers'] else 'no'} "
-                     f"| {s['pushpull_s'] * 1000:.3f} | {s['pushpull_gbps']:.3f} | {s['memcpy_s'] * 1000:.3f} "
-                     f"| {s['memcpy_gbps']:.2f} | {s['fraction_of_memcpy']:.3f} |")
-    lines += ["",
-              f"LeNet's reduction per step (global batch {images['global_batch']}, {reduction['workers']} workers; "
-              f"flat gradient {reduction['floats']:,} floats = {reduction['bytes'] / KB:.0f} KB, "
-              f"{'split over' if reduction['split_over_servers'] else 'on one of'} the servers); rank 0's medians",
-              "",
-              "| allreduce_across ms | train_batch step ms | allreduce / step |",
-              "|---|---|---|",
-              f"| {reduction['allreduce_across_ms']:.2f} | {reduction['train_batch_ms']:.2f} "
-              f"| {reduction['fraction']:.3f} |",
-              "",
-              f"LeNet images/s, global batch {images['global_batch']}, {images['steps']} timed steps after "
-              f"{images['warmup']} warm-up, median of {images['rounds']} interleaved round(s), rank 0's time",
-              "",
-              "| configuration | OMP_NUM_THREADS of each process | images/s | per round |",
-              "|---|---|---|---|"]
+def _sweep_table(sweep):
+    return [f"push+pull sweep: {sweep['workers']} workers, {sweep['servers']} servers ({sweep['kvstore']}), "
+            f"MXNET_KVSTORE_BIGARRAY_BOUND={sweep['MXNET_KVSTORE_BIGARRAY_BOUND']}; OMP_NUM_THREADS: "
+            f"{_omp_text(sweep['omp_num_threads'])}; rank 0's medians", ""] + harness.markdown_table(
+        ["size", "floats", "split over servers", "push+pull ms", "push+pull GB/s", "memcpy ms", "memcpy GB/s",
+         "push+pull / memcpy"],
+        [[s["label"], f"{s['floats']:,}", "yes" if s["split_over_servers"] else "no", f"{s['pushpull_s'] * 1000:.3f}",
+          f"{s['pushpull_gbps']:.3f}", f"{s['memcpy_s'] * 1000:.3f}", f"{s['memcpy_gbps']:.2f}",
+          f"{s['fraction_of_memcpy']:.3f}"] for s in sweep["sizes"]])
+
+
+def _reduction_table(reduction, images):
+    return [f"LeNet's reduction per step (global batch {images['global_batch']}, {reduction['workers']} workers; "
+            f"flat gradient {reduction['floats']:,} floats = {reduction['bytes'] / KB:.0f} KB, "
+            f"{'split over' if reduction['split_over_servers'] else 'on one of'} the servers); rank 0's medians",
+            ""] + harness.markdown_table(
+        ["allreduce_across ms", "train_batch step ms", "allreduce / step"],
+        [[f"{reduction['allreduce_across_ms']:.2f}", f"{reduction['train_batch_ms']:.2f}",
+          f"{reduction['fraction']:.3f}"]])
+
+
+def _images_table(images):
+    rows = []
     for c in CONFIGS:
         cfg = images["configs"][c]
         extra = f", K={cfg['contexts_per_process']}" if c == "a" else ""
         if c == "c":
             extra += f", update_on_kvstore={cfg['update_on_kvstore']}"
-        lines.append(f"| ({c}) {cfg['name']}{extra} | {_omp_text(cfg['omp_num_threads'])} "
-                     f"| {cfg['images_per_second']:.0f} | {', '.join(f'{v:.0f}' for v in cfg['samples'])} |")
-    lines.append("")
+        rows.append([f"({c}) {cfg['name']}{extra}", _omp_text(cfg["omp_num_threads"]),
+                     f"{cfg['images_per_second']:.0f}", ", ".join(f"{v:.0f}" for v in cfg["samples"])])
     checksums = ", ".join(f"{c} {images['configs'][c]['params_checksum']:.6f}" for c in CONFIGS)
     agree = all(images["configs"][c]["params_agree_across_ranks"] for c in CONFIGS)
-    lines.append(f"sum of |parameters| after the warm-up and timed steps (round 1, rank 0): {checksums}; "
-                 f"the ranks of each job {'agree' if agree else 'DISAGREE'}")
-    lines.append("ratios of the medians: " + ", ".join(f"{name} = {value:.2f}"
-                                                       for name, value in images["ratios"].items()))
-    return "\n".join(lines)
+    return ([f"LeNet images/s, global batch {images['global_batch']}, {images['steps']} timed steps after "
+             f"{images['warmup']} warm-up, median of {images['rounds']} interleaved round(s), rank 0's time", ""]
+            + harness.markdown_table(["configuration", "OMP_NUM_THREADS of each process", "images/s", "per round"],
+                                     rows)
+            + ["", f"sum of |parameters| after the warm-up and timed steps (round 1, rank 0): {checksums}; "
+                   f"the ranks of each job {'agree' if agree else 'DISAGREE'}",
+               "ratios of the medians: " + ", ".join(f"{name} = {value:.2f}"
+                                                     for name, value in images["ratios"].items())])
+
+
+def render_table(result):
+    """The three markdown tables of a run (the sweep, LeNet's reduction, the images/s), as one text."""
+    images = result["images_per_second"]
+    return "\n".join(_sweep_table(result["pushpull"]) + [""] + _reduction_table(result["lenet_reduction"], images)
+                     + [""] + _images_table(images))
 
 
 def plot(result, path):
-    """Two panels: GB/s against size (push+pull and memcpy), and images/s of a, b, c. No pyplot: a Figure on
-    the Agg canvas, written atomically."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
+    """Two panels: GB/s against size (push+pull and memcpy), and images/s of a, b, c; written atomically."""
     from matplotlib.ticker import FixedLocator, NullLocator
-    from parallel.files import atomic_write
 
     sweep, images = result["pushpull"], result["images_per_second"]
-    fig = Figure(figsize=(12, 4.8))
-    FigureCanvasAgg(fig)
-    ax_bw, ax_img = fig.subplots(1, 2, gridspec_kw={"width_ratios": [3, 2]})
+    fig, (ax_bw, ax_img) = harness.figure(1, 2, figsize=(12, 4.8), gridspec_kw={"width_ratios": [3, 2]})
     sizes = [s["bytes"] for s in sweep["sizes"]]
     ax_bw.plot(sizes, [s["pushpull_gbps"] for s in sweep["sizes"]], "o-",
                label=f"kvstore push + pull ({sweep['workers']} workers, {sweep['servers']} servers)")
@@ -681,7 +657,7 @@ def plot(result, path):
     ax_bw.set_yscale("log")
     ax_bw.xaxis.set_major_locator(FixedLocator(sizes))
     ax_bw.xaxis.set_minor_locator(NullLocator())
-    ax_bw.set_xticklabels([_size_label(n) for n in sizes])
+    ax_bw.set_xticklabels([harness.size_label(n) for n in sizes])
     ax_bw.set_xlabel("array size (float32)")
     ax_bw.set_ylabel("GB/s (10^9 bytes / s, median)")
     ax_bw.set_title(f"push+pull vs memcpy, OMP_NUM_THREADS: {_omp_text(sweep['omp_num_threads'])}", fontsize=9)
@@ -706,13 +682,7 @@ def plot(result, path):
     ax_img.set_title(f"LeNet, global batch {images['global_batch']}; {ratios}", fontsize=9)
     ax_img.grid(axis="y", alpha=0.3)
     ax_img.set_ylim(0, max(values) * 1.15)
-    fig.tight_layout()
-    with atomic_write(path, "wb") as f:
-        fig.savefig(f, format="png", dpi=100)
-
-
-def _int_list(text):
-    return [int(x) for x in text.split(",")]
+    harness.save_figure(fig, path)
 
 
 def build_parser():
@@ -728,15 +698,46 @@ def build_parser():
                         help="OMP_NUM_THREADS of configuration a; default 0: every core")
     parser.add_argument("--job-threads", type=int, default=0,
                         help="OMP_NUM_THREADS of every worker and server of a job; default 0: the launcher's split")
-    parser.add_argument("--sizes", type=_int_list, default=None,
+    parser.add_argument("--sizes", action=harness.CommaList, item=int, minimum=1, default=None,
                         help="push+pull sizes in bytes, e.g. 4096,1048576; default 4 KB .. 64 MB")
     parser.add_argument("--stall-timeout", type=float, default=120.0,
                         help="the launcher's --stall-timeout for every job; default 120 s")
     parser.add_argument("--quick", action="store_true",
                         help="a smoke test: 1 round, 3 steps, batch 32, sizes 4 KB and 1 MB")
-    parser.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results"),
-                        help="directory for distributed.json and distributed.png; default benchmarks/results")
+    harness.add_out(parser, "distributed.json and distributed.png")
     return parser
+
+
+def parse_args(argv):
+    """The driver's arguments (``--quick`` applied; ``args.argv``: the command's words, for the JSON)."""
+    args = build_parser().parse_args(argv)
+    args.argv = argv
+    if args.quick:
+        args.rounds, args.steps, args.warmup, args.batch_size = 1, 3, 1, 32
+        args.sizes = args.sizes or QUICK_SIZES
+    args.sizes = args.sizes or SIZES
+    return args
+
+
+def _check(args):
+    """The arguments' values (``ValueError`` naming the flag); the paths of the JSON (checked writable) and the
+    PNG."""
+    harness.check_minimum([("--workers", args.workers), ("--rounds", args.rounds), ("--steps", args.steps),
+                           ("--batch-size", args.batch_size), ("--local-k", args.local_k)])
+    if args.batch_size < args.workers:
+        raise ValueError(f"--batch-size {args.batch_size} leaves a worker without an example; "
+                         f"give at least --workers ({args.workers})")
+    if any(n < ITEMSIZE or n % ITEMSIZE for n in args.sizes):
+        raise ValueError(f"--sizes must be multiples of {ITEMSIZE} bytes (float32), got {args.sizes}")
+    return harness.results_path(args.out, "distributed.json"), os.path.join(args.out, "distributed.png")
+
+
+def _run_and_write(args, paths):
+    result = run(args)
+    harness.write_json(paths[0], result)
+    plot(result, paths[1])
+    print(f"{result['command']}\nmachine: {result['machine']}\n")
+    print(render_table(result))
 
 
 def main(argv=None):
@@ -744,40 +745,8 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv and argv[0] == WORKER_FLAG:
         return worker_main(argv[1:])
-    args = build_parser().parse_args(argv)
-    args.argv = argv
-    if args.quick:
-        args.rounds, args.steps, args.warmup, args.batch_size = 1, 3, 1, 32
-        args.sizes = args.sizes or QUICK_SIZES
-    args.sizes = args.sizes or SIZES
-    from parallel.files import atomic_write, check_writable
-    try:
-        for flag, value in (("--workers", args.workers), ("--rounds", args.rounds), ("--steps", args.steps),
-                            ("--batch-size", args.batch_size), ("--local-k", args.local_k)):
-            if value < 1:
-                raise ValueError(f"{flag} must be >= 1, got {value}")
-        if args.batch_size < args.workers:
-            raise ValueError(f"--batch-size {args.batch_size} leaves a worker without an example; "
-                             f"give at least --workers ({args.workers})")
-        if any(n < ITEMSIZE or n % ITEMSIZE for n in args.sizes):
-            raise ValueError(f"--sizes must be multiples of {ITEMSIZE} bytes (float32), got {args.sizes}")
-        os.makedirs(args.out, exist_ok=True)
-        json_path, png_path = os.path.join(args.out, "distributed.json"), os.path.join(args.out, "distributed.png")
-        check_writable(json_path, "benchmark results")
-    except (ValueError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    try:
-        result = run(args)
-    except BenchmarkError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    with atomic_write(json_path) as f:
-        json.dump(result, f, indent=2)
-    plot(result, png_path)
-    print(f"{result['command']}\nmachine: {result['machine']}\n")
-    print(render_table(result))
-    return 0
+    args = parse_args(argv)
+    return harness.command_status(lambda: _check(args), lambda paths: _run_and_write(args, paths))
 
 
 if __name__ == "__main__":

@@ -20,20 +20,21 @@ Two parts, one after the other:
 Writes ``healing.json`` to ``--out``.
 """
 import argparse
-import json
 import os
-import random
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.append(os.path.dirname(os.path.abspath(__file__)))   # harness.py, beside this script
+import harness  # noqa: E402
+from harness import BenchmarkError  # noqa: E402
 
 
 def measure_cost(args):
+    """The cost part: seconds per epoch of ``fit`` with a checkpoint every N steps or only at the epoch's end,
+    each configuration once a round in a fresh shuffled order; a row each, its ratio to the epoch end only's."""
     import mxnet as mx
     from parallel import RunConfig, fit, init_model, make_strategy, synthetic_dataset
     from parallel.checkpoint import CheckpointWriter
@@ -42,13 +43,10 @@ def measure_cost(args):
     models = {"lenet": (64, 20 if args.quick else 100), "resnet18": (32, 2 if args.quick else 100)}
     everys = [None, 10, 50] if not args.quick else [None, 1]
     samples = {(model, every): [] for model in models for every in everys}
-    rng = random.Random(0)
     with tempfile.TemporaryDirectory() as tmp:
         def saver(model, directory):
             return CheckpointWriter(directory, {}, model)
-        for repeat in range(args.repeats):
-            order = list(samples)
-            rng.shuffle(order)
+        for repeat, order in enumerate(harness.round_orders(samples, args.repeats)):
             for model, every in order:
                 batch, steps = models[model]
                 dataset = synthetic_dataset(num_train=batch * steps, num_test=batch, seed=repeat)
@@ -59,15 +57,11 @@ def measure_cost(args):
                                  on_checkpoint=saver(model, directory))
                 samples[model, every].append(history[0]["seconds"])
             print(f"cost: repeat {repeat + 1}/{args.repeats} done", file=sys.stderr, flush=True)
-    rows = []
-    for model in models:
-        base = statistics.median(samples[model, None])
-        for every in everys:
-            median = statistics.median(samples[model, every])
-            rows.append({"model": model, "checkpoint_every": every, "steps": models[model][1],
-                         "batch_size": models[model][0], "seconds": samples[model, every],
-                         "median_seconds": median, "ratio": median / base})
-    return rows
+    rows = [{"model": model, "checkpoint_every": every, "steps": models[model][1], "batch_size": models[model][0],
+             "seconds": samples[model, every], "median_seconds": harness.median(samples[model, every])}
+            for model in models for every in everys]
+    return harness.add_ratios(rows, group=lambda row: row["model"], value="median_seconds",
+                              reference=lambda row: row["checkpoint_every"] is None)
 
 
 def run_job(args, directory, kill):
@@ -97,11 +91,10 @@ def run_job(args, directory, kill):
         process.wait(timeout=600)
     finally:
         if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+            harness.stop_group(process)
     stderr = process.stderr.read()
     if process.returncode != 0:
-        raise RuntimeError(f"the job failed ({process.returncode}): {stderr[-2000:]}")
+        raise BenchmarkError(f"the job failed ({process.returncode}): {stderr[-2000:]}")
     timings["total"] = time.monotonic() - started
     timings["restarts"] = sum(line.startswith("restart ") for line in stderr.splitlines())
     return timings
@@ -109,25 +102,16 @@ def run_job(args, directory, kill):
 
 def _workers_of(launcher_pid):
     """The pids of the job's worker processes (``DMLC_ROLE=worker`` in their environment), below the launcher."""
-    found = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/environ", "rb") as f:
-                environ = f.read().split(b"\0")
-            with open(f"/proc/{name}/stat") as f:
-                parent = int(f.read().rsplit(")", 1)[1].split()[1])
-        except OSError:
-            continue
-        if b"DMLC_ROLE=worker" in environ and parent == launcher_pid:
-            found.append(int(name))
+    found = sorted(int(name) for name in os.listdir("/proc") if name.isdigit()
+                   and harness.proc_parent(name) == launcher_pid
+                   and (harness.proc_environ(name) or {}).get("DMLC_ROLE") == "worker")
     if not found:
-        raise RuntimeError("no worker of the job found")
-    return sorted(found)
+        raise BenchmarkError("no worker of the job found")
+    return found
 
 
 def measure_job(args):
+    """The job part: the job uninterrupted, then with a worker killed; their timings."""
     with tempfile.TemporaryDirectory() as tmp:
         results = {}
         for name, kill in (("uninterrupted", False), ("killed", True)):
@@ -146,7 +130,7 @@ def main(argv=None):
     parser.add_argument("--repeats", type=int, default=5, help="interleaved rounds of the cost part; default 5")
     parser.add_argument("--epochs", type=int, default=3, help="epochs of the job part; default 3")
     parser.add_argument("--quick", action="store_true", help="smoke test: tiny sizes, seconds")
-    parser.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results"))
+    harness.add_out(parser, "healing.json")
     args = parser.parse_args(argv)
     if args.quick:
         args.repeats, args.epochs = 1, 3
@@ -154,12 +138,9 @@ def main(argv=None):
               "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "unset"), "cost": measure_cost(args)}
     with tempfile.TemporaryDirectory() as data:
         if args.data_dir is None:   # a small synthetic MNIST-format set
-            from parallel import synthetic_dataset, write_idx
-            from parallel.data import FILES
-            dataset = synthetic_dataset(num_train=640 if args.quick else 1500, num_test=64, seed=0)
-            for role, name in FILES.items():
-                write_idx(os.path.join(data, name), getattr(dataset, role))
-            args.data_dir = data
+            from parallel import synthetic_dataset
+            args.data_dir = harness.write_dataset(data, synthetic_dataset(num_train=640 if args.quick else 1500,
+                                                                          num_test=64, seed=0))
         result["job"] = measure_job(args)
     for row in result["cost"]:
         every = row["checkpoint_every"] or "epoch end only"
@@ -169,11 +150,7 @@ def main(argv=None):
     print(f"job: uninterrupted {job['uninterrupted']['total']:.1f} s; killed {job['killed']['total']:.1f} s "
           f"({job['total_ratio']:.2f}x); kill -> resuming {job['killed'].get('resumed', float('nan')):.1f} s, "
           f"-> next epoch line {job['killed'].get('first_epoch_after', float('nan')):.1f} s")
-    os.makedirs(args.out, exist_ok=True)
-    path = os.path.join(args.out, "healing.json")
-    with open(path + ".tmp", "w") as f:
-        json.dump(result, f, indent=2)
-    os.replace(path + ".tmp", path)
+    harness.write_json(os.path.join(args.out, "healing.json"), result)
     return 0
 
 

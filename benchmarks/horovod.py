@@ -50,46 +50,39 @@ import argparse
 import json
 import os
 import platform
-import random
 import shlex
 import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 import uuid
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.append(os.path.dirname(os.path.abspath(__file__)))   # harness.py, beside this script
+import harness  # noqa: E402
+from harness import BenchmarkError  # noqa: E402
+
 THIS = os.path.abspath(__file__)
-WORKER = os.path.join(ROOT, "benchmarks", "horovod_worker.py")
+WORKER = os.path.join(harness.HERE, "horovod_worker.py")
 HOROVODRUN = "/work/hvd-venv/bin/horovodrun"
 #: How each network shapes its loopback (``tc qdisc add dev lo root ...``); None: the machine's loopback as it is.
 NETWORKS = {"plain": None, "1gbit": "tbf rate 1gbit burst 128kb latency 200ms"}
 HOROVOD = "horovod"
 MARK = "PARALLEL_HOROVOD_BENCH_RUN"   # the environment variable that marks every process of one run
-RESULT_PREFIX = "RESULT "
 LINK_BYTES = 100 * 1000 * 1000
 POLL_SECONDS = 5.0
 GRACE_SECONDS = 10.0
 
 
-class BenchmarkError(Exception):
-    """A job failed or timed out; ``main`` prints ``error: <message>`` and returns 1."""
-
-
 # ---- processes: a group each, a marker each, nothing left behind ------------------------------------------------
 
-def _environ(pid):
+def _command(pid):
     try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            pairs = [item.split(b"=", 1) for item in f.read().split(b"\0") if b"=" in item]
         with open(f"/proc/{pid}/cmdline", "rb") as f:
-            command = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+            return f.read().replace(b"\0", b" ").decode(errors="replace").strip()
     except OSError:
-        return None, ""
-    return {k.decode(errors="replace"): v.decode(errors="replace") for k, v in pairs}, command
+        return ""
 
 
 def marked_processes(mark):
@@ -100,12 +93,12 @@ def marked_processes(mark):
     for name in os.listdir("/proc"):
         if not name.isdigit() or int(name) == os.getpid():
             continue
-        env, command = _environ(name)
+        env = harness.proc_environ(name)
         if env is None or env.get(MARK) != mark:
             continue
         role = env.get("DMLC_ROLE") or ("horovod rank " + env["HOROVOD_RANK"] if "HOROVOD_RANK" in env else "other")
         found[int(name)] = {"role": role, "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", "unset"),
-                            "command": command[:200]}
+                            "command": _command(name)[:200]}
     return found
 
 
@@ -129,16 +122,7 @@ def _kill_marked(mark, wait=0.0):
 def stop(process, mark):
     """Stop a run: SIGTERM to its process group, SIGKILL after ``GRACE_SECONDS``, then SIGKILL by pid whatever
     still carries its marker (processes started in sessions of their own). Returns those processes."""
-    for sig, wait in ((signal.SIGTERM, GRACE_SECONDS), (signal.SIGKILL, 30.0)):
-        try:
-            os.killpg(process.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
-        try:
-            process.wait(timeout=wait)
-            break
-        except subprocess.TimeoutExpired:
-            continue
+    harness.stop_group(process, GRACE_SECONDS)
     left = _kill_marked(mark)
     time.sleep(0.2 if left else 0)
     return left
@@ -238,10 +222,12 @@ def measure_link(network, env, tmp):
         return {"skipped": problem}
     cwd = tempfile.mkdtemp(prefix=f"link-{network}-", dir=tmp)
     result = run_job(wrap(network, [sys.executable, THIS, "--link-test", str(LINK_BYTES)]), env, cwd, 120)
-    lines = [line for line in result["stdout"].splitlines() if line.startswith(RESULT_PREFIX)]
-    if result["returncode"] != 0 or not lines:
-        return {"skipped": f"the network could not be made: {result['stderr'].strip()[-300:] or 'no result'}"}
-    return json.loads(lines[-1][len(RESULT_PREFIX):])
+    try:
+        if result["returncode"] == 0:
+            return harness.read_result(result["stdout"], "the link test")
+    except BenchmarkError:
+        pass
+    return {"skipped": f"the network could not be made: {result['stderr'].strip()[-300:] or 'no result'}"}
 
 
 # ---- data ---------------------------------------------------------------------------------------------------------
@@ -249,7 +235,7 @@ def measure_link(network, env, tmp):
 def prepare_data(args, tmp):
     """The MNIST-format directory both tools read, and its sizes: ``--data-dir`` as it is, or the first
     ``--train-size``/``--test-size`` examples of it (or of the synthetic set) written to ``tmp``."""
-    from parallel.data import FILES, Dataset, load_idx_dataset, synthetic_dataset, write_idx
+    from parallel.data import Dataset, load_idx_dataset, synthetic_dataset
     train_size = args.batches * args.batch_size if args.batches else args.train_size
     if args.data_dir is not None and train_size is None and args.test_size is None:
         dataset = load_idx_dataset(args.data_dir)
@@ -262,10 +248,7 @@ def prepare_data(args, tmp):
                       full.test_images[:args.test_size], full.test_labels[:args.test_size])
     if not len(dataset.train_labels) or not len(dataset.test_labels):
         raise BenchmarkError("the data left no training or no test example")
-    directory = os.path.join(tmp, "data")
-    os.makedirs(directory)
-    for role, name in FILES.items():
-        write_idx(os.path.join(directory, name), getattr(dataset, role))
+    directory = harness.write_dataset(os.path.join(tmp, "data"), dataset)
     return directory, len(dataset.train_labels), len(dataset.test_labels)
 
 
@@ -307,11 +290,10 @@ def job_env(args):
     backward bulks of 2; a value already in the environment is kept), so that Horovod's workers run MXNet's engine
     as ours do."""
     from parallel.threads import engine_settings   # imports no MXNet
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env = harness.child_env(PYTHONUNBUFFERED="1")
     for name, value in engine_settings().items():
         if name != "OMP_NUM_THREADS":   # --threads sets it below
             env.setdefault(name, value)
-    env["PYTHONPATH"] = os.pathsep.join([ROOT] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     if args.threads:
         env["OMP_NUM_THREADS"] = str(args.threads)
     return env
@@ -324,11 +306,11 @@ def _epochs_of(config, result, metrics):
             with open(metrics) as f:
                 return json.load(f), {}
         return None, {}
-    for line in reversed(result["stdout"].splitlines()):
-        if RESULT_PREFIX in line:
-            found = json.loads(line.split(RESULT_PREFIX, 1)[1])
-            return found.pop("epochs"), found
-    return None, {}
+    try:
+        found = harness.read_result(result["stdout"], "horovod")
+    except BenchmarkError:
+        return None, {}
+    return found.pop("epochs"), found
 
 
 def run_config(args, network, config, data_dir, tmp):
@@ -365,20 +347,18 @@ def summarize(result):
         if "skipped" in link:
             rows.append({"network": network, "config": "every configuration", "skipped": link["skipped"]})
             continue
-        medians = {}
         for config in result["configs"]:
             runs = [run for run in result["runs"] if run["network"] == network and run["config"] == config]
             if config == HOROVOD and result["horovod_skipped"]:
                 rows.append({"network": network, "config": config, "skipped": result["horovod_skipped"]})
                 continue
-            medians[config] = statistics.median(run["seconds"] for run in runs)
-            rows.append({"network": network, "config": config, "runs": len(runs), "seconds": medians[config],
-                         "images_per_second": n_train / medians[config],
-                         **{key: statistics.median(run[key] for run in runs)
+            seconds = harness.median(run["seconds"] for run in runs)
+            rows.append({"network": network, "config": config, "runs": len(runs), "seconds": seconds,
+                         "images_per_second": n_train / seconds,
+                         **{key: harness.median(run[key] for run in runs)
                             for key in ("train_loss", "train_acc", "test_acc")}})
-        for row in rows:
-            if row["network"] == network and "seconds" in row and HOROVOD in medians:
-                row["vs_horovod"] = row["seconds"] / medians[HOROVOD]
+    harness.add_ratios([row for row in rows if "seconds" in row], group=lambda row: row["network"],
+                       reference=lambda row: row["config"] == HOROVOD, value="seconds", field="vs_horovod")
     return rows
 
 
@@ -413,13 +393,7 @@ def format_table(result):
 
 def write_json(result, out):
     """Write ``result`` to ``out/horovod.json`` atomically; return the path."""
-    os.makedirs(out, exist_ok=True)
-    path = os.path.join(out, "horovod.json")
-    with open(path + ".tmp", "w") as f:
-        json.dump(result, f, indent=2)
-        f.write("\n")
-    os.replace(path + ".tmp", path)
-    return path
+    return harness.write_json(os.path.join(out, "horovod.json"), result)
 
 
 # ---- the command --------------------------------------------------------------------------------------------------
@@ -430,14 +404,6 @@ def _ours(text):
         raise argparse.ArgumentTypeError(f"expected NAME=FLAGS with a NAME other than {HOROVOD!r}, e.g. "
                                          f"'powersgd32=--compression powersgd:32', got {text!r}")
     return name.strip(), shlex.split(flags)
-
-
-def _networks(text):
-    names = [name for name in text.split(",") if name]
-    unknown = [name for name in names if name not in NETWORKS]
-    if not names or unknown:
-        raise argparse.ArgumentTypeError(f"expected a comma-separated list of {', '.join(NETWORKS)}, got {text!r}")
-    return list(dict.fromkeys(names))
 
 
 def parse_args(argv=None):
@@ -458,7 +424,8 @@ def parse_args(argv=None):
     parser.add_argument("--workers", type=int, default=2, help="workers a job (default 2)")
     parser.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS of every process (default 1; 0 "
                                                                "leaves the environment's)")
-    parser.add_argument("--networks", type=_networks, default=list(NETWORKS), metavar="NAME,...",
+    parser.add_argument("--networks", action=harness.CommaList, names=NETWORKS, default=list(NETWORKS),
+                        metavar="NAME,...",
                         help=f"of {', '.join(NETWORKS)} (default all)")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
     parser.add_argument("--ours", type=_ours, action="append", default=None, metavar="NAME=FLAGS",
@@ -468,7 +435,7 @@ def parse_args(argv=None):
     parser.add_argument("--horovod-python", default=None, help="default: python beside --horovodrun")
     parser.add_argument("--no-horovod", action="store_true", help="skip the Horovod row")
     parser.add_argument("--timeout", type=float, default=7200.0, help="seconds a job may take (default 7200)")
-    parser.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results"))
+    harness.add_out(parser, "horovod.json")
     parser.add_argument("--link-test", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.link_test is None:
@@ -497,9 +464,7 @@ def run_rounds(args, result, data_dir, tmp):
     """Every (network, configuration) pair once a round, in a fresh shuffled order; JSON after every run."""
     pairs = [(network, config) for network in args.networks if "skipped" not in result["links"][network]
              for config in result["configs"] if not (config == HOROVOD and result["horovod_skipped"])]
-    for number in range(1, args.rounds + 1):
-        order = list(pairs)
-        random.Random(number).shuffle(order)
+    for number, order in enumerate(harness.round_orders(pairs, args.rounds), 1):
         result["order"].append([f"{network}/{config}" for network, config in order])
         for network, config in order:
             record = run_config(args, network, config, data_dir, tmp)
@@ -512,7 +477,7 @@ def run_rounds(args, result, data_dir, tmp):
 def main(argv=None):
     args = parse_args(argv)
     if args.link_test is not None:
-        print(RESULT_PREFIX + json.dumps(link_rate(args.link_test)), flush=True)
+        harness.report_result(link_rate(args.link_test))
         return 0
     from importlib.metadata import version
     result = {"command": "python benchmarks/horovod.py " + shlex.join(argv if argv is not None else sys.argv[1:]),

@@ -36,7 +36,6 @@ Rank 0 prints one line ``RESULT {json}``: the epochs (``seconds``, ``images_per_
 """
 import argparse
 import collections
-import json
 import math
 import os
 import sys
@@ -44,11 +43,10 @@ import tempfile
 import time
 
 # benchmarks/horovod.py, the driver beside this script, would shadow the horovod package: Python puts the script's
-# directory first on the path
+# directory first on the path; it goes last (for harness.py), after the horovod package's site-packages
 _HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:] = [path for path in sys.path if os.path.abspath(path or os.curdir) != _HERE]
-
-RESULT_PREFIX = "RESULT "
+sys.path[:] = [path for path in sys.path if os.path.abspath(path or os.curdir) != _HERE] + [_HERE]
+import harness  # noqa: E402
 #: Steps queued before the oldest one's loss is read: ``parallel.fit.IN_FLIGHT`` (a test checks they agree).
 IN_FLIGHT = 2
 
@@ -207,11 +205,11 @@ def main(argv=None):
     hvd.init()
     history, n_train = run(args, hvd)
     if hvd.rank() == 0:
-        print(RESULT_PREFIX + json.dumps({
+        harness.report_result({
             "epochs": history, "workers": hvd.size(), "train_examples": n_train, "batch_size": args.batch_size,
             "lr": args.lr, "momentum": args.momentum, "wd": args.wd, "seed": args.seed, "batches": args.batches,
             "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "unset"), "mxnet": mx.__version__,
-            "horovod": getattr(__import__("horovod"), "__version__", "unknown")}), flush=True)
+            "horovod": getattr(__import__("horovod"), "__version__", "unknown")})
     hvd.shutdown()
     return 0
 

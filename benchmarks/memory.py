@@ -25,24 +25,28 @@ Writes ``benchmarks/results/memory.json`` (``memory_job.json`` for the job part;
 configuration.
 """
 import argparse
-import json
 import os
-import statistics
-import subprocess
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.append(os.path.dirname(os.path.abspath(__file__)))   # harness.py, beside this script
+import harness  # noqa: E402
 
 BATCH = {"lenet": 256, "resnet18": 64}
+#: ResNet-18's trainable parameters: Psi, the model's bytes, is 4 of them each.
+RESNET18_PARAMETERS = 11175818
 
 
 def parse_args(argv=None):
+    """The benchmark's arguments (``--worker``: one configuration, in a child process)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--part", choices=["recompute", "zero", "both", "job"], default="both")
-    parser.add_argument("--models", default="lenet,resnet18", help="recompute: comma-separated models")
+    parser.add_argument("--models", action=harness.CommaList, names=list(BATCH), default=list(BATCH),
+                        help="recompute: comma-separated models")
     parser.add_argument("--devices", type=int, default=2, help="recompute: CPU contexts")
-    parser.add_argument("--zero-devices", default="2,4", help="zero: comma-separated numbers of CPU contexts")
-    parser.add_argument("--job-devices", default="1,2", help="job: comma-separated contexts a worker")
+    parser.add_argument("--zero-devices", action=harness.CommaList, item=int, minimum=1, default=[2, 4],
+                        help="zero: comma-separated numbers of CPU contexts")
+    parser.add_argument("--job-devices", action=harness.CommaList, item=int, minimum=1, default=[1, 2],
+                        help="job: comma-separated contexts a worker")
     parser.add_argument("--steps", type=int, default=8, help="timed steps a run (after 2 of warm-up)")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved runs of each configuration")
     parser.add_argument("--out", default=None, help="the JSON file (default: results/memory.json, "
@@ -102,10 +106,8 @@ def _worker(config, steps):
     """Train ``steps`` + 2 steps of ``config`` (``_config``'s words); print one JSON line: step times, peak
     memory, the busiest context's bytes and, at stage 3, the bytes a step moves."""
     import resource
-    import time
 
     import mxnet as mx
-    import numpy as np
     from parallel.models import MODELS
     from parallel.optim import SGD, Adam
     from parallel.strategies import make_strategy
@@ -124,25 +126,23 @@ def _worker(config, steps):
         strategy = FullyShardedDataParallel(initial, ctx_list, reducer, prefetch=prefetch)
     else:
         strategy = make_strategy("data", initial, ctx_list, recompute=bool(recompute), zero=zero, reducer=reducer)
-    rng = np.random.RandomState(0)
-    X = mx.nd.array(rng.rand(BATCH[model], 1, 28, 28))
-    y = mx.nd.array(rng.randint(0, 10, BATCH[model]))
+    X, y = harness.random_batch(BATCH[model])
     optimizer = SGD(0.05, momentum=0.9) if recompute is not None else Adam(0.001, zero=zero)
-    times = []
-    for step in range(steps + 2):
-        start = time.perf_counter()
-        loss, _ = strategy.train_step(X, y, optimizer=optimizer)
-        mx.nd.waitall()
-        if step >= 2:
-            times.append(time.perf_counter() - start)
+    losses = []
+
+    def step():
+        losses.append(strategy.train_step(X, y, optimizer=optimizer)[0])
+    harness.warm_up([step], 2)
+    times = [harness.timed(step) for _ in range(steps)]   # every step waited for
+    loss = losses[-1]
     table = memory_of(strategy, optimizer)
     busiest = max(table, key=lambda row: sum(v for k, v in row.items() if k != "context"))
     moved = strategy.bytes_moved() if hasattr(strategy, "bytes_moved") else None
     pushed = strategy.network_bytes() if hasattr(strategy, "network_bytes") else None
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     if job is None or job.rank == 0:
-        print("RESULT " + json.dumps({"times": times, "peak_rss": peak, "loss": float(loss.asscalar()),
-                                      "busiest": busiest, "bytes_moved": moved, "pushed": pushed}), flush=True)
+        harness.report_result({"times": times, "peak_rss": peak, "loss": float(loss.asscalar()), "busiest": busiest,
+                               "bytes_moved": moved, "pushed": pushed})
 
 
 def _config(words):
@@ -159,79 +159,77 @@ def _words(config):
 def _run_rounds(configs, args, workers=0):
     """Each configuration once a round, in a process of its own (``workers``: a job of that many workers and
     servers under the launcher); the RESULT line of each run."""
-    runs = {config: [] for config in configs}
-    for _ in range(args.rounds):
-        for config in configs:
-            command = [sys.executable, os.path.abspath(__file__), "--worker", _words(config), "--steps",
-                       str(args.steps)]
-            if workers:
-                command = [sys.executable, "-m", "parallel.launch", "-n", str(workers), "-s", str(workers),
-                           "--stall-timeout", "600", *command]
-            result = subprocess.run(command, capture_output=True, text=True, timeout=1800, start_new_session=True)
-            if result.returncode:
-                raise SystemExit(f"{_words(config)} failed (exit {result.returncode}): {result.stderr[-2000:]}")
-            line = [line for line in result.stdout.splitlines() if "RESULT " in line][-1]
-            runs[config].append(json.loads(line.split("RESULT ", 1)[1]))
-    return runs
+    def run(config):
+        command = [sys.executable, os.path.abspath(__file__), "--worker", _words(config), "--steps", str(args.steps)]
+        if workers:
+            command = [sys.executable, "-m", "parallel.launch", "-n", str(workers), "-s", str(workers),
+                       "--stall-timeout", "600", *command]
+        out, _ = harness.run_process(command, timeout=1800)
+        return harness.read_result(out, _words(config))
+    return harness.interleave(run, configs, args.rounds, "fixed")
 
 
-def _median(runs, what):
-    return statistics.median(t for run in runs for t in (run[what] if what == "times" else [run[what]]))
+def _step(runs):
+    """The median seconds of a step over every timed step of ``runs``."""
+    return harness.median(t for run in runs for t in run["times"])
 
 
 def _recompute_rows(args):
-    models = args.models.split(",")
-    configs = [(model, recompute, 0, False, args.devices) for model in models for recompute in (False, True)]
+    configs = [(model, recompute, 0, False, args.devices) for model in args.models for recompute in (False, True)]
     runs, rows = _run_rounds(configs, args), []
-    for model in models:
+    for model in args.models:
         whole, kept = counted_activations(model, -(-BATCH[model] // args.devices))
-        base = None
         for recompute in (False, True):
             got = runs[(model, recompute, 0, False, args.devices)]
-            step, peak = _median(got, "times"), _median(got, "peak_rss")
-            base = step if base is None else base
-            row = {"part": "recompute", "model": model, "recompute": recompute, "batch": BATCH[model],
-                   "devices": args.devices, "step_seconds": step, "time_ratio": step / base, "peak_rss": peak,
-                   "activation_bytes": kept if recompute else whole, "losses": [run["loss"] for run in got]}
-            rows.append(row)
-            print(f"{model:9s} recompute={'on ' if recompute else 'off'} step {step * 1e3:7.1f} ms "
-                  f"({row['time_ratio']:.2f}x)  peak RSS {peak / 2**20:7.1f} MiB  activations kept "
-                  f"{row['activation_bytes'] / 2**20:6.1f} MiB a context", flush=True)
+            rows.append({"part": "recompute", "model": model, "recompute": recompute, "batch": BATCH[model],
+                         "devices": args.devices, "step_seconds": _step(got),
+                         "peak_rss": harness.median(run["peak_rss"] for run in got),
+                         "activation_bytes": kept if recompute else whole, "losses": [run["loss"] for run in got]})
+    harness.add_ratios(rows, group=lambda row: row["model"], value="step_seconds", field="time_ratio")
+    for row in rows:
+        print(f"{row['model']:9s} recompute={'on ' if row['recompute'] else 'off'} step "
+              f"{row['step_seconds'] * 1e3:7.1f} ms ({row['time_ratio']:.2f}x)  peak RSS {row['peak_rss'] / 2**20:7.1f}"
+              f" MiB  activations kept {row['activation_bytes'] / 2**20:6.1f} MiB a context", flush=True)
     return rows
+
+
+def _zero_row(got, workers, k, zero, prefetch):
+    """The row of one ZeRO configuration from its runs: the busiest context's bytes, the bytes moved and pushed."""
+    busiest = got[0]["busiest"]
+    held = busiest["parameters"] + busiest["gradients"] + busiest["optimizer_state"]
+    row = {"part": "job" if workers else "zero", "model": "resnet18", "workers": workers or 1,
+           "devices": k, "zero": zero, "prefetch": prefetch,
+           "batch": BATCH["resnet18"], "step_seconds": _step(got),
+           "busiest": busiest, "bytes_a_parameter": held / RESNET18_PARAMETERS,
+           "bytes_moved": got[0]["bytes_moved"], "pushed": got[0].get("pushed"),
+           "losses": [run["loss"] for run in got]}
+    if workers:   # a Reducer pushes each gradient once a step (zero 0, 1, 2); ZeRO-3 reports its own bytes
+        row["pushed"] = row["pushed"] if zero == 3 else 4 * RESNET18_PARAMETERS
+    return row
+
+
+def _print_zero_row(row, workers):
+    psi, busiest, k = 4 * RESNET18_PARAMETERS, row["busiest"], row["devices"]
+    moved = "" if row["bytes_moved"] is None else f"  moved {row['bytes_moved'] / (k * psi):.2f} Psi a context"
+    if workers:
+        moved += f"  pushed {row['pushed'] / psi:.2f} Psi a worker"
+    where = f"W={workers} K={k}" if workers else f"K={k}"
+    print(f"resnet18 {where} zero={row['zero']}{' prefetch' if row['prefetch'] else ''}: step "
+          f"{row['step_seconds'] * 1e3:7.1f} ms ({row['time_ratio']:.2f}x)  {row['bytes_a_parameter']:5.2f} B/param + "
+          f"gathered {busiest['gathered_peak'] / 2**20:5.1f} MiB + temporary "
+          f"{busiest['temporary_buffers'] / 2**20:5.1f} MiB{moved}", flush=True)
 
 
 def _zero_rows(args, workers=0):
     stages = [(0, False), (1, False), (2, False), (3, True), (3, False)]
-    devices = [int(k) for k in (args.job_devices if workers else args.zero_devices).split(",")]
+    devices = args.job_devices if workers else args.zero_devices
     configs = [("resnet18", None, zero, prefetch, k) for k in devices for zero, prefetch in stages]
-    runs, rows = _run_rounds(configs, args, workers), []
-    psi = 4 * 11175818
-    for k in devices:
-        base = None
-        for zero, prefetch in stages:
-            got = runs[("resnet18", None, zero, prefetch, k)]
-            step = _median(got, "times")
-            base = step if base is None else base
-            busiest = got[0]["busiest"]
-            held = busiest["parameters"] + busiest["gradients"] + busiest["optimizer_state"]
-            row = {"part": "job" if workers else "zero", "model": "resnet18", "workers": workers or 1,
-                   "devices": k, "zero": zero, "prefetch": prefetch,
-                   "batch": BATCH["resnet18"], "step_seconds": step, "time_ratio": step / base,
-                   "busiest": busiest, "bytes_a_parameter": held / (11175818),
-                   "bytes_moved": got[0]["bytes_moved"], "pushed": got[0].get("pushed"),
-                   "losses": [run["loss"] for run in got]}
-            rows.append(row)
-            moved = "" if row["bytes_moved"] is None else f"  moved {row['bytes_moved'] / (k * psi):.2f} Psi a context"
-            if workers:
-                # a Reducer pushes each gradient once a step (zero 0, 1, 2); ZeRO-3 reports its own bytes
-                pushed = row["pushed"] if zero == 3 else psi
-                row["pushed"] = pushed
-                moved += f"  pushed {pushed / psi:.2f} Psi a worker"
-            where = f"W={workers} K={k}" if workers else f"K={k}"
-            print(f"resnet18 {where} zero={zero}{' prefetch' if prefetch else ''}: step {step * 1e3:7.1f} ms "
-                  f"({row['time_ratio']:.2f}x)  {row['bytes_a_parameter']:5.2f} B/param + gathered "
-                  f"{busiest['gathered_peak'] / 2**20:5.1f} MiB + temporary {busiest['temporary_buffers'] / 2**20:5.1f} "
-                  f"MiB{moved}", flush=True)
+    runs = _run_rounds(configs, args, workers)
+    rows = [_zero_row(runs[("resnet18", None, zero, prefetch, k)], workers, k, zero, prefetch)
+            for k in devices for zero, prefetch in stages]
+    harness.add_ratios(rows, group=lambda row: row["devices"], value="step_seconds", field="time_ratio")
+    for row in rows:
+        _print_zero_row(row, workers)
     return rows
 
 
@@ -248,13 +246,9 @@ def main(argv=None):
     if args.part == "job":
         rows += _zero_rows(args, workers=2)
     if args.out is None:
-        args.out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
-                                "memory_job.json" if args.part == "job" else "memory.json")
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    from parallel.files import atomic_write
-    with atomic_write(args.out) as f:
-        json.dump({"omp_num_threads": os.environ.get("OMP_NUM_THREADS"), "rounds": args.rounds, "steps": args.steps,
-                   "rows": rows}, f, indent=1)
+        args.out = os.path.join(harness.RESULTS, "memory_job.json" if args.part == "job" else "memory.json")
+    harness.write_json(args.out, {"omp_num_threads": os.environ.get("OMP_NUM_THREADS"), "rounds": args.rounds,
+                                  "steps": args.steps, "rows": rows})
     return 0
 
 

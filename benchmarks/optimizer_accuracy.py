@@ -23,10 +23,12 @@ Writes ``optimizer_accuracy.json`` to ``--out``.
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
+
+sys.path.append(os.path.dirname(os.path.abspath(__file__)))   # harness.py, beside this script
+import harness  # noqa: E402
 
 #: name -> (model, epochs, seeds, flags)
 CONFIGURATIONS = {
@@ -43,21 +45,18 @@ CONFIGURATIONS = {
 
 def run_one(model, epochs, seed, flags, data_dir, timeout):
     """One training run in its own process; returns its metrics history."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     with tempfile.TemporaryDirectory() as tmp:
         metrics = os.path.join(tmp, "metrics.json")
         command = [sys.executable, "-m", "parallel.train", "--model", model, "--data-dir", data_dir, "--devices",
                    "cpu:1", "--epochs", str(epochs), "--seed", str(seed), "--no-progress", "--metrics-json",
                    metrics, *flags]
-        result = subprocess.run(command, cwd=root, capture_output=True, text=True, timeout=timeout,
-                                start_new_session=True)
-        if result.returncode != 0:
-            raise RuntimeError(f"{' '.join(command)} failed ({result.returncode}): {result.stderr[-2000:]}")
+        harness.run_process(command, timeout=timeout)
         with open(metrics) as f:
             return json.load(f)
 
 
 def run(args):
+    """Every configuration of ``--configurations``, each seed, one after the other; a record each."""
     records = []
     for name in args.configurations:
         model, epochs, seeds, flags = CONFIGURATIONS[name]
@@ -76,29 +75,20 @@ def run(args):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--data-dir", required=True, help="an MNIST-format directory (benchmarks/digits_dataset.py)")
-    parser.add_argument("--configurations", default=",".join(CONFIGURATIONS),
+    parser.add_argument("--configurations", action=harness.CommaList, names=list(CONFIGURATIONS),
+                        default=list(CONFIGURATIONS),
                         help=f"comma-separated, of {', '.join(CONFIGURATIONS)}; default all")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds one run may take; default 3600")
     parser.add_argument("--quick", action="store_true", help="smoke test: two epochs of one seed each")
-    parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"),
-                        help="directory for optimizer_accuracy.json; default benchmarks/results")
+    harness.add_out(parser, "optimizer_accuracy.json")
     args = parser.parse_args(argv)
-    args.configurations = args.configurations.split(",")
-    unknown = set(args.configurations) - set(CONFIGURATIONS)
-    if unknown:
-        parser.error(f"unknown configurations {sorted(unknown)}; choose from {', '.join(CONFIGURATIONS)}")
-    from parallel.files import atomic_write, check_writable
-    os.makedirs(args.out, exist_ok=True)
-    path = os.path.join(args.out, "optimizer_accuracy.json")
-    check_writable(path)
+    path = harness.results_path(args.out, "optimizer_accuracy.json")
     start = time.perf_counter()
     records = run(args)
-    settings = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "unset (the CLI: every core)"),
-                "cores": os.cpu_count(), "data_dir": os.path.basename(os.path.abspath(args.data_dir)),
+    settings = {**harness.run_settings(unset="unset (the CLI: every core)"),
+                "data_dir": os.path.basename(os.path.abspath(args.data_dir)),
                 "seconds": time.perf_counter() - start, "quick": args.quick}
-    with atomic_write(path) as f:
-        json.dump({"settings": settings, "records": records}, f, indent=1)
-    print(f"wrote {path}")
+    print(f"wrote {harness.write_json(path, {'settings': settings, 'records': records})}")
     return 0
 
 

@@ -26,15 +26,13 @@ One process, one thread setting; in the timed parts every configuration runs onc
 order (interleaved: a slow spell hits all alike); medians. Writes ``optimizers.json`` to ``--out``.
 """
 import argparse
-import json
 import os
-import platform
-import random
-import statistics
 import sys
 import time
 
-LENET_BATCH = 256
+sys.path.append(os.path.dirname(os.path.abspath(__file__)))   # harness.py, beside this script
+import harness  # noqa: E402
+
 #: The optimizers of the update comparison: the package's, and gluon.Trainer's name and arguments for the same.
 UPDATE_OPTIMIZERS = {
     "sgd": ({}, "sgd", {}),
@@ -46,19 +44,8 @@ UPDATE_OPTIMIZERS = {
 
 #: The update comparison's methods: the Trainer, and the package with each ZeRO stage.
 UPDATE_METHODS = ("trainer", "parallel", "parallel/zero1", "parallel/zero2")
-
-
-def _block(network):
-    import parallel
-    from parallel.export import to_gluon
-    return to_gluon(parallel.init_lenet_params(seed=0)) if network == "lenet" else parallel.init_resnet18(seed=0)
-
-
-def _batch(batch_size):
-    import mxnet as mx
-    import numpy as np
-    rng = np.random.RandomState(0)
-    return mx.nd.array(rng.rand(batch_size, 1, 28, 28)), mx.nd.array(rng.randint(0, 10, batch_size))
+#: The parts a run may measure (``--parts``).
+PARTS = ("memory", "update", "step")
 
 
 def _optimizer(name, zero=0, lr=0.01):
@@ -70,7 +57,7 @@ def _optimizer(name, zero=0, lr=0.01):
 
 def _replicas(network, ctx_list):
     import parallel
-    block = _block(network)
+    block = harness.gluon_network(network)
     return block, [parallel.get_params(block, ctx) for ctx in ctx_list], parallel.GluonNet(block,
                                                                                           sync_batchnorm=False)
 
@@ -81,7 +68,7 @@ def memory(network, optimizer, zero, ctx_list, batch_size):
     from parallel.optim import memory_per_context
     block, device_params, net = _replicas(network, ctx_list)
     opt = _optimizer(optimizer, zero)
-    X, y = _batch(batch_size)
+    X, y = harness.random_batch(batch_size)
     parallel.train_step(X, y, device_params, ctx_list, net=net, optimizer=opt)
     use = memory_per_context(opt, [device_params])
     n = device_params[0].data.size
@@ -94,30 +81,16 @@ def memory(network, optimizer, zero, ctx_list, batch_size):
 def build_update(network, method, optimizer, ctx_list, batch_size):
     """A function that runs one update (gradients in place) of ``network`` by ``method`` on ``ctx_list``."""
     import mxnet as mx
-    from mxnet import autograd, gluon
 
     import parallel
     from parallel.optim import optimizer_step
-    X, y = _batch(batch_size)
+    X, y = harness.random_batch(batch_size)
     if method == "trainer":
-        block = _block(network)
-        block.collect_params().reset_ctx(ctx_list)
-        block.hybridize(static_alloc=True, static_shape=True)
+        block = harness.gluon_network(network)
         _, name, args = UPDATE_OPTIMIZERS[optimizer]
-        trainer = gluon.Trainer(block.collect_params(), name, {"learning_rate": 0.01, **args}, kvstore="device")
-        loss = gluon.loss.SoftmaxCrossEntropyLoss()
-        X_shards = gluon.utils.split_and_load(X, ctx_list, even_split=False)
-        y_shards = gluon.utils.split_and_load(y, ctx_list, even_split=False)
-        with autograd.record():
-            losses = [loss(block(Xs), ys) for Xs, ys in zip(X_shards, y_shards)]
-        autograd.backward(losses)
-        arrays = [a for p in block.collect_params().values() if p.grad_req != "null" for a in p.list_data()]
-
-        def update():
-            for array in arrays:   # what backward() sets: without it, step() skips every parameter
-                array._fresh_grad = True
-            trainer.step(batch_size)
-        return update
+        trainer = harness.gluon_trainer(block, ctx_list, name, {"learning_rate": 0.01, **args})
+        harness.gluon_step(block, trainer, X, y, ctx_list)()   # gradients in place
+        return harness.trainer_update(block, trainer, batch_size)
     block, device_params, net = _replicas(network, ctx_list)
     opt = _optimizer(optimizer, zero=int(method[-1]) if method.startswith("parallel/zero") else 0)
     parallel.train_step(X, y, device_params, ctx_list, net=net, optimizer=opt)   # gradients in place
@@ -130,74 +103,45 @@ def build_step(network, optimizer, zero, ctx_list, batch_size):
     import parallel
     block, device_params, net = _replicas(network, ctx_list)
     opt = _optimizer(optimizer, zero)
-    X, y = _batch(batch_size)
+    X, y = harness.random_batch(batch_size)
     return lambda: parallel.train_step(X, y, device_params, ctx_list, net=net, optimizer=opt)
 
 
-def timed(steps, repeats, count):
-    """Median ms per call of each function of ``steps`` (a dict), interleaved in shuffled order every repeat."""
-    import mxnet as mx
-    for step in steps.values():   # warm up: graphs, receive buffers, optimizer state
-        for _ in range(2):
-            step()
-    mx.nd.waitall()
-    samples = {key: [] for key in steps}
-    order = random.Random(0)
-    for _ in range(repeats):
-        for key in order.sample(list(steps), len(steps)):
-            calls = count(key)
-            mx.nd.waitall()
-            start = time.perf_counter()
-            for _ in range(calls):
-                steps[key]()
-            mx.nd.waitall()
-            samples[key].append((time.perf_counter() - start) / calls * 1000)
-    return {key: (statistics.median(ms), ms) for key, ms in samples.items()}
+def _memory_records(args, ctx_all, batch):
+    return [{"part": "memory", "network": network, "optimizer": optimizer, "k": k, "zero": zero,
+             **memory(network, optimizer, zero, ctx_all[:k], batch[network])}
+            for network in args.networks for optimizer in ("momentum", "adam") for k in args.ks for zero in (0, 1, 2)]
+
+
+def _timed_records(args, part, steps):
+    """The records of a timed part: each of ``steps`` (key -> function) timed in every repeat, interleaved."""
+    fields = ("network", "method", "optimizer", "k") if part == "update" else ("network", "optimizer", "zero", "k")
+    samples = harness.time_interleaved(steps, args.repeats, warmup=2,
+                                       calls=lambda key: args.lenet_steps if key[0] == "lenet" else args.steps)
+    return [{"part": part, **dict(zip(fields, key)), "median_ms": harness.median(ms), "ms": ms}
+            for key, ms in samples.items()]
 
 
 def run(args):
     import parallel
     ctx_all = parallel.parse_devices(f"cpu:{max(args.ks)}")
-    batch = {"lenet": LENET_BATCH, "resnet18": args.resnet_batch}
-    count = lambda key: args.lenet_steps if key[0] == "lenet" else args.steps   # noqa: E731
-    records = []
-    if "memory" in args.parts:
-        for network in args.networks:
-            for optimizer in ("momentum", "adam"):
-                for k in args.ks:
-                    for zero in (0, 1, 2):
-                        records.append({"part": "memory", "network": network, "optimizer": optimizer, "k": k,
-                                        "zero": zero, **memory(network, optimizer, zero, ctx_all[:k], batch[network])})
+    batch = {"lenet": harness.LENET_BATCH, "resnet18": args.resnet_batch}
+    records = _memory_records(args, ctx_all, batch) if "memory" in args.parts else []
     if "update" in args.parts:
         steps = {(network, method, optimizer, k): build_update(network, method, optimizer, ctx_all[:k], batch[network])
                  for network in args.networks for optimizer in UPDATE_OPTIMIZERS for k in args.ks
                  for method in UPDATE_METHODS}
-        for (network, method, optimizer, k), (median, ms) in timed(steps, args.repeats, count).items():
-            records.append({"part": "update", "network": network, "method": method, "optimizer": optimizer, "k": k,
-                            "median_ms": median, "ms": ms})
+        records += harness.add_ratios(_timed_records(args, "update", steps),
+                                      group=lambda r: (r["network"], r["optimizer"], r["k"]),
+                                      reference=lambda r: r["method"] == "trainer")
     if "step" in args.parts:
         steps = {(network, optimizer, zero, k): build_step(network, optimizer, zero, ctx_all[:k], batch[network])
                  for network in args.networks for optimizer in ("momentum", "adam") for k in args.ks
                  for zero in (0, 1, 2)}
-        for (network, optimizer, zero, k), (median, ms) in timed(steps, args.repeats, count).items():
-            records.append({"part": "step", "network": network, "optimizer": optimizer, "zero": zero, "k": k,
-                            "median_ms": median, "ms": ms})
-    _ratios(records)
+        records += harness.add_ratios(_timed_records(args, "step", steps),
+                                      group=lambda r: (r["network"], r["optimizer"], r["k"]),
+                                      reference=lambda r: r["zero"] == 0)
     return records
-
-
-def _ratios(records):
-    """Each timed record's ratio: the package's update over the Trainer's; a step over the same step at zero=0."""
-    for r in records:
-        if r["part"] == "update":
-            ref = next(t for t in records if t["part"] == "update" and t["method"] == "trainer" and
-                       (t["network"], t["optimizer"], t["k"]) == (r["network"], r["optimizer"], r["k"]))
-        elif r["part"] == "step":
-            ref = next(t for t in records if t["part"] == "step" and t["zero"] == 0 and
-                       (t["network"], t["optimizer"], t["k"]) == (r["network"], r["optimizer"], r["k"]))
-        else:
-            continue
-        r["ratio"] = r["median_ms"] / ref["median_ms"]
 
 
 def print_tables(result):
@@ -220,51 +164,31 @@ def print_tables(result):
                   f"  x{r['ratio']:.2f} zero=0")
 
 
-def _int_list(text):
-    try:
-        values = [int(v) for v in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"expected integers >= 1, got {text!r}")
-    return values
+def parse_args(argv=None):
+    """The benchmark's arguments (``--quick`` applied)."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    harness.add_network_flags(parser, calls="calls")
+    parser.add_argument("--parts", action=harness.CommaList, names=PARTS, default=list(PARTS),
+                        help="comma-separated: memory, update, step")
+    parser.add_argument("--quick", action="store_true", help="smoke test: LeNet, K=1,2, 2 repeats of 1 call")
+    harness.add_out(parser, "optimizers.json")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.ks, args.networks, args.repeats, args.steps, args.lenet_steps = [1, 2], ["lenet"], 2, 1, 1
+    return args
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--ks", type=_int_list, default=[1, 2, 4], help="numbers of CPU contexts; default 1,2,4")
-    parser.add_argument("--networks", default="lenet,resnet18", help="comma-separated: lenet, resnet18; default both")
-    parser.add_argument("--parts", default="memory,update,step", help="comma-separated: memory, update, step")
-    parser.add_argument("--resnet-batch", type=int, default=32, help="ResNet-18's global batch; default 32")
-    parser.add_argument("--repeats", type=int, default=5, help="interleaved repeats; default 5")
-    parser.add_argument("--steps", type=int, default=2, help="ResNet-18 calls timed per repeat; default 2")
-    parser.add_argument("--lenet-steps", type=int, default=8, help="LeNet calls timed per repeat; default 8")
-    parser.add_argument("--quick", action="store_true", help="smoke test: LeNet, K=1,2, 2 repeats of 1 call")
-    parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"),
-                        help="directory for optimizers.json; default benchmarks/results")
-    args = parser.parse_args(argv)
-    args.networks, args.parts = args.networks.split(","), args.parts.split(",")
-    if not set(args.networks) <= {"lenet", "resnet18"} or not set(args.parts) <= {"memory", "update", "step"}:
-        parser.error("--networks takes lenet and/or resnet18, --parts memory, update and/or step")
-    if args.quick:
-        args.ks, args.networks, args.repeats, args.steps, args.lenet_steps = [1, 2], ["lenet"], 2, 1, 1
-    from parallel.files import atomic_write, check_writable
-    os.makedirs(args.out, exist_ok=True)
-    path = os.path.join(args.out, "optimizers.json")
-    check_writable(path)
+    args = parse_args(argv)
+    path = harness.results_path(args.out, "optimizers.json")
     start = time.perf_counter()
     records = run(args)
-    settings = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "unset (MXNet: half the cores)"),
-                "cores": os.cpu_count(), "ks": args.ks, "networks": args.networks, "parts": args.parts,
-                "repeats": args.repeats, "steps": args.steps, "lenet_steps": args.lenet_steps,
-                "lenet_batch": LENET_BATCH, "resnet_batch": args.resnet_batch,
-                "machine": platform.processor() or platform.machine(), "seconds": time.perf_counter() - start,
+    settings = {**harness.run_settings(), **harness.network_settings(args), "parts": args.parts,
+                "seconds": time.perf_counter() - start,
                 "order": "every timed configuration once per repeat, in a fresh shuffled order (seed 0)"}
     result = {"settings": settings, "records": records}
     print_tables(result)
-    with atomic_write(path) as f:
-        json.dump(result, f, indent=1)
-    print(f"wrote {path}")
+    print(f"wrote {harness.write_json(path, result)}")
     return 0
 
 

@@ -24,19 +24,15 @@ median over every step of every round is reported, with its ratio to the row's b
 Writes ``overlap.json`` to ``--out`` and prints a markdown table per part.
 """
 import argparse
-import json
 import os
 import shlex
-import signal
-import statistics
-import subprocess
 import sys
-import time
 
-from parallel.files import atomic_write
-from parallel.threads import engine_settings
+sys.path.append(os.path.dirname(os.path.abspath(__file__)))   # harness.py, beside this script
+import harness  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from parallel.threads import engine_settings  # noqa: E402
+
 WORKER_FLAG = "--worker"
 BATCH = {"lenet": 256, "resnet18": 32}
 SMALL = {"lenet": 0.1, "resnet18": 5}
@@ -45,6 +41,7 @@ SWEEP = {"lenet": [None, 25, 0.5, 0.1, 0.02, 0.004], "resnet18": [None, 100, 25,
 ENGINE = {name: value for name, value in engine_settings().items() if name != "OMP_NUM_THREADS"}
 DEFAULTS = {"MXNET_CPU_TEMP_COPY": "4", "MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN_BWD": "15"}
 SHAPE = "ip link set lo up && tc qdisc add dev lo root tbf rate 1gbit burst 128kb latency 200ms"
+PARTS, MODELS, LINKS = ("process", "sweep", "job"), ("lenet", "resnet18"), ("plain", "1gbit")
 
 
 # ---- the worker: one configuration, its step times as one JSON line ---------------------------------------------
@@ -61,7 +58,6 @@ def _model(name, reducer, ctx_list):
 def worker(opts):
     """Train ``opts.steps`` steps (after 2 of warm-up) of one configuration; print their seconds as JSON."""
     import mxnet as mx
-    import numpy as np
     from parallel import Reducer, train_batch
     from parallel.job import broadcast_params, join
     import parallel.models.lenet
@@ -72,42 +68,24 @@ def worker(opts):
     device_params, kwargs = _model(opts.model, reducer, ctx_list)
     if job is not None:
         broadcast_params(job, device_params)
-    rng = np.random.RandomState(0)
-    n = BATCH[opts.model]
-    X, y = mx.nd.array(rng.rand(n, 1, 28, 28)), mx.nd.array(rng.randint(0, 10, n))
-    seconds = []
-    for step in range(opts.steps + 2):
-        mx.nd.waitall()
-        start = time.perf_counter()
+    X, y = harness.random_batch(BATCH[opts.model])
+
+    def step():
         train_batch(X, y, device_params, ctx_list, 0.01, reducer=reducer, **kwargs)
-        mx.nd.waitall()
-        if step >= 2:
-            seconds.append(time.perf_counter() - start)
+    harness.warm_up([step], 2)
+    seconds = [harness.timed(step) for _ in range(opts.steps)]   # each step timed whole
     if job is None or job.rank == 0:
-        print("RESULT " + json.dumps({"seconds": seconds, "buckets": len(device_params[0].buckets)}), flush=True)
+        harness.report_result({"seconds": seconds, "buckets": len(device_params[0].buckets)})
 
 
 # ---- the parent: configurations, rounds, tables -------------------------------------------------------------------
 
 def _run(argv, env, timeout, shaped=False):
-    """Run ``argv`` in its own process group (inside a shaped namespace if asked); the RESULT line's JSON."""
+    """Run ``argv`` (inside a shaped namespace if asked) in a session of its own; the RESULT line's JSON."""
     if shaped:
         argv = ["unshare", "-n", "sh", "-c", f"{SHAPE} && exec {' '.join(shlex.quote(a) for a in argv)}"]
-    process = subprocess.Popen(argv, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               start_new_session=True)
-    try:
-        out, err = process.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.communicate()
-        raise RuntimeError(f"timed out after {timeout} s: {' '.join(argv)}") from None
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-    for line in out.splitlines():
-        if "RESULT " in line:
-            return json.loads(line.split("RESULT ", 1)[1])
-    raise RuntimeError(f"no result from {' '.join(argv)} (exit {process.returncode}):\n{err[-2000:]}")
+    out, _ = harness.run_process(argv, env=env, timeout=timeout)
+    return harness.read_result(out, " ".join(argv[:6]))
 
 
 def _config(part, model, k, label, bucket_mb, engine, bulk, link="plain"):
@@ -137,7 +115,8 @@ def configurations(opts):
 
 
 def measure(config, opts):
-    env = dict(os.environ, **config["engine"], OMP_NUM_THREADS=str(opts.threads), PYTHONPATH=ROOT)
+    """One run of ``config``: a process (or, in the job part, a job of 2 workers); its RESULT."""
+    env = harness.child_env(**config["engine"], OMP_NUM_THREADS=str(opts.threads))
     argv = [sys.executable, os.path.abspath(__file__), WORKER_FLAG, "--model", config["model"], "--k",
             str(config["k"]), "--steps", str(opts.steps), "--bulk", str(config["bulk"])]
     if config["bucket_mb"] is not None:
@@ -147,55 +126,48 @@ def measure(config, opts):
     return _run(argv, env, opts.timeout, shaped=config["link"] == "1gbit")
 
 
-def _rows(results):
-    """Each configuration's median step and its ratio to the first configuration of its group."""
-    rows, base = [], {}
-    for r in results:
-        group = (r["part"], r["model"], r["k"], r["link"])
-        median = statistics.median(r["seconds"]) * 1000
-        base.setdefault(group, median)
-        rows.append(dict(r, median_ms=median, ratio=median / base[group]))
-    return rows
+def _rows(configs, runs):
+    """Each configuration with every step of its runs, its median step and its ratio to the first configuration
+    of its group."""
+    rows = [dict(config, seconds=[t for run in runs[i] for t in run["seconds"]], buckets=runs[i][-1]["buckets"])
+            for i, config in enumerate(configs)]
+    for row in rows:
+        row["median_ms"] = harness.median(row["seconds"]) * 1000
+    return harness.add_ratios(rows, group=lambda r: (r["part"], r["model"], r["k"], r["link"]))
 
 
 def print_tables(rows):
     for part in dict.fromkeys(r["part"] for r in rows):
         print(f"\n### {part}\n")
-        print("| model | K | link | configuration | buckets | median ms | ratio |")
-        print("|---|---|---|---|---|---|---|")
-        for r in (r for r in rows if r["part"] == part):
-            print(f"| {r['model']} | {r['k']} | {r['link']} | {r['label']} | {r['buckets']} | {r['median_ms']:.1f} "
-                  f"| {r['ratio']:.2f} |")
+        print("\n".join(harness.markdown_table(
+            ["model", "K", "link", "configuration", "buckets", "median ms", "ratio"],
+            [[r["model"], r["k"], r["link"], r["label"], r["buckets"], f"{r['median_ms']:.1f}", f"{r['ratio']:.2f}"]
+             for r in rows if r["part"] == part])))
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python benchmarks/overlap.py", description=__doc__.splitlines()[0])
-    parser.add_argument("--parts", default="process,sweep,job", help="process, sweep, job (comma-separated)")
-    parser.add_argument("--models", default="lenet,resnet18", help="lenet, resnet18 (comma-separated)")
-    parser.add_argument("--ks", default="2,4", help="contexts in the process part (comma-separated)")
-    parser.add_argument("--links", default="plain,1gbit", help="plain, 1gbit (comma-separated): the job part's links")
+    parser.add_argument("--parts", action=harness.CommaList, names=PARTS, default=list(PARTS),
+                        help="process, sweep, job (comma-separated)")
+    parser.add_argument("--models", action=harness.CommaList, names=MODELS, default=list(MODELS),
+                        help="lenet, resnet18 (comma-separated)")
+    parser.add_argument("--ks", action=harness.CommaList, item=int, minimum=1, default=[2, 4],
+                        help="contexts in the process part (comma-separated)")
+    parser.add_argument("--links", action=harness.CommaList, names=LINKS, default=list(LINKS),
+                        help="plain, 1gbit (comma-separated): the job part's links")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=8, help="timed steps a process (after 2 of warm-up)")
     parser.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS", "1")))
     parser.add_argument("--timeout", type=float, default=900, help="seconds a process may take")
-    parser.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results"))
+    harness.add_out(parser, "overlap.json")
     opts = parser.parse_args(argv)
-    opts.parts, opts.models = opts.parts.split(","), opts.models.split(",")
-    opts.ks, opts.links = [int(k) for k in opts.ks.split(",")], opts.links.split(",")
     configs = configurations(opts)
-    samples = {i: {"seconds": []} for i in range(len(configs))}
-    for _ in range(opts.rounds):
-        for i, config in enumerate(configs):   # interleaved: every round visits every configuration
-            result = measure(config, opts)
-            samples[i]["seconds"] += result["seconds"]
-            samples[i]["buckets"] = result["buckets"]
-    rows = _rows([dict(config, **samples[i]) for i, config in enumerate(configs)])
+    runs = harness.interleave(lambda i: measure(configs[i], opts), range(len(configs)), opts.rounds, "fixed")
+    rows = _rows(configs, runs)
     print_tables(rows)
-    os.makedirs(opts.out, exist_ok=True)
-    path = os.path.join(opts.out, "overlap.json")
-    with atomic_write(path) as f:
-        json.dump({"rows": rows, "threads": opts.threads, "rounds": opts.rounds, "steps": opts.steps,
-                   "command": "python benchmarks/overlap.py " + " ".join(argv or sys.argv[1:])}, f, indent=1)
+    path = harness.write_json(os.path.join(opts.out, "overlap.json"), {
+        "rows": rows, "threads": opts.threads, "rounds": opts.rounds, "steps": opts.steps,
+        "command": "python benchmarks/overlap.py " + " ".join(argv or sys.argv[1:])})
     print(f"\nwrote {path}")
 
 

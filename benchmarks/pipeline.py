@@ -17,20 +17,18 @@ share the same cores the stages cannot compute at the same time, so the table sh
 overhead (more, smaller operations), not a speedup; on separate GPUs the bubble would be the idle time.
 """
 import argparse
-import json
 import os
-import statistics
 import sys
-import time
 
-import mxnet as mx
-import numpy as np
+sys.path.append(os.path.dirname(os.path.abspath(__file__)))   # harness.py, beside this script
+import harness  # noqa: E402
+from harness import RESULTS  # noqa: E402
 
-from parallel import get_params, init_lenet_params, parse_devices, train_step
-from parallel.files import atomic_write
-from parallel.strategies import ModelParallel, Pipeline, bubble_fraction
+import mxnet as mx  # noqa: E402
 
-RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+from parallel import get_params, init_lenet_params, parse_devices, train_step  # noqa: E402
+from parallel.strategies import ModelParallel, Pipeline, bubble_fraction  # noqa: E402
+
 STAGES = (2, 4)            # pipelines measured; K = 1 (micro-batches on one context) is the control
 MICRO_BATCHES = (1, 2, 4, 8)
 LR = 0.01   # small: many steps on one batch must not diverge (the value does not change the time)
@@ -68,16 +66,6 @@ def configurations(ctx_list, X, y):
     return configs
 
 
-def time_steps(step, steps):
-    """ms per step over ``steps`` queued steps; one wait at the end (none inside the loop)."""
-    mx.nd.waitall()
-    start = time.perf_counter()
-    for _ in range(steps):
-        step()
-    mx.nd.waitall()
-    return (time.perf_counter() - start) * 1000 / steps
-
-
 def label(config):
     if config["strategy"] == "data":
         return "data, 1 context"
@@ -100,12 +88,8 @@ def format_table(results, reference):
 
 
 def plot(report, path):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     results = report["results"]
-    fig, (ax_time, ax_bubble) = plt.subplots(1, 2, figsize=(10, 3.8))
+    fig, (ax_time, ax_bubble) = harness.figure(1, 2, figsize=(10, 3.8))
     for k in sorted({r["stages"] for r in results if r["strategy"] == "pipeline"}):
         rows = [r for r in results if r["strategy"] == "pipeline" and r["stages"] == k and r["schedule"] == "gpipe"]
         line, = ax_time.plot([r["micro_batches"] for r in rows], [r["ms_per_step"] for r in rows],
@@ -136,10 +120,7 @@ def plot(report, path):
     threads = report["threads"]
     fig.suptitle(f"LeNet pipeline on {report['devices']} (OMP_NUM_THREADS={threads['OMP_NUM_THREADS']}, "
                  f"{threads['cpu_count']} cores, {threads['num_gpus']} GPUs)", fontsize=10)
-    fig.tight_layout()
-    with atomic_write(path, "wb") as f:
-        fig.savefig(f, format="png", dpi=100)
-    plt.close(fig)
+    harness.save_figure(fig, path)
 
 
 def build_parser():
@@ -154,7 +135,8 @@ def build_parser():
     return parser
 
 
-def run(args, argv):
+def _check(args):
+    """The arguments' values (``--quick`` applied); the contexts. ``ValueError`` naming the flag."""
     if args.quick:
         args.repeats, args.steps = 1, 1
     if args.repeats < 1 or args.steps < 1:
@@ -166,11 +148,12 @@ def run(args, argv):
     if len(ctx_list) < min(STAGES):
         raise ValueError(f"a pipeline of {min(STAGES)} stages needs {min(STAGES)} contexts, {args.devices!r} "
                          f"gives {len(ctx_list)}; use --devices cpu:4")
-    for path in (args.json, args.plot):
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    rng = np.random.RandomState(0)
-    X = mx.nd.array(rng.rand(args.batch_size, 1, 28, 28))
-    y = mx.nd.array(rng.randint(0, 10, args.batch_size))
+    return ctx_list
+
+
+def run(args, argv, ctx_list):
+    """Every configuration timed in every round on ``ctx_list``; the table printed, the JSON and PNG written."""
+    X, y = harness.random_batch(args.batch_size)
     configs = configurations(ctx_list, X, y)
     threads = thread_settings()
     print(f"threads: OMP_NUM_THREADS={threads['OMP_NUM_THREADS']}, "
@@ -178,25 +161,18 @@ def run(args, argv):
           f"mx.context.num_gpus()={threads['num_gpus']}, os.cpu_count()={threads['cpu_count']}")
     print(f"LeNet, batch {args.batch_size}, on {args.devices}: median of {args.repeats} interleaved round(s) "
           f"of {args.steps} step(s) per configuration", flush=True)
-    for config in configs:              # warm-up: the first call of each shape allocates and sets up
-        config["step"]()
-    timings = [[] for _ in configs]
-    for round_ in range(args.repeats):  # interleaved: every configuration once per round
-        for i, config in enumerate(configs):
-            timings[i].append(time_steps(config["step"], args.steps))
+    timings = harness.time_interleaved({i: config["step"] for i, config in enumerate(configs)}, args.repeats,
+                                       calls=args.steps, order="fixed")   # every configuration once a round
     results = [{key: value for key, value in config.items() if key != "step"} for config in configs]
-    for result, times in zip(results, timings):
-        result["ms_per_step"] = statistics.median(times)
-        result["ms_per_step_rounds"] = times
-    reference = results[0]["ms_per_step"]
-    print(format_table(results, reference))
+    for i, result in enumerate(results):
+        result["ms_per_step"] = harness.median(timings[i])
+        result["ms_per_step_rounds"] = timings[i]
+    print(format_table(results, results[0]["ms_per_step"]))
     report = {"benchmark": "pipeline", "command": " ".join(["python benchmarks/pipeline.py", *argv]),
               "devices": args.devices, "batch_size": args.batch_size, "repeats": args.repeats,
               "steps_per_round": args.steps, "quick": args.quick, "threads": threads,
               "mxnet_version": mx.__version__, "results": results}
-    with atomic_write(args.json, "w") as f:
-        json.dump(report, f, indent=2)
-        f.write("\n")
+    harness.write_json(args.json, report)
     plot(report, args.plot)
     print(f"wrote {args.json} and {args.plot}")
     return report
@@ -205,12 +181,8 @@ def run(args, argv):
 def main(argv=None):
     """Run the benchmark; returns the exit status (2 with one ``error:`` line for bad arguments)."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    try:
-        run(build_parser().parse_args(argv), argv)
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    return 0
+    args = build_parser().parse_args(argv)
+    return harness.command_status(lambda: _check(args), lambda ctx_list: run(args, argv, ctx_list))
 
 
 if __name__ == "__main__":

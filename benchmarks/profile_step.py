@@ -20,14 +20,14 @@ Writes ``profile_step.json`` to ``--out``.
 import argparse
 import json
 import os
-import platform
 import sys
 import time
 
+sys.path.append(os.path.dirname(os.path.abspath(__file__)))   # harness.py, beside this script
+import harness  # noqa: E402
+
 os.environ.setdefault("MXNET_EXEC_BULK_EXEC_TRAIN", "0")
 os.environ.setdefault("MXNET_EXEC_BULK_EXEC_INFERENCE", "0")
-
-LENET_BATCH = 256
 
 
 def conv_flops(symbol, data_shape):
@@ -73,16 +73,15 @@ def measured_peak(seconds=1.0):
 
 
 def profile(network, batch_size, steps):
+    """``steps`` steps of ``network`` on one context under MXNet's profiler: the operators' times, and the
+    convolutions' arithmetic and FLOP rate."""
     import mxnet as mx
-    import numpy as np
 
     import parallel
     from parallel.export import lenet_symbol
 
     ctx = mx.cpu(0)
-    rng = np.random.RandomState(0)
-    X = mx.nd.array(rng.rand(batch_size, 1, 28, 28))
-    y = mx.nd.array(rng.randint(0, 10, batch_size))
+    X, y = harness.random_batch(batch_size)
     if network == "lenet":
         params = [parallel.get_params(parallel.init_lenet_params(seed=0), ctx)]
         net, symbol = parallel.lenet_cached, lenet_symbol()
@@ -123,21 +122,15 @@ def main(argv=None):
     parser.add_argument("--resnet-batch", type=int, default=32, help="ResNet-18's batch; default 32")
     parser.add_argument("--steps", type=int, default=3, help="profiled steps; default 3")
     parser.add_argument("--quick", action="store_true", help="smoke test: 1 step, ResNet-18 batch 2")
-    parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"),
-                        help="directory for profile_step.json; default benchmarks/results")
+    harness.add_out(parser, "profile_step.json")
     args = parser.parse_args(argv)
     if args.quick:
         args.steps, args.resnet_batch = 1, 2
-    from parallel.files import atomic_write, check_writable
-    os.makedirs(args.out, exist_ok=True)
-    path = os.path.join(args.out, "profile_step.json")
-    check_writable(path)
+    path = harness.results_path(args.out, "profile_step.json")
     peak = measured_peak(0.2 if args.quick else 2.0)
-    results = [profile("lenet", LENET_BATCH, args.steps), profile("resnet18", args.resnet_batch, args.steps)]
+    results = [profile("lenet", harness.LENET_BATCH, args.steps), profile("resnet18", args.resnet_batch, args.steps)]
     best_peak = max(peak.values())
-    settings = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "unset (MXNet: half the cores)"),
-                "MXNET_EXEC_BULK_EXEC_TRAIN": os.environ["MXNET_EXEC_BULK_EXEC_TRAIN"],
-                "cores": os.cpu_count(), "machine": platform.processor() or platform.machine()}
+    settings = {**harness.run_settings(), "MXNET_EXEC_BULK_EXEC_TRAIN": os.environ["MXNET_EXEC_BULK_EXEC_TRAIN"]}
     for r in results:
         r["conv_fraction_of_peak"] = r["conv_gflops"] / best_peak
         print(f"\n{r['network']}, batch {r['batch_size']}, one context, OMP_NUM_THREADS="
@@ -151,9 +144,7 @@ def main(argv=None):
               f"the measured peak {best_peak:.1f} GFLOP/s")
     print(f"\nmeasured peak, 2048x2048 float32 matrix product: numpy {peak['numpy']:.1f} GFLOP/s, "
           f"mx.nd.dot {peak['mxnet']:.1f} GFLOP/s")
-    with atomic_write(path) as f:
-        json.dump({"settings": settings, "peak_gflops": peak, "results": results}, f, indent=1)
-    print(f"wrote {path}")
+    print(f"wrote {harness.write_json(path, {'settings': settings, 'peak_gflops': peak, 'results': results})}")
     return 0
 
 

@@ -23,11 +23,11 @@ data-parallel groups) against the ViT on one context, with momentum SGD and Adam
 Writes ``benchmarks/results/rounding.json`` (``--out``) and prints one line a step count.
 """
 import argparse
-import json
 import os
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.append(os.path.dirname(os.path.abspath(__file__)))   # harness.py, beside this script
+import harness  # noqa: E402
 
 #: The two optimizers of the finding (issue 27): plain SGD at lr 0.1, momentum 0.9 at lr 0.05; and ZeRO-3's:
 #: momentum, and Adam at its default rate; and tensor parallelism's: momentum, and AdamW.
@@ -44,6 +44,7 @@ COMPARISONS = {
 
 
 def parse_args(argv=None):
+    """The script's arguments."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data-dir", default=None, help="an MNIST-format directory (default: --dataset synthetic)")
     parser.add_argument("--dataset", choices=["synthetic"], default="synthetic")
@@ -54,11 +55,11 @@ def parse_args(argv=None):
                         help="accumulate: --accumulate N against the whole batch (sgd, momentum); sharded: --zero 3 "
                              "on K contexts against one context (momentum, adam); tensor: the ViT with --tensor T "
                              "against one context (momentum, adamw)")
-    parser.add_argument("--sharded-devices", default="2,3,4", help="sharded: comma-separated numbers of contexts")
+    parser.add_argument("--sharded-devices", action=harness.CommaList, item=int, minimum=1, default=[2, 3, 4],
+                        help="sharded: comma-separated numbers of contexts")
     parser.add_argument("--devices", type=int, default=2, help="CPU contexts")
     parser.add_argument("--steps", type=int, default=None, help="steps to take (default: one epoch)")
-    parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
-                                                       "rounding.json"))
+    parser.add_argument("--out", default=os.path.join(harness.RESULTS, "rounding.json"))
     return parser.parse_args(argv)
 
 
@@ -124,7 +125,7 @@ def _against_one_context(dataset, record, args):
     float64."""
     model, optimizers, layouts = COMPARISONS[args.compare]
     if layouts is None:   # ZeRO-3 on each of --sharded-devices
-        layouts = [(f"--zero 3 on {k} contexts", int(k), 3, 1) for k in args.sharded_devices.split(",")]
+        layouts = [(f"--zero 3 on {k} contexts", k, 3, 1) for k in args.sharded_devices]
     rows = []
     for optimizer in optimizers:
         for dtype in ("float32", "float64"):
@@ -144,10 +145,7 @@ def _against_one_context(dataset, record, args):
 def main(argv=None):
     args = parse_args(argv)
     result = run(args)
-    from parallel.files import atomic_write
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with atomic_write(args.out) as f:
-        json.dump(result, f, indent=1)
+    harness.write_json(args.out, result)
     return result
 
 

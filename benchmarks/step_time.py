@@ -30,10 +30,11 @@ import os
 import platform
 import select
 import signal
-import statistics
 import subprocess
 import sys
-import time
+
+sys.path.append(os.path.dirname(os.path.abspath(__file__)))   # harness.py, beside this script
+import harness  # noqa: E402
 
 WORKER_FLAG = "--worker"
 
@@ -49,23 +50,22 @@ def _rss_mib():
 
 
 class Worker:
+    """One thread setting's process: builds the configurations and times them when the parent asks."""
+
     def __init__(self, devices, batch_size, lr):
         import mxnet as mx
-        import numpy as np
         import parallel
 
-        self.mx, self.np, self.parallel = mx, np, parallel
+        self.mx, self.parallel = mx, parallel
         self.ctx_all = parallel.parse_devices(devices)
         self.batch_size, self.lr = batch_size, lr
-        rng = np.random.RandomState(0)
-        self.X = mx.nd.array(rng.rand(batch_size, 1, 28, 28))
-        self.y = mx.nd.array(rng.randint(0, 10, batch_size))
+        self.X, self.y = harness.random_batch(batch_size)
         self.steps = {}
         self.dataset = None
 
     def _build(self, variant, k):
         mx, parallel = self.mx, self.parallel
-        from mxnet import autograd, gluon
+        from mxnet import gluon
 
         ctx_list = self.ctx_all[:k]
         X, y, lr = self.X, self.y, self.lr
@@ -75,19 +75,8 @@ class Worker:
                     gluon.nn.Conv2D(50, 5, activation="relu"), gluon.nn.AvgPool2D(2, 2),
                     gluon.nn.Dense(128, activation="relu"), gluon.nn.Dense(10))
             net.initialize(mx.init.Normal(0.01), ctx=ctx_list)
-            net.hybridize(static_alloc=True, static_shape=True)
-            trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": lr}, kvstore="device")
-            loss = gluon.loss.SoftmaxCrossEntropyLoss()
-
-            def step():
-                X_shards = gluon.utils.split_and_load(X, ctx_list, even_split=False)
-                y_shards = gluon.utils.split_and_load(y, ctx_list, even_split=False)
-                with autograd.record():
-                    losses = [loss(net(X_shard), y_shard) for X_shard, y_shard in zip(X_shards, y_shards)]
-                for l in losses:
-                    l.backward()
-                trainer.step(X.shape[0])
-            return step
+            trainer = harness.gluon_trainer(net, ctx_list, "sgd", {"learning_rate": lr})
+            return harness.gluon_step(net, trainer, X, y, ctx_list)
         if variant == "textbook":
             device_params = []
             for ctx in ctx_list:   # the textbook's get_params: a copy per tensor, attach_grad on each
@@ -107,19 +96,11 @@ class Worker:
 
     def measure(self, variant, k, steps):
         """Median-free single sample: ms per step over ``steps`` steps (the parent takes medians)."""
-        mx = self.mx
         key = (variant, k)
         if key not in self.steps:
             self.steps[key] = self._build(variant, k)
-            for _ in range(3):    # warm-up: graph caching, memory pools
-                self.steps[key]()
-        step = self.steps[key]
-        mx.nd.waitall()
-        start = time.perf_counter()
-        for _ in range(steps):
-            step()                # no host sync inside the timed loop
-        mx.nd.waitall()
-        return (time.perf_counter() - start) / steps * 1000
+            harness.warm_up([self.steps[key]], 3)    # graph caching, memory pools
+        return harness.timed(self.steps[key], steps) * 1000   # no host sync inside the timed steps
 
     def epoch(self, k, num_batches):
         """Seconds per step of one epoch through parallel.fit (data loading included)."""
@@ -131,6 +112,7 @@ class Worker:
         return history[0]["seconds"] / num_batches * 1000
 
     def memory(self, k, steps, every):
+        """The resident memory (MiB, and its peak) every ``every`` of ``steps`` steps of the default step."""
         self.measure("parallel/" + self.parallel.DEFAULT_ALGORITHM, k, 1)
         step = self.steps[("parallel/" + self.parallel.DEFAULT_ALGORITHM, k)]
         trace = []
@@ -143,6 +125,7 @@ class Worker:
 
 
 def worker_main(argv):
+    """A worker process: answers the parent's requests, one JSON line each, until its stdin closes."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--devices")
     parser.add_argument("--batch-size", type=int)
@@ -166,6 +149,8 @@ WORKER_TIMEOUT = 900
 
 
 class WorkerProcess:
+    """The parent's end of one worker process (one ``OMP_NUM_THREADS`` setting), asked one request at a time."""
+
     def __init__(self, threads, args):
         env = dict(os.environ)
         if threads:
@@ -209,53 +194,58 @@ def thread_label(threads):
     return f"OMP_NUM_THREADS={threads}" if threads else "OMP_NUM_THREADS unset (MXNet default)"
 
 
+def _sample_rounds(args, workers, configs, ks):
+    """Every configuration on every worker, then the epoch at every K, in each of ``--repeats`` repeats (the order
+    rotates every repeat); the samples, by ``(variant, k, threads)`` and ``(k, threads)``."""
+    samples = {(v, k, w.threads): [] for v, k in configs for w in workers}
+    epoch_samples = {(k, w.threads): [] for k in ks for w in workers}
+    for repeat, order in enumerate(harness.round_orders(configs, args.repeats, "rotate"), 1):
+        for variant, k in order:
+            for w in workers:
+                samples[(variant, k, w.threads)].append(w.ask("measure", variant=variant, k=k, steps=args.steps))
+        for k in ks:
+            for w in workers:
+                epoch_samples[(k, w.threads)].append(w.ask("epoch", k=k, num_batches=args.epoch_batches))
+        print(f"repeat {repeat}/{args.repeats} done", file=sys.stderr, flush=True)
+    return samples, epoch_samples
+
+
+def _best(args, configs, median, ks, epoch_samples):
+    """Each configuration at its best thread setting, and the epoch at the default's, against its pure step."""
+    from parallel import DEFAULT_ALGORITHM
+    best = {}
+    for variant, k in configs:
+        threads = min(args.threads, key=lambda t: median[(variant, k, t)])
+        best[(variant, k)] = (median[(variant, k, threads)], threads)
+    default, epoch = f"parallel/{DEFAULT_ALGORITHM}", {}
+    for k in ks:
+        threads = best[(default, k)][1]
+        per_step = harness.median(epoch_samples[(k, threads)])
+        epoch[k] = {"threads": threads, "epoch_ms_per_step": per_step,
+                    "pure_step_ms": median[(default, k, threads)],
+                    "ratio": per_step / median[(default, k, threads)]}
+    return best, epoch
+
+
 def run(args):
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     import mxnet as mx
     from parallel import ALLREDUCE_ALGORITHMS, DEFAULT_ALGORITHM, parse_devices
 
     num_contexts = len(parse_devices(args.devices))
     ks = [k for k in args.ks if k <= num_contexts]
-    variants = ([f"parallel/{a}" for a in sorted(ALLREDUCE_ALGORITHMS)]
-                + [f"parallel/{DEFAULT_ALGORITHM}/imperative", "textbook", "gluon"])
-    if args.variants:
-        variants = args.variants
+    variants = args.variants or ([f"parallel/{a}" for a in sorted(ALLREDUCE_ALGORITHMS)]
+                                 + [f"parallel/{DEFAULT_ALGORITHM}/imperative", "textbook", "gluon"])
     configs = [(v, k) for k in ks for v in variants]
     workers = [WorkerProcess(t, args) for t in args.threads]
-    samples = {(v, k, w.threads): [] for v, k in configs for w in workers}
-    epoch_samples = {(k, w.threads): [] for k in ks for w in workers}
     try:
-        for repeat in range(args.repeats):
-            order = configs[repeat % len(configs):] + configs[:repeat % len(configs)]   # rotate the order
-            for variant, k in order:
-                for w in workers:
-                    samples[(variant, k, w.threads)].append(w.ask("measure", variant=variant, k=k,
-                                                                  steps=args.steps))
-            for k in ks:
-                for w in workers:
-                    epoch_samples[(k, w.threads)].append(w.ask("epoch", k=k, num_batches=args.epoch_batches))
-            print(f"repeat {repeat + 1}/{args.repeats} done", file=sys.stderr, flush=True)
-        memory = {}
-        for k in ks:
-            memory[k] = workers[0].ask("memory", k=k, steps=args.memory_steps,
-                                       every=max(1, args.memory_steps // 10))
+        samples, epoch_samples = _sample_rounds(args, workers, configs, ks)
+        memory = {k: workers[0].ask("memory", k=k, steps=args.memory_steps, every=max(1, args.memory_steps // 10))
+                  for k in ks}
     finally:
         for w in workers:
             w.close()
-
-    median = {key: statistics.median(v) for key, v in samples.items()}
-    best = {}
-    for variant, k in configs:
-        threads = min(args.threads, key=lambda t: median[(variant, k, t)])
-        best[(variant, k)] = (median[(variant, k, threads)], threads)
-    default = f"parallel/{DEFAULT_ALGORITHM}"
-    epoch = {}
-    for k in ks:
-        threads = best[(default, k)][1]
-        per_step = statistics.median(epoch_samples[(k, threads)])
-        epoch[k] = {"threads": threads, "epoch_ms_per_step": per_step,
-                    "pure_step_ms": median[(default, k, threads)],
-                    "ratio": per_step / median[(default, k, threads)]}
+    median = harness.medians(samples)
+    best, epoch = _best(args, configs, median, ks, epoch_samples)
     return {
         "command": "python benchmarks/step_time.py " + " ".join(args.argv),
         "machine": {"nproc": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
@@ -302,15 +292,10 @@ def render_table(result):
 
 
 def plot(result, path):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from parallel.files import atomic_write
-
     ks = sorted({b["k"] for b in result["best"]})
     variants = list(dict.fromkeys(b["variant"] for b in result["best"]))
     best = {(b["variant"], b["k"]): b["median_ms"] for b in result["best"]}
-    fig, ax = plt.subplots(figsize=(10, 4.5))
+    fig, ax = harness.figure(figsize=(10, 4.5))
     width = 0.8 / len(variants)
     for i, v in enumerate(variants):
         ax.bar([j + i * width for j in range(len(ks))], [best[(v, k)] for k in ks], width, label=v)
@@ -321,14 +306,7 @@ def plot(result, path):
                  f"{result['machine']['nproc']} cores, {result['settings']['devices']}")
     ax.legend(fontsize=8, ncol=2)
     ax.grid(axis="y", alpha=0.3)
-    fig.tight_layout()
-    with atomic_write(path, "wb") as f:
-        fig.savefig(f, format="png", dpi=100)
-    plt.close(fig)
-
-
-def _int_list(text):
-    return [int(x) for x in text.split(",")]
+    harness.save_figure(fig, path)
 
 
 def main(argv=None):
@@ -337,8 +315,9 @@ def main(argv=None):
         return worker_main(argv[1:])
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--devices", default="cpu:4")
-    parser.add_argument("--ks", type=_int_list, default=[1, 2, 4], help="numbers of contexts, e.g. 1,2,4")
-    parser.add_argument("--threads", type=_int_list, default=[1, 2],
+    parser.add_argument("--ks", action=harness.CommaList, item=int, minimum=1, default=[1, 2, 4],
+                        help="numbers of contexts, e.g. 1,2,4")
+    parser.add_argument("--threads", action=harness.CommaList, item=int, minimum=0, default=[1, 2],
                         help="OMP_NUM_THREADS settings to try, one worker process each (0 = unset)")
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--lr", type=float, default=0.1)
@@ -346,20 +325,17 @@ def main(argv=None):
     parser.add_argument("--repeats", type=int, default=7, help="samples per configuration (median taken)")
     parser.add_argument("--epoch-batches", type=int, default=40, help="batches in the timed epoch")
     parser.add_argument("--memory-steps", type=int, default=1000)
-    parser.add_argument("--variants", type=lambda text: text.split(","), default=None,
+    parser.add_argument("--variants", action=harness.CommaList, default=None,
                         help="only these variants, e.g. parallel/fused/cached,gluon (default: all)")
     parser.add_argument("--quick", action="store_true", help="a smoke test: tiny sizes, seconds")
-    parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
+    harness.add_out(parser, "step_time.json and step_time.png")
     args = parser.parse_args(argv)
     args.argv = argv
     if args.quick:
         args.steps, args.repeats, args.epoch_batches, args.memory_steps = 2, 2, 3, 20
         args.batch_size, args.ks, args.threads = 32, [k for k in args.ks if k <= 2] or [1], args.threads[:1]
     result = run(args)
-    from parallel.files import atomic_write
-    os.makedirs(args.out, exist_ok=True)
-    with atomic_write(os.path.join(args.out, "step_time.json")) as f:
-        json.dump(result, f, indent=2)
+    harness.write_json(os.path.join(args.out, "step_time.json"), result)
     plot(result, os.path.join(args.out, "step_time.png"))
     print(f"{result['command']}\nmachine: {result['machine']}\nsettings: {result['settings']}\n")
     print(render_table(result))

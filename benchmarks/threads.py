@@ -31,12 +31,11 @@ import argparse
 import json
 import os
 import platform
-import statistics
-import subprocess
 import sys
-import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.append(os.path.dirname(os.path.abspath(__file__)))   # harness.py, beside this script
+import harness  # noqa: E402
+
 WORKER_FLAG = "--worker"
 SETTINGS = ("unset", "env", "api")
 LABELS = {
@@ -51,6 +50,7 @@ LABELS = {
 # ----------------------------------------------------------------------------------------------
 
 def worker_main(argv):
+    """One sample in this fresh process: ``--warmup`` steps, then the ms per step of ``--steps``, as JSON."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--setting", choices=SETTINGS)
     parser.add_argument("--threads", type=int)
@@ -58,27 +58,20 @@ def worker_main(argv):
     parser.add_argument("--steps", type=int)
     parser.add_argument("--warmup", type=int)
     args = parser.parse_args(argv)
-    sys.path.insert(0, ROOT)
     import mxnet as mx
-    import numpy as np
     import parallel
     from parallel.threads import omp_threads, set_omp_threads
 
     ctx = mx.cpu(0)
     if args.setting == "api":
         set_omp_threads(args.threads, [ctx])
-    rng = np.random.RandomState(0)
-    X = mx.nd.array(rng.rand(args.batch_size, 1, 28, 28), ctx=ctx)
-    y = mx.nd.array(rng.randint(0, 10, args.batch_size), ctx=ctx)
+    X, y = harness.random_batch(args.batch_size, ctx=ctx)
     device_params = [parallel.get_params(parallel.init_lenet_params(seed=0), ctx)]
-    for _ in range(args.warmup):
+
+    def step():
         parallel.train_batch(X, y, device_params, [ctx], 0.1)
-    mx.nd.waitall()
-    start = time.perf_counter()
-    for _ in range(args.steps):
-        parallel.train_batch(X, y, device_params, [ctx], 0.1)   # no host sync inside the timed loop
-    mx.nd.waitall()
-    ms = (time.perf_counter() - start) / args.steps * 1000
+    harness.warm_up([step], args.warmup)
+    ms = harness.timed(step, args.steps) * 1000   # no host sync inside the timed steps
     print(json.dumps({"ms": ms, "worker_omp_threads": omp_threads(ctx),
                       "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "unset")}), flush=True)
     return 0
@@ -87,10 +80,6 @@ def worker_main(argv):
 # ----------------------------------------------------------------------------------------------
 # Parent: one fresh process per sample, round-robin over the settings
 # ----------------------------------------------------------------------------------------------
-
-class BenchmarkError(RuntimeError):
-    """A worker process failed."""
-
 
 #: Seconds one sample (a fresh process: import, warm-up, timed steps) may take before it counts as failed.
 SAMPLE_TIMEOUT = 600
@@ -105,26 +94,23 @@ def sample(setting, args):
     command = [sys.executable, os.path.abspath(__file__), WORKER_FLAG, "--setting", setting,
                "--threads", str(args.threads), "--batch-size", str(args.batch_size), "--steps", str(args.steps),
                "--warmup", str(args.warmup)]
-    try:
-        done = subprocess.run(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              timeout=SAMPLE_TIMEOUT)
-    except subprocess.TimeoutExpired:
-        raise BenchmarkError(f"worker for setting {setting!r} did not finish within {SAMPLE_TIMEOUT} s") from None
-    if done.returncode != 0:
-        raise BenchmarkError(f"worker for setting {setting!r} exited with {done.returncode}:\n{done.stderr}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    out, _ = harness.run_process(command, env=env, timeout=SAMPLE_TIMEOUT)
+    return json.loads(out.strip().splitlines()[-1])
 
 
 def run(args):
     import mxnet as mx
 
-    samples = {s: [] for s in SETTINGS}
-    for repeat in range(args.repeats):
-        order = SETTINGS[repeat % len(SETTINGS):] + SETTINGS[:repeat % len(SETTINGS)]   # rotate the order
-        for setting in order:
-            samples[setting].append(sample(setting, args))
-        print(f"repeat {repeat + 1}/{args.repeats} done", file=sys.stderr, flush=True)
-    median = {s: statistics.median(x["ms"] for x in samples[s]) for s in SETTINGS}
+    samples = harness.interleave(lambda setting: sample(setting, args), SETTINGS, args.repeats, "rotate",
+                                 progress="repeat")
+    median = {s: harness.median(x["ms"] for x in samples[s]) for s in SETTINGS}
+    results = [{"setting": s, "label": LABELS[s].format(n=args.threads),
+                "OMP_NUM_THREADS": samples[s][0]["OMP_NUM_THREADS"],
+                "worker_omp_threads": [x["worker_omp_threads"] for x in samples[s]],
+                "ms": [x["ms"] for x in samples[s]], "median_ms": median[s]} for s in SETTINGS]
+    for name, field in (("unset", "ratio_to_unset"), ("env", "ratio_to_env")):
+        harness.add_ratios(results, group=lambda r: 0, reference=lambda r, name=name: r["setting"] == name,
+                           field=field)
     return {
         "command": "python benchmarks/threads.py " + " ".join(args.argv),
         "machine": {"nproc": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
@@ -133,21 +119,15 @@ def run(args):
         "settings": {"threads": args.threads, "batch_size": args.batch_size, "steps_per_sample": args.steps,
                      "warmup": args.warmup, "repeats": args.repeats, "quick": args.quick, "context": "cpu(0)",
                      "network": "lenet_cached", "order": "one fresh process per sample, round-robin, rotating"},
-        "results": [{"setting": s, "label": LABELS[s].format(n=args.threads),
-                     "OMP_NUM_THREADS": samples[s][0]["OMP_NUM_THREADS"],
-                     "worker_omp_threads": [x["worker_omp_threads"] for x in samples[s]],
-                     "ms": [x["ms"] for x in samples[s]], "median_ms": median[s],
-                     "ratio_to_unset": median[s] / median["unset"], "ratio_to_env": median[s] / median["env"]}
-                    for s in SETTINGS],
+        "results": results,
     }
 
 
 def render_table(result):
-    lines = ["| setting | worker threads | median ms/step | x unset | x env |", "|---|---|---|---|---|"]
-    for r in result["results"]:
-        threads = ",".join(str(t) for t in sorted(set(r["worker_omp_threads"])))
-        lines.append(f"| {r['label']} | {threads} | {r['median_ms']:.1f} | {r['ratio_to_unset']:.2f} | "
-                     f"{r['ratio_to_env']:.2f} |")
+    lines = harness.markdown_table(
+        ["setting", "worker threads", "median ms/step", "x unset", "x env"],
+        [[r["label"], ",".join(str(t) for t in sorted(set(r["worker_omp_threads"]))), f"{r['median_ms']:.1f}",
+          f"{r['ratio_to_unset']:.2f}", f"{r['ratio_to_env']:.2f}"] for r in result["results"]])
     by = {r["setting"]: r for r in result["results"]}
     lines.append(f"\nunset / env = {by['unset']['median_ms'] / by['env']['median_ms']:.2f}x, "
                  f"unset / api = {by['unset']['median_ms'] / by['api']['median_ms']:.2f}x, "
@@ -166,8 +146,36 @@ def build_parser():
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps first (graph caching, memory pools)")
     parser.add_argument("--repeats", type=int, default=7, help="samples per setting (median taken)")
     parser.add_argument("--quick", action="store_true", help="a smoke test: tiny sizes, seconds")
-    parser.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results"))
+    harness.add_out(parser, "threads.json")
     return parser
+
+
+def parse_args(argv):
+    """The driver's arguments (``--quick`` applied; ``args.argv``: the command's words, for the JSON)."""
+    args = build_parser().parse_args(argv)
+    args.argv = argv
+    if args.quick:
+        args.steps, args.warmup, args.repeats, args.batch_size = 2, 1, 1, 32
+    return args
+
+
+def _check(args):
+    """The arguments' values (``ValueError`` naming the flag); the JSON's path, checked writable."""
+    from parallel.threads import recommended_omp_threads
+    harness.check_minimum([("--threads", args.threads), ("--batch-size", args.batch_size),
+                           ("--steps", args.steps), ("--repeats", args.repeats)])
+    harness.check_minimum([("--warmup", args.warmup)], minimum=0)
+    if args.threads > recommended_omp_threads():
+        raise ValueError(f"--threads {args.threads} is more than the {recommended_omp_threads()} cores "
+                         "this process may run on")
+    return harness.results_path(args.out, "threads.json")
+
+
+def _run_and_write(args, json_path):
+    result = run(args)
+    harness.write_json(json_path, result)
+    print(f"{result['command']}\nmachine: {result['machine']}\nsettings: {result['settings']}\n")
+    print(render_table(result))
 
 
 def main(argv=None):
@@ -175,39 +183,8 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv and argv[0] == WORKER_FLAG:
         return worker_main(argv[1:])
-    sys.path.insert(0, ROOT)
-    args = build_parser().parse_args(argv)
-    args.argv = argv
-    if args.quick:
-        args.steps, args.warmup, args.repeats, args.batch_size = 2, 1, 1, 32
-    from parallel.files import atomic_write, check_writable
-    from parallel.threads import recommended_omp_threads
-    try:
-        for flag, value in (("--threads", args.threads), ("--batch-size", args.batch_size),
-                            ("--steps", args.steps), ("--repeats", args.repeats)):
-            if value < 1:
-                raise ValueError(f"{flag} must be >= 1, got {value}")
-        if args.warmup < 0:
-            raise ValueError(f"--warmup must be >= 0, got {args.warmup}")
-        if args.threads > recommended_omp_threads():
-            raise ValueError(f"--threads {args.threads} is more than the {recommended_omp_threads()} cores "
-                             "this process may run on")
-        os.makedirs(args.out, exist_ok=True)
-        json_path = os.path.join(args.out, "threads.json")
-        check_writable(json_path, "benchmark results")
-    except (ValueError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    try:
-        result = run(args)
-    except BenchmarkError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    with atomic_write(json_path) as f:
-        json.dump(result, f, indent=2)
-    print(f"{result['command']}\nmachine: {result['machine']}\nsettings: {result['settings']}\n")
-    print(render_table(result))
-    return 0
+    args = parse_args(argv)
+    return harness.command_status(lambda: _check(args), lambda json_path: _run_and_write(args, json_path))
 
 
 if __name__ == "__main__":

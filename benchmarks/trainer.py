@@ -26,12 +26,14 @@ row with the first of its pair):
   ``trainer/reduce+update`` is ``Trainer.step`` alone (one kvstore push and pull, or one update, per parameter
   array: 8 for LeNet, 76 for ResNet-18), ``parallel/reduce+update`` is ``allreduce_grads`` (one fused reduction
   of the flat gradient buffer) + ``update_replicas`` (one ``sgd_update`` per replica).
-- **Overlapping the reduction with the backward pass** (DDP's gradient buckets), K > 1: the step of
-  ``parallel``, written out, with each replica's gradients in one buffer (``buckets=1``) or in ``--buckets``
-  buffers of about equal size in the parameters' order (``buckets=B``). The reduction of every bucket is queued
-  right after the backward, the bucket of the last layers first: MXNet's engine tracks dependencies per
-  buffer, so a bucket can start moving as soon as the backward has written its own gradients, while the
-  backward of the earlier layers still runs; one buffer must wait for the whole backward.
+- **Overlapping the reduction with the backward pass** (DDP's gradient buckets), K > 1: ``parallel``'s step with
+  a ``Reducer("fused", bucket_mb=...)`` that lays each replica's gradients out in one buffer (``buckets=1``) or in
+  at most ``--buckets`` (``buckets=B``: the smallest ``bucket_mb`` that gives no more), the last layers' bucket
+  first. ``Reducer.reduce`` queues every bucket's sum right after the backward, and MXNet's engine starts each
+  one as soon as the backward has written its gradients, while the earlier layers' backward still runs; one
+  buffer must wait for the whole backward. (``benchmarks/overlap.py`` asks the same of ``train_batch`` in fresh
+  processes, with and without the engine settings, and across processes; here it is the Trainer's block with
+  per-context BatchNorm, beside the Trainer.)
 
 With ``--kvstores fused,ring,...`` it answers another question instead: the same Trainer step with the package's
 allreduce as its kvstore (``parallel.AllreduceKVStore(ALG)``, ``trainer/kv=ALG``) against ``kvstore="device"``,
@@ -42,135 +44,91 @@ whole steps and ``reduce+update`` alone, written to ``trainer_kvstore.json``::
 Writes ``trainer.json`` to ``--out``.
 """
 import argparse
-import json
 import os
-import platform
-import random
-import statistics
 import sys
 import time
 
-LENET_BATCH = 256
+sys.path.append(os.path.dirname(os.path.abspath(__file__)))   # harness.py, beside this script
+import harness  # noqa: E402
 
 
 def build(network, method, ctx_list, batch_size, lr=0.05):
-    """A function that runs one training step of ``network`` by ``method`` on ``ctx_list``."""
-    import mxnet as mx
-    import numpy as np
-    from mxnet import autograd, gluon
+    """One training step of ``network`` by ``method`` on ``ctx_list``, as a function of no arguments.
 
+    Returns
+    -------
+    (callable, dict)
+        The step, and what its record states besides its times (``buckets=B``: the ``bucket_mb`` and the buckets
+        it gave).
+    """
     import parallel
-    from parallel.comm import DEFAULT_BUCKET_MB
-    from parallel.export import to_gluon
 
-    rng = np.random.RandomState(0)
-    X = mx.nd.array(rng.rand(batch_size, 1, 28, 28))
-    y = mx.nd.array(rng.randint(0, 10, batch_size))
-    if network == "lenet":
-        lenet_params = parallel.init_lenet_params(seed=0)
-        block = to_gluon(lenet_params)
-    else:
-        block = parallel.init_resnet18(seed=0)
-    if method.startswith("trainer"):
-        block.collect_params().reset_ctx(ctx_list)
-        block.hybridize(static_alloc=True, static_shape=True)
-        kvstore = "device"
-        if method.startswith("trainer/kv="):   # trainer/kv=ALG[@BUCKET_MB][/reduce+update]
-            algorithm, _, bucket_mb = method.split("=")[1].split("/")[0].partition("@")
-            kvstore = parallel.AllreduceKVStore(algorithm,
-                                                bucket_mb=float(bucket_mb) if bucket_mb else DEFAULT_BUCKET_MB)
-        trainer = gluon.Trainer(block.collect_params(), "sgd", {"learning_rate": lr}, kvstore=kvstore)
-        loss = gluon.loss.SoftmaxCrossEntropyLoss()
-
-        def step():
-            X_shards = gluon.utils.split_and_load(X, ctx_list, even_split=False)
-            y_shards = gluon.utils.split_and_load(y, ctx_list, even_split=False)
-            with autograd.record():
-                losses = [loss(block(X_shard), y_shard) for X_shard, y_shard in zip(X_shards, y_shards)]
-            for l in losses:
-                l.backward()
-            trainer.step(batch_size)
-        if method.endswith("reduce+update"):
-            step()   # gradients in place, then only the Trainer's reduction and update
-            arrays = [array for param in block.collect_params().values() if param.grad_req != "null"
-                      for array in param.list_data()]
-
-            def reduce_update():
-                for array in arrays:   # what backward() sets: without it, step() skips every parameter
-                    array._fresh_grad = True
-                trainer.step(batch_size)
-            return reduce_update
-        return step
+    X, y = harness.random_batch(batch_size)
     if method == "parallel/lenet":
-        device_params = [parallel.get_params(lenet_params, ctx) for ctx in ctx_list]
-        return lambda: parallel.train_step(X, y, device_params, ctx_list, lr)
-    device_params = [parallel.get_params(block, ctx) for ctx in ctx_list]
-    if method.startswith("parallel/buckets="):
-        return bucketed_step(block, device_params, ctx_list, X, y, lr, int(method.split("=")[1]))
+        device_params = [parallel.get_params(parallel.init_lenet_params(seed=0), ctx) for ctx in ctx_list]
+        return (lambda: parallel.train_step(X, y, device_params, ctx_list, lr)), {}
+    block = harness.gluon_network(network)
+    if method.startswith("trainer"):
+        return _trainer_step(block, method, ctx_list, X, y, lr), {}
     net = parallel.GluonNet(block, sync_batchnorm=method == "parallel/syncbn")
+    if method.startswith("parallel/buckets="):   # the Reducer's buckets, each summed while backward still runs
+        reducer, device_params = bucketed_replicas(block, ctx_list, int(method.split("=")[1]))
+        return (lambda: parallel.train_step(X, y, device_params, ctx_list, lr, net=net, reducer=reducer)), {
+            "bucket_mb": reducer.bucket_mb, "buckets": len(device_params[0].buckets)}
+    device_params = [parallel.get_params(block, ctx) for ctx in ctx_list]
     if method == "parallel/reduce+update":
         parallel.train_step(X, y, device_params, ctx_list, lr, net=net)   # gradients in place, then only:
-        return lambda: (parallel.allreduce_grads(device_params),
-                        parallel.update_replicas(device_params, lr, batch_size))
-    return lambda: parallel.train_step(X, y, device_params, ctx_list, lr, net=net)
+        return (lambda: (parallel.allreduce_grads(device_params),
+                         parallel.update_replicas(device_params, lr, batch_size))), {}
+    return (lambda: parallel.train_step(X, y, device_params, ctx_list, lr, net=net)), {}
 
 
-def bucket_gradients(replica, num_buckets):
-    """Give ``replica``'s parameters their gradients in ``num_buckets`` separate buffers, of about equal size,
-    in the parameters' order; returns ``[(data, grad), ...]``: each bucket's slice of the replica's flat
-    parameter buffer and its own gradient buffer."""
-    import mxnet as mx
-    from mxnet import autograd
-
-    sizes = [param.size for param in replica]
-    total, bounds, start = sum(sizes), [0], 0
-    for i in range(1, len(sizes)):   # close a bucket where the running size passes its share
-        start += sizes[i - 1]
-        if start >= total * len(bounds) / num_buckets and len(bounds) < num_buckets:
-            bounds.append(i)
-    bounds.append(len(sizes))
-    buckets, offset = [], 0
-    for first, stop in zip(bounds, bounds[1:]):
-        size = sum(sizes[first:stop])
-        grad = mx.nd.zeros((size,), ctx=replica.data.context, dtype=replica.data.dtype)
-        views, at = [], 0
-        for param in replica[first:stop]:
-            views.append(grad[at:at + param.size].reshape(param.shape))
-            at += param.size
-        autograd.mark_variables(list(replica[first:stop]), views)
-        buckets.append((replica.data[offset:offset + size], grad))
-        offset += size
-    return buckets
-
-
-def bucketed_step(block, device_params, ctx_list, X, y, lr, num_buckets):
-    """The ``parallel`` step written out (per-context BatchNorm, fused allreduce, ``sgd_update``), with each
-    replica's gradients in ``num_buckets`` buffers, every bucket reduced and updated on its own."""
-    import mxnet as mx
-    from mxnet import autograd
-
+def _trainer_step(block, method, ctx_list, X, y, lr):
+    """gluon's way (``trainer``), with the package's allreduce as its kvstore (``trainer/kv=ALG[@BUCKET_MB]``), or
+    ``Trainer.step`` alone on gradients in place (``.../reduce+update``)."""
     import parallel
+    from parallel.comm import DEFAULT_BUCKET_MB
 
-    net = parallel.GluonNet(block, sync_batchnorm=False)
-    buckets = [bucket_gradients(params, num_buckets) for params in device_params]
-    loss = parallel.softmax_cross_entropy
-    n = X.shape[0]
-
-    def step():
-        X_shards, y_shards = parallel.split_and_load(X, ctx_list), parallel.split_and_load(y, ctx_list)
-        with autograd.record():
-            losses = [loss(net(X_shard, params), y_shard)
-                      for X_shard, y_shard, params in zip(X_shards, y_shards, device_params)]
-        autograd.backward(losses)
-        for b in reversed(range(len(buckets[0]))):   # the backward writes the last layers' gradients first
-            parallel.allreduce([replica[b][1] for replica in buckets], "fused")
-            for replica in buckets:
-                data, grad = replica[b]
-                mx.nd.sgd_update(data, grad, lr=lr, wd=0.0, rescale_grad=1.0 / n, out=data)
+    kvstore = "device"
+    if method.startswith("trainer/kv="):   # trainer/kv=ALG[@BUCKET_MB][/reduce+update]
+        algorithm, _, bucket_mb = method.split("=")[1].split("/")[0].partition("@")
+        kvstore = parallel.AllreduceKVStore(algorithm, bucket_mb=float(bucket_mb) if bucket_mb else DEFAULT_BUCKET_MB)
+    trainer = harness.gluon_trainer(block, ctx_list, "sgd", {"learning_rate": lr}, kvstore=kvstore)
+    step = harness.gluon_step(block, trainer, X, y, ctx_list)
+    if method.endswith("reduce+update"):
+        step()   # gradients in place, then only the Trainer's reduction and update
+        return harness.trainer_update(block, trainer, X.shape[0])
     return step
 
 
+def bucket_mb_for(sizes, num_buckets, itemsize=4):
+    """The smallest ``bucket_mb`` whose buckets (``parallel.comm.replica.bucket_ranges``) lay arrays of ``sizes``
+    elements out in at most ``num_buckets``; None (one bucket) for ``num_buckets`` 1."""
+    from parallel.comm.replica import bucket_ranges
+    if num_buckets <= 1:
+        return None
+    low, high = max(sizes) * itemsize, sum(sizes) * itemsize   # bytes; fewer buckets as the bound grows
+    while low < high:
+        middle = (low + high) // 2
+        if len(bucket_ranges(sizes, itemsize, middle)) <= num_buckets:
+            high = middle
+        else:
+            low = middle + 1
+    return low / 2 ** 20
+
+
+def bucketed_replicas(block, ctx_list, num_buckets):
+    """A ``Reducer("fused", bucket_mb)`` whose buckets lay each replica's gradients out in at most ``num_buckets``
+    buffers (``bucket_mb_for``; one buffer for 1), and ``block``'s replicas on ``ctx_list``, laid out by it."""
+    import parallel
+
+    sizes = [param.size for param in parallel.get_params(block, ctx_list[0])]
+    reducer = parallel.Reducer("fused", bucket_mb=bucket_mb_for(sizes, num_buckets))
+    return reducer, reducer.replicate(block, ctx_list)
+
+
 def configurations(ks, networks, buckets, kvstores=()):
+    """``(network, method, k)`` of every configuration measured, each pair's reference first."""
     configs = []
     for network in networks:
         for k in ks:
@@ -195,41 +153,21 @@ def reference(method):
 
 
 def run(args):
-    import mxnet as mx
-
+    """Every configuration timed in every repeat (``harness.time_interleaved``); the records, with their ratios."""
     import parallel
 
     ctx_all = parallel.parse_devices(f"cpu:{max(args.ks)}")
-    batch = {"lenet": LENET_BATCH, "resnet18": args.resnet_batch}
-    configs = configurations(args.ks, args.networks, args.buckets, args.kvstores)
-    steps = {}
-    for network, method, k in configs:   # build and warm up (graphs, receive buffers) before any timing
-        steps[network, method, k] = build(network, method, ctx_all[:k], batch[network])
-        for _ in range(2):
-            steps[network, method, k]()
-        mx.nd.waitall()
-    samples = {config: [] for config in configs}
-    order = random.Random(0)
-    for _ in range(args.repeats):
-        for config in order.sample(configs, len(configs)):
-            count = args.lenet_steps if config[0] == "lenet" else args.steps
-            mx.nd.waitall()
-            start = time.perf_counter()
-            for _ in range(count):
-                steps[config]()
-            mx.nd.waitall()
-            samples[config].append((time.perf_counter() - start) / count * 1000)
-    records = []
-    for network, method, k in configs:
-        median = statistics.median(samples[network, method, k])
-        records.append({"network": network, "method": method, "k": k, "batch_size": batch[network],
-                        "median_ms": median, "ms": samples[network, method, k]})
-    for r in records:
-        key = (r["network"], r["k"], reference(r["method"]))
-        ref = next(t for t in records if (t["network"], t["k"], t["method"]) == key)
-        r["reference"] = ref["method"]
-        r["ratio"] = r["median_ms"] / ref["median_ms"]
-    return records
+    batch = {"lenet": harness.LENET_BATCH, "resnet18": args.resnet_batch}
+    steps, info = {}, {}
+    for network, method, k in configurations(args.ks, args.networks, args.buckets, args.kvstores):
+        steps[network, method, k], info[network, method, k] = build(network, method, ctx_all[:k], batch[network])
+    samples = harness.time_interleaved(steps, args.repeats, warmup=2,
+                                       calls=lambda key: args.lenet_steps if key[0] == "lenet" else args.steps)
+    records = [{"network": network, "method": method, "k": k, "batch_size": batch[network],
+                "median_ms": harness.median(ms), "ms": ms, "reference": reference(method),
+                **info[network, method, k]} for (network, method, k), ms in samples.items()]
+    return harness.add_ratios(records, group=lambda r: (r["network"], r["k"], r["reference"]),
+                              reference=lambda r: r["method"] == r["reference"])
 
 
 def print_table(result):
@@ -243,25 +181,11 @@ def print_table(result):
               f"{r['reference']}")
 
 
-def _int_list(text):
-    try:
-        values = [int(v) for v in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"expected integers >= 1, got {text!r}")
-    return values
-
-
-def main(argv=None):
+def parse_args(argv=None):
+    """The benchmark's arguments (``--quick`` applied)."""
+    from parallel.comm import ALGORITHMS
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--ks", type=_int_list, default=[1, 2, 4], help="numbers of CPU contexts; default 1,2,4")
-    parser.add_argument("--networks", default="lenet,resnet18",
-                        help="comma-separated: lenet, resnet18; default both")
-    parser.add_argument("--resnet-batch", type=int, default=32, help="ResNet-18's global batch; default 32")
-    parser.add_argument("--repeats", type=int, default=5, help="interleaved repeats; default 5")
-    parser.add_argument("--steps", type=int, default=2, help="ResNet-18 steps timed per repeat; default 2")
-    parser.add_argument("--lenet-steps", type=int, default=8, help="LeNet steps timed per repeat; default 8")
+    harness.add_network_flags(parser)
     parser.add_argument("--buckets", type=int, default=8,
                         help="gradient buckets of the overlap measurement (K > 1); default 8")
     parser.add_argument("--kvstores", default="",
@@ -269,35 +193,27 @@ def main(argv=None):
                              "comma-separated ALG[@MB] (MB default 25) against kvstore='device' instead (writes "
                              "trainer_kvstore.json)")
     parser.add_argument("--quick", action="store_true", help="smoke test: K=1,2, 2 repeats of 1 step, batch 4")
-    parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"),
-                        help="directory for trainer.json; default benchmarks/results")
+    harness.add_out(parser, "trainer.json")
     args = parser.parse_args(argv)
-    args.networks = args.networks.split(",")
     args.kvstores = [a for a in args.kvstores.split(",") if a]
-    from parallel.comm import ALGORITHMS
     if not {a.partition("@")[0] for a in args.kvstores} <= set(ALGORITHMS):
         parser.error(f"--kvstores takes {', '.join(ALGORITHMS)}, got {','.join(args.kvstores)!r}")
-    if not set(args.networks) <= {"lenet", "resnet18"} or not args.networks:
-        parser.error(f"--networks takes lenet and/or resnet18, got {','.join(args.networks)!r}")
     if args.quick:
         args.ks, args.repeats, args.steps, args.lenet_steps, args.resnet_batch = [1, 2], 2, 1, 1, 4
-    from parallel.files import atomic_write, check_writable
-    os.makedirs(args.out, exist_ok=True)
-    path = os.path.join(args.out, "trainer_kvstore.json" if args.kvstores else "trainer.json")
-    check_writable(path)
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    path = harness.results_path(args.out, "trainer_kvstore.json" if args.kvstores else "trainer.json")
     start = time.perf_counter()
     records = run(args)
-    settings = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "unset (MXNet: half the cores)"),
-                "cores": os.cpu_count(), "ks": args.ks, "networks": args.networks, "repeats": args.repeats,
-                "steps": args.steps, "lenet_steps": args.lenet_steps, "buckets": args.buckets,
-                "lenet_batch": LENET_BATCH, "resnet_batch": args.resnet_batch, "kvstores": args.kvstores,
-                "machine": platform.processor() or platform.machine(), "seconds": time.perf_counter() - start,
+    settings = {**harness.run_settings(), **harness.network_settings(args), "buckets": args.buckets,
+                "kvstores": args.kvstores, "seconds": time.perf_counter() - start,
                 "order": "every configuration once per repeat, in a fresh shuffled order (seed 0)"}
     result = {"settings": settings, "records": records}
     print_table(result)
-    with atomic_write(path) as f:
-        json.dump(result, f, indent=1)
-    print(f"wrote {path}")
+    print(f"wrote {harness.write_json(path, result)}")
     return 0
 
 

@@ -32,7 +32,7 @@ def test_optimizers_quick_run_measures_every_configuration(tmp_path, capsys):
 def test_optimizers_rejects_unknown_parts(capsys):
     with pytest.raises(SystemExit) as exit_info:
         load_benchmark("optimizers").main(["--parts", "speed"])
-    assert exit_info.value.code == 2 and "--parts memory, update and/or step" in capsys.readouterr().err
+    assert exit_info.value.code == 2 and "--parts takes memory, update and/or step" in capsys.readouterr().err
 
 
 @pytest.mark.slow

@@ -46,9 +46,9 @@ def test_kvstore_quick_run_compares_the_packages_kvstore_with_device(tmp_path, c
     assert exit_info.value.code == 2 and "--kvstores takes" in capsys.readouterr().err
 
 
-def test_bucketed_gradients_train_what_one_buffer_trains():
-    """The overlap measurement's buckets change where gradients live, not the step: 1 and 3 buckets give the
-    parameters of the package's own train_step on the same block (per-context BatchNorm)."""
+def test_the_overlap_rows_reducer_trains_what_one_buffer_trains():
+    """The overlap measurement's Reducer changes where gradients live, not the step: its 1 and 3 buckets (at most
+    --buckets) give the parameters of the package's own train_step on the same block (per-context BatchNorm)."""
     import mxnet as mx
     import numpy as np
     from mxnet.gluon import nn
@@ -71,20 +71,35 @@ def test_bucketed_gradients_train_what_one_buffer_trains():
     results = []
     for num_buckets in (None, 1, 3):
         net = block()
-        device_params = [parallel.get_params(net, ctx) for ctx in ctx_list]
+        reducer = None
         if num_buckets is None:
-            step = lambda: parallel.train_step(X, y, device_params, ctx_list, 0.1,
-                                               net=parallel.GluonNet(net, sync_batchnorm=False))
+            device_params = [parallel.get_params(net, ctx) for ctx in ctx_list]
         else:
-            step = bench.bucketed_step(net, device_params, ctx_list, X, y, 0.1, num_buckets)
-            if num_buckets == 3:
-                assert len(bench.bucket_gradients(parallel.get_params(net, mx.cpu(0)), 3)) == 3
+            reducer, device_params = bench.bucketed_replicas(net, ctx_list, num_buckets)
+            assert len(device_params[0].buckets) == num_buckets
+            assert (reducer.bucket_mb is None) == (num_buckets == 1)
         for _ in range(3):
-            step()
+            parallel.train_step(X, y, device_params, ctx_list, 0.1, net=parallel.GluonNet(net, sync_batchnorm=False),
+                                reducer=reducer)
         results.append([p.asnumpy() for p in device_params[1]])
     for got in results[1:]:
         for a, b in zip(got, results[0]):
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6 * np.abs(b).max())
+
+
+def test_bucket_mb_for_gives_at_most_the_buckets_asked_for():
+    """The smallest bound in bytes that gives no more than the buckets asked for (the largest array alone
+    can ask for no smaller one)."""
+    import numpy as np
+    from parallel import LENET_SHAPES
+    from parallel.comm.replica import bucket_ranges
+    bench = load_benchmark("trainer")
+    sizes = [int(np.prod(shape)) for shape in LENET_SHAPES]
+    assert bench.bucket_mb_for(sizes, 1) is None
+    for num_buckets in range(2, 9):
+        bound = int(bench.bucket_mb_for(sizes, num_buckets) * 2 ** 20)
+        assert len(bucket_ranges(sizes, 4, bound)) <= num_buckets
+        assert bound == 4 * max(sizes) or len(bucket_ranges(sizes, 4, bound - 1)) > num_buckets
 
 
 def test_trainer_rejects_unknown_networks(capsys):

@@ -1,8 +1,10 @@
 """The house rules of the package's layout, checked: every module says what it holds, no function is long, the
 registries need no MXNet, the commands take their choices from the registries, and no public function takes
-more than ``MAX_PARAMETERS`` parameters."""
+more than ``MAX_PARAMETERS`` parameters. The first and the last rules hold for the benchmark scripts too, which
+share what they have in common through ``benchmarks/harness.py``."""
 import ast
 import os
+import re
 import sys
 
 import pytest
@@ -12,6 +14,9 @@ from conftest import ROOT, run_process
 PACKAGE = os.path.join(ROOT, "parallel")
 MODULES = sorted(os.path.relpath(os.path.join(d, n), ROOT) for d, _, names in os.walk(PACKAGE)
                  for n in names if n.endswith(".py"))
+#: The benchmark scripts and the harness they share (``benchmarks/*.py``).
+BENCHMARKS = sorted(os.path.join("benchmarks", n) for n in os.listdir(os.path.join(ROOT, "benchmarks"))
+                    if n.endswith(".py"))
 
 #: The most lines of code (not counting docstrings, comments and blank lines) a function may have.
 MAX_FUNCTION_LINES = 60
@@ -29,7 +34,7 @@ def _code_lines(source, node):
                if text.strip() and not text.strip().startswith("#") and i not in skip)
 
 
-@pytest.mark.parametrize("module", MODULES)
+@pytest.mark.parametrize("module", MODULES + BENCHMARKS)
 def test_every_module_says_what_it_holds_and_has_no_long_function(module):
     source = open(os.path.join(ROOT, module)).read()
     tree = ast.parse(source)
@@ -169,7 +174,7 @@ def _parameters(node):
 
 def test_no_public_function_takes_more_than_ten_parameters():
     too_many = []
-    for module in MODULES:
+    for module in MODULES + BENCHMARKS:
         with open(os.path.join(ROOT, module)) as f:
             tree = ast.parse(f.read())
         too_many += [f"{module}: {name} takes {len(_parameters(node))}"
@@ -182,3 +187,31 @@ def test_the_parameter_count_sees_every_kind_of_parameter():
                      "    def _hidden(self, y): pass\n")
     found = {name: _parameters(node) for name, node in _public_functions(tree)}
     assert found == {"f": ["a", "b", "d", "c", "e"], "K.__init__": ["x"]}
+
+
+# ---- the benchmarks share one harness ----------------------------------------------------------------------------
+
+#: What only ``benchmarks/harness.py`` does, and the helper each script uses instead.
+_HARNESS_ONLY = {r"^import statistics|^import random": "harness.median / harness.round_orders",
+                 r"\bjson\.dump\(|\batomic_write\(|\bos\.replace\(": "harness.write_json",
+                 r"\bcheck_writable\(": "harness.results_path",
+                 r"matplotlib\.pyplot|FigureCanvasAgg": "harness.figure / harness.save_figure",
+                 r"\bsubprocess\.run\(": "harness.run_process",
+                 r"def _int_list|def _median": "harness.CommaList / harness.median"}
+
+
+def test_the_benchmark_scripts_share_the_harness():
+    """Every script imports ``benchmarks/harness.py`` and none writes again what it holds: its own medians, rounds,
+    int-list parsers, JSON writers, figures or child-process runners."""
+    assert "benchmarks/harness.py" in [path.replace(os.sep, "/") for path in BENCHMARKS]
+    found = []
+    for path in BENCHMARKS:
+        if os.path.basename(path) == "harness.py":
+            continue
+        with open(os.path.join(ROOT, path)) as f:
+            source = f.read()
+        if not re.search(r"^import harness\b", source, re.M):
+            found.append(f"{path}: does not import harness")
+        found += [f"{path}: {pattern} (use {use})" for pattern, use in _HARNESS_ONLY.items()
+                  if re.search(pattern, source, re.M)]
+    assert not found, "\n".join(found)
