@@ -88,6 +88,7 @@ LAYERS = [
     ["compress", "data", "config", "launch"],
     ["compress.registry"],
     ["comm"],
+    ["shard"],
     ["models", "trainer_kvstore"],
     ["optim", "export"],
     ["models.registry", "checkpoint", "step", "evaluate"],
