@@ -176,7 +176,10 @@ class Split:
         CPU), 2-D when ``flatten``. Queued on the engine; does not block."""
         array = _as_nd(array)
         view, axis = self._view(array.shape)
-        index = mx.nd.array(self.indices(view[axis], t, T), ctx=array.context, dtype="int64")
+        indices = self.indices(view[axis], t, T)
+        if not len(indices):   # more ranks than blocks: this one holds none (MXNet's take refuses no index)
+            return mx.nd.empty(view[:axis] + (0,) + view[axis + 1:], ctx=array.context, dtype=array.dtype)
+        index = mx.nd.array(indices, ctx=array.context, dtype="int64")
         return mx.nd.take(array.reshape(view), index, axis=axis)
 
     def join(self, parts, shape=None):

@@ -196,14 +196,16 @@ class SegmentTape:
 
     - made by the same segment: as it is (autograd links them);
     - made by an earlier segment, or an output of f or g: through its leaf (detached, gradient attached with
-      ``grad_req="add"``), which sums the gradients of every later reader;
+      ``grad_req="add"``), which sums the gradients of every later reader; if no gradient flows to it, through
+      a new handle (``detach()``): MXNet's backward clears the variables without gradient of the graph it ran
+      through, and another segment's graph must not share one;
     - a parameter (``parameters``): as it is, by one segment only: its gradient is written (``grad_req="write"``)
       by the one ``autograd.backward`` of that segment, so a parameter read by two segments raises ``BadValue``
       rather than keep only the last segment's part of its gradient;
     - any other array (an input from outside): if a gradient can flow to it (a leaf the caller attached a gradient
       to, or an output of the caller's recorded operators), it is read once through a recorded identity and every
       segment reads the identity through its leaf, so its gradient is the total over the segments that read it
-      (the residual stream's input); else (the images) as it is.
+      (the residual stream's input); else (the images) through a new handle (``detach()``) at each read.
 
     ``backward(heads, head_grads)`` runs ``autograd.backward(heads, head_grads)`` first, then, last first, each
     collective's backward (f: allreduce of the ranks' gradients; g: identity; from its outputs' leaves into its
@@ -294,17 +296,21 @@ class SegmentTape:
             ``array`` is a parameter an earlier segment read.
         """
         key = id(array)
-        if not autograd.is_recording() or key in self._leaf_ids or key in self._plain:
+        if not autograd.is_recording() or key in self._leaf_ids:
             return array
+        if key in self._plain:
+            return self._handle(array)
         if key in self._made:
             _, step, flows = self._made[key]
-            return array if step is self._segment or not flows else self._leaf(array)
+            if step is self._segment:
+                return array
+            return self._leaf(array) if flows else self._handle(array)
         if key in self._params:
             return self._read_parameter(self._params[key])
         if key not in self._inputs:
             if not _in_graph(array):
                 self._plain[key] = array
-                return array
+                return self._handle(array)
             identity = mx.nd.identity(array)   # recorded: the one read of the input, first in backward's order
             segment = _Segment()
             segment.arrays.append(identity)
@@ -312,6 +318,13 @@ class SegmentTape:
             self._made[id(identity)] = (identity, segment, True)
             self._inputs[key] = (array, identity)
         return self._leaf(self._inputs[key][1])
+
+    def _handle(self, array):
+        """A new handle of ``array`` (no gradient flows to it) for one read: each segment's graph records its own
+        variable, since a backward without ``retain_graph`` clears the variables of the graph it ran through."""
+        handle = array.detach()
+        self._plain[id(handle)] = handle
+        return handle
 
     def _read_parameter(self, entry):
         segment = self._open()
@@ -327,15 +340,14 @@ class SegmentTape:
         return entry[0]
 
     def flows(self, array):
-        """Whether a gradient flows back from ``array`` (as ``read`` gave it, or as an operator made it)."""
+        """Whether a gradient flows back from ``array`` (as ``read`` gave it, as an operator made it, or any array
+        autograd recorded)."""
         key = id(array)
         if key in self._leaf_ids:
             return True
         if key in self._made:
             return self._made[key][2]
-        if key in self._params:
-            return array.grad is not None
-        return False
+        return key not in self._plain and _in_graph(array)
 
     def keep(self, arrays, inputs=None):
         """Record ``arrays`` as made by the open segment from ``inputs`` (what ``read`` gave the operators that

@@ -14,8 +14,8 @@ the layer does on T ranks (ranks mode: ``F`` is a ``RanksF``) and the shard spec
   output): the rank's partial product, Megatron's g (the allreduce of the partial sums), then the bias, which every
   rank holds;
 - ``ParallelPatchEmbedding`` (``nn.Conv2D`` of kernel = stride = ``patch``): each rank holds some pixels of a
-  patch (its weight seen as (channels, pixels)): each patch's pixels unfolded, the rank's through a dense layer,
-  g, the bias; returned in the convolution's layout.
+  patch (its weight seen as (channels, pixels)): f on its input, each patch's pixels unfolded, the rank's
+  through a dense layer, g, the bias; returned in the convolution's layout.
 
 Any other gluon layer (a LayerNorm, an activation, pooling) runs on every rank on the same values: replicated.
 ``run_ranks(block, X, parts, tape)`` runs a block's own ``hybrid_forward`` code on the ranks, each rank's
@@ -220,25 +220,29 @@ class RanksF:
         return Ranks(self._tape("g").g(x.arrays), self)
 
     def gather(self, x, axis=-1):
-        """Every rank's copy of the ranks' parts of ``x`` side by side along ``axis`` (Megatron's all-gather of
-        a column-parallel layer's output), recorded copies in the open segment: their backward sends each part's
-        gradient back to its rank (compute a loss from one rank's copy). Queued; does not block."""
+        """Every rank's copy of the ranks' parts of ``x`` side by side along ``axis``: Megatron's all-gather of a
+        column-parallel layer's output, not a segment boundary. Rank ``t``'s copy reads its own part through
+        autograd and the others' parts as unrecorded copies, so backward hands rank ``t``'s part the gradient of
+        its slice of rank ``t``'s copy (Megatron's split): every rank's output carries the whole gradient, as after
+        g. Queued; does not block."""
         arrays = [a if self.tape is None else self.tape.read(a) for a in x.arrays]
         axis = axis % arrays[0].ndim
         gathered = []
-        for array in arrays:
-            ctx = array.context
-            pieces = [a if a.context == ctx else algorithms.copy_to(a, ctx) for a in arrays]
+        for t, own in enumerate(arrays):
+            pieces = [own if s == t else algorithms.copy_to(a.detach(), own.context) for s, a in enumerate(arrays)]
             gathered.append(mx.nd.concat(*pieces, dim=axis))
         self._keep(gathered, arrays)
         return Ranks(gathered, self)
 
     def broadcast(self, X, ctx_list):
-        """``X`` (one NDArray) on each rank's context of ``ctx_list``: copies (recorded when a gradient flows to
-        ``X``), ``X`` itself on its own context. Queued; does not block."""
+        """``X`` (one NDArray) on each rank's context of ``ctx_list``, a value every rank holds: rank 0's copy
+        recorded (when a gradient flows to ``X``), the others' unrecorded copies, so ``X`` gets the gradient of one
+        rank's copy (every rank's carries the whole, as ``gather``'s do). Queued; does not block."""
         x = X if self.tape is None else self.tape.read(X)
-        copies = [x if ctx == x.context else algorithms.copy_to(x, ctx) for ctx in ctx_list]
-        self._keep(copies, [x])
+        copies = [(x if t == 0 else x.detach()) if ctx == x.context else
+                  algorithms.copy_to(x if t == 0 else x.detach(), ctx) for t, ctx in enumerate(ctx_list)]
+        self._keep(copies[:1], [x])
+        self._keep(copies[1:], [])   # no gradient flows back from them
         return Ranks(copies, self)
 
 
@@ -358,10 +362,11 @@ class ParallelPatchEmbedding(nn.Conv2D):
         return {"weight": self._split}
 
     def hybrid_forward(self, F, x, weight, bias=None):
-        """Ordinary mode: ``nn.Conv2D``'s. Ranks mode: the rank's pixels of each patch through its part of the
+        """Ordinary mode: ``nn.Conv2D``'s. Ranks mode: f, the rank's pixels of each patch through its part of the
         weight, g, the bias: ``(N, channels, H / patch, W / patch)`` as the convolution gives it."""
         if not _ranks_mode(F):
             return super().hybrid_forward(F, x, weight, bias)
+        x = F.f(x)   # each rank reads its pixels: the input's gradient is the sum of the ranks' (none for images)
         (ph, pw), (height, width) = self._patch, x[0].shape[2:]
         rows, cols = height // ph, width // pw
         if (rows * ph, cols * pw) != (height, width):   # the convolution drops what no patch covers
@@ -377,7 +382,7 @@ class ParallelPatchEmbedding(nn.Conv2D):
             out = F.broadcast_add(out, bias)
         if self.act is not None:
             out = self.act(out)
-        return F.reshape(F.transpose(out, (0, 2, 1)), (0, 0, rows, cols))
+        return F.reshape(F.transpose(out, (0, 2, 1)), (0, 0, rows, cols))   # (N, channels, rows, cols)
 
 
 # ---- a block's arrays over the ranks ----------------------------------------------------------------------------
@@ -514,8 +519,12 @@ def run_ranks(block, X, parts, tape=None):
     -------
     Ranks
         The block's output on every rank (a column-parallel layer's, without ``gather_output``, is each rank's
-        part); as ``tape.read`` gives it: under ``autograd.record()`` compute the loss from one rank's output and
-        call ``tape.backward(loss)``.
+        part), as ``tape.read`` gives it.
+
+    Training, Megatron's way: every rank computes the loss from its own output and ``tape.backward(losses)``
+    takes all T (the same value on every rank: report one). A value every rank holds (g's sum, a gathered
+    output, what replicated layers make of them) carries its whole gradient on every rank; a loss on one rank
+    only would leave the others' parts without theirs.
 
     For the duration of the call each block of ``block`` gets an instance attribute ``forward`` (gluon's
     ``Block.__call__`` calls ``self.forward``) that calls its ``hybrid_forward`` with a ``RanksF`` and the ranks'
