@@ -266,8 +266,9 @@ class SegmentTape:
     # ---- what a segment reads and makes ---------------------------------------------------------------------
 
     def parameters(self, arrays, names=None):
-        """Declare ``arrays`` parameters (read as they are, by one segment each); ``names`` name them in the
-        error. Recording or not; nothing is computed."""
+        """Declare ``arrays`` parameters: read as they are, by one segment of the tape each (so several
+        micro-batches through the same arrays take a tape each); ``names`` name them in the error. Recording or
+        not; nothing is computed."""
         names = [None] * len(arrays) if names is None else list(names)
         for array, name in zip(arrays, names):
             self._params.setdefault(id(array), [array, name, None])
@@ -333,10 +334,10 @@ class SegmentTape:
         elif entry[2] is not segment:
             what = entry[1] or f"an array of shape {entry[0].shape}"
             raise BadValue("parameters", f"parameter {what} is read by two segments of the tensor-parallel forward "
-                                         "(on both sides of a collective f or g): each segment's backward writes "
-                                         "its gradient, so the last would overwrite the other's part; read it "
-                                         "between the same two collectives, or give each use a parameter of its "
-                                         "own")
+                                         "(on both sides of a collective f or g, or in two runs on one tape): each "
+                                         "segment's backward writes its gradient, so the last would overwrite the "
+                                         "other's part; read it between the same two collectives, give each use a "
+                                         "parameter of its own, or each run a tape of its own")
         return entry[0]
 
     def flows(self, array):

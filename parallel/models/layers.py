@@ -22,6 +22,11 @@ Any other gluon layer (a LayerNorm, an activation, pooling) runs on every rank o
 arrays in ``parts``, f and g recorded by a ``parallel.comm.SegmentTape``; ``shard_specs(block)`` gives every
 trainable array's spec and ``replicate_ranks(block, ctx_list)`` each rank's arrays.
 
+A new parallel layer touches this file alone: subclass the gluon layer, let its ``hybrid_forward`` call the base
+class's unless ``F`` is a ``RanksF`` (then compute with ``F``'s operators on the rank's arrays, ``F.f``, ``F.g``
+and ``F.gather`` between), and give ``shard_specs()`` (``{parameter attribute: spec}``). Training on the ranks,
+every rank computes the loss from its own output (Megatron's way: see ``run_ranks``).
+
 >>> import mxnet as mx
 >>> from mxnet.gluon import nn
 >>> from parallel.comm.tensor import SegmentTape

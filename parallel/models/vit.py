@@ -20,6 +20,14 @@ It is a gluon ``HybridSequential`` of ``depth + 2`` children, each a ``HybridBlo
 activation recomputation and ZeRO-3 keep each child's input; train it on the from-scratch path
 (``get_params(net, ctx)``, ``train_batch(..., net=net)``) or with gluon's ``Trainer``. Every ``hybrid_forward``
 runs on symbols as well as arrays (no shape is read from an input), so ``GluonNet`` runs it as one cached graph.
+
+Its dense layers and its patch projection are the tensor-parallel layers of ``parallel.models.layers``, which in
+gluon's own calls are exactly ``nn.Dense`` and ``nn.Conv2D`` (the same names, initial values, outputs and
+gradients, bit for bit, as when it was built of those), and which ``run_ranks`` splits over T ranks Megatron's
+way: the query, key and value layer column-parallel by heads (``parts=3``, ``unit`` a head's width), the
+attention's projection row-parallel, the MLP column- then row-parallel, the patch projection over its pixels,
+the classifier over its classes. ``MultiHeadAttention`` reads no head count from its input: it reshapes by the
+head width, so the same code runs a rank's heads.
 """
 import mxnet as mx
 from mxnet.gluon import nn
