@@ -307,7 +307,10 @@ def test_a_job_of_tensor_groups_trains_the_one_context_model_through_the_cli(tmp
 
 
 @pytest.mark.parametrize("extra, says", [
-    (["--tensor", "2"], "--tensor 2 splits attention heads and MLP units; LeNet has none: use --model vit"),
+    (["--tensor", "2"], "--tensor 2 splits attention heads and MLP units; LeNet has none: use --model vit or "
+                        "transformer"),
+    (["--model", "transformer", "--tensor", "2"], "--tensor is the ViT's alone until a strategy runs "
+                                                  "parallel.models.layers.run_ranks; use --model vit"),
     (["--model", "vit", "--tensor", "8", "--devices", "cpu:8"], "--tensor 8 ranks cannot split ViT's 4 attention"),
     (["--model", "vit", "--tensor", "2", "--devices", "cpu:3"], "3 contexts cannot form groups of --tensor 2"),
     (["--model", "vit", "--tensor", "2", "--zero", "3"], "use --zero 0, 1 or 2"),

@@ -1,12 +1,12 @@
 """Megatron's conjugate operators f and g (Shoeybi et al. 2019), written from scratch for the T ranks of a
-tensor-parallel group (one array a rank, each on its own context, in rank order), and the tape that runs a
+tensor-parallel group (one array a rank, each on its own context, in rank order), and the tapes that run a
 group's backward pass through them.
 
-- ``f`` (``TensorTape.f``): forward, the identity (every rank already holds the same input); backward, the
-  allreduce of the ranks' gradients. A column-parallel layer after it sends back only its own rows' part of the
-  input's gradient, and the sum over the ranks is the whole.
-- ``g`` (``TensorTape.g``): forward, the allreduce of the ranks' partial outputs (a row-parallel layer's);
-  backward, the identity: each rank's partial output gets the gradient of the sum.
+- ``f``: forward, the identity (every rank already holds the same input); backward, the allreduce of the ranks'
+  gradients. A column-parallel layer after it sends back only its own rows' part of the input's gradient, and the
+  sum over the ranks is the whole.
+- ``g``: forward, the allreduce of the ranks' partial outputs (a row-parallel layer's); backward, the identity:
+  each rank's partial output gets the gradient of the sum.
 
 A Transformer block costs one f and one g in its attention and one of each in its MLP: two allreduces of its
 activations forward, two backward (Megatron's four a layer a step). The sums are the package's allreduce
@@ -17,10 +17,16 @@ Why a tape and not ``autograd.Function``s. A ``Function`` is one node of MXNet's
 hands its backward the output gradients on the default context (``cpu(0)``, measured: even for a ``Function``
 whose arrays are all on ``cpu(1)``), and a collective's backward needs every rank's gradient at once, which one
 rank's node never sees (waiting for the others inside it would block that context's engine thread). So f and g
-are steps of their own: ``TensorTape`` records the group's forward a *segment* at a time (each rank's work between
-two collectives, run under ``autograd.record()`` on inputs detached from what came before, with gradients
-attached), and ``backward()`` runs the segments' backward passes last first, applying f's and g's backward
-between them. Each segment runs the same operators on the same values as the unsegmented graph.
+are steps of their own, and a tape records the group's forward around them; its ``backward()`` runs the recorded
+pieces' backward passes last first, applying f's and g's backward between them. Each piece runs the same
+operators on the same values as the unsegmented graph. Two tapes:
+
+- ``SegmentTape`` records a *segment* at a time: everything the ranks compute between two collectives, recorded
+  by autograd directly (``parallel.models.layers.run_ranks`` runs any block of the parallel layers on it). An
+  array a segment made is read by a later segment (or a collective) through a *leaf*: detached, its gradient
+  attached and added to; its segment's backward is one ``autograd.backward`` of the arrays read later.
+- ``TensorTape`` records each ``run(fn, ...)`` as a piece of its own (``parallel.models.vit_tensor``'s
+  hand-written forward of the ViT).
 
 >>> import mxnet as mx
 >>> from mxnet import autograd
@@ -40,9 +46,10 @@ between them. Each segment runs the same operators on the same values as the uns
 import mxnet as mx
 from mxnet import autograd
 
+from ..validate import BadValue
 from . import algorithms
 
-__all__ = ["TensorTape"]
+__all__ = ["TensorTape", "SegmentTape"]
 
 
 def _arrays(value):
@@ -151,3 +158,322 @@ class TensorTape:
                 if source.grad is not None:
                     source.grad[:] += grad
         self._clear()
+
+
+def _in_graph(array):
+    """Whether autograd recorded ``array`` (a leaf with a gradient attached, or an output of recorded operators):
+    whether a gradient can flow back to it."""
+    if array.grad is not None:
+        return True
+    try:
+        autograd.get_symbol(array)
+    except mx.base.MXNetError:   # "NDArray is not part of a computation graph"
+        return False
+    return True
+
+
+class _Segment:
+    """What a segment made, in order (the arrays its ``autograd.backward`` may start from)."""
+
+    def __init__(self):
+        self.arrays = []
+
+
+class _Collective:
+    """An f or a g: its sources (the leaves of what it read, None where no gradient flows) and its outputs."""
+
+    def __init__(self, kind, sources, outputs):
+        self.kind, self.sources, self.outputs = kind, sources, outputs
+
+
+class SegmentTape:
+    """A tensor-parallel group's forward pass, recorded a segment at a time (everything the ranks compute between
+    two collectives, by autograd itself), and its backward pass through f and g (see the module's docstring).
+
+    While ``autograd.record()`` is on, whoever runs operators on the ranks' arrays (``parallel.models.layers``'s
+    ``RanksF``) reads every input through ``read`` and hands the outputs to ``keep``; ``f`` and ``g`` end a
+    segment. How ``read`` gives an array to the segment that reads it:
+
+    - made by the same segment: as it is (autograd links them);
+    - made by an earlier segment, or an output of f or g: through its leaf (detached, gradient attached with
+      ``grad_req="add"``), which sums the gradients of every later reader; if no gradient flows to it, through
+      a new handle (``detach()``): MXNet's backward clears the variables without gradient of the graph it ran
+      through, and another segment's graph must not share one;
+    - a parameter (``parameters``): as it is, by one segment only: its gradient is written (``grad_req="write"``)
+      by the one ``autograd.backward`` of that segment, so a parameter read by two segments raises ``BadValue``
+      rather than keep only the last segment's part of its gradient;
+    - any other array (an input from outside): if a gradient can flow to it (a leaf the caller attached a gradient
+      to, or an output of the caller's recorded operators), it is read once through a recorded identity and every
+      segment reads the identity through its leaf, so its gradient is the total over the segments that read it
+      (the residual stream's input); else (the images) through a new handle (``detach()``) at each read.
+
+    ``backward(heads, head_grads)`` runs ``autograd.backward(heads, head_grads)`` first, then, last first, each
+    collective's backward (f: allreduce of the ranks' gradients; g: identity; from its outputs' leaves into its
+    sources' leaves) and each segment's (one ``autograd.backward`` of its arrays read later, from their leaves'
+    gradients). One tape may record several groups (replicas) one after the other. Outside
+    ``autograd.record()`` it keeps nothing: ``f`` is the identity, ``g`` the sum.
+
+    Parameters
+    ----------
+    algorithm : str
+        The allreduce of f's backward and g's forward (``parallel.comm.ALGORITHMS``).
+
+    Attributes
+    ----------
+    allreduced : int
+        Elements f and g have summed so far (forward and backward, each rank's array counted once): what a step's
+        collectives move, for ``bytes_moved``.
+    calls : dict
+        ``{"f": n, "g": n}``: the forward calls of each, recording or not.
+
+    Not thread-safe: one thread records a tape at a time.
+
+    >>> import mxnet as mx
+    >>> from mxnet import autograd
+    >>> tape = SegmentTape()
+    >>> X = mx.nd.array([1.0, 2.0])
+    >>> X.attach_grad()   # an input from outside, read before and after the sum
+    >>> w = [mx.nd.array([3.0, 3.0], ctx=mx.cpu(t)) for t in range(2)]
+    >>> with autograd.record():
+    ...     x = tape.read(X)                                 # through a recorded identity
+    ...     xs = [x.copyto(mx.cpu(t)) for t in range(2)]
+    ...     tape.keep(xs, [x])
+    ...     parts = [x * v for x, v in zip(xs, w)]           # each rank's partial sum: 3 X
+    ...     tape.keep(parts, xs)
+    ...     summed = tape.g(parts)                           # a segment ends: 6 X on every rank
+    ...     out = tape.read(summed[0]) + tape.read(X)        # 7 X, from rank 0's sum and X read again
+    >>> tape.backward(out)   # d out / d X: 3 through rank 0's part (g passes the sum's gradient), 1 directly
+    >>> X.grad.asnumpy().tolist(), tape.allreduced, tape.calls
+    ([4.0, 4.0], 4, {'f': 0, 'g': 1})
+    """
+
+    def __init__(self, algorithm="fused"):
+        self.algorithm = algorithm
+        self.allreduced = 0
+        self.calls = {"f": 0, "g": 0}
+        self._clear()
+
+    def _clear(self):
+        self._steps = []       # what backward undoes, last first: _Segment and _Collective
+        self._segment = None   # the open segment; None before the first operator and right after a collective
+        self._made = {}        # id(array a step made) -> (array, the step, whether a gradient flows to it)
+        self._leaves = {}      # id(array) -> its leaf
+        self._leaf_ids = set()
+        self._params = {}      # id(parameter) -> [array, name, the segment that read it]
+        self._inputs = {}      # id(input from outside) -> (input, its recorded identity)
+        self._plain = {}       # id(input no gradient flows to) -> the input (kept: its id stays its own)
+
+    # ---- what a segment reads and makes ---------------------------------------------------------------------
+
+    def parameters(self, arrays, names=None):
+        """Declare ``arrays`` parameters: read as they are, by one segment of the tape each (so several
+        micro-batches through the same arrays take a tape each); ``names`` name them in the error. Recording or
+        not; nothing is computed."""
+        names = [None] * len(arrays) if names is None else list(names)
+        for array, name in zip(arrays, names):
+            self._params.setdefault(id(array), [array, name, None])
+
+    def _open(self):
+        if self._segment is None:
+            self._segment = _Segment()
+            self._steps.append(self._segment)
+        return self._segment
+
+    def _leaf(self, array):
+        leaf = self._leaves.get(id(array))
+        if leaf is None:
+            leaf = self._leaves[id(array)] = array.detach()
+            leaf.attach_grad(grad_req="add")
+            self._leaf_ids.add(id(leaf))
+        return leaf
+
+    def read(self, array):
+        """``array`` as the open segment reads it (see the class's docstring); ``array`` itself outside
+        ``autograd.record()``.
+
+        Raises
+        ------
+        parallel.validate.BadValue
+            ``array`` is a parameter an earlier segment read.
+        """
+        key = id(array)
+        if not autograd.is_recording() or key in self._leaf_ids:
+            return array
+        if key in self._plain:
+            return self._handle(array)
+        if key in self._made:
+            _, step, flows = self._made[key]
+            if step is self._segment:
+                return array
+            return self._leaf(array) if flows else self._handle(array)
+        if key in self._params:
+            return self._read_parameter(self._params[key])
+        if key not in self._inputs:
+            if not _in_graph(array):
+                self._plain[key] = array
+                return self._handle(array)
+            identity = mx.nd.identity(array)   # recorded: the one read of the input, first in backward's order
+            segment = _Segment()
+            segment.arrays.append(identity)
+            self._steps.insert(0, segment)
+            self._made[id(identity)] = (identity, segment, True)
+            self._inputs[key] = (array, identity)
+        return self._leaf(self._inputs[key][1])
+
+    def _handle(self, array):
+        """A new handle of ``array`` (no gradient flows to it) for one read: each segment's graph records its own
+        variable, since a backward without ``retain_graph`` clears the variables of the graph it ran through."""
+        handle = array.detach()
+        self._plain[id(handle)] = handle
+        return handle
+
+    def _read_parameter(self, entry):
+        segment = self._open()
+        if entry[2] is None:
+            entry[2] = segment
+        elif entry[2] is not segment:
+            what = entry[1] or f"an array of shape {entry[0].shape}"
+            raise BadValue("parameters", f"parameter {what} is read by two segments of the tensor-parallel forward "
+                                         "(on both sides of a collective f or g, or in two runs on one tape): each "
+                                         "segment's backward writes its gradient, so the last would overwrite the "
+                                         "other's part; read it between the same two collectives, give each use a "
+                                         "parameter of its own, or each run a tape of its own")
+        return entry[0]
+
+    def flows(self, array):
+        """Whether a gradient flows back from ``array`` (as ``read`` gave it, as an operator made it, or any array
+        autograd recorded)."""
+        key = id(array)
+        if key in self._leaf_ids:
+            return True
+        if key in self._made:
+            return self._made[key][2]
+        return key not in self._plain and _in_graph(array)
+
+    def keep(self, arrays, inputs=None):
+        """Record ``arrays`` as made by the open segment from ``inputs`` (what ``read`` gave the operators that
+        made them; None: a gradient flows back from them). Nothing outside ``autograd.record()``."""
+        if not autograd.is_recording():
+            return
+        flows = True if inputs is None else any(self.flows(x) for x in inputs)
+        segment = self._open()
+        for array in arrays:
+            key = id(array)
+            if key in self._made or key in self._leaf_ids or key in self._params or key in self._plain:
+                continue   # an operator that gave back what it read
+            segment.arrays.append(array)
+            self._made[key] = (array, segment, flows)
+
+    # ---- the collectives -------------------------------------------------------------------------------------
+
+    def _source(self, array):
+        """The leaf through which a collective reads ``array`` (None: no gradient flows back to it)."""
+        key = id(array)
+        if key in self._made:
+            return self._leaf(array) if self._made[key][2] else None
+        if key in self._params:
+            raise BadValue("parameters", "a collective reads a parameter; give f and g activations")
+        read = self.read(array)
+        return read if id(read) in self._leaf_ids else None
+
+    def _collective(self, kind, xs, outputs):
+        sources = [self._source(x) for x in xs]
+        step = _Collective(kind, sources, outputs)
+        self._steps.append(step)
+        self._segment = None
+        flows = any(source is not None for source in sources)
+        self._made.update((id(a), (a, step, flows)) for a in outputs)
+
+    def f(self, xs):
+        """Megatron's f on ``xs`` (one array a rank): the same arrays forward (a new segment reads them), their
+        gradients allreduced backward. Does not block."""
+        self.calls["f"] += 1
+        if not autograd.is_recording():
+            return list(xs)
+        outputs = [x.detach() for x in xs]
+        self._collective("f", xs, outputs)
+        return outputs
+
+    def g(self, xs):
+        """Megatron's g on ``xs`` (one partial sum a rank): their sum on every rank forward (new arrays), the
+        gradient passed through backward. Queued on the engine; does not block."""
+        self.calls["g"] += 1
+        outputs = [x.detach().copy() for x in xs]
+        algorithms.allreduce(outputs, self.algorithm)
+        self.allreduced += sum(x.size for x in xs)
+        if autograd.is_recording():
+            self._collective("g", xs, outputs)
+        return outputs
+
+    # ---- backward --------------------------------------------------------------------------------------------
+
+    def _heads(self, heads, head_grads):
+        """Split the heads: ``(outside, their gradients, {id: gradient} of arrays a segment made)``; a head that is
+        a leaf or a collective's output gets its gradient added to its leaf at once."""
+        heads = [] if heads is None else _arrays(heads)
+        grads = [None] * len(heads) if head_grads is None else _arrays(head_grads)
+        if len(grads) != len(heads):
+            raise BadValue("head_grads", f"{{head_grads}} has {len(grads)} arrays for {len(heads)} heads; give one "
+                                         "a head")
+        outside, outside_grads, extra = [], [], {}
+        for head, grad in zip(heads, grads):
+            key = id(head)
+            grad = mx.nd.ones_like(head) if grad is None else grad
+            made = self._made.get(key)
+            if key in self._leaf_ids or (made is not None and isinstance(made[1], _Collective)):
+                leaf = head if key in self._leaf_ids else self._leaf(head)
+                leaf.grad[:] += grad
+            elif made is not None:
+                extra[key] = grad if key not in extra else extra[key] + grad
+            else:
+                outside.append(head)
+                outside_grads.append(grad)
+        return outside, outside_grads, extra
+
+    def backward(self, heads=None, head_grads=None):
+        """The backward pass of what the tape recorded, then the tape emptied.
+
+        Parameters
+        ----------
+        heads : NDArray or list of NDArray, optional
+            What came after the tape's steps (the loss), backward first; or arrays the tape made (a segment's, a
+            collective's output, a leaf), whose gradients join their step's. Heads computed outside the tape may
+            read the arrays of a group's last segment directly, an earlier segment's only through ``read``.
+        head_grads : NDArray or list of NDArray, optional
+            The heads' gradients (default ones).
+
+        The parameters' gradients are written, the leaves' and the inputs' added to. Nothing waits.
+        """
+        outside, outside_grads, extra = self._heads(heads, head_grads)
+        if outside:
+            autograd.backward(outside, outside_grads)
+        for step in reversed(self._steps):
+            if isinstance(step, _Segment):
+                self._segment_backward(step, extra)
+            else:
+                self._collective_backward(step)
+        self._clear()
+
+    def _segment_backward(self, segment, extra):
+        arrays, grads = [], []
+        for array in segment.arrays:
+            leaf, more = self._leaves.get(id(array)), extra.get(id(array))
+            if leaf is None and more is None:
+                continue
+            arrays.append(array)
+            grads.append(leaf.grad if more is None else more if leaf is None else leaf.grad + more)
+        if arrays:
+            autograd.backward(arrays, grads)
+
+    def _collective_backward(self, step):
+        leaves = [self._leaves.get(id(a)) for a in step.outputs]
+        if all(leaf is None for leaf in leaves):
+            return
+        grads = [mx.nd.zeros_like(a) if leaf is None else leaf.grad for a, leaf in zip(step.outputs, leaves)]
+        if step.kind == "f":   # the allreduce of the ranks' gradients
+            grads = [grad.copy() for grad in grads]
+            algorithms.allreduce(grads, self.algorithm)
+            self.allreduced += sum(grad.size for grad in grads)
+        for source, grad in zip(step.sources, grads):   # g: the identity
+            if source is not None:
+                source.grad[:] += grad

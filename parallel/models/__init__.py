@@ -5,11 +5,17 @@
 - ``resnet``: the textbook's ResNet-18 for 28x28 images, a gluon ``HybridSequential``.
 - ``vit``: a small Vision Transformer for 28x28 images (7x7 patches, a class token, pre-norm Transformer blocks),
   a gluon ``HybridSequential``.
-- ``vit_tensor``: the ViT split over the ranks of a tensor-parallel group, Megatron's way (``TensorViT``).
+- ``transformer``: a small Transformer encoder over a 28x28 image's 28 rows (post-norm blocks, mean pooling), a
+  gluon ``HybridSequential`` built of the parallel layers, as the ViT is.
+- ``layers``: the tensor-parallel layers (``ColumnParallelDense``, ``RowParallelDense``,
+  ``ParallelPatchEmbedding``), each its gluon base class in ordinary mode and split over T ranks by ``run_ranks``
+  (Megatron-LM's tensor parallelism for any block made of them); ``shard_specs``, ``replicate_ranks``.
+- ``vit_tensor``: the ViT split over the ranks of a tensor-parallel group, Megatron's way (``TensorViT``), its
+  forward written by hand: what ``layers.run_ranks`` replaces.
 - ``gluon``: any gluon ``HybridBlock`` as a function ``net(X, params)`` of flat replicas (``GluonNet``), with
   BatchNorm synchronized across contexts; ``Chain``, blocks passing tuples.
 - ``registry``: what each model does (``LeNetModel``, ``GluonModel``, and the ``BuiltGluonModel`` subclasses
-  ``ResNet18Model`` and ``ViTModel``): its initial model, the layout and checks of its arrays, the function data
+  ``ResNet18Model``, ``ViTModel`` and ``TransformerModel``): its initial model, the layout and checks of its arrays, the function data
   parallelism runs, where model parallelism cuts it, its export; ``behaviour_of`` gives the behaviour of an
   initial model a strategy is handed.
 - ``recompute``: activation recomputation, a network trained block by block keeping only each block's input
@@ -21,7 +27,7 @@
 class of ``registry``, imported on first use) is the one place that knows the model:
 
 >>> list(MODELS), MODELS["resnet18"].title
-(['lenet', 'resnet18', 'vit'], 'ResNet-18')
+(['lenet', 'resnet18', 'vit', 'transformer'], 'ResNet-18')
 >>> MODELS["resnet18"].behaviour.layout().names[:2]
 ('0.0.weight', '0.0.bias')
 """
@@ -62,6 +68,9 @@ MODELS = {
                                        "(64, 128, 256, 512 channels), 5 pooling, 6 dense", "ResNet18Model"),
     "vit": ModelInfo("ViT", "0 patch embedding (7x7 patches, class token, positions), 1-4 its four Transformer "
                             "blocks, 5 head (LayerNorm, dense)", "ViTModel", tensor=4),
+    "transformer": ModelInfo("Transformer", "0 row embedding (the 28 rows as tokens, positions), 1-2 its two "
+                                            "post-norm Transformer blocks, 3 head (mean over the rows, dense)",
+                             "TransformerModel", tensor=4),
 }
 
 _SOURCES = {
@@ -70,9 +79,13 @@ _SOURCES = {
     "gluon": ["GluonNet", "Chain", "as_net", "set_block_params"],
     "resnet": ["Residual", "resnet18", "init_resnet18"],
     "vit": ["PatchEmbedding", "MultiHeadAttention", "TransformerBlock", "ClassifierHead", "vit", "init_vit"],
+    "transformer": ["RowEmbedding", "PostNormBlock", "MeanPoolHead", "transformer", "init_transformer"],
+    "layers": ["Ranks", "RanksF", "ColumnParallelDense", "RowParallelDense", "ParallelPatchEmbedding", "shard_specs",
+               "local_arrays", "joined_arrays", "replicate_ranks", "most_ranks", "run_ranks"],
     "vit_tensor": ["TensorViT"],
     "layout": ["init_model", "model_layout", "Layout", "block_names"],
-    "registry": ["behaviour_of", "LeNetModel", "GluonModel", "BuiltGluonModel", "ResNet18Model", "ViTModel"],
+    "registry": ["behaviour_of", "LeNetModel", "GluonModel", "BuiltGluonModel", "ResNet18Model", "ViTModel",
+                 "TransformerModel"],
     "recompute": ["Recompute", "Segment"],
 }
 __all__ = ["MODELS", "ModelInfo"] + [name for names in _SOURCES.values() for name in names]

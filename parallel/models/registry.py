@@ -13,7 +13,10 @@ here, imported on first use. It is the one place that knows a model: the rest of
 - ``layers(initial)`` and ``cut(initial, ranges)``: what model and pipeline parallelism cut, and the stages;
 - ``segments(initial)``: the blocks activation recomputation keeps the input of (``parallel.models.recompute``);
   ``units(initial)`` the finer ones ZeRO-3 gathers one at a time (a residual block in its two halves);
-- ``export(prefix, params, aux, initial)``: the trained arrays as MXNet's symbol + params pair.
+- ``export(prefix, params, aux, initial)``: the trained arrays as MXNet's symbol + params pair;
+- ``shard_specs(initial)``: how tensor parallelism lays out each trainable array over a group's ranks
+  (``parallel.shard``): the specs the parallel layers of a gluon model declare, ``Replicated()`` for the others
+  (every array of LeNet and ResNet-18, which hold no parallel layer).
 
 A strategy is handed the initial model itself, not its name: ``behaviour_of(initial)`` gives the behaviour
 of LeNet's arrays or of any gluon block.
@@ -32,17 +35,20 @@ from mxnet import gluon
 
 from ..comm.replica import block_state
 from ..export import array_thunks, export_gluon, export_lenet, lenet_thunks
+from ..shard import Replicated
 from . import MODELS
 from .gluon import Chain, GluonNet, as_net
+from .layers import shard_specs
 from .layout import Layout, block_names
 from .lenet import (LENET_LAYERS, LENET_PARAM_NAMES, LENET_SHAPES, CachedNet, LenetStage, init_lenet_params,
                     lenet_cached, lenet_layers)
 from .recompute import Segment
 from .resnet import init_resnet18, resnet18
+from .transformer import init_transformer, transformer
 from .vit import init_vit, vit
 
 __all__ = ["Layers", "Cut", "Model", "LeNetModel", "GluonModel", "BuiltGluonModel", "ResNet18Model", "ViTModel",
-           "behaviour_of"]
+           "TransformerModel", "behaviour_of"]
 
 
 class Layers(NamedTuple):
@@ -163,6 +169,12 @@ class Model:
         """
         raise NotImplementedError
 
+    def shard_specs(self, initial):
+        """How tensor parallelism lays out each trainable array of ``initial`` over a group's ranks:
+        ``{name: spec}`` (``parallel.shard``), in the model's order. A model without parallel layers gives every
+        array ``Replicated()``: on T ranks it runs as T copies of itself (correct, and nothing saved)."""
+        raise NotImplementedError
+
 
 class LeNetModel(Model):
     """The from-scratch LeNet: eight arrays (``LENET_SHAPES``), run by ``lenet_cached``, cut between the layers
@@ -217,6 +229,11 @@ class LeNetModel(Model):
     def export(self, prefix, params, aux=(), initial=None):
         self._no_aux(aux)
         return export_lenet(params, prefix)
+
+    def shard_specs(self, initial):
+        """Every one of LeNet's eight arrays ``Replicated()``, by its name (it has no parallel layer)."""
+        self.layers(initial)
+        return {name: Replicated() for name in LENET_PARAM_NAMES}
 
 
 @functools.lru_cache(maxsize=None)
@@ -319,6 +336,11 @@ class GluonModel(Model):
         # into the initial block (unused since make_strategy copied it), then gluon's export
         return export_gluon(initial, prefix, params, aux)
 
+    def shard_specs(self, initial):
+        """``parallel.models.layers.shard_specs(initial)``: ``{param.name: spec}``, the specs its parallel layers
+        declare, ``Replicated()`` for every other array (all of ResNet-18's)."""
+        return shard_specs(initial)
+
 
 class BuiltGluonModel(GluonModel):
     """A gluon model of ``MODELS``: a block of one architecture (``build``) initialized from a seed
@@ -401,6 +423,18 @@ class ViTModel(BuiltGluonModel):
 
     def initialize(self, seed):
         return init_vit(seed, num_classes=self.num_classes, input_shape=self.input_shape)
+
+
+class TransformerModel(BuiltGluonModel):
+    """The small row Transformer for 1x28x28 images and 10 classes (``init_transformer``: the 28 rows as tokens, 2
+    post-norm blocks of width 32): a gluon block whose checkpoint holds its trainable arrays, under structural
+    names (no BatchNorm). Built of the parallel layers, it splits over a tensor-parallel group as the ViT does."""
+
+    def build(self):
+        return transformer(num_classes=self.num_classes, rows=self.input_shape[-2], width=self.input_shape[-1])
+
+    def initialize(self, seed):
+        return init_transformer(seed, num_classes=self.num_classes, input_shape=self.input_shape)
 
 
 #: The behaviour of a gluon block handed to a strategy, whichever it is.

@@ -20,11 +20,20 @@ It is a gluon ``HybridSequential`` of ``depth + 2`` children, each a ``HybridBlo
 activation recomputation and ZeRO-3 keep each child's input; train it on the from-scratch path
 (``get_params(net, ctx)``, ``train_batch(..., net=net)``) or with gluon's ``Trainer``. Every ``hybrid_forward``
 runs on symbols as well as arrays (no shape is read from an input), so ``GluonNet`` runs it as one cached graph.
+
+Its dense layers and its patch projection are the tensor-parallel layers of ``parallel.models.layers``, which in
+gluon's own calls are exactly ``nn.Dense`` and ``nn.Conv2D`` (the same names, initial values, outputs and
+gradients, bit for bit, as when it was built of those), and which ``run_ranks`` splits over T ranks Megatron's
+way: the query, key and value layer column-parallel by heads (``parts=3``, ``unit`` a head's width), the
+attention's projection row-parallel, the MLP column- then row-parallel, the patch projection over its pixels,
+the classifier over its classes. ``MultiHeadAttention`` reads no head count from its input: it reshapes by the
+head width, so the same code runs a rank's heads.
 """
 import mxnet as mx
 from mxnet.gluon import nn
 
 from ..validate import check_int, check_seed
+from .layers import ColumnParallelDense, ParallelPatchEmbedding, RowParallelDense
 
 __all__ = ["PatchEmbedding", "MultiHeadAttention", "TransformerBlock", "ClassifierHead", "vit", "init_vit"]
 
@@ -41,7 +50,7 @@ class PatchEmbedding(nn.HybridBlock):
         with self.name_scope():
             self.cls_token = self.params.get("cls_token", shape=(1, 1, dim), init=mx.init.Normal(0.02))
             self.pos_embedding = self.params.get("pos_embedding", shape=(1, tokens, dim), init=mx.init.Normal(0.02))
-            self.proj = nn.Conv2D(dim, kernel_size=patch, strides=patch, in_channels=1)
+            self.proj = ParallelPatchEmbedding(dim, patch, in_channels=1)
 
     def hybrid_forward(self, F, X, cls_token, pos_embedding):
         patches = F.reshape(self.proj(X), (0, 0, -1))              # (N, dim, 16)
@@ -58,21 +67,22 @@ class MultiHeadAttention(nn.HybridBlock):
         super().__init__(**kwargs)
         if dim % heads:
             raise ValueError(f"dim must be a multiple of heads, got dim {dim} and {heads} heads")
-        self._heads, self._scale = heads, (dim // heads) ** -0.5
+        self._heads, self._head_dim, self._scale = heads, dim // heads, (dim // heads) ** -0.5
         with self.name_scope():
-            self.qkv = nn.Dense(3 * dim, flatten=False, in_units=dim)
-            self.proj = nn.Dense(dim, flatten=False, in_units=dim)
+            self.qkv = ColumnParallelDense(3 * dim, parts=3, unit=dim // heads, flatten=False, in_units=dim)
+            self.proj = RowParallelDense(dim, unit=dim // heads, flatten=False, in_units=dim)
 
     def hybrid_forward(self, F, X):
-        h = self._heads
-        qkv = F.reshape(self.qkv(X), (0, 0, 3, h, -1))            # (N, T, 3, h, d)
+        # h below is the heads this block computes: all of them, or a tensor-parallel rank's (qkv's rows); the
+        # shapes come from the head width d, never from h
+        qkv = F.reshape(self.qkv(X), (0, 0, 3, -1, self._head_dim))   # (N, T, 3, h, d)
         qkv = F.transpose(qkv, (2, 0, 3, 1, 4))                    # (3, N, h, T, d)
-        qkv = F.reshape(qkv, (0, -3, 0, 0))                        # (3, N*h, T, d)
-        parts = F.split(qkv, num_outputs=3, axis=0, squeeze_axis=True)
+        heads = F.reshape(qkv, (0, -3, 0, 0))                      # (3, N*h, T, d)
+        parts = F.split(heads, num_outputs=3, axis=0, squeeze_axis=True)
         q, k, v = parts[0], parts[1], parts[2]                     # each (N*h, T, d)
         weights = F.softmax(F.batch_dot(q * self._scale, k, transpose_b=True), axis=-1)   # (N*h, T, T)
-        out = F.reshape(F.batch_dot(weights, v), (-4, -1, h, 0, 0))   # (N, h, T, d)
-        out = F.reshape(F.transpose(out, (0, 2, 1, 3)), (0, 0, -3))   # (N, T, h*d)
+        out = F.reshape_like(F.batch_dot(weights, v), qkv, lhs_begin=0, lhs_end=1, rhs_begin=1, rhs_end=3)
+        out = F.reshape(F.transpose(out, (0, 2, 1, 3)), (0, 0, -3))   # (N, h, T, d) -> (N, T, h*d)
         return self.proj(out)
 
 
@@ -86,8 +96,8 @@ class TransformerBlock(nn.HybridBlock):
             self.norm1 = nn.LayerNorm(in_channels=dim)
             self.attention = MultiHeadAttention(dim, heads)
             self.norm2 = nn.LayerNorm(in_channels=dim)
-            self.hidden = nn.Dense(mlp_dim, flatten=False, in_units=dim)
-            self.out = nn.Dense(dim, flatten=False, in_units=mlp_dim)
+            self.hidden = ColumnParallelDense(mlp_dim, flatten=False, in_units=dim)
+            self.out = RowParallelDense(dim, flatten=False, in_units=mlp_dim)
 
     def hybrid_forward(self, F, X):
         X = X + self.attention(self.norm1(X))
@@ -102,7 +112,8 @@ class ClassifierHead(nn.HybridBlock):
         super().__init__(**kwargs)
         with self.name_scope():
             self.norm = nn.LayerNorm(in_channels=dim)
-            self.dense = nn.Dense(num_classes, in_units=dim)   # flattens (N, 1, dim) to (N, dim)
+            # flattens (N, 1, dim) to (N, dim); on T ranks, each rank's classes, gathered
+            self.dense = ColumnParallelDense(num_classes, gather_output=True, in_units=dim)
 
     def hybrid_forward(self, F, X):
         return self.dense(self.norm(F.slice_axis(X, axis=1, begin=0, end=1)))

@@ -68,7 +68,9 @@ class TensorViT:
         if (len(children) < 3 or not isinstance(children[0], PatchEmbedding)
                 or not isinstance(children[-1], ClassifierHead)
                 or not all(isinstance(c, TransformerBlock) for c in children[1:-1])):
-            raise BadValue("tensor", "{tensor} splits the ViT's attention heads and MLP units; use --model vit")
+            # the Transformer's layers split too (MODELS), but only run_ranks (parallel.models.layers) runs them so
+            raise BadValue("tensor", "{tensor} is the ViT's alone until a strategy runs "
+                                     "parallel.models.layers.run_ranks; use --model vit")
         self.names = block_names(block)[0]
         _, arrays, _, _ = block_state(block)
         shapes = dict(zip(self.names, [a.shape for a in arrays]))

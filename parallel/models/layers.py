@@ -1,0 +1,570 @@
+"""Layers that say how they are split over a tensor-parallel group, and ``run_ranks``, which runs any block made of
+them on the group's T ranks, Megatron-LM's way (Shoeybi et al. 2019), with no tensor-parallel copy of the model.
+
+Each layer is its gluon base class: built, initialized, hybridized, exported and run by gluon exactly as the base
+class is (ordinary mode: ``F`` is ``mx.nd`` or ``mx.sym``, the base class's own arithmetic). What it adds is what
+the layer does on T ranks (ranks mode: ``F`` is a ``RanksF``) and the shard spec of each parameter
+(``parallel.shard``: ``shard_specs()``):
+
+- ``ColumnParallelDense`` (``nn.Dense``): each rank holds some of its output units (the rows of its weight and
+  bias): Megatron's f on its input (the identity forward, the allreduce of the input's gradient backward), the
+  rank's units, and the ranks' outputs gathered side by side with ``gather_output``. ``parts`` and ``unit`` say how
+  the units are dealt: a fused query, key and value layer is 3 parts of heads of ``unit`` units each;
+- ``RowParallelDense`` (``nn.Dense``): each rank holds the columns of its input's part (a column-parallel layer's
+  output): the rank's partial product, Megatron's g (the allreduce of the partial sums), then the bias, which every
+  rank holds;
+- ``ParallelPatchEmbedding`` (``nn.Conv2D`` of kernel = stride = ``patch``): each rank holds some pixels of a
+  patch (its weight seen as (channels, pixels)): f on its input, each patch's pixels unfolded, the rank's
+  through a dense layer, g, the bias; returned in the convolution's layout.
+
+Any other gluon layer (a LayerNorm, an activation, pooling) runs on every rank on the same values: replicated.
+``run_ranks(block, X, parts, tape)`` runs a block's own ``hybrid_forward`` code on the ranks, each rank's
+arrays in ``parts``, f and g recorded by a ``parallel.comm.SegmentTape``; ``shard_specs(block)`` gives every
+trainable array's spec and ``replicate_ranks(block, ctx_list)`` each rank's arrays.
+
+A new parallel layer touches this file alone: subclass the gluon layer, let its ``hybrid_forward`` call the base
+class's unless ``F`` is a ``RanksF`` (then compute with ``F``'s operators on the rank's arrays, ``F.f``, ``F.g``
+and ``F.gather`` between), and give ``shard_specs()`` (``{parameter attribute: spec}``). Training on the ranks,
+every rank computes the loss from its own output (Megatron's way: see ``run_ranks``).
+
+>>> import mxnet as mx
+>>> from mxnet.gluon import nn
+>>> from parallel.comm.tensor import SegmentTape
+>>> net = nn.HybridSequential()
+>>> net.add(ColumnParallelDense(8, activation="relu", in_units=4), RowParallelDense(3, in_units=8))
+>>> net.initialize(mx.init.Uniform(), ctx=mx.cpu())
+>>> list(shard_specs(net).values())
+[Split(axis=0, parts=1, unit=1, flatten=False), Split(axis=0, parts=1, unit=1, flatten=False), Split(axis=1, parts=1, unit=1, flatten=False), Replicated()]
+>>> X = mx.nd.random.uniform(shape=(5, 4))
+>>> parts = replicate_ranks(net, [mx.cpu(0), mx.cpu(1)])   # rank t's 4 of the 8 hidden units, on cpu(t)
+>>> out = run_ranks(net, X, parts, SegmentTape())
+>>> len(out), out[1].context, (out[0] - net(X)).abs().max().asscalar() < 1e-6
+(2, cpu(1), True)
+"""
+import functools
+import operator
+import types
+
+import mxnet as mx
+from mxnet import gluon
+from mxnet.gluon import nn
+
+from ..comm import algorithms
+from ..comm.replica import FlatReplica, block_state, get_params
+from ..comm.tensor import SegmentTape
+from ..shard import Replicated, Split
+from ..validate import BadType, BadValue, check_bool, check_contexts, check_int
+
+__all__ = ["Ranks", "RanksF", "ColumnParallelDense", "RowParallelDense", "ParallelPatchEmbedding", "shard_specs",
+           "local_arrays", "joined_arrays", "replicate_ranks", "most_ranks", "run_ranks"]
+
+
+# ---- a value on every rank, and the F that computes with it ---------------------------------------------------
+
+class Ranks:
+    """A value held by each of T ranks: one NDArray a rank, on its rank's context, in rank order.
+
+    Not a list or a tuple (gluon's ``HybridSequential`` would take a tuple for several outputs): ``ranks[t]``,
+    ``len(ranks)`` and ``ranks.arrays`` give the arrays. ``+ - * /`` with another ``Ranks`` or a number compute on
+    each rank (recorded by the ``RanksF`` that made the value, if any).
+
+    >>> x = Ranks([mx.nd.ones((2,), ctx=mx.cpu(0)), mx.nd.ones((2,), ctx=mx.cpu(1))])
+    >>> y = 2 * x + 1
+    >>> len(y), y[1].asnumpy().tolist(), y[1].context
+    (2, [3.0, 3.0], cpu(1))
+    """
+
+    def __init__(self, arrays, F=None):
+        self.arrays = list(arrays)
+        self.F = F
+
+    def __len__(self):
+        return len(self.arrays)
+
+    def __getitem__(self, t):
+        return self.arrays[t]
+
+    def __repr__(self):
+        shapes = sorted({a.shape for a in self.arrays})
+        return f"Ranks({len(self)} ranks of {shapes[0] if len(shapes) == 1 else shapes})"
+
+    def detach(self):
+        """The ranks' arrays detached from autograd's graph (``NDArray.detach``), unrecorded."""
+        return Ranks([a.detach() for a in self.arrays], self.F)
+
+    def _apply(self, fn, *args):
+        F = next((a.F for a in args if isinstance(a, Ranks) and a.F is not None), None)
+        return (F or RanksF(len(self))).apply(fn, *args)
+
+    def __add__(self, other):
+        return self._apply(operator.add, self, other)
+
+    def __radd__(self, other):
+        return self._apply(operator.add, other, self)
+
+    def __sub__(self, other):
+        return self._apply(operator.sub, self, other)
+
+    def __rsub__(self, other):
+        return self._apply(operator.sub, other, self)
+
+    def __mul__(self, other):
+        return self._apply(operator.mul, self, other)
+
+    def __rmul__(self, other):
+        return self._apply(operator.mul, other, self)
+
+    def __truediv__(self, other):
+        return self._apply(operator.truediv, self, other)
+
+    def __rtruediv__(self, other):
+        return self._apply(operator.truediv, other, self)
+
+    def __neg__(self):
+        return self._apply(operator.neg, self)
+
+
+class _PerRank:
+    """``F.per_rank``'s values: rank ``t`` reads ``values[t]``."""
+
+    def __init__(self, values):
+        self.values = list(values)
+
+
+class _Namespace:
+    """``F.contrib``, ``F.linalg``, ...: ``mx.nd``'s submodule run on the ranks."""
+
+    def __init__(self, F, module):
+        self._F, self._module = F, module
+
+    def __getattr__(self, name):
+        return functools.partial(self._F.apply, getattr(self._module, name))
+
+
+class RanksF:
+    """The ``F`` a block's ``hybrid_forward`` gets when it runs on ``ranks`` ranks over ``tape`` (``run_ranks``).
+
+    ``F.op(*args, **kwargs)`` runs ``mx.nd.op`` on each rank ``t``: a ``Ranks`` argument (positional, keyword, or
+    in a list) is the rank's array, read through the tape; ``F.per_rank(values)`` is ``values[t]``; anything else
+    is passed as it is. An operator of one output gives a ``Ranks``, one of several a tuple of ``Ranks``. Besides
+    ``mx.nd``'s operators: ``f``, ``g`` (Megatron's, on the tape), ``gather`` (the ranks' parts side by side on
+    every rank), ``apply`` (any function of arrays on each rank), ``ranks`` (T).
+
+    Parameters
+    ----------
+    ranks : int
+        T, the ranks.
+    tape : parallel.comm.SegmentTape, optional
+        Where the ranks' work is recorded; None: nothing recorded (``f`` and ``g`` refused).
+    """
+
+    def __init__(self, ranks, tape=None):
+        self.ranks = check_int(ranks, "ranks", low=1)
+        self.tape = tape
+
+    def __repr__(self):
+        return f"RanksF({self.ranks} ranks)"
+
+    def __getattr__(self, name):
+        if name.startswith("_"):
+            raise AttributeError(name)
+        target = getattr(mx.nd, name)
+        if isinstance(target, types.ModuleType):
+            return _Namespace(self, target)
+        return functools.partial(self.apply, target)
+
+    def per_rank(self, values):
+        """``values`` (one a rank) as an argument of ``F.op``: rank ``t`` gets ``values[t]``."""
+        values = list(values)
+        if len(values) != self.ranks:
+            raise BadValue("values", f"{{values}} has {len(values)} values for {self.ranks} ranks; give one a rank")
+        return _PerRank(values)
+
+    def _arg(self, value, t, read):
+        if isinstance(value, Ranks):
+            array = value.arrays[t] if self.tape is None else self.tape.read(value.arrays[t])
+            read.append(array)
+            return array
+        if isinstance(value, _PerRank):
+            return value.values[t]
+        if isinstance(value, (list, tuple)) and any(isinstance(v, (Ranks, _PerRank)) for v in value):
+            return type(value)(self._arg(v, t, read) for v in value)
+        return value
+
+    def apply(self, fn, *args, **kwargs):
+        """``fn(*args_t, **kwargs_t)`` on each rank ``t`` (the arguments unwrapped as ``F.op``'s), recorded on the
+        tape: a ``Ranks``, or a tuple of them for a function of several outputs. Queued; does not block."""
+        read, outputs = [], []
+        for t in range(self.ranks):
+            outputs.append(fn(*[self._arg(v, t, read) for v in args],
+                              **{k: self._arg(v, t, read) for k, v in kwargs.items()}))
+        if isinstance(outputs[0], (list, tuple)):
+            result = tuple(Ranks([out[i] for out in outputs], self) for i in range(len(outputs[0])))
+            made = [a for r in result for a in r.arrays]
+        else:
+            result = Ranks(outputs, self)
+            made = result.arrays
+        self._keep(made, read)
+        return result
+
+    def _keep(self, arrays, read):
+        if self.tape is not None:
+            self.tape.keep([a for a in arrays if isinstance(a, mx.nd.NDArray)], read)
+
+    def _tape(self, what):
+        if self.tape is None:
+            raise BadValue("tape", f"{what} needs a tape (parallel.comm.SegmentTape); give {{tape}}")
+        return self.tape
+
+    def f(self, x):
+        """Megatron's f on ``x`` (a ``Ranks``): the same values, a new segment; the gradients allreduced backward."""
+        return Ranks(self._tape("f").f(x.arrays), self)
+
+    def g(self, x):
+        """Megatron's g on ``x`` (each rank's partial sum): the sum on every rank; the gradient passed through."""
+        return Ranks(self._tape("g").g(x.arrays), self)
+
+    def gather(self, x, axis=-1):
+        """Every rank's copy of the ranks' parts of ``x`` side by side along ``axis``: Megatron's all-gather of a
+        column-parallel layer's output, not a segment boundary. Rank ``t``'s copy reads its own part through
+        autograd and the others' parts as unrecorded copies, so backward hands rank ``t``'s part the gradient of
+        its slice of rank ``t``'s copy (Megatron's split): every rank's output carries the whole gradient, as after
+        g. Queued; does not block."""
+        arrays = [a if self.tape is None else self.tape.read(a) for a in x.arrays]
+        axis = axis % arrays[0].ndim
+        gathered = []
+        for t, own in enumerate(arrays):
+            pieces = [own if s == t else algorithms.copy_to(a.detach(), own.context) for s, a in enumerate(arrays)]
+            gathered.append(mx.nd.concat(*pieces, dim=axis))
+        self._keep(gathered, arrays)
+        return Ranks(gathered, self)
+
+    def broadcast(self, X, ctx_list):
+        """``X`` (one NDArray) on each rank's context of ``ctx_list``, a value every rank holds: rank 0's copy
+        recorded (when a gradient flows to ``X``), the others' unrecorded copies, so ``X`` gets the gradient of one
+        rank's copy (every rank's carries the whole, as ``gather``'s do). Queued; does not block."""
+        x = X if self.tape is None else self.tape.read(X)
+        copies = [(x if t == 0 else x.detach()) if ctx == x.context else
+                  algorithms.copy_to(x if t == 0 else x.detach(), ctx) for t, ctx in enumerate(ctx_list)]
+        self._keep(copies[:1], [x])
+        self._keep(copies[1:], [])   # no gradient flows back from them
+        return Ranks(copies, self)
+
+
+def _ranks_mode(F):
+    return isinstance(F, RanksF)
+
+
+def _parameters(block):
+    """``{attribute: Parameter}`` of the block itself (what gluon passes its ``hybrid_forward``), in order."""
+    return {name: value for name, value in vars(block).items() if isinstance(value, gluon.Parameter)}
+
+
+# ---- the layers -------------------------------------------------------------------------------------------------
+
+class ColumnParallelDense(nn.Dense):
+    """``nn.Dense`` whose output units are split over the ranks (the rows of its weight and its bias).
+
+    Parameters
+    ----------
+    units, flatten, **kwargs
+        ``nn.Dense``'s (``activation``, ``use_bias``, ``in_units``, initializers, ``prefix``, ...).
+    parts : int
+        The units are ``parts`` equal consecutive parts (3: a fused query, key and value layer), each split alike.
+    unit : int
+        Units dealt to a rank together (a head's width); ``units`` must be ``parts`` parts of whole units.
+    gather_output : bool
+        Ranks mode: give every rank all the units (the ranks' outputs side by side, ``RanksF.gather``) rather than
+        its own (what a row-parallel layer after it reads).
+    """
+
+    def __init__(self, units, parts=1, unit=1, gather_output=False, flatten=True, **kwargs):
+        super().__init__(units, flatten=flatten, **kwargs)
+        self._split = Split(0, parts, unit)
+        if units % (parts * unit):
+            raise BadValue("units", f"{{units={units}}} are not {parts} part(s) of whole blocks of {unit}; give units "
+                                    f"a multiple of {parts * unit}")
+        self._gather_output = check_bool(gather_output, "gather_output")
+        self._flatten_input = flatten
+
+    def shard_specs(self):
+        """``{attribute: spec}``: the weight's and the bias's rows split alike."""
+        return {name: self._split for name in _parameters(self)}
+
+    def hybrid_forward(self, F, x, weight, bias=None):
+        """Ordinary mode: ``nn.Dense``'s. Ranks mode: f, then the rank's units (of the activation), gathered with
+        ``gather_output``."""
+        if not _ranks_mode(F):
+            return super().hybrid_forward(F, x, weight, bias)
+        out = F.FullyConnected(F.f(x), weight, bias, no_bias=bias is None, flatten=self._flatten_input,
+                               num_hidden=F.per_rank([w.shape[0] for w in weight.arrays]))
+        if self.act is not None:
+            out = self.act(out)
+        return F.gather(out, axis=-1) if self._gather_output else out
+
+
+class RowParallelDense(nn.Dense):
+    """``nn.Dense`` whose inputs are split over the ranks (the columns of its weight); its bias replicated.
+
+    Parameters
+    ----------
+    units, flatten, **kwargs
+        ``nn.Dense``'s.
+    parts, unit : int
+        How the input's features are dealt to the ranks: as the column-parallel layer before it deals its units.
+    """
+
+    def __init__(self, units, parts=1, unit=1, flatten=True, **kwargs):
+        super().__init__(units, flatten=flatten, **kwargs)
+        self._split = Split(1, parts, unit)
+        self._units_out, self._flatten_input = units, flatten
+
+    def shard_specs(self):
+        """``{"weight": its columns split}``; the bias is replicated."""
+        return {"weight": self._split}
+
+    def hybrid_forward(self, F, x, weight, bias=None):
+        """Ordinary mode: ``nn.Dense``'s. Ranks mode: ``x`` is each rank's part of the input: the rank's partial
+        product, g, then the bias (and the activation)."""
+        if not _ranks_mode(F):
+            return super().hybrid_forward(F, x, weight, bias)
+        out = F.g(F.FullyConnected(x, weight, no_bias=True, num_hidden=self._units_out, flatten=self._flatten_input))
+        if bias is not None:
+            out = F.broadcast_add(out, bias)
+        return out if self.act is None else self.act(out)
+
+
+class ParallelPatchEmbedding(nn.Conv2D):
+    """``nn.Conv2D`` of kernel and stride ``patch`` (no padding): each patch of ``patch`` pixels projected to
+    ``channels``; the pixels of a patch split over the ranks (its weight seen as (channels, pixels)), its bias
+    replicated.
+
+    Parameters
+    ----------
+    channels : int
+        The output channels.
+    patch : int or (int, int)
+        A patch's height and width: the convolution's kernel and stride.
+    **kwargs
+        ``nn.Conv2D``'s but for the kernel, strides, padding, dilation, groups and layout (``in_channels``,
+        ``activation``, ``use_bias``, initializers, ``prefix``, ...).
+    """
+
+    def __init__(self, channels, patch, **kwargs):
+        for name in ("kernel_size", "strides", "padding", "dilation", "groups", "layout"):
+            if name in kwargs:
+                raise BadValue(name, f"a patch embedding's kernel and stride are its patch, without padding, "
+                                     f"dilation or groups, in layout NCHW; drop {{{name}}}")
+        patch = (patch, patch) if isinstance(patch, int) else tuple(patch)
+        for i, side in enumerate(patch):
+            check_int(side, f"patch[{i}]" if len(patch) > 1 else "patch", low=1)
+        super().__init__(channels, kernel_size=patch, strides=patch, **kwargs)
+        self._patch, self._channels_out = patch, channels
+        self._split = Split(1, flatten=True)
+
+    def shard_specs(self):
+        """``{"weight": its pixels split}`` (a flattened split: rank ``t`` holds a (channels, pixels) part)."""
+        return {"weight": self._split}
+
+    def hybrid_forward(self, F, x, weight, bias=None):
+        """Ordinary mode: ``nn.Conv2D``'s. Ranks mode: f, the rank's pixels of each patch through its part of the
+        weight, g, the bias: ``(N, channels, H / patch, W / patch)`` as the convolution gives it."""
+        if not _ranks_mode(F):
+            return super().hybrid_forward(F, x, weight, bias)
+        x = F.f(x)   # each rank reads its pixels: the input's gradient is the sum of the ranks' (none for images)
+        (ph, pw), (height, width) = self._patch, x[0].shape[2:]
+        rows, cols = height // ph, width // pw
+        if (rows * ph, cols * pw) != (height, width):   # the convolution drops what no patch covers
+            x = F.slice_axis(F.slice_axis(x, axis=2, begin=0, end=rows * ph), axis=3, begin=0, end=cols * pw)
+        patches = F.transpose(F.reshape(x, (0, 0, -4, -1, ph, -4, -1, pw)), (0, 2, 4, 1, 3, 5))
+        patches = F.reshape(patches, (0, -3, -1))                                # (N, patches, pixels)
+        pixels = sum(w.shape[1] for w in weight.arrays)
+        mine = [self._split.indices(pixels, t, F.ranks) for t in range(F.ranks)]
+        patches = F.slice_axis(patches, axis=2, begin=F.per_rank([int(i[0]) if len(i) else 0 for i in mine]),
+                               end=F.per_rank([int(i[-1]) + 1 if len(i) else 0 for i in mine]))
+        out = F.g(F.FullyConnected(patches, weight, no_bias=True, num_hidden=self._channels_out, flatten=False))
+        if bias is not None:
+            out = F.broadcast_add(out, bias)
+        if self.act is not None:
+            out = self.act(out)
+        return F.reshape(F.transpose(out, (0, 2, 1)), (0, 0, rows, cols))   # (N, channels, rows, cols)
+
+
+# ---- a block's arrays over the ranks ----------------------------------------------------------------------------
+
+def _blocks(block):
+    if not isinstance(block, gluon.Block):
+        raise BadType("block", f"{{block}} must be a gluon Block, got {type(block).__name__}")
+    found = []
+    block.apply(found.append)   # children first, the block last
+    return found
+
+
+def shard_specs(block):
+    """The shard spec of every trainable parameter of ``block``: ``{param.name: spec}`` in ``block_state`` order,
+    ``Replicated()`` unless a layer of it says otherwise (its ``shard_specs()``). The block need not be
+    initialized."""
+    declared = {}
+    for child in _blocks(block):
+        if callable(getattr(child, "shard_specs", None)):
+            params = _parameters(child)
+            declared.update((params[name].name, spec) for name, spec in child.shard_specs().items())
+    return {param.name: declared.get(param.name, Replicated())
+            for param in block.collect_params().values() if param.grad_req != "null"}
+
+
+def most_ranks(block):
+    """The most ranks ``block`` splits over with every rank holding a part of every split array (its heads,
+    its units, ...): an int, or None when nothing of it is split. The block must be initialized."""
+    names, arrays, _, _ = block_state(block)
+    most = None
+    for spec, array in zip(shard_specs(block).values(), arrays):
+        if isinstance(spec, Split):
+            shape = (array.shape[0], array.size // array.shape[0]) if spec.flatten else array.shape
+            blocks = spec.blocks(shape[spec.axis])
+            most = blocks if most is None else min(most, blocks)
+    return most
+
+
+def local_arrays(block, arrays, t, T):
+    """Rank ``t``'s (of ``T``) parts of ``arrays``, the block's trainable arrays in ``block_state`` order: new
+    arrays on each array's context (``spec.local``). Queued; does not block.
+
+    Raises
+    ------
+    parallel.validate.BadValue
+        For a count of arrays that is not the block's, or ``T`` beyond ``most_ranks``.
+    """
+    specs = list(shard_specs(block).values())
+    if len(arrays) != len(specs):
+        raise BadValue("arrays", f"{{arrays}} has {len(arrays)} arrays but the block trains {len(specs)}; give "
+                                 "block_state(block)'s")
+    most = most_ranks(block)
+    if most is not None and T > most:
+        raise BadValue("T", f"T={T} ranks cannot all hold a part of the block: it splits over at most {most}")
+    return [spec.local(array, t, T) for spec, array in zip(specs, arrays)]
+
+
+def joined_arrays(block, parts):
+    """The block's whole arrays from the ranks' ``parts`` (``parts[t]`` rank ``t``'s, in ``block_state`` order,
+    NDArrays or numpy arrays: its arrays or their gradients), each in the block's shape (``spec.join``). Reads
+    the parts: blocks until they are computed."""
+    names, arrays, _, _ = block_state(block)
+    specs = list(shard_specs(block).values())
+    return [spec.join([rank[i] for rank in parts], shape=arrays[i].shape) for i, spec in enumerate(specs)]
+
+
+def replicate_ranks(block, ctx_list):
+    """Each rank's arrays of ``block`` (rank ``t`` on ``ctx_list[t]``, T = ``len(ctx_list)``), as ``run_ranks``
+    takes them: ``FlatReplica``s of ``local_arrays`` with gradients attached, their ``names`` the block's, their
+    ``aux`` (running statistics) whole copies. Queued; does not block."""
+    ctx_list = check_contexts(ctx_list)
+    names, arrays, aux_names, aux = block_state(block)
+    replicas = []
+    for t, ctx in enumerate(ctx_list):
+        local = get_params(local_arrays(block, arrays, t, len(ctx_list)), ctx)
+        replicas.append(FlatReplica(local, local.data, local.grads, local.buckets, names,
+                                    [a.copyto(ctx) for a in aux], aux_names))
+    return replicas
+
+
+# ---- running a block on the ranks -------------------------------------------------------------------------------
+
+def _rank_tables(parts):
+    tables = []
+    for t, arrays in enumerate(parts):
+        names = getattr(arrays, "names", None)
+        if names is None or len(names) != len(arrays):
+            raise BadType("parts", f"{{parts}}[{t}] must be a sequence of arrays with their param.names as .names "
+                                   "(replicate_ranks gives them)")
+        table = dict(zip(names, arrays))
+        table.update(zip(getattr(arrays, "aux_names", ()), getattr(arrays, "aux", ())))
+        tables.append(table)
+    return tables
+
+
+def _rank_params(block, F, tables):
+    params = {}
+    for attr, param in _parameters(block).items():
+        missing = [t for t, table in enumerate(tables) if param.name not in table]
+        if missing:
+            raise BadValue("parts", f"{{parts}}[{missing[0]}] has no array named {param.name}; give every rank "
+                                    "the block's arrays")
+        params[attr] = Ranks([table[param.name] for table in tables], F)
+    return params
+
+
+def _contexts(X, parts):
+    if isinstance(X, Ranks):
+        return [x.context for x in X.arrays]
+    if not isinstance(X, mx.nd.NDArray):
+        raise BadType("X", f"{{X}} must be an NDArray (copied to every rank) or a Ranks, got {type(X).__name__}")
+    if any(len(arrays) == 0 for arrays in parts):
+        raise BadValue("parts", "a rank without arrays has no context; give X as a Ranks on the ranks' contexts")
+    return [arrays[0].context for arrays in parts]
+
+
+def run_ranks(block, X, parts, tape=None):
+    """Run ``block`` on the T = ``len(parts)`` ranks of a tensor-parallel group: its own ``hybrid_forward`` code,
+    each parallel layer's ranks mode, every other layer replicated; Megatron's f and g recorded on ``tape``.
+
+    Parameters
+    ----------
+    block : mxnet.gluon.HybridBlock
+        Any hybrid block made of the layers here and ordinary gluon layers (whose parameters are replicated).
+    X : NDArray or Ranks
+        The input: one array (the images), copied to every rank's context; or each rank's input.
+    parts : sequence of sequences of NDArray
+        ``parts[t]``: rank ``t``'s arrays on its context, with ``.names`` (their ``param.name``) and optionally
+        ``.aux`` and ``.aux_names`` (``replicate_ranks`` gives them; a parameter missing from them is an error).
+    tape : parallel.comm.SegmentTape, optional
+        Records the forward under ``autograd.record()`` (default: a new one: evaluation).
+
+    Returns
+    -------
+    Ranks
+        The block's output on every rank (a column-parallel layer's, without ``gather_output``, is each rank's
+        part), as ``tape.read`` gives it.
+
+    Training, Megatron's way: every rank computes the loss from its own output and ``tape.backward(losses)``
+    takes all T (the same value on every rank: report one). A value every rank holds (g's sum, a gathered
+    output, what replicated layers make of them) carries its whole gradient on every rank; a loss on one rank
+    only would leave the others' parts without theirs.
+
+    For the duration of the call each block of ``block`` gets an instance attribute ``forward`` (gluon's
+    ``Block.__call__`` calls ``self.forward``) that calls its ``hybrid_forward`` with a ``RanksF`` and the ranks'
+    arrays of its parameters; they are removed when it returns or raises. Not thread-safe: the block cannot run
+    elsewhere meanwhile. Nothing waits; the work is queued on each rank's context.
+    """
+    blocks = _blocks(block)
+    tape = SegmentTape() if tape is None else tape
+    contexts = _contexts(X, parts)
+    F = RanksF(len(contexts), tape)
+    if len(parts) != F.ranks:
+        raise BadValue("parts", f"{{parts}} has {len(parts)} ranks' arrays for an input on {F.ranks} ranks")
+    tables = _rank_tables(parts)
+    for arrays in parts:
+        tape.parameters(list(arrays), arrays.names)
+    saved = []
+    try:
+        for child in blocks:
+            if not isinstance(child, gluon.HybridBlock):
+                raise BadType("block", f"{{block}} runs on ranks through its blocks' hybrid_forward; "
+                                       f"{type(child).__name__} is not a HybridBlock")
+            saved.append((child, vars(child).get("forward")))
+            child.forward = functools.partial(_forward_on_ranks, child, F, _rank_params(child, F, tables))
+        X = F.broadcast(X, contexts) if isinstance(X, mx.nd.NDArray) else Ranks(X.arrays, F)
+        out = block(X)
+    finally:
+        for child, forward in reversed(saved):
+            vars(child).pop("forward", None)
+            if forward is not None:
+                vars(child)["forward"] = forward
+    if isinstance(out, tuple):
+        return tuple(Ranks([tape.read(a) for a in r.arrays], F) for r in out)
+    return Ranks([tape.read(a) for a in out.arrays], F)
+
+
+def _forward_on_ranks(block, F, params, x, *args):
+    """What a block's ``forward`` is during ``run_ranks``: its ``hybrid_forward`` on the ranks."""
+    return block.hybrid_forward(F, x, *args, **params)
