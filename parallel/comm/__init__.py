@@ -8,9 +8,9 @@
   ``buffer_bytes``); and ``bytes_moved``, what each algorithm copies between contexts; ``reduce_scatter`` and
   ``all_gather``, an allreduce's two halves (``shard_range`` tells which shard each context owns between them);
   ``receive``, ``scratch`` and ``exclusive``, the buffers a communication hook moves payloads through.
-- ``tensor``: Megatron's f and g for the ranks of a tensor-parallel group, and the tapes that run a group's
+- ``tensor``: Megatron's f and g for the ranks of a tensor-parallel group, and the tape that runs a group's
   backward pass through them: ``SegmentTape`` (a segment between two collectives at a time, what
-  ``parallel.models.layers.run_ranks`` records on) and ``TensorTape`` (``vit_tensor``'s).
+  ``parallel.models.layers.run_ranks`` records on).
 - ``reducer``: the ``Reducer`` (algorithm, buckets, the job, one communication hook: ``allreduce_hook``, a codec's
   ``CompressionHook`` or the user's), ``allreduce_grads`` and ``compressed_allreduce``.
 
@@ -44,7 +44,7 @@ _SOURCES = {
                    "buffer_info", "buffer_bytes", "BufferInfo", "DEFAULT_BUFFER_LIMIT", "receive", "scratch", "exclusive"],
     "reducer": ["Reducer", "GradBucket", "BucketComm", "allreduce_hook", "CompressionHook", "as_reducer",
                 "allreduce_grads", "compressed_allreduce"],
-    "tensor": ["TensorTape", "SegmentTape"],
+    "tensor": ["SegmentTape"],
 }
 __all__ = ["ALGORITHMS", "DEFAULT_ALGORITHM", "SHARDED_ALGORITHMS", "DEFAULT_BUCKET_MB"] + [name for names in _SOURCES.values() for name in names]
 __getattr__, __dir__ = lazy_exports(__name__, _SOURCES)

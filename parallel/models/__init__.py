@@ -10,8 +10,6 @@
 - ``layers``: the tensor-parallel layers (``ColumnParallelDense``, ``RowParallelDense``,
   ``ParallelPatchEmbedding``), each its gluon base class in ordinary mode and split over T ranks by ``run_ranks``
   (Megatron-LM's tensor parallelism for any block made of them); ``shard_specs``, ``replicate_ranks``.
-- ``vit_tensor``: the ViT split over the ranks of a tensor-parallel group, Megatron's way (``TensorViT``), its
-  forward written by hand: what ``layers.run_ranks`` replaces.
 - ``gluon``: any gluon ``HybridBlock`` as a function ``net(X, params)`` of flat replicas (``GluonNet``), with
   BatchNorm synchronized across contexts; ``Chain``, blocks passing tuples.
 - ``registry``: what each model does (``LeNetModel``, ``GluonModel``, and the ``BuiltGluonModel`` subclasses
@@ -82,7 +80,6 @@ _SOURCES = {
     "transformer": ["RowEmbedding", "PostNormBlock", "MeanPoolHead", "transformer", "init_transformer"],
     "layers": ["Ranks", "RanksF", "ColumnParallelDense", "RowParallelDense", "ParallelPatchEmbedding", "shard_specs",
                "local_arrays", "joined_arrays", "replicate_ranks", "most_ranks", "run_ranks"],
-    "vit_tensor": ["TensorViT"],
     "layout": ["init_model", "model_layout", "Layout", "block_names"],
     "registry": ["behaviour_of", "LeNetModel", "GluonModel", "BuiltGluonModel", "ResNet18Model", "ViTModel",
                  "TransformerModel"],

@@ -56,7 +56,7 @@ from ..shard import Replicated, Split
 from ..validate import BadType, BadValue, check_bool, check_contexts, check_int
 
 __all__ = ["Ranks", "RanksF", "ColumnParallelDense", "RowParallelDense", "ParallelPatchEmbedding", "shard_specs",
-           "local_arrays", "joined_arrays", "replicate_ranks", "most_ranks", "run_ranks"]
+           "local_arrays", "joined_arrays", "replicate_ranks", "most_ranks", "run_ranks", "RankedNet"]
 
 
 # ---- a value on every rank, and the F that computes with it ---------------------------------------------------
@@ -568,3 +568,20 @@ def run_ranks(block, X, parts, tape=None):
 def _forward_on_ranks(block, F, params, x, *args):
     """What a block's ``forward`` is during ``run_ranks``: its ``hybrid_forward`` on the ranks."""
     return block.hybrid_forward(F, x, *args, **params)
+
+
+class RankedNet:
+    """A block as a net of the replicas of a step whose every replica is a tensor-parallel group:
+    ``forward_all(X_shards, parts, tape)`` runs ``block`` (``run_ranks``) on each replica's input (a ``Ranks``, or
+    the images) with its ranks' arrays ``parts[r]`` (one sequence a rank), recording on ``tape``. What a chunk of a
+    ``parallel.strategies.Hybrid`` with tensor ranks runs."""
+
+    def __init__(self, block):
+        self.block = block
+
+    def __repr__(self):
+        return f"RankedNet({type(self.block).__name__})"
+
+    def forward_all(self, X_shards, parts, tape=None):
+        """Each replica's output, a ``Ranks``; nothing waits."""
+        return [run_ranks(self.block, X, ranks, tape) for X, ranks in zip(X_shards, parts)]

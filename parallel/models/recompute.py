@@ -37,7 +37,8 @@ from typing import NamedTuple
 import mxnet as mx
 from mxnet import autograd
 
-from ..comm.tensor import TensorTape
+from ..comm.tensor import SegmentTape
+from .layers import RankedNet
 
 __all__ = ["Recompute", "Segment", "Blocks", "BlockHooks", "Part", "run_net", "flat_arrays", "detached", "parts_of"]
 
@@ -67,11 +68,11 @@ def run_net(net, X_shards, parts, tape=None):
     """``net`` on each replica's input (an array, a tuple of arrays for a block of several inputs, or a tensor-parallel
     group's ``Ranks``), all replicas at once where the net takes them so (``forward_all``: BatchNorm synchronized,
     a tensor-parallel block recording on ``tape``)."""
+    if isinstance(net, RankedNet):
+        return net.forward_all(X_shards, parts, tape)
     forward_all = getattr(net, "forward_all", None)
     if forward_all is None:
         return [net(X, part) for X, part in zip(X_shards, parts)]
-    if tape is not None and getattr(net, "takes_tape", False):
-        return forward_all(X_shards, parts, tape)
     return forward_all(X_shards, parts)
 
 
@@ -155,9 +156,12 @@ class Blocks:
     hooks : BlockHooks, optional
     algorithm : str
         The allreduce of a tensor-parallel block's collectives (its tape's).
+    retain_graph : bool
+        Keep what autograd holds of a block's graph after its backward (``autograd.backward``'s): with BatchNorm,
+        the running statistics are in the graph of every micro-batch still pending (a pipeline's).
     """
 
-    def __init__(self, segments, recompute=False, hooks=None, algorithm="fused"):
+    def __init__(self, segments, recompute=False, hooks=None, algorithm="fused", retain_graph=False):
         segments = list(segments)
         if not segments:
             raise ValueError("segments is empty; a network runs block by block")
@@ -165,7 +169,7 @@ class Blocks:
             if (a.stop, a.aux_stop) != (b.first, b.aux_first):
                 raise ValueError(f"segments {a!r} and {b!r} do not follow each other in the replica's arrays")
         self.segments, self.recompute = segments, bool(recompute)
-        self.hooks, self.algorithm = hooks or BlockHooks(), algorithm
+        self.hooks, self.algorithm, self.retain_graph = hooks or BlockHooks(), algorithm, retain_graph
 
     def __repr__(self):
         return f"Blocks({len(self.segments)} blocks{', recomputed' if self.recompute else ''})"
@@ -182,7 +186,7 @@ class Blocks:
         hidden = list(X_shards)
         for s in range(len(self.segments)):
             self.hooks.before_forward(s, self._next(s))
-            hidden = self._run(s, hidden, parts[s][:len(hidden)], TensorTape(self.algorithm))
+            hidden = self._run(s, hidden, parts[s][:len(hidden)], SegmentTape(self.algorithm))
         return hidden
 
     def forward(self, X_shards, parts, scratch=None):
@@ -192,7 +196,7 @@ class Blocks:
         ``parts``). Several forwards may be pending at once (a pipeline's micro-batches)."""
         hidden, n = list(X_shards), len(self.segments)
         if not self.recompute:
-            tape = TensorTape(self.algorithm)
+            tape = SegmentTape(self.algorithm)
             for s in range(n):
                 self.hooks.before_forward(s, self._next(s))
                 hidden = self._run(s, hidden, parts[s][:len(hidden)], tape)
@@ -203,11 +207,11 @@ class Blocks:
             for s in range(n - 1):
                 self.hooks.before_forward(s, self._next(s))
                 kept.append(hidden)
-                hidden = self._run(s, hidden, scratch[s][:len(hidden)], TensorTape(self.algorithm))
+                hidden = self._run(s, hidden, scratch[s][:len(hidden)], SegmentTape(self.algorithm))
         if n > 1:
             hidden = detached(hidden)
         self.hooks.before_forward(n - 1, None)
-        tape = TensorTape(self.algorithm)
+        tape = SegmentTape(self.algorithm)
         return self._run(n - 1, hidden, parts[n - 1][:len(hidden)], tape), Pending(tape, kept, hidden)
 
     def backward(self, pending, heads, head_grads=None, parts=None):
@@ -218,7 +222,8 @@ class Blocks:
         n = len(self.segments)
         for s in reversed(range(len(pending.kept), n)):   # the blocks recorded in the forward
             self.hooks.before_backward(s)
-        pending.tape.backward(heads, head_grads)
+        if heads:   # an empty micro-batch computed nothing; its hooks still run
+            pending.tape.backward(heads, head_grads, self.retain_graph)
         if not self.recompute:
             for s in reversed(range(n)):
                 self.hooks.after_backward(s)
@@ -231,10 +236,11 @@ class Blocks:
             if s > 0:   # the first block's input is the data, or the caller's leaf (a pipeline stage's input)
                 inputs = detached(inputs)
             self.hooks.before_forward(s, s - 1 if s else None, recompute=True)
-            tape = TensorTape(self.algorithm)
+            tape = SegmentTape(self.algorithm)
             with autograd.record(train_mode=True):
                 outputs = self._run(s, inputs, parts[s][:len(inputs)], tape)
-            tape.backward(flat_arrays(outputs), grads)
+            if grads:
+                tape.backward(flat_arrays(outputs), grads, self.retain_graph)
             self.hooks.after_backward(s)
             hidden = inputs
 

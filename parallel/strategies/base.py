@@ -41,10 +41,12 @@ __all__ = ["Strategy", "ArrayPlace"]
 
 class ArrayPlace(NamedTuple):
     """Where one of the model's trained arrays lies: ``stores[t]``, tensor rank ``t``'s store, holds its part as
-    array ``index`` of the group; ``spec`` (``parallel.shard``) says how the ranks' parts make the whole."""
+    array ``index`` of the group; ``spec`` (``parallel.shard``) says how the ranks' parts make the whole, of
+    ``shape``."""
     stores: list
     index: int
     spec: object = Replicated()
+    shape: tuple = None
 
 
 class Strategy(abc.ABC):
@@ -119,7 +121,7 @@ class Strategy(abc.ABC):
         ``optimizer``; each tensor rank's part read from its store and put together by its spec."""
         place = self.places()[j]
         parts = [store.read(optimizer, state, place.index, (j, state)) for store in place.stores]
-        return place.spec.join(parts)
+        return place.spec.join(parts, place.shape)
 
     def params(self):
         """The model's trained arrays, whole, in its order (live where one context holds an array whole)."""

@@ -38,13 +38,14 @@ from ..comm import algorithms
 from ..evaluate import accuracy
 from ..job import KEYS, broadcast_arrays
 from ..layout import Layout
+from ..models.layers import Ranks, RankedNet, most_ranks
 from ..models.lenet import softmax_cross_entropy
 from ..models.recompute import Blocks, Segment, flat_arrays, parts_of
 from ..models.registry import behaviour_of
 from ..optim.zero import ReplicatedStore, as_optimizer
 from ..shard import Replicated
 from ..step import Replicas, worker_step
-from ..validate import check_bool, check_contexts
+from ..validate import BadValue, check_bool, check_contexts
 from .base import ArrayPlace, Strategy
 from .model import stage_ranges
 from .pipeline import issue, micro_batches
@@ -85,8 +86,16 @@ class Chunk:
         return self.blocks.predict(X_shards, self.parts)
 
     def logits(self, out):
-        """A replica's output as the loss takes it: the first rank's."""
+        """A replica's output as the step reports it: the first rank's."""
         return out if self.ranks == 1 else out[0]
+
+    def losses(self, out, y, loss):
+        """A replica's losses, one a rank: every rank computes the loss of its own output (Megatron's way: each
+        rank's part of a gathered output gets its gradient from its own rank's loss); the first rank's is
+        reported."""
+        if self.ranks == 1:
+            return [loss(out, y)]
+        return [loss(part, y if part.context == y.context else y.as_in_context(part.context)) for part in out.arrays]
 
     def receive(self, outputs, grad=True):
         """The chunk before's ``outputs`` (one a replica), copied rank by rank to this chunk's contexts: its inputs,
@@ -96,7 +105,8 @@ class Chunk:
             if self.ranks == 1:
                 copies.append(algorithms.copy_to(out.detach(), self.contexts[d][0]))
             else:
-                copies.append(out.detach().copy_to_contexts(self.contexts[d]))
+                copies.append(Ranks([algorithms.copy_to(a.detach(), ctx) for a, ctx in zip(out.arrays,
+                                                                                            self.contexts[d])]))
         if grad:
             for array in flat_arrays(copies):
                 array.attach_grad()
@@ -251,7 +261,7 @@ class Hybrid(Strategy, Replicas):
             stores = (self.sharded[c] if self.layout.zero == 3 else
                       [ReplicatedStore([self.replicas[d][c][t] for d in range(p.data)]) for t in range(p.tensor)])
             for i, j in enumerate(index):
-                places[j] = ArrayPlace(stores, i, self._specs[j])
+                places[j] = ArrayPlace(stores, i, self._specs[j], self._host[1][j].shape)
         return places
 
     # ---- what the step takes (parallel.step.Replicas) ------------------------------------------------------
@@ -509,9 +519,14 @@ def _host_model(params, job):
 
 
 def _tensor_specs(behaviour, params, host, tensor):
-    """Each of the model's trained arrays' tensor-parallel spec (``parallel.shard``): all replicated on one rank."""
+    """Each of the model's trained arrays' tensor-parallel spec (``parallel.shard``): all replicated on one rank;
+    ``BadValue`` naming ``tensor`` for more ranks than the model's parallel layers split into."""
     if tensor == 1:
         return [Replicated()] * len(host[1])
+    most = most_ranks(params) if isinstance(params, mx.gluon.Block) else 1
+    if tensor > most:
+        raise BadValue("tensor", f"{{tensor={tensor}}} ranks cannot split this model: its parallel layers split "
+                                 f"into at most {most} (a model without them into 1); use at most {most}")
     by_name = behaviour.shard_specs(params)
     return [by_name[name] for name in host[0]]
 
@@ -538,7 +553,6 @@ def _on_ranks(segments, tensor):
     """``segments`` as a tensor group of ``tensor`` ranks runs them (each block split by its parallel layers)."""
     if tensor == 1:
         return segments
-    from ..models.layers import RankedNet
     return [Segment(RankedNet(s.block), s.first, s.stop, s.aux_first, s.aux_stop, s.label, s.block)
             for s in segments]
 

@@ -79,17 +79,18 @@ def issue(schedule, chunks, X_parts, y_parts, loss):
             mark_forward_each(flat_arrays(X))   # where a trace's forward starts (parallel.trace)
             with autograd.record():
                 outputs[(c, i)], pending[(c, i)] = chunk.forward(X)
-                if c == last:
-                    losses[i] = [loss(chunk.logits(out), y) for out, y in zip(outputs[(c, i)], y_parts[i])]
+                if c == last:   # one a rank of each replica (a tensor group's every rank)
+                    losses[i] = [chunk.losses(out, y, loss) for out, y in zip(outputs[(c, i)], y_parts[i])]
             inputs[(c, i)] = X
             held[device] += 1
             peak[device] = max(peak[device], held[device])
             continue
         if c == last:
-            mark_backward_each(losses[i])
-            chunk.backward(pending.pop((c, i)), losses[i])
+            heads = [value for values in losses[i] for value in values]
+            mark_backward_each(heads)
+            chunk.backward(pending.pop((c, i)), heads)
             kept[i] = [chunk.logits(out).detach() for out in outputs.pop((c, i))]
-            losses[i] = [value.detach() for value in losses[i]]
+            losses[i] = [values[0].detach() for values in losses[i]]
         else:
             heads = flat_arrays(outputs.pop((c, i)))
             grads = chunks[c + 1].send_back(inputs.pop((c + 1, i)), chunk)
