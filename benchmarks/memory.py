@@ -122,7 +122,7 @@ def _worker(config, steps):
         job = join()
     reducer = Reducer(job=job)
     if zero == 3:
-        from parallel.strategies.sharded import FullyShardedDataParallel
+        from parallel.strategies import FullyShardedDataParallel
         strategy = FullyShardedDataParallel(initial, ctx_list, reducer, prefetch=prefetch)
     else:
         strategy = make_strategy("data", initial, ctx_list, recompute=bool(recompute), zero=zero, reducer=reducer)

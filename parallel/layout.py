@@ -115,7 +115,9 @@ class Layout:
 
     def __post_init__(self):
         check_choice(self.strategy, "strategy", tuple(STRATEGIES))
-        for name in ("stages", "micro_batches", "data"):
+        if self.stages is not None:   # how many the model's layers allow: stage_ranges's
+            check_int(self.stages, "stages")
+        for name in ("micro_batches", "data"):
             if getattr(self, name) is not None:
                 check_int(getattr(self, name), name, low=1)
         if self.boundaries is not None:
@@ -246,11 +248,13 @@ class Layout:
         width = s * t
         if k < width:
             what = f"{s} stages" if t == 1 else f"{s} stage(s) of {{tensor={t}}}"
-            raise BadValue("ctx_list", f"{what} need {width} contexts, got {k}")
+            raise BadValue("ctx_list", f"{what} need {width} contexts, got {k} in {{ctx_list}}; use fewer {{stages}} "
+                                       "or more contexts")
         data = self.data if self.data is not None else PRESETS[self.strategy]["fixed"].get("data")
         if data is None and k % width:
             lower = k // width * width
-            what = (f"{{tensor={t}}}" if s == 1 else f"{s} stages" if t == 1 else f"{s} stages of {{tensor={t}}}")
+            what = (f"{{tensor={t}}}" if s == 1 else f"{s} {{stages}}" if t == 1 else f"{s} {{stages}} of "
+                    f"{{tensor={t}}}")
             raise BadValue("ctx_list", f"{k} contexts in {{ctx_list}} cannot form equal groups of {what}; use a "
                                        f"multiple of {width} contexts (e.g. {lower or width} or {lower + width})")
         data = k // width if data is None else data

@@ -244,8 +244,8 @@ def check_args(args):
         if value == "":
             raise UsageError(f"{flag} needs a path, got an empty string")
     with users_input(ValueError, TypeError, flags=FLAGS):
-        layout_of_args(args).check(model=args.model, batch_size=args.batch_size)
         run_config(args)
+        layout_of_args(args).check(model=args.model, batch_size=args.batch_size)
     check_optimizer_args(args)
     with users_input(ValueError, TypeError, flags=FLAGS):
         check_lr(args.lr)

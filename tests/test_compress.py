@@ -282,22 +282,27 @@ def test_fit_learns_with_every_lossy_compressor(spec):
     assert history[-1]["test_acc"] > 0.5, history   # chance: 0.1
 
 
-def test_compression_is_for_the_data_strategy_and_not_zero_2():
-    dataset = easy_dataset(num_train=64, num_test=32, seed=2)
-    with pytest.raises(ValueError, match="compression applies to strategy=data, not strategy=model") as raised:
-        make_strategy("model", init_model("lenet"), contexts(2), reducer=Reducer(compression="fp16"))
-    assert raised.value.argument == "compression"
-    strategy = make_strategy("data", init_model("lenet"), contexts(2), reducer=Reducer(compression="fp16"))
-    with pytest.raises(ValueError, match="zero=2") as raised:
-        fit(dataset, strategy, make_optimizer("sgd", 0.1, momentum=0.9, zero=2), RunConfig(epochs=1, batch_size=32))
+def test_compression_reaches_every_layouts_sums_and_refuses_zero_3():
+    """The codec is the Reducer's hook, which every data-parallel sum goes through: the hybrid strategy's stages
+    (summed over 2 replicas) and ZeRO-2's reduce-scatter (the codec's allreduce leaves every shard its sum) train
+    with it; ZeRO-3 is refused with its reason (a residual of the whole gradient on every context)."""
+    dataset = easy_dataset(num_train=320, num_test=64, seed=2)
+    for name, zero, k in (("hybrid", 0, 4), ("data", 2, 2)):
+        reducer = Reducer(compression="fp16")
+        strategy = make_strategy(name, init_model("lenet", seed=1), contexts(k), reducer=reducer, zero=zero)
+        history, _ = fit(dataset, strategy, make_optimizer("adam", 0.01, zero=zero),
+                         RunConfig(epochs=2, batch_size=32, seed=1))
+        assert history[-1]["test_acc"] > 0.5, (name, history)   # chance: 0.1
+        assert reducer.codec.residuals, name   # the codec kept error feedback: it reduced the sums
+    with pytest.raises(ValueError, match="error feedback keeps a residual of the whole gradient") as raised:
+        make_strategy("data", init_model("lenet"), contexts(2), reducer=Reducer(compression="fp16"), zero=3)
     assert raised.value.argument == "compression"
 
 
 @pytest.mark.parametrize("args, message", [
     (["--compression", "topk"], "--compression 'topk' needs a RATIO"),
     (["--compression", "zip"], "--compression must be one of"),
-    (["--compression", "fp16", "--strategy", "model"], "--compression applies to --strategy data, not --strategy model"),
-    (["--compression", "fp16", "--zero", "2", "--momentum", "0.9"], "--zero 2"),
+    (["--compression", "fp16", "--zero", "3"], "the memory --zero 3 shards away"),
 ])
 def test_bad_compression_flags_exit_2(args, message, capsys):
     assert main(["--dataset", "synthetic", "--epochs", "1"] + args) == 2

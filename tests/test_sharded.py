@@ -11,7 +11,7 @@ from parallel import Reducer, init_lenet_params
 from parallel.models import MODELS
 from parallel.optim import SGD, Adam, memory_table
 from parallel.strategies import make_strategy
-from parallel.strategies.sharded import FullyShardedDataParallel
+from parallel.strategies import FullyShardedDataParallel
 from parallel.train import main
 from conftest import (assert_same_arrays, contexts, easy_dataset, in_threads, make_batches, small_resnet,
                       write_idx_files)
@@ -72,10 +72,10 @@ def test_clipping_sharded_adds_the_chunks_norms_and_matches_zero_0_to_rounding()
 def test_each_context_keeps_its_chunk_of_every_block_and_gathers_one_block_at_a_time(k, prefetch):
     strategy = FullyShardedDataParallel(init_lenet_params(seed=0), contexts(k), prefetch=prefetch)
     optimizer = Adam(0.01, zero=3)
-    planned = memory_table(optimizer, strategy.groups(), strategy.gathered_bytes(), strategy.temporary_bytes())
+    planned = memory_table(optimizer, strategy.groups(), *strategy.memory_buffers())
     X, y = make_batches([8], seed=1)[0]
     strategy.train_step(X, y, optimizer=optimizer)
-    table = memory_table(optimizer, strategy.groups(), strategy.gathered_bytes(), strategy.temporary_bytes())
+    table = memory_table(optimizer, strategy.groups(), *strategy.memory_buffers())
     assert table == planned
     model = 4 * sum(p.size for p in init_lenet_params(seed=0))
     assert [row["context"] for row in table] == [str(c) for c in contexts(k)]
@@ -84,18 +84,17 @@ def test_each_context_keeps_its_chunk_of_every_block_and_gathers_one_block_at_a_
     for row in table:   # chunks of every block differ by at most one element
         assert abs(row["parameters"] - model / k) <= 4 * len(strategy.blocks)
     largest = 4 * max(block.size for block in strategy.blocks)
-    piece = 4 * -(-max(block.size for block in strategy.blocks) // k)   # a context's K-th of the largest block
-    # gathered: one block's parameters (two with prefetch); temporary: one gradient buffer and K - 1 receive
-    # buffers of a piece; nothing else
+    # gathered: one block's parameters (two with prefetch); temporary: its one gradient buffer of a block (the
+    # reduction's receive buffers are the allreduce's: test_a_step_keeps_k_receive_buffers_a_context)
     assert all(row["gathered_peak"] == (2 if prefetch else 1) * largest for row in table)
-    assert all(row["temporary_buffers"] == largest + (k - 1) * piece for row in table)
+    assert all(row["temporary_buffers"] == largest for row in table)
 
 
 def test_a_residual_block_is_gathered_in_two_halves():
     """ZeRO-3's blocks are recomputation's, each residual block cut in two (``Residual.parts``): the second half
     takes the first's output and the block's input, so no block holds both convolutions' weights."""
     strategy = make_strategy("data", small_resnet(), contexts(2), zero=3)
-    segments = [block.segment for block in strategy.blocks]
+    segments = [block.segment for block in strategy.sharded[0][0].units]
     # the stem; conv1 + bn1, then conv2 + bn2 (+ the 1x1 shortcut) of each residual block; pooling + dense
     assert [len(s.net.names) for s in segments] == [4, 4, 4, 4, 6, 2]
     assert [len(s.net.data_names) for s in segments] == [1, 1, 2, 1, 2, 1]
@@ -115,14 +114,29 @@ def test_evaluation_gathers_block_by_block_and_scores_as_zero_0():
 
 
 @pytest.mark.parametrize("options, error, says", [
-    ({"name": "pipeline"}, ValueError, "not the stages of"),
-    ({"reducer": Reducer("ring")}, ValueError, "use algorithm fused"),
     ({"zero": 4}, ValueError, "must be 0, 1, 2 or 3"),
+    ({"reducer": Reducer(compression="fp16")}, ValueError, "the memory zero=3 shards away"),
 ])
 def test_make_strategy_refuses_what_zero_3_does_not_do(options, error, says):
     options = {"name": "data", "zero": 3, **options}
     with pytest.raises(error, match=says):
         make_strategy(options.pop("name"), init_lenet_params(), contexts(2), **options)
+
+
+@pytest.mark.parametrize("algorithm", ["ring", "naive"])
+def test_zero_3_with_another_allreduce_is_its_zero_0(algorithm):
+    """The Reducer's reduce-scatter of ZeRO-3's blocks is the whole allreduce with an algorithm that has no half
+    (naive: every piece its sum, bitwise zero=0 on it), and the ring's first half with the ring: its additions, in
+    an order that depends on the chunk an element falls in, and a block's chunks are not its bucket's: to
+    rounding."""
+    want = _train(make_strategy("data", init_lenet_params(seed=0), contexts(3), reducer=algorithm),
+                  _optimizer("momentum", 0))
+    got = _train(make_strategy("data", init_lenet_params(seed=0), contexts(3), reducer=algorithm, zero=3),
+                 _optimizer("momentum", 3))
+    if algorithm == "naive":
+        assert_same_arrays(got, want)
+    for g, w in zip(got[0], want[0]):
+        np.testing.assert_allclose(g, w, rtol=0, atol=1e-6 * np.abs(w).max())
 
 
 @pytest.mark.parametrize("k", [1, 3])
@@ -145,14 +159,18 @@ def test_micro_batches_reduce_scatter_each_and_match_zero_0_to_rounding(k):
         strategy.train_step(X, y, optimizer=SGD(0.1, zero=3), accumulate=5)
 
 
-def test_a_step_allocates_no_receive_buffer_outside_the_strategy():
-    """The reductions receive into the strategy's own buffers (counted in ``gathered_bytes``), not into the
-    allreduce's cache, which would keep one buffer per block shape: most of the model again on every context."""
+def test_a_step_keeps_k_receive_buffers_a_context():
+    """The reductions receive each block's pieces into the allreduce's flat buffers, one a slot whatever the block's
+    size (at most K a context: K - 1 receives and the sum of an owner but the first), not one a block shape, which
+    would be most of the model again on every context."""
     from parallel.comm import algorithms
-    strategy = make_strategy("data", small_resnet(), contexts(3), zero=3)
+    k = 3
+    strategy = make_strategy("data", small_resnet(), contexts(k), zero=3)
     algorithms.free_buffers()
     _train(strategy, _optimizer("momentum", 3), sizes=(12,))
-    assert algorithms.buffer_info().entries == 0
+    piece = 4 * -(-max(unit.size for unit in strategy.sharded[0][0].units) // k)
+    assert 0 < algorithms.buffer_info().entries <= k * k
+    assert all(nbytes <= k * piece for nbytes in algorithms.buffer_bytes().values())
 
 
 def _job_contexts(rank, k):
@@ -230,11 +248,12 @@ def test_a_sharded_job_moves_3_psi_a_worker_through_the_servers(threads_reduce_a
     servers_of = []
     monkeypatch.setattr(algorithms, "copy_to", counting)
     results, servers = in_threads(2, work)
-    strategy = results[0][0]
+    group = results[0][0].sharded[0][0]
     psi = 4 * sum(p.size for p in init_lenet_params(seed=0))
-    pushed = sum(nbytes for key, nbytes in servers.pushed if key < 500000 and key >= 40000)
-    assert pushed == 2 * strategy.network_bytes() == 2 * (3 * psi - 4 * strategy.blocks[-1].size)
-    assert sum(moved) == 2 * strategy.bytes_moved()
+    # the gathers' keys, and the Reducer's buckets (the reductions); not a checkpoint's gathers of whole arrays
+    pushed = sum(nbytes for key, nbytes in servers.pushed if 40000 <= key < 500000 or key >= 1000000)
+    assert pushed == 2 * group.network_bytes() == 2 * (3 * psi - 4 * group.units[-1].size)
+    assert sum(moved) == 2 * group.bytes_moved()
 
 
 def test_cli_zero_3_trains_the_same_curve_as_zero_0(tmp_path, capsys):
@@ -255,9 +274,8 @@ def test_cli_zero_3_trains_the_same_curve_as_zero_0(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("extra, says", [
-    (["--allreduce", "ring"], "--zero 3 reduce-scatters with the fused allreduce's additions"),
-    (["--compression", "fp16"], "does not work with --zero 3"),
-    (["--strategy", "hybrid", "--stages", "2", "--devices", "cpu:4"], "not the stages of --strategy hybrid"),
+    (["--compression", "fp16"], "keeps a residual of the whole gradient on every context, the memory --zero 3 "
+                                "shards away"),
 ])
 def test_cli_refuses_what_zero_3_does_not_do_with_one_line(extra, says, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
@@ -284,15 +302,14 @@ def test_resnet18_with_adam_on_four_contexts_keeps_a_quarter_of_16_bytes_a_param
     n = sum(p.data().size for p in resnet.init(seed=0).collect_params().values() if p.grad_req != "null")
     replicated = memory_table(Adam(0.001), make_strategy("data", resnet.init(seed=0), contexts(4)).groups())
     strategy = make_strategy("data", resnet.init(seed=0), contexts(4), zero=3)
-    sharded = memory_table(Adam(0.001, zero=3), strategy.groups(), strategy.gathered_bytes(),
-                           strategy.temporary_bytes())
+    sharded = memory_table(Adam(0.001, zero=3), strategy.groups(), *strategy.memory_buffers())
     for row in replicated:
         assert row["parameters"] + row["gradients"] + row["optimizer_state"] == 16 * n
-    largest = max(block.size for block in strategy.blocks)
+    largest = max(unit.size for unit in strategy.sharded[0][0].units)
     for row in sharded:
         assert row["parameters"] + row["gradients"] + row["optimizer_state"] <= 1.05 * 16 * n / 4
         assert row["gathered_peak"] == 4 * largest < 4 * n / 4
-        assert row["temporary_buffers"] == 4 * largest + 3 * 4 * -(-largest // 4)
+        assert row["temporary_buffers"] == 4 * largest
 
 
 @pytest.mark.parametrize("k", [2, 3])
@@ -310,8 +327,9 @@ def test_the_bytes_a_step_moves_are_zeros_3_psi(k, monkeypatch):
     X, y = make_batches([8], seed=1)[0]
     strategy.train_step(X, y, optimizer=SGD(0.1, zero=3))
     psi = 4 * sum(p.size for p in init_lenet_params(seed=0))
-    assert sum(moved) == strategy.bytes_moved() <= 3 * psi * (k - 1)
-    assert strategy.bytes_moved() == (k - 1) * (3 * psi - 4 * strategy.blocks[-1].size)
+    group = strategy.sharded[0][0]
+    assert sum(moved) == group.bytes_moved() <= 3 * psi * (k - 1)
+    assert group.bytes_moved() == (k - 1) * (3 * psi - 4 * group.units[-1].size)
 
 
 def test_a_zero_3_checkpoint_resumes_under_other_layouts_and_stages(tmp_path):
@@ -348,7 +366,7 @@ def test_a_zero_3_checkpoint_is_written_one_array_at_a_time(tmp_path, monkeypatc
     from parallel import RunConfig, fit
     from parallel.checkpoint import CheckpointWriter, load_checkpoint
     strategy = make_strategy("data", init_lenet_params(seed=0), contexts(3), zero=3)
-    produced, peak, original = [], [0], strategy._array
+    produced, peak, original = [], [0], strategy.array
 
     def tracking(*args, **kwargs):   # NDArrays take no weak references: count who else holds the earlier ones
         held = sum(sys.getrefcount(array) > 3 for array in produced)   # our list, the loop, getrefcount's argument
@@ -362,7 +380,7 @@ def test_a_zero_3_checkpoint_is_written_one_array_at_a_time(tmp_path, monkeypatc
         CheckpointWriter(tmp_path, {"zero": 3})(snapshot)
         written.append((len(produced), peak[0]))
     written = []
-    monkeypatch.setattr(strategy, "_array", tracking)
+    monkeypatch.setattr(strategy, "array", tracking)
     dataset = easy_dataset(num_train=48, num_test=16, seed=2)
     optimizer = Adam(0.01, zero=3)
     fit(dataset, strategy, optimizer, RunConfig(epochs=1, batch_size=16, progress=False), on_checkpoint=write)

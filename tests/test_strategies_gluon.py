@@ -106,10 +106,9 @@ def test_hybrid_of_a_block_equals_one_context(k, stages, batchnorm, strict_conte
     model = Hybrid(block, contexts(k), stages=stages)
     assert len(model.replicas) == k // stages
     losses = train(model, data)
-    for replica in model.replicas:
-        assert_same_model(replica.params(), replica.aux(), want)
-    for replica in model.replicas[1:]:
-        for a, b in zip(replica.aux(), model.aux()):
+    for d in range(len(model.replicas)):
+        assert_same_model(model.replica_params(d), model.aux(d), want)
+        for a, b in zip(model.aux(d), model.aux()):
             np.testing.assert_array_equal(a.asnumpy(), b.asnumpy())
     np.testing.assert_allclose(losses, want_losses, rtol=1e-10)
 
@@ -120,8 +119,9 @@ def test_hybrid_without_synchronization_would_differ():
     block = small_cnn(batchnorm=True)
     want, _ = one_context(block, data)
     model = Hybrid(block, contexts(4), stages=2)
-    for net in model.nets:
-        net.sync_batchnorm = False
+    for chunk in model.chunks:
+        for segment in chunk.blocks.segments:
+            segment.net.sync_batchnorm = False
     train(model, data)
     with pytest.raises(AssertionError):
         assert_same_parameters([model.params()[0].asnumpy()], [want[0].asnumpy()], "float64")
@@ -140,12 +140,11 @@ def test_params_and_aux_follow_the_block_order_on_their_stage_contexts(build):
     assert len(model.params()) == len(names) == 10 and len(model.aux()) == len(aux_names) == 4
     for got, want in zip(model.params() + model.aux(), arrays + aux_arrays):
         np.testing.assert_array_equal(got.asnumpy(), want.asnumpy())
-    first = model.replicas[0] if isinstance(model, Hybrid) else model
-    context_of = {name: params[0].context for params in first.stage_params
+    context_of = {name: params[0].context for params in model.stage_params
                   for name in params.names + params.aux_names}
     assert [p.context for p in model.params()] == [context_of[name] for name in names]
     assert [a.context for a in model.aux()] == [context_of[name] for name in aux_names]
-    assert len(set(context_of.values())) == len(first.stage_params)
+    assert len(set(context_of.values())) == len(model.stage_params)
     params = model.params()   # live arrays: training changes them in place
     before = params[0].asnumpy()
     model.train_step(*batches([5])[0], LR)
@@ -159,13 +158,15 @@ def test_lenet_keeps_its_eight_params_and_has_no_aux():
 
 def test_describe_names_the_children_ranges():
     block = small_cnn(batchnorm=True)   # 7 children
-    assert repr(ModelParallel(block, contexts(2), boundaries=[3])) == "ModelParallel(children 0-2 @ cpu(0) | 3-6 @ cpu(1))"
+    assert repr(ModelParallel(block, contexts(2), boundaries=[3])) == \
+        "ModelParallel(2 stages: children 0-2 @ cpu(0) | 3-6 @ cpu(1))"
     assert ModelParallel(block, contexts(3), boundaries=[1, 6]).describe() == \
-        "children 0 @ cpu(0) | 1-5 @ cpu(1) | 6 @ cpu(2)"
+        "3 stages: children 0 @ cpu(0) | 1-5 @ cpu(1) | 6 @ cpu(2)"
     assert Pipeline(block, contexts(2), micro_batches=3).describe() == \
-        "children 0-3 @ cpu(0) | 4-6 @ cpu(1), 3 micro-batches, schedule gpipe"
+        "2 stages: children 0-3 @ cpu(0) | 4-6 @ cpu(1), 3 micro-batches, schedule gpipe"
     assert Hybrid(block, contexts(4), stages=2).describe() == \
-        "2 replicas x 2 stages: children 0-3 @ cpu(0),cpu(2) | 4-6 @ cpu(1),cpu(3)"
+        "2 replicas x 2 stages: children 0-3 @ cpu(0),cpu(2) | 4-6 @ cpu(1),cpu(3); gradients summed with the " \
+        "fused allreduce in buckets of 25 MB"
 
 
 @pytest.mark.parametrize("build", [

@@ -1,7 +1,7 @@
-"""Tensor parallelism (``--tensor T``, ``TensorParallel``, ``TensorViT``, ``TensorTape``): the ViT's heads and MLP
-units split over T contexts with Megatron's f and g between, data parallelism over the groups; the same model as
-one context to float32 rounding, its collectives' bytes by Megatron's count, checkpoints and resumes across
-layouts, and the CLI's refusals."""
+"""Tensor parallelism (``--tensor T``, the composed strategy's tensor axis, ``parallel.models.layers``): the ViT's
+heads and MLP units split over T contexts by its parallel layers, Megatron's f and g between, data parallelism over
+the groups; the same model as one context to float32 rounding, its collectives by Megatron's count, checkpoints and
+resumes across layouts, and the CLI's refusals."""
 import json
 
 import mxnet as mx
@@ -10,13 +10,11 @@ import pytest
 from mxnet import autograd
 
 from parallel import Reducer
-from parallel.comm import algorithms
 from parallel.comm.replica import block_state
-from parallel.comm.tensor import TensorTape
+from parallel.comm.tensor import SegmentTape
 from parallel.models import init_model
-from parallel.models.vit_tensor import TensorViT
 from parallel.optim import SGD, AdamW, memory_table
-from parallel.strategies import TensorParallel, make_strategy
+from parallel.strategies import Hybrid, make_strategy
 from parallel.train import main
 from conftest import contexts, easy_dataset, in_threads, make_batches, write_idx_files
 
@@ -45,7 +43,7 @@ def test_tensor_parallel_trains_the_one_context_model(tensor, k, one_context):
     """T = 2, 4 (and 3, whose heads and units split unevenly), and data x tensor (2 groups of 2): within 1e-5 of
     each array's scale after four steps with momentum, at equal threads."""
     strategy = make_strategy("data", init_model("vit", 0), contexts(k), tensor=tensor)
-    assert isinstance(strategy, TensorParallel) and len(strategy.ranks) == k // tensor
+    assert isinstance(strategy, Hybrid) and len(strategy.replicas) == k // tensor
     got = _train(strategy, SGD(0.05, momentum=0.9))
     _close_to_scale(got, one_context, 1e-5)
     assert not np.array_equal(got[6], init_model("vit", 0)[1].attention.qkv.weight.data().asnumpy())   # it trained
@@ -57,7 +55,7 @@ def test_all_three_axes_train_the_one_context_model(stages, k, one_context):
     ranks), within 1e-5 of each array's scale of one context after four steps with momentum."""
     strategy = make_strategy("hybrid", init_model("vit", 0), contexts(k), stages, tensor=2)
     assert strategy.name == "hybrid" and len(strategy.ranges) == stages
-    assert len(strategy.ranks) == k // (2 * stages) and len(strategy.groups()) == 2 * stages
+    assert len(strategy.replicas) == k // (2 * stages) and len(strategy.groups()) == 2 * stages
     got = _train(strategy, SGD(0.05, momentum=0.9))
     _close_to_scale(got, one_context, 1e-5)
 
@@ -71,7 +69,7 @@ def test_two_workers_of_tensor_groups_train_the_one_context_model(threads_reduce
         initial = init_model("vit", 0 if rank == 0 else 7)
         strategy = make_strategy("data", initial, [mx.cpu(2 * rank), mx.cpu(2 * rank + 1)], tensor=2,
                                  reducer=Reducer(job=job))
-        assert "summed over 2 workers" in strategy.describe()
+        assert "over 2 worker(s)" in strategy.describe()
         got = _train(strategy, SGD(0.05, momentum=0.9))
         X, y = make_batches([10], seed=4)[0]
         return got, strategy.evaluate([(X, y)])
@@ -94,7 +92,7 @@ def test_clipping_counts_the_replicated_arrays_once(tensor, k, stages):
     want = clipped(make_strategy("data", init_model("vit", 0), contexts(1)))
     strategy = make_strategy("data" if stages is None else "hybrid", init_model("vit", 0), contexts(k), stages,
                              tensor=tensor)
-    assert strategy.ranks[0][0][1].copies and not strategy.ranks[0][0][0].copies
+    assert strategy.replicas[0][0][1].copies and not strategy.replicas[0][0][0].copies
     _close_to_scale(clipped(strategy), want, 1e-5)
     unclipped = _train(make_strategy("data", init_model("vit", 0), contexts(1)), SGD(0.05, momentum=0.9))
     assert max(np.abs(a - b).max() for a, b in zip(unclipped, want)) > 1e-4   # the clip did act
@@ -133,82 +131,58 @@ def test_zero_1_and_2_shard_each_ranks_state_over_the_groups_bitwise():
             assert abs(row["optimizer_state"] - whole["optimizer_state"] / 2) <= 4 * 64
 
 
+def _vit_names():
+    """The ViT's structural names (what a checkpoint stores), in its order."""
+    from parallel.models import MODELS
+    return MODELS["vit"].behaviour.layout().names
+
+
 def test_the_ranks_hold_their_parts_and_put_the_model_back_together():
-    """Each rank holds its heads' rows of the query/key/value layer, their columns of the output projection, its
-    MLP units, its pixels of the patch projection and its classes; the replicated arrays whole; unshard gives the
-    model's arrays back bit for bit."""
+    """Each rank holds what the ViT's parallel layers say: its heads' rows of the query/key/value layer, their
+    columns of the output projection, its MLP units, its pixels of the patch projection and its classes; the
+    replicated arrays whole; the model's arrays put back together bit for bit."""
     net = init_model("vit", 0)
-    plan = TensorViT(net, 2)
     names, arrays, _, _ = block_state(net)
-    parts = [plan.shard(arrays, t) for t in range(2)]
-    shapes = {name: [p[i].shape for p in parts] for i, name in enumerate(plan.names)}
+    strategy = make_strategy("data", net, contexts(2), tensor=2)
+    ranks = strategy.replicas[0][0]
+    structural = dict(zip(names, _vit_names()))
+    shapes = {structural[name]: [dict(zip(rank.names, rank))[name].shape for rank in ranks] for name in names}
     assert shapes["1.attention.qkv.weight"] == [(96, 64), (96, 64)]      # 2 of 4 heads' q, k, v rows each
     assert shapes["1.attention.proj.weight"] == [(64, 32), (64, 32)]     # their columns of the projection
     assert shapes["1.hidden.weight"] == [(64, 64), (64, 64)] and shapes["1.out.weight"] == [(64, 64), (64, 64)]
     assert shapes["0.proj.weight"] == [(64, 25), (64, 24)]               # the 49 pixels of a patch
     assert shapes["5.dense.weight"] == [(5, 64), (5, 64)]                # the 10 classes
     assert shapes["1.norm1.gamma"] == [(64,), (64,)]                     # replicated
-    qkv = arrays[plan.names.index("1.attention.qkv.weight")].asnumpy()
-    np.testing.assert_array_equal(parts[1][plan.names.index("1.attention.qkv.weight")].asnumpy()[:32], qkv[32:64])
-    for back, array in zip(plan.unshard(parts), arrays):
-        np.testing.assert_array_equal(back, array.asnumpy())
-
-
-def test_f_and_g_forward_and_backward():
-    """g sums the ranks' arrays forward and passes the gradient through; f passes forward and sums backward."""
-    tape = TensorTape()
-    xs = [mx.nd.array([1.0, 2.0], ctx=mx.cpu(0)), mx.nd.array([3.0, 4.0], ctx=mx.cpu(1))]
-    for x in xs:
-        x.attach_grad()
-    with autograd.record():
-        copied = tape.f(tape.run(lambda t, x: x * (t + 1), xs))        # forward: the same arrays
-        loss = tape.run(lambda t, c: (c * (10 ** t)).sum(), copied)    # rank t weighs its copy by 10^t
-    assert [c.asnumpy().tolist() for c in copied] == [[1.0, 2.0], [6.0, 8.0]]
-    tape.backward(loss)
-    # f's backward sums the ranks' gradients (1 + 10) into each rank's input; then x * (t + 1)
-    assert xs[0].grad.asnumpy().tolist() == [11.0, 11.0] and xs[1].grad.asnumpy().tolist() == [22.0, 22.0]
-    assert tape.allreduced == 4   # f's backward summed two arrays of two elements
-    assert [a.context for a in copied] == [mx.cpu(0), mx.cpu(1)]
-    assert xs[1].grad.context == mx.cpu(1)
+    qkv = names[list(structural.values()).index("1.attention.qkv.weight")]
+    np.testing.assert_array_equal(dict(zip(ranks[1].names, ranks[1]))[qkv].asnumpy()[:32],
+                                  dict(zip(names, arrays))[qkv].asnumpy()[32:64])
+    for back, array in zip(strategy.params(), arrays):
+        np.testing.assert_array_equal(back.asnumpy(), array.asnumpy())
 
 
 @pytest.mark.parametrize("tensor, batch, stages", [(2, 8, 1), (4, 6, 1), (3, 5, 1), (2, 8, 2)])
-def test_the_bytes_a_step_moves_are_megatrons_count(tensor, batch, stages, monkeypatch):
-    """Counted at the one function every copy between contexts goes through (``algorithms.copy_to``): 4 allreduces
-    of the activations a block (2 forward, 2 backward), the patch projection's and the head's, each the fused
-    allreduce's bytes on T contexts, and the images and the logits' gather; the allreduced elements are Megatron's
-    4 L b s h plus the embedding's b (s - 1) h and the head's b h, on every rank."""
-    moved, copy = [], algorithms.copy_to
+def test_the_collectives_sum_megatrons_count(tensor, batch, stages, monkeypatch):
+    """Every tape's f and g sum, over a step, Megatron's 4 L b s h a rank (two allreduces of the activations a
+    block forward, two backward) plus the patch projection's b (s - 1) h and the head's b h, on every rank; every
+    rank's part of the model gets its gradient (the step moves every array)."""
+    summed = []
+    backward = SegmentTape.backward
 
-    def counting(src, dst):
-        if (dst if isinstance(dst, mx.Context) else dst.context) != src.context:
-            moved.append(src.size * np.dtype(src.dtype).itemsize)
-        return copy(src, dst)
+    def recording(tape, *args, **kwargs):
+        result = backward(tape, *args, **kwargs)
+        summed.append(tape.allreduced)
+        return result
     name = "data" if stages == 1 else "hybrid"
     strategy = make_strategy(name, init_model("vit", 0), contexts(tensor * stages), stages if stages > 1 else None,
                              tensor=tensor)
     X, y = make_batches([batch], seed=1)[0]
-    strategy.train_step(X, y, optimizer=SGD(0.1))   # graphs and buffers made
-    tapes = []
-    monkeypatch.setattr(algorithms, "copy_to", counting)
-    monkeypatch.setattr(TensorTape, "backward", _recording(TensorTape.backward, tapes))
+    before = [p.asnumpy() for p in strategy.params()]
+    monkeypatch.setattr(SegmentTape, "backward", recording)
     strategy.train_step(X, y, optimizer=SGD(0.1))
-    mx.nd.waitall()
-    plan = strategy.plan
-    # the gather's backward and the stages' hidden states' gradients: MXNet's own copies, in backward
-    gathered_back = 4 * batch * (plan.num_classes - plan.classes[1])
-    hidden_back = (stages - 1) * tensor * 4 * batch * plan.tokens * plan.dim
-    assert sum(moved) + gathered_back + hidden_back == strategy.bytes_moved(batch) > 0
-    megatron = 4 * plan.depth * batch * plan.tokens * plan.dim + batch * (plan.tokens - 1) * plan.dim + batch * plan.dim
-    assert [tape.allreduced for tape in tapes] == [tensor * megatron]
-
-
-def _recording(backward, tapes):
-    def recorded(tape, *args, **kwargs):
-        result = backward(tape, *args, **kwargs)
-        tapes.append(tape)
-        return result
-    return recorded
+    depth, tokens, dim = 4, 17, 64
+    megatron = 4 * depth * batch * tokens * dim + batch * (tokens - 1) * dim + batch * dim
+    assert sum(summed) == tensor * megatron
+    assert all(not np.array_equal(a.asnumpy(), b) for a, b in zip(strategy.params(), before))
 
 
 def test_each_rank_keeps_its_part_of_the_model_and_its_state():
@@ -254,9 +228,8 @@ def test_the_cli_trains_on_all_three_axes(tmp_path, capsys):
     assert main(["--model", "vit", "--data-dir", str(data_dir), "--batch-size", "16", "--epochs", "1",
                  "--devices", "cpu:8", "--strategy", "hybrid", "--stages", "2", "--tensor", "2", "--no-progress"]) == 0
     out = capsys.readouterr().out
-    assert ("strategy hybrid: 2 data-parallel replicas x 2 stages (children 0-2, 3-5) x 2 tensor ranks: each rank 2 "
-            "of 4 heads, 64 of 128 MLP units, 5 of 10 classes; ranks cpu(0),cpu(1) | cpu(2),cpu(3) | cpu(4),cpu(5) | "
-            "cpu(6),cpu(7)") in out
+    assert ("strategy hybrid: 2 replicas x 2 stages x 2 tensor ranks: children 0-2 @ cpu(0),cpu(1),cpu(4),cpu(5) | "
+            "3-5 @ cpu(2),cpu(3),cpu(6),cpu(7)") in out
     assert "hybrid parallel on [cpu(0)" in out
 
 
@@ -267,8 +240,7 @@ def test_the_cli_trains_with_tensor_parallelism_and_says_how(tmp_path, capsys):
                  "--devices", "cpu:4", "--tensor", "2", "--optimizer", "adamw", "--lr", "0.003", "--no-progress",
                  "--metrics-json", str(metrics), "--export", str(tmp_path / "vit")]) == 0
     out = capsys.readouterr().out
-    assert ("strategy data: 2 data-parallel groups x 2 tensor ranks: each rank 2 of 4 heads, 64 of 128 MLP units, "
-            "5 of 10 classes; ranks cpu(0),cpu(1) | cpu(2),cpu(3)") in out
+    assert "strategy data: 2 replicas x 2 tensor ranks: children 0-5 @ cpu(0),cpu(1),cpu(2),cpu(3)" in out
     memory = json.loads(metrics.read_text())[-1]["memory"]
     assert sorted(row["context"] for row in memory) == [f"cpu({i})" for i in range(4)]
     exported = mx.gluon.SymbolBlock.imports(str(tmp_path / "vit-symbol.json"), ["data"],
@@ -297,7 +269,7 @@ def test_a_job_of_tensor_groups_trains_the_one_context_model_through_the_cli(tmp
         stop_process(process, grace=60)
         raise
     assert process.returncode == 0, err[-3000:]
-    assert "gradients summed over 2 workers" in out
+    assert "over 2 worker(s)" in out
     assert main(args + ["--devices", "cpu:1", "--checkpoint-dir", str(tmp_path / "one")]) == 0
     from parallel.checkpoint import load_checkpoint
     job = [p.asnumpy() for p in load_checkpoint(str(tmp_path / "job")).params]
@@ -307,16 +279,13 @@ def test_a_job_of_tensor_groups_trains_the_one_context_model_through_the_cli(tmp
 
 
 @pytest.mark.parametrize("extra, says", [
-    (["--tensor", "2"], "--tensor 2 splits attention heads and MLP units; LeNet has none: use --model vit or "
-                        "transformer"),
-    (["--model", "transformer", "--tensor", "2"], "--tensor is the ViT's alone until a strategy runs "
-                                                  "parallel.models.layers.run_ranks; use --model vit"),
+    (["--tensor", "2"], "--tensor 2 splits layers made of parallel layers (attention heads, MLP units); LeNet has "
+                        "none: use --model vit or transformer"),
     (["--model", "vit", "--tensor", "8", "--devices", "cpu:8"], "--tensor 8 ranks cannot split ViT's 4 attention"),
-    (["--model", "vit", "--tensor", "2", "--devices", "cpu:3"], "3 contexts cannot form groups of --tensor 2"),
-    (["--model", "vit", "--tensor", "2", "--zero", "3"], "use --zero 0, 1 or 2"),
-    (["--model", "vit", "--tensor", "2", "--strategy", "pipeline"], "use --strategy data or hybrid"),
+    (["--model", "vit", "--tensor", "2", "--devices", "cpu:3"],
+     "3 contexts in --devices cannot form equal groups of --tensor 2; use a multiple of 2 contexts"),
     (["--model", "vit", "--tensor", "2", "--strategy", "hybrid", "--devices", "cpu:6"],
-     "6 contexts cannot form groups of 2 stages of --tensor 2; use a multiple of 4 contexts"),
+     "6 contexts in --devices cannot form equal groups of 2 --stages of --tensor 2; use a multiple of 4 contexts"),
     (["--model", "vit", "--tensor", "0"], "--tensor must be"),
 ])
 def test_cli_refuses_what_tensor_parallelism_does_not_do_with_one_line(extra, says, tmp_path, capsys):

@@ -179,7 +179,7 @@ def test_a_zero_3_step_names_its_gathers_recomputations_and_reduce_scatters(pref
     a boundary may take its neighbour's name: the order is checked on the phases' median positions."""
     import statistics
     from parallel.optim import SGD
-    from parallel.strategies.sharded import FullyShardedDataParallel
+    from parallel.strategies import FullyShardedDataParallel
     from conftest import small_resnet
     strategy = FullyShardedDataParallel(small_resnet(), contexts(2), prefetch=prefetch)
     optimizer = SGD(0.1, zero=3)

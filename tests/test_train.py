@@ -238,10 +238,12 @@ def test_broken_data_exits_2(broken_dirs, case, message, capsys):
     (["--strategy", "pipeline", "--devices", "cpu:3", "--boundaries", "2,2"], "without repeats"),
     (["--strategy", "model", "--devices", "cpu:2", "--boundaries", "conv"], "not a comma-separated list"),
     # options that do not apply to the chosen strategy
-    (["--stages", "2"], "--stages apply to the model, pipeline and hybrid strategies, not to data"),
-    (["--boundaries", "2"], "--boundaries apply to the model, pipeline and hybrid strategies, not to data"),
+    (["--stages", "2"], "--stages and --boundaries cut the model into pipeline stages; the data strategy keeps it "
+                        "whole, not the data --strategy's (stages = 1); drop them, or use the hybrid --strategy"),
+    (["--boundaries", "2"], "use the hybrid --strategy"),
     (["--strategy", "model", "--devices", "cpu:2", "--micro-batches", "2"],
-     "--micro-batches apply to the pipeline strategy only, not to model"),
+     "--micro-batches feed a pipeline, not the model --strategy's (micro_batches = 1); use --accumulate for "
+     "micro-batches of a whole model"),
     (["--strategy", "model", "--devices", "cpu:2", "--stages", "2", "--boundaries", "2"],
      "--stages and --boundaries both say where to cut; give one of them"),
     (["--strategy", "diagonal"], "invalid choice"),
@@ -402,18 +404,32 @@ class _RecordingBar:
 
 
 def _counting_strategy(log, nan_at=None):
-    """A strategy (see parallel.strategies) that counts the steps queued and trains nothing."""
-    import types
+    """A strategy (``parallel.strategies.Strategy``: its abstract members, the protocol's defaults for the rest) that
+    counts the steps queued and trains nothing."""
     import mxnet as mx
+    from parallel import Layout, Reducer
+    from parallel.strategies import Strategy
 
-    def train_step(X, y, lr=None, optimizer=None, accumulate=1):
-        log["queued"] += 1
-        value = float("nan") if log["queued"] == nan_at else 1.0
-        return mx.nd.array([value * X.shape[0]]), mx.nd.array([X.shape[0]])
+    class Counting(Strategy):
+        ctx_list, layout, reducer = [mx.cpu(0)], Layout(), Reducer()
 
-    return types.SimpleNamespace(name="data", ctx_list=[mx.cpu(0)], job=None, train_step=train_step,
-                                 evaluate=lambda data_iter: 0.5, params=list, aux=list, groups=list, model=None,
-                                 describe=lambda: "counting", reducer=None)
+        def train_step(self, X, y, lr=None, loss=None, optimizer=None, accumulate=1):
+            log["queued"] += 1
+            value = float("nan") if log["queued"] == nan_at else 1.0
+            return mx.nd.array([value * X.shape[0]]), mx.nd.array([X.shape[0]])
+
+        def evaluate(self, data_iter):
+            return 0.5
+
+        def groups(self):
+            return []
+
+        def describe(self, accumulate=1):
+            return "counting"
+
+        def places(self):
+            return []
+    return Counting()
 
 
 @pytest.mark.parametrize("nan_at", [None, 1, 5, 9])
@@ -697,10 +713,9 @@ _API_NAMES = ("ctx_list", "micro_batches", "batch_size", "bucket_mb", "clip_norm
 
 @pytest.mark.parametrize("argv, flag", [
     ("--devices cpu:3 --strategy hybrid --stages 2", "--devices"), ("--devices cpu:1 --strategy model", "--devices"),
-    ("--zero 2 --allreduce naive", "--allreduce"), ("--zero 1 --strategy model --devices cpu:2", "--zero 1"),
-    ("--zero 2 --compression fp16", "--zero 2"), ("--strategy model --boundaries 9 --devices cpu:2", "--boundaries"),
+    ("--zero 3 --compression fp16", "--zero 3"), ("--strategy model --boundaries 9 --devices cpu:2", "--boundaries"),
     ("--strategy model --stages 9 --devices cpu:2", "--stages 9"), ("--nesterov", "--momentum 0.9"),
-    ("--compression topk:0.1 --strategy hybrid --devices cpu:2", "--strategy hybrid"), ("--devices cpu:0", "--devices"),
+    ("--strategy data --stages 2", "--strategy"), ("--devices cpu:0", "--devices"),
     ("--batch-size 1 --strategy pipeline --devices cpu:2", "--batch-size"), ("--bucket-mb -1", "--bucket-mb"),
     ("--stages 2 --boundaries 1 --strategy model", "--boundaries"), ("--momentum 0.9 --optimizer adam", "--momentum"),
 ])

@@ -148,16 +148,10 @@ def test_a_killed_worker_ends_the_job_and_resume_finishes_the_same_run(tmp_path)
     assert_same_parameters(exported(killed / "lenet"), exported(straight / "lenet"), "float32")
 
 
-def test_distributed_flags_outside_or_inside_a_job(monkeypatch, capsys):
+def test_distributed_flags_outside_a_job(capsys):
+    """Every layout trains across processes (tests/test_layouts.py); the kvstore's flag needs a job."""
     assert main(["--kvstore", "dist_sync", "--dataset", "synthetic"]) == 2
     assert "--kvstore applies to a distributed job" in capsys.readouterr().err
-    monkeypatch.setenv("DMLC_ROLE", "worker")
-    assert main(["--strategy", "pipeline", "--dataset", "synthetic"]) == 2
-    assert capsys.readouterr().err.strip() == ("error: --strategy pipeline cannot train across processes, only data "
-                                               "can (and hybrid with --tensor); run the pipeline strategy in one "
-                                               "process")
-    assert main(["--strategy", "hybrid", "--dataset", "synthetic"]) == 2   # hybrid alone, without --tensor
-    assert "--strategy hybrid cannot train across processes" in capsys.readouterr().err
 
 
 @pytest.mark.slow

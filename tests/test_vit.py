@@ -160,8 +160,8 @@ def test_zero_3_is_bitwise_zero_0_with_the_fused_allreduce_on_two_contexts():
 
 
 @pytest.mark.parametrize("name, k, where", [
-    ("pipeline", 2, "children 0-2 @ cpu(0) | 3-5 @ cpu(1), 3 micro-batches"),
-    ("model", 2, "children 0-2 @ cpu(0) | 3-5 @ cpu(1)"),
+    ("pipeline", 2, "2 stages: children 0-2 @ cpu(0) | 3-5 @ cpu(1), 3 micro-batches"),
+    ("model", 2, "2 stages: children 0-2 @ cpu(0) | 3-5 @ cpu(1)"),
     ("hybrid", 4, "2 replicas x 2 stages: children 0-2 @ cpu(0),cpu(2) | 3-5 @ cpu(1),cpu(3)"),
 ])
 def test_two_stages_cut_at_the_children_train_the_one_context_model(name, k, where):

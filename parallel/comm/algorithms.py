@@ -115,6 +115,27 @@ class _BufferCache:
         self.nbytes += size
         return buffer
 
+    def flat(self, ctx, size, dtype, slot):
+        """A 1-D buffer of ``size`` elements: a view of the one flat buffer kept for ``(ctx, dtype, slot)``, grown
+        (allocated anew) when a larger one is asked for. Receives of many sizes (each block's piece of a ZeRO-3
+        reduce-scatter) share it instead of keeping a buffer per size."""
+        key = (ctx.device_typeid, ctx.device_id, "flat", dtype, slot)
+        buffer = self.buffers.get(key)
+        if buffer is not None and buffer.size >= size:
+            self.buffers.move_to_end(key)
+            return buffer[:size]
+        if buffer is not None:
+            del self.buffers[key]
+            self.nbytes -= buffer.size * buffer.dtype(0).itemsize
+        buffer = mx.nd.empty((size,), ctx=ctx, dtype=dtype)   # every element is written before it is read
+        self.allocations += 1
+        nbytes = buffer.size * buffer.dtype(0).itemsize
+        if nbytes <= self.limit:
+            self.shrink(self.limit - nbytes)
+            self.buffers[key] = buffer
+            self.nbytes += nbytes
+        return buffer[:size]
+
     def shrink(self, limit):
         """Drop least recently used buffers until at most ``limit`` bytes are cached."""
         while self.nbytes > limit:
@@ -133,6 +154,12 @@ def _receive(src, ctx, slot=0):
     an algorithm gives distinct slots to the receives on one context that must coexist.
     """
     return copy_to(src, _buffers.get(ctx, src.shape, src.dtype, slot))
+
+
+def _receive_flat(src, ctx, slot=0):
+    """``_receive`` of a 1-D ``src`` into a view of the flat buffer ``slot`` of its dtype on ``ctx``
+    (``_BufferCache.flat``): one buffer a slot whatever the sizes received."""
+    return copy_to(src, _buffers.flat(ctx, src.size, src.dtype, slot))
 
 
 def receive(src, ctx, slot=0):
@@ -310,11 +337,11 @@ def _direct_reduce_scatter(arrays):
             continue
         ctx = arrays[i].context
         others = iter(range(k - 1))
-        copies = [own if j == i else _receive(chunks[j][c], ctx, next(others)) for j in range(k)]
+        copies = [own if j == i else _receive_flat(chunks[j][c], ctx, next(others)) for j in range(k)]
         if i == 0:
             mx.nd.add_n(*copies, out=own)
         else:
-            copy_to(mx.nd.add_n(*copies, out=_buffers.get(ctx, own.shape, own.dtype, k - 1)), own)
+            copy_to(mx.nd.add_n(*copies, out=_buffers.flat(ctx, own.size, own.dtype, k - 1)), own)
 
 
 def _direct_all_gather(arrays):

@@ -23,7 +23,7 @@ stage of sharded blocks, tensor parallelism one stage of ranks.
 >>> from parallel import init_lenet_params
 >>> model = Hybrid(init_lenet_params(seed=0), [mx.cpu(i) for i in range(4)], Layout("hybrid", stages=2))
 >>> model.describe()
-'2 replicas x 2 stages: conv1,conv2 @ cpu(0),cpu(2) | dense1,dense2 @ cpu(1),cpu(3)'
+'2 replicas x 2 stages: conv1,conv2 @ cpu(0),cpu(2) | dense1,dense2 @ cpu(1),cpu(3); gradients summed with the fused allreduce in buckets of 25 MB'
 >>> X, y = mx.nd.ones((8, 1, 28, 28)), mx.nd.array([0, 1, 2, 3, 4, 5, 6, 7])
 >>> loss_sum, correct = model.train_step(X, y, lr=0.2)   # the same step as train_batch on one context
 
@@ -45,7 +45,7 @@ from ..models.registry import behaviour_of
 from ..optim.zero import ReplicatedStore, as_optimizer
 from ..shard import Replicated
 from ..step import Replicas, worker_step
-from ..validate import BadValue, check_bool, check_contexts
+from ..validate import BadType, BadValue, check_bool, check_contexts
 from .base import ArrayPlace, Strategy
 from .model import stage_ranges
 from .pipeline import issue, micro_batches
@@ -134,7 +134,7 @@ class Hybrid(Strategy, Replicas):
         Distinct contexts: replica ``d``'s stage ``s``'s rank ``t`` on ``ctx_list[(d S + s) T + t]``; the model and
         pipeline presets use ``S x T`` of them and leave the rest idle.
     layout : parallel.layout.Layout, optional
-        The axes (default ``Layout("hybrid")``: replicas of two stages).
+        The axes (default ``Layout("hybrid", stages, boundaries)``: replicas of two stages).
     reducer : parallel.Reducer or str, optional
         How every group's gradients are summed over the replicas (an allreduce's name, buckets, a hook or codec,
         a job); its algorithm is the tensor groups' f and g too. With a ``job``, every worker's replicas are
@@ -143,6 +143,8 @@ class Hybrid(Strategy, Replicas):
         in one process.
     prefetch : bool
         With ZeRO-3, gather the next block while the current one runs (two gather buffers a context).
+    stages, boundaries : optional
+        Without ``layout``: where the hybrid layout cuts the model (``stage_ranges``).
 
     Attributes
     ----------
@@ -158,20 +160,24 @@ class Hybrid(Strategy, Replicas):
 
     adds_gradients = True
 
-    def __init__(self, params, ctx_list, layout=None, reducer=None, prefetch=False):
-        self.layout = Layout("hybrid") if layout is None else layout
-        if not isinstance(self.layout, Layout):
-            raise TypeError(f"layout must be a parallel.Layout, got {type(self.layout).__name__}")
+    def __init__(self, params, ctx_list, layout=None, reducer=None, prefetch=False, stages=None, boundaries=None):
+        if layout is None:
+            layout = Layout("hybrid", stages=stages, boundaries=boundaries)
+        elif stages is not None or boundaries is not None:
+            raise BadValue("stages", "{stages} and {boundaries} are the layout's: give them in the Layout")
+        if not isinstance(layout, Layout):
+            raise BadType("layout", f"{{layout}} must be a parallel.Layout, got {type(layout).__name__}")
+        self.layout = layout
         self.layout.check()
         self.name, self.reducer = self.layout.strategy, as_reducer(reducer)
         self.prefetch = check_bool(prefetch, "prefetch")
         ctx_list = check_contexts(ctx_list)
-        self.placement = self.layout.place(len(ctx_list))
-        self.ctx_list = list(ctx_list[:self.placement.used])
         behaviour = behaviour_of(params)
         layers = behaviour.layers(params)
         chunks = None if self.layout.boundaries is not None else self.layout.chunks
         self.ranges = stage_ranges(chunks, self.layout.boundaries, *layers)
+        self.placement = self.layout.place(len(ctx_list))
+        self.ctx_list = list(ctx_list[:self.placement.used])
         if len(self.ranges) % self.layout.virtual:
             raise ValueError(f"{len(self.ranges)} chunks cannot be dealt {self.layout.virtual} a device")
         self._cut = behaviour.cut(params, self.ranges)
@@ -233,7 +239,8 @@ class Hybrid(Strategy, Replicas):
                  for d in range(p.data)]
         parts = [[[own[d][t][s] for t in range(p.tensor)] for d in range(p.data)] for s in range(len(segments))]
         scratch = [[[spare[d][t][s] for t in range(p.tensor)] for d in range(p.data)] for s in range(len(segments))]
-        blocks = Blocks(segments, recompute=self.layout.recompute, algorithm=self.reducer.algorithm)
+        blocks = Blocks(segments, recompute=self.layout.recompute, algorithm=self.reducer.algorithm,
+                        retain_graph=True)
         return Chunk(blocks, _per_rank(parts, p.tensor), _per_rank(scratch, p.tensor), contexts)
 
     def _sharded_chunk(self, c, segments, contexts, keys):
@@ -251,7 +258,8 @@ class Hybrid(Strategy, Replicas):
         self.sharded[c] = groups
         parts = [[[group.parts[s][d] for group in groups] for d in range(p.data)] for s in range(len(segments))]
         scratch = [[[group.scratch[s][d] for group in groups] for d in range(p.data)] for s in range(len(segments))]
-        blocks = Blocks(segments, recompute=True, hooks=ShardedHooks(groups), algorithm=self.reducer.algorithm)
+        blocks = Blocks(segments, recompute=True, hooks=ShardedHooks(groups), algorithm=self.reducer.algorithm,
+                        retain_graph=True)
         return Chunk(blocks, _per_rank(parts, p.tensor), _per_rank(scratch, p.tensor), contexts)
 
     def _array_places(self):
@@ -336,6 +344,20 @@ class Hybrid(Strategy, Replicas):
         return self._places
 
     @property
+    def stage_params(self):
+        """The first replica's arrays of each chunk (its first rank's), each on its chunk's context: a
+        ``FlatReplica`` a chunk (without ZeRO-3)."""
+        return [self.replicas[0][c][0] for c in range(len(self.ranges))]
+
+    def replica_params(self, d):
+        """Replica ``d``'s trained arrays of one rank, the model's whole arrays when the ranks are one, in the
+        model's order (without ZeRO-3): what every replica holds the same of after a step."""
+        by_index = {}
+        for c, (index, _) in enumerate(self._indices):
+            by_index.update(zip(index, self.replicas[d][c][0]))
+        return [by_index[j] for j in range(len(by_index))]
+
+    @property
     def gathers_collectively(self):
         """ZeRO-3 in a job: reading the model gathers every worker's chunks."""
         return self.layout.zero == 3 and self.job is not None
@@ -393,7 +415,11 @@ class Hybrid(Strategy, Replicas):
                         f"interleaved 1f1b, {self.layout.virtual} chunks a device")
             line += f", {self.layout.micro} micro-batches, schedule {schedule}"
         if self.layout.zero == 3:
-            line += f", ZeRO-3: parameters sharded over the {p.data} replicas, each block gathered and recomputed"
+            shards = f"1/{p.data}" if self.job is None else f"1/{p.data * self.job.num_workers}"
+            blocks = len(self.chunks[0].blocks.segments)
+            line += (f", ZeRO-3: each context keeps {shards} of the parameters, their gradients and optimizer state; "
+                     f"each of the {blocks} blocks{' a chunk' if len(self.chunks) > 1 else ''} gathered before it "
+                     "runs and again for its backward (recomputed), gradients reduce-scattered")
         elif self.layout.recompute:
             line += ", activations recomputed in backward"
         summed = self.reducer.describe(p.data)
@@ -470,33 +496,12 @@ class FullyShardedDataParallel(Hybrid):
         return self.memory_buffers()[0]
 
     def bytes_moved(self, accumulate=1):
-        """Bytes one step copies between this process's contexts, over all of them: each block's gather in forward
-        and again in backward (not the last block's, whose buffer still holds it), each context receiving the
-        other contexts' copies of its piece in the reduction: ``(K - 1) (3 Psi - Psi_last)`` elements of ``Psi``,
-        ZeRO's 3 Psi a device (times (K - 1) / K, the part that is not already there). In a job, add the copies
-        of a chunk into a piece held by another context (filling a gather, and the owners' copies out of the
-        summed pieces). ``accumulate`` micro-batches: as many times."""
-        group, k = self.group, len(self.ctx_list)
-        itemsize, elements = group.shards[0].data.dtype(0).itemsize, 0
-        for s, unit in enumerate(group.units):
-            gathers = 1 if s == len(group.units) - 1 else 2
-            crossing = 0   # in a job: the parts of chunk i that fall in another context's piece j
-            for i in range(k if self.job is not None else 0):
-                for j in range(k):
-                    part = unit.overlap(i, *unit.pieces[j]) if j != i else None
-                    crossing += part[1] - part[0] if part else 0
-            elements += (gathers + 1) * ((k - 1) * unit.size + crossing)
-        return accumulate * elements * itemsize
+        """Bytes one step copies between this process's contexts (``ShardedGroup.bytes_moved``)."""
+        return self.group.bytes_moved(accumulate)
 
     def network_bytes(self, accumulate=1):
-        """Bytes this worker pushes to the kvstore's servers in one step (and pulls back as many): every gather
-        and every reduction of a block sums the whole block over the workers, ``3 Psi - Psi_last``, ZeRO's 3 Psi.
-        0 in one process."""
-        if self.job is None:
-            return 0
-        units = self.group.units
-        psi = sum(unit.size for unit in units)
-        return accumulate * (3 * psi - units[-1].size) * self.group.shards[0].data.dtype(0).itemsize
+        """Bytes this worker pushes to the kvstore's servers in one step (``ShardedGroup.network_bytes``)."""
+        return self.group.network_bytes(accumulate)
 
 
 # ---- building the layout ---------------------------------------------------------------------------------------

@@ -43,7 +43,7 @@ import mxnet as mx
 from mxnet import autograd
 
 from ..comm import algorithms
-from ..comm.algorithms import exclusive, shard_range
+from ..comm.algorithms import chunk_bounds, exclusive, shard_range
 from ..comm.replica import Bucket, FlatReplica
 from ..job import KEYS
 from ..models.recompute import BlockHooks, Part
@@ -64,14 +64,19 @@ class Keys(NamedTuple):
 
 
 class _Unit:
-    """Where a block's parameters lie: elements ``start .. stop - 1`` of the group's flat buffer; the chunk each
-    local context owns (``owned[i]``, block offsets, at ``offsets[i]`` of its shard); the piece each sums
-    (``pieces[i]``)."""
+    """Where a block's parameters lie: elements ``start .. stop - 1`` of the group's flat buffer; the piece each
+    local context sums (``pieces[i]``: ``shard_range(size, K, i)``, where the Reducer's reduce-scatter leaves it)
+    and the chunk of it each owns (``owned[i]``, block offsets, at ``offsets[i]`` of its shard): the whole piece in
+    one process, in a job of W workers worker ``rank``'s W-th of it, so that no chunk crosses into another
+    context's piece."""
 
-    def __init__(self, segment, start, stop, n, first, k, offsets):
+    def __init__(self, segment, start, stop, workers, rank, k, offsets):
         self.segment, self.start, self.stop = segment, start, stop
-        self.owned = [shard_range(stop - start, n, first + i) for i in range(k)]
         self.pieces = [shard_range(stop - start, k, i) for i in range(k)]
+        self.owned = []
+        for p, q in self.pieces:
+            bounds = chunk_bounds(q - p, workers)
+            self.owned.append((p + bounds[rank], p + bounds[rank + 1]))
         self.offsets = list(offsets)
 
     @property
@@ -125,8 +130,7 @@ class ShardedGroup:
             self.starts.append(self.starts[-1] + a.size)
         self.units, sizes = [], [0] * k
         for segment in segments:
-            unit = _Unit(segment, self.starts[segment.first], self.starts[segment.stop], workers * k, rank * k, k,
-                         sizes)
+            unit = _Unit(segment, self.starts[segment.first], self.starts[segment.stop], workers, rank, k, sizes)
             for i, (a, b) in enumerate(unit.owned):
                 sizes[i] += b - a
             self.units.append(unit)
@@ -308,6 +312,25 @@ class ShardedGroup:
     def temporary_bytes(self):
         """``{context: bytes}`` of the block gradient buffer each context's backward writes and reduces from."""
         return {ctx: grads.size * grads.dtype(0).itemsize for ctx, grads in zip(self.ctx_list, self._grads)}
+
+    def bytes_moved(self, accumulate=1):
+        """Bytes one step copies between this process's contexts, over all of them: each block's gather in forward
+        and again in backward (not the last block's, whose buffer still holds it), each context receiving the
+        other contexts' copies of its piece in the reduction: ``(K - 1) (3 Psi - Psi_last)`` elements of ``Psi``,
+        ZeRO's 3 Psi a device (times (K - 1) / K, the part that is not already there), in a job as in one process
+        (a context's chunks lie in its own piece). ``accumulate`` micro-batches: as many times."""
+        k, itemsize = len(self.ctx_list), self.shards[0].data.dtype(0).itemsize
+        elements = sum((2 if s == len(self.units) - 1 else 3) * (k - 1) * unit.size for s, unit in enumerate(self.units))
+        return accumulate * elements * itemsize
+
+    def network_bytes(self, accumulate=1):
+        """Bytes this worker pushes to the kvstore's servers in one step (and pulls back as many): every gather
+        and every reduction of a block sums the whole block over the workers, ``3 Psi - Psi_last``, ZeRO's 3 Psi.
+        0 in one process."""
+        if self.reducer.job is None:
+            return 0
+        psi = sum(unit.size for unit in self.units)
+        return accumulate * (3 * psi - self.units[-1].size) * self.shards[0].data.dtype(0).itemsize
 
     def gathered(self, s, i):
         """Context ``i``'s gather buffer of block ``s``."""
