@@ -350,12 +350,29 @@ def results_path(directory, name):
 
 def write_json(path, result):
     """Write ``result`` as JSON to ``path`` atomically (``parallel.files.atomic_write``: a reader sees the old
-    file or the new one, never a part); its directory is made. Returns ``path``."""
+    file or the new one, never a part); its directory is made. A recorded command or path names the machine's
+    places as a reader would type them (``portable``). Returns ``path``."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with atomic_write(path) as f:
-        json.dump(result, f, indent=1)
+        json.dump(portable(result), f, indent=1)
         f.write("\n")
     return path
+
+
+def portable(value):
+    """``value`` (JSON's types) with this machine's paths in its strings written as a reader types them: this
+    Python as ``python``, the repository's root as ``.``, its parent as ``..``."""
+    if isinstance(value, dict):
+        return {key: portable(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [portable(item) for item in value]
+    if not isinstance(value, str):
+        return value
+    root = os.path.dirname(HERE)
+    for place, word in ((sys.executable, "python"), (root + os.sep, ""), (root, "."),
+                        (os.path.dirname(root) + os.sep, ".." + os.sep)):
+        value = value.replace(place, word)
+    return value
 
 
 def figure(nrows=1, ncols=1, figsize=(6.4, 4.8), **subplots):

@@ -2,7 +2,7 @@
 plain loopback and on a loopback shaped to 1 Gbit/s.
 
 Run from the repository root with the package's Python (Horovod lives in a venv of its own, see
-/work/shared/peers/horovod/README.md; without it the Horovod row is skipped and the table says why)::
+../shared/peers/horovod/README.md; without it the Horovod row is skipped and the table says why)::
 
     python benchmarks/horovod.py --data-dir digits --rounds 3
     python benchmarks/horovod.py --data-dir digits --rounds 3 \\
@@ -65,7 +65,8 @@ from harness import BenchmarkError  # noqa: E402
 
 THIS = os.path.abspath(__file__)
 WORKER = os.path.join(harness.HERE, "horovod_worker.py")
-HOROVODRUN = "/work/hvd-venv/bin/horovodrun"
+#: Horovod's launcher in its venv, beside the repository (``--horovodrun``).
+HOROVODRUN = os.path.join(os.path.dirname(harness.HERE), os.pardir, "hvd-venv", "bin", "horovodrun")
 #: How each network shapes its loopback (``tc qdisc add dev lo root ...``); None: the machine's loopback as it is.
 NETWORKS = {"plain": None, "1gbit": "tbf rate 1gbit burst 128kb latency 200ms"}
 HOROVOD = "horovod"
@@ -279,7 +280,7 @@ def horovod_problem(args):
         return "--no-horovod"
     for flag, path in (("--horovodrun", args.horovodrun), ("--horovod-python", args.horovod_python)):
         if not os.access(path, os.X_OK):
-            return (f"{path} not found ({flag}): create Horovod's venv as /work/shared/peers/horovod/README.md "
+            return (f"{path} not found ({flag}): create Horovod's venv as ../shared/peers/horovod/README.md "
                     f"says")
     return None
 

@@ -1,11 +1,11 @@
 """One worker of the Horovod side of benchmarks/horovod.py: the package's ResNet-18 trained data-parallel with
 ``horovod.mxnet.DistributedTrainer``, the way ``python -m parallel.train`` trains it under the package's launcher.
 
-Run from the repository root, in Horovod's own venv (see /work/shared/peers/horovod/README.md; the package is
+Run from the repository root, in Horovod's own venv (see ../shared/peers/horovod/README.md; the package is
 imported from the work tree through ``PYTHONPATH``, and only its modules that need nothing but MXNet and numpy)::
 
-    OMP_NUM_THREADS=1 PYTHONPATH=$PWD /work/hvd-venv/bin/horovodrun -np 2 --gloo -H localhost:2 \\
-        --network-interface lo /work/hvd-venv/bin/python benchmarks/horovod_worker.py --data-dir digits \\
+    OMP_NUM_THREADS=1 PYTHONPATH=$PWD ../hvd-venv/bin/horovodrun -np 2 --gloo -H localhost:2 \\
+        --network-interface lo ../hvd-venv/bin/python benchmarks/horovod_worker.py --data-dir digits \\
         --batch-size 64 --lr 0.02 --momentum 0.9
     ... benchmarks/horovod_worker.py --dataset synthetic --batches 20 --log-every 5   # a short run
 

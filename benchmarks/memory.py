@@ -124,8 +124,10 @@ def _worker(config, steps):
     if zero == 3:
         from parallel.strategies import FullyShardedDataParallel
         strategy = FullyShardedDataParallel(initial, ctx_list, reducer, prefetch=prefetch)
+        sharded = strategy.group
     else:
         strategy = make_strategy("data", initial, ctx_list, recompute=bool(recompute), zero=zero, reducer=reducer)
+        sharded = None
     X, y = harness.random_batch(BATCH[model])
     optimizer = SGD(0.05, momentum=0.9) if recompute is not None else Adam(0.001, zero=zero)
     losses = []
@@ -137,8 +139,8 @@ def _worker(config, steps):
     loss = losses[-1]
     table = memory_of(strategy, optimizer)
     busiest = max(table, key=lambda row: sum(v for k, v in row.items() if k != "context"))
-    moved = strategy.bytes_moved() if hasattr(strategy, "bytes_moved") else None
-    pushed = strategy.network_bytes() if hasattr(strategy, "network_bytes") else None
+    moved = None if sharded is None else sharded.bytes_moved()
+    pushed = None if sharded is None else sharded.network_bytes()
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     if job is None or job.rank == 0:
         harness.report_result({"times": times, "peak_rss": peak, "loss": float(loss.asscalar()), "busiest": busiest,
