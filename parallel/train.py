@@ -83,7 +83,7 @@ def build_parser():
              "gluon block with BatchNorm, statistics over the whole batch across one process's devices, over each "
              "micro-batch under --accumulate; in a distributed job each worker keeps its own); vit: a small Vision "
              "Transformer for 28x28 images (7x7 patches, a class token, 4 pre-norm blocks of width 64, 4 heads); "
-             "default lenet")
+             "transformer: an encoder over the image's 28 rows (post-norm blocks, mean-pooled); default lenet")
     add("--devices", default="auto", help="'auto' (all GPUs, else one CPU context), 'cpu:N' (N CPU contexts) or "
         "'gpu:I,J,...' (GPU indices as CUDA_VISIBLE_DEVICES numbers them); default auto")
     add("--epochs", type=int, default=10, help="number of epochs (>= 1); default 10")
@@ -135,18 +135,20 @@ def _add_layout_flags(add):
         help="model/pipeline/hybrid: instead of --stages, the layer indices where stages start, e.g. 2 (conv | "
              "dense) or 1,3; " + "; ".join(f"{MODELS[m].title}'s layers are {MODELS[m].layers}" for m in MODELS))
     add("--micro-batches", type=int, default=None, metavar="M",
-        help=f"pipeline: micro-batches per batch, at most --batch-size (default {DEFAULT_MICRO_BATCHES}); a "
-             "shorter last batch uses one per example")
+        help=f"pipeline and hybrid: micro-batches a replica's stages are fed per batch, at most --batch-size "
+             f"(default {DEFAULT_MICRO_BATCHES} for pipeline, 1 for hybrid); a shorter last batch uses one per "
+             "example")
     add("--schedule", choices=list(PIPELINE_SCHEDULES), default="gpipe",
-        help="pipeline: the order its micro-batches' forwards and backwards are issued in; " +
+        help="pipeline and hybrid: the order the micro-batches' forwards and backwards are issued in; " +
              "; ".join(f"{name}: {what}" for name, what in PIPELINE_SCHEDULES.items()) + "; default gpipe")
     add("--virtual-stages", type=int, default=1, metavar="V",
-        help="pipeline with --schedule 1f1b: V model chunks a device (interleaved 1F1B: the model cut into "
-             "--stages x V chunks, --micro-batches a multiple of --stages); default 1")
+        help="with --schedule 1f1b: V model chunks a device (interleaved 1F1B: the model cut into --stages x V "
+             "chunks, --micro-batches a multiple of --stages); default 1")
     add("--tensor", type=int, default=1, metavar="T",
         help="tensor parallelism (Megatron-LM): split each layer's attention heads and MLP units over groups of T "
-             "devices, data parallelism over the groups (--devices a multiple of T); with --strategy hybrid each "
-             "stage split so (data x pipeline x tensor); --model vit; default 1 (none)")
+             "devices (a model made of parallel layers: --model vit or transformer), data parallelism over the "
+             "groups (--devices a multiple of T); with --stages each stage split so (data x pipeline x tensor); "
+             "default 1 (none)")
 
 
 def _add_reduction_flags(add):
@@ -160,7 +162,8 @@ def _add_reduction_flags(add):
     add("--compression", default="none", metavar="SPEC",
         help="send the gradients between devices compressed, with error feedback: none, fp16, 2bit (+-t or 0 "
              "an element, t each bucket's mean magnitude, scaled at every step), 2bit:THRESHOLD (MXNet's fixed t; "
-             "its default is 2bit:0.5), topk:RATIO or powersgd:RANK (data strategy); default none")
+             "its default is 2bit:0.5), topk:RATIO or powersgd:RANK (every data-parallel sum; not with --zero 3); "
+             "default none")
 
 
 def _add_optimizer_flags(add):
@@ -187,14 +190,14 @@ def _add_optimizer_flags(add):
              "(1 to --batch-size); default 1")
     add("--zero", type=int, choices=list(ZERO_LEVELS), default=0,
         help="0: optimizer state on every device; 1: each device keeps and updates its shard of the state "
-             "(ZeRO-1); 2: the gradients are reduce-scattered too (ZeRO-2); data and hybrid strategies; 3: the "
-             "parameters sharded too, gathered a block at a time and recomputed in backward (ZeRO-3, FSDP; data "
-             "strategy in one process, --allreduce fused); default 0")
+             "(ZeRO-1); 2: the gradients are reduce-scattered too (ZeRO-2); 3: the parameters sharded too, gathered "
+             "a block at a time and recomputed in backward (ZeRO-3, FSDP); over the data replicas (and workers) of "
+             "every layout; default 0")
     add("--recompute", action="store_true",
         help="activation recomputation: keep only each block's input (LeNet's layers, ResNet-18's residual blocks, "
              "the ViT's children) "
              "and compute its forward again during backward; the same gradients, less memory, about one more "
-             "forward pass a step; data strategy")
+             "forward pass a step; every layout")
 
 
 def _default_decay_epochs(epochs):
