@@ -359,18 +359,21 @@ def write_json(path, result):
     return path
 
 
+#: What stands beside the repository (Horovod's venv, the team's shared notes), as a reader reaches it: ``../NAME``.
+SIBLINGS = ("hvd-venv", "shared")
+
+
 def portable(value):
     """``value`` (JSON's types) with this machine's paths in its strings written as a reader types them: this
-    Python as ``python``, the repository's root as ``.``, its parent as ``..``."""
+    Python as ``python``, the repository's root as ``.``, what stands beside it (``SIBLINGS``) as ``../NAME``."""
     if isinstance(value, dict):
         return {key: portable(item) for key, item in value.items()}
     if isinstance(value, list):
         return [portable(item) for item in value]
     if not isinstance(value, str):
         return value
-    root = os.path.dirname(HERE)
-    for place, word in ((sys.executable, "python"), (root + os.sep, ""), (root, "."),
-                        (os.path.dirname(root) + os.sep, ".." + os.sep)):
+    places = [(os.path.join(os.path.dirname(ROOT), name), os.path.join(os.pardir, name)) for name in SIBLINGS]
+    for place, word in [(sys.executable, "python"), *places, (ROOT + os.sep, ""), (ROOT, ".")]:
         value = value.replace(place, word)
     return value
 

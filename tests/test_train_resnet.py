@@ -173,7 +173,7 @@ def test_bad_model_exits_2_with_one_line(capsys):
     assert main(["--model", "vgg16", "--dataset", "synthetic"]) == 2
     err = capsys.readouterr().err
     assert err.strip() == ("error: argument --model: invalid choice: 'vgg16' (choose from 'lenet', 'resnet18', "
-                           "'vit')")
+                           "'vit', 'transformer')")
 
 
 @pytest.mark.slow

@@ -228,9 +228,9 @@ class Hybrid(Strategy, Replicas):
 
     def _replicated_chunk(self, c, segments, contexts):
         p = self.placement
-        for d in range(p.data):
-            for t in range(p.tensor):
-                local, names, aux, aux_names = self._local(c, t)
+        for t in range(p.tensor):
+            local, names, aux, aux_names = self._local(c, t)
+            for d in range(p.data):
                 self.replicas[d][c][t] = _replica(local, names, aux, aux_names, contexts[d][t], self.reducer.bucket_mb)
                 if t:   # a global norm (clipping) counts the arrays every rank holds once
                     _mark_copies(self.replicas[d][c][t], [self._specs[i] for i in self._indices[c][0]])
@@ -415,7 +415,8 @@ class Hybrid(Strategy, Replicas):
                         f"interleaved 1f1b, {self.layout.virtual} chunks a device")
             line += f", {self.layout.micro} micro-batches, schedule {schedule}"
         if self.layout.zero == 3:
-            shards = f"1/{p.data}" if self.job is None else f"1/{p.data * self.job.num_workers}"
+            workers = 1 if self.job is None else self.job.num_workers
+            shards = f"1/{p.data}" if workers == 1 else f"1/{p.data * workers} ({workers} workers x {p.data} contexts)"
             blocks = len(self.chunks[0].blocks.segments)
             line += (f", ZeRO-3: each context keeps {shards} of the parameters, their gradients and optimizer state; "
                      f"each of the {blocks} blocks{' a chunk' if len(self.chunks) > 1 else ''} gathered before it "
@@ -513,9 +514,7 @@ def _host_model(params, job):
         names, arrays, aux_names, aux = block_state(params)
     else:
         names, arrays, aux_names, aux = [], list(params), [], []
-    host = get_params(list(arrays), mx.cpu()) if arrays else []
-    arrays = [a.copy() for a in host]
-    aux = [a.copyto(mx.cpu()) for a in aux]
+    arrays, aux = [a.copyto(mx.cpu()) for a in arrays], [a.copyto(mx.cpu()) for a in aux]
     if job is not None:   # every worker starts from rank 0's model
         broadcast_arrays(job, KEYS["params"], arrays)
         if aux:
