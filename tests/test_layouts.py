@@ -44,7 +44,14 @@ JOBS = {
     "hybrid without tensor, in a job": (Layout("hybrid", stages=2), 4),
     "pipeline with 1F1B, in a job": (Layout("pipeline", stages=2, micro_batches=4, schedule="1f1b"), 2),
 }
-EXACT = sorted(name for name, (layout, _) in LAYOUTS.items() if layout.compression == "none")
+#: Beyond the fifteen: ZeRO-3 with micro-batches over several replicas (the last batch leaves a replica's last
+#: micro-batch empty, and another's), and every axis at once.
+MORE = {
+    "data x pipeline x ZeRO-3, micro-batches": (Layout("hybrid", stages=2, zero=3, micro_batches=4), 4),
+    "every axis at once": (Layout("hybrid", stages=2, tensor=2, micro_batches=4, schedule="1f1b", zero=3,
+                                  recompute=True, accumulate=2), 8),
+}
+EXACT = sorted(name for name, (layout, _) in {**LAYOUTS, **MORE}.items() if layout.compression == "none")
 
 SIZES = (12, 12, 5)   # the last batch leaves replicas idle and micro-batches empty
 
@@ -75,7 +82,7 @@ def one_context():
 
 @pytest.mark.parametrize("name", EXACT)
 def test_every_layout_trains_the_one_context_vit(name, one_context):
-    layout, k = LAYOUTS[name]
+    layout, k = {**LAYOUTS, **MORE}[name]
     strategy = make_strategy(layout, init_vit(0, dtype="float64"), contexts(k))
     got = _train(strategy, layout, _batches("float64"))
     _close_to_scale(got, one_context, 1e-12)

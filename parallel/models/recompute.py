@@ -122,8 +122,8 @@ class BlockHooks:
     """What ``Blocks`` calls around each block ``s`` (the default does nothing): ``before_forward(s, after,
     recompute)`` before the block runs (its forward, in evaluation, and again before its recomputation, then with
     ``recompute``; ``after``: the block that will run next, for a prefetch, or None), ``before_backward(s)`` before
-    the backward of a block recorded in the forward (the last), ``after_backward(s)`` once its backward is
-    issued."""
+    the backward of a block recorded in the forward (the last), ``after_backward(s, active)`` once its backward is
+    issued, ``active`` the replicas that computed (the first ones: the others' gradients are not this pass's)."""
 
     def before_forward(self, s, after=None, recompute=False):
         """Called before block ``s`` runs."""
@@ -131,16 +131,18 @@ class BlockHooks:
     def before_backward(self, s):
         """Called before the backward of block ``s``'s recorded forward."""
 
-    def after_backward(self, s):
-        """Called once block ``s``'s backward is issued."""
+    def after_backward(self, s, active):
+        """Called once block ``s``'s backward is issued, for the first ``active`` replicas."""
 
 
 class Pending(NamedTuple):
     """What a recorded forward leaves for its backward: the tape of the last block (every block's, without
-    recomputation), the kept inputs of the blocks before it, and the inputs the last block read."""
+    recomputation), the kept inputs of the blocks before it, the inputs the last block read, and how many replicas
+    computed (a micro-batch may leave the last ones without an example)."""
     tape: object
     kept: list
     hidden: list
+    active: int
 
 
 class Blocks:
@@ -200,7 +202,7 @@ class Blocks:
             for s in range(n):
                 self.hooks.before_forward(s, self._next(s))
                 hidden = self._run(s, hidden, parts[s][:len(hidden)], tape)
-            return hidden, Pending(tape, [], [])
+            return hidden, Pending(tape, [], [], len(X_shards))
         scratch = parts if scratch is None else scratch
         kept = []
         with autograd.pause(train_mode=True):   # BatchNorm by the batch, its running statistics into scratch copies
@@ -212,7 +214,7 @@ class Blocks:
             hidden = detached(hidden)
         self.hooks.before_forward(n - 1, None)
         tape = SegmentTape(self.algorithm)
-        return self._run(n - 1, hidden, parts[n - 1][:len(hidden)], tape), Pending(tape, kept, hidden)
+        return self._run(n - 1, hidden, parts[n - 1][:len(hidden)], tape), Pending(tape, kept, hidden, len(X_shards))
 
     def backward(self, pending, heads, head_grads=None, parts=None):
         """The backward pass of a recorded forward: ``heads`` (arrays computed from its outputs, the losses; or its
@@ -226,9 +228,9 @@ class Blocks:
             pending.tape.backward(heads, head_grads, self.retain_graph)
         if not self.recompute:
             for s in reversed(range(n)):
-                self.hooks.after_backward(s)
+                self.hooks.after_backward(s, pending.active)
             return
-        self.hooks.after_backward(n - 1)
+        self.hooks.after_backward(n - 1, pending.active)
         hidden = pending.hidden
         for s in reversed(range(len(pending.kept))):
             grads = [X.grad for X in flat_arrays(hidden)]
@@ -241,7 +243,7 @@ class Blocks:
                 outputs = self._run(s, inputs, parts[s][:len(inputs)], tape)
             if grads:
                 tape.backward(flat_arrays(outputs), grads, self.retain_graph)
-            self.hooks.after_backward(s)
+            self.hooks.after_backward(s, pending.active)
             hidden = inputs
 
 

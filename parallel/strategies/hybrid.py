@@ -304,8 +304,6 @@ class Hybrid(Strategy, Replicas):
     def forward_backward(self, X_shards, y_shards, loss):
         """Each replica's shard in micro-batches through the chunks, in the schedule's order (``issue``)."""
         m = self.layout.micro
-        for group in self._sharded_groups():
-            group.active = len(X_shards)
         X_parts, y_parts = micro_batches(X_shards, m), micro_batches(y_shards, m)
         outputs, y, losses, peak = issue(self.plan(), self.chunks, X_parts, y_parts, loss)
         self.last_stash = [n / self.layout.virtual if self.layout.virtual > 1 else n for n in peak]

@@ -150,7 +150,6 @@ class ShardedGroup:
         self.parts, self.scratch, self._sums = [], [], []
         for s in range(len(self.units)):
             self._lay_out(s)
-        self.active = k
 
     def _lay_out(self, s):
         """Block ``s``'s views of a gather buffer and of the gradient buffer on every context (marked as variables
@@ -227,15 +226,15 @@ class ShardedGroup:
                 if j != i and q > p:
                     algorithms.copy_to(other[p:q], buffer[p:q])
 
-    def reduce(self, s):
+    def reduce(self, s, active):
         """Block ``s``'s gradient summed over the contexts (and workers) through the reducer's reduce-scatter, each
-        owner adding its chunk of the sum into its shard's gradient; contexts ``active ..`` computed nothing and
-        add zeros."""
+        owner adding its chunk of the sum into its shard's gradient; contexts ``active ..`` computed nothing (their
+        gradient buffer holds another block's, or another micro-batch's) and add zeros."""
         unit, k = self.units[s], len(self.ctx_list)
         if not unit.size:
             return
         with exclusive(), collective("reduce-scatter", [self._touched(i) for i in range(k)]):
-            self.reducer.reduce_scatter(self._sums[s], self.active, self.keys.buckets + s)
+            self.reducer.reduce_scatter(self._sums[s], active, self.keys.buckets + s)
             for i, shard in enumerate(self.shards):
                 for j in range(k):   # the pieces that hold part of chunk i (in one process: piece i alone)
                     part = unit.overlap(i, *unit.pieces[j])
@@ -315,12 +314,14 @@ class ShardedGroup:
 
     def bytes_moved(self, accumulate=1):
         """Bytes one step copies between this process's contexts, over all of them: each block's gather in forward
-        and again in backward (not the last block's, whose buffer still holds it), each context receiving the
-        other contexts' copies of its piece in the reduction: ``(K - 1) (3 Psi - Psi_last)`` elements of ``Psi``,
-        ZeRO's 3 Psi a device (times (K - 1) / K, the part that is not already there), in a job as in one process
-        (a context's chunks lie in its own piece). ``accumulate`` micro-batches: as many times."""
-        k, itemsize = len(self.ctx_list), self.shards[0].data.dtype(0).itemsize
-        elements = sum((2 if s == len(self.units) - 1 else 3) * (k - 1) * unit.size for s, unit in enumerate(self.units))
+        and again in backward (not the last block's, whose buffer still holds it, nor with prefetch the one before
+        it, held in the other buffer), each context receiving the other contexts' copies of its piece in the
+        reduction: ``(K - 1) (3 Psi - Psi_last)`` elements of ``Psi`` without prefetch, ZeRO's 3 Psi a device (times
+        (K - 1) / K, the part that is not already there), in a job as in one process (a context's chunks lie in
+        its own piece). ``accumulate`` micro-batches: as many times."""
+        k, itemsize, n = len(self.ctx_list), self.shards[0].data.dtype(0).itemsize, len(self.units)
+        held = {n - 1, n - 2} if self.prefetch else {n - 1}   # still gathered when their backward comes
+        elements = sum((2 if s in held else 3) * (k - 1) * unit.size for s, unit in enumerate(self.units))
         return accumulate * elements * itemsize
 
     def network_bytes(self, accumulate=1):
@@ -360,6 +361,6 @@ class ShardedHooks(BlockHooks):
         for group in self.groups:   # another micro-batch's blocks may have taken the buffer meanwhile
             group.gather(s)
 
-    def after_backward(self, s):
+    def after_backward(self, s, active):
         for group in self.groups:
-            group.reduce(s)
+            group.reduce(s, active)
