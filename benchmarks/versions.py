@@ -101,7 +101,7 @@ def run(args, path):
                         "samples": {v: samples[(name, v)] for v in VERSIONS}})
         rows.append([name, f"{base_ms:.1f}", f"{this_ms:.1f}", f"{this_ms / base_ms:.2f}x"])
     print(f"ms a step, median of {args.rounds} interleaved round(s) of {args.steps} steps; base {args.base}\n")
-    print(harness.markdown_table(["layout", f"{args.base}", "this tree", "this / base"], rows))
+    print("\n".join(harness.markdown_table(["layout", f"{args.base}", "this tree", "this / base"], rows)))
     harness.write_json(path, {"command": "python benchmarks/versions.py " + " ".join(args.argv),
                                    "settings": harness.run_settings(), "base": args.base, "rounds": args.rounds,
                                    "steps": args.steps, "layouts": records})

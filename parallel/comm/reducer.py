@@ -213,6 +213,7 @@ class Reducer:
         self.algorithm = check_choice(algorithm, "algorithm", ALGORITHMS)
         bucket_bytes(bucket_mb)   # checks it
         self.bucket_mb, self.job = bucket_mb, job
+        self._buckets = {}   # the GradBuckets of each group reduced: (its replicas, its buckets)
         codec = as_codec(compression)
         self.hook = allreduce_hook if codec is None else CompressionHook(codec)
 
@@ -256,12 +257,21 @@ class Reducer:
 
     def buckets(self, group, scatter=False):
         """The ``GradBucket`` of each bucket of ``group`` (flat replicas), in reduction order; ``scatter``: each
-        with its contexts' regions of a reduce-scatter (``shard_range``)."""
+        with its contexts' regions of a reduce-scatter (``shard_range``). Made once for a group and kept (a step
+        reduces the same replicas every time)."""
+        key = (tuple(id(replica) for replica in group), scatter)
+        kept = self._buckets.get(key)
+        if kept is not None and all(a is b for a, b in zip(kept[0], group)):
+            return kept[1]
         first, k = group[0], len(group)
-        return [GradBucket(b, len(first.buckets), [replica.grads[b] for replica in group],
-                           [param.shape for param in first[layout.first:layout.stop]], layout.first,
-                           [shard_range(layout.end - layout.start, k, i) for i in range(k)] if scatter else None)
-                for b, layout in enumerate(first.buckets)]
+        buckets = [GradBucket(b, len(first.buckets), [replica.grads[b] for replica in group],
+                              [param.shape for param in first[layout.first:layout.stop]], layout.first,
+                              [shard_range(layout.end - layout.start, k, i) for i in range(k)] if scatter else None)
+                   for b, layout in enumerate(first.buckets)]
+        if len(self._buckets) >= 1024:   # groups of another layout: forget the oldest
+            self._buckets.pop(next(iter(self._buckets)))
+        self._buckets[key] = (list(group), buckets)
+        return buckets
 
     def _comm(self, index, num_buckets, first_bucket=0):
         # the first layers' bucket (reduced last, needed first by the next forward) gets the highest priority

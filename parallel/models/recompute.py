@@ -172,9 +172,21 @@ class Blocks:
                 raise ValueError(f"segments {a!r} and {b!r} do not follow each other in the replica's arrays")
         self.segments, self.recompute = segments, bool(recompute)
         self.hooks, self.algorithm, self.retain_graph = hooks or BlockHooks(), algorithm, retain_graph
+        self._ranked = any(isinstance(segment.net, RankedNet) for segment in segments)
 
     def __repr__(self):
         return f"Blocks({len(self.segments)} blocks{', recomputed' if self.recompute else ''})"
+
+    def _tape(self):
+        """A new tape for a forward of tensor-parallel blocks (their collectives' backward); None for blocks of one
+        rank, whose backward is autograd's own."""
+        return SegmentTape(self.algorithm) if self._ranked else None
+
+    def _backward(self, tape, heads, head_grads):
+        if tape is None:
+            autograd.backward(heads, head_grads, retain_graph=self.retain_graph)
+        else:
+            tape.backward(heads, head_grads, self.retain_graph)
 
     def _run(self, s, X_shards, parts, tape=None):
         return run_net(self.segments[s].net, X_shards, parts, tape)
@@ -188,7 +200,7 @@ class Blocks:
         hidden = list(X_shards)
         for s in range(len(self.segments)):
             self.hooks.before_forward(s, self._next(s))
-            hidden = self._run(s, hidden, parts[s][:len(hidden)], SegmentTape(self.algorithm))
+            hidden = self._run(s, hidden, parts[s][:len(hidden)], self._tape())
         return hidden
 
     def forward(self, X_shards, parts, scratch=None):
@@ -198,7 +210,7 @@ class Blocks:
         ``parts``). Several forwards may be pending at once (a pipeline's micro-batches)."""
         hidden, n = list(X_shards), len(self.segments)
         if not self.recompute:
-            tape = SegmentTape(self.algorithm)
+            tape = self._tape()
             for s in range(n):
                 self.hooks.before_forward(s, self._next(s))
                 hidden = self._run(s, hidden, parts[s][:len(hidden)], tape)
@@ -209,11 +221,11 @@ class Blocks:
             for s in range(n - 1):
                 self.hooks.before_forward(s, self._next(s))
                 kept.append(hidden)
-                hidden = self._run(s, hidden, scratch[s][:len(hidden)], SegmentTape(self.algorithm))
+                hidden = self._run(s, hidden, scratch[s][:len(hidden)], self._tape())
         if n > 1:
             hidden = detached(hidden)
         self.hooks.before_forward(n - 1, None)
-        tape = SegmentTape(self.algorithm)
+        tape = self._tape()
         return self._run(n - 1, hidden, parts[n - 1][:len(hidden)], tape), Pending(tape, kept, hidden, len(X_shards))
 
     def backward(self, pending, heads, head_grads=None, parts=None):
@@ -224,8 +236,8 @@ class Blocks:
         n = len(self.segments)
         for s in reversed(range(len(pending.kept), n)):   # the blocks recorded in the forward
             self.hooks.before_backward(s)
-        if heads:   # an empty micro-batch computed nothing; its hooks still run
-            pending.tape.backward(heads, head_grads, self.retain_graph)
+        if len(heads):   # an empty micro-batch computed nothing; its hooks still run
+            self._backward(pending.tape, heads, head_grads)
         if not self.recompute:
             for s in reversed(range(n)):
                 self.hooks.after_backward(s, pending.active)
@@ -238,11 +250,11 @@ class Blocks:
             if s > 0:   # the first block's input is the data, or the caller's leaf (a pipeline stage's input)
                 inputs = detached(inputs)
             self.hooks.before_forward(s, s - 1 if s else None, recompute=True)
-            tape = SegmentTape(self.algorithm)
+            tape = self._tape()
             with autograd.record(train_mode=True):
                 outputs = self._run(s, inputs, parts[s][:len(inputs)], tape)
             if grads:
-                tape.backward(flat_arrays(outputs), grads, self.retain_graph)
+                self._backward(tape, flat_arrays(outputs), grads)
             self.hooks.after_backward(s, pending.active)
             hidden = inputs
 

@@ -158,8 +158,6 @@ class Hybrid(Strategy, Replicas):
         ``sharded[c][t]``: chunk ``c``'s rank ``t``'s arrays sharded over the replicas; with ZeRO-3.
     """
 
-    adds_gradients = True
-
     def __init__(self, params, ctx_list, layout=None, reducer=None, prefetch=False, stages=None, boundaries=None):
         if layout is None:
             layout = Layout("hybrid", stages=stages, boundaries=boundaries)
@@ -169,6 +167,9 @@ class Hybrid(Strategy, Replicas):
             raise BadType("layout", f"{{layout}} must be a parallel.Layout, got {type(layout).__name__}")
         self.layout = layout
         self.layout.check()
+        # a backward more than once a step (micro-batches), or shards that reductions add into (ZeRO-3): the step
+        # zeroes the gradients first and adds into them; else each backward writes them, as one context's step
+        self.adds_gradients = layout.micro > 1 or layout.zero == 3
         self.name, self.reducer = self.layout.strategy, as_reducer(reducer)
         self.prefetch = check_bool(prefetch, "prefetch")
         ctx_list = check_contexts(ctx_list)
@@ -240,7 +241,7 @@ class Hybrid(Strategy, Replicas):
         parts = [[[own[d][t][s] for t in range(p.tensor)] for d in range(p.data)] for s in range(len(segments))]
         scratch = [[[spare[d][t][s] for t in range(p.tensor)] for d in range(p.data)] for s in range(len(segments))]
         blocks = Blocks(segments, recompute=self.layout.recompute, algorithm=self.reducer.algorithm,
-                        retain_graph=True)
+                        retain_graph=self.layout.micro > 1)
         return Chunk(blocks, _per_rank(parts, p.tensor), _per_rank(scratch, p.tensor), contexts)
 
     def _sharded_chunk(self, c, segments, contexts, keys):
@@ -259,7 +260,7 @@ class Hybrid(Strategy, Replicas):
         parts = [[[group.parts[s][d] for group in groups] for d in range(p.data)] for s in range(len(segments))]
         scratch = [[[group.scratch[s][d] for group in groups] for d in range(p.data)] for s in range(len(segments))]
         blocks = Blocks(segments, recompute=True, hooks=ShardedHooks(groups), algorithm=self.reducer.algorithm,
-                        retain_graph=True)
+                        retain_graph=self.layout.micro > 1)
         return Chunk(blocks, _per_rank(parts, p.tensor), _per_rank(scratch, p.tensor), contexts)
 
     def _array_places(self):

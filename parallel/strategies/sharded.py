@@ -147,7 +147,7 @@ class ShardedGroup:
                          for ctx in self.ctx_list]
         self._grads = [mx.nd.zeros((largest,), ctx=ctx, dtype=dtype) for ctx in self.ctx_list]
         self._resident = [None] * len(self._buffers[0])   # the block each buffer slot holds gathered
-        self.parts, self.scratch, self._sums = [], [], []
+        self.parts, self.scratch, self._sums, self._copies, self._adds = [], [], [], [], []
         for s in range(len(self.units)):
             self._lay_out(s)
 
@@ -174,6 +174,33 @@ class ShardedGroup:
         self.parts.append(parts)
         self.scratch.append(scratch)
         self._sums.append(sums)
+        self._copies.append(self._gather_copies(s))
+        self._adds.append(self._owner_adds(s))
+
+    def _gather_copies(self, s):
+        """The copies a gather of block ``s`` makes in one process: ``(owner's chunk, place in a buffer)`` views."""
+        unit, copies = self.units[s], []
+        for own in self._buffers:
+            buffer = own[s % len(own)]
+            for i, shard in enumerate(self.shards):
+                part = unit.overlap(i, 0, unit.size)
+                if part:
+                    a, b, start = part
+                    copies.append((shard.data[start:start + b - a], buffer[a:b]))
+        return copies
+
+    def _owner_adds(self, s):
+        """What each owner adds after block ``s``'s reduce-scatter: ``(its shard's gradient, the summed piece's part,
+        the piece's context)`` views, the part of each piece that holds part of its chunk (one a context: its own
+        piece, whose chunk it is)."""
+        unit, adds = self.units[s], []
+        for i, shard in enumerate(self.shards):
+            for j in range(len(self.shards)):
+                part = unit.overlap(i, *unit.pieces[j])
+                if part is not None:
+                    lo, hi, start = part
+                    adds.append((shard.grads[0][start:start + hi - lo], self._grads[j][lo:hi], j != i))
+        return adds
 
     def __repr__(self):
         return f"ShardedGroup({len(self.units)} blocks over {len(self.ctx_list)} contexts)"
@@ -197,8 +224,8 @@ class ShardedGroup:
         buffers = [own[slot] for own in self._buffers]
         with exclusive(), collective("gather", [self._touched(i, b) for i, b in enumerate(buffers)]):
             if self.reducer.job is None:
-                for buffer in buffers:
-                    self._fill(s, buffer, 0, self.units[s].size)
+                for chunk, place in self._copies[s]:
+                    algorithms.copy_to(chunk, place)
             else:
                 self._gather_across(s, buffers)
 
@@ -235,17 +262,10 @@ class ShardedGroup:
             return
         with exclusive(), collective("reduce-scatter", [self._touched(i) for i in range(k)]):
             self.reducer.reduce_scatter(self._sums[s], active, self.keys.buckets + s)
-            for i, shard in enumerate(self.shards):
-                for j in range(k):   # the pieces that hold part of chunk i (in one process: piece i alone)
-                    part = unit.overlap(i, *unit.pieces[j])
-                    if part is None:
-                        continue
-                    lo, hi, start = part
-                    summed = self._grads[j][lo:hi]
-                    if j != i:
-                        summed = algorithms.receive(summed, shard.data.context, j)
-                    out = shard.grads[0][start:start + hi - lo]
-                    mx.nd.elemwise_add(out, summed, out=out)
+            for out, summed, elsewhere in self._adds[s]:
+                if elsewhere:
+                    summed = algorithms.receive(summed, out.context)
+                mx.nd.elemwise_add(out, summed, out=out)
 
     def chunks(self, flat, i):
         """Context ``i``'s chunks of every block of ``flat`` (the group's arrays, one flat array), one after the
