@@ -84,7 +84,7 @@ def _measure(roots, steps):
 
 def run(args, path):
     """Every layout under both versions, interleaved; the table and the JSON (at ``path``)."""
-    names = QUICK if args.quick else list(LAYOUTS)
+    names = QUICK if args.quick else [n for n in LAYOUTS if not args.layout or any(w in n for w in args.layout)]
     base = _checkout(args.base)
     try:
         roots = {"base": base, "this": harness.ROOT}
@@ -114,6 +114,8 @@ def main(argv=None):
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds; medians; default 5")
     parser.add_argument("--steps", type=int, default=10, help="timed steps a process; default 10")
     parser.add_argument("--quick", action="store_true", help="one round of two layouts, 3 steps: a smoke run")
+    parser.add_argument("--layout", action="append", metavar="TEXT",
+                        help="time only the layouts whose name contains TEXT (repeatable); default all")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     harness.add_out(parser, "versions.json")
     args = parser.parse_args(argv)
@@ -125,6 +127,9 @@ def main(argv=None):
 
     def check():
         harness.check_minimum([("--rounds", args.rounds), ("--steps", args.steps)])
+        for text in args.layout or ():
+            if not any(text in n for n in LAYOUTS):
+                raise ValueError(f"--layout {text!r} names no layout; give part of one of: {', '.join(LAYOUTS)}")
         return harness.results_path(args.out, "versions.json")
     return harness.command_status(check, lambda path: run(args, path))
 

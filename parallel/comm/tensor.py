@@ -191,8 +191,15 @@ class SegmentTape:
         parallel.validate.BadValue
             ``array`` is a parameter an earlier segment read.
         """
+        return self._read(array) if autograd.is_recording() else array
+
+    def read_each(self, arrays):
+        """``[read(a) for a in arrays]``, asking autograd once whether it records."""
+        return [self._read(a) for a in arrays] if autograd.is_recording() else list(arrays)
+
+    def _read(self, array):
         key = id(array)
-        if not autograd.is_recording() or key in self._leaf_ids:
+        if key in self._leaf_ids:
             return array
         if key in self._plain:
             return self._handle(array)

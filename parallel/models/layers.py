@@ -180,24 +180,31 @@ class RanksF:
             raise BadValue("values", f"{{values}} has {len(values)} values for {self.ranks} ranks; give one a rank")
         return _PerRank(values)
 
-    def _arg(self, value, t, read):
+    def _each(self, value, read):
+        """``value`` for every rank: a list of T values (rank ``t``'s at ``t``), or None when every rank gets
+        ``value`` itself. A ``Ranks``'s arrays are read through the tape, once, and appended to ``read``."""
         if isinstance(value, Ranks):
-            array = value.arrays[t] if self.tape is None else self.tape.read(value.arrays[t])
-            read.append(array)
-            return array
+            arrays = value.arrays if self.tape is None else self.tape.read_each(value.arrays)
+            read.extend(arrays)
+            return arrays
         if isinstance(value, _PerRank):
-            return value.values[t]
+            return value.values
         if isinstance(value, (list, tuple)) and any(isinstance(v, (Ranks, _PerRank)) for v in value):
-            return type(value)(self._arg(v, t, read) for v in value)
-        return value
+            items = [self._each(v, read) for v in value]
+            return [type(value)(v if each is None else each[t] for v, each in zip(value, items))
+                    for t in range(self.ranks)]
+        return None
 
     def apply(self, fn, *args, **kwargs):
         """``fn(*args_t, **kwargs_t)`` on each rank ``t`` (the arguments unwrapped as ``F.op``'s), recorded on the
         tape: a ``Ranks``, or a tuple of them for a function of several outputs. Queued; does not block."""
-        read, outputs = [], []
+        read = []
+        each_arg = [self._each(v, read) for v in args]
+        each_kwarg = {k: self._each(v, read) for k, v in kwargs.items()}
+        outputs = []
         for t in range(self.ranks):
-            outputs.append(fn(*[self._arg(v, t, read) for v in args],
-                              **{k: self._arg(v, t, read) for k, v in kwargs.items()}))
+            outputs.append(fn(*[v if each is None else each[t] for v, each in zip(args, each_arg)],
+                              **{k: v if each_kwarg[k] is None else each_kwarg[k][t] for k, v in kwargs.items()}))
         if isinstance(outputs[0], (list, tuple)):
             result = tuple(Ranks([out[i] for out in outputs], self) for i in range(len(outputs[0])))
             made = [a for r in result for a in r.arrays]
@@ -230,7 +237,7 @@ class RanksF:
         autograd and the others' parts as unrecorded copies, so backward hands rank ``t``'s part the gradient of
         its slice of rank ``t``'s copy (Megatron's split): every rank's output carries the whole gradient, as after
         g. Queued; does not block."""
-        arrays = [a if self.tape is None else self.tape.read(a) for a in x.arrays]
+        arrays = x.arrays if self.tape is None else self.tape.read_each(x.arrays)
         axis = axis % arrays[0].ndim
         gathered = []
         for t, own in enumerate(arrays):
@@ -483,14 +490,26 @@ def _rank_tables(parts):
     return tables
 
 
-def _rank_params(block, F, tables):
+def _plan(block):
+    """``[(child, {attribute: param.name})]``: every block of ``block`` (children first) and what its
+    ``hybrid_forward`` takes as parameters, worked out once per ``RankedNet``."""
+    plan = []
+    for child in _blocks(block):
+        if not isinstance(child, gluon.HybridBlock):
+            raise BadType("block", f"{{block}} runs on ranks through its blocks' hybrid_forward; "
+                                   f"{type(child).__name__} is not a HybridBlock")
+        plan.append((child, {attr: param.name for attr, param in _parameters(child).items()}))
+    return plan
+
+
+def _rank_params(names, F, tables):
     params = {}
-    for attr, param in _parameters(block).items():
-        missing = [t for t, table in enumerate(tables) if param.name not in table]
+    for attr, name in names.items():
+        missing = [t for t, table in enumerate(tables) if name not in table]
         if missing:
-            raise BadValue("parts", f"{{parts}}[{missing[0]}] has no array named {param.name}; give every rank "
-                                    "the block's arrays")
-        params[attr] = Ranks([table[param.name] for table in tables], F)
+            raise BadValue("parts", f"{{parts}}[{missing[0]}] has no array named {name}; give every rank the "
+                                    "block's arrays")
+        params[attr] = Ranks([table[name] for table in tables], F)
     return params
 
 
@@ -536,7 +555,11 @@ def run_ranks(block, X, parts, tape=None):
     arrays of its parameters; they are removed when it returns or raises. Not thread-safe: the block cannot run
     elsewhere meanwhile. Nothing waits; the work is queued on each rank's context.
     """
-    blocks = _blocks(block)
+    return _run_ranks(block, _plan(block), X, parts, tape)
+
+
+def _run_ranks(block, plan, X, parts, tape):
+    """``run_ranks`` with ``block``'s ``_plan`` given."""
     tape = SegmentTape() if tape is None else tape
     contexts = _contexts(X, parts)
     F = RanksF(len(contexts), tape)
@@ -547,12 +570,9 @@ def run_ranks(block, X, parts, tape=None):
         tape.parameters(list(arrays), arrays.names)
     saved = []
     try:
-        for child in blocks:
-            if not isinstance(child, gluon.HybridBlock):
-                raise BadType("block", f"{{block}} runs on ranks through its blocks' hybrid_forward; "
-                                       f"{type(child).__name__} is not a HybridBlock")
+        for child, names in plan:
             saved.append((child, vars(child).get("forward")))
-            child.forward = functools.partial(_forward_on_ranks, child, F, _rank_params(child, F, tables))
+            child.forward = functools.partial(_forward_on_ranks, child, F, _rank_params(names, F, tables))
         X = F.broadcast(X, contexts) if isinstance(X, mx.nd.NDArray) else Ranks(X.arrays, F)
         out = block(X)
     finally:
@@ -561,8 +581,8 @@ def run_ranks(block, X, parts, tape=None):
             if forward is not None:
                 vars(child)["forward"] = forward
     if isinstance(out, tuple):
-        return tuple(Ranks([tape.read(a) for a in r.arrays], F) for r in out)
-    return Ranks([tape.read(a) for a in out.arrays], F)
+        return tuple(Ranks(tape.read_each(r.arrays), F) for r in out)
+    return Ranks(tape.read_each(out.arrays), F)
 
 
 def _forward_on_ranks(block, F, params, x, *args):
@@ -578,10 +598,11 @@ class RankedNet:
 
     def __init__(self, block):
         self.block = block
+        self._plan = _plan(block)   # the block's layers and their parameters: fixed once it is built
 
     def __repr__(self):
         return f"RankedNet({type(self.block).__name__})"
 
     def forward_all(self, X_shards, parts, tape=None):
         """Each replica's output, a ``Ranks``; nothing waits."""
-        return [run_ranks(self.block, X, ranks, tape) for X, ranks in zip(X_shards, parts)]
+        return [_run_ranks(self.block, self._plan, X, ranks, tape) for X, ranks in zip(X_shards, parts)]
