@@ -38,6 +38,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -365,7 +366,8 @@ SIBLINGS = ("hvd-venv", "shared")
 
 def portable(value):
     """``value`` (JSON's types) with this machine's paths in its strings written as a reader types them: this
-    Python as ``python``, the repository's root as ``.``, what stands beside it (``SIBLINGS``) as ``../NAME``."""
+    Python as ``python``, the repository's root as ``.``, what stands beside it (``SIBLINGS``) as ``../NAME``, the
+    temporary directory (``tempfile.gettempdir()``, where a run's scratch files went) as ``$TMPDIR``."""
     if isinstance(value, dict):
         return {key: portable(item) for key, item in value.items()}
     if isinstance(value, list):
@@ -373,7 +375,8 @@ def portable(value):
     if not isinstance(value, str):
         return value
     places = [(os.path.join(os.path.dirname(ROOT), name), os.path.join(os.pardir, name)) for name in SIBLINGS]
-    for place, word in [(sys.executable, "python"), *places, (ROOT + os.sep, ""), (ROOT, ".")]:
+    for place, word in [(sys.executable, "python"), *places, (ROOT + os.sep, ""), (ROOT, "."),
+                        (tempfile.gettempdir() + os.sep, "$TMPDIR" + os.sep)]:
         value = value.replace(place, word)
     return value
 

@@ -151,3 +151,15 @@ def test_a_failing_or_hanging_child_is_an_error_and_leaves_nothing(harness, tmp_
         time.sleep(0.1)
     assert harness.proc_parent(grandchild) is None   # the whole group went
     assert harness.proc_parent(os.getpid()) == os.getppid() and harness.proc_environ(os.getpid())["PATH"]
+
+
+def test_recorded_paths_are_a_readers(harness):
+    """What a result records holds no path of this machine: the repository, this Python, the siblings and the
+    temporary directory are written as a reader types them; any other text is left as it is."""
+    import tempfile
+    root, tmp = harness.ROOT, tempfile.gettempdir()
+    recorded = harness.portable({"command": f"{sys.executable} {root}/benchmarks/x.py --out {tmp}/r/m.json",
+                                 "runs": [os.path.join(os.path.dirname(root), "shared", "peers"), root, 3],
+                                 "note": "/elsewhere/file"})
+    assert recorded == {"command": "python benchmarks/x.py --out $TMPDIR/r/m.json",
+                        "runs": [os.path.join(os.pardir, "shared", "peers"), ".", 3], "note": "/elsewhere/file"}
