@@ -280,8 +280,8 @@ def horovod_problem(args):
         return "--no-horovod"
     for flag, path in (("--horovodrun", args.horovodrun), ("--horovod-python", args.horovod_python)):
         if not os.access(path, os.X_OK):
-            return harness.portable(f"{path} not found ({flag}): create Horovod's venv as "
-                                    "../shared/peers/horovod/README.md says")
+            return (f"{path} not found ({flag}): create Horovod's venv as "
+                    "../shared/peers/horovod/README.md says")
     return None
 
 

@@ -38,6 +38,7 @@ import mxnet as mx
 from mxnet import autograd
 
 from ..comm.tensor import SegmentTape
+from ..trace import mark_backward_each
 from .layers import RankedNet
 
 __all__ = ["Recompute", "Segment", "Blocks", "BlockHooks", "Part", "run_net", "flat_arrays", "detached", "parts_of"]
@@ -254,7 +255,9 @@ class Blocks:
             with autograd.record(train_mode=True):
                 outputs = self._run(s, inputs, parts[s][:len(inputs)], tape)
             if grads:
-                self._backward(tape, flat_arrays(outputs), grads)
+                heads = flat_arrays(outputs)
+                mark_backward_each(heads)   # a trace's recomputed forward ends here, its backward follows
+                self._backward(tape, heads, grads)
             self.hooks.after_backward(s, pending.active)
             hidden = inputs
 
