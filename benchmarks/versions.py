@@ -18,7 +18,6 @@ layouts share the cores.
 import argparse
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 
@@ -28,6 +27,7 @@ import harness  # noqa: E402
 #: The layouts timed: name -> (model, make_strategy's arguments, contexts, batch). All exist at the base commit.
 LAYOUTS = {
     "data, LeNet, 2 contexts (unchanged: the control)": ("lenet", {"name": "data"}, 2, 256),
+    "data, ResNet-18, 2 contexts (unchanged: a larger control)": ("resnet18", {"name": "data"}, 2, 64),
     "data, ZeRO-2, LeNet, 2": ("lenet", {"name": "data", "zero": 2}, 2, 256),
     "data, recompute, LeNet, 2": ("lenet", {"name": "data", "recompute": True}, 2, 256),
     "model, LeNet, 2 stages": ("lenet", {"name": "model", "stages": 2}, 2, 256),
@@ -66,8 +66,7 @@ def child(name, steps):
 def _checkout(base):
     """A temporary worktree of this repository at ``base``; its directory."""
     where = tempfile.mkdtemp(prefix="parallel-base-")
-    subprocess.run(["git", "worktree", "add", "--detach", "--force", where, base], cwd=harness.ROOT, check=True,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    harness.run_process(["git", "worktree", "add", "--detach", "--force", where, base], timeout=300)
     return where
 
 
@@ -91,8 +90,10 @@ def run(args, path):
         samples = harness.interleave(_measure(roots, args.steps), [(n, v) for n in names for v in VERSIONS],
                                      args.rounds, "shuffle", progress="versions")
     finally:
-        subprocess.run(["git", "worktree", "remove", "--force", base], cwd=harness.ROOT, check=False,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            harness.run_process(["git", "worktree", "remove", "--force", base], timeout=300)
+        except harness.BenchmarkError:   # a worktree already gone: its directory below, git's record at the next prune
+            pass
         shutil.rmtree(base, ignore_errors=True)
     rows, records = [], []
     for name in names:
