@@ -1,6 +1,6 @@
 """The house rules of the package's layout, checked: every module says what it holds, no function is long, the
-registries need no MXNet, the commands take their choices from the registries, and no public function takes
-more than ``MAX_PARAMETERS`` parameters. The first and the last rules hold for the benchmark scripts too, which
+registries need no MXNet, the commands take their choices from the registries, no module imports another's private
+name, and no public function takes more than ``MAX_PARAMETERS`` parameters. The first and the last rules hold for the benchmark scripts too, which
 share what they have in common through ``benchmarks/harness.py``."""
 import ast
 import os
@@ -150,6 +150,25 @@ def test_imports_flow_one_way():
                     if _node(a) != _node(b) and layer[_node(b)] >= layer[_node(a)])
     assert not upward, "imports against the direction:\n" + "\n".join(upward)
     assert ("parallel.comm.reducer", "parallel.job") in edges   # the graph is really read
+
+
+def _private_imports(source):
+    """``(line, module, name)`` of each private name (``_x``, not a dunder) a module's ``from ... import`` takes."""
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and node.module != "__future__":
+            for alias in node.names:
+                if alias.name.startswith("_") and not alias.name.endswith("__"):
+                    yield node.lineno, "." * node.level + (node.module or ""), alias.name
+
+
+def test_no_module_imports_another_modules_private_name():
+    """What a module keeps private stays its own: a name another module needs is public (and documented); the
+    rule's reader finds what it must."""
+    assert list(_private_imports("from .idx import _KINDS, Dataset\nfrom __future__ import annotations\n"
+                                 "from x import __version__\n")) == [(1, ".idx", "_KINDS")]
+    found = [f"{module}:{line}: from {source} import {name}" for module in MODULES + BENCHMARKS
+             for line, source, name in _private_imports(open(os.path.join(ROOT, module)).read())]
+    assert not found, "private names imported:\n" + "\n".join(found)
 
 
 def _public_functions(tree):

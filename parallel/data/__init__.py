@@ -38,7 +38,7 @@ DATASETS = ("fashion-mnist", "synthetic")
 
 # Every public name of the submodules, by the submodule that defines it.
 _SOURCES = {
-    "idx": ["DataError", "Dataset", "read_idx", "write_idx", "IMAGE_SHAPE", "NUM_CLASSES"],
+    "idx": ["DataError", "Dataset", "read_idx", "write_idx", "IDX_KINDS", "IMAGE_SHAPE", "NUM_CLASSES"],
     "folder": ["FILES", "load_idx_dataset"],
     "fashion_mnist": ["FASHION_MNIST_MIRRORS", "FASHION_MNIST_SHA1", "DOWNLOAD_TIMEOUT", "default_data_dir",
                       "download_fashion_mnist", "load_fashion_mnist", "identify_dataset"],

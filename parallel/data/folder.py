@@ -16,7 +16,7 @@ take). Needs numpy, not MXNet.
 """
 import os
 
-from .idx import _IDX_KINDS, IMAGE_SHAPE, NUM_CLASSES, DataError, Dataset, read_idx
+from .idx import IDX_KINDS, IMAGE_SHAPE, NUM_CLASSES, DataError, Dataset, read_idx
 
 __all__ = ['FILES', 'load_idx_dataset']
 
@@ -76,8 +76,8 @@ def load_idx_dataset(data_dir):
         want = 3 if role.endswith('images') else 1
         if array.ndim != want:
             raise DataError('%s: holds %s (%d-d) but %s should be %d-d %ss; check the file names'
-                            % (paths[role], _IDX_KINDS[array.ndim] + 's', array.ndim,
-                               FILES[role], want, _IDX_KINDS[want]))
+                            % (paths[role], IDX_KINDS[array.ndim] + 's', array.ndim,
+                               FILES[role], want, IDX_KINDS[want]))
     for split in ('train', 'test'):
         images, labels = arrays[split + '_images'], arrays[split + '_labels']
         if len(images) != len(labels):

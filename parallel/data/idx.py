@@ -26,7 +26,7 @@ import numpy as np
 
 from ..files import atomic_write
 
-__all__ = ['DataError', 'Dataset', 'read_idx', 'write_idx', 'IMAGE_SHAPE', 'NUM_CLASSES']
+__all__ = ['DataError', 'Dataset', 'read_idx', 'write_idx', 'IMAGE_SHAPE', 'NUM_CLASSES', 'IDX_KINDS']
 
 #: The models (LeNet, ResNet-18) take 28x28 grey images and predict 10 classes.
 IMAGE_SHAPE = (28, 28)
@@ -34,7 +34,8 @@ NUM_CLASSES = 10
 
 _GZIP_MAGIC = b'\x1f\x8b'
 _IDX_UBYTE = 0x08
-_IDX_KINDS = {1: 'label', 3: 'image'}  # ndim -> what such a file holds
+#: What an IDX file of each number of dimensions holds.
+IDX_KINDS = {1: 'label', 3: 'image'}
 
 
 class DataError(ValueError):
@@ -120,7 +121,7 @@ def read_idx(path):
                         % (path, len(buf)))
     zero, dtype, ndim = struct.unpack('>HBB', buf[:4])
     magic = '0x%08x' % struct.unpack('>I', buf[:4])[0]
-    if zero != 0 or ndim not in _IDX_KINDS:
+    if zero != 0 or ndim not in IDX_KINDS:
         raise DataError('%s: bad magic number %s, expected 0x00000803 (images) or 0x00000801 (labels); '
                         'is it an uncompressed MNIST-format IDX file?' % (path, magic))
     if dtype != _IDX_UBYTE:
@@ -164,7 +165,7 @@ def write_idx(path, array):
     if not isinstance(array, np.ndarray) or array.dtype != np.uint8:
         raise TypeError('write_idx needs a numpy uint8 array, got %s; convert with array.astype(np.uint8)'
                         % (type(array).__name__ if not isinstance(array, np.ndarray) else array.dtype))
-    if array.ndim not in _IDX_KINDS:
+    if array.ndim not in IDX_KINDS:
         raise ValueError('write_idx writes 1-d labels or 3-d images, got an array of shape %s'
                          % (array.shape,))
     if any(d >= 2 ** 32 for d in array.shape):

@@ -176,6 +176,13 @@ class Model:
         raise NotImplementedError
 
 
+def _has_children(block):
+    """Whether the gluon ``block`` holds blocks of its own (``Block.apply`` visits them, then the block)."""
+    seen = []
+    block.apply(seen.append)
+    return len(seen) > 1
+
+
 class LeNetModel(Model):
     """The from-scratch LeNet: eight arrays (``LENET_SHAPES``), run by ``lenet_cached``, cut between the layers
     of ``LENET_LAYERS``, exported with ``export_lenet``."""
@@ -300,7 +307,7 @@ class GluonModel(Model):
         children = []
         for child in initial:
             inner = list(child) if isinstance(child, gluon.nn.HybridSequential) else []
-            children.extend(inner if inner and all(c._children for c in inner) else [child])
+            children.extend(inner if inner and all(_has_children(c) for c in inner) else [child])
         return children
 
     @staticmethod
