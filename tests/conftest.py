@@ -345,6 +345,13 @@ def assert_same_arrays(got, want):
             np.testing.assert_array_equal(g, w)
 
 
+def assert_close_to_scale(got, want, rtol):
+    """Each array of ``got`` within ``rtol`` of its ``want``'s scale (the largest magnitude in it): how the tests
+    compare a model trained one way with one context's, where an element near zero has no relative error."""
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=0, atol=rtol * np.abs(w).max())
+
+
 def small_resnet():
     """A gluon HybridSequential shaped as ResNet-18 is (a stem, a stage of blocks with BatchNorm, pooling and a dense
     head), small enough for the fast tier."""

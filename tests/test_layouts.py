@@ -19,7 +19,8 @@ from parallel.models.vit import init_vit
 from parallel.optim import SGD
 from parallel.strategies import make_strategy
 from parallel.train import main
-from conftest import contexts, in_threads, load_benchmark, start_process, stop_process, write_idx_files
+from conftest import (assert_close_to_scale, contexts, in_threads, load_benchmark, start_process, stop_process,
+                      write_idx_files)
 
 #: The fifteen layouts: the eleven once refused (the tenth compresses: it trains, not the same sums), the two of the
 #: eleventh that name a job, and the four accepted before. Each: the layout and how many contexts it takes.
@@ -69,11 +70,6 @@ def _train(strategy, layout, batches):
     return [p.asnumpy() for p in strategy.params()]
 
 
-def _close_to_scale(got, want, rtol):
-    for g, w in zip(got, want):
-        np.testing.assert_allclose(g, w, rtol=0, atol=rtol * np.abs(w).max())
-
-
 @pytest.fixture(scope="module")
 def one_context():
     """The ViT in float64 trained on one context, momentum SGD."""
@@ -85,7 +81,7 @@ def test_every_layout_trains_the_one_context_vit(name, one_context):
     layout, k = {**LAYOUTS, **MORE}[name]
     strategy = make_strategy(layout, init_vit(0, dtype="float64"), contexts(k))
     got = _train(strategy, layout, _batches("float64"))
-    _close_to_scale(got, one_context, 1e-12)
+    assert_close_to_scale(got, one_context, 1e-12)
     initial = [p.data().asnumpy() for p in init_vit(0, dtype="float64").collect_params().values()]
     assert max(np.abs(a - b).max() for a, b in zip(got, initial)) > 1e-3   # it trained
 
@@ -98,10 +94,10 @@ def test_the_compressed_tensor_layout_trains_close_to_one_context():
     strategy = make_strategy(layout, init_vit(0), contexts(k), reducer=reducer)
     got = _train(strategy, layout, _batches("float32"))
     want = _train(make_strategy("data", init_vit(0), contexts(1)), Layout(), _batches("float32"))
-    _close_to_scale(got, want, 1e-2)
+    assert_close_to_scale(got, want, 1e-2)
     assert len(reducer.codec.residuals) >= 2 * 2   # each rank's group, on its 2 replicas' contexts
     with pytest.raises(AssertionError):
-        _close_to_scale(got, want, 1e-7)   # fp16's rounding is there
+        assert_close_to_scale(got, want, 1e-7)   # fp16's rounding is there
 
 
 @pytest.mark.parametrize("name", sorted(JOBS))
@@ -117,7 +113,7 @@ def test_the_job_layouts_train_the_one_context_vit_in_threads(name, one_context,
     first, second = in_threads(2, work)[0]
     for a, b in zip(first, second):
         np.testing.assert_array_equal(a, b)
-    _close_to_scale(first, one_context, 1e-12)
+    assert_close_to_scale(first, one_context, 1e-12)
 
 
 @pytest.mark.parametrize("layout, model, error, says", [

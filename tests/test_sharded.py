@@ -13,8 +13,8 @@ from parallel.optim import SGD, Adam, memory_table
 from parallel.strategies import make_strategy
 from parallel.strategies import FullyShardedDataParallel
 from parallel.train import main
-from conftest import (assert_same_arrays, contexts, easy_dataset, in_threads, make_batches, small_resnet,
-                      write_idx_files)
+from conftest import (assert_close_to_scale, assert_same_arrays, contexts, easy_dataset, in_threads, make_batches,
+                      small_resnet, write_idx_files)
 
 SIZES = (12, 12, 7, 2)   # the last batch leaves contexts idle at K = 3, 4
 
@@ -135,8 +135,7 @@ def test_zero_3_with_another_allreduce_is_its_zero_0(algorithm):
                  _optimizer("momentum", 3))
     if algorithm == "naive":
         assert_same_arrays(got, want)
-    for g, w in zip(got[0], want[0]):
-        np.testing.assert_allclose(g, w, rtol=0, atol=1e-6 * np.abs(w).max())
+    assert_close_to_scale(got[0], want[0], 1e-6)
 
 
 @pytest.mark.parametrize("k", [1, 3])
@@ -213,8 +212,7 @@ def test_two_workers_times_two_contexts_sharded_is_bitwise_zero_0_in_the_same_jo
 def test_a_sharded_job_with_momentum_is_one_context_to_rounding(threads_reduce_at_once):
     (params, _, _), _ = _train_in_job(3, "momentum")
     want = _train(make_strategy("data", init_lenet_params(seed=0), contexts(1)), _optimizer("momentum", 0))[0]
-    for g, w in zip(params, want):
-        np.testing.assert_allclose(g, w, rtol=0, atol=1e-5 * np.abs(w).max())
+    assert_close_to_scale(params, want, 1e-5)
 
 
 def test_a_sharded_job_with_batchnorm_and_micro_batches(threads_reduce_at_once):

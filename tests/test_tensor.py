@@ -16,7 +16,7 @@ from parallel.models import init_model
 from parallel.optim import SGD, AdamW, memory_table
 from parallel.strategies import Hybrid, make_strategy
 from parallel.train import main
-from conftest import contexts, easy_dataset, in_threads, make_batches, write_idx_files
+from conftest import assert_close_to_scale, contexts, easy_dataset, in_threads, make_batches, write_idx_files
 
 SIZES = (12, 12, 7, 2)   # the last batch leaves the second group idle on 4 contexts
 
@@ -25,11 +25,6 @@ def _train(strategy, optimizer, sizes=SIZES):
     for X, y in make_batches(list(sizes), seed=1):
         strategy.train_step(X, y, optimizer=optimizer)
     return [p.asnumpy() for p in strategy.params()]
-
-
-def _close_to_scale(got, want, rtol):
-    for g, w in zip(got, want):
-        np.testing.assert_allclose(g, w, rtol=0, atol=rtol * np.abs(w).max())
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +40,7 @@ def test_tensor_parallel_trains_the_one_context_model(tensor, k, one_context):
     strategy = make_strategy("data", init_model("vit", 0), contexts(k), tensor=tensor)
     assert isinstance(strategy, Hybrid) and len(strategy.replicas) == k // tensor
     got = _train(strategy, SGD(0.05, momentum=0.9))
-    _close_to_scale(got, one_context, 1e-5)
+    assert_close_to_scale(got, one_context, 1e-5)
     assert not np.array_equal(got[6], init_model("vit", 0)[1].attention.qkv.weight.data().asnumpy())   # it trained
 
 
@@ -57,7 +52,7 @@ def test_all_three_axes_train_the_one_context_model(stages, k, one_context):
     assert strategy.name == "hybrid" and len(strategy.ranges) == stages
     assert len(strategy.replicas) == k // (2 * stages) and len(strategy.groups()) == 2 * stages
     got = _train(strategy, SGD(0.05, momentum=0.9))
-    _close_to_scale(got, one_context, 1e-5)
+    assert_close_to_scale(got, one_context, 1e-5)
 
 
 def test_two_workers_of_tensor_groups_train_the_one_context_model(threads_reduce_at_once, one_context):
@@ -77,7 +72,7 @@ def test_two_workers_of_tensor_groups_train_the_one_context_model(threads_reduce
     for a, b in zip(first, second):
         np.testing.assert_array_equal(a, b)
     assert accuracy0 == accuracy1
-    _close_to_scale(first, one_context, 1e-5)
+    assert_close_to_scale(first, one_context, 1e-5)
 
 
 @pytest.mark.parametrize("tensor, k, stages", [(2, 2, None), (2, 8, 2)])
@@ -93,7 +88,7 @@ def test_clipping_counts_the_replicated_arrays_once(tensor, k, stages):
     strategy = make_strategy("data" if stages is None else "hybrid", init_model("vit", 0), contexts(k), stages,
                              tensor=tensor)
     assert strategy.replicas[0][0][1].copies and not strategy.replicas[0][0][0].copies
-    _close_to_scale(clipped(strategy), want, 1e-5)
+    assert_close_to_scale(clipped(strategy), want, 1e-5)
     unclipped = _train(make_strategy("data", init_model("vit", 0), contexts(1)), SGD(0.05, momentum=0.9))
     assert max(np.abs(a - b).max() for a, b in zip(unclipped, want)) > 1e-4   # the clip did act
 
@@ -109,7 +104,7 @@ def test_two_workers_of_stages_of_tensor_groups_train_the_one_context_model(thre
     first, second = in_threads(2, work)[0]
     for a, b in zip(first, second):
         np.testing.assert_array_equal(a, b)
-    _close_to_scale(first, one_context, 1e-5)
+    assert_close_to_scale(first, one_context, 1e-5)
 
 
 def test_zero_1_and_2_shard_each_ranks_state_over_the_groups_bitwise():
@@ -214,13 +209,13 @@ def test_a_checkpoint_moves_between_tensor_and_data_parallel_layouts(tmp_path):
     _, first = run("moved", "--epochs", "1", "--devices", "cpu:4", "--tensor", "2")
     assert first.model == "vit" and first.config["tensor"] == 2 and len(first.params) == 56
     moved, _ = run("moved", "--epochs", "2", "--devices", "cpu:1", "--resume")
-    _close_to_scale(moved, straight, 1e-5)
+    assert_close_to_scale(moved, straight, 1e-5)
     run("moved4", "--epochs", "1", "--devices", "cpu:4", "--tensor", "2")
     again, _ = run("moved4", "--epochs", "2", "--devices", "cpu:4", "--tensor", "4", "--resume")
-    _close_to_scale(again, straight, 1e-5)
+    assert_close_to_scale(again, straight, 1e-5)
     run("moved3d", "--epochs", "1", "--devices", "cpu:8", "--strategy", "hybrid", "--stages", "2", "--tensor", "2")
     three, _ = run("moved3d", "--epochs", "2", "--devices", "cpu:2", "--resume")
-    _close_to_scale(three, straight, 1e-5)
+    assert_close_to_scale(three, straight, 1e-5)
 
 
 def test_the_cli_trains_on_all_three_axes(tmp_path, capsys):
@@ -274,7 +269,7 @@ def test_a_job_of_tensor_groups_trains_the_one_context_model_through_the_cli(tmp
     from parallel.checkpoint import load_checkpoint
     job = [p.asnumpy() for p in load_checkpoint(str(tmp_path / "job")).params]
     one = [p.asnumpy() for p in load_checkpoint(str(tmp_path / "one")).params]
-    _close_to_scale(job, one, 1e-5)
+    assert_close_to_scale(job, one, 1e-5)
     assert main(args[:-1] + ["3", "--devices", "cpu:1", "--checkpoint-dir", str(tmp_path / "job"), "--resume"]) == 0
 
 
