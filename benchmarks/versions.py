@@ -17,6 +17,7 @@ layouts share the cores.
 """
 import argparse
 import os
+import shlex
 import shutil
 import sys
 import tempfile
@@ -103,7 +104,7 @@ def run(args, path):
         rows.append([name, f"{base_ms:.1f}", f"{this_ms:.1f}", f"{this_ms / base_ms:.2f}x"])
     print(f"ms a step, median of {args.rounds} interleaved round(s) of {args.steps} steps; base {args.base}\n")
     print("\n".join(harness.markdown_table(["layout", f"{args.base}", "this tree", "this / base"], rows)))
-    harness.write_json(path, {"command": "python benchmarks/versions.py " + " ".join(args.argv),
+    harness.write_json(path, {"command": "python benchmarks/versions.py " + shlex.join(args.argv),
                                    "settings": harness.run_settings(), "base": args.base, "rounds": args.rounds,
                                    "steps": args.steps, "layouts": records})
 

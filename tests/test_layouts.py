@@ -177,6 +177,7 @@ def test_every_layout_trains_one_epoch_of_digits_as_one_context(tmp_path):
     for i, (name, (layout, k)) in enumerate(sorted(JOBS.items())):
         got = _epoch(tmp_path, data_dir, f"job{i}", *_flags(layout, k), launch=True)
         gaps[name] = max(np.abs(g - w).max() for g, w in zip(got, want)) / scale
+    print("\n".join(f"{gap:.2e}  {name}" for name, gap in sorted(gaps.items(), key=lambda kv: kv[1])))  # with -s
     compressed = gaps.pop("tensor, compressed data-parallel sum")
     assert all(gap < 1e-5 for gap in gaps.values()), gaps
     assert 1e-7 < compressed < 1e-2, compressed
