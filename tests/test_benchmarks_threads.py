@@ -19,7 +19,7 @@ def test_quick_run_writes_every_setting(bench, tmp_path, capsys):
     assert bench.main(["--quick", "--out", str(tmp_path)]) == 0
     result = json.loads((tmp_path / "threads.json").read_text())
     threads = recommended_omp_threads()
-    assert result["command"] == f"python benchmarks/threads.py --quick --out {tmp_path}"
+    assert result["command"] == bench.harness.portable(f"python benchmarks/threads.py --quick --out {tmp_path}")
     assert result["machine"]["mxnet"] == mx.__version__ and result["machine"]["nproc"] >= 1
     settings = result["settings"]
     assert settings["threads"] == threads and settings["quick"] is True
