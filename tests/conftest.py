@@ -178,6 +178,27 @@ def load_benchmark(name):
     return module
 
 
+@pytest.fixture
+def make_cluster():
+    """``make_cluster(hosts=2, rate="1gbit")``: a started simulated cluster (``benchmarks/cluster.py``: a network
+    namespace a host, each with its own address, host name, shaped link and ssh), closed with everything on it when
+    the test ends; the test is skipped, with the reason, where one cannot be made (not root, no ``ip``/``tc``)."""
+    module = load_benchmark("cluster")
+    reason = module.unavailable()
+    if reason:
+        pytest.skip(f"a simulated cluster {reason}")
+    made = []
+
+    def make(hosts=2, rate="1gbit"):
+        cluster = module.Cluster(hosts, rate)
+        made.append(cluster)
+        cluster.start()
+        return cluster
+    yield make
+    for cluster in made:
+        cluster.close()
+
+
 def write_idx_files(directory, dataset):
     """Write ``dataset`` as the four raw IDX files of an MNIST-format directory; return the directory."""
     from parallel import write_idx
