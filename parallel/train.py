@@ -38,12 +38,27 @@ if __name__ == "__main__" and not __package__:   # python parallel/train.py: the
                      "python -m parallel.train ...\n")
     sys.exit(2)
 
+
+def _interrupted_while_importing(signum, frame):
+    """Ctrl-C before ``main`` runs (this module's imports take a moment on a busy machine): ``main``'s one line
+    and status 130, not a traceback from inside an import. Nothing has started that needs stopping."""
+    sys.stderr.write("error: interrupted\n")
+    sys.stderr.flush()
+    import os
+    os._exit(130)
+
+
+if __name__ == "__main__":
+    import signal
+    signal.signal(signal.SIGINT, _interrupted_while_importing)
+
 import argparse
 import contextlib
 import os
 import shlex
 
-from .cli import USAGE_STATUS, Parser, UsageError, finite_float, launched, users_input, warning_lines
+from .cli import (JOB_ENV, USAGE_STATUS, Parser, UsageError, finite_float, launched, restart_count, users_input,
+                  warning_lines)
 from .comm import ALGORITHMS, DEFAULT_ALGORITHM, DEFAULT_BUCKET_MB
 from .data import DATASETS
 from .config import FLAGS, layout_of_args, optimizer_defaults, run_config
@@ -279,6 +294,7 @@ def claim_outputs(args, stack):
     Raises ``UsageError`` naming the flag: a directory that cannot be created or written, one another run
     holds, an output that cannot be written or that two flags name.
     """
+    args.checkpoint_lock = None
     if args.checkpoint_dir is not None:
         directory = args.checkpoint_dir
         if os.path.exists(directory) and not os.path.isdir(directory):
@@ -288,7 +304,8 @@ def claim_outputs(args, stack):
         try:
             os.makedirs(directory, exist_ok=True)
             os.close(os.open(os.path.join(directory, LOCK_FILE), os.O_WRONLY | os.O_CREAT, 0o666))   # writable?
-            stack.enter_context(DirectoryLock(directory))
+            args.checkpoint_lock = stack.enter_context(DirectoryLock(directory, os.environ.get(JOB_ENV),
+                                                                     restart_count()))
         except OSError as e:
             raise UsageError(f"--checkpoint-dir {directory!r} cannot hold the checkpoint: "
                              f"{e.strerror or e}") from None
@@ -377,6 +394,7 @@ def main(argv=None):
     exits with 1.
     """
     argv = sys.argv[1:] if argv is None else list(argv)
+    _interrupts_raise()
     try:
         args = build_parser().parse_args(argv)
         args.argv = argv
@@ -397,6 +415,14 @@ def main(argv=None):
         print("error: interrupted", file=sys.stderr)
         return INTERRUPTED_STATUS
     return 0
+
+
+def _interrupts_raise():
+    """From here on Ctrl-C raises ``KeyboardInterrupt`` (Python's default), which ``main`` turns into its line;
+    undoes ``_interrupted_while_importing``."""
+    import signal
+    if signal.getsignal(signal.SIGINT) is _interrupted_while_importing:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _main_in_job():
