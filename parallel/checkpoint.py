@@ -623,12 +623,17 @@ class CheckpointWriter:
     """``fit``'s ``on_checkpoint`` that writes every ``Snapshot`` into ``directory`` (``save_checkpoint``), with the
     run's configuration ``config`` (a dict; ``check_compatible`` compares it on resume) and ``model``'s layout.
 
-    Raises ``CheckpointWriteError`` (one line naming the directory) when the disk refuses a write."""
+    Raises ``CheckpointWriteError`` (one line naming the directory) when the disk refuses a write, or when
+    ``lock`` (the directory's ``parallel.files.DirectoryLock``, if given) is no longer held: a later start of the
+    job took the directory over, and this process, cut off from it, must not write over its checkpoints."""
 
-    def __init__(self, directory, config, model="lenet"):
-        self.directory, self.config, self.model = os.fspath(directory), config, model
+    def __init__(self, directory, config, model="lenet", lock=None):
+        self.directory, self.config, self.model, self.lock = os.fspath(directory), config, model, lock
 
     def __call__(self, snapshot):
+        if self.lock is not None and not self.lock.held():
+            raise CheckpointWriteError(f"{self.directory!r} was taken over by a later start of this job (this "
+                                       "process was cut off from it); nothing written")
         try:
             save_checkpoint(self.directory, snapshot.params, snapshot.state, self.config, aux=snapshot.aux,
                             model=self.model, optimizer_state=snapshot.optimizer_state,

@@ -16,7 +16,7 @@ import contextlib
 import re
 
 __all__ = ["UsageError", "Parser", "flag_message", "users_input", "finite_float", "warning_lines", "RESTART_ENV",
-           "USAGE_STATUS", "restart_count", "launched"]
+           "JOB_ENV", "USAGE_STATUS", "restart_count", "launched"]
 
 #: The exit status of a command given input that cannot work. ``python -m parallel.launch --max-restarts`` does
 #: not restart a job whose worker exited with it: the same input would fail the same way again.
@@ -25,6 +25,11 @@ USAGE_STATUS = 2
 #: The environment variable ``python -m parallel.launch`` sets for every process of a job: 0 on its first start,
 #: r on its r-th restart. ``python -m parallel.train`` resumes from its ``--checkpoint-dir`` when it is >= 1.
 RESTART_ENV = "PARALLEL_RESTART"
+
+#: The environment variable ``python -m parallel.launch`` sets for every process of a job, the same at every
+#: start: a token of that launch. A restarted ``python -m parallel.train`` takes over its ``--checkpoint-dir``
+#: from a process of an earlier start of the same job (one cut off on a partitioned host still holds it).
+JOB_ENV = "PARALLEL_JOB"
 
 
 def restart_count(environ=None):

@@ -264,19 +264,29 @@ class DirectoryLock:
     refused: True
     """
 
-    def __init__(self, directory):
+    def __init__(self, directory, job=None, restart=0):
         self.directory = os.fspath(directory)
         self.path = os.path.join(self.directory, LOCK_FILE)
+        self.job, self.restart = job, restart
         self._fd = None
 
     def acquire(self):
-        """Take the lock, or raise ``DirectoryLocked`` at once (never waits). Returns ``self``."""
+        """Take the lock, or raise ``DirectoryLocked`` at once (never waits). Returns ``self``.
+
+        A process of a launched job (``job``: its token, ``restart``: which start) takes the lock over from a
+        process of an earlier start of the same job: the launcher gave that start up (its host lost or cut off),
+        so its processes, if alive, cannot reach the job any more. The lock file is replaced; the old holder
+        finds it gone (``held``) and writes nothing more."""
         while True:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o666)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 holder = _read_holder(fd)
+                if self._earlier_start(holder) and _same_file(fd, self.path):
+                    os.unlink(self.path)   # its flock stays on the unlinked file, ours goes on a new one
+                    os.close(fd)
+                    continue
                 os.close(fd)
                 raise DirectoryLocked(self.directory, holder) from None
             except BaseException:
@@ -285,20 +295,33 @@ class DirectoryLock:
             if _same_file(fd, self.path):
                 break
             os.close(fd)   # the holder removed the file as we opened it: lock the one that is there now
-        holder = {"pid": os.getpid(), "host": socket.gethostname(), "command": " ".join(sys.argv)}
+        holder = {"pid": os.getpid(), "host": socket.gethostname(), "command": " ".join(sys.argv), "job": self.job,
+                  "restart": self.restart}
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps(holder).encode(), 0)
         self._fd = fd
         _PENDING.add(self.path)
         return self
 
+    def _earlier_start(self, holder):
+        """Whether ``holder`` (what a lock file says) is a process of an earlier start of this process's job."""
+        return (self.job is not None and isinstance(holder, dict) and holder.get("job") == self.job
+                and isinstance(holder.get("restart"), int) and holder["restart"] < self.restart)
+
+    def held(self):
+        """Whether this lock is still the directory's: False once released, or taken over by a later start of
+        the job (``acquire``)."""
+        return self._fd is not None and _same_file(self._fd, self.path)
+
     def release(self):
         """Let go of the lock and remove the lock file (first, while still holding it: a process that opened
-        it meanwhile sees that it is gone once it gets the lock, and tries again)."""
+        it meanwhile sees that it is gone once it gets the lock, and tries again); a lock file that a later
+        start took over is left to it."""
         if self._fd is not None:
             fd, self._fd = self._fd, None
-            with contextlib.suppress(OSError):
-                os.unlink(self.path)
+            if _same_file(fd, self.path):
+                with contextlib.suppress(OSError):
+                    os.unlink(self.path)
             _PENDING.discard(self.path)
             os.close(fd)   # closing the descriptor drops the flock
 

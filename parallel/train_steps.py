@@ -240,7 +240,8 @@ def train(args, strategy, optimizer, dataset, checkpoint, stop, report, record):
     ``record`` into ``--checkpoint-dir`` (rank 0); raises ``TrainingStopped`` when a signal stopped it."""
     write = None   # every worker of a job takes part in gathering a checkpoint's state; rank 0 writes it
     if args.checkpoint_dir is not None:
-        write = CheckpointWriter(args.checkpoint_dir, record, args.model) if report.main_rank else _gathered
+        write = (CheckpointWriter(args.checkpoint_dir, record, args.model, args.checkpoint_lock) if report.main_rank
+                 else _gathered)
     with users_input(NonFiniteLossError, CheckpointWriteError, flags=FLAGS):
         fit(dataset, strategy, optimizer, run_config(args), on_epoch=report.epoch, on_checkpoint=write, stop=stop,
             resume=checkpoint)

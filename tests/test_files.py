@@ -149,3 +149,25 @@ def test_a_directory_lock_refuses_a_second_holder_until_released(tmp_path):
         assert lock.path.endswith(".lock")
     again = run_process([sys.executable, "-c", code], timeout=60)
     assert again.stdout.strip() == "acquired", again.stderr
+
+
+def test_a_later_start_of_the_same_job_takes_the_lock_over_and_the_earlier_holder_writes_nothing(tmp_path):
+    """A process cut off on a partitioned host still holds --checkpoint-dir when the launcher starts the job again
+    elsewhere: the new start (same job token, a later restart) takes it over; anyone else is still refused."""
+    from parallel.checkpoint import CheckpointWriteError, CheckpointWriter
+    from parallel.files import DirectoryLock, DirectoryLocked
+    earlier = DirectoryLock(tmp_path, job="abc", restart=0).acquire()
+    for job, restart in (("abc", 0), ("xyz", 5), (None, 1)):
+        with pytest.raises(DirectoryLocked, match="is in use by process"):
+            DirectoryLock(tmp_path, job=job, restart=restart).acquire()
+    assert earlier.held()
+    later = DirectoryLock(tmp_path, job="abc", restart=1).acquire()
+    assert later.held() and not earlier.held()
+    with pytest.raises(CheckpointWriteError, match="was taken over by a later start of this job"):
+        CheckpointWriter(tmp_path, {}, lock=earlier)(None)
+    earlier.release()   # leaves the later start's lock file alone
+    assert later.held()
+    with pytest.raises(DirectoryLocked):
+        DirectoryLock(tmp_path, job="abc", restart=1).acquire()
+    later.release()
+    assert not os.path.exists(tmp_path / ".lock") and not later.held()

@@ -417,3 +417,53 @@ def test_workers_that_disagree_end_the_job_with_a_diagnosis(case, tmp_path, mark
     assert "Python stack of its main thread" in result.stderr
     assert MARK not in result.stdout and "##parallel-flight##" not in result.stdout + result.stderr
     assert_nothing_left(mark)
+
+
+# ssh mode's plan: what each remote process gets (no ssh run here).
+
+def _ssh_plan(tmp_path, monkeypatch, *flags, hosts=("h1", "h2")):
+    from parallel.launch.cli import build_parser, check_args
+    from parallel.launch.processes import plan_processes
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("".join(f"{h}\n" for h in hosts))
+    args = build_parser().parse_args(["--launcher", "ssh", "-H", str(hostfile), "--scheduler-host", "10.0.0.1",
+                                      *flags, "python", "job.py"])
+    check_args(args)
+    return args, plan_processes(args)
+
+
+def test_ssh_puts_one_server_on_each_host_and_sends_what_a_local_process_inherits(tmp_path, monkeypatch):
+    monkeypatch.setenv("MXNET_CPU_TEMP_COPY", "64")
+    monkeypatch.setenv("DMLC_PS_VAN_TYPE", "p3")
+    monkeypatch.setenv("HOME_SECRET", "not sent")
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    args, specs = _ssh_plan(tmp_path, monkeypatch, "-n", "4")
+    remote = [s for s in specs if s.role != "scheduler"]
+    assert [(s.role, s.host) for s in remote] == [("server", "h1"), ("server", "h2"), ("worker", "h1"),
+                                                 ("worker", "h2"), ("worker", "h1"), ("worker", "h2")]
+    command = remote[0].argv[-1]
+    assert "MXNET_CPU_TEMP_COPY=64" in command and "DMLC_PS_VAN_TYPE=p3" in command
+    assert "HOME_SECRET" not in command and "DMLC_NUM_SERVER=2" in command
+    assert f"PARALLEL_JOB={args.job}" in command
+    # 3 processes a host (a server, two workers): each gets a third of that host's cores, read there
+    assert '"OMP_NUM_THREADS=$(( $(nproc) / 3 > 0 ? $(nproc) / 3 : 1 ))"' in command
+    assert remote[0].argv[remote[0].argv.index("-o") + 1] == "ServerAliveInterval=15"   # --host-timeout 60
+
+
+def test_ssh_keeps_the_users_threads_servers_and_keepalives(tmp_path, monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    _, specs = _ssh_plan(tmp_path, monkeypatch, "-n", "2", "-s", "1", "--host-timeout", "0",
+                         "--ssh-option", "ServerAliveInterval=7")
+    remote = [s for s in specs if s.role != "scheduler"]
+    assert [s.role for s in remote] == ["server", "worker", "worker"]
+    command = remote[1].argv[-1]
+    assert "OMP_NUM_THREADS=3" in command and "nproc" not in command
+    options = [remote[1].argv[i + 1] for i, word in enumerate(remote[1].argv) if word == "-o"]
+    assert "ServerAliveInterval=7" in options and not any(o.startswith("ServerAliveCountMax") for o in options)
+
+
+@pytest.mark.parametrize("value", ["-1", "nan", "2e6"])
+def test_a_bad_host_timeout_is_one_line(value, capsys):
+    assert main(["-n", "1", "--host-timeout", value, "python", "x.py"]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("error: --host-timeout must be")

@@ -4,10 +4,12 @@ import argparse
 import atexit
 import re
 import sys
+import uuid
 
 from ..cli import USAGE_STATUS, Parser, UsageError
 from .hosts import check_port, default_scheduler_host, free_port, parse_hostfile
 from .job import Job, Signals, plan_start, write_line
+from .processes import default_servers
 from .restarts import Failure, decide
 from .watchdog import Watchdog
 
@@ -29,7 +31,8 @@ def build_parser():
                              "workers as there are available hosts (--host-discovery-script, or the hostfile's "
                              "reachable hosts), at least MIN, at most MAX")
     parser.add_argument("-s", "--num-servers", type=int, default=None,
-                        help="number of servers (>= 1); default: as many as workers")
+                        help="number of servers (>= 1); default: as many as workers, or with --launcher ssh one on "
+                             "each host that runs a worker")
     parser.add_argument("--launcher", choices=["local", "ssh"], default="local",
                         help="local: every process on this machine; ssh: workers and servers on the hostfile's "
                              "hosts; default local")
@@ -53,6 +56,10 @@ def build_parser():
                         help="end the job when no worker has printed a line for SEC seconds (at most 1000000); "
                              "default 0 (off). Workers whose collectives disagree (one a step short) end the job "
                              "without it, with a diagnosis from their flight records")
+    parser.add_argument("--host-timeout", type=float, default=60.0, metavar="SEC",
+                        help="ssh: end the job when a host has not answered ssh's keepalives for SEC seconds (a host "
+                             "lost or cut off; a busy host still answers); with --max-restarts the job starts again "
+                             "on the hosts that answer; 0 turns it off (at most 1000000); default 60")
     parser.add_argument("--grace", type=float, default=5.0, metavar="SEC",
                         help="when stopping processes: SIGTERM, then SIGKILL after SEC seconds (at most 1000000; inf "
                              "is refused); default 5")
@@ -116,12 +123,15 @@ def check_args(args):
             raise UsageError("--host-discovery-script with --launcher ssh needs --scheduler-host, an address of "
                              "this machine the hosts can reach")
         args.scheduler_host = args.scheduler_host or default_scheduler_host(args.hosts)
+        if not args.fixed_servers and args.hosts:
+            args.num_servers = default_servers(args.hosts, args.num_workers)
     else:
         for flag, value in (("-H/--hostfile", args.hostfile), ("--ssh-option", args.ssh_option or None),
                             ("--scheduler-host", args.scheduler_host)):
             if value is not None:
                 raise UsageError(f"{flag} applies to --launcher ssh; add --launcher ssh to run on other hosts")
         args.hosts, args.scheduler_host = [("127.0.0.1", None)], "127.0.0.1"
+    args.job = uuid.uuid4().hex[:16]   # the same at every start (JOB_ENV)
     args.fresh_port = args.port is None   # a restarted job gets a fresh port too
     if args.port is None:
         args.port = free_port()
@@ -135,10 +145,12 @@ def _check_seconds(args):
         raise UsageError(f"--start-timeout must be > 0 seconds, got {args.start_timeout}")
     if not args.stall_timeout >= 0:
         raise UsageError(f"--stall-timeout must be >= 0 seconds (0 turns it off), got {args.stall_timeout}")
+    if not args.host_timeout >= 0:
+        raise UsageError(f"--host-timeout must be >= 0 seconds (0 turns it off), got {args.host_timeout}")
     if not args.grace >= 0:
         raise UsageError(f"--grace must be >= 0 seconds, got {args.grace}")
     for flag, seconds in (("--start-timeout", args.start_timeout), ("--stall-timeout", args.stall_timeout),
-                          ("--grace", args.grace)):
+                          ("--host-timeout", args.host_timeout), ("--grace", args.grace)):
         if not seconds <= MAX_SECONDS:
             raise UsageError(f"{flag} must be at most {MAX_SECONDS:.0f} seconds (11 days), got {seconds}")
 

@@ -15,7 +15,8 @@ import time
 
 from ..flight import INTERVAL, STILL, diagnose, format_records, parse_line, positions
 from .hosts import available_slots, free_port
-from .processes import GROUP_GONE_SECONDS, kill_group, plan_processes, user_wants_ps_log, wait_group_gone
+from .processes import (GROUP_GONE_SECONDS, default_servers, kill_group, plan_processes, user_wants_ps_log,
+                        wait_group_gone)
 from .restarts import (DIVERGED, INTERRUPTED, NOT_STARTED, PROCESS_FAILED, STALL_TIMEOUT, START_TIMEOUT, SUCCESS,
                        TOO_FEW_HOSTS, Ending, Failure)
 
@@ -34,6 +35,8 @@ _PS_CHATTER = re.compile(r"ps-lite/src/[\w./]+:\d+: (Bind to |assign rank=|Barri
                          r"H\[\d+\] is stopp)")
 # ssh's own note when a -tt session ends.
 _SSH_CLOSED = re.compile(r"^Connection to \S+ closed\.$")
+# ssh's line when a host stopped answering its keepalives (ServerAliveInterval x ServerAliveCountMax).
+_SSH_TIMEOUT = re.compile(r"^Timeout, server (\S+) not responding\.$")
 
 _TAIL_LINES = 20
 _READER_JOIN_SECONDS = 2.0
@@ -42,6 +45,17 @@ _READER_JOIN_SECONDS = 2.0
 _STACK_WAIT_SECONDS = STILL + 2.0
 # When a process fails, how long the launcher waits for the workers' latest records (published every INTERVAL).
 _FAILURE_RECORD_SECONDS = 5 * INTERVAL
+
+
+def _host_not_responding(child):
+    """The host an ssh child gave up on (OpenSSH's ``Timeout, server HOST not responding.``, status 255), or None."""
+    if child.spec.host is None or child.returncode != 255:
+        return None
+    for line in reversed(child.tail):
+        found = _SSH_TIMEOUT.match(line.strip())
+        if found:
+            return found.group(1)
+    return None
 
 
 def describe_status(returncode):
@@ -258,6 +272,12 @@ class Job:
         return Failure(PROCESS_FAILED, message, returncode=child.returncode)
 
     def _failure_message(self, child):
+        lost = _host_not_responding(child)
+        if lost is not None:
+            there = [c.spec.name for c in self.children if c.spec.host == child.spec.host]
+            return (f"host {lost} stopped answering: no reply to ssh's keepalives for {self.args.host_timeout:g} s "
+                    f"(--host-timeout); {' and '.join(there)} there {'is' if len(there) == 1 else 'are'} cut off, and "
+                    "the job's other processes wait for them in its collectives")
         lines = [line.strip() for line in child.tail if line.strip()]
         output = f"its last output: {' | '.join(lines)}" if lines else "it printed nothing"
         return f"{child.describe()} {describe_status(child.returncode)}; {output}"
@@ -339,5 +359,6 @@ def plan_start(args, restart, signals):
         start.num_workers = min(args.max_workers, len(slots))
         start.hosts = slots[:start.num_workers]
         if not args.fixed_servers:
-            start.num_servers = start.num_workers
+            start.num_servers = (default_servers(start.hosts, start.num_workers) if args.launcher == "ssh"
+                                 else start.num_workers)
     return start

@@ -1,17 +1,24 @@
 """The processes of one start of the launcher's job: the plan (scheduler, servers, workers), their environment
 and ssh command lines, and their process groups (signal one, wait until it is gone)."""
+import collections
 import os
 import shlex
 import sys
 import time
 
-from ..cli import RESTART_ENV
+from ..cli import JOB_ENV, RESTART_ENV
 from ..flight import ENV as FLIGHT_ENV
 
 __all__ = ["Spec", "plan_processes", "ssh_argv", "user_wants_ps_log", "kill_group", "wait_group_gone",
-           "GROUP_GONE_SECONDS"]
+           "GROUP_GONE_SECONDS", "FORWARDED", "forwarded_env", "worker_hosts", "default_servers", "server_hosts",
+           "keepalive_options"]
 
 GROUP_GONE_SECONDS = 2.0
+
+#: What of the launcher's environment reaches every process on another host (ssh mode), where sshd starts each
+#: command in a fresh environment: the variables that change how MXNet, its OpenMP, ps-lite and this package run
+#: (names beginning so), as a local process inherits them. Everything else passes with ``--env`` only.
+FORWARDED = ("MXNET_", "OMP_", "KMP_", "PS_", "DMLC_", "PARALLEL_", "PYTHONHASHSEED", "PYTHONUNBUFFERED")
 
 
 def _omp_threads(num_processes):
@@ -42,6 +49,62 @@ class Spec:
         return "scheduler" if self.role == "scheduler" else f"{self.role} {self.index}"
 
 
+def forwarded_env(environ=None):
+    """The variables of ``environ`` (default this process's) that ``FORWARDED`` sends to other hosts.
+
+    >>> forwarded_env({"MXNET_CPU_TEMP_COPY": "64", "OMP_NUM_THREADS": "2", "HOME": "/root", "PATH": "/bin"})
+    {'MXNET_CPU_TEMP_COPY': '64', 'OMP_NUM_THREADS': '2'}
+    """
+    environ = os.environ if environ is None else environ
+    return {name: value for name, value in environ.items() if name.startswith(FORWARDED)}
+
+
+def worker_hosts(hosts, num_workers):
+    """Where each of ``num_workers`` workers runs: the hosts of a hostfile (or of discovery) in turn.
+
+    >>> worker_hosts([("h1", None), ("h2", None)], 3)
+    [('h1', None), ('h2', None), ('h1', None)]
+    """
+    return [hosts[i % len(hosts)] for i in range(num_workers)]
+
+
+def default_servers(hosts, num_workers):
+    """How many servers a job of ``num_workers`` on ``hosts`` gets unless ``-s`` says: one on each host that
+    runs a worker (BytePS's and ps-lite's own placement: every host's link carries its share of the sums, and a
+    host's workers reach one server without crossing it).
+
+    >>> default_servers([("h1", None), ("h2", None)], 4), default_servers([("h1", None), ("h2", None)], 1)
+    (2, 1)
+    """
+    return len(set(worker_hosts(hosts, num_workers)))
+
+
+def server_hosts(hosts, num_servers):
+    """Where each of ``num_servers`` servers runs: the distinct hosts of ``hosts`` (the workers', in order), one
+    server each in turn, so that the servers of a job spread over its hosts.
+
+    >>> server_hosts([("h1", None), ("h1", None), ("h2", 22)], 3)
+    [('h1', None), ('h2', 22), ('h1', None)]
+    """
+    distinct = list(dict.fromkeys(hosts))
+    return [distinct[i % len(distinct)] for i in range(num_servers)]
+
+
+def keepalive_options(host_timeout, options=()):
+    """The ``-o`` options that make ssh give up on a host that stops answering within ``host_timeout`` seconds:
+    a probe every quarter of it, the fourth unanswered one ends ssh with status 255 (OpenSSH's
+    ``ServerAliveInterval``/``ServerAliveCountMax``); none when it is 0 or the user gave ``ServerAliveInterval``.
+
+    >>> keepalive_options(60)
+    ['ServerAliveInterval=15', 'ServerAliveCountMax=3']
+    >>> keepalive_options(60, ["ServerAliveInterval=5"]), keepalive_options(0)
+    ([], [])
+    """
+    if not host_timeout or any(o.lower().startswith("serveraliveinterval=") for o in options):
+        return []
+    return [f"ServerAliveInterval={host_timeout / 4:g}", "ServerAliveCountMax=3"]
+
+
 def _extra_env(args):
     """The ``--env`` variables: NAME:VALUE as given, NAME from this environment (skipped when unset)."""
     env = {}
@@ -65,7 +128,7 @@ def plan_processes(args):
     """
     common = {"DMLC_PS_ROOT_URI": args.scheduler_host, "DMLC_PS_ROOT_PORT": str(args.port),
               "DMLC_NUM_SERVER": str(args.num_servers), "DMLC_NUM_WORKER": str(args.num_workers),
-              RESTART_ENV: str(getattr(args, "restart", 0))}
+              RESTART_ENV: str(getattr(args, "restart", 0)), JOB_ENV: args.job}
     extra = _extra_env(args)
     scheduler_env = dict(common, DMLC_ROLE="scheduler", DMLC_NODE_HOST=args.scheduler_host, OMP_NUM_THREADS="1")
     if not user_wants_ps_log():
@@ -74,30 +137,38 @@ def plan_processes(args):
     threads = {} if "OMP_NUM_THREADS" in os.environ or "OMP_NUM_THREADS" in extra else {
         "OMP_NUM_THREADS": str(_omp_threads(args.num_workers + args.num_servers))}
     unbuffered = {} if "PYTHONUNBUFFERED" in os.environ else {"PYTHONUNBUFFERED": "1"}
-    for role, count, command in (("server", args.num_servers, [sys.executable, "-c", "import mxnet"]),
-                                 ("worker", args.num_workers, list(args.command))):
-        for i in range(count):
-            host, ssh_port = args.hosts[i % len(args.hosts)]
+    workers = worker_hosts(args.hosts, args.num_workers)
+    places = {"server": server_hosts(workers, args.num_servers), "worker": workers}
+    sharing = collections.Counter(host for role in places for host, _ in places[role])
+    for role, command in (("server", [sys.executable, "-c", "import mxnet"]), ("worker", list(args.command))):
+        for i, (host, ssh_port) in enumerate(places[role]):
             env = dict(common, DMLC_ROLE=role, DMLC_NODE_HOST=host, **unbuffered)
             if role == "worker":   # publish the flight record on stderr, for the launcher's diagnosis
                 env[FLIGHT_ENV] = "1"
             if args.launcher == "local":
                 specs.append(Spec(role, i, None, None, command, dict(env, **threads, **extra)))
             else:
-                argv = ssh_argv(host, ssh_port, dict(env, **extra), command, os.getcwd(), args.ssh_option)
+                remote = dict(forwarded_env(), **env, **extra)
+                options = list(args.ssh_option) + keepalive_options(args.host_timeout, args.ssh_option)
+                argv = ssh_argv(host, ssh_port, remote, command, os.getcwd(), options,
+                                share=None if "OMP_NUM_THREADS" in remote else sharing[host])
                 specs.append(Spec(role, i, host, ssh_port, argv, {}))
     return specs
 
 
-def ssh_argv(host, port, env, command, cwd, options=()):
+def ssh_argv(host, port, env, command, cwd, options=(), share=None):
     """The ssh command line that runs ``command`` in ``cwd`` on ``host`` with ``env``, every word quoted.
 
     ``-tt`` forces a terminal on the remote side: when the local ssh is killed, the remote command gets
     SIGHUP and ends (without a terminal it would keep running). ``options`` (``KEY=VALUE``) come first, so they
-    override the defaults ``BatchMode=yes`` (never prompt) and ``StrictHostKeyChecking=accept-new``.
+    override the defaults ``BatchMode=yes`` (never prompt) and ``StrictHostKeyChecking=accept-new``. With
+    ``share`` (how many of the job's processes run on that host), ``OMP_NUM_THREADS`` is that host's cores
+    (``nproc``, read there) divided between them, at least 1, as the local launcher divides its own.
 
     >>> ssh_argv("node1", 2222, {"DMLC_ROLE": "worker"}, ["python", "my script.py"], "/home/me/job")[-2:]
     ['node1', "cd /home/me/job && exec env DMLC_ROLE=worker python 'my script.py'"]
+    >>> ssh_argv("node1", None, {}, ["python"], "/job", share=2)[-1]
+    'cd /job && exec env "OMP_NUM_THREADS=$(( $(nproc) / 2 > 0 ? $(nproc) / 2 : 1 ))" python'
     """
     argv = ["ssh", "-tt"]
     for option in options:
@@ -106,6 +177,8 @@ def ssh_argv(host, port, env, command, cwd, options=()):
     if port is not None:
         argv += ["-p", str(port)]
     assignments = [shlex.quote(f"{name}={value}") for name, value in env.items()]
+    if share is not None:
+        assignments.append(f'"OMP_NUM_THREADS=$(( $(nproc) / {int(share)} > 0 ? $(nproc) / {int(share)} : 1 ))"')
     remote = " ".join([f"cd {shlex.quote(cwd)} && exec env", *assignments, *map(shlex.quote, command)])
     return argv + [host, remote]
 
