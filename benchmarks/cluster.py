@@ -17,7 +17,8 @@ What makes a host a host here, and what does not:
   client's ``-o ServerAliveInterval=N`` probes time out after ``ServerAliveCountMax`` unanswered ones (``Timeout,
   server HOST not responding.``, status 255) while the remote command lives on, cut off; a client that ends while
   the link is up hangs up the remote command (``-tt``: a pseudo-terminal whose master the sshd closes, so the
-  command gets SIGHUP). The remote command gets sshd's fresh environment (``HOME``, ``USER``, ``LOGNAME``,
+  command gets SIGHUP); one whose client stopped answering (the link cut) is hung up after about
+  ``CLIENT_ALIVE_SECONDS``, as an sshd with ``ClientAliveInterval`` set does. The remote command gets sshd's fresh environment (``HOME``, ``USER``, ``LOGNAME``,
   ``SHELL``, a default ``PATH`` with the stand-in ``ssh`` first, ``LANG``/``LC_*`` as OpenSSH's ``SendEnv``
   passes them, ``SSH_CONNECTION``), never the caller's other variables, and starts in ``$HOME``; the client's
   stdin reaches it (``-n``: none).
@@ -64,6 +65,9 @@ __all__ = ["Cluster", "ClusterUnavailable", "unavailable", "cleanup_stale", "SUB
 SUBNET = "10.77.0"
 #: The stand-in sshd's port on each host.
 SSH_PORT = 22
+#: How long the stand-in sshd keeps a session whose client stopped answering (a cut link): about this many seconds,
+#: as an sshd with ``ClientAliveInterval 10`` and ``ClientAliveCountMax 3`` (OpenSSH's default keeps it for hours).
+CLIENT_ALIVE_SECONDS = 30
 #: sshd's default PATH (Debian's), after the stand-in ssh's directory.
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _PREFIX = "parallel-"
@@ -193,6 +197,7 @@ class Cluster:
         self.hosts = [Host(i, f"{tag}-h{i}", f"p{i}") for i in range(1, hosts + 1)]
         self.bin = None
         self.hostfile = None
+        self.sshd = {}   # host index -> its sshd's process
 
     def __enter__(self):
         self.start()
@@ -269,6 +274,7 @@ class Cluster:
         """Host ``host``'s stand-in sshd, listening once this returns."""
         argv = [sys.executable, os.path.abspath(__file__), "--sshd", host.address, "--ssh-dir", self.bin]
         process = self.popen(argv, host=host.index, stdout=subprocess.PIPE)
+        self.sshd[host.index] = process
         line = process.stdout.readline()   # "listening" once bound, or nothing when it failed
         process.stdout.close()
         if not line.startswith(b"listening"):
@@ -309,8 +315,9 @@ class Cluster:
                 os.kill(pid, signal.SIGKILL)
 
     def processes(self, i):
-        """The processes on host ``i`` (its sshd included while it runs)."""
-        return _namespace_pids(self.host(i).namespace)
+        """The processes on host ``i`` but its sshd (the stand-in for the host's own system processes)."""
+        sshd = self.sshd.get(i)
+        return [pid for pid in _namespace_pids(self.host(i).namespace) if sshd is None or pid != sshd.pid]
 
     def link_bytes(self, i):
         """``(sent, received)``: the bytes host ``i``'s link has carried each way so far (tc's counters, which
@@ -321,6 +328,8 @@ class Cluster:
     def close(self):
         """End every process on every host and remove the namespaces and the ssh directory."""
         _remove_namespaces([host.namespace for host in self.hosts] + [self.switch])
+        for sshd in self.sshd.values():
+            sshd.wait()
         if self.bin:
             shutil.rmtree(self.bin, ignore_errors=True)
 
@@ -477,7 +486,20 @@ def sshd_main(address, ssh_dir):
     sys.stdout = open(os.devnull, "w")   # nobody reads the pipe after the first line
     while True:
         sock, peer = server.accept()
+        _keep_alive(sock, CLIENT_ALIVE_SECONDS)
         threading.Thread(target=_session, args=(sock, peer, address, ssh_dir), daemon=True).start()
+
+
+def _keep_alive(sock, seconds):
+    """Drop a session whose client has not answered for about ``seconds`` (TCP keepalive probes when the session
+    is idle, a limit on unacknowledged data when it is not: what sshd's ``ClientAliveInterval`` and
+    ``ClientAliveCountMax`` do), so that a command cut off by a partition is hung up."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    step = max(1, int(seconds / 3))
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, step)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, step)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, 2)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, int(seconds * 1000))   # data left unacknowledged
 
 
 def _session_env(header, peer, address, ssh_dir):

@@ -1,0 +1,157 @@
+"""Jobs on many hosts: python -m parallel.launch --launcher ssh on the simulated cluster of benchmarks/cluster.py
+(a network namespace a host, a shaped link each, ssh over it). The same model as one process on 2 and 3 hosts
+with one server a host and each host's thread settings; a lost host healed from the last checkpoint; a partition
+noticed within --host-timeout and healed; a slow but healthy host left alone; nothing left on any host."""
+import subprocess
+import sys
+import threading
+import time
+
+import mxnet as mx
+import pytest
+
+from parallel import RunConfig, fit
+from parallel.checkpoint import load_checkpoint
+from parallel.models import LENET_PARAM_NAMES
+from conftest import assert_same_parameters, easy_dataset, lenet_strategy, write_idx_files
+
+TRAIN = ["--batch-size", "13", "--lr", "0.1", "--seed", "3", "--no-progress", "--devices", "cpu:1"]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """70 train examples: batches of 13, 6 a epoch, the last of 5."""
+    dataset = easy_dataset(num_train=70, num_test=23, seed=6)
+    return write_idx_files(tmp_path_factory.mktemp("idx"), dataset), dataset
+
+
+class Launched:
+    """The launcher started on host 1 of ``cluster``: its output lines as they come, and ``wait_for(text)``."""
+
+    def __init__(self, cluster, launcher_flags, train_args, cwd):
+        argv = [sys.executable, "-m", "parallel.launch", "--launcher", "ssh", "--scheduler-host",
+                cluster.host(1).address, "--grace", "2", "--stall-timeout", "300", *launcher_flags,
+                sys.executable, "-m", "parallel.train", *train_args]
+        self.process = cluster.popen(argv, host=1, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     text=True)
+        self.out, self.err, self.changed = [], [], threading.Condition()
+        self.readers = [threading.Thread(target=self._read, args=(pipe, lines), daemon=True)
+                        for pipe, lines in ((self.process.stdout, self.out), (self.process.stderr, self.err))]
+        for reader in self.readers:
+            reader.start()
+
+    def _read(self, pipe, lines):
+        for line in pipe:
+            with self.changed:
+                lines.append(line.rstrip("\n"))
+                self.changed.notify_all()
+
+    def wait_for(self, text, timeout=300):
+        """Block until an output line holds ``text``."""
+        with self.changed:
+            assert self.changed.wait_for(lambda: any(text in line for line in self.out + self.err), timeout), \
+                "\n".join(self.err[-30:])
+
+    def finish(self, timeout=400):
+        """The launcher's exit status, once it and its output ended."""
+        status = self.process.wait(timeout=timeout)
+        for reader in self.readers:
+            reader.join(30)
+        return status
+
+
+def _exported(prefix):
+    arrays = mx.nd.load(f"{prefix}-0000.params")
+    return [arrays[f"arg:{name}"].asnumpy() for name in LENET_PARAM_NAMES]
+
+
+def _left(cluster, i, timeout=30):
+    """The processes still on host ``i`` besides its sshd, once they had ``timeout`` seconds to go."""
+    deadline = time.monotonic() + timeout
+    while cluster.processes(i) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return cluster.processes(i)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("hosts", [2, 3])
+def test_a_job_on_several_hosts_trains_the_same_model_as_one_process(hosts, make_cluster, tiny, tmp_path):
+    """A worker and, by default, a server on each host (big arrays split over every server); each remote process
+    gets its host's share of the cores (no --env); rank 0 alone writes; nothing is left on any host."""
+    cluster = make_cluster(hosts)
+    data_dir, dataset = tiny
+    job = Launched(cluster, ["-n", str(hosts), "-H", cluster.hostfile, "--env", "MXNET_KVSTORE_BIGARRAY_BOUND:1000"],
+                   ["--data-dir", str(data_dir), "--epochs", "2", *TRAIN, "--export", "lenet"], tmp_path)
+    assert job.finish() == 0, "\n".join(job.err[-30:])
+    assert any(f"connected to {hosts} workers and {hosts} servers" in line for line in job.err), job.err
+    threads = [line for line in job.out if "operator threads:" in line]
+    assert len(threads) == 1 and "OMP_NUM_THREADS=1" in threads[0], threads   # 2 processes a host, 2 cores
+    _, model = fit(dataset, lenet_strategy([mx.cpu(0)], seed=3), 0.1, RunConfig(epochs=2, batch_size=13, seed=3))
+    assert_same_parameters(_exported(tmp_path / "lenet"), [p.asnumpy() for p in model[0]], "float32")
+    for i in range(1, hosts + 1):
+        assert _left(cluster, i) == [], f"left on h{i}"
+
+
+def _healing_job(cluster, tmp_path, data_dir, hosts, extra=()):
+    discovery = tmp_path / "discovered"
+    discovery.write_text("".join(f"{a}\n" for a in cluster.addresses[:hosts]))
+    return Launched(cluster, ["-n", f"1:{hosts}", "-s", "1", "--host-discovery-script", f"cat {discovery}",
+                              "--max-restarts", "2", *extra],
+                    ["--data-dir", str(data_dir), "--epochs", "12", *TRAIN, "--checkpoint-dir", "ckpt",
+                     "--checkpoint-every", "4"], tmp_path), discovery
+
+
+@pytest.mark.slow
+def test_a_lost_host_is_healed_from_the_last_checkpoint(make_cluster, tiny, tmp_path):
+    """Every process on host 3 SIGKILLed and its link down, discovery no longer naming it: the job starts again
+    on the two hosts left, from its last checkpoint, and finishes."""
+    cluster = make_cluster(3)
+    job, discovery = _healing_job(cluster, tmp_path, tiny[0], 3)
+    job.wait_for("epoch 2,")
+    discovery.write_text("".join(f"{a}\n" for a in cluster.addresses[:2]))
+    cluster.kill_host(3)
+    assert job.finish() == 0, "\n".join(job.err[-30:])
+    restarts = [line for line in job.err if line.startswith("restart ")]
+    assert len(restarts) == 1 and restarts[0].endswith("starting 2 worker(s) again"), job.err[-30:]
+    assert any("resuming from its last" in line for line in job.out), job.out[-30:]
+    assert load_checkpoint(tmp_path / "ckpt").state.epoch == 13
+    assert _left(cluster, 1) == [] and _left(cluster, 2) == []
+
+
+@pytest.mark.slow
+def test_a_partition_is_noticed_within_the_host_timeout_and_healed(make_cluster, tiny, tmp_path):
+    """Host 2's link down for good, its processes alive: ssh's keepalives go unanswered, the launcher ends the
+    stalled start within --host-timeout with one line naming the host, and starts again on host 1 alone."""
+    cluster = make_cluster(2)
+    job, discovery = _healing_job(cluster, tmp_path, tiny[0], 2, ["--host-timeout", "4"])
+    job.wait_for("epoch 2,")
+    discovery.write_text(f"{cluster.host(1).address}\n")
+    cluster.cut(2)
+    assert job.finish() == 0, "\n".join(job.err[-30:])
+    restarts = [line for line in job.err if line.startswith("restart ")]
+    assert len(restarts) == 1, job.err[-30:]
+    assert (f"host {cluster.host(2).address} stopped answering: no reply to ssh's keepalives for 4 s "
+            "(--host-timeout)") in restarts[0], restarts[0]
+    assert "worker 1 there is cut off" in restarts[0] and restarts[0].endswith("starting 1 worker(s) again")
+    assert load_checkpoint(tmp_path / "ckpt").state.epoch == 13
+    assert _left(cluster, 1) == []
+    assert cluster.processes(2)   # cut off, still running: nothing can reach them
+    left = _left(cluster, 2, timeout=90)   # until the sshd drops the dead session (CLIENT_ALIVE_SECONDS)
+    assert left == [], [open(f"/proc/{pid}/cmdline").read() for pid in left]
+
+
+@pytest.mark.slow
+def test_a_slow_but_healthy_host_never_trips_the_host_timeout(make_cluster, tiny, tmp_path):
+    """Host 2's worker stopped (SIGSTOP) for three times --host-timeout, then continued: its sshd still answers,
+    so the job waits for it and finishes without a restart."""
+    cluster = make_cluster(2)
+    job, _ = _healing_job(cluster, tmp_path, tiny[0], 2, ["--host-timeout", "2"])
+    job.wait_for("epoch 2,")
+    stopped = cluster.processes(2)
+    for pid in stopped:
+        subprocess.run(["kill", "-STOP", str(pid)], check=True, timeout=30)
+    time.sleep(6)
+    for pid in stopped:
+        subprocess.run(["kill", "-CONT", str(pid)], check=True, timeout=30)
+    assert job.finish() == 0, "\n".join(job.err[-30:])
+    assert not [line for line in job.err if line.startswith("restart ") or "stopped answering" in line]
