@@ -535,7 +535,7 @@ def _session(sock, peer, address, ssh_dir):
         master = None
         process = subprocess.Popen(["/bin/sh", "-c", header["command"]], stdin=subprocess.PIPE,
                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=env["HOME"], env=env,
-                                   start_new_session=True)
+                                   start_new_session=True, preexec_fn=_default_signals)
         sources = {process.stdout.fileno(): b"O", process.stderr.fileno(): b"R"}
     stdin = master if master is not None else process.stdin.fileno()
     threading.Thread(target=_answer_client, args=(sock, process, stdin, lock), daemon=True).start()
@@ -549,10 +549,19 @@ def _session(sock, peer, address, ssh_dir):
         sock.close()
 
 
+def _default_signals():
+    """In a session's child: every signal at its default, as sshd starts a session (an sshd started under
+    ``nohup`` or by a shell that ignores SIGHUP must not pass that on: a hung-up session must end)."""
+    for sig in (signal.SIGHUP, signal.SIGINT, signal.SIGQUIT, signal.SIGTERM, signal.SIGPIPE, signal.SIGTSTP):
+        signal.signal(sig, signal.SIG_DFL)
+
+
 def _take_terminal():
-    """In the session's child: make the pseudo-terminal on stdin the controlling terminal of its new session."""
+    """In the session's child: default signals, and the pseudo-terminal on stdin as the controlling terminal of
+    its new session."""
     import fcntl
     import termios
+    _default_signals()
     fcntl.ioctl(0, termios.TIOCSCTTY, 0)
 
 
