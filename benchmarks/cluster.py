@@ -387,30 +387,41 @@ def parse_ssh(argv):
                "quiet": False, "no_stdin": False}
     keys = {"serveraliveinterval": ("alive_interval", float), "serveralivecountmax": ("alive_count", int),
             "connecttimeout": ("connect_timeout", float), "port": ("port", int)}
-    i = 0
-    while i < len(argv) and argv[i].startswith("-") and argv[i] != "--":
-        flag = argv[i]
-        if flag in ("-o", "-p", "-i", "-l", "-F", "-E", "-J") and i + 1 < len(argv):
-            value = argv[i + 1]
-            if flag == "-p":
-                options["port"] = int(value)
-            elif flag == "-o":
-                key, _, val = value.replace(" ", "=", 1).partition("=")
-                if key.lower() in keys:
-                    name, kind = keys[key.lower()]
-                    options[name] = kind(val)
-            i += 2
+    i, host, words = 0, None, list(argv)
+    while i < len(words):
+        flag = words[i]
+        if flag == "--":
+            if host is not None:
+                break
+            i += 1
             continue
-        options["tty"] = options["tty"] or "t" in flag
-        options["quiet"] = options["quiet"] or "q" in flag
-        options["no_stdin"] = options["no_stdin"] or "n" in flag
-        i += 1
-    if i < len(argv) and argv[i] == "--":
-        i += 1
-    if i >= len(argv):
+        if not flag.startswith("-") or flag == "-":
+            if host is not None:
+                break
+            host = flag.rsplit("@", 1)[-1]   # options may follow the destination (OpenSSH parses them again)
+            i += 1
+            continue
+        i += _ssh_option(options, keys, flag, words[i + 1] if i + 1 < len(words) else None)
+    if host is None:
         _die("usage: ssh [options] destination [command]")
-    host = argv[i].rsplit("@", 1)[-1]
-    return options, host, " ".join(argv[i + 1:])
+    return options, host, " ".join(words[i + 1:] if i < len(words) and words[i] == "--" else words[i:])
+
+
+def _ssh_option(options, keys, flag, value):
+    """Read one option ``flag`` (and its ``value`` when it takes one) into ``options``; how many words it used."""
+    if flag in ("-o", "-p", "-i", "-l", "-F", "-E", "-J") and value is not None:
+        if flag == "-p":
+            options["port"] = int(value)
+        elif flag == "-o":
+            key, _, val = value.replace(" ", "=", 1).partition("=")
+            if key.lower() in keys:
+                name, kind = keys[key.lower()]
+                options[name] = kind(val)
+        return 2
+    options["tty"] = options["tty"] or "t" in flag
+    options["quiet"] = options["quiet"] or "q" in flag
+    options["no_stdin"] = options["no_stdin"] or "n" in flag
+    return 1
 
 
 def _die(message, status=255):

@@ -1,5 +1,5 @@
 """Against Horovod: a 2-worker ResNet-18 data-parallel epoch under this package's launcher and under Horovod, on
-plain loopback and on a loopback shaped to 1 Gbit/s.
+plain loopback, on a loopback shaped to 1 Gbit/s, and on simulated hosts (one a worker) at 1 Gbit/s or 100 Mbit/s.
 
 Run from the repository root with the package's Python (Horovod lives in a venv of its own, see
 ../shared/peers/horovod/README.md; without it the Horovod row is skipped and the table says why)::
@@ -28,7 +28,11 @@ job (launcher, scheduler, servers and workers, or horovodrun and its workers) in
 whose loopback is shaped: ``unshare -n sh -c 'ip link set lo up; tc qdisc add dev lo root tbf rate 1gbit burst
 128kb latency 200ms; exec COMMAND'`` (needs root). That is one 1 Gbit/s pipe shared by every flow in both
 directions, stricter than a full-duplex 1 Gbit/s link between two hosts. Before the first round a TCP stream of
-100 MB through each network's loopback measures its rate (recorded and printed). Configurations run in
+100 MB through each network's loopback measures its rate (recorded and printed). ``hosts-1gbit`` and
+``hosts-100mbit`` run each job on host 1 of a new simulated cluster (``benchmarks/cluster.py``, root: a network
+namespace a host, each host's link shaped to that rate each way, a stand-in ssh over it): ours with ``--launcher
+ssh`` (a worker and a server on each host), Horovod with ``-H ADDR:1,ADDR:1 --network-interface eth0`` over the
+same ssh; each run records the bytes host 1's link carried each way (``link_bytes_host1``). Configurations run in
 ``--rounds`` rounds, each round every (network, configuration) pair once in a fresh shuffled order; the table
 gives medians over the rounds. Train loss and accuracy are the last epoch's (the runs are deterministic, so every
 round gives the same).
@@ -68,7 +72,10 @@ WORKER = os.path.join(harness.HERE, "horovod_worker.py")
 #: Horovod's launcher in its venv, beside the repository (``--horovodrun``).
 HOROVODRUN = os.path.join(os.path.dirname(harness.HERE), os.pardir, "hvd-venv", "bin", "horovodrun")
 #: How each network shapes its loopback (``tc qdisc add dev lo root ...``); None: the machine's loopback as it is.
-NETWORKS = {"plain": None, "1gbit": "tbf rate 1gbit burst 128kb latency 200ms"}
+LOOPBACKS = {"plain": None, "1gbit": "tbf rate 1gbit burst 128kb latency 200ms"}
+#: Networks of simulated hosts (``benchmarks/cluster.py``): one host a worker, each link shaped to this rate each way.
+HOSTS = {"hosts-1gbit": "1gbit", "hosts-100mbit": "100mbit"}
+NETWORKS = [*LOOPBACKS, *HOSTS]
 HOROVOD = "horovod"
 MARK = "PARALLEL_HOROVOD_BENCH_RUN"   # the environment variable that marks every process of one run
 LINK_BYTES = 100 * 1000 * 1000
@@ -164,10 +171,62 @@ def run_job(argv, env, cwd, timeout):
 
 # ---- networks -----------------------------------------------------------------------------------------------------
 
+class Loopback:
+    """Where a job of a loopback network runs: this machine (``wrap``, ``env``); it has no hosts."""
+
+    hosts = None
+
+    def __init__(self, network):
+        self.network = network
+
+    def wrap(self, argv):
+        return wrap(self.network, argv)
+
+    def env(self, env):
+        return env
+
+    def link_bytes(self):
+        return None
+
+
+class Hosts:
+    """Where a job of a network of simulated hosts runs: host 1 of a new ``cluster.Cluster`` of ``workers`` hosts
+    (a context manager), with the stand-in ssh on its ``PATH``; ``link_bytes`` is host 1's link's
+    ``(sent, received)`` so far."""
+
+    def __init__(self, network, workers):
+        import cluster
+        self.cluster = cluster.Cluster(workers, HOSTS[network])
+
+    def __enter__(self):
+        self.cluster.start()
+        self.hosts = self.cluster.addresses
+        self.hostfile = self.cluster.hostfile
+        return self
+
+    def __exit__(self, *exc):
+        self.cluster.close()
+
+    def wrap(self, argv):
+        return self.cluster.wrap(argv, 1)
+
+    def env(self, env):
+        return self.cluster.env(env)
+
+    def link_bytes(self):
+        return self.cluster.link_bytes(1)
+
+
+def place(network, workers):
+    """A context manager giving where ``network``'s jobs run (``Loopback`` or ``Hosts``)."""
+    import contextlib
+    return Hosts(network, workers) if network in HOSTS else contextlib.nullcontext(Loopback(network))
+
+
 def wrap(network, argv):
     """``argv`` run inside ``network``: as it is for ``plain``, else in a new network namespace whose loopback is
-    brought up and shaped with ``NETWORKS[network]``."""
-    qdisc = NETWORKS[network]
+    brought up and shaped with ``LOOPBACKS[network]``."""
+    qdisc = LOOPBACKS[network]
     if qdisc is None:
         return list(argv)
     script = f'ip link set lo up && tc qdisc add dev lo root {qdisc} && exec "$@"'
@@ -176,7 +235,11 @@ def wrap(network, argv):
 
 def network_problem(network):
     """Why ``network`` cannot be made here, or None."""
-    if NETWORKS[network] is None:
+    if network in HOSTS:
+        import cluster
+        reason = cluster.unavailable()
+        return None if reason is None else f"simulated hosts {reason}"
+    if LOOPBACKS[network] is None:
         return None
     if os.geteuid() != 0:
         return "needs root (unshare -n, tc)"
@@ -221,6 +284,8 @@ def measure_link(network, env, tmp):
     problem = network_problem(network)
     if problem is not None:
         return {"skipped": problem}
+    if network in HOSTS:   # each run counts the bytes on host 1's link instead
+        return {"shaped": HOSTS[network] + " each way, a link a host"}
     cwd = tempfile.mkdtemp(prefix=f"link-{network}-", dir=tmp)
     result = run_job(wrap(network, [sys.executable, THIS, "--link-test", str(LINK_BYTES)]), env, cwd, 120)
     try:
@@ -260,18 +325,24 @@ def _training_flags(args, data_dir):
             "--lr", repr(args.lr), "--momentum", repr(args.momentum), "--wd", repr(args.wd)]
 
 
-def ours_command(args, data_dir, flags, metrics):
-    """The package's job: the launcher with ``--workers`` workers, each ``parallel.train`` on one CPU context."""
-    return [sys.executable, "-m", "parallel.launch", "-n", str(args.workers), sys.executable, "-m", "parallel.train",
-            "--model", "resnet18", "--devices", "cpu:1", *_training_flags(args, data_dir), "--no-progress",
-            "--metrics-json", metrics, *flags]
+def ours_command(args, data_dir, flags, metrics, where=None):
+    """The package's job: the launcher with ``--workers`` workers, each ``parallel.train`` on one CPU context; on
+    simulated hosts (``where``) with ``--launcher ssh``, a worker and a server on each host."""
+    hosts = [] if where is None or where.hosts is None else [
+        "--launcher", "ssh", "-H", where.hostfile, "--scheduler-host", where.hosts[0]]
+    return [sys.executable, "-m", "parallel.launch", "-n", str(args.workers), *hosts, sys.executable, "-m",
+            "parallel.train", "--model", "resnet18", "--devices", "cpu:1", *_training_flags(args, data_dir),
+            "--no-progress", "--metrics-json", metrics, *flags]
 
 
-def horovod_command(args, data_dir):
-    """Horovod's job: horovodrun (Gloo, on lo) with ``--workers`` workers, each ``horovod_worker.py``."""
-    return [args.horovodrun, "-np", str(args.workers), "--gloo", "-H", f"localhost:{args.workers}",
-            "--network-interface", "lo", "--start-timeout", "120", args.horovod_python, WORKER,
-            *_training_flags(args, data_dir)]
+def horovod_command(args, data_dir, where=None):
+    """Horovod's job: horovodrun (Gloo, on lo) with ``--workers`` workers, each ``horovod_worker.py``; on simulated
+    hosts (``where``) one worker a host over ssh, on their links (``eth0``)."""
+    hosts, interface = f"localhost:{args.workers}", "lo"
+    if where is not None and where.hosts is not None:
+        hosts, interface = ",".join(f"{address}:1" for address in where.hosts), "eth0"
+    return [args.horovodrun, "-np", str(args.workers), "--gloo", "-H", hosts, "--network-interface", interface,
+            "--start-timeout", "120", args.horovod_python, WORKER, *_training_flags(args, data_dir)]
 
 
 def horovod_problem(args):
@@ -318,15 +389,19 @@ def run_config(args, network, config, data_dir, tmp):
     """One job of ``config`` in ``network``; its record. ``BenchmarkError`` when it fails."""
     cwd = tempfile.mkdtemp(prefix=f"{network}-{config}-", dir=tmp)
     metrics = os.path.join(cwd, "metrics.json")
-    argv = horovod_command(args, data_dir) if config == HOROVOD else \
-        ours_command(args, data_dir, args.ours[config], metrics)
-    result = run_job(wrap(network, argv), job_env(args), cwd, args.timeout)
+    with place(network, args.workers) as where:
+        argv = horovod_command(args, data_dir, where) if config == HOROVOD else \
+            ours_command(args, data_dir, args.ours[config], metrics, where)
+        before = where.link_bytes()
+        result = run_job(where.wrap(argv), where.env(job_env(args)), cwd, args.timeout)
+        after = where.link_bytes()
+    link = None if before is None else {"sent": after[0] - before[0], "received": after[1] - before[1]}
     epochs, extra = _epochs_of(config, result, metrics)
     if result["returncode"] != 0 or not epochs:
         raise BenchmarkError(f"{config} on {network} failed (status {result['returncode']}): "
                              f"{(result['stderr'] + result['stdout']).strip()[-3000:]}")
     last = epochs[-1]
-    record = {"network": network, "config": config, "argv": wrap(network, argv), "epochs": epochs,
+    record = {"network": network, "config": config, "argv": argv, "link_bytes_host1": link, "epochs": epochs,
               "seconds": last["seconds"], "images_per_second": last["images_per_second"],
               "train_loss": last["train_loss"], "train_acc": last["train_acc"], "test_acc": last["test_acc"],
               "wall_seconds": result["wall_seconds"], "processes": result["processes"],

@@ -99,3 +99,36 @@ def test_rows_of_ours_and_the_shaped_network(bench, capsys):
 def test_the_horovod_worker_keeps_as_many_steps_in_flight_as_fit():
     from parallel.fit import IN_FLIGHT
     assert load_benchmark("horovod_worker").IN_FLIGHT == IN_FLIGHT
+
+
+def test_on_simulated_hosts_each_tool_runs_one_worker_a_host_over_ssh(bench):
+    args = bench.parse_args(["--dataset", "synthetic", "--networks", "hosts-1gbit,hosts-100mbit"])
+    assert args.networks == ["hosts-1gbit", "hosts-100mbit"]
+
+    class Where:
+        hosts, hostfile = ["10.77.0.1", "10.77.0.2"], "/h.txt"
+    ours = bench.ours_command(args, "/data", [], "/m.json", Where())
+    assert ours[ours.index("--launcher"):ours.index("--launcher") + 6] == [
+        "--launcher", "ssh", "-H", "/h.txt", "--scheduler-host", "10.77.0.1"]
+    horovod = bench.horovod_command(args, "/data", Where())
+    assert horovod[horovod.index("-H") + 1] == "10.77.0.1:1,10.77.0.2:1"
+    assert horovod[horovod.index("--network-interface") + 1] == "eth0"
+    assert "--launcher" not in bench.ours_command(args, "/data", [], "/m.json")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_smoke_run_on_two_simulated_hosts_counts_the_link(bench, make_cluster, tmp_path):
+    """Both tools on two simulated hosts (skipped, with the reason, where they cannot be made): the same loss, and
+    the bytes host 1's link carried recorded for each run."""
+    make_cluster   # skips where simulated hosts cannot be made
+    assert bench.main(["--dataset", "synthetic", "--train-size", "64", "--test-size", "32", "--batch-size", "32",
+                       "--networks", "hosts-1gbit", "--rounds", "1", "--timeout", "600", "--out", str(tmp_path)]) == 0
+    result = json.loads((tmp_path / "horovod.json").read_text())
+    assert "error" not in result and result["runs"]
+    for run in result["runs"]:
+        assert run["link_bytes_host1"]["sent"] > 0 and run["link_bytes_host1"]["received"] > 0
+        assert not run["left_behind"]
+    losses = {run["config"]: run["train_loss"] for run in result["runs"]}
+    if "horovod" in losses:
+        assert losses["horovod"] == pytest.approx(losses["default"], rel=1e-5)

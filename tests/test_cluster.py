@@ -20,6 +20,10 @@ def test_the_ssh_command_line_is_read_as_openssh_reads_it():
     assert (options["alive_interval"], options["alive_count"]) == (5.0, 2)
     options, host, command = cluster.parse_ssh(["-q", "--", "h1", "true"])
     assert not options["tty"] and options["quiet"] and options["alive_interval"] == 0 and host == "h1"
+    # options after the destination, as Horovod's runner writes them
+    options, host, command = cluster.parse_ssh(["-o", "PasswordAuthentication=no", "10.77.0.2", "-p", "2222",
+                                                "-tt", "cd /x", "-v"])
+    assert (host, command, options["port"], options["tty"]) == ("10.77.0.2", "cd /x -v", 2222, True)
 
 
 def test_bad_arguments_name_themselves():
