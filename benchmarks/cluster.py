@@ -41,6 +41,7 @@ cluster whose process was SIGKILLed (a new ``Cluster`` does so too).
 """
 import argparse
 import contextlib
+import itertools
 import json
 import os
 import re
@@ -74,7 +75,7 @@ _PREFIX = "parallel-"
 #: A cluster's namespaces: parallel-PID-N-hI (host I) and parallel-PID-N-sw (its switch), N counting the clusters
 #: of process PID.
 _NAMESPACE = re.compile(r"^parallel-(\d+)-\d+-(h\d+|sw|probe)$")
-_made = [0]   # how many clusters this process has made
+_numbers = itertools.count(1)   # numbers the clusters this process makes
 
 
 class ClusterUnavailable(RuntimeError):
@@ -191,8 +192,7 @@ class Cluster:
             raise ValueError(f"hosts must be from 1 to 200, got {hosts}")
         self.burst = None if rate is None else _burst(rate)
         self.rate, self.latency = rate, latency
-        _made[0] += 1
-        tag = f"{_PREFIX}{os.getpid()}-{_made[0]}"
+        tag = f"{_PREFIX}{os.getpid()}-{next(_numbers)}"
         self.switch = f"{tag}-sw"
         self.hosts = [Host(i, f"{tag}-h{i}", f"p{i}") for i in range(1, hosts + 1)]
         self.bin = None
@@ -227,8 +227,10 @@ class Cluster:
             _sh("ip", "netns", "add", self.switch)
             _sh("ip", "-n", self.switch, "link", "add", "br0", "type", "bridge")
             _sh("ip", "-n", self.switch, "link", "set", "br0", "up")
+            with open("/etc/hosts") as f:   # this machine's names, and the hosts' names, on every host
+                names = f.read().rstrip("\n") + "\n" + "".join(f"{h.address} {h.name}\n" for h in self.hosts)
             for host in self.hosts:
-                self._add_host(host)
+                self._add_host(host, names)
             self._write_tools()
             for host in self.hosts:
                 self._start_sshd(host)
@@ -236,8 +238,8 @@ class Cluster:
             self.close()
             raise
 
-    def _add_host(self, host):
-        """Host ``host``'s namespace, its link to the switch (shaped both ways) and its hosts file."""
+    def _add_host(self, host, names):
+        """Host ``host``'s namespace, its link to the switch (shaped both ways) and its hosts file (``names``)."""
         ns = host.namespace
         _sh("ip", "netns", "add", ns)
         _sh("ip", "link", "add", "eth0", "netns", ns, "type", "veth", "peer", "name", host.port, "netns",
@@ -252,11 +254,8 @@ class Cluster:
                 _sh("tc", "-n", where, "qdisc", "add", "dev", dev, "root", "tbf", "rate", self.rate, "burst",
                     str(self.burst), "latency", self.latency)
         os.makedirs(os.path.join("/etc/netns", ns), exist_ok=True)
-        with open("/etc/hosts") as f:
-            own = f.read()
-        names = "".join(f"{h.address} {h.name}\n" for h in self.hosts)
         with open(os.path.join("/etc/netns", ns, "hosts"), "w") as f:
-            f.write(own.rstrip("\n") + "\n" + names)
+            f.write(names)
 
     def _write_tools(self):
         """A directory with the stand-in ``ssh`` (this file's ``--ssh``), and a hostfile of the hosts."""

@@ -51,6 +51,7 @@ A job that fails ends the benchmark with status 1 and an ``error:`` line. Writes
 run, atomically) to ``--out`` and prints a markdown table. Measures nothing itself and never imports MXNet.
 """
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -64,6 +65,7 @@ import time
 import uuid
 
 sys.path.append(os.path.dirname(os.path.abspath(__file__)))   # harness.py, beside this script
+import cluster as simulated  # noqa: E402
 import harness  # noqa: E402
 from harness import BenchmarkError  # noqa: E402
 
@@ -195,8 +197,7 @@ class Hosts:
     ``(sent, received)`` so far."""
 
     def __init__(self, network, workers):
-        import cluster
-        self.cluster = cluster.Cluster(workers, HOSTS[network])
+        self.cluster = simulated.Cluster(workers, HOSTS[network])
 
     def __enter__(self):
         self.cluster.start()
@@ -219,7 +220,6 @@ class Hosts:
 
 def place(network, workers):
     """A context manager giving where ``network``'s jobs run (``Loopback`` or ``Hosts``)."""
-    import contextlib
     return Hosts(network, workers) if network in HOSTS else contextlib.nullcontext(Loopback(network))
 
 
@@ -236,8 +236,7 @@ def wrap(network, argv):
 def network_problem(network):
     """Why ``network`` cannot be made here, or None."""
     if network in HOSTS:
-        import cluster
-        reason = cluster.unavailable()
+        reason = simulated.unavailable()
         return None if reason is None else f"simulated hosts {reason}"
     if LOOPBACKS[network] is None:
         return None

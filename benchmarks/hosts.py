@@ -17,7 +17,6 @@ It writes ``hosts.json`` to ``--out`` (default ``benchmarks/results``) and print
 import argparse
 import os
 import shlex
-import subprocess
 import sys
 import tempfile
 
@@ -57,15 +56,7 @@ def _job_bytes(cluster, args, servers, steps, cwd):
              cluster.host(1).address, "--env", "OMP_NUM_THREADS:1"] + (["-s", str(servers)] if servers else [])
     argv = [sys.executable, "-m", "parallel.launch", *flags, sys.executable, "-c", WORKER, str(args.params),
             str(steps)]
-    process = cluster.popen(argv, host=1, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
-    try:
-        out, err = process.communicate(timeout=args.timeout)
-    except subprocess.TimeoutExpired:
-        harness.stop_group(process)
-        raise harness.BenchmarkError(f"a job of {steps} steps did not end within {args.timeout:g} s") from None
-    if process.returncode != 0:
-        raise harness.BenchmarkError(f"a job of {steps} steps failed (exit {process.returncode}): {err[-2000:]}")
+    harness.run_process(cluster.wrap(argv, 1), env=cluster.env(), cwd=cwd, timeout=args.timeout)
     after = [cluster.link_bytes(i) for i in range(1, len(cluster.hosts) + 1)]
     return [(a[0] - b[0], a[1] - b[1]) for a, b in zip(after, before)]
 

@@ -41,11 +41,12 @@ if __name__ == "__main__" and not __package__:   # python parallel/train.py: the
 
 def _interrupted_while_importing(signum, frame):
     """Ctrl-C before ``main`` runs (this module's imports take a moment on a busy machine): ``main``'s one line
-    and status 130, not a traceback from inside an import. Nothing has started that needs stopping."""
+    and status (``INTERRUPTED_STATUS``, 128 + SIGINT), not a traceback from inside an import. Nothing has started
+    that needs stopping."""
     sys.stderr.write("error: interrupted\n")
     sys.stderr.flush()
     import os
-    os._exit(130)
+    os._exit(128 + signum)
 
 
 if __name__ == "__main__":

@@ -359,6 +359,5 @@ def plan_start(args, restart, signals):
         start.num_workers = min(args.max_workers, len(slots))
         start.hosts = slots[:start.num_workers]
         if not args.fixed_servers:
-            start.num_servers = (default_servers(start.hosts, start.num_workers) if args.launcher == "ssh"
-                                 else start.num_workers)
+            start.num_servers = default_servers(start.hosts, start.num_workers, args.launcher)
     return start

@@ -68,15 +68,17 @@ def worker_hosts(hosts, num_workers):
     return [hosts[i % len(hosts)] for i in range(num_workers)]
 
 
-def default_servers(hosts, num_workers):
-    """How many servers a job of ``num_workers`` on ``hosts`` gets unless ``-s`` says: one on each host that
-    runs a worker (BytePS's and ps-lite's own placement: every host's link carries its share of the sums, and a
-    host's workers reach one server without crossing it).
+def default_servers(hosts, num_workers, launcher="ssh"):
+    """How many servers a job of ``num_workers`` on ``hosts`` gets unless ``-s`` says: with ``launcher`` ssh one
+    on each host that runs a worker (BytePS's and ps-lite's own placement: every host's link carries its share of
+    the sums, and a host's workers reach one server without crossing it); local, as many as workers.
 
     >>> default_servers([("h1", None), ("h2", None)], 4), default_servers([("h1", None), ("h2", None)], 1)
     (2, 1)
+    >>> default_servers([("127.0.0.1", None)], 3, "local")
+    3
     """
-    return len(set(worker_hosts(hosts, num_workers)))
+    return len(set(worker_hosts(hosts, num_workers))) if launcher == "ssh" else num_workers
 
 
 def server_hosts(hosts, num_servers):
@@ -140,6 +142,8 @@ def plan_processes(args):
     workers = worker_hosts(args.hosts, args.num_workers)
     places = {"server": server_hosts(workers, args.num_servers), "worker": workers}
     sharing = collections.Counter(host for role in places for host, _ in places[role])
+    forwarded = forwarded_env()
+    options = list(args.ssh_option) + keepalive_options(args.host_timeout, args.ssh_option)
     for role, command in (("server", [sys.executable, "-c", "import mxnet"]), ("worker", list(args.command))):
         for i, (host, ssh_port) in enumerate(places[role]):
             env = dict(common, DMLC_ROLE=role, DMLC_NODE_HOST=host, **unbuffered)
@@ -148,8 +152,7 @@ def plan_processes(args):
             if args.launcher == "local":
                 specs.append(Spec(role, i, None, None, command, dict(env, **threads, **extra)))
             else:
-                remote = dict(forwarded_env(), **env, **extra)
-                options = list(args.ssh_option) + keepalive_options(args.host_timeout, args.ssh_option)
+                remote = dict(forwarded, **env, **extra)
                 argv = ssh_argv(host, ssh_port, remote, command, os.getcwd(), options,
                                 share=None if "OMP_NUM_THREADS" in remote else sharing[host])
                 specs.append(Spec(role, i, host, ssh_port, argv, {}))
@@ -165,10 +168,10 @@ def ssh_argv(host, port, env, command, cwd, options=(), share=None):
     ``share`` (how many of the job's processes run on that host), ``OMP_NUM_THREADS`` is that host's cores
     (``nproc``, read there) divided between them, at least 1, as the local launcher divides its own.
 
-    >>> ssh_argv("node1", 2222, {"DMLC_ROLE": "worker"}, ["python", "my script.py"], "/home/me/job")[-2:]
-    ['node1', "cd /home/me/job && exec env DMLC_ROLE=worker python 'my script.py'"]
-    >>> ssh_argv("node1", None, {}, ["python"], "/job", share=2)[-1]
-    'cd /job && exec env "OMP_NUM_THREADS=$(( $(nproc) / 2 > 0 ? $(nproc) / 2 : 1 ))" python'
+    >>> ssh_argv("node1", 2222, {"DMLC_ROLE": "worker"}, ["python", "my script.py"], "my job")[-2:]
+    ['node1', "cd 'my job' && exec env DMLC_ROLE=worker python 'my script.py'"]
+    >>> ssh_argv("node1", None, {}, ["python"], "job", share=2)[-1]
+    'cd job && exec env "OMP_NUM_THREADS=$(( $(nproc) / 2 > 0 ? $(nproc) / 2 : 1 ))" python'
     """
     argv = ["ssh", "-tt"]
     for option in options:
