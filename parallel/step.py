@@ -160,14 +160,20 @@ def check_batch(X, y):
         raise ValueError("X is an empty batch (0 examples); give at least one example")
 
 
-def _forward_backward(replicas, X, y, loss, y_all, count_correct=True):
-    """Forward and backward of one (micro-)batch over the replicas; returns (summed loss, correct, active)."""
+def _forward_backward(replicas, X, y, loss, y_all, count_correct=True, fence=True):
+    """Forward and backward of one (micro-)batch over the replicas; returns (summed loss, correct, active).
+
+    ``fence``: order the running statistics after this backward here (``fence_statistics``); False leaves it to the
+    caller, who fences once the step's reductions are queued (a fence queued now would read every gradient bucket,
+    and each bucket's reduction, which writes the bucket, would wait for the whole backward pass). A batch that
+    leaves replicas idle fences here whatever ``fence`` says: their copy of the statistics needs it."""
     X_shards, y_shards = split_and_load(X, replicas.in_ctx_list), split_and_load(y, replicas.out_ctx_list)
     outputs, y_parts, losses = replicas.forward_backward(X_shards, y_shards, loss)
     if y_all is not None:
         check_labels(y_all, outputs[0].shape[-1], loss)   # before anything is updated
-    fence_statistics(replicas)
     active = len(X_shards)
+    if fence or active < len(replicas.in_ctx_list):
+        fence_statistics(replicas)
     for r in range(active, len(replicas.in_ctx_list)):   # an idle replica takes the first one's statistics
         for first, aux in zip(replicas.aux(0), replicas.aux(r)):
             first.copyto(aux)
@@ -241,7 +247,8 @@ def zero_grads(groups):
 
 def fence_statistics(replicas):
     """Order every later read of a replica's running statistics after its backward pass, which writes them without
-    telling MXNet's engine (BatchNorm on CPU contexts: ``parallel.engine``); ``replicas`` has ``groups()``."""
+    telling MXNet's engine (BatchNorm on CPU contexts: ``parallel.engine``); ``replicas`` has ``groups()``. The
+    fence reads every gradient buffer: queued after a step's reductions, it holds none of them back."""
     for group in replicas.groups():
         for replica in group:
             if getattr(replica, "aux", None):
@@ -280,8 +287,9 @@ def _accumulate(replicas, X, y, loss, n, count_correct=True):
         bounds = np.cumsum([0] + sizes + [0] * (n - len(sizes)))
         sums = []
         for a, b in zip(bounds, bounds[1:]):
-            if b > a:
-                sums.append(_forward_backward(replicas, X[a:b], y[a:b], loss, y if a == 0 else None, count_correct))
+            if b > a:   # the last micro-batch's fence follows the step's reductions (step_replicas)
+                sums.append(_forward_backward(replicas, X[a:b], y[a:b], loss, y if a == 0 else None, count_correct,
+                                              fence=b < X.shape[0]))
             else:
                 replicas.forward_backward([], [], loss)
     return mx.nd.add_n(*[s[0] for s in sums]), mx.nd.add_n(*[s[1] for s in sums]) if count_correct else None
@@ -325,11 +333,12 @@ def step_replicas(replicas, X, y, lr=None, loss=softmax_cross_entropy, batch_siz
     if accumulate == 1 and not replicas.adds_gradients:
         if replicas.skips_parameters:   # an unused parameter's gradient is 0
             zero_grads(replicas.groups())
-        loss_sum, correct, active = _forward_backward(replicas, X, y, loss, y, count_correct)
+        loss_sum, correct, active = _forward_backward(replicas, X, y, loss, y, count_correct, fence=False)
     else:   # every gradient buffer was zeroed first: a replica idle in some micro-batch adds nothing stale
         (loss_sum, correct), active = _accumulate(replicas, X, y, loss, accumulate, count_correct), None
     optimizer_step(optimizer, replicas.groups(), X.shape[0] if batch_size is None else batch_size, replicas.reducer,
                    active)
+    fence_statistics(replicas)   # after the reductions: each bucket's starts as soon as backward has written it
     return loss_sum, correct
 
 
