@@ -14,14 +14,16 @@ Every configuration trains ResNet-18 (``parallel.models.resnet.init_resnet18(see
 the same data, in the same order, with the same global batch, SGD learning rate, momentum and weight decay, and
 ``OMP_NUM_THREADS=--threads`` (1) in every process:
 
-- a row per ``--ours NAME=FLAGS`` (default ``default=``): ``python -m parallel.launch -n W python -m
-  parallel.train --model resnet18 --devices cpu:1 --data-dir DIR --epochs E --batch-size B --lr .. --momentum ..
-  --wd .. --no-progress --metrics-json PATH FLAGS`` (W workers and, the launcher's default, W servers); the
+- a row per ``--ours NAME=FLAGS`` (default ``default=``; FLAGS' leading ``VAR=VALUE`` words, as in a shell, set
+  that row's environment, e.g. ``"p3=DMLC_PS_VAN_TYPE=p3 --bucket-mb 5"``): ``python -m parallel.launch -n W
+  python -m parallel.train --model resnet18 --devices cpu:1 --data-dir DIR --epochs E --batch-size B --lr ..
+  --momentum .. --wd .. --no-progress --metrics-json PATH FLAGS`` (W workers and, the launcher's default, W
+  servers); the
   epoch's seconds and images/s are those of rank 0's epoch line (``--metrics-json``);
 - ``horovod``: ``horovodrun -np W --gloo -H localhost:W --network-interface lo PYTHON
-  benchmarks/horovod_worker.py ...`` (``--horovodrun``, ``--horovod-python``), which trains the same model with
-  ``horovod.mxnet.DistributedTrainer`` and counts the epoch the way ``parallel.fit`` does (its docstring says
-  how each piece is matched).
+  benchmarks/horovod_worker.py ... --compression C`` (``--horovodrun``, ``--horovod-python``,
+  ``--horovod-compression``), which trains the same model with ``horovod.mxnet.DistributedTrainer`` and counts
+  the epoch the way ``parallel.fit`` does (its docstring says how each piece is matched).
 
 Each ``--networks`` entry runs every configuration: ``plain`` on this machine's loopback; ``1gbit`` with the whole
 job (launcher, scheduler, servers and workers, or horovodrun and its workers) inside a private network namespace
@@ -55,6 +57,7 @@ import contextlib
 import json
 import os
 import platform
+import re
 import shlex
 import shutil
 import signal
@@ -341,7 +344,8 @@ def horovod_command(args, data_dir, where=None):
     if where is not None and where.hosts is not None:
         hosts, interface = ",".join(f"{address}:1" for address in where.hosts), "eth0"
     return [args.horovodrun, "-np", str(args.workers), "--gloo", "-H", hosts, "--network-interface", interface,
-            "--start-timeout", "120", args.horovod_python, WORKER, *_training_flags(args, data_dir)]
+            "--start-timeout", "120", args.horovod_python, WORKER, *_training_flags(args, data_dir),
+            "--compression", args.horovod_compression]
 
 
 def horovod_problem(args):
@@ -390,9 +394,10 @@ def run_config(args, network, config, data_dir, tmp):
     metrics = os.path.join(cwd, "metrics.json")
     with place(network, args.workers) as where:
         argv = horovod_command(args, data_dir, where) if config == HOROVOD else \
-            ours_command(args, data_dir, args.ours[config], metrics, where)
+            ours_command(args, data_dir, args.ours[config][1], metrics, where)
+        env = {**job_env(args), **(args.ours[config][0] if config != HOROVOD else {})}
         before = where.link_bytes()
-        result = run_job(where.wrap(argv), where.env(job_env(args)), cwd, args.timeout)
+        result = run_job(where.wrap(argv), where.env(env), cwd, args.timeout)
         after = where.link_bytes()
     link = None if before is None else {"sent": after[0] - before[0], "received": after[1] - before[1]}
     epochs, extra = _epochs_of(config, result, metrics)
@@ -462,7 +467,8 @@ def format_table(result):
     lines.append(f"{result['settings']['workers']} workers, ResNet-18, {data['train_examples']} training examples "
                  f"({data['source']}), global batch {result['settings']['batch_size']}, {result['settings']['epochs']}"
                  f" epoch(s); time vs Horovod: s/epoch over Horovod's on the same link (below 1: faster); "
-                 f"OMP_NUM_THREADS seen in the workers: {seen or 'none recorded'}")
+                 f"OMP_NUM_THREADS seen in the workers: {seen or 'none recorded'}; Horovod's compression: "
+                 f"{result['settings'].get('horovod_compression', 'none')}")
     return "\n".join(lines)
 
 
@@ -473,16 +479,25 @@ def write_json(result, out):
 
 # ---- the command --------------------------------------------------------------------------------------------------
 
+_ENV_WORD = re.compile(r"[A-Z_][A-Z0-9_]*=")
+
+
 def _ours(text):
+    """``NAME=FLAGS`` as ``(name, (env, flags))``: FLAGS' leading ``VAR=VALUE`` words (as a shell reads them)
+    set the job's environment, the rest are ``parallel.train`` flags."""
     name, sep, flags = text.partition("=")
     if not sep or not name.strip() or name.strip() == HOROVOD:
         raise argparse.ArgumentTypeError(f"expected NAME=FLAGS with a NAME other than {HOROVOD!r}, e.g. "
                                          f"'powersgd32=--compression powersgd:32', got {text!r}")
-    return name.strip(), shlex.split(flags)
+    words, env = shlex.split(flags), {}
+    while words and _ENV_WORD.match(words[0]):
+        key, _, value = words.pop(0).partition("=")
+        env[key] = value
+    return name.strip(), (env, words)
 
 
 def parse_args(argv=None):
-    """The benchmark's arguments (``--ours`` become ``{name: flags}``, default ``{"default": []}``)."""
+    """The benchmark's arguments (``--ours`` become ``{name: (env, flags)}``, default ``{"default": ({}, [])}``)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     data = parser.add_mutually_exclusive_group()
     data.add_argument("--data-dir", help="an MNIST-format directory, e.g. the digits (benchmarks/digits_dataset.py)")
@@ -509,6 +524,9 @@ def parse_args(argv=None):
     parser.add_argument("--horovodrun", default=HOROVODRUN, help=f"default {HOROVODRUN}")
     parser.add_argument("--horovod-python", default=None, help="default: python beside --horovodrun")
     parser.add_argument("--no-horovod", action="store_true", help="skip the Horovod row")
+    parser.add_argument("--horovod-compression", choices=["none", "fp16"], default="none",
+                        help="the Horovod row's gradient compression (hvd.Compression; default none): fp16 to set "
+                             "it against an --ours row with --compression fp16")
     parser.add_argument("--timeout", type=float, default=7200.0, help="seconds a job may take (default 7200)")
     harness.add_out(parser, "horovod.json")
     parser.add_argument("--link-test", type=int, default=None, help=argparse.SUPPRESS)
@@ -526,7 +544,7 @@ def _check_args(parser, args):
             parser.error(f"--{flag.replace('_', '-')} must be >= 1")
     if min(args.batch_size, args.epochs, args.workers, args.rounds) < 1 or args.threads < 0 or args.timeout <= 0:
         parser.error("--batch-size, --epochs, --workers and --rounds must be >= 1, --threads >= 0, --timeout > 0")
-    ours = args.ours or [("default", [])]
+    ours = args.ours or [("default", ({}, []))]
     if len({name for name, _ in ours}) != len(ours):
         parser.error("every --ours needs a name of its own")
     args.ours = dict(ours)

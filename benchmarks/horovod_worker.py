@@ -20,9 +20,10 @@ What it does, each piece matched to the package's run (``parallel.fit``, ``paral
   leaves), then ``hvd.broadcast_parameters`` from rank 0, hybridized with ``static_alloc`` and ``static_shape``;
   each worker's BatchNorm normalizes over its own slice (as each worker of the package's job does);
 - the step: ``gluon.loss.SoftmaxCrossEntropyLoss``, ``hvd.DistributedTrainer(params, "sgd", {learning_rate,
-  momentum, wd})`` and ``trainer.step(slice size)``: the average over the workers of each worker's mean
-  gradient, the mean over the global batch when the slices are equal (MXNet's SGD with momentum is the package's
-  ``SGD``: ``m = momentum * m - lr * (g + wd * w); w += m``);
+  momentum, wd})`` (``compression=hvd.Compression.fp16`` with ``--compression fp16``) and ``trainer.step(slice
+  size)``: the average over the workers of each worker's mean gradient, the mean over the global batch when the
+  slices are equal (MXNet's SGD with momentum is the package's ``SGD``: ``m = momentum * m - lr * (g + wd * w);
+  w += m``);
 - the epoch's seconds: from just before the first batch is drawn to the moment the last step's loss is read,
   with at most ``IN_FLIGHT`` (2) steps queued before the oldest one's loss is read, as ``parallel.fit`` does (in
   both, the last step's gradient exchange and update may still be running when the clock stops; the JSON also
@@ -63,6 +64,9 @@ def parse_args(argv=None):
     parser.add_argument("--wd", type=float, default=0.0)
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0, help="the model's and the shuffle's seed (default 0)")
+    parser.add_argument("--compression", choices=["none", "fp16"], default="none",
+                        help="Horovod's gradient compression (hvd.Compression): fp16 casts each gradient to float16 "
+                             "for the allreduce and back (default none)")
     parser.add_argument("--batches", type=int, default=None, metavar="N",
                         help="train only the first N global batches of every epoch (a short run)")
     parser.add_argument("--log-every", type=int, default=0, metavar="N",
@@ -96,8 +100,9 @@ def build(args, hvd):
     params = net.collect_params()
     hvd.broadcast_parameters(params, root_rank=0)
     net.hybridize(static_alloc=True, static_shape=True)
+    compression = hvd.Compression.fp16 if args.compression == "fp16" else hvd.Compression.none
     trainer = hvd.DistributedTrainer(params, "sgd", {"learning_rate": args.lr, "momentum": args.momentum,
-                                                    "wd": args.wd})
+                                                    "wd": args.wd}, compression=compression)
     mx.nd.waitall()
     return net, trainer
 
