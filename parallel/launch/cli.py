@@ -40,7 +40,8 @@ def build_parser():
                         help="ssh: a file with one host[:ssh port] a line (# comments and blank lines ignored)")
     parser.add_argument("--env", action="append", default=[], metavar="NAME[:VALUE]",
                         help="set NAME to VALUE for every worker and server, or pass NAME's value from this "
-                             "environment (needed for ssh, where only DMLC_* variables are sent); repeatable")
+                             "environment (with ssh, for a variable not sent by itself: only MXNET_*, OMP_*, "
+                             "KMP_*, PS_*, DMLC_*, PARALLEL_* and PYTHONHASHSEED/PYTHONUNBUFFERED are); repeatable")
     parser.add_argument("--ssh-option", action="append", default=[], metavar="KEY=VALUE",
                         help="ssh: an option passed as 'ssh -o KEY=VALUE', e.g. IdentityFile=~/.ssh/id_job; "
                              "repeatable")
