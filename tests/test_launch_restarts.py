@@ -41,10 +41,13 @@ def test_the_restart_line_names_the_next_starts_workers():
                                                     "printed nothing; starting 2 worker(s) again")
 
 
-def test_exit_status_2_is_never_restarted():
-    """Bad input fails the same way again, whichever process exited with it and however many restarts are left."""
+def test_exit_status_2_is_never_restarted_and_passed_on():
+    """Bad input fails the same way again, whichever process exited with it and however many restarts are left;
+    the launcher exits with 2 too, so that its caller can tell bad input from a crash (exit 1)."""
     bad = Ending(PROCESS_FAILED, "worker 0 (pid 7) exited with status 2; its last output: error: --lr ...", 2)
-    assert decide(bad, 0, 5) == Decision(False, 1, f"error: {bad.message}")
+    assert decide(bad, 0, 5) == Decision(False, 2, f"error: {bad.message}")
+    crashed = Ending(PROCESS_FAILED, "worker 0 (pid 7) exited with status 3; it printed nothing", 3)
+    assert decide(crashed, 5, 5) == Decision(False, 1, f"error: {crashed.message}")
 
 
 @pytest.mark.parametrize("sig, status", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
@@ -141,7 +144,7 @@ def test_the_launcher_stops_at_max_restarts_with_the_last_error_as_its_last_line
 
 
 @pytest.mark.parametrize("ending, status", [
-    (Ending(PROCESS_FAILED, "worker 0 (pid 7) exited with status 2; it printed nothing", 2), 1),
+    (Ending(PROCESS_FAILED, "worker 0 (pid 7) exited with status 2; it printed nothing", 2), 2),
     (Ending(INTERRUPTED, "interrupted by SIGTERM; stopped the 3 processes of the job", signum=signal.SIGTERM), 143),
 ], ids=["status 2", "SIGTERM"])
 def test_the_launcher_does_not_restart_what_the_policy_stops(ending, status, monkeypatch, capsys):
@@ -198,7 +201,7 @@ def test_a_failing_worker_is_restarted_up_to_max_restarts_unless_its_input_is_ba
     script = write_script(tmp_path, "worker.py", WORKER_SCRIPT)
     result = run_launcher(mark, "-n", 1, "-s", 1, "--max-restarts", 2, "--grace", 1, sys.executable, script,
                           tmp_path, "exit", status)
-    assert result.returncode == 1, result.stderr
+    assert result.returncode == (2 if status == 2 else 1), result.stderr   # bad input passed on
     got = [line.split(":")[0] for line in result.stderr.splitlines() if line.startswith("restart ")]
     assert got == restarts, result.stderr
     (line,) = error_lines(result.stderr)

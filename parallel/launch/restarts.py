@@ -127,6 +127,9 @@ def decide(ending, restarts, max_restarts, interrupted=False):
     'restart 1 of 3: worker 1 (pid 7) was killed by SIGKILL; it printed nothing; starting 2 worker(s) again'
     >>> decide(failed, 3, 3)
     Decision(restart=False, status=1, line='error: worker 1 (pid 7) was killed by SIGKILL; it printed nothing')
+    >>> decide(Ending(PROCESS_FAILED, "worker 0 (pid 8) exited with status 2; its last output: error: --lr ...", 2),
+    ...        0, 3).status   # a worker that refused its input: the launcher's status says so too
+    2
     """
     if ending.kind not in KINDS:
         raise ValueError(f"ending.kind must be one of {', '.join(KINDS)}, got {ending.kind!r}")
@@ -134,6 +137,7 @@ def decide(ending, restarts, max_restarts, interrupted=False):
         return Decision(False, 0, None)
     if _restartable(ending) and restarts < max_restarts and not interrupted:
         return Decision(True, None, f"restart {restarts + 1} of {max_restarts}: {ending.message}")
-    status = (128 + ending.signum if ending.kind == INTERRUPTED else USAGE_STATUS if ending.kind == BAD_DISCOVERY
-              else 1)
+    refused = ending.kind == PROCESS_FAILED and ending.returncode == USAGE_STATUS   # bad input, not a crash
+    status = (128 + ending.signum if ending.kind == INTERRUPTED
+              else USAGE_STATUS if ending.kind == BAD_DISCOVERY or refused else 1)
     return Decision(False, status, f"error: {ending.message}")
