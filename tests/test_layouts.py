@@ -181,3 +181,19 @@ def test_every_layout_trains_one_epoch_of_digits_as_one_context(tmp_path):
     compressed = gaps.pop("tensor, compressed data-parallel sum")
     assert all(gap < 1e-5 for gap in gaps.values()), gaps
     assert 1e-7 < compressed < 1e-2, compressed
+
+
+@pytest.mark.parametrize("stages, virtual, advice", [(2, 3, {"virtual": 2}), (3, 2, {"virtual": 1})])
+def test_too_many_interleaved_chunks_are_refused_naming_the_flags_given_and_the_advice_works(stages, virtual,
+                                                                                            advice):
+    """``--virtual-stages 3`` on LeNet's 4 layers cut 2 x 3 = 6 chunks: the refusal names the stages and the
+    virtual stages (not a ``--stages 6`` nobody typed), and the layout it advises builds."""
+    from parallel import init_lenet_params
+    ctx = [mx.cpu(i) for i in range(stages)]
+    layout = Layout("pipeline", stages=stages, virtual=virtual, micro_batches=stages * 2, schedule="1f1b")
+    with pytest.raises(ValueError, match=f"^{stages} stages x virtual_stages={virtual} make {stages * virtual} "
+                                         f"chunks, which cannot split LeNet's 4 layers; use virtual_stages "
+                                         f"{advice['virtual']}"):
+        make_strategy(layout, init_lenet_params(seed=0), ctx)
+    followed = layout.replace(**advice, schedule="1f1b" if advice["virtual"] > 1 else "gpipe")
+    assert make_strategy(followed, init_lenet_params(seed=0), ctx).layout.chunks <= 4

@@ -121,6 +121,18 @@ class Chunk:
         return grads
 
 
+
+def _check_chunks(layout, chunks, layers):
+    """Interleaving cuts ``stages x virtual_stages`` chunks: more than the model's layers is refused naming the two
+    flags the user gave (``stage_ranges`` would name a number of stages nobody typed)."""
+    if chunks is None or layout.virtual == 1 or chunks <= layers.count:
+        return
+    stages, virtual = layout.stages_given, layout.virtual
+    fits = [v for v in range(virtual - 1, 1, -1) if stages * v <= layers.count]
+    advice = f"{{virtual_stages}} {fits[0]}" if fits else f"{{virtual_stages}} 1 or fewer {{stages}}"
+    raise BadValue("virtual_stages", f"{stages} stages x {{virtual_stages={virtual}}} make {chunks} chunks, which "
+                                     f"cannot split {layers.what}; use {advice}")
+
 class Hybrid(Strategy, Replicas):
     """Data parallelism over replicas of pipeline stages of tensor groups, with ZeRO and recomputation (see the
     module's docstring).
@@ -176,6 +188,7 @@ class Hybrid(Strategy, Replicas):
         behaviour = behaviour_of(params)
         layers = behaviour.layers(params)
         chunks = None if self.layout.boundaries is not None else self.layout.chunks
+        _check_chunks(self.layout, chunks, layers)
         self.ranges = stage_ranges(chunks, self.layout.boundaries, *layers)
         self.placement = self.layout.place(len(ctx_list))
         self.ctx_list = list(ctx_list[:self.placement.used])
