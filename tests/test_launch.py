@@ -467,3 +467,21 @@ def test_a_bad_host_timeout_is_one_line(value, capsys):
     assert main(["-n", "1", "--host-timeout", value, "python", "x.py"]) == 2
     (line,) = capsys.readouterr().err.splitlines()
     assert line.startswith("error: --host-timeout must be")
+
+
+@pytest.mark.parametrize("line, chatter", [
+    ("[02:08:30] ../3rdparty/ps-lite/src/van.cc:455: Barrier count for 7 : 1", True),
+    # two of ps-lite's threads writing at once: the pieces of their lines come mixed
+    ("[[02:08:30] 02:08:30../3rdparty/ps-lite/src/van.cc] ../3rdparty/ps-lite/src/van.cc:455: Barrier count for 7 : 2",
+     True),
+    ("02:08:30] ../3rdparty/ps-lite/src/van.cc:455: ", True),
+    ("[02:08:30] ../3rdparty/ps-lite/src/van.cc] 1 => 9. Meta: request=1, timestamp=3, control={ cmd=BARRIER }", True),
+    ("[02:08:30] ../3rdparty/ps-lite/src/van.cc:136: Check failed: node.id != Node::kEmpty", False),
+    ("terminate called after throwing an instance of 'dmlc::Error'", False),
+    ("", False),
+])
+def test_the_schedulers_chatter_is_known_also_when_its_threads_mix_their_lines(line, chatter):
+    """ps-lite's threads write their log lines piece by piece: the filter finds the chatter wherever its words
+    are (it once let a mixed 'Barrier count' line through), and never hides an error."""
+    from parallel.launch.job import is_ps_chatter
+    assert is_ps_chatter(line) is chatter

@@ -20,7 +20,7 @@ from .processes import (GROUP_GONE_SECONDS, default_servers, kill_group, plan_pr
 from .restarts import (DIVERGED, INTERRUPTED, NOT_STARTED, PROCESS_FAILED, STALL_TIMEOUT, START_TIMEOUT, SUCCESS,
                        TOO_FEW_HOSTS, Ending, Failure)
 
-__all__ = ["START_LINE", "Job", "Signals", "plan_start", "write_line", "describe_status"]
+__all__ = ["START_LINE", "Job", "Signals", "plan_start", "write_line", "describe_status", "is_ps_chatter"]
 
 #: What ps-lite's scheduler logs (on stderr, with ``PS_VERBOSE`` >= 1) once every node has registered:
 #: ``... van.cc:97: the scheduler is connected to 2 workers and 1 servers``.
@@ -30,9 +30,12 @@ START_LINE = re.compile(r"the scheduler is connected to (\d+) workers and (\d+) 
 # "... van.cc:419: ? => 1. Meta: request=0, timestamp=0, control={ cmd=ADD_NODE, node={ role=worker, ip=..., port=..."
 _REGISTRATION = re.compile(r"=> 1\. Meta: .*cmd=ADD_NODE, node=\{ role=(\w+), ip=([^,]+), port=(\d+)")
 # The rest of its PS_VERBOSE=2 log (binding, ranks, barriers, messages, stopping): hidden unless the user set
-# PS_VERBOSE, since the launcher sets it only to watch the start.
-_PS_CHATTER = re.compile(r"ps-lite/src/[\w./]+:\d+: (Bind to |assign rank=|Barrier count |\S+ => \S+\. Meta: |"
-                         r"H\[\d+\] is stopp)")
+# PS_VERBOSE, since the launcher sets it only to watch the start. ps-lite's threads write their log lines piece by
+# piece, so two lines can come mixed ("[[02:08:30] 02:08:30../3rdparty/ps-lite/src/van.cc] ..."): a message is
+# known by its words wherever they are in the scheduler's line, and a line left with nothing but pieces of log
+# headers (times, ps-lite's file names) is chatter too.
+_PS_CHATTER = re.compile(r"Bind to |assign rank=|Barrier count |\S+ => \S+\. Meta: |H\[\d+\] is stopp")
+_PS_HEADER_PIECES = re.compile(r"\d\d:\d\d:\d\d|(\.\./)?(3rdparty/)?ps-lite/src/[\w./]+(:\d+)?:?|[\[\]\s]")
 # ssh's own note when a -tt session ends.
 _SSH_CLOSED = re.compile(r"^Connection to \S+ closed\.$")
 # ssh's line when a host stopped answering its keepalives (ServerAliveInterval x ServerAliveCountMax).
@@ -56,6 +59,19 @@ def _host_not_responding(child):
         if found:
             return found.group(1)
     return None
+
+
+def is_ps_chatter(line):
+    """Whether a line of the scheduler's ``PS_VERBOSE=2`` log is routine chatter, whole or mixed with another.
+
+    >>> is_ps_chatter("[02:08:30] ../3rdparty/ps-lite/src/van.cc:455: Barrier count for 7 : 1")
+    True
+    >>> is_ps_chatter("[[02:08:30] 02:08:30../3rdparty/ps-lite/src/van.cc] ../3rdparty/ps-lite/src/van.cc:455: ")
+    True
+    >>> is_ps_chatter("[02:08:30] ../3rdparty/ps-lite/src/van.cc:136: Check failed: node.id != Node::kEmpty")
+    False
+    """
+    return bool(_PS_CHATTER.search(line)) or (bool(line.strip()) and not _PS_HEADER_PIECES.sub("", line))
 
 
 def describe_status(returncode):
@@ -201,7 +217,7 @@ class Job:
             if START_LINE.search(line):
                 self.connected.set()
                 return False
-        return self.quiet_scheduler and bool(_PS_CHATTER.search(line))
+        return self.quiet_scheduler and is_ps_chatter(line)
 
     def start(self):
         for spec in plan_processes(self.args):
