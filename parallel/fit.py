@@ -29,6 +29,7 @@ from tqdm import tqdm
 import mxnet as mx
 
 from .checkpoint import Snapshot, TrainingState
+from .comm.replica import FlatReplica
 from .compress.feedback import job_names, place
 from .config import RunConfig
 from .data import iterate_batches, num_batches
@@ -72,7 +73,18 @@ class NonFiniteLossError(BadValue):
     def at(cls, value, epoch, batch, changed):
         """The error for a loss that became ``value`` at ``batch`` of ``epoch``; ``changed`` maps the optimizer's
         hyper-parameters set away from their defaults to their values (``Optimizer.changed``)."""
-        where = f"the loss became {value} at epoch {epoch}, batch {batch} (training diverged)"
+        return cls.diverged(f"the loss became {value} at epoch {epoch}, batch {batch} (training diverged)", changed)
+
+    @classmethod
+    def parameters(cls, epoch, batch, changed):
+        """The error for parameters found non-finite after ``batch`` of ``epoch`` (the loss may stay finite: a
+        saturated activation hides an infinite weight)."""
+        return cls.diverged(f"the parameters became NaN or infinite by epoch {epoch}, batch {batch} (training "
+                            "diverged)", changed)
+
+    @classmethod
+    def diverged(cls, where, changed):
+        """The error naming the likely causes of ``where`` (what became non-finite, when)."""
         if not changed or list(changed) == ["lr"]:   # nothing else was touched: the rate is too large for the model
             return cls("lr", f"{{lr}} is too large: {where}; lower it")
         named = [f"{{{name}={value:g}}}" for name, value in changed.items()]
@@ -81,6 +93,19 @@ class NonFiniteLossError(BadValue):
                                             "lower it")
         return cls(next(iter(changed)), f"{where}; the likely causes are the settings away from their defaults, "
                                         f"{', '.join(named[:-1])} or {named[-1]}: lower them")
+
+
+def finite_parameters(strategy):
+    """Whether every trained array the strategy holds on this worker is finite, and in a job on every worker (a
+    collective: every worker calls it at the same point). An array times 0 sums to 0 exactly when it holds no NaN
+    or infinity; one read for all the arrays."""
+    sums = [mx.nd.sum(array * 0).as_in_context(mx.cpu())
+            for group in strategy.groups() for replica in group
+            for array in ([replica.data] if isinstance(replica, FlatReplica) else replica) if array.size]
+    bad = float(mx.nd.add_n(*sums).asscalar() != 0) if sums else 0.0   # NaN != 0
+    if strategy.job is not None:
+        bad = sum_values(strategy.job, [bad])[0]
+    return not bad
 
 
 class TrainingStopped(Exception):
@@ -169,6 +194,11 @@ class _Run:
             tracing, self.tracing = self.tracing, None
             tracing.__exit__(None, None, None)
 
+    def check_parameters(self, epoch, batch):
+        """Raise ``NonFiniteLossError`` unless the parameters are finite after ``batch`` of ``epoch``."""
+        if not finite_parameters(self.strategy):
+            raise NonFiniteLossError.parameters(epoch, batch, self.optimizer.changed())
+
     def checkpoint(self, on_checkpoint, state):
         """Hand ``on_checkpoint`` a ``Snapshot``: the position, the model's arrays, the optimizer's whole state and
         every worker's error feedback, read after the queued steps (in a job, every worker takes part; rank 0
@@ -176,6 +206,8 @@ class _Run:
         checkpoint is written (a worker that does not write reads them too: ``parallel.checkpoint.read_all``)."""
         if on_checkpoint is not None:
             strategy = self.strategy
+            if state.batch:   # within an epoch (an epoch's end was checked as it ended)
+                self.check_parameters(state.epoch, state.batch)
             feedback = _gather_feedback(strategy)
             on_checkpoint(Snapshot(state, strategy.lazy_params(), strategy.aux(), strategy.gather_state(self.optimizer),
                                    feedback))
@@ -390,7 +422,8 @@ def fit(dataset, strategy, optimizer, config, on_epoch=None, on_checkpoint=None,
     Raises
     ------
     NonFiniteLossError
-        When the loss becomes NaN or infinite, naming the epoch and the batch.
+        When the loss becomes NaN or infinite, naming the epoch and the batch, or the parameters do (checked at
+        each epoch's end and before each checkpoint within an epoch).
     TrainingStopped
         When ``stop()`` returned True.
     ValueError, TypeError
@@ -414,6 +447,7 @@ def fit(dataset, strategy, optimizer, config, on_epoch=None, on_checkpoint=None,
     try:
         for epoch in range(state.epoch, config.epochs + 1):
             totals = _train_epoch(run, epoch, state, stop, on_checkpoint, history)
+            run.check_parameters(epoch, per_epoch)
             metrics = _epoch_metrics(strategy, dataset, epoch, totals, config.batch_size)
             history.append(metrics)
             if on_epoch is not None:

@@ -136,6 +136,20 @@ def test_loss_becoming_nan_stops_with_epoch_and_batch(data_dir, capsys):
     assert len(err.splitlines()) == 1
 
 
+@pytest.mark.parametrize("output", [[], ["--export", "model"], ["--checkpoint-dir", "ckpt", "--checkpoint-every", "2"]])
+def test_weights_becoming_infinite_under_a_finite_loss_stop_with_one_line(output, capsys, tmp_path, monkeypatch):
+    """--lr 1e30 (within float32) makes LeNet's weights infinite while its loss stays finite (its sigmoids
+    saturate): with or without an output file, one line and status 2, and nothing written."""
+    data = write_idx_files(tmp_path, easy_dataset(num_train=60, num_test=10))
+    monkeypatch.chdir(tmp_path)
+    status = main(["--devices", "cpu:2", "--epochs", "2", "--batch-size", "10", "--lr", "1e30",
+                   "--data-dir", str(data), "--no-progress", *output])
+    err = capsys.readouterr().err.strip()
+    assert status == 2 and len(err.splitlines()) == 1, err
+    assert err.startswith("error: --lr is too large: the parameters became NaN or infinite by epoch 1, batch "), err
+    assert not list(tmp_path.glob("model*")) and not list(tmp_path.glob("ckpt/*.params"))
+
+
 @pytest.mark.parametrize("args, blamed", [
     (["--wd", "1e30"], "error: --wd 1e+30 is likely too large (set away from its default): the loss became nan"),
     (["--optimizer", "adamw", "--wd", "1e38"], "error: --wd 1e+38 is likely too large (set away from its default)"),
@@ -726,3 +740,37 @@ def test_every_refusal_names_its_flag_and_no_api_name(argv, flag, capsys):
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and len(err.splitlines()) == 1, err
     assert flag in err and not any(name in err for name in _API_NAMES), err
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf")])
+def test_finite_parameters_finds_one_non_finite_element_on_any_worker(value):
+    """One element of one replica (of one worker of a job) is enough; a finite model passes."""
+    from parallel.fit import finite_parameters
+    from conftest import in_threads, lenet_strategy
+    strategy = lenet_strategy([mx.cpu(0), mx.cpu(1)])
+    assert finite_parameters(strategy)
+    strategy.groups()[0][1][0][0, 0, 0, 0] = value   # replica 1, LeNet's conv1 weight
+    assert not finite_parameters(strategy)
+
+    def work(job, rank):
+        from parallel import Reducer
+        worker = lenet_strategy([mx.cpu(rank)], reducer=Reducer(job=job))
+        if rank == 1:
+            worker.groups()[0][0][0][0, 0, 0, 0] = value
+        return finite_parameters(worker)
+    assert in_threads(2, work)[0] == [False, False]   # every worker gets the same answer
+
+
+@pytest.mark.parametrize("layout", [{}, {"zero": 3}, {"name": "pipeline", "stages": 2}])
+def test_parameters_that_became_infinite_stop_the_run_though_the_loss_stays_finite(layout):
+    """--lr 1e30 makes LeNet's weights infinite while its loss stays finite (its sigmoids saturate): the run ends
+    as a non-finite loss ends it, naming the rate, before any checkpoint or export could take the model."""
+    from parallel.optim import SGD
+    from conftest import lenet_strategy
+    snapshots = []
+    with pytest.raises(NonFiniteLossError, match=r"^lr is too large: the parameters became NaN or infinite by "
+                                                 r"epoch 1, batch \d+ \(training diverged\); lower it$"):
+        fit(easy_dataset(num_train=60, num_test=10), lenet_strategy([mx.cpu(0), mx.cpu(1)], **layout),
+            SGD(1e30, zero=layout.get("zero", 0)), RunConfig(epochs=2, batch_size=10, checkpoint_every=2),
+            on_checkpoint=snapshots.append)
+    assert snapshots == []
