@@ -520,10 +520,19 @@ def _read_compression_arrays(path):
 
 
 def _load(path):
+    """The arrays of an MXNet parameter file, each checked finite (a checkpoint never stores a NaN or an
+    infinity: one here was altered after it was written, its digest with it)."""
     try:
-        return mx.nd.load(path)
+        loaded = mx.nd.load(path)
     except mx.base.MXNetError:
         raise CheckpointError(f"{path}: not an MXNet parameter file") from None
+    for key, array in sorted(loaded.items()) if isinstance(loaded, dict) else enumerate(loaded):
+        values = array.asnumpy()
+        if not np.isfinite(values).all():
+            raise CheckpointError(f"{path}: {key} holds {values.size - np.isfinite(values).sum()} NaN or infinite "
+                                  "values, which no checkpoint stores; the file was altered after it was written: "
+                                  "resume from another checkpoint or start anew")
+    return loaded
 
 
 def _read_manifest(manifest_path, model):

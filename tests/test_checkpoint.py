@@ -1,4 +1,5 @@
 """Checkpoints and exact resume through the API: bitwise on the same layout, rtol 1e-5 across layouts."""
+import hashlib
 import json
 import os
 
@@ -248,6 +249,7 @@ def test_a_diverging_run_writes_no_checkpoint(tmp_path):
     ("missing params", "missing, but checkpoint.json names it"),
     ("truncated params", "sha256 differs"),
     ("field missing", "a field is missing or malformed"),
+    ("NaN, digest updated", r"conv1_bias holds 1 NaN or infinite values, which no checkpoint stores"),
 ])
 def test_damaged_checkpoints_are_refused_with_one_line(tmp_path, damage, message):
     state = TrainingState(1, 2, 0.5, 1.0, 0.1, epoch_seed(0, 1), [])
@@ -267,6 +269,12 @@ def test_damaged_checkpoints_are_refused_with_one_line(tmp_path, damage, message
         params_path.unlink()
     elif damage == "truncated params":
         params_path.write_bytes(params_path.read_bytes()[:1000])
+    elif damage.startswith("NaN"):   # a NaN written in, and the manifest's digest made to match it
+        arrays = mx.nd.load(str(params_path))
+        arrays["conv1_bias"][2] = float("nan")
+        mx.nd.save(str(params_path), arrays)
+        manifest["params_sha256"] = hashlib.sha256(params_path.read_bytes()).hexdigest()
+        manifest_path.write_text(json.dumps(manifest))
     else:
         del manifest["state"]
         manifest_path.write_text(json.dumps(manifest))
