@@ -74,12 +74,17 @@ def is_ps_chatter(line):
     return bool(_PS_CHATTER.search(line)) or (bool(line.strip()) and not _PS_HEADER_PIECES.sub("", line))
 
 
-def describe_status(returncode):
-    """``exited with status 3`` or ``was killed by SIGKILL``.
+def describe_status(returncode, over_ssh=False):
+    """``exited with status 3`` or ``was killed by SIGKILL``; ``over_ssh``: the status is ssh's, whose 255 stands
+    for a remote process killed by a signal as well as for ssh's own failure.
 
     >>> describe_status(3), describe_status(-9)
     ('exited with status 3', 'was killed by SIGKILL')
+    >>> describe_status(255, over_ssh=True)
+    'exited with status 255 (ssh: killed by a signal there, or ssh failed)'
     """
+    if returncode == 255 and over_ssh:
+        return "exited with status 255 (ssh: killed by a signal there, or ssh failed)"
     if returncode >= 0:
         return f"exited with status {returncode}"
     try:
@@ -296,7 +301,7 @@ class Job:
                     "the job's other processes wait for them in its collectives")
         lines = [line.strip() for line in child.tail if line.strip()]
         output = f"its last output: {' | '.join(lines)}" if lines else "it printed nothing"
-        return f"{child.describe()} {describe_status(child.returncode)}; {output}"
+        return f"{child.describe()} {describe_status(child.returncode, child.spec.host is not None)}; {output}"
 
     def _start_timeout_message(self):
         args = self.args
