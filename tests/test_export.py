@@ -217,3 +217,22 @@ def test_export_refuses_bad_prefix_or_epoch(tmp_path, prefix, epoch, error, mess
 def test_to_gluon_refuses_a_bad_ctx(ctx):
     with pytest.raises(TypeError, match="ctx must be a Context or a non-empty list"):
         to_gluon(init_lenet_params(seed=0), ctx=ctx)
+
+
+@pytest.mark.parametrize("model", ["resnet18", "vit", "transformer"])
+def test_every_instance_of_a_model_exports_the_same_names(tmp_path, model):
+    """gluon names a block's arrays by the instances made so far unless it has a prefix: an exported ViT was
+    hybridsequential0_... after a straight run and hybridsequential1_... after a resumed one (which builds the
+    model twice). Every instance of the package's models now names its arrays alike, and exports alike."""
+    import json
+    from parallel.export import export_gluon
+    from parallel.models import MODELS
+    init = MODELS[model].behaviour.init
+    names = []
+    for i in range(2):
+        block = init(seed=i)
+        names.append([param.name for param in block.collect_params().values()])
+        symbol_file, params_file = export_gluon(block, str(tmp_path / f"{model}{i}"))
+        names.append(sorted(mx.nd.load(params_file)))
+        names.append([node["name"] for node in json.load(open(symbol_file))["nodes"]])
+    assert names[:3] == names[3:] and names[0][0].startswith(f"{model}_"), names[0][:2]

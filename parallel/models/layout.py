@@ -28,9 +28,9 @@ class Layout(NamedTuple):
 def block_names(block):
     """The names of a gluon block's arrays that are the same for every instance of the network.
 
-    gluon's ``Parameter.name`` counts the instances made so far (``hybridsequential3_conv0_weight``), so a
-    fresh ``init_resnet18()`` names its arrays differently from the one that wrote a checkpoint. The
-    structural names (``"0.0.weight"``: child 0, its child 0, ``weight``), which ``save_parameters`` writes,
+    gluon's ``Parameter.name`` counts the instances made so far (``hybridsequential3_conv0_weight``) unless a
+    block is given its prefix (the package's models are: ``resnet18_``, ``vit_``, ``transformer_``), so a
+    user's block names its arrays differently in each instance. The structural names (``"0.0.weight"``: child 0, its child 0, ``weight``), which ``save_parameters`` writes,
     do not change.
 
     Returns

@@ -81,11 +81,12 @@ def _stage(channels, residuals, first=False):
 def resnet18(num_classes=10):
     """The textbook's ResNet-18 for small images, uninitialized: 7 children, cut points for model and
     pipeline parallelism (stem, four stages of two residual blocks, pooling, classifier)."""
-    net = nn.HybridSequential()
-    net.add(nn.HybridSequential())
-    net[0].add(nn.Conv2D(64, kernel_size=3, strides=1, padding=1), nn.BatchNorm(), nn.Activation("relu"))
-    net.add(_stage(64, 2, first=True), _stage(128, 2), _stage(256, 2), _stage(512, 2))
-    net.add(nn.GlobalAvgPool2D(), nn.Dense(num_classes))
+    net = nn.HybridSequential(prefix="resnet18_")   # a fixed name, its blocks named in its scope: every instance
+    with net.name_scope():                           # exports the same names
+        net.add(nn.HybridSequential())
+        net[0].add(nn.Conv2D(64, kernel_size=3, strides=1, padding=1), nn.BatchNorm(), nn.Activation("relu"))
+        net.add(_stage(64, 2, first=True), _stage(128, 2), _stage(256, 2), _stage(512, 2))
+        net.add(nn.GlobalAvgPool2D(), nn.Dense(num_classes))
     return net
 
 

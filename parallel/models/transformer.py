@@ -90,7 +90,7 @@ def transformer(num_classes=10, dim=32, heads=4, depth=2, mlp_dim=64, rows=28, w
         check_int(value, name, low=1)
     if dim % heads:
         raise BadValue("dim", f"{{dim={dim}}} must be a multiple of {{heads={heads}}}")
-    net = nn.HybridSequential()
+    net = nn.HybridSequential(prefix="transformer_")   # a fixed name: every instance exports the same names
     with net.name_scope():
         net.add(RowEmbedding(dim, rows, width))
         for _ in range(depth):

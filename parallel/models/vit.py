@@ -132,7 +132,7 @@ def vit(num_classes=10, dim=64, heads=4, depth=4, mlp_dim=128, patch=7, image=28
         check_int(value, name, low=1)
     if image % patch:
         raise ValueError(f"the image's side must be a multiple of patch, got image {image} and patch {patch}")
-    net = nn.HybridSequential()
+    net = nn.HybridSequential(prefix="vit_")   # a fixed name: every instance exports the same names
     with net.name_scope():
         net.add(PatchEmbedding(dim, patch, image))
         for _ in range(depth):
