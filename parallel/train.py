@@ -382,6 +382,7 @@ def run(args, stack):
             raise _Stopped(report.stopped(e.state, args.checkpoint_dir, _resume_command(args.argv)),
                            128 + stop.signum) from None
     steps.export(args, strategy, initial, report)
+    steps.announce_trace(args, job, report)
 
 
 def main(argv=None):

@@ -7,6 +7,7 @@ rank 0 alone reads the checkpoint (and broadcasts it), prints and writes.
 import math
 import os
 import sys
+import types
 
 from .checkpoint import (CheckpointError, CheckpointWriteError, CheckpointWriter, check_compatible, read_all,
                          check_run_config, dataset_fingerprint, has_checkpoint, load_checkpoint)
@@ -25,11 +26,11 @@ from .optim import SGD, Constant, Cosine, Step, make_optimizer, memory_table
 from .files import export_files
 from .report import Report, format_memory
 from .strategies import make_strategy
-from .trace import check_traceable
+from .trace import check_traceable, worker_path
 
 __all__ = ["join_job", "read_checkpoint", "devices", "check_trace", "load_dataset", "schedule_of", "optimizer_of",
            "lay_out", "checkpoint_record", "check_resume", "open_report", "announce_start", "train", "export",
-           "TrainingStopped"]
+           "announce_trace", "TrainingStopped"]
 
 
 def join_job(args):
@@ -251,6 +252,18 @@ def _gathered(snapshot):
     """What a worker but rank 0 does with a checkpoint it helps gather: reads the arrays gathered as the checkpoint
     is written (ZeRO-3's, one at a time, in the writer's order), and drops them."""
     read_all(snapshot)
+
+
+def announce_trace(args, job, report):
+    """``--trace``: the run's last line says where the timeline was written and what opens it (rank 0 names every
+    worker's file)."""
+    if args.trace is None or not report.main_rank:
+        return
+    workers = 1 if job is None else job.num_workers
+    files = [worker_path(args.trace, types.SimpleNamespace(rank=rank, num_workers=workers))
+             for rank in range(workers)]
+    where = files[0] if workers == 1 else f"{files[0]} .. {files[-1]} (a file a worker)"
+    print(f"trace written to {where}: open it in Perfetto (ui.perfetto.dev) or chrome://tracing", flush=True)
 
 
 def export(args, strategy, initial, report):

@@ -119,6 +119,8 @@ def test_the_cli_writes_a_trace_of_steps_2_to_4(tmp_path, capsys):
     path = tmp_path / "steps.json"
     assert main(["--data-dir", str(data_dir), "--epochs", "1", "--devices", "cpu:2", "--batch-size", "32",
                  "--no-progress", "--trace", str(path)]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == (f"trace written to {path}: open it in Perfetto "
+                                                        "(ui.perfetto.dev) or chrome://tracing")
     timeline = read_trace(path)
     _phases_in_order(timeline, ["cpu(0)", "cpu(1)"])
     assert [e["args"]["op"] for e in timeline.events if e.get("ph") == "X"].count("sgd_update") == 3 * 2
@@ -142,12 +144,14 @@ def test_model_and_pipeline_traces_name_their_backward_pass(layout, tmp_path):
 
 
 @pytest.mark.parametrize("examples, steps", [(20, 1), (64, 2)])
-def test_a_run_shorter_than_the_traced_steps_traces_what_it_ran(examples, steps, tmp_path):
+def test_a_run_shorter_than_the_traced_steps_traces_what_it_ran(examples, steps, tmp_path, capsys):
     """A run of fewer than 4 steps wrote no trace (one step: nothing at all, and no word of it)."""
     data_dir = write_idx_files(tmp_path, easy_dataset(num_train=examples, num_test=10, seed=4))
     path = tmp_path / "steps.json"
     assert main(["--data-dir", str(data_dir), "--epochs", "1", "--devices", "cpu:2", "--batch-size", "32",
                  "--no-progress", "--trace", str(path)]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == (f"trace written to {path}: open it in Perfetto "
+                                                        "(ui.perfetto.dev) or chrome://tracing")
     timeline = read_trace(path)
     _phases_in_order(timeline, ["cpu(0)", "cpu(1)"])
     updates = [e["args"]["op"] for e in timeline.events if e.get("ph") == "X"].count("sgd_update")
