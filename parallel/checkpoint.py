@@ -527,9 +527,9 @@ def _load(path):
     except mx.base.MXNetError:
         raise CheckpointError(f"{path}: not an MXNet parameter file") from None
     for key, array in sorted(loaded.items()) if isinstance(loaded, dict) else enumerate(loaded):
-        values = array.asnumpy()
-        if not np.isfinite(values).all():
-            raise CheckpointError(f"{path}: {key} holds {values.size - np.isfinite(values).sum()} NaN or infinite "
+        finite = np.isfinite(array.asnumpy())
+        if not finite.all():
+            raise CheckpointError(f"{path}: {key} holds {finite.size - finite.sum()} NaN or infinite "
                                   "values, which no checkpoint stores; the file was altered after it was written: "
                                   "resume from another checkpoint or start anew")
     return loaded

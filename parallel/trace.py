@@ -373,14 +373,15 @@ def _timeline(raw, fresh, worker, path, contexts):
     return Trace(metadata + events, [names[pid] for pid in pids], path)
 
 
-def worker_path(path, job):
-    """Where worker ``job.rank`` of a job of several workers writes the trace ``path``: ``.workerR`` inserted before
-    the extension (``step.json`` -> ``step.worker1.json``); ``path`` itself with no job or one worker."""
+def worker_path(path, job, rank=None):
+    """Where worker ``rank`` (default ``job.rank``) of a job of several workers writes the trace ``path``:
+    ``.workerR`` inserted before the extension (``step.json`` -> ``step.worker1.json``); ``path`` itself with no
+    job or one worker."""
     path = os.fspath(path)
     if job is None or job.num_workers == 1:
         return path
     stem, ext = os.path.splitext(path)
-    return f"{stem}.worker{job.rank}{ext}"
+    return f"{stem}.worker{job.rank if rank is None else rank}{ext}"
 
 
 def read_trace(path):

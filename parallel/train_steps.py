@@ -7,7 +7,6 @@ rank 0 alone reads the checkpoint (and broadcasts it), prints and writes.
 import math
 import os
 import sys
-import types
 
 from .checkpoint import (CheckpointError, CheckpointWriteError, CheckpointWriter, check_compatible, read_all,
                          check_run_config, dataset_fingerprint, has_checkpoint, load_checkpoint)
@@ -259,10 +258,9 @@ def announce_trace(args, job, report):
     worker's file)."""
     if args.trace is None or not report.main_rank:
         return
-    workers = 1 if job is None else job.num_workers
-    files = [worker_path(args.trace, types.SimpleNamespace(rank=rank, num_workers=workers))
-             for rank in range(workers)]
-    where = files[0] if workers == 1 else f"{files[0]} .. {files[-1]} (a file a worker)"
+    where = worker_path(args.trace, job, rank=0)
+    if job is not None and job.num_workers > 1:
+        where += f" .. {worker_path(args.trace, job, rank=job.num_workers - 1)} (a file a worker)"
     print(f"trace written to {where}: open it in Perfetto (ui.perfetto.dev) or chrome://tracing", flush=True)
 
 

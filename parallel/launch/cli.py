@@ -180,8 +180,9 @@ def main(argv=None):
     0 when every worker exited with 0; 1 with one ``error:`` line on stderr when a process failed, the job did
     not start within ``--start-timeout`` or stalled (after ``--max-restarts`` restarts, one line each); 2 with
     one ``error:`` line for input that cannot work, the launcher's or a worker's (a process that exits with 2,
-    ``python -m parallel.train``'s status for bad input, is not restarted); 130 or 143 after Ctrl-C or SIGTERM. In every case the
-    processes it started are gone when it returns, and if the launcher itself is killed, its watchdog ends them.
+    ``python -m parallel.train``'s status for bad input, is not restarted); 130 or 143 after Ctrl-C or SIGTERM.
+    In every case the processes it started are gone when it returns, and if the launcher itself is killed, its
+    watchdog ends them.
     """
     argv = sys.argv[1:] if argv is None else list(argv)
     try:

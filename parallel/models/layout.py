@@ -30,8 +30,8 @@ def block_names(block):
 
     gluon's ``Parameter.name`` counts the instances made so far (``hybridsequential3_conv0_weight``) unless a
     block is given its prefix (the package's models are: ``resnet18_``, ``vit_``, ``transformer_``), so a
-    user's block names its arrays differently in each instance. The structural names (``"0.0.weight"``: child 0, its child 0, ``weight``), which ``save_parameters`` writes,
-    do not change.
+    user's block names its arrays differently in each instance. The structural names (``"0.0.weight"``: child 0,
+    its child 0, ``weight``), which ``save_parameters`` writes, do not change.
 
     Returns
     -------

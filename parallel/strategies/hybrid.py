@@ -121,7 +121,6 @@ class Chunk:
         return grads
 
 
-
 def _check_chunks(layout, chunks, layers):
     """Interleaving cuts ``stages x virtual_stages`` chunks: more than the model's layers is refused naming the two
     flags the user gave (``stage_ranges`` would name a number of stages nobody typed)."""
@@ -132,6 +131,7 @@ def _check_chunks(layout, chunks, layers):
     advice = f"{{virtual_stages}} {fits[0]}" if fits else f"{{virtual_stages}} 1 or fewer {{stages}}"
     raise BadValue("virtual_stages", f"{stages} stages x {{virtual_stages={virtual}}} make {chunks} chunks, which "
                                      f"cannot split {layers.what}; use {advice}")
+
 
 class Hybrid(Strategy, Replicas):
     """Data parallelism over replicas of pipeline stages of tensor groups, with ZeRO and recomputation (see the
