@@ -13,10 +13,11 @@ them, ``users_input`` turns those errors into ``UsageError`` naming the command'
 """
 import argparse
 import contextlib
+import math
 import re
 
-__all__ = ["UsageError", "Parser", "flag_message", "users_input", "finite_float", "warning_lines", "RESTART_ENV",
-           "JOB_ENV", "USAGE_STATUS", "restart_count", "launched"]
+__all__ = ["UsageError", "Parser", "flag_message", "users_input", "finite_float", "positive_float",
+           "warning_lines", "RESTART_ENV", "JOB_ENV", "USAGE_STATUS", "restart_count", "launched"]
 
 #: The exit status of a command given input that cannot work. ``python -m parallel.launch --max-restarts`` does
 #: not restart a job whose worker exited with it: the same input would fail the same way again.
@@ -71,18 +72,34 @@ class Parser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
     def error(self, message):
-        raise UsageError(message)
+        # a type's refusal ("argument --lr: must be ...") in the words of the flags' own checks: "--lr must be ..."
+        match = re.fullmatch(r"argument (-[^\s:/]+)(?:/\S+)?: (must .*)", message, re.DOTALL)
+        raise UsageError(f"{match.group(1)} {match.group(2)}" if match else message)
 
 
-def finite_float(text):
-    """An ``argparse`` type: a finite float."""
+def _number(text, positive):
+    """``text`` as a finite float (> 0 if ``positive``), refused in the words the flags' own range checks use
+    (``parallel.validate.check_number``), the value shown as a float when it is one: ``Parser`` puts the flag
+    first, so every bad value of a flag reads alike."""
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if value != value or value in (float("inf"), float("-inf")):
-        raise argparse.ArgumentTypeError(f"{text!r} is not finite")
+        value = None
+    if value is None or not math.isfinite(value) or (positive and not value > 0):
+        given = repr(text) if value is None else repr(value)
+        raise argparse.ArgumentTypeError(f"must be a finite number{' > 0' if positive else ''}, got {given}")
     return value
+
+
+def finite_float(text):
+    """An ``argparse`` type: a finite float (``--wd nan``: ``--wd must be a finite number, got nan``)."""
+    return _number(text, positive=False)
+
+
+def positive_float(text):
+    """An ``argparse`` type: a finite float > 0, every other value refused alike (``--bucket-mb 0``, ``nan`` or
+    ``x``: ``--bucket-mb must be a finite number > 0, got 0.0``, ``nan``, ``'x'``)."""
+    return _number(text, positive=True)
 
 
 def flag_message(message, flags):

@@ -58,8 +58,8 @@ import contextlib
 import os
 import shlex
 
-from .cli import (JOB_ENV, USAGE_STATUS, Parser, UsageError, finite_float, launched, restart_count, users_input,
-                  warning_lines)
+from .cli import (JOB_ENV, USAGE_STATUS, Parser, UsageError, finite_float, launched, positive_float, restart_count,
+                  users_input, warning_lines)
 from .comm import ALGORITHMS, DEFAULT_ALGORITHM, DEFAULT_BUCKET_MB
 from .data import DATASETS
 from .config import FLAGS, layout_of_args, optimizer_defaults, run_config
@@ -104,7 +104,7 @@ def build_parser():
         "'gpu:I,J,...' (GPU indices as CUDA_VISIBLE_DEVICES numbers them); default auto")
     add("--epochs", type=int, default=10, help="number of epochs (>= 1); default 10")
     add("--batch-size", type=int, default=256, help="global batch size, split across the devices (>= 1); default 256")
-    add("--lr", type=finite_float, default=None,
+    add("--lr", type=positive_float, default=None,
         help=f"learning rate (> 0, at most {LR_RANGE[1]:.2e}); default 0.2 for sgd, 0.001 for adam and adamw")
     add("--dataset", choices=list(DATASETS), default="fashion-mnist",
         help="default fashion-mnist (downloaded when missing)")
@@ -171,7 +171,7 @@ def _add_reduction_flags(add):
     """How the gradients are summed: the allreduce, the buckets, the compression."""
     add("--allreduce", choices=list(ALGORITHMS), default=DEFAULT_ALGORITHM,
         help=f"how gradients are summed across devices; default {DEFAULT_ALGORITHM}")
-    add("--bucket-mb", type=finite_float, default=DEFAULT_BUCKET_MB, metavar="MB",
+    add("--bucket-mb", type=positive_float, default=DEFAULT_BUCKET_MB, metavar="MB",
         help="sum the gradients in buckets of at most MB MiB, the last layers first, each bucket's sum starting "
              f"while the backward pass computes the earlier layers (PyTorch DDP's bucket_cap_mb); default "
              f"{DEFAULT_BUCKET_MB}")
@@ -199,7 +199,7 @@ def _add_optimizer_flags(add):
         help="step schedule: the epochs after which the rate decays; default half and three quarters of --epochs")
     add("--lr-decay", type=finite_float, default=None, metavar="F",
         help="step schedule: what the rate is multiplied by at each decay, in (0, 1]; default 0.1")
-    add("--clip-norm", type=finite_float, default=None, metavar="N",
+    add("--clip-norm", type=positive_float, default=None, metavar="N",
         help="clip the gradient by its global norm (of the mean gradient over the global batch) to N > 0")
     add("--accumulate", type=int, default=1, metavar="N",
         help="run each batch as N micro-batches one after another, summing their gradients, before one update "
