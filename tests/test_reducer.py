@@ -232,7 +232,7 @@ def test_the_cli_trace_shows_the_overlap(tmp_path, capsys):
     status = main(["--data-dir", str(data_dir), "--devices", "cpu:2", "--epochs", "1", "--batch-size", "256",
                    "--bucket-mb", "0.004", "--trace", str(tmp_path / "t.json"), "--no-progress"])
     assert status == 0, capsys.readouterr().err
-    assert "in buckets of 0.004 MB" in capsys.readouterr().out
+    assert "in buckets of 0.004 MiB" in capsys.readouterr().out
     found = overlapping_lanes(json.load(open(tmp_path / "t.json"))["traceEvents"])
     assert len(found) == 2 and all(steps and all(steps) for steps in found.values()), found
 
@@ -240,3 +240,10 @@ def test_the_cli_trace_shows_the_overlap(tmp_path, capsys):
 def test_a_bucket_size_the_cli_cannot_take_is_refused(capsys):
     assert main(["--bucket-mb", "0", "--dataset", "synthetic"]) == 2
     assert capsys.readouterr().err.startswith("error: --bucket-mb must be a finite number > 0")
+
+
+def test_the_bucket_size_is_described_in_mib_as_bucket_mb_counts_it():
+    """``bucket_mb`` counts MiB (2**20 bytes, as DDP's bucket_cap_mb), and the header says so, not MB."""
+    from parallel.comm.replica import bucket_bytes
+    assert bucket_bytes(0.1) == int(0.1 * 2 ** 20)
+    assert Reducer(bucket_mb=0.1).describe(2) == "gradients summed with the fused allreduce in buckets of 0.1 MiB"

@@ -166,7 +166,7 @@ def test_describe_names_the_children_ranges():
         "2 stages: children 0-3 @ cpu(0) | 4-6 @ cpu(1), 3 micro-batches, schedule gpipe"
     assert Hybrid(block, contexts(4), stages=2).describe() == \
         "2 replicas x 2 stages: children 0-3 @ cpu(0),cpu(2) | 4-6 @ cpu(1),cpu(3); gradients summed with the " \
-        "fused allreduce in buckets of 25 MB"
+        "fused allreduce in buckets of 25 MiB"
 
 
 @pytest.mark.parametrize("build", [

@@ -252,7 +252,7 @@ class Reducer:
         else:
             line = f"gradients summed with the {self.algorithm} allreduce"
         if self.bucket_mb is not None:
-            line += f" in buckets of {self.bucket_mb:g} MB"
+            line += f" in buckets of {self.bucket_mb:g} MiB"
         return line
 
     def buckets(self, group, scatter=False):

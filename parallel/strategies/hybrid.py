@@ -23,7 +23,7 @@ stage of sharded blocks, tensor parallelism one stage of ranks.
 >>> from parallel import init_lenet_params
 >>> model = Hybrid(init_lenet_params(seed=0), [mx.cpu(i) for i in range(4)], Layout("hybrid", stages=2))
 >>> model.describe()
-'2 replicas x 2 stages: conv1,conv2 @ cpu(0),cpu(2) | dense1,dense2 @ cpu(1),cpu(3); gradients summed with the fused allreduce in buckets of 25 MB'
+'2 replicas x 2 stages: conv1,conv2 @ cpu(0),cpu(2) | dense1,dense2 @ cpu(1),cpu(3); gradients summed with the fused allreduce in buckets of 25 MiB'
 >>> X, y = mx.nd.ones((8, 1, 28, 28)), mx.nd.array([0, 1, 2, 3, 4, 5, 6, 7])
 >>> loss_sum, correct = model.train_step(X, y, lr=0.2)   # the same step as train_batch on one context
 

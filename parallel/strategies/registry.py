@@ -4,7 +4,7 @@
 >>> from parallel import init_lenet_params
 >>> strategy = make_strategy("hybrid", init_lenet_params(seed=0), [mx.cpu(i) for i in range(4)])
 >>> strategy.name, strategy.describe()
-('hybrid', '2 replicas x 2 stages: conv1,conv2 @ cpu(0),cpu(2) | dense1,dense2 @ cpu(1),cpu(3); gradients summed with the fused allreduce in buckets of 25 MB')
+('hybrid', '2 replicas x 2 stages: conv1,conv2 @ cpu(0),cpu(2) | dense1,dense2 @ cpu(1),cpu(3); gradients summed with the fused allreduce in buckets of 25 MiB')
 """
 from ..comm.reducer import as_reducer
 from ..layout import Layout
