@@ -154,6 +154,24 @@ def test_the_cli_interleaves(tmp_path):
     pipeline = json.loads(path.read_text())[0]["pipeline"]
     assert pipeline["schedule"] == "interleaved-1f1b" and pipeline["virtual_stages"] == 2
     assert pipeline["bubble"] == pytest.approx(1 / 9)   # (P-1)/(VM+P-1): 1F1B's is (P-1)/(M+P-1) = 1/5
+    # each chunk's stash is 1/V of a micro-batch through the device's layers: five and three chunks at the peak
+    chunks = [0, 0]
+    held = [0, 0]
+    for ops in pipeline_schedule("1f1b", 2, 4, 2).slots:
+        for d, op in enumerate(ops):
+            if op is not None:
+                held[d] += 1 if op.kind == "F" else -1
+                chunks[d] = max(chunks[d], held[d])
+    assert chunks == [5, 3] and pipeline["stashed_peak"] == [n / 2 for n in chunks] == [2.5, 1.5]
+
+
+def test_the_docs_give_the_unit_of_the_stash_the_metrics_record():
+    """docs/strategies.md counted the interleaved stash 'in whole micro-batches' while --metrics-json records
+    [2.5, 1.5]: the page states the unit (a chunk's stash counts 1/V) and the value the JSON records."""
+    from pathlib import Path
+    text = " ".join((Path(__file__).parents[1] / "docs" / "strategies.md").read_text().split())
+    assert "counted in whole micro-batches" not in text
+    assert "each chunk's stash counts 1/V" in text and "records `[2.5, 1.5]`" in text
 
 
 @pytest.mark.parametrize("extra, says", [

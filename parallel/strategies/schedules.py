@@ -65,8 +65,13 @@ class Schedule(NamedTuple):
 
     @property
     def stashed_peak(self):
-        """Per device, the most micro-batches whose activations it holds at once (forward run, backward not yet),
-        counted in whole micro-batches through all its chunks (a chunk's stash counts 1/V)."""
+        """Per device, the most activations it holds at once (forward run, backward not yet), in micro-batches
+        through all of the device's layers: an int without virtual stages; with V chunks a device, each chunk's
+        stash is 1/V of a micro-batch's, so a float that may be fractional (2.5: five chunks' activations).
+
+        >>> pipeline_schedule("1f1b", 2, 4, virtual=2).stashed_peak
+        [2.5, 1.5]
+        """
         held, peak = [0] * self.devices, [0] * self.devices
         for ops in self.slots:
             for d, op in enumerate(ops):
