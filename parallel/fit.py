@@ -161,8 +161,9 @@ class _Run:
     """What every epoch of a ``fit`` shares: the strategy, the optimizer, the data, the configuration (its seed
     rank 0's in a job)."""
 
-    def __init__(self, strategy, optimizer, dataset, config, seed, steps):
+    def __init__(self, strategy, optimizer, dataset, config, seed, steps, on_step=None):
         self.strategy, self.optimizer, self.dataset, self.config = strategy, optimizer, dataset, config
+        self.on_step = on_step
         self.accumulate, self.batch_size, self.checkpoint_every = config.accumulate, config.batch_size, \
             config.checkpoint_every
         self.seed = seed
@@ -230,6 +231,8 @@ def _train_epoch(run, epoch, state, stop, on_checkpoint, history):
             run.checkpoint(on_checkpoint, here)
             raise TrainingStopped(here)
         queued.queue(b, *run.step(X, y))
+        if run.on_step is not None:
+            run.on_step(epoch, b)
         if run.checkpoint_due(epoch, b):
             totals = queued.drain()
             if run.strategy.job is not None:   # the job's sums so far: a resumed epoch's metrics stay whole
@@ -367,7 +370,8 @@ def _check_strategy(strategy, optimizer):
                                "make_strategy and the optimizer the same {zero}")
 
 
-def fit(dataset, strategy, optimizer, config, on_epoch=None, on_checkpoint=None, stop=None, resume=None):
+def fit(dataset, strategy, optimizer, config, on_epoch=None, on_checkpoint=None, stop=None, resume=None,
+        on_step=None):
     """Train the model ``strategy`` holds on ``dataset`` for ``config.epochs`` epochs.
 
     Parameters
@@ -398,6 +402,10 @@ def fit(dataset, strategy, optimizer, config, on_epoch=None, on_checkpoint=None,
     stop : callable, optional
         ``stop()`` is asked before each batch; when it returns True the queued steps are finished,
         ``on_checkpoint`` is called and ``TrainingStopped`` is raised: the run stops at a batch boundary.
+    on_step : callable, optional
+        ``on_step(epoch, batch)`` after each step is queued, before it has run (it does not wait for the devices):
+        the arrays and buffers the step uses are allocated by then (what ``parallel.report`` measures after the
+        run's first step).
     resume : parallel.checkpoint.Snapshot or Checkpoint, optional
         Where to continue: a snapshot ``on_checkpoint`` got, or a loaded checkpoint (its ``state``, its
         ``optimizer_state``, its ``compression_state``; the strategy must have been built from its ``params``
@@ -442,7 +450,7 @@ def fit(dataset, strategy, optimizer, config, on_epoch=None, on_checkpoint=None,
     _shared_feedback(strategy, getattr(resume, "compression_state", None))
     optimizer.num_update = (state.epoch - 1) * per_epoch + state.batch   # one optimizer step per batch
     steps = max(0, (config.epochs - state.epoch + 1) * per_epoch - state.batch)
-    run = _Run(strategy, optimizer, dataset, config, seed, steps)
+    run = _Run(strategy, optimizer, dataset, config, seed, steps, on_step)
     history = list(state.history)
     try:
         for epoch in range(state.epoch, config.epochs + 1):

@@ -13,6 +13,7 @@ Every file is written atomically (``parallel.files``), so an interrupted run lea
 import functools
 import json
 import os
+import sys
 
 from .cli import UsageError
 from .files import atomic_write
@@ -113,7 +114,8 @@ MEMORY_PARTS = ("parameters", "gradients", "optimizer_state", "gathered_peak", "
 
 
 def format_memory(table):
-    """One line: the busiest context of ``table`` (``parallel.optim.memory_table``) and what it holds, in MiB.
+    """One line: the busiest context of ``table`` (``parallel.optim.memory_table``) and what it holds, in MiB (the
+    parts that are 0 left out; the total counts them all, so lines of any layout compare; docs/memory.md).
 
     >>> format_memory([{"context": "cpu(0)", "parameters": 2 ** 20, "gradients": 2 ** 20, "optimizer_state": 2 ** 19,
     ...                 "gathered_peak": 0, "temporary_buffers": 0}])
@@ -145,19 +147,32 @@ class Report:
     outputs : dict
         ``{flag: path or None}`` of the files written after every epoch: ``--metrics-json`` and ``--plot``.
     memory : callable, optional
-        ``memory()`` gives what each context holds (``parallel.optim.memory_table``): measured after every epoch
-        this run trains, it goes into that epoch's ``"memory"`` in the metrics JSON. A pipeline's
-        ``metrics()`` (a pipeline's schedule, stashed micro-batches and bubble, as its ``"pipeline"``) too.
+        ``memory()`` gives what each context holds (``parallel.optim.memory_table``), the same measurement twice:
+        after the run's first step (``step``), as the line that says what the busiest context holds, and after
+        every epoch this run trains, as that epoch's ``"memory"`` in the metrics JSON. A pipeline's ``metrics()``
+        (a pipeline's schedule, stashed micro-batches and bubble, as its ``"pipeline"``) too.
     """
 
     def __init__(self, strategy, title, data_name, layout, workers, main_rank, outputs, memory=None):
         self.strategy, self.title, self.data_name, self.layout = strategy, title, data_name, layout
         self.workers, self.main_rank, self.outputs = workers, main_rank, dict(outputs)
         self.memory, self._extra = memory, {}   # epoch -> what its metrics add: its memory table, the pipeline
+        self._stepped = False
 
     def say(self, line):
+        """Print ``line`` on stdout (rank 0 alone), clear of a progress bar on the terminal."""
         if self.main_rank:
-            print(line, flush=True)
+            from tqdm import tqdm
+            tqdm.write(line, file=sys.stdout)
+            sys.stdout.flush()
+
+    def step(self, epoch, batch):
+        """After each step is queued (``fit``'s ``on_step``): after the run's first, what the busiest context holds
+        (``format_memory``), once the step has allocated what it uses (receive buffers, the optimizer's state)."""
+        if not self._stepped:
+            self._stepped = True
+            if self.memory is not None and self.main_rank:
+                self.say(format_memory(self.memory()))
 
     def epoch(self, metrics, history):
         """After each epoch (``fit``'s ``on_epoch``): its line, then the metrics JSON and the plot."""

@@ -3,6 +3,8 @@ shards' sizes differing by at most one (``shard_sizes``)."""
 import mxnet as mx
 import numpy as np
 
+from .trace import issued
+
 __all__ = ["split_and_load", "shard_sizes"]
 
 
@@ -82,7 +84,8 @@ def split_and_load(data, ctx_list):
     if isinstance(data, np.ndarray):
         data = mx.nd.array(data, dtype=data.dtype)
     shards, start = [], 0
-    for size, ctx in zip(shard_sizes(data.shape[0], len(ctx_list)), ctx_list):
-        shards.append(data[start:start + size].as_in_context(ctx))
-        start += size
+    with issued("load", [data]):   # a trace names the copies load (parallel.trace)
+        for size, ctx in zip(shard_sizes(data.shape[0], len(ctx_list)), ctx_list):
+            shards.append(data[start:start + size].as_in_context(ctx))
+            start += size
     return shards

@@ -43,7 +43,7 @@ from .models.lenet import CachedNet, lenet_cached, softmax_cross_entropy
 from .models.recompute import Recompute, run_net
 from .optim.zero import as_optimizer, optimizer_step
 from .split import shard_sizes, split_and_load
-from .trace import mark_backward
+from .trace import issued, mark_backward
 from .validate import check_contexts, check_int, check_lr
 
 __all__ = ["check_labels", "check_batch", "sgd", "update_replicas", "loss_and_correct", "step_replicas", "idle_step",
@@ -133,14 +133,18 @@ def loss_and_correct(outputs, y_shards, losses, ctx, count_correct=True):
     ``count_correct=False`` the count is not computed (None): every operator pushed costs the host time that the
     devices share on a CPU.
     """
-    loss_sums = [l.sum().as_in_context(ctx) for l in losses]
-    corrects = [(out.argmax(axis=1) == y_shard.astype(out.dtype, copy=False)).sum().as_in_context(ctx)
-                for out, y_shard in zip(outputs, y_shards)] if count_correct else None
-    if not count_correct:
-        return (loss_sums[0] if len(losses) == 1 else mx.nd.add_n(*loss_sums)), None
-    if len(losses) == 1:
-        return loss_sums[0], corrects[0]
-    return mx.nd.add_n(*loss_sums), mx.nd.add_n(*corrects)
+    with issued("metrics", list(losses) + (list(outputs) if count_correct else [])) as made:   # named in a trace
+        made += [l.sum() for l in losses]
+        loss_sums = [s.as_in_context(ctx) for s in made]
+        if count_correct:
+            made += [(out.argmax(axis=1) == y_shard.astype(out.dtype, copy=False)).sum()
+                     for out, y_shard in zip(outputs, y_shards)]
+        corrects = [s.as_in_context(ctx) for s in made[len(losses):]] if count_correct else None
+        if not count_correct:
+            return (loss_sums[0] if len(losses) == 1 else mx.nd.add_n(*loss_sums)), None
+        if len(losses) == 1:
+            return loss_sums[0], corrects[0]
+        return mx.nd.add_n(*loss_sums), mx.nd.add_n(*corrects)
 
 
 def check_accumulate(accumulate, n):
@@ -206,9 +210,10 @@ class Replicas:
         strategy still makes every collective of a step; nothing here to make."""
         if not X_shards:
             return [], [], []
-        with autograd.record():   # forward on every replica that holds a shard
+        with autograd.record(), issued("forward", X_shards + _parameters(self.groups())) as made:   # on each shard
             outputs = self.forward_all(X_shards)
             losses = [loss(out, y_shard) for out, y_shard in zip(outputs, y_shards)]
+            made += list(outputs) + list(losses)   # a trace's forward ends with the losses (parallel.trace)
         mark_backward(losses, self.groups())   # where a trace's backward starts (parallel.trace)
         self.backward(losses)   # each replica computes the gradient of its own shard
         return outputs, y_shards, losses
@@ -220,6 +225,16 @@ class Replicas:
     def groups(self):
         """The trained arrays as groups of replicas of the same parameters (``optimizer_step``'s)."""
         raise NotImplementedError
+
+
+def _parameters(groups):
+    """The parameter arrays of ``groups``' replicas (a ``FlatReplica``'s flat buffer): what a forward reads, and so
+    what a trace's forward bracket starts after (the update before it)."""
+    arrays = []
+    for group in groups:
+        for replica in group:
+            arrays += [replica.data] if isinstance(replica, FlatReplica) else list(replica)
+    return [array for array in arrays if isinstance(array, mx.nd.NDArray)]
 
 
 def may_skip_parameters(net):

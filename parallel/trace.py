@@ -2,24 +2,39 @@
 
 ``with trace("step.json"):`` records what MXNet's engine runs inside the block with MXNet's profiler and writes a
 Chrome trace (open it in ``chrome://tracing`` or https://ui.perfetto.dev): one lane (a "process") per context,
-prefixed with the worker in a job, each operator an event named by its phase:
+prefixed with the worker in a job, with two tracks (threads): ``operators``, each operator MXNet ran there, and
+``issued``, a bar for each piece of work the package issued there, from when it started to when it was done.
 
-- ``load``: copies onto the context before its forward (its shard of the batch);
-- ``forward``: the operators of the forward pass and the loss;
-- ``backward``: MXNet's ``_backward_*`` operators, and the anonymous bulks (``ImperativeBulk``) in which it runs an
-  imperative backward pass (the model and pipeline strategies' LeNet stages): those after the step's mark
-  (``mark_backward``, which ``parallel.step`` queues on every context before ``backward()``);
-- ``allreduce``: copies between contexts and the sums after the backward (``add_n``, and a compressor's work);
-- ``update``: the optimizer's operators (``sgd_update``, ``sgd_mom_update``, ``adam_update``, ...);
-- ZeRO-3's steps (``parallel.strategies.sharded``) add ``gather`` (the copies of an all-gather of a block's
-  parameters), ``reduce-scatter`` (the copies and sums of a block's gradient into the owners' chunks) and
-  ``recompute`` (a block's forward run again in backward). The strategy brackets each collective on every context
-  with marks (``collective``): empty operations that write the arrays its collectives read or write there, so
-  a collective's operations on that context run between its two marks, and the context's collectives one after
-  another (while a trace records, a prefetched gather in backward therefore waits for the backward of the block
-  before it); and it marks each recomputation (``mark_recompute``).
+Names come from what issued the work, not from an operator's name. Each issuer brackets its work with ``issued``:
+on every context it touches, an empty engine operation before it that writes the arrays it reads and writes there,
+and another after it. MXNet runs an operation on an array only after the operations queued before it on that array,
+so every operation of the work that touches one of those arrays runs between the two marks, and the first mark
+runs once the work's inputs are ready (a bucket's gradients written, say): the ``issued`` bar of a bucket's
+reduction starts when its reduction did. The issuers are:
 
-The operator itself is in each event's ``args.op``. ``plot_timeline(trace)`` draws the same as a Gantt chart.
+- ``load``: ``split_and_load``'s copies of each shard of the batch (on the context the batch is on);
+- ``forward``: a step's forward pass and loss (each pipeline chunk's of each micro-batch);
+- ``allreduce`` / ``reduce-scatter``: the Reducer's reduction of each bucket (``args``: the bucket, its bytes);
+- ``gather``: ZeRO's all-gathers (ZeRO-1 and 2 after the update, ZeRO-3 before each block runs);
+- ``send``: a pipeline's stage-to-stage copies, forward and backward;
+- ``tensor``: tensor parallelism's f and g allreduces, forward and backward;
+- ``update``: the optimizer's step (clipping and the update);
+- ``metrics``: a step's sums of the loss and of the correct predictions.
+
+An operator is named after the bracket it ran in on its lane when its name is one that issuer runs (``ISSUED_OPS``:
+an allreduce runs copies, sums and a codec's operators, never a convolution); MXNet's ``_backward_*`` operators
+(and the anonymous bulks, ``ImperativeBulk``, of an imperative backward after the step's ``BACKWARD_MARK``) are
+``backward``; a recomputed forward (``mark_recompute``) is ``recompute``. An operator that two unrelated brackets
+could have run (the metrics' copy while a bucket is reduced), or that autograd itself may run while the lane's
+backward pass goes on (a gradient's ``add_n``, ``transpose``, ``zeros_like``), or that nothing marked, is named by
+itself (its phase ``other``). So with one bucket no operator is ``allreduce`` before the last backward operator:
+the bucket's first mark waits for every gradient. The operator is in each event's ``args.op``, the bracket's
+number in ``args.issue``. ``plot_timeline(trace)`` draws the operators as a Gantt chart.
+
+The marks change nothing while no trace records. While one does, they order an issuer's later operations after
+its first mark, and its first mark after what was queued before on its arrays: ZeRO-3's prefetched gather in
+backward then waits for the backward of the block before it, and the update of one group of parameters waits for
+the reductions of all of them.
 
 MXNet's profiler is one per process: ``trace`` configures it once, to a file of its own in the system's temporary
 directory, to which each ``trace`` appends its events; one ``trace`` runs at a time. The profiler files each event
@@ -41,33 +56,56 @@ from collections import namedtuple
 
 from .files import atomic_write
 
-__all__ = ["trace", "Trace", "PHASES", "BACKWARD_MARK", "mark_backward", "mark_backward_each", "mark_forward_each",
-           "collective",
+__all__ = ["trace", "Trace", "PHASES", "ISSUED_OPS", "BACKWARD_MARK", "issued", "mark_backward", "mark_backward_each",
+           "mark_forward_each", "collective",
            "mark_recompute",
            "check_traceable", "plot_timeline", "read_trace", "worker_path"]
 
-#: The phases of a step, the first five in the order they happen on every context; ZeRO-3's steps add the last three.
-PHASES = ("load", "forward", "backward", "allreduce", "update", "gather", "recompute", "reduce-scatter")
+#: The phases a trace names its operators by: what issued them. The first five happen in this order on every
+#: context; ZeRO-3 adds gather, recompute and reduce-scatter, a pipeline its sends, tensor parallelism its
+#: collectives; ``metrics`` are a step's loss and accuracy sums; ``other`` is an operator nothing marked, named by
+#: itself.
+PHASES = ("load", "forward", "backward", "allreduce", "update", "gather", "recompute", "reduce-scatter", "send",
+          "tensor", "metrics", "other")
 
 _UPDATES = ("sgd_update", "sgd_mom_update", "nag_mom_update", "adam_update", "_contrib_adamw_update", "adamw_update",
             "multi_", "mp_sgd", "lamb_update", "_mul_scalar_update")
-#: Operators of a codec or of clipping that a backward pass of LeNet or ResNet-18 does not run itself.
-_REDUCTION_OPS = ("Cast", "topk", "take", "scatter_nd", "elemwise_sub", "broadcast_div", "norm", "clip", "broadcast_mul",
-                  "slice_axis", "_slice_assign", "concat", "floor", "FullyConnected", "_equal_scalar")
 _BOOKKEEPING = ("DeleteVariable", "SetValueOp", "WaitForVar")
 #: What MXNet's profiler calls a bulk of imperative operators (of the backward pass, or other small ones).
 _BULK = "ImperativeBulk"
 #: The empty operation ``mark_backward`` queues on a context: its backward pass comes after it.
 BACKWARD_MARK = "parallel:backward"
-#: The marks of ZeRO-3's collectives (``collective``): a gather's or a reduce-scatter's operations on a context run
-#: between its mark and the next ``END_MARK`` there.
-GATHER_MARK, REDUCE_SCATTER_MARK, END_MARK = "parallel:gather", "parallel:reduce-scatter", "parallel:end"
 #: Before a recomputed forward (``mark_recompute``): a lane's operators from it to the next ``BACKWARD_MARK``.
 RECOMPUTE_MARK = "parallel:recompute"
 #: Before a forward that may follow a backward on its lane (a pipeline's 1F1B: ``mark_forward_each``).
 FORWARD_MARK = "parallel:forward"
-#: What a collective runs: copies between contexts, sums, zero fills, the kvstore's transfers.
-_TRANSFERS = ("Copy", "add_n", "_copyto", "elemwise_add", "_slice_assign", "_set_value", "KVStore")
+#: The marks ``issued`` brackets an issuer's work with on each context: ``parallel:begin:N`` and
+#: ``parallel:end:N``, N the issue's number in this process (its kind and details kept until the trace is written).
+BEGIN_MARK, END_MARK = "parallel:begin:", "parallel:end:"
+#: The operators a collective runs: copies between contexts, sums, zero fills, the kvstore's transfers.
+TRANSFER_OPS = ("Copy", "_copyto", "_copy", "add_n", "ElementWiseSum", "elemwise_add", "_grad_add", "_slice_assign",
+                "_set_value", "_zeros", "_full", "zeros_like", "KVStore", "slice", "_crop_assign")
+#: What a codec's hook runs besides (``parallel.compress``: casts, top-k selection, 2-bit quantization, PowerSGD).
+CODEC_OPS = ("Cast", "amp_cast", "topk", "take", "scatter_nd", "gather_nd", "elemwise_sub", "elemwise_mul",
+             "elemwise_div", "broadcast_", "norm", "clip", "abs", "sign", "slice_axis", "concat", "Concat",
+             "floor", "round", "FullyConnected", "dot", "batch_dot", "_linalg", "_equal", "_greater", "_lesser",
+             "_not_equal", "_mul_scalar", "_div_scalar", "_plus_scalar", "_minus_scalar", "_rminus_scalar",
+             "where", "reshape", "Reshape", "sum", "sqrt", "square", "_power_scalar", "one_hot", "_contrib_")
+#: What each kind of issue runs: an operator in one issue's bracket on its lane takes the issue's kind only if its
+#: name starts with one of these (an operator of the backward pass that runs meanwhile is not the issue's).
+ISSUED_OPS = {
+    "load": TRANSFER_OPS,
+    "allreduce": TRANSFER_OPS + CODEC_OPS,
+    "reduce-scatter": TRANSFER_OPS + CODEC_OPS,
+    "gather": TRANSFER_OPS,
+    "send": TRANSFER_OPS,
+    "tensor": TRANSFER_OPS,
+    "update": _UPDATES + TRANSFER_OPS + ("norm", "_power_scalar", "square", "sqrt", "clip", "broadcast_",
+                                        "_plus_scalar", "_rdiv_scalar", "_div_scalar", "elemwise_div", "reshape",
+                                        "Reshape", "_mul_scalar", "sum"),
+    "metrics": TRANSFER_OPS + ("sum", "argmax", "_equal", "broadcast_equal", "Cast", "amp_cast"),
+    "forward": ("",),   # every operator: a forward runs the model's own
+}
 #: The head and the tail MXNet writes around a dump's events (a later dump may lack the head: see the module's notes).
 _FRAME = re.compile(r"\{\s*\"traceEvents\"\s*:\s*\[|\]\s*,\s*\"displayTimeUnit\"\s*:\s*\"ms\"\s*\}")
 
@@ -75,8 +113,9 @@ Trace = namedtuple("Trace", ["events", "lanes", "path"])
 Trace.__doc__ = """A recorded timeline.
 
 events : list of dict
-    Chrome trace events (``ph`` "X": ``name`` the phase, ``ts`` and ``dur`` in microseconds from the first event,
-    ``pid`` the lane, ``args.op`` MXNet's operator).
+    Chrome trace events (``ph`` "X": ``ts`` and ``dur`` in microseconds from the first event, ``pid`` the lane;
+    ``tid`` 0 an operator, ``cat`` its phase, ``name`` the phase or, for ``other``, the operator, ``args.op``
+    MXNet's operator; ``tid`` 1 an issuer's bracket, ``cat`` its kind, ``name`` its label, ``args`` its details).
 lanes : list of str
     The lanes' names, by ``pid``: ``"cpu(0)"``, or ``"worker 1 cpu(0)"`` in a job.
 path : str or None
@@ -189,23 +228,45 @@ def mark_backward(losses, groups):
 
 
 @contextlib.contextmanager
-def collective(kind, arrays):
-    """While a trace records: bracket the operations queued inside the ``with`` block on each context with a
-    ``kind`` mark (``"gather"`` or ``"reduce-scatter"``) before and ``END_MARK`` after, on the context of each list
-    of ``arrays`` (a list per context: the arrays the collective reads or writes there). Each mark writes that
-    list, so the collective's operations on those arrays run between the two marks, and whatever was queued on them
-    before runs first. Nothing otherwise: no mark, no order beyond MXNet's own."""
+def issued(kind, arrays, label=None, **details):
+    """While a trace records: bracket the operations queued inside the ``with`` block with marks on each context of
+    ``arrays`` (NDArrays, any contexts: those the issued work reads or writes; views count as their arrays), so that
+    the trace names them by what issued them, ``kind`` (one of ``ISSUED_OPS``). On each context a mark that writes
+    that context's arrays is queued before the block and another after it: every operation of the block that
+    touches one of them runs between the two (MXNet orders operations by the arrays they read and write), and
+    whatever was queued on them before runs first. The trace draws each bracket as an event of its own (``label``,
+    or ``kind``; ``details`` such as the bucket and its bytes in its ``args``) and names an operator inside it
+    ``kind`` when its name is one ``kind`` runs. The ``with`` block gets a list: arrays it adds (ones it made) are
+    written by the closing marks too, so that the operations that read them run inside the bracket. Nothing
+    otherwise: no mark, no order beyond MXNet's own."""
+    made = []
     if not _state["recording"]:
-        yield
+        yield made
         return
     from .engine import mark
-    name = {"gather": GATHER_MARK, "reduce-scatter": REDUCE_SCATTER_MARK}[kind]
-    arrays = [list(group) for group in arrays if group]
-    for group in arrays:
-        mark(name, group[0].context, writes=group)
-    yield
-    for group in arrays:
-        mark(END_MARK, group[0].context, writes=group)
+    by_context = {}
+    for array in arrays:
+        by_context.setdefault(array.context, []).append(array)
+    number = _state["issues"] = _state.get("issues", 0) + 1
+    stack = _state.setdefault("stack", [])
+    _state.setdefault("issued", {})[number] = (kind, label or kind, details, stack[-1] if stack else None)
+    for ctx, group in by_context.items():
+        mark(f"{BEGIN_MARK}{number}", ctx, writes=group)
+    stack.append(number)
+    try:
+        yield made
+    finally:
+        stack.pop()
+    for array in made:
+        by_context.setdefault(array.context, []).append(array)
+    for ctx, group in by_context.items():
+        mark(f"{END_MARK}{number}", ctx, writes=group)
+
+
+def collective(kind, arrays):
+    """ZeRO-3's collectives (``"gather"`` or ``"reduce-scatter"``): ``issued(kind, ...)`` over ``arrays``, a list of
+    arrays per context."""
+    return issued(kind, [array for group in arrays for array in group])
 
 
 def mark_forward_each(arrays):
@@ -263,22 +324,15 @@ def _lane_names(raw, fresh, worker, contexts):
     return {pid: name if worker is None else f"worker {worker} {name}" for pid, name in names.items()}
 
 
-def _phase(op, seen, backward_ahead):
-    """The phase of ``op`` on a lane, from what that lane ran since its last update (``seen``: forward, backward,
-    allreduce) and whether a backward operator follows before its next update (``backward_ahead``: buckets are
-    summed while the backward pass still runs, so backward and allreduce events interleave)."""
-    seen_forward, seen_backward, seen_allreduce = seen
-    if "_backward" in op:   # a bulk of operators is named by all of them: "transpose,_backward_FullyConnected"
-        return "backward"
-    if any(op.startswith(u) for u in _UPDATES):
-        return "update"
-    if op.startswith("Copy") or op.startswith("add_n") or op in ("_copyto", "elemwise_add", "broadcast_add"):
-        return "allreduce" if seen_backward else ("load" if not seen_forward else "forward")
-    if not seen_backward:
-        return "forward"
-    if not seen_allreduce or (backward_ahead and op.split(",")[0] not in _REDUCTION_OPS):
-        return "backward"   # the backward pass's own helpers (transpose, sum) between its _backward operators
-    return "allreduce"      # a codec's or clipping's operators, between the sum and the update
+#: Operators autograd may issue itself without a ``_backward`` name (gradient sums of an array used twice, zero
+#: gradients, the gradients of transpose and copy): inside an issue's bracket while the lane's backward pass still
+#: runs, such an operator may be either's, so the trace names it by itself.
+_AUTOGRAD_OPS = ("add_n", "ElementWiseSum", "_grad_add", "elemwise_add", "zeros_like", "_zeros", "transpose",
+                 "SwapAxis", "_copy")
+
+
+def _starts(op, names):
+    return op.split(",")[0].startswith(names)
 
 
 def _backward_ahead(spans):
@@ -289,46 +343,98 @@ def _backward_ahead(spans):
         ahead[i] = pending.get(pid, False)
         if "_backward" in op:
             pending[pid] = True
-        elif any(op.startswith(u) for u in _UPDATES):
+        elif _starts(op, _UPDATES):
             pending[pid] = False
     return ahead
 
 
+def _issue(op):
+    """``(number, kind, label, details)`` of an ``issued`` mark's name, or None for another name."""
+    prefix = BEGIN_MARK if op.startswith(BEGIN_MARK) else END_MARK if op.startswith(END_MARK) else None
+    if prefix is None:
+        return None
+    number = int(op[len(prefix):])
+    return (number, *_state.get("issued", {}).get(number, ("other", "other", {}, None))[:3])
+
+
+def _innermost(numbers):
+    """Of issues ``numbers`` (open together on a lane), those no other of them was issued inside of: an operator
+    two nested issues may both have run is the inner one's (ZeRO-3's gather inside a forward)."""
+    issued, outer = _state.get("issued", {}), set()
+    for number in numbers:
+        parent = issued.get(number, (None,) * 4)[3]
+        while parent is not None:
+            outer.add(parent)
+            parent = issued.get(parent, (None,) * 4)[3]
+    return [number for number in numbers if number not in outer]
+
+
 def _named_bulks(spans):
-    """``spans`` (sorted by start) with each lane's ``ImperativeBulk`` named by the last mark before it on that lane
-    since its last update: after ``BACKWARD_MARK`` as backward (``ImperativeBulk:_backward``), after one of ZeRO-3's
-    marks kept as it is (the timeline names it by the lane's phase), and without a mark left out, like the other
-    bulks; the marks kept."""
+    """``spans`` (sorted by start) with each lane's ``ImperativeBulk`` named by the last region mark before it on
+    that lane since its last update: after ``BACKWARD_MARK`` as backward (``ImperativeBulk:_backward``), after a
+    forward or recompute mark or ZeRO-3's first collective kept as it is (the timeline names it by the lane's
+    region), and without one left out, like the other bulks; the marks kept."""
     last, kept = {}, []
     for begin, end, pid, op in spans:
         if op.startswith("parallel:"):
-            last[pid] = op
-            kept.append((begin, end, pid, op))   # the marks stay for the timeline's ZeRO-3 phases
+            issue = _issue(op)
+            if issue is None:
+                last[pid] = op
+            elif issue[1] in ("gather", "reduce-scatter") and last.get(pid) is None:
+                last[pid] = FORWARD_MARK
+            kept.append((begin, end, pid, op))
         elif op == _BULK:
             if last.get(pid) == BACKWARD_MARK:
                 kept.append((begin, end, pid, f"{_BULK}:_backward"))
             elif last.get(pid) is not None:
                 kept.append((begin, end, pid, op))
         else:
-            if any(op.startswith(u) for u in _UPDATES):
+            if _starts(op, _UPDATES):
                 last.pop(pid, None)
             kept.append((begin, end, pid, op))
     return kept
 
 
-def _follow_mark(op, lane):
-    """A lane's state under ZeRO-3's and a pipeline's marks (``[collective or None, region or None]``: the region
-    forward, recompute or backward, None on a lane without such marks) after the mark ``op``."""
-    if op in (GATHER_MARK, REDUCE_SCATTER_MARK):
-        lane[0], lane[1] = op.split(":", 1)[1], lane[1] or "forward"
-    elif op == END_MARK:
-        lane[0] = None
-    elif op == RECOMPUTE_MARK:
-        lane[1] = "recompute"
-    elif op == FORWARD_MARK:
-        lane[1] = "forward"
-    elif op == BACKWARD_MARK and lane[1] is not None:
-        lane[1] = "backward"
+class _Lane:
+    """What a lane has run since its last update: its region (None before the step's marks; forward, recompute or
+    backward after them) and the issues whose brackets are open on it."""
+
+    def __init__(self):
+        self.region, self.open = None, {}
+
+    def follow(self, op, at):
+        """Follow the mark ``op`` that ended at ``at``; returns the bracket it closes, if any."""
+        issue = _issue(op)
+        if issue is None:
+            self.region = {BACKWARD_MARK: "backward", RECOMPUTE_MARK: "recompute",
+                           FORWARD_MARK: "forward"}.get(op, self.region)
+            return None
+        number, kind = issue[0], issue[1]
+        if op.startswith(BEGIN_MARK):
+            if kind in ("gather", "reduce-scatter") and self.region is None:
+                self.region = "forward"   # ZeRO-3's step starts with a gather
+            self.open[number] = (*issue[1:], at)
+            return None
+        return self.open.pop(number, None)
+
+    def phase(self, op, backward_ahead):
+        """The phase of ``op`` on this lane (None: nothing marked it) and the issue it belongs to, if one."""
+        if "_backward" in op:   # a bulk of operators is named by all of them: "transpose,_backward_FullyConnected"
+            return "backward", None
+        claims = {number: entry for number, entry in self.open.items() if _starts(op, ISSUED_OPS.get(entry[0], ()))}
+        claims = {number: claims[number] for number in _innermost(list(claims))}
+        kinds = {entry[0] for entry in claims.values()}
+        if len(kinds) == 1 and not (backward_ahead and _starts(op, _AUTOGRAD_OPS)):
+            return kinds.pop(), (sorted(claims) if len(claims) > 1 else next(iter(claims)))
+        if _starts(op, _UPDATES):
+            return "update", None
+        if kinds:
+            return None, None   # two issues' brackets, or maybe autograd's own: either may have issued it
+        if op == _BULK or self.region in ("forward", "recompute"):
+            return self.region, None
+        if self.region is None and not _starts(op, TRANSFER_OPS):   # the step's forward, before its backward mark
+            return "forward", None
+        return None, None
 
 
 def _timeline(raw, fresh, worker, path, contexts):
@@ -345,32 +451,29 @@ def _timeline(raw, fresh, worker, path, contexts):
             spans.append((opened.pop(key), event["ts"], event["pid"], event["name"]))
     spans = _named_bulks(sorted(s for s in spans if s[3] not in _BOOKKEEPING))
     start = min((s[0] for s in spans if not s[3].startswith("parallel:")), default=0)
-    events, state = [], {pid: [False, False, False] for pid in pids}
-    sharded = {pid: [None, None] for pid in pids}   # ZeRO-3's marks: the collective under way, the region
+    events, issues, lanes = [], [], {pid: _Lane() for pid in pids}
     for (begin, end, pid, op), ahead in zip(spans, _backward_ahead(spans)):
-        if op.startswith("parallel:"):   # a mark: what follows on its lane, not an event
-            _follow_mark(op, sharded[pid])
+        lane = lanes[pid]
+        if op.startswith("parallel:"):   # a mark: what follows on its lane, not an operator
+            closed = lane.follow(op, end)
+            if closed is not None:
+                kind, label, details, opened_at = closed
+                issues.append({"name": label, "cat": kind, "ph": "X", "ts": max(opened_at - start, 0),
+                               "dur": max(begin - opened_at, 0), "pid": pids.index(pid), "tid": 1,
+                               "args": {**details, "context": names[pid].rsplit(" ", 1)[-1],
+                                        "issue": int(op[len(END_MARK):])}})
             continue
-        collective, region = sharded[pid]
-        phase = _phase(op, state[pid], ahead)
-        if collective is not None and op.startswith(_TRANSFERS):
-            phase = collective
-        elif op == _BULK:   # kept on a lane with ZeRO-3's marks only
-            phase = region
-        elif region == "recompute" and phase in ("forward", "backward", "allreduce") and "_backward" not in op:
-            phase = "recompute"
-        elif region is not None and phase == "allreduce":   # ZeRO-3 sums nothing outside its collectives
-            phase = region
-        if phase in ("forward", "backward", "allreduce"):
-            state[pid][("forward", "backward", "allreduce").index(phase)] = True
-        elif phase == "update":
-            state[pid] = [False, False, False]   # the next step starts
-            sharded[pid] = [None, None]
-        events.append({"name": phase, "cat": phase, "ph": "X", "ts": begin - start, "dur": max(end - begin, 0),
-                       "pid": pids.index(pid), "tid": 0, "args": {"op": op}})
+        phase, issue = lane.phase(op, ahead)
+        if phase == "update":   # the next step starts; brackets still open stay open
+            lanes[pid], lanes[pid].open = _Lane(), lane.open
+        args = {"op": op} if issue is None else {"op": op, "issue": issue}
+        events.append({"name": phase or op.split(",")[0], "cat": phase or "other", "ph": "X", "ts": begin - start,
+                       "dur": max(end - begin, 0), "pid": pids.index(pid), "tid": 0, "args": args})
     metadata = [{"name": "process_name", "ph": "M", "pid": i, "args": {"name": names[pid]}}
                 for i, pid in enumerate(pids)]
-    return Trace(metadata + events, [names[pid] for pid in pids], path)
+    metadata += [{"name": "thread_name", "ph": "M", "pid": i, "tid": tid, "args": {"name": name}}
+                 for i in range(len(pids)) for tid, name in ((0, "operators"), (1, "issued"))]
+    return Trace(metadata + events + issues, [names[pid] for pid in pids], path)
 
 
 def worker_path(path, job, rank=None):
@@ -388,12 +491,13 @@ def read_trace(path):
     """A ``Trace`` from a file ``trace`` wrote."""
     with open(path) as f:
         events = json.load(f)["traceEvents"]
-    lanes = {e["pid"]: e["args"]["name"] for e in events if e.get("ph") == "M"}
+    lanes = {e["pid"]: e["args"]["name"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"}
     return Trace(events, [lanes[i] for i in sorted(lanes)], os.fspath(path))
 
 
 _COLORS = {"load": "#9e9e9e", "forward": "#1f77b4", "backward": "#ff7f0e", "allreduce": "#2ca02c",
-           "update": "#d62728", "gather": "#9467bd", "recompute": "#17becf", "reduce-scatter": "#8c564b"}
+           "update": "#d62728", "gather": "#9467bd", "recompute": "#17becf", "reduce-scatter": "#8c564b",
+           "send": "#e377c2", "tensor": "#bcbd22", "metrics": "#7f7f7f", "other": "#dddddd"}
 
 
 def plot_timeline(timeline, path=None, title=None):
@@ -405,12 +509,13 @@ def plot_timeline(timeline, path=None, title=None):
     from matplotlib.patches import Patch
     if not isinstance(timeline, Trace):
         timeline = read_trace(timeline)
-    spans = [e for e in timeline.events if e.get("ph") == "X"]
+    spans = [e for e in timeline.events if e.get("ph") == "X" and e.get("tid", 0) == 0]   # the operators
     fig = Figure(figsize=(10, 1.6 + 0.6 * max(1, len(timeline.lanes))))
     ax = fig.add_subplot()
     for phase in PHASES:
         for lane in range(len(timeline.lanes)):
-            bars = [(e["ts"] / 1000, max(e["dur"], 1) / 1000) for e in spans if e["name"] == phase and e["pid"] == lane]
+            bars = [(e["ts"] / 1000, max(e["dur"], 1) / 1000) for e in spans
+                    if e.get("cat", e["name"]) == phase and e["pid"] == lane]
             if bars:
                 ax.broken_barh(bars, (lane - 0.35, 0.7), color=_COLORS[phase])
     ax.set_yticks(range(len(timeline.lanes)))
@@ -418,8 +523,8 @@ def plot_timeline(timeline, path=None, title=None):
     ax.invert_yaxis()
     ax.set_xlabel("ms")
     ax.set_title(title or "what each context ran")
-    shown = [p for p in PHASES if p in {e["name"] for e in spans}] or list(PHASES[:5])
-    fig.legend(handles=[Patch(color=_COLORS[p], label=p) for p in shown], loc="lower center", ncol=len(shown),
+    shown = [p for p in PHASES if p in {e.get("cat", e["name"]) for e in spans}] or list(PHASES[:5])
+    fig.legend(handles=[Patch(color=_COLORS[p], label=p) for p in shown], loc="lower center", ncol=min(len(shown), 7),
                fontsize=8, frameon=False)
     fig.tight_layout(rect=(0, 0.1, 1, 1))
     if path is not None:

@@ -23,7 +23,7 @@ from .models import MODELS
 from .models.layout import init_model
 from .optim import SGD, Constant, Cosine, Step, make_optimizer, memory_table
 from .files import export_files
-from .report import Report, format_memory
+from .report import Report
 from .strategies import make_strategy
 from .trace import check_traceable, worker_path
 
@@ -186,8 +186,11 @@ def check_resume(checkpoint, record, dataset):
 
 
 def memory_of(strategy, optimizer):
-    """What each context of ``strategy`` holds for training (``memory_table``): with ZeRO-3's gather buffers, and
-    as temporary buffers the allreduce's receive buffers (``buffer_bytes``) and ZeRO-3's block gradient buffers."""
+    """What each context of ``strategy`` holds for training now (``memory_table``; docs/memory.md, "What a context
+    holds"): its parameters, gradients and optimizer state, ZeRO-3's gather buffers, and as temporary buffers every
+    buffer the package keeps there between steps: the receive buffers its reductions and collectives keep
+    (``buffer_bytes``: the allreduce's, a reduce-scatter's, tensor ranks' f and g, a codec's) and the strategy's
+    own (ZeRO-3's unit gradient). Measure it after a step: the receive buffers are allocated by the first."""
     gathered, own = strategy.memory_buffers()
     temporary = buffer_bytes()
     for ctx, nbytes in own.items():
@@ -210,8 +213,7 @@ def open_report(args, strategy, optimizer, dataset, data_name, job):
     if optimizer.describe() != SGD(args.lr).describe() or args.accumulate > 1:   # more than the textbook's step
         accumulate = f"; {args.accumulate} micro-batches per batch" if args.accumulate > 1 else ""
         report.say(f"optimizer {optimizer.describe()}{accumulate}")
-    report.say(format_memory(memory_of(strategy, optimizer)))
-    return report
+    return report   # it says what each context holds after the first step (Report.step)
 
 
 def announce_start(args, checkpoint, report):
@@ -244,7 +246,7 @@ def train(args, strategy, optimizer, dataset, checkpoint, stop, report, record):
                  else _gathered)
     with users_input(NonFiniteLossError, CheckpointWriteError, flags=FLAGS):
         fit(dataset, strategy, optimizer, run_config(args), on_epoch=report.epoch, on_checkpoint=write, stop=stop,
-            resume=checkpoint)
+            resume=checkpoint, on_step=report.step)
 
 
 def _gathered(snapshot):

@@ -87,9 +87,11 @@ def test_a_submodule_never_hides_the_function_of_the_same_name():
 #: ``__init__`` (``name:names``, the registry of names the CLI reads before MXNet starts) and its ``registry``
 #: module (``name.registry``, where names become objects) are nodes of their own.
 LAYERS = [
-    ["lazy", "validate", "files", "split", "engine", "cli", "flight"],
+    ["lazy", "validate", "files", "engine", "cli", "flight"],
+    ["trace"],
+    ["split"],
     ["parallel", "comm:names", "compress:names", "data:names", "models:names", "optim:names", "strategies:names",
-     "launch:names", "devices", "threads", "trace", "interrupt", "report", "job"],
+     "launch:names", "devices", "threads", "interrupt", "report", "board", "job"],
     ["compress", "data", "layout", "launch"],
     ["config"],
     ["compress.registry"],

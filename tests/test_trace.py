@@ -9,23 +9,50 @@ import pytest
 from parallel import Reducer, get_params, init_lenet_params, plot_timeline, read_trace, trace, train_batch
 from parallel.compress import make_codec
 from parallel.optim import make_optimizer
-from parallel.trace import PHASES, check_traceable, worker_path
+from parallel.trace import ISSUED_OPS, PHASES, check_traceable, worker_path
 from parallel.train import main
 from conftest import contexts, easy_dataset, make_batches, run_process, write_idx_files
 
 
-def _phases_in_order(timeline, lanes):
-    """Every lane holds forward, backward, allreduce and update events, the first of each in that order, and its
-    last update after its last allreduce."""
+def _operators(timeline, lane):
+    return [e for e in timeline.events if e.get("ph") == "X" and e["pid"] == lane and e["tid"] == 0]
+
+
+def _brackets(timeline, lane):
+    return [e for e in timeline.events if e.get("ph") == "X" and e["pid"] == lane and e["tid"] == 1]
+
+
+def labels_hold(timeline):
+    """What makes a label true: every operator named after an issuer ran inside a bracket that issuer queued on its
+    lane, and is one that issuer runs (an allreduce runs no transpose); backward operators are MXNet's."""
+    for lane in range(len(timeline.lanes)):
+        brackets = _brackets(timeline, lane)
+        for e in _operators(timeline, lane):
+            if e["cat"] in ISSUED_OPS and e["cat"] != "forward":
+                assert e["args"]["op"].startswith(ISSUED_OPS[e["cat"]]), e
+                assert any(b["cat"] == e["cat"] and b["ts"] <= e["ts"] and e["ts"] + e["dur"] <= b["ts"] + b["dur"]
+                           for b in brackets), e
+            elif e["cat"] == "backward":
+                assert "_backward" in e["args"]["op"], e
+            elif e["cat"] == "other":
+                assert e["name"] == e["args"]["op"].split(",")[0], e
+
+
+def _phases_in_order(timeline, lanes, reduces=True):
+    """Every lane's operators are named by a phase, or by themselves (phase other); its first forward, backward
+    and update come in that order; it has a bucket's reduction (an issued allreduce bracket) before its last update;
+    every label holds (``labels_hold``)."""
     assert timeline.lanes == lanes
     for lane in range(len(lanes)):
-        events = [e for e in timeline.events if e.get("ph") == "X" and e["pid"] == lane]
-        names = [e["name"] for e in events]
-        assert set(names) <= set(PHASES), names
-        firsts = [names.index(phase) for phase in ("forward", "backward", "allreduce", "update")]
-        assert firsts == sorted(firsts), (lanes[lane], names)
-        assert len(names) - 1 - names[::-1].index("update") > len(names) - 1 - names[::-1].index("allreduce")
+        events = _operators(timeline, lane)
+        phases = [e["cat"] for e in events]
+        assert set(phases) <= set(PHASES), phases
+        firsts = [phases.index(phase) for phase in ("forward", "backward", "update")]
+        assert firsts == sorted(firsts), (lanes[lane], phases)
+        sums = [b["ts"] for b in _brackets(timeline, lane) if b["cat"] == "allreduce"]
+        assert not reduces or (sums and min(sums) < max(e["ts"] for e in events if e["cat"] == "update"))
         assert all(e["dur"] >= 0 and e["ts"] >= 0 for e in events)
+    labels_hold(timeline)
 
 
 @pytest.mark.parametrize("compression", [None, "topk:0.05"])
@@ -42,7 +69,7 @@ def test_a_traced_step_has_a_lane_per_context_in_step_order(compression, tmp_pat
         _phases_in_order(recorded.result, ["cpu(0)", "cpu(1)"])
         written = read_trace(tmp_path / f"step{i}.json")
         assert written.events == json.loads(json.dumps(recorded.result.events))
-        ops = [e["args"]["op"] for e in written.events if e.get("ph") == "X"]
+        ops = [e["args"]["op"] for e in written.events if e.get("ph") == "X" and e["tid"] == 0]
         assert ops.count("sgd_mom_update") == 2   # one update a context: this block's step alone
     figure = plot_timeline(written, tmp_path / "step.png")
     assert (tmp_path / "step.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -123,7 +150,8 @@ def test_the_cli_writes_a_trace_of_steps_2_to_4(tmp_path, capsys):
                                                         "(ui.perfetto.dev) or chrome://tracing")
     timeline = read_trace(path)
     _phases_in_order(timeline, ["cpu(0)", "cpu(1)"])
-    assert [e["args"]["op"] for e in timeline.events if e.get("ph") == "X"].count("sgd_update") == 3 * 2
+    ops = [e["args"]["op"] for e in timeline.events if e.get("ph") == "X" and e["tid"] == 0]
+    assert ops.count("sgd_update") == 3 * 2
 
 
 @pytest.mark.parametrize("layout", [["--strategy", "model"], ["--strategy", "pipeline", "--micro-batches", "2"]])
@@ -138,9 +166,13 @@ def test_model_and_pipeline_traces_name_their_backward_pass(layout, tmp_path):
     timeline = read_trace(path)
     assert timeline.lanes == ["cpu(0)", "cpu(1)"]
     for lane in (0, 1):
-        names = [e["name"] for e in timeline.events if e.get("ph") == "X" and e["pid"] == lane]
+        names = [e["cat"] for e in _operators(timeline, lane)]
         assert "backward" in names and names.index("forward") < names.index("backward"), names
         assert len(names) - names[::-1].index("update") > len(names) - names[::-1].index("backward"), names
+        assert "allreduce" not in names + [b["cat"] for b in _brackets(timeline, lane)]   # one replica sums nothing
+    labels_hold(timeline)
+    sends = [e for e in timeline.events if e.get("ph") == "X" and e["cat"] == "send"]
+    assert {e["tid"] for e in sends} == {0, 1}   # the stages' copies, in the brackets the strategy queued
 
 
 @pytest.mark.parametrize("examples, steps", [(20, 1), (64, 2)])
@@ -154,7 +186,7 @@ def test_a_run_shorter_than_the_traced_steps_traces_what_it_ran(examples, steps,
                                                         "(ui.perfetto.dev) or chrome://tracing")
     timeline = read_trace(path)
     _phases_in_order(timeline, ["cpu(0)", "cpu(1)"])
-    updates = [e["args"]["op"] for e in timeline.events if e.get("ph") == "X"].count("sgd_update")
+    updates = [e["args"]["op"] for e in timeline.events if e.get("ph") == "X" and e["tid"] == 0].count("sgd_update")
     assert updates == 2   # one step on each context: the only one, or the second
 
 
@@ -192,8 +224,9 @@ def test_a_zero_3_step_names_its_gathers_recomputations_and_reduce_scatters(pref
     with trace(contexts=strategy.ctx_list) as recorded:
         strategy.train_step(X, y, optimizer=optimizer)
     n = len(strategy.blocks)
+    labels_hold(recorded.result)
     for lane in (0, 1):
-        names = [e["name"] for e in recorded.result.events if e.get("ph") == "X" and e["pid"] == lane]
+        names = [e["cat"] for e in _operators(recorded.result, lane)]
         where = {p: statistics.median(i for i, name in enumerate(names) if name == p)
                  for p in ("forward", "recompute", "reduce-scatter", "update")}
         assert where["forward"] < where["recompute"] < where["update"], where
@@ -211,8 +244,9 @@ def test_the_cli_traces_zero_3(tmp_path):
     assert main(["--data-dir", str(data_dir), "--epochs", "1", "--devices", "cpu:2", "--batch-size", "32",
                  "--no-progress", "--trace", str(path), "--zero", "3"]) == 0
     timeline = read_trace(path)
+    labels_hold(timeline)
     for lane in (0, 1):
-        names = {e["name"] for e in timeline.events if e.get("ph") == "X" and e["pid"] == lane}
+        names = {e["cat"] for e in _operators(timeline, lane)}
         assert {"gather", "forward", "recompute", "backward", "reduce-scatter", "update"} <= names, names
     figure = plot_timeline(timeline)
     assert "reduce-scatter" in [t.get_text() for t in figure.legends[0].get_texts()]

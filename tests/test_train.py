@@ -59,11 +59,57 @@ def test_trains_above_chance_and_writes_outputs(data_dir, tmp_path, capsys):
                 4 * 129068, 4 * 129068, 0, 0)
         # the fused allreduce receives cpu(1)'s gradient into one buffer on cpu(0)
         assert [row["temporary_buffers"] for row in m["memory"]] == [4 * 129068, 0]
-    assert "memory for training: 0.98 MiB on the busiest context, cpu(0) (parameters 0.49" in out
+    assert ("memory for training: 1.48 MiB on the busiest context, cpu(0) (parameters 0.49, gradients 0.49, "
+            "optimizer state 0.00, temporary buffers 0.49 MiB)") in out
     assert history[-1]["test_acc"] > 0.5            # chance is 0.1
     assert history[-1]["train_loss"] < history[0]["train_loss"]
     assert plot_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert not [p for p in os.listdir(tmp_path) if p.endswith(".tmp")]
+
+
+def _memory_line(out):
+    """The run's ``memory for training:`` line (one)."""
+    [line] = [line for line in out.splitlines() if line.startswith("memory for training: ")]
+    return line
+
+
+def _total_mib(line):
+    return float(line.split()[3])
+
+
+@pytest.mark.parametrize("args", [["--zero", "0"], ["--zero", "3"], ["--model", "vit", "--tensor", "2"]])
+def test_the_memory_line_is_the_metrics_memory_and_counts_the_buffers_a_layout_allocates(args, tmp_path, capsys):
+    """One definition (docs/memory.md): the line after the first step and --metrics-json's "memory" are one
+    measurement, and its temporary buffers are what the run's reductions keep (``buffer_bytes``, still this run's
+    after main returns) plus ZeRO-3's unit gradient (the size of its gather buffer). The line was computed before
+    the first step: it left out the allreduce's receive buffers (--zero 0) and tensor ranks' f and g ones."""
+    from parallel.comm import buffer_bytes
+    from parallel.report import format_memory
+    data_dir = write_idx_files(tmp_path, easy_dataset(num_train=256, num_test=64, seed=2))
+    path = tmp_path / "m.json"
+    assert main(["--data-dir", str(data_dir), "--devices", "cpu:2", "--epochs", "1", "--batch-size", "64",
+                 "--no-progress", "--metrics-json", str(path), *args]) == 0
+    memory = json.loads(path.read_text())[0]["memory"]
+    assert _memory_line(capsys.readouterr().out) == format_memory(memory)
+    received = {str(ctx): nbytes for ctx, nbytes in buffer_bytes().items()}
+    assert received.get("cpu(0)")   # the fused allreduce (of gradients, or of f's and g's activations)
+    for row in memory:
+        assert row["temporary_buffers"] == received.get(row["context"], 0) + row["gathered_peak"], row
+
+
+def test_zero3_holds_less_than_zero0_where_its_largest_unit_is_a_small_part_of_the_model(tmp_path, capsys):
+    """The orders docs/memory.md gives: on 2 contexts ZeRO-3 holds Psi + 3 U against 3 Psi, so it saves on the ViT
+    (largest unit 24% of it) and not on LeNet (79%), where it saves from 3 contexts on."""
+    data_dir = write_idx_files(tmp_path, easy_dataset(num_train=128, num_test=32, seed=2))
+    total = {}
+    for model, devices in (("vit", "cpu:2"), ("lenet", "cpu:2"), ("lenet", "cpu:3")):
+        for zero in ("0", "3"):
+            assert main(["--data-dir", str(data_dir), "--devices", devices, "--epochs", "1", "--batch-size", "64",
+                         "--no-progress", "--model", model, "--zero", zero]) == 0
+            total[model, devices, zero] = _total_mib(_memory_line(capsys.readouterr().out))
+    assert total["vit", "cpu:2", "3"] < 0.6 * total["vit", "cpu:2", "0"], total
+    assert total["lenet", "cpu:2", "3"] > total["lenet", "cpu:2", "0"], total
+    assert total["lenet", "cpu:3", "3"] < total["lenet", "cpu:3", "0"], total
 
 
 @pytest.mark.parametrize("algorithm", ["naive", "fused"])

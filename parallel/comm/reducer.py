@@ -22,10 +22,12 @@ where the sums are taken in the same order (``tests/test_reducer.py``).
 [(5, 8), (4, 5), (0, 4)]
 """
 import mxnet as mx
+import numpy as np
 
 from ..compress import COMPRESSIONS
 from ..compress.registry import as_codec
 from ..job import allreduce_across, bucket_key
+from ..trace import issued
 from ..validate import check_choice
 from . import ALGORITHMS, DEFAULT_ALGORITHM, DEFAULT_BUCKET_MB, SHARDED_ALGORITHMS
 from .algorithms import allreduce, check_same_arrays, exclusive, receive, reduce_scatter, scratch, shard_range
@@ -307,9 +309,13 @@ class Reducer:
             self._reduce_lists(group)
             return
         buckets = self.buckets(group, scatter)
+        kind = "reduce-scatter" if scatter else "allreduce"
         with exclusive():
             for bucket in buckets:
-                self.hook(bucket, self._comm(bucket.index, len(buckets), first_bucket))
+                number, grad = first_bucket + bucket.index, bucket.grads[0]   # a trace's bracket of its work
+                with issued(kind, bucket.grads, f"{kind} bucket {number}", bucket=number,
+                            bytes=grad.size * np.dtype(grad.dtype).itemsize):
+                    self.hook(bucket, self._comm(bucket.index, len(buckets), first_bucket))
 
     def _reduce_lists(self, group):
         """Replicas that are plain lists of arrays (several dtypes): one allreduce a tensor, as in the textbook."""
@@ -320,7 +326,9 @@ class Reducer:
             raise TypeError("a communication hook reduces flat replicas: build them with get_params from "
                             "parameters of one dtype")
         for arrays in zip(*group):
-            allreduce([array.grad for array in arrays], self.algorithm)
+            grads = [array.grad for array in arrays]
+            with issued("allreduce", grads, bytes=grads[0].size * np.dtype(grads[0].dtype).itemsize):
+                allreduce(grads, self.algorithm)
 
     def state(self, group):
         """The communication hook's error feedback for ``group`` (a codec's residuals and ``Q`` matrices), whatever

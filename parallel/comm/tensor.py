@@ -45,6 +45,7 @@ of the arrays read later.
 import mxnet as mx
 from mxnet import autograd
 
+from ..trace import issued
 from ..validate import BadValue
 from . import algorithms
 
@@ -300,8 +301,10 @@ class SegmentTape:
         """Megatron's g on ``xs`` (one partial sum a rank): their sum on every rank forward (new arrays), the
         gradient passed through backward. Queued on the engine; does not block."""
         self.calls["g"] += 1
-        outputs = [x.detach().copy() for x in xs]
-        algorithms.allreduce(outputs, self.algorithm)
+        with issued("tensor", list(xs), "tensor g", collective="g") as made:   # named so in a trace
+            outputs = [x.detach().copy() for x in xs]
+            made += outputs
+            algorithms.allreduce(outputs, self.algorithm)
         self.allreduced += sum(x.size for x in xs)
         if autograd.is_recording():
             self._collective("g", xs, outputs)
@@ -375,11 +378,14 @@ class SegmentTape:
         leaves = [self._leaves.get(id(a)) for a in step.outputs]
         if all(leaf is None for leaf in leaves):
             return
-        grads = [mx.nd.zeros_like(a) if leaf is None else leaf.grad for a, leaf in zip(step.outputs, leaves)]
-        if step.kind == "f":   # the allreduce of the ranks' gradients
-            grads = [grad.copy() for grad in grads]
-            algorithms.allreduce(grads, self.algorithm)
-            self.allreduced += sum(grad.size for grad in grads)
-        for source, grad in zip(step.sources, grads):   # g: the identity
-            if source is not None:
-                source.grad[:] += grad
+        touched = [leaf.grad for leaf in leaves if leaf is not None] + [s.grad for s in step.sources if s is not None]
+        with issued("tensor", touched, f"tensor {step.kind} backward", collective=step.kind) as made:   # in a trace
+            grads = [mx.nd.zeros_like(a) if leaf is None else leaf.grad for a, leaf in zip(step.outputs, leaves)]
+            if step.kind == "f":   # the allreduce of the ranks' gradients
+                grads = [grad.copy() for grad in grads]
+                made += grads
+                algorithms.allreduce(grads, self.algorithm)
+                self.allreduced += sum(grad.size for grad in grads)
+            for source, grad in zip(step.sources, grads):   # g: the identity
+                if source is not None:
+                    source.grad[:] += grad

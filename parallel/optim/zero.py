@@ -30,11 +30,13 @@ import functools
 from typing import NamedTuple
 
 import mxnet as mx
+import numpy as np
 
 from ..comm.algorithms import all_gather, shard_range
 from ..comm.reducer import as_reducer
 from ..comm.replica import FlatReplica, grads_of
 from ..job import KEYS
+from ..trace import issued
 from ..validate import BadType, check_int
 from .optimizers import SGD, Optimizer
 
@@ -125,14 +127,18 @@ def _counted(start, stop, uncounted):
     return ranges
 
 
-def _clip(clip_norm, groups, regions, zero, batch_size, combine=None):
-    """Scale every gradient so that the mean gradient's global norm is at most ``clip_norm``, in place.
-    ``combine``: a function of the squared norms of the owned gradients giving every squared norm to add (ZeRO-3
-    in a job: every worker's)."""
+def _squared_norms(groups, regions, zero, combine=None):
+    """The squared norm of each owned gradient (``_owned_grads``), a (1,) array on its gradient's context: together
+    the whole summed gradient's. ``combine``: a function of them giving every squared norm to add (ZeRO-3 in a job:
+    every worker's)."""
     partials = [mx.nd.norm(grad).reshape((1,)) ** 2
                 for group, group_regions in zip(groups, regions) for grad in _owned_grads(group, group_regions, zero)]
-    if combine is not None:
-        partials = combine(partials)
+    return partials if combine is None else combine(partials)
+
+
+def _clip(clip_norm, groups, regions, partials, batch_size):
+    """Scale every gradient so that the mean gradient's global norm (the squared norms ``partials`` added, its
+    square) is at most ``clip_norm``, in place."""
     scales = {}
     for group, group_regions in zip(groups, regions):
         for replica, region in zip(group, group_regions):
@@ -158,6 +164,16 @@ def _update(optimizer, replica, regions, lr, rescale, t):
                          rescale, t)
 
 
+def _updated_arrays(groups):
+    """Every array an update of ``groups`` writes or reads from the step: each replica's parameters and gradients
+    (a ``FlatReplica``'s flat buffer and bucket buffers)."""
+    arrays = []
+    for group in groups:
+        for replica in group:
+            arrays += ([replica.data] if isinstance(replica, FlatReplica) else list(replica)) + grads_of(replica)
+    return [array for array in arrays if array is not None]
+
+
 def optimizer_step(optimizer, groups, batch_size, reducer=None, active=None):
     """One optimizer step of every replica of ``groups``, from the gradients each computed, in place.
 
@@ -178,7 +194,8 @@ def optimizer_step(optimizer, groups, batch_size, reducer=None, active=None):
     active : int, optional
         Replicas ``active..`` of each group computed nothing this step: they add zero.
 
-    Afterwards every replica of a group holds the same parameters. Nothing waits for the devices.
+    Afterwards every replica of a group holds the same parameters; with ``optimizer.record_norm``,
+    ``optimizer.grad_norm`` holds the mean gradient's global norm before clipping. Nothing waits for the devices.
     """
     check_int(batch_size, "batch_size", low=1)
     reducer = as_reducer(reducer)
@@ -194,16 +211,26 @@ def optimizer_step(optimizer, groups, batch_size, reducer=None, active=None):
     for group in groups if zero < 3 else ():   # ZeRO-3 reduce-scattered each block as its backward ended
         (reducer.reduce_scatter if zero == 2 else reducer.reduce)(group, active, first_bucket)
         first_bucket += len(group[0].buckets) if isinstance(group[0], FlatReplica) else 0
-    if optimizer.clip_norm is not None:   # ZeRO-3's shards in a job: every worker's norms
-        combine = functools.partial(_every_workers, reducer.job) if zero == 3 and reducer.job is not None else None
-        _clip(optimizer.clip_norm, groups, regions, zero, batch_size, combine)
+    with issued("update", _updated_arrays(groups)):   # a trace's bracket of the update (parallel.trace)
+        if optimizer.clip_norm is not None or optimizer.record_norm:   # ZeRO-3's shards in a job: every worker's
+            combine = functools.partial(_every_workers, reducer.job) if zero == 3 and reducer.job is not None else None
+            partials = _squared_norms(groups, regions, zero, combine)
+            if optimizer.record_norm and partials:   # queued, not read: fit reads it with the step's loss
+                ctx = partials[0].context
+                optimizer.grad_norm = mx.nd.add_n(*[p.as_in_context(ctx) for p in partials]).sqrt() / batch_size
+            if optimizer.clip_norm is not None:
+                _clip(optimizer.clip_norm, groups, regions, partials, batch_size)
+        for group, group_regions in zip(groups, regions):
+            for replica, replica_regions in zip(group, group_regions):
+                _update(optimizer, replica, replica_regions, lr, 1.0 / batch_size, t)
     gather = "ring" if reducer.algorithm == "ring" else "fused"
-    for group, group_regions in zip(groups, regions):
-        for replica, replica_regions in zip(group, group_regions):
-            _update(optimizer, replica, replica_regions, lr, 1.0 / batch_size, t)
-        if zero and len(group) > 1:
-            for layout in group[0].buckets:
-                all_gather([replica.data[layout.start:layout.end] for replica in group], gather)
+    for group in groups if zero else ():
+        if len(group) > 1:
+            for b, layout in enumerate(group[0].buckets):
+                pieces = [replica.data[layout.start:layout.end] for replica in group]
+                with issued("gather", pieces, f"gather bucket {b}", bucket=b,
+                            bytes=pieces[0].size * np.dtype(pieces[0].dtype).itemsize):
+                    all_gather(pieces, gather)
     optimizer.num_update = t
 
 

@@ -45,6 +45,7 @@ from ..models.registry import behaviour_of
 from ..optim.zero import ReplicatedStore, as_optimizer
 from ..shard import Replicated
 from ..step import Replicas, worker_step
+from ..trace import issued
 from ..validate import BadType, BadValue, check_bool, check_contexts
 from .base import ArrayPlace, Strategy
 from .model import stage_ranges
@@ -101,12 +102,13 @@ class Chunk:
         """The chunk before's ``outputs`` (one a replica), copied rank by rank to this chunk's contexts: its inputs,
         off the tape, gradients attached (``grad``)."""
         copies = []
-        for d, out in enumerate(outputs):
-            if self.ranks == 1:
-                copies.append(algorithms.copy_to(out.detach(), self.contexts[d][0]))
-            else:
-                copies.append(Ranks([algorithms.copy_to(a.detach(), ctx) for a, ctx in zip(out.arrays,
-                                                                                            self.contexts[d])]))
+        with issued("send", flat_arrays(outputs), "send forward"):   # named so in a trace (parallel.trace)
+            for d, out in enumerate(outputs):
+                if self.ranks == 1:
+                    copies.append(algorithms.copy_to(out.detach(), self.contexts[d][0]))
+                else:
+                    copies.append(Ranks([algorithms.copy_to(a.detach(), ctx) for a, ctx in zip(out.arrays,
+                                                                                                self.contexts[d])]))
         if grad:
             for array in flat_arrays(copies):
                 array.attach_grad()
@@ -115,9 +117,10 @@ class Chunk:
     def send_back(self, inputs, before):
         """The gradients this chunk's ``inputs`` got, copied to the contexts of the chunk ``before`` it."""
         grads = []
-        for d, X in enumerate(inputs):
-            arrays = flat_arrays([X])
-            grads += [algorithms.copy_to(a.grad, ctx) for a, ctx in zip(arrays, before.contexts[d])]
+        with issued("send", [a.grad for a in flat_arrays(inputs)], "send backward"):   # named so in a trace
+            for d, X in enumerate(inputs):
+                arrays = flat_arrays([X])
+                grads += [algorithms.copy_to(a.grad, ctx) for a, ctx in zip(arrays, before.contexts[d])]
         return grads
 
 

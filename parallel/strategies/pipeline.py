@@ -28,7 +28,7 @@ from mxnet import autograd
 
 from ..models.recompute import flat_arrays
 from ..split import shard_sizes
-from ..trace import mark_backward_each, mark_forward_each
+from ..trace import issued, mark_backward_each, mark_forward_each
 from ..validate import check_int
 
 __all__ = ["issue", "micro_batches", "bubble_fraction"]
@@ -77,10 +77,12 @@ def issue(schedule, chunks, X_parts, y_parts, loss):
         if op.kind == "F":
             X = X_parts[i] if c == 0 else chunk.receive(outputs[(c - 1, i)])
             mark_forward_each(flat_arrays(X))   # where a trace's forward starts (parallel.trace)
-            with autograd.record():
+            with autograd.record(), issued("forward", flat_arrays(X)) as made:
                 outputs[(c, i)], pending[(c, i)] = chunk.forward(X)
                 if c == last:   # one a rank of each replica (a tensor group's every rank)
                     losses[i] = [chunk.losses(out, y, loss) for out, y in zip(outputs[(c, i)], y_parts[i])]
+                made += flat_arrays(outputs[(c, i)])   # the forward's bracket ends with its outputs and losses
+                made += [value for values in losses[i] for value in values] if c == last else []
             inputs[(c, i)] = X
             held[device] += 1
             peak[device] = max(peak[device], held[device])
