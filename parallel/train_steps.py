@@ -139,6 +139,12 @@ def lay_out(args, checkpoint, ctx_list, job):
         reducer = Reducer(args.allreduce, bucket_mb=args.bucket_mb, compression=args.compression, job=job)
         strategy = make_strategy(layout_of_args(args), initial, ctx_list, reducer=reducer,
                                  batch_size=args.batch_size)   # in a job: rank 0's
+    if args.zero and zero_shards(strategy) == 1:
+        what = ("it only adds its gathers and a recomputed forward, and holds more than --zero 0 (docs/memory.md); "
+                "ZeRO-3 shards over the data replicas of --devices and the workers of a job" if args.zero == 3 else
+                f"ZeRO-{args.zero} shards the state over one process's data replicas of --devices")
+        print(f"warning: --zero {args.zero} shards nothing here: one replica of the model; {what}", file=sys.stderr,
+              flush=True)
     if len(strategy.ctx_list) < len(ctx_list):
         idle = ", ".join(str(ctx) for ctx in ctx_list[len(strategy.ctx_list):])
         print(f"warning: --strategy {args.strategy} uses {len(strategy.ctx_list)} of the {len(ctx_list)} contexts "
@@ -148,6 +154,13 @@ def lay_out(args, checkpoint, ctx_list, job):
               "sends no gradient; it applies between several --devices or the workers of a job", file=sys.stderr,
               flush=True)
     return initial, strategy
+
+
+def zero_shards(strategy):
+    """Over how many replicas ZeRO shards each array of ``strategy``: its data replicas in this process (ZeRO-1 and
+    2), times the job's workers for ZeRO-3. 1: nothing is sharded."""
+    replicas = strategy.layout.place(len(strategy.ctx_list)).data
+    return replicas * (strategy.job.num_workers if strategy.job is not None and strategy.layout.zero == 3 else 1)
 
 
 def checkpoint_record(args, strategy, optimizer, dataset, data_name, job):
@@ -212,7 +225,7 @@ def open_report(args, strategy, optimizer, dataset, data_name, job):
                f"{os.environ.get('OMP_NUM_THREADS', 'unset (MXNet default: half the cores)')}")
     if optimizer.describe() != SGD(args.lr).describe() or args.accumulate > 1:   # more than the textbook's step
         accumulate = f"; {args.accumulate} micro-batches per batch" if args.accumulate > 1 else ""
-        report.say(f"optimizer {optimizer.describe()}{accumulate}")
+        report.say(f"optimizer {optimizer.describe(zero_shards(strategy))}{accumulate}")
     return report   # it says what each context holds after the first step (Report.step)
 
 

@@ -112,6 +112,26 @@ def test_zero3_holds_less_than_zero0_where_its_largest_unit_is_a_small_part_of_t
     assert total["lenet", "cpu:3", "3"] < total["lenet", "cpu:3", "0"], total
 
 
+@pytest.mark.parametrize("devices, zero", [("cpu:1", "1"), ("cpu:1", "3"), ("cpu:2", "3")])
+def test_zero_with_one_replica_says_it_shards_nothing(devices, zero, tmp_path, capsys):
+    """--zero 1 and 3 on one context printed 'sharded over the contexts' (and 'keeps 1/1'), where nothing is
+    sharded and ZeRO-3 holds more than --zero 0: the header says nothing is sharded, and a warning what it costs."""
+    data_dir = write_idx_files(tmp_path, easy_dataset(num_train=128, num_test=32, seed=2))
+    assert main(["--data-dir", str(data_dir), "--devices", devices, "--epochs", "1", "--batch-size", "64",
+                 "--no-progress", "--zero", zero]) == 0
+    out, err = capsys.readouterr()
+    if devices == "cpu:2":   # two replicas: sharded, and no warning
+        assert "sharded over the contexts" in out and "each context keeps 1/2" in out and not err, (out, err)
+        return
+    assert "sharded over the contexts" not in out and "keeps 1/1" not in out, out
+    assert f"optimizer sgd (lr 0.2), ZeRO-{zero} with one replica: nothing to shard" in out, out
+    [warning] = err.splitlines()
+    assert warning.startswith(f"warning: --zero {zero} shards nothing here: one replica of the model"), warning
+    if zero == "3":
+        assert "ZeRO-3 with one replica: nothing to shard; each of the 4 blocks still gathered" in out, out
+        assert "holds more than --zero 0" in warning
+
+
 @pytest.mark.parametrize("algorithm", ["naive", "fused"])
 def test_same_seed_same_curve_different_devices(data_dir, tmp_path, algorithm):
     curves = []

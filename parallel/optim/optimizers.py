@@ -82,10 +82,22 @@ class Optimizer:
     states : dict
         The state of each buffer (or shard of one) this optimizer updated: ``(owner, [state arrays])`` by
         ``(id(owner), region)`` (see ``state_for``; ``parallel.optim.zero`` lays it out).
+    record_norm : bool
+        Set it to have each step leave ``grad_norm``; False by default (``fit`` sets it for ``logdir``).
+    grad_norm : NDArray or None
+        With ``record_norm``, the last step's global L2 norm of the mean gradient (the summed gradient divided by
+        the global batch size, all parameters together, before clipping: what ``clip_norm`` is compared with), a
+        (1,) array on the first gradient's context, queued and not waited for. Clipping computes it anyway;
+        without clipping it costs one ``norm`` a gradient array and one ``add_n`` a step (and with ``zero=3`` in
+        a job, one gather of a float a shard over the workers).
     """
 
     #: The optimizer's name in ``OPTIMIZERS``.
     name = None
+    #: Whether each step leaves its gradient's norm in ``grad_norm`` (an attribute a run sets: ``fit``).
+    record_norm = False
+    #: The last step's gradient norm when ``record_norm`` is set (an NDArray), else None.
+    grad_norm = None
     #: Default base learning rate (``make_optimizer`` and the CLI use it when none is given).
     default_lr = None
 
@@ -164,14 +176,19 @@ class Optimizer:
         return {"name": self.name, **self.hyper(),
                 "schedule": None if self.schedule is None else self.schedule.config(), "clip_norm": self.clip_norm}
 
-    def describe(self):
-        """One line for a run's header: the rule, the schedule, clipping and sharding."""
+    def describe(self, shards=None):
+        """One line for a run's header: the rule, the schedule, clipping and sharding (``shards``: over how many
+        replicas ``zero`` shards, when known; with 1 the line says nothing is sharded)."""
         parts = [self._describe_rule()]
         if self.schedule is not None:
             parts.append(f"lr schedule {self.schedule.describe()}")
         if self.clip_norm is not None:
             parts.append(f"gradients clipped to norm {self.clip_norm:g}")
-        if self.state_names() or self.zero:
+        if self.zero and shards == 1:
+            parts.append(f"ZeRO-{self.zero} with one replica: nothing to shard, "
+                         + ("the parameters, gradients and state stay whole" if self.zero == 3 else
+                            "the state stays whole"))
+        elif self.state_names() or self.zero:
             parts.append({0: "state replicated", 1: "ZeRO-1: state and update sharded over the contexts",
                           2: "ZeRO-2: gradients, state and update sharded over the contexts",
                           3: "ZeRO-3: parameters, gradients, state and update sharded over the contexts"}[self.zero])

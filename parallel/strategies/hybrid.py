@@ -433,9 +433,14 @@ class Hybrid(Strategy, Replicas):
             workers = 1 if self.job is None else self.job.num_workers
             shards = f"1/{p.data}" if workers == 1 else f"1/{p.data * workers} ({workers} workers x {p.data} contexts)"
             blocks = len(self.chunks[0].blocks.segments)
-            line += (f", ZeRO-3: each context keeps {shards} of the parameters, their gradients and optimizer state; "
-                     f"each of the {blocks} blocks{' a chunk' if len(self.chunks) > 1 else ''} gathered before it "
-                     "runs and again for its backward (recomputed), gradients reduce-scattered")
+            each = f"each of the {blocks} blocks{' a chunk' if len(self.chunks) > 1 else ''}"
+            if p.data * workers == 1:   # one replica: every shard is the whole, what is left is the gathers' cost
+                line += (f", ZeRO-3 with one replica: nothing to shard; {each} still gathered into a buffer before "
+                         "it runs and recomputed for its backward (more memory and time than without ZeRO-3)")
+            else:
+                line += (f", ZeRO-3: each context keeps {shards} of the parameters, their gradients and optimizer "
+                         f"state; {each} gathered before it runs and again for its backward (recomputed), gradients "
+                         "reduce-scattered")
         elif self.layout.recompute:
             line += ", activations recomputed in backward"
         summed = self.reducer.describe(p.data)
