@@ -7,9 +7,9 @@ network to the rest of MXNet in two ways:
   which ``gluon.SymbolBlock.imports`` and ``mx.model.load_checkpoint`` read;
 - ``to_gluon`` builds the textbook's gluon LeNet (``Conv2D``, ``AvgPool2D``, ``Dense``) holding the same weights.
 
-Both predict what ``lenet(X, params)`` predicts. A gluon network trained on flat replicas (ResNet-18, the ViT:
-``get_params(block, ctx)``, or a strategy's ``params()`` and ``aux()``) goes back into its block and out through
-gluon's own ``export``: ``export_gluon``.
+Both predict what ``lenet(X, params)`` predicts. A gluon network trained on flat replicas (ResNet-18, the ViT, the
+Transformer: ``get_params(block, ctx)``, or a strategy's ``params()`` and ``aux()``) goes back into its block and
+out through gluon's own ``export``: ``export_gluon``.
 
 The ``.params`` files are written here in plain Python, one array at a time (``save_arrays``): a value may be a
 function that produces its array when its turn comes, so a model never needs to be whole on the host at once.

@@ -1,11 +1,11 @@
 """The training loop, ``fit``: epochs of shuffled batches through a built strategy, a few steps in flight,
 checkpoints and stops.
 
-``fit(dataset, strategy, optimizer, config)`` trains whatever ``strategy`` holds (``parallel.make_strategy``: LeNet
-or ResNet-18, any parallel style, in one process or as one worker of a distributed job) with the optimizer's step
-on the batches ``config`` (a ``parallel.config.RunConfig``) describes. It reports nothing itself: ``on_epoch`` and
-``on_checkpoint`` receive what it measured (``parallel.report`` formats and writes it). A tiny run on two CPU
-contexts:
+``fit(dataset, strategy, optimizer, config)`` trains whatever ``strategy`` holds (``parallel.make_strategy``: any
+model of ``parallel.models.MODELS``, any parallel style, in one process or as one worker of a distributed job) with
+the optimizer's step on the batches ``config`` (a ``parallel.config.RunConfig``) describes. It reports nothing
+itself: ``on_epoch`` and ``on_checkpoint`` receive what it measured (``parallel.report`` formats and writes it). A
+tiny run on two CPU contexts:
 
 >>> import mxnet as mx
 >>> from parallel import RunConfig, fit, init_model, make_strategy, synthetic_dataset

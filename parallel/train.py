@@ -1,5 +1,5 @@
-"""Train LeNet (or ResNet-18, or a small ViT) on Fashion-MNIST with data parallelism written from scratch, or with
-the other parallel styles: the command ``python -m parallel.train``.
+"""Train LeNet (or ResNet-18, a small ViT or a Transformer) on Fashion-MNIST with data parallelism written from
+scratch, or with the other parallel styles (model, pipeline, hybrid, tensor): the command ``python -m parallel.train``.
 
 Run::
 
@@ -17,7 +17,8 @@ Every strategy runs the same SGD step on the same batches: the same ``--seed`` g
 ``--model resnet18`` trains the textbook's ResNet-18 (a gluon block, 11.2 million parameters, BatchNorm) the same
 ways instead of LeNet; on a CPU it costs a few hundred times LeNet's time per example. ``--model vit`` trains a
 small Vision Transformer (7x7 patches, a class token, four pre-norm Transformer blocks of width 64: 139 thousand
-parameters, no BatchNorm) the same ways.
+parameters, no BatchNorm) the same ways, and ``--model transformer`` an encoder over the image's 28 rows (two
+post-norm blocks); the two Transformers are made of parallel layers, so ``--tensor`` splits them too.
 
 The arguments are checked before MXNet is imported, so ``--help`` and argument errors answer at once; then,
 unless ``OMP_NUM_THREADS`` is set, the command sets it to every core (MXNet reads it when it is imported; see
@@ -91,8 +92,8 @@ _layer_indices = _int_list("layer indices", "2 or 1,3")
 def build_parser():
     """The argument parser of ``python -m parallel.train`` (it imports nothing heavy)."""
     parser = Parser(prog="python -m parallel.train",
-                    description="Train LeNet, ResNet-18 or a small ViT with data parallelism written from scratch on "
-                                "MXNet.")
+                    description="Train LeNet, ResNet-18, a small ViT or a Transformer with data, pipeline and tensor "
+                                "parallelism written from scratch on MXNet.")
     add = parser.add_argument
     add("--model", choices=list(MODELS), default="lenet",
         help="lenet: the textbook's LeNet, from scratch; resnet18: the textbook's ResNet-18 for 28x28 images (a "
@@ -145,8 +146,8 @@ def _add_layout_flags(add):
     add("--strategy", choices=list(STRATEGIES), default="data",
         help="; ".join(f"{name}: {what}" for name, what in STRATEGIES.items()) + "; default data")
     add("--stages", type=int, default=None,
-        help=f"model/pipeline/hybrid: cut the model's layers (LeNet's 4, ResNet-18's 7 children, the ViT's 6) into N "
-             f"stages as evenly as possible (default {DEFAULT_STAGES})")
+        help=f"model/pipeline/hybrid: cut the model's layers (LeNet's 4, ResNet-18's 7 children, the ViT's 6, the "
+             f"Transformer's 4) into N stages as evenly as possible (default {DEFAULT_STAGES})")
     add("--boundaries", type=_layer_indices, default=None, metavar="I,J",
         help="model/pipeline/hybrid: instead of --stages, the layer indices where stages start, e.g. 2 (conv | "
              "dense) or 1,3; " + "; ".join(f"{MODELS[m].title}'s layers are {MODELS[m].layers}" for m in MODELS))
@@ -211,8 +212,7 @@ def _add_optimizer_flags(add):
              "every layout; default 0")
     add("--recompute", action="store_true",
         help="activation recomputation: keep only each block's input (LeNet's layers, ResNet-18's residual blocks, "
-             "the ViT's children) "
-             "and compute its forward again during backward; the same gradients, less memory, about one more "
+             "the ViT's and the Transformer's children) and compute its forward again during backward; the same gradients, less memory, about one more "
              "forward pass a step; every layout")
 
 

@@ -132,6 +132,24 @@ def test_zero_with_one_replica_says_it_shards_nothing(devices, zero, tmp_path, c
         assert "holds more than --zero 0" in warning
 
 
+def test_the_help_names_every_model_and_parallel_style():
+    """--help said 'Train LeNet, ResNet-18 or a small ViT with data parallelism': it trains every model of MODELS
+    (the Transformer too) with every style; the module's first paragraph, --stages, --recompute and their rows in the
+    README's flag table name every model too."""
+    import parallel.train as train
+    from parallel.models import MODELS
+    description, summary = train.build_parser().description, train.__doc__.split("\n\n")[0]
+    helps = {action.dest: action.help for action in train.build_parser()._actions}
+    from pathlib import Path
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    rows = [line for line in readme.splitlines() if line.startswith(("| `--stages N`", "| `--recompute`"))]
+    for entry in MODELS.values():   # the ViT's 6 and the Transformer's 4 layers too
+        assert entry.title in description and entry.title in summary, entry.title
+        assert entry.title in helps["stages"] and entry.title in helps["recompute"], entry.title
+        assert len(rows) == 2 and all(entry.title in row for row in rows), (entry.title, rows)
+    assert all(style in description for style in ("data", "pipeline", "tensor")), description
+
+
 @pytest.mark.parametrize("algorithm", ["naive", "fused"])
 def test_same_seed_same_curve_different_devices(data_dir, tmp_path, algorithm):
     curves = []

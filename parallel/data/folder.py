@@ -2,8 +2,8 @@
 
 MNIST, Fashion-MNIST and KMNIST all come as four IDX files (images and labels, train and test) with the
 same names, each raw or gzipped (``NAME.gz``). ``load_idx_dataset(dir)`` loads any of them and checks that
-the four files agree with each other and with the models (28x28 images, 10 classes: what LeNet and ResNet-18
-take). Needs numpy, not MXNet.
+the four files agree with each other and with the models (28x28 images, 10 classes: what every model of
+``parallel.models`` takes). Needs numpy, not MXNet.
 
 >>> import os, tempfile
 >>> from parallel.data import synthetic_dataset, write_idx

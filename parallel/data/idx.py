@@ -3,7 +3,7 @@
 An IDX file is a header (two zero bytes, the data type, the number of dimensions, then each dimension as a
 big-endian uint32) followed by the values. MNIST-format datasets use two kinds of IDX file, both of unsigned
 bytes: 3-d images and 1-d labels, raw or gzipped. ``Dataset`` holds a dataset's four arrays in memory;
-``IMAGE_SHAPE`` and ``NUM_CLASSES`` are what the models take (LeNet and ResNet-18 alike). Needs numpy, not
+``IMAGE_SHAPE`` and ``NUM_CLASSES`` are what the models take (every model of ``parallel.models``). Needs numpy, not
 MXNet.
 
 >>> import os, tempfile

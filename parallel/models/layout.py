@@ -1,9 +1,9 @@
 """What each model of ``MODELS`` is made of: its initial arrays, and the names and shapes a checkpoint stores.
 
-``init_model(name, seed)`` gives a run's initial model: LeNet's eight arrays, or ResNet-18 or the ViT as an
-initialized gluon block; ``model_layout(name)`` the ``Layout`` of its arrays, by name, independent of how a
-strategy lays them out on contexts. Both check the name and ask the model's entry (``MODELS[name].behaviour``,
-a class of ``parallel.models.registry``):
+``init_model(name, seed)`` gives a run's initial model: LeNet's eight arrays, or the other models' (ResNet-18,
+the ViT, the Transformer) initialized gluon block; ``model_layout(name)`` the ``Layout`` of its arrays, by name,
+independent of how a strategy lays them out on contexts. Both check the name and ask the model's entry
+(``MODELS[name].behaviour``, a class of ``parallel.models.registry``):
 
 >>> layout = model_layout("lenet")
 >>> layout.names[:2], layout.shapes[0], layout.aux_names
@@ -79,7 +79,8 @@ def init_model(model="lenet", seed=0, params=None, aux=None):
     Returns
     -------
     list of NDArray or mxnet.gluon.nn.HybridSequential
-        LeNet's eight arrays (on the CPU), or ResNet-18 or the ViT as an initialized gluon block on the CPU.
+        LeNet's eight arrays (on the CPU), or the other models' (ResNet-18, the ViT, the Transformer) initialized
+        gluon block on the CPU.
 
     Raises
     ------
