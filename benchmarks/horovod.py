@@ -1,8 +1,9 @@
 """Against Horovod: a 2-worker ResNet-18 data-parallel epoch under this package's launcher and under Horovod, on
 plain loopback, on a loopback shaped to 1 Gbit/s, and on simulated hosts (one a worker) at 1 Gbit/s or 100 Mbit/s.
 
-Run from the repository root with the package's Python (Horovod lives in a venv of its own, see
-../shared/peers/horovod/README.md; without it the Horovod row is skipped and the table says why)::
+Run from the repository root with the package's Python (Horovod lives in a venv of its own, ``--horovod-venv``, by
+default ``../hvd-venv`` beside the repository; benchmarks/README.md, "Against Horovod", says how to make it; without
+it the Horovod row is skipped and the table says why)::
 
     python benchmarks/horovod.py --data-dir digits --rounds 3
     python benchmarks/horovod.py --data-dir digits --rounds 3 \\
@@ -21,9 +22,10 @@ the same data, in the same order, with the same global batch, SGD learning rate,
   servers); the
   epoch's seconds and images/s are those of rank 0's epoch line (``--metrics-json``);
 - ``horovod``: ``horovodrun -np W --gloo -H localhost:W --network-interface lo PYTHON
-  benchmarks/horovod_worker.py ... --compression C`` (``--horovodrun``, ``--horovod-python``,
-  ``--horovod-compression``), which trains the same model with ``horovod.mxnet.DistributedTrainer`` and counts
-  the epoch the way ``parallel.fit`` does (its docstring says how each piece is matched).
+  benchmarks/horovod_worker.py ... --compression C`` (``--horovod-venv``, or ``--horovodrun`` and
+  ``--horovod-python``; ``--horovod-compression``), which trains the same model with
+  ``horovod.mxnet.DistributedTrainer`` and counts the epoch the way ``parallel.fit`` does (its docstring says how
+  each piece is matched).
 
 Each ``--networks`` entry runs every configuration: ``plain`` on this machine's loopback; ``1gbit`` with the whole
 job (launcher, scheduler, servers and workers, or horovodrun and its workers) inside a private network namespace
@@ -74,8 +76,8 @@ from harness import BenchmarkError  # noqa: E402
 
 THIS = os.path.abspath(__file__)
 WORKER = os.path.join(harness.HERE, "horovod_worker.py")
-#: Horovod's launcher in its venv, beside the repository (``--horovodrun``).
-HOROVODRUN = os.path.join(os.path.dirname(harness.HERE), os.pardir, "hvd-venv", "bin", "horovodrun")
+#: Horovod's venv (``--horovod-venv``), relative to the repository's root: beside the repository.
+HOROVOD_VENV = os.path.join(os.pardir, "hvd-venv")
 #: How each network shapes its loopback (``tc qdisc add dev lo root ...``); None: the machine's loopback as it is.
 LOOPBACKS = {"plain": None, "1gbit": "tbf rate 1gbit burst 128kb latency 200ms"}
 #: Networks of simulated hosts (``benchmarks/cluster.py``): one host a worker, each link shaped to this rate each way.
@@ -354,8 +356,8 @@ def horovod_problem(args):
         return "--no-horovod"
     for flag, path in (("--horovodrun", args.horovodrun), ("--horovod-python", args.horovod_python)):
         if not os.access(path, os.X_OK):
-            return (f"{path} not found ({flag}): create Horovod's venv as "
-                    "../shared/peers/horovod/README.md says")
+            return (f"{path} not found ({flag}): make Horovod's venv (--horovod-venv) as benchmarks/README.md says "
+                    "('Against Horovod')")
     return None
 
 
@@ -521,7 +523,10 @@ def parse_args(argv=None):
     parser.add_argument("--ours", type=_ours, action="append", default=None, metavar="NAME=FLAGS",
                         help="a row of the package: its name and its extra parallel.train flags (repeatable; "
                              "default: 'default=')")
-    parser.add_argument("--horovodrun", default=HOROVODRUN, help=f"default {HOROVODRUN}")
+    parser.add_argument("--horovod-venv", default=None, metavar="DIR",
+                        help=f"Horovod's venv (benchmarks/README.md says how to make it); default {HOROVOD_VENV} "
+                             "beside the repository, wherever the command runs")
+    parser.add_argument("--horovodrun", default=None, help="default: bin/horovodrun in --horovod-venv")
     parser.add_argument("--horovod-python", default=None, help="default: python beside --horovodrun")
     parser.add_argument("--no-horovod", action="store_true", help="skip the Horovod row")
     parser.add_argument("--horovod-compression", choices=["none", "fp16"], default="none",
@@ -548,7 +553,8 @@ def _check_args(parser, args):
     if len({name for name, _ in ours}) != len(ours):
         parser.error("every --ours needs a name of its own")
     args.ours = dict(ours)
-    args.horovodrun = os.path.abspath(args.horovodrun)
+    args.horovod_venv = os.path.abspath(args.horovod_venv or os.path.join(harness.ROOT, HOROVOD_VENV))
+    args.horovodrun = os.path.abspath(args.horovodrun or os.path.join(args.horovod_venv, "bin", "horovodrun"))
     args.horovod_python = os.path.abspath(args.horovod_python or os.path.join(os.path.dirname(args.horovodrun),
                                                                               "python"))
 

@@ -1,8 +1,9 @@
 """One worker of the Horovod side of benchmarks/horovod.py: the package's ResNet-18 trained data-parallel with
 ``horovod.mxnet.DistributedTrainer``, the way ``python -m parallel.train`` trains it under the package's launcher.
 
-Run from the repository root, in Horovod's own venv (see ../shared/peers/horovod/README.md; the package is
-imported from the work tree through ``PYTHONPATH``, and only its modules that need nothing but MXNet and numpy)::
+Run from the repository root, in Horovod's own venv (here ``../hvd-venv``, beside the repository; benchmarks/README.md,
+"Against Horovod", says how to make it; the package is imported from the work tree through ``PYTHONPATH``, and only
+its modules that need nothing but MXNet and numpy)::
 
     OMP_NUM_THREADS=1 PYTHONPATH=$PWD ../hvd-venv/bin/horovodrun -np 2 --gloo -H localhost:2 \\
         --network-interface lo ../hvd-venv/bin/python benchmarks/horovod_worker.py --data-dir digits \\

@@ -3,6 +3,7 @@
 The table, the skip reasons and the shaped network's command are checked without running a job."""
 import json
 import math
+import re
 
 import pytest
 
@@ -137,3 +138,31 @@ def test_smoke_run_on_two_simulated_hosts_counts_the_link(bench, make_cluster, t
     losses = {run["config"]: run["train_loss"] for run in result["runs"]}
     if "horovod" in losses:
         assert losses["horovod"] == pytest.approx(losses["default"], rel=1e-5)
+
+
+def test_horovods_venv_is_an_option_beside_the_repository_by_default(bench, tmp_path, monkeypatch, capsys):
+    """No path of the machine the benchmark was written on: Horovod's venv defaults to ../hvd-venv beside the
+    repository wherever the command runs, --horovod-venv names another (relative to where it runs), and the skip
+    reason says where the way to make one is written (benchmarks/README.md), in the checkout."""
+    import os
+    monkeypatch.chdir(tmp_path)
+    root = bench.harness.ROOT
+    venv = os.path.normpath(os.path.join(root, os.pardir, "hvd-venv"))
+    args = bench.parse_args(["--dataset", "synthetic"])
+    assert (args.horovod_venv, args.horovodrun, args.horovod_python) == (
+        venv, os.path.join(venv, "bin", "horovodrun"), os.path.join(venv, "bin", "python"))
+    other = bench.parse_args(["--dataset", "synthetic", "--horovod-venv", "venvs/hvd"])
+    assert (other.horovodrun, other.horovod_python) == (str(tmp_path / "venvs/hvd/bin/horovodrun"),
+                                                        str(tmp_path / "venvs/hvd/bin/python"))
+    assert bench.horovod_problem(other) == (f"{tmp_path / 'venvs/hvd/bin/horovodrun'} not found (--horovodrun): make "
+                                            "Horovod's venv (--horovod-venv) as benchmarks/README.md says ('Against "
+                                            "Horovod')")
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--help"])
+    help_text = capsys.readouterr().out
+    assert "--horovod-venv DIR" in help_text and root not in help_text
+    for name in ("horovod.py", "horovod_worker.py", "README.md"):   # the sources and their docs
+        text = open(os.path.join(root, "benchmarks", name)).read()
+        assert root not in text and not re.search(r"(?<![\w.])/(work|root|home|shared)/", text), name
+    readme = open(os.path.join(root, "benchmarks", "README.md")).read()
+    assert "HOROVOD_WITH_MXNET=1" in readme and "python3.11 -m venv ../hvd-venv" in readme
