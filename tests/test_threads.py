@@ -191,3 +191,21 @@ def test_a_shared_pool_engine_is_refused_with_the_fix():
             print(json.dumps(str(e)))
         """, MXNET_ENGINE_TYPE="ThreadedEngine")
     assert "MXNET_ENGINE_TYPE=ThreadedEngine" in result and "set OMP_NUM_THREADS before importing" in result
+
+
+def test_the_shared_machine_advice_is_what_the_cli_does(tmp_path):
+    """docs/threads.md says what to do on a busy shared machine (the CLI's every-core default made a one-context
+    epoch 12x slower there, issue 38): set OMP_NUM_THREADS, and read it in the header. The CLI keeps the value set
+    and its header shows it, as the page says."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    text = " ".join(open(os.path.join(root, "docs", "threads.md")).read().split())
+    assert "## On a busy or shared machine" in text and "spins there (busy-waits)" in text
+    assert "31.8 s" in text and "2.7 s" in text and "12x" in text and "(issue 38)" in text
+    from conftest import easy_dataset, write_idx_files
+    data_dir = write_idx_files(tmp_path, easy_dataset(num_train=64, num_test=16, seed=1))
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    result = run_process([sys.executable, "-m", "parallel.train", "--data-dir", str(data_dir), "--devices", "cpu:1",
+                          "--epochs", "1", "--batch-size", "32", "--no-progress"], timeout=300, env=env)
+    assert result.returncode == 0, result.stderr
+    [header] = [line for line in result.stdout.splitlines() if line.startswith("strategy ")]
+    assert header.endswith("; operator threads: OMP_NUM_THREADS=1"), header
