@@ -1,7 +1,8 @@
 """A run's configuration as one object, for the CLI and ``fit`` alike.
 
 - ``RunConfig``: what the training loop (``parallel.fit``) takes besides the data, the built strategy and the
-  optimizer: epochs, the global batch, the seed, micro-batches per batch, how often to checkpoint, what to trace.
+  optimizer: epochs, the global batch, the seed, micro-batches per batch, how often to checkpoint, what to trace,
+  where to write TensorBoard's event files.
   Frozen: a run's settings cannot drift while it trains.
 - ``layout_of_args``: the run's ``parallel.Layout`` (how the model is spread over the contexts; its rules are its
   own: ``Layout.check``), ``optimizer_defaults`` (each optimizer's learning rate and weight decay when none is
@@ -11,11 +12,12 @@
 Nothing here imports MXNet: the CLI checks its flags with these before MXNet starts.
 
 >>> RunConfig(epochs=2, batch_size=64)
-RunConfig(epochs=2, batch_size=64, seed=0, accumulate=1, checkpoint_every=None, trace=None, progress=False)
+RunConfig(epochs=2, batch_size=64, seed=0, accumulate=1, checkpoint_every=None, trace=None, progress=False, logdir=None)
 """
 from dataclasses import dataclass
 from typing import Optional
 
+from .board import check_logdir
 from .layout import Layout
 from .optim import OPTIMIZERS
 from .validate import check_bool, check_choice, check_int, check_path, check_seed
@@ -34,7 +36,7 @@ FLAGS = {"epochs": "--epochs", "num_epochs": "--epochs", "batch_size": "--batch-
          "bucket_mb": "--bucket-mb", "lr_decay_epochs": "--lr-decay-epochs", "lr_decay": "--lr-decay",
          "factor": "--lr-decay", "milestones": "--lr-decay-epochs",
          "lr_schedule": "--lr-schedule", "recompute": "--recompute", "tensor": "--tensor", "schedule": "--schedule",
-         "virtual_stages": "--virtual-stages", "virtual": "--virtual-stages"}
+         "virtual_stages": "--virtual-stages", "virtual": "--virtual-stages", "logdir": "--logdir"}
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,9 @@ class RunConfig:
         of fewer steps: those it has, ``parallel.fit.trace_first``).
     progress : bool
         Show a progress bar per epoch that counts finished batches.
+    logdir : str, optional
+        Write TensorBoard's event files into this directory (created when missing; an existing file is refused):
+        each step's and each epoch's scalars and the configuration (``parallel.board``); rank 0 alone in a job.
     """
     epochs: int
     batch_size: int
@@ -64,6 +69,7 @@ class RunConfig:
     checkpoint_every: Optional[int] = None
     trace: Optional[str] = None
     progress: bool = False
+    logdir: Optional[str] = None
 
     def __post_init__(self):
         check_int(self.epochs, "epochs", low=1)
@@ -75,12 +81,15 @@ class RunConfig:
         if self.trace is not None:
             object.__setattr__(self, "trace", check_path(self.trace, "trace"))
         check_bool(self.progress, "progress")
+        if self.logdir is not None:
+            object.__setattr__(self, "logdir", check_logdir(self.logdir))
 
 
 def run_config(args):
     """The ``RunConfig`` of ``python -m parallel.train``'s parsed arguments (``BadValue``/``BadType`` naming one)."""
     return RunConfig(epochs=args.epochs, batch_size=args.batch_size, seed=args.seed, accumulate=args.accumulate,
-                     checkpoint_every=args.checkpoint_every, trace=args.trace, progress=not args.no_progress)
+                     checkpoint_every=args.checkpoint_every, trace=args.trace, progress=not args.no_progress,
+                     logdir=args.logdir)
 
 
 def layout_of_args(args):

@@ -18,6 +18,7 @@ tiny run on two CPU contexts:
 ([1, 2], 2)
 """
 import collections
+import dataclasses
 import math
 import numbers
 import sys
@@ -28,20 +29,22 @@ from tqdm import tqdm
 
 import mxnet as mx
 
+from .board import Board, config_table
 from .checkpoint import Snapshot, TrainingState
+from .comm.algorithms import buffer_bytes, copied_bytes
 from .comm.replica import FlatReplica
 from .compress.feedback import job_names, place
 from .config import RunConfig
 from .data import iterate_batches, num_batches
 from .data.batches import epoch_seed
 from .job import KEYS, broadcast_arrays, broadcast_object, gather_arrays, sum_values
-from .optim.zero import as_optimizer
+from .optim.zero import as_optimizer, memory_table
 from .strategies.base import Strategy
 from .trace import trace, worker_path
 from .validate import BadType, BadValue
 
-__all__ = ["fit", "check_start", "NonFiniteLossError", "TrainingStopped", "IN_FLIGHT", "TRACE_FIRST", "TRACE_STEPS",
-           "trace_first"]
+__all__ = ["fit", "check_start", "memory_of", "NonFiniteLossError", "TrainingStopped", "IN_FLIGHT", "TRACE_FIRST",
+           "TRACE_STEPS", "trace_first"]
 
 #: ``fit(trace=...)`` records steps TRACE_FIRST .. TRACE_FIRST + TRACE_STEPS - 1 of the run (counted from 1): the
 #: first step allocates. A run of fewer steps records those it has from ``trace_first``: at least its last one.
@@ -108,6 +111,19 @@ def finite_parameters(strategy):
     return not bad
 
 
+def memory_of(strategy, optimizer):
+    """What each context of ``strategy`` holds for training now (``memory_table``; docs/memory.md, "What a context
+    holds"): its parameters, gradients and optimizer state, ZeRO-3's gather buffers, and as temporary buffers every
+    buffer the package keeps there between steps: the receive buffers its reductions and collectives keep
+    (``buffer_bytes``: the allreduce's, a reduce-scatter's, tensor ranks' f and g, a codec's) and the strategy's
+    own (ZeRO-3's unit gradient). Measure it after a step: the receive buffers are allocated by the first."""
+    gathered, own = strategy.memory_buffers()
+    temporary = buffer_bytes()
+    for ctx, nbytes in own.items():
+        temporary[ctx] = temporary.get(ctx, 0) + nbytes
+    return memory_table(optimizer, strategy.groups(), gathered, temporary)
+
+
 class TrainingStopped(Exception):
     """``fit`` stopped at a batch boundary because ``stop()`` asked it to; ``state`` says where."""
 
@@ -120,26 +136,38 @@ class _Epoch:
     """One epoch's steps in flight: queue a step's (loss, correct) and read the oldest once ``IN_FLIGHT`` are
     queued; ``totals`` holds the summed loss, correct predictions and seconds of the finished batches."""
 
-    def __init__(self, epoch, per_epoch, skip, totals, progress, changed):
-        self.epoch, self.totals, self.changed = epoch, list(totals), changed
-        self.in_flight = collections.deque()   # (batch number, loss, correct count) of the queued steps
+    def __init__(self, epoch, per_epoch, skip, totals, progress, changed, board=None):
+        self.epoch, self.totals, self.changed, self.board = epoch, list(totals), changed, board
+        self.in_flight = collections.deque()   # (batch number, loss, correct count, step's log) of the queued steps
         self.bar = tqdm(total=per_epoch, initial=skip, desc=f"epoch {epoch}", unit="batch", leave=False,
                         disable=not progress, file=sys.stderr)
-        self.started = time.perf_counter()
+        self.started = self.finished = time.perf_counter()   # finished: when the last step's loss was read
 
-    def queue(self, batch, loss, correct):
-        self.in_flight.append((batch, loss, correct))
+    def queue(self, batch, loss, correct, logged=None):
+        self.in_flight.append((batch, loss, correct, logged))
         if len(self.in_flight) > IN_FLIGHT:
             self._finish_oldest()
 
     def _finish_oldest(self):
-        batch, loss, correct = self.in_flight.popleft()
+        batch, loss, correct, logged = self.in_flight.popleft()
         value = float(loss.asscalar())   # waits for the step
         if not math.isfinite(value):
             raise NonFiniteLossError.at(value, self.epoch, batch, self.changed)
         self.totals[0] += value
         self.totals[1] += float(correct.asscalar())
         self.bar.update(1)
+        if logged is not None:
+            self._log(value, *logged)
+
+    def _log(self, loss, step, lr, grad_norm, examples, share, moved, pushed):
+        """Write a finished step's scalars (``parallel.board.STEP_TAGS``) where its loss is read: its gradient norm
+        was queued with it, so reading it here waits for no more than the step's own work."""
+        now = time.perf_counter()
+        seconds, self.finished = now - self.finished, now
+        self.board.scalars({"train/loss": loss / share, "train/lr": lr,
+                            "train/grad_norm": None if grad_norm is None else float(grad_norm.asscalar()),
+                            "train/examples_per_second": examples / seconds if seconds > 0 else None,
+                            "comm/bytes_moved": moved, "comm/bytes_pushed": pushed}, step)
 
     def drain(self):
         """Wait for every queued step; returns a copy of ``totals`` so far (the epoch goes on)."""
@@ -170,6 +198,7 @@ class _Run:
         self.per_epoch = num_batches(len(dataset.train_labels), self.batch_size)
         self.trace_path, self.steps_run, self.tracing = config.trace, 0, None
         self.trace_first = trace_first(steps)   # this run's ``steps``: a short run traces what it has
+        self.board = None   # rank 0's TensorBoard writer (config.logdir), opened by fit
 
     def checkpoint_due(self, epoch, batch):
         """Whether ``checkpoint_every`` asks for a checkpoint after ``batch`` of ``epoch``: after every
@@ -184,10 +213,17 @@ class _Run:
             job = self.strategy.job
             self.tracing = trace(worker_path(self.trace_path, job), None if job is None else job.rank,
                                  self.strategy.ctx_list).__enter__()
-        out = self.strategy.train_step(X, y, optimizer=self.optimizer, accumulate=min(self.accumulate, X.shape[0]))
+        job, optimizer = self.strategy.job, self.optimizer
+        moved, pushed = copied_bytes(), None if job is None else job.pushed
+        optimizer.grad_norm = None
+        out = self.strategy.train_step(X, y, optimizer=optimizer, accumulate=min(self.accumulate, X.shape[0]))
         if self.tracing is not None and self.steps_run == self.trace_first + TRACE_STEPS - 1:
             self.end_trace()
-        return out
+        if self.board is None:
+            return (*out, None)
+        n, t = X.shape[0], optimizer.num_update   # the step's loss sums this worker's share of the n examples
+        return (*out, (t, optimizer.lr_at(t), optimizer.grad_norm, n, n / (1 if job is None else job.num_workers),
+                       copied_bytes() - moved, None if job is None else job.pushed - pushed))
 
     def end_trace(self):
         """Write the trace being recorded, if any (after its last step, or when the run ends sooner)."""
@@ -222,7 +258,7 @@ def _train_epoch(run, epoch, state, stop, on_checkpoint, history):
     resumed = epoch == state.epoch
     skip = state.batch if resumed else 0
     queued = _Epoch(epoch, per_epoch, skip, [state.loss_sum, state.correct, state.seconds] if resumed else [0.0] * 3,
-                    run.config.progress, run.optimizer.changed())
+                    run.config.progress, run.optimizer.changed(), run.board)
     batches = iterate_batches(dataset.train_images, dataset.train_labels, batch_size, shuffle=True,
                               seed=epoch_seed(seed, epoch), start=skip)
     for b, (X, y) in enumerate(batches, start=skip + 1):
@@ -359,6 +395,39 @@ def _shared_feedback(strategy, saved):
                                      if name.startswith(prefix)}, group)
 
 
+def _run_settings(config, strategy, optimizer, dataset):
+    """The run's configuration as ``{setting: value}``: the layout, the contexts, the optimizer, the data and the
+    ``RunConfig``'s fields (what ``config_table`` writes as the board's text)."""
+    job = strategy.job
+    rows = {"strategy": strategy.name, "layout": strategy.describe(config.accumulate),
+            "contexts": ", ".join(str(ctx) for ctx in strategy.ctx_list),
+            "workers": 1 if job is None else job.num_workers, "optimizer": optimizer.describe(),
+            "train examples": len(dataset.train_labels), "test examples": len(dataset.test_labels)}
+    rows.update((field.name, getattr(config, field.name)) for field in dataclasses.fields(config))
+    return rows
+
+
+def _open_board(run):
+    """``config.logdir``: every worker's steps record their gradient norm (with ZeRO-3 in a job its shards' norms
+    are a collective), and rank 0 opens the TensorBoard writer (``parallel.board.Board``) with the run's
+    configuration as text."""
+    config, strategy = run.config, run.strategy
+    if config.logdir is None:
+        return
+    run.optimizer.record_norm = True
+    if strategy.job is None or strategy.job.rank == 0:   # one writer in a job, as Horovod's and torchrun's users expect
+        run.board = Board(config.logdir)
+        run.board.text("config", config_table(_run_settings(config, strategy, run.optimizer, run.dataset)))
+
+
+def _close_board(run, recorded):
+    """Close the TensorBoard writer, if any (it flushes), and give the optimizer back its ``record_norm``."""
+    run.optimizer.record_norm, run.optimizer.grad_norm = recorded, None
+    if run.board is not None:
+        board, run.board = run.board, None
+        board.close()
+
+
 def _check_strategy(strategy, optimizer):
     """A built strategy (``make_strategy``), and ZeRO-3 on both the optimizer and the layout or neither."""
     if not isinstance(strategy, Strategy):
@@ -387,7 +456,11 @@ def fit(dataset, strategy, optimizer, config, on_epoch=None, on_checkpoint=None,
         one step per batch.
     config : parallel.config.RunConfig
         Epochs, the global batch, the seed that orders the examples, micro-batches per batch (``accumulate``; a
-        batch with fewer examples runs one per example), ``checkpoint_every``, ``trace``, ``progress``.
+        batch with fewer examples runs one per example), ``checkpoint_every``, ``trace``, ``progress``, and
+        ``logdir``: TensorBoard's event files (``parallel.board``: each step's loss, learning rate, gradient norm,
+        examples a second and bytes moved, read where the loss is read, so no step waits for them; each epoch's
+        metrics and memory; the configuration), written by rank 0 alone in a job, closed when ``fit`` returns or
+        raises.
     on_epoch : callable, optional
         Called with each epoch's metrics dict and the history so far, after the epoch.
     on_checkpoint : callable, optional
@@ -452,16 +525,21 @@ def fit(dataset, strategy, optimizer, config, on_epoch=None, on_checkpoint=None,
     steps = max(0, (config.epochs - state.epoch + 1) * per_epoch - state.batch)
     run = _Run(strategy, optimizer, dataset, config, seed, steps, on_step)
     history = list(state.history)
+    recorded = optimizer.record_norm
     try:
+        _open_board(run)
         for epoch in range(state.epoch, config.epochs + 1):
             totals = _train_epoch(run, epoch, state, stop, on_checkpoint, history)
             run.check_parameters(epoch, per_epoch)
             metrics = _epoch_metrics(strategy, dataset, epoch, totals, config.batch_size)
             history.append(metrics)
+            if run.board is not None:
+                run.board.epoch(metrics, memory_of(strategy, optimizer))
             if on_epoch is not None:
                 on_epoch(metrics, history)
             run.checkpoint(on_checkpoint, TrainingState(epoch + 1, 0, 0.0, 0.0, 0.0, epoch_seed(seed, epoch + 1),
                                                         list(history)))
     finally:
         run.end_trace()   # a run shorter than the traced steps still writes what it recorded
+        _close_board(run, recorded)   # also on an error, a stop or Ctrl-C: what was written stays readable
     return history, strategy.model

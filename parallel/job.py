@@ -65,12 +65,16 @@ class Job:
     flight : parallel.flight.FlightRecorder
         Every collective this worker issued (kind, key, bytes, step): what the launcher compares across the
         workers when they disagree (published on stderr under ``python -m parallel.launch``).
+    pushed : int
+        The bytes this worker has pushed to the servers so far (every collective's push; it pulls as many back):
+        read before and after a step for the step's.
     """
 
     def __init__(self, kv):
         self.kv, self.rank, self.num_workers = kv, kv.rank, kv.num_workers
         self._keys = {}   # key -> (shape, dtype) of the keys initialised on the servers
         self.flight = FlightRecorder(self.rank)
+        self.pushed = 0
 
     def __repr__(self):
         return f"Job(rank {self.rank} of {self.num_workers}, {self.kv.type})"
@@ -101,6 +105,7 @@ class Job:
             raise ValueError(f"kvstore key {key} holds arrays of shape {known[0]} and dtype {known[1].__name__}, "
                              f"not {layout[0]} {layout[1].__name__}; use another key")
         self.flight.record(kind, key, nbytes)
+        self.pushed += nbytes
         self.kv.push(key, array, priority=priority)
         self.kv.pull(key, out=array, priority=priority)   # no optimizer on the servers: the sum of the pushes
         return array

@@ -11,7 +11,7 @@ Run::
 
 The last one trains one model in two processes (started by ``parallel.launch``, joined through MXNet's
 distributed kvstore): ``--batch-size`` stays the global batch, each worker trains its slice, and rank 0
-alone prints the epochs and writes the metrics, plot, checkpoints and export.
+alone prints the epochs and writes the metrics, plot, TensorBoard event files, checkpoints and export.
 
 Every strategy runs the same SGD step on the same batches: the same ``--seed`` gives the same loss curve.
 ``--model resnet18`` trains the textbook's ResNet-18 (a gluon block, 11.2 million parameters, BatchNorm) the same
@@ -125,6 +125,11 @@ def build_parser():
              "job each worker writes PATH with .workerR before its extension")
     add("--plot", metavar="PATH",
         help="write loss and accuracy curves; the suffix names the format (.png, .pdf, .svg, ...)")
+    add("--logdir", metavar="DIR",
+        help="write TensorBoard event files into DIR (created when missing; view them with tensorboard --logdir "
+             "DIR): each step's loss, learning rate, gradient norm, examples/sec and bytes moved, each epoch's "
+             "loss, accuracies and memory per device, the run's configuration as text; in a job rank 0 alone "
+             "writes")
     add("--checkpoint-dir", metavar="DIR", help="write a checkpoint there after every epoch and when interrupted "
                                                 "(Ctrl-C, SIGTERM); one run at a time holds the directory")
     add("--checkpoint-every", type=int, default=None, metavar="N",
@@ -259,7 +264,7 @@ def check_args(args):
     (``parallel.config``); raise ``UsageError`` naming the flag."""
     for flag, value in (("--data-dir", args.data_dir), ("--checkpoint-dir", args.checkpoint_dir),
                         ("--export", args.export), ("--metrics-json", args.metrics_json), ("--plot", args.plot),
-                        ("--trace", args.trace)):
+                        ("--trace", args.trace), ("--logdir", args.logdir)):
         if value == "":
             raise UsageError(f"{flag} needs a path, got an empty string")
     with users_input(ValueError, TypeError, flags=FLAGS):
@@ -322,6 +327,22 @@ def claim_outputs(args, stack):
         for other, other_flag in outputs[i + 1:]:
             if os.path.realpath(path) == os.path.realpath(other):
                 raise UsageError(f"{flag} and {other_flag} both name {path!r}; give each its own file")
+    if args.logdir is not None:
+        _claim_logdir(args.logdir, outputs)
+
+
+def _claim_logdir(logdir, outputs):
+    """Create ``--logdir`` (a directory TensorBoard's event files can be written in) unless it exists; no other
+    output file may be it. ``UsageError`` naming the flag."""
+    for path, flag in outputs:
+        if os.path.realpath(path) == os.path.realpath(logdir):
+            raise UsageError(f"{flag} and --logdir both name {path!r}; give the event files a directory of their own")
+    try:
+        os.makedirs(logdir, exist_ok=True)
+        if not os.access(logdir, os.W_OK | os.X_OK):
+            raise PermissionError(13, "Permission denied")
+    except OSError as e:
+        raise UsageError(f"--logdir {logdir!r} cannot hold TensorBoard's event files: {e.strerror or e}") from None
 
 
 def _remove_if_empty(directory):

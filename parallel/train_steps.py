@@ -11,17 +11,17 @@ import sys
 from .checkpoint import (CheckpointError, CheckpointWriteError, CheckpointWriter, check_compatible, read_all,
                          check_run_config, dataset_fingerprint, has_checkpoint, load_checkpoint)
 from .cli import UsageError, launched, restart_count, users_input
-from .comm.algorithms import buffer_bytes, free_buffers
+from .comm.algorithms import free_buffers
 from .comm.reducer import Reducer
 from .config import FLAGS, layout_of_args, run_config
 from .data import DataError, identify_dataset, load_data, num_batches
 from .data.fashion_mnist import default_data_dir
 from .devices import parse_devices
-from .fit import NonFiniteLossError, TrainingStopped, check_start, fit
+from .fit import NonFiniteLossError, TrainingStopped, check_start, fit, memory_of
 from .job import join, sum_values
 from .models import MODELS
 from .models.layout import init_model
-from .optim import SGD, Constant, Cosine, Step, make_optimizer, memory_table
+from .optim import SGD, Constant, Cosine, Step, make_optimizer
 from .files import export_files
 from .report import Report
 from .strategies import make_strategy
@@ -196,19 +196,6 @@ def check_resume(checkpoint, record, dataset):
     except ValueError as e:
         raise UsageError(f"{checkpoint.path}: corrupt, {e.render({**FLAGS, 'resume': 'it'})}; the checkpoint cannot be "
                          "resumed") from None
-
-
-def memory_of(strategy, optimizer):
-    """What each context of ``strategy`` holds for training now (``memory_table``; docs/memory.md, "What a context
-    holds"): its parameters, gradients and optimizer state, ZeRO-3's gather buffers, and as temporary buffers every
-    buffer the package keeps there between steps: the receive buffers its reductions and collectives keep
-    (``buffer_bytes``: the allreduce's, a reduce-scatter's, tensor ranks' f and g, a codec's) and the strategy's
-    own (ZeRO-3's unit gradient). Measure it after a step: the receive buffers are allocated by the first."""
-    gathered, own = strategy.memory_buffers()
-    temporary = buffer_bytes()
-    for ctx, nbytes in own.items():
-        temporary[ctx] = temporary.get(ctx, 0) + nbytes
-    return memory_table(optimizer, strategy.groups(), gathered, temporary)
 
 
 def open_report(args, strategy, optimizer, dataset, data_name, job):

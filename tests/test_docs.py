@@ -19,7 +19,8 @@ benchmarks/README.md, notebooks/README.md, and any added later); every test id n
   inline code, installs this package itself (its setup.cfg pins numpy) or pins numpy to setup.cfg's range:
   MXNet 1.9.1 does not import with numpy 1.24. CUDA builds of MXNet are not installed here.
 - ``python -m pytest`` commands name test files that exist and markers setup.cfg registers; ``jupyter lab DIR``
-  names a directory that exists, and JupyterLab is installed (the test extra brings it).
+  names a directory that exists, and JupyterLab is installed (the test extra brings it); ``tensorboard --logdir
+  DIR``: TensorBoard is installed and takes ``--logdir`` (its server is not started).
 - Relative links between the Markdown files lead to files and headings that exist, ``parallel.x`` names in
   inline code import, repository paths in inline code exist, and the README's flag tables list every flag of
   ``python -m parallel.train`` and ``python -m parallel.launch``.
@@ -46,7 +47,7 @@ PACKAGE = os.path.join(ROOT, "parallel")
 _NOT_DOCS = {"build", "dist", "venv", "node_modules", "__pycache__"}
 #: The pages the README links to; markdown_files() must find them all.
 DOCS_PAGES = ["checkpoints", "distributed", "strategies", "gluon", "optimizers", "compression", "reducer", "threads",
-              "fast-path", "data", "testing", "memory", "tensor"]
+              "fast-path", "data", "testing", "memory", "tensor", "dashboards"]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -139,6 +140,8 @@ def _classify(command):
         return "benchmark"
     if words[:2] == ["jupyter", "lab"]:
         return "jupyter"
+    if words[:2] == ["tensorboard", "--logdir"]:
+        return "tensorboard"
     return "unknown"
 
 
@@ -176,7 +179,8 @@ def other_commands():
     """Every command but the training runs; those that start processes (a kvstore job, a script's --help,
     JupyterLab) belong to the slow tier."""
     return [pytest.param(path, line, command, id=f"{path}:{line}",
-                         marks=[pytest.mark.slow] if _classify(command) in ("launch", "benchmark", "jupyter") else [])
+                         marks=[pytest.mark.slow] if _classify(command) in ("launch", "benchmark", "jupyter",
+                                                                             "tensorboard") else [])
             for path in markdown_files() for line, command in commands(path) if _classify(command) != "train"]
 
 
@@ -492,6 +496,9 @@ def test_command_runs(path, line, command, tmp_path):
                 assert os.path.isdir(os.path.join(ROOT, word)), f"{where}: no directory {word}"
         result = run_process([sys.executable, "-m", "jupyterlab", "--version"], timeout=120)
         assert result.returncode == 0, f"{where}: JupyterLab is not installed: {result.stderr[-500:]}"
+    elif kind == "tensorboard":   # TensorBoard's server is not started: it is installed (the test extra) and takes it
+        result = run_process([sys.executable, "-m", "tensorboard.main", "--help"], timeout=120)
+        assert result.returncode == 0 and "--logdir" in result.stdout, f"{where}: {result.stderr[-500:]}"
 
 
 @pytest.mark.parametrize("path", markdown_files())

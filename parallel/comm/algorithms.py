@@ -18,9 +18,9 @@ import mxnet as mx
 from ..validate import check_choice, check_int
 from . import ALGORITHMS, SHARDED_ALGORITHMS
 
-__all__ = ["allreduce", "reduce_scatter", "all_gather", "shard_range", "chunk_bounds", "copy_to", "check_same_arrays",
-           "ALLREDUCE_ALGORITHMS", "bytes_moved", "BytesMoved", "free_buffers", "set_buffer_limit", "buffer_info",
-           "BufferInfo", "DEFAULT_BUFFER_LIMIT", "receive", "scratch", "exclusive"]
+__all__ = ["allreduce", "reduce_scatter", "all_gather", "shard_range", "chunk_bounds", "copy_to", "copied_bytes",
+           "check_same_arrays", "ALLREDUCE_ALGORITHMS", "bytes_moved", "BytesMoved", "free_buffers",
+           "set_buffer_limit", "buffer_info", "BufferInfo", "DEFAULT_BUFFER_LIMIT", "receive", "scratch", "exclusive"]
 
 
 def check_same_arrays(arrays, name="arrays"):
@@ -52,13 +52,26 @@ def check_same_arrays(arrays, name="arrays"):
         seen[array.context] = i
 
 
+#: The bytes ``copy_to`` has queued since the process started (``copied_bytes``).
+_copied = [0]
+
+
 def copy_to(src, dst):
     """Copy ``src`` to ``dst`` (a Context: returns a new array there; an NDArray: fills it, returns it).
 
     Every copy between contexts in the algorithms below goes through here, so a test can count the
-    bytes they move. Queued on the engine; does not block.
+    bytes they move, and ``copied_bytes`` counts them. Queued on the engine; does not block.
     """
+    _copied[0] += src.size * src.dtype(0).itemsize
     return src.copyto(dst)
+
+
+def copied_bytes():
+    """The bytes every copy between contexts of the collectives here (``copy_to``: the allreduces, reduce-scatters
+    and all-gathers, a codec's payloads, whoever calls them) has queued in this process so far: read it before and
+    after a step for the step's (what ``bytes_moved`` predicts for one allreduce). Counted as a copy is queued,
+    so reading it waits for nothing. Threads that reduce at once (workers in threads) share the count."""
+    return _copied[0]
 
 
 # ---- persistent receive buffers ----------------------------------------------------------------------
