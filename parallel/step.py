@@ -133,18 +133,24 @@ def loss_and_correct(outputs, y_shards, losses, ctx, count_correct=True):
     ``count_correct=False`` the count is not computed (None): every operator pushed costs the host time that the
     devices share on a CPU.
     """
-    with issued("metrics", list(losses) + (list(outputs) if count_correct else [])) as made:   # named in a trace
-        made += [l.sum() for l in losses]
-        loss_sums = [s.as_in_context(ctx) for s in made]
+    # named metrics in a trace; its bracket closes on the sums alone (the backward pass reads the losses)
+    with issued("metrics", list(losses) + (list(outputs) if count_correct else []), closes_on_made=True) as made:
+        sums = [l.sum() for l in losses]
+        loss_sums = [s.as_in_context(ctx) for s in sums]
         if count_correct:
-            made += [(out.argmax(axis=1) == y_shard.astype(out.dtype, copy=False)).sum()
-                     for out, y_shard in zip(outputs, y_shards)]
-        corrects = [s.as_in_context(ctx) for s in made[len(losses):]] if count_correct else None
+            counts = [(out.argmax(axis=1) == y_shard.astype(out.dtype, copy=False)).sum()
+                      for out, y_shard in zip(outputs, y_shards)]
+            corrects = [s.as_in_context(ctx) for s in counts]
+            sums += counts + corrects
+        sums += loss_sums
         if not count_correct:
-            return (loss_sums[0] if len(losses) == 1 else mx.nd.add_n(*loss_sums)), None
-        if len(losses) == 1:
-            return loss_sums[0], corrects[0]
-        return mx.nd.add_n(*loss_sums), mx.nd.add_n(*corrects)
+            result = (loss_sums[0] if len(losses) == 1 else mx.nd.add_n(*loss_sums)), None
+        elif len(losses) == 1:
+            result = loss_sums[0], corrects[0]
+        else:
+            result = mx.nd.add_n(*loss_sums), mx.nd.add_n(*corrects)
+        made += sums + [value for value in result if value is not None]
+    return result
 
 
 def check_accumulate(accumulate, n):
@@ -172,7 +178,12 @@ def _forward_backward(replicas, X, y, loss, y_all, count_correct=True, fence=Tru
     and each bucket's reduction, which writes the bucket, would wait for the whole backward pass). A batch that
     leaves replicas idle fences here whatever ``fence`` says: their copy of the statistics needs it."""
     X_shards, y_shards = split_and_load(X, replicas.in_ctx_list), split_and_load(y, replicas.out_ctx_list)
-    outputs, y_parts, losses = replicas.forward_backward(X_shards, y_shards, loss)
+    sums = []
+
+    def count(outputs, y_parts, losses):   # queued before the backward pass, which it then does not hold back
+        sums.extend(loss_and_correct(outputs, y_parts, losses, replicas.in_ctx_list[0], count_correct))
+
+    outputs, y_parts, losses = replicas.forward_backward(X_shards, y_shards, loss, count)
     if y_all is not None:
         check_labels(y_all, outputs[0].shape[-1], loss)   # before anything is updated
     active = len(X_shards)
@@ -181,7 +192,9 @@ def _forward_backward(replicas, X, y, loss, y_all, count_correct=True, fence=Tru
     for r in range(active, len(replicas.in_ctx_list)):   # an idle replica takes the first one's statistics
         for first, aux in zip(replicas.aux(0), replicas.aux(r)):
             first.copyto(aux)
-    return (*loss_and_correct(outputs, y_parts, losses, replicas.in_ctx_list[0], count_correct), active)
+    if not sums:   # a strategy whose schedule counts after its backward passes
+        count(outputs, y_parts, losses)
+    return (*sums, active)
 
 
 class Replicas:
@@ -204,16 +217,21 @@ class Replicas:
         """The backward pass of the last ``forward_all``."""
         autograd.backward(losses)
 
-    def forward_backward(self, X_shards, y_shards, loss):
+    def forward_backward(self, X_shards, y_shards, loss, counted=None):
         """Every shard's forward (recorded), loss and backward; returns ``(outputs, y_shards, losses)``, one each a
         shard (a pipeline's: one each a micro-batch). With no shard (a worker of a job without an example) a
-        strategy still makes every collective of a step; nothing here to make."""
+        strategy still makes every collective of a step; nothing here to make. ``counted(outputs, y_shards,
+        losses)``, if given, is called once the forward is queued, before the backward: what it queues (the step's
+        metrics) runs before the backward pass on each context, not in the midst of its reductions (a strategy may
+        leave it uncalled; the caller then calls it)."""
         if not X_shards:
             return [], [], []
         with autograd.record(), issued("forward", X_shards + _parameters(self.groups())) as made:   # on each shard
             outputs = self.forward_all(X_shards)
             losses = [loss(out, y_shard) for out, y_shard in zip(outputs, y_shards)]
             made += list(outputs) + list(losses)   # a trace's forward ends with the losses (parallel.trace)
+        if counted is not None:
+            counted(outputs, y_shards, losses)
         mark_backward(losses, self.groups())   # where a trace's backward starts (parallel.trace)
         self.backward(losses)   # each replica computes the gradient of its own shard
         return outputs, y_shards, losses

@@ -228,7 +228,7 @@ def mark_backward(losses, groups):
 
 
 @contextlib.contextmanager
-def issued(kind, arrays, label=None, **details):
+def issued(kind, arrays, label=None, closes_on_made=False, **details):
     """While a trace records: bracket the operations queued inside the ``with`` block with marks on each context of
     ``arrays`` (NDArrays, any contexts: those the issued work reads or writes; views count as their arrays), so that
     the trace names them by what issued them, ``kind`` (one of ``ISSUED_OPS``). On each context a mark that writes
@@ -237,7 +237,9 @@ def issued(kind, arrays, label=None, **details):
     whatever was queued on them before runs first. The trace draws each bracket as an event of its own (``label``,
     or ``kind``; ``details`` such as the bucket and its bytes in its ``args``) and names an operator inside it
     ``kind`` when its name is one ``kind`` runs. The ``with`` block gets a list: arrays it adds (ones it made) are
-    written by the closing marks too, so that the operations that read them run inside the bracket. Nothing
+    written by the closing marks too, so that the operations that read them run inside the bracket;
+    ``closes_on_made``: by the closing marks alone (they then hold back nothing queued later on ``arrays``: the
+    block's operations must each write one of them or read one of them before a write of one of them). Nothing
     otherwise: no mark, no order beyond MXNet's own."""
     made = []
     if not _state["recording"]:
@@ -251,16 +253,29 @@ def issued(kind, arrays, label=None, **details):
     stack = _state.setdefault("stack", [])
     _state.setdefault("issued", {})[number] = (kind, label or kind, details, stack[-1] if stack else None)
     for ctx, group in by_context.items():
-        mark(f"{BEGIN_MARK}{number}", ctx, writes=group)
+        mark(f"{BEGIN_MARK}{number}", ctx, writes=_distinct(group))
     stack.append(number)
     try:
         yield made
     finally:
         stack.pop()
+    closing = {} if closes_on_made else by_context
     for array in made:
-        by_context.setdefault(array.context, []).append(array)
-    for ctx, group in by_context.items():
-        mark(f"{END_MARK}{number}", ctx, writes=group)
+        closing.setdefault(array.context, []).append(array)
+    for ctx, group in by_context.items():   # a context the block made nothing on closes on its arrays
+        closing.setdefault(ctx, group)
+    for ctx, group in closing.items():
+        mark(f"{END_MARK}{number}", ctx, writes=_distinct(group))
+
+
+def _distinct(arrays):
+    """``arrays`` without repeats: MXNet's engine waits forever on an operation that names an array twice."""
+    seen, kept = set(), []
+    for array in arrays:
+        if array.handle.value not in seen:
+            seen.add(array.handle.value)
+            kept.append(array)
+    return kept
 
 
 def collective(kind, arrays):

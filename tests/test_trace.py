@@ -250,3 +250,42 @@ def test_the_cli_traces_zero_3(tmp_path):
         assert {"gather", "forward", "recompute", "backward", "reduce-scatter", "update"} <= names, names
     figure = plot_timeline(timeline)
     assert "reduce-scatter" in [t.get_text() for t in figure.legends[0].get_texts()]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", [["--allreduce", "ring"], ["--compression", "2bit"], ["--compression", "powersgd:2"],
+                                    ["--zero", "1"], ["--zero", "2"], ["--accumulate", "2"], ["--clip-norm", "1"],
+                                    ["--strategy", "pipeline", "--schedule", "1f1b", "--micro-batches", "4"],
+                                    ["--model", "vit", "--tensor", "2"]])
+def test_every_label_holds_on_every_layout(layout, tmp_path):
+    """Each layout's issuers bracket their work: every operator named after one ran inside its bracket and is one
+    it runs; the layout's own collectives are there by name."""
+    data_dir = write_idx_files(tmp_path, easy_dataset(num_train=128, num_test=16, seed=4))
+    path = tmp_path / "steps.json"
+    assert main(["--data-dir", str(data_dir), "--epochs", "1", "--devices", "cpu:2", "--batch-size", "32",
+                 "--no-progress", "--trace", str(path), *layout]) == 0
+    timeline = read_trace(path)
+    labels_hold(timeline)
+    kinds = {e["cat"] for e in timeline.events if e.get("ph") == "X" and e["tid"] == 1}
+    expected = {"--zero": {"1": {"allreduce", "gather"}, "2": {"reduce-scatter", "gather"}}.get(layout[-1]),
+                "--strategy": {"send"}, "--model": {"tensor"}}.get(layout[0], {"allreduce"})
+    assert expected <= kinds and {"load", "forward", "update"} <= kinds, kinds
+
+
+_SAME_ARRAY_TWICE = """
+import mxnet as mx
+from parallel.trace import issued, trace
+a = mx.nd.ones((2,))
+with trace():
+    with issued("metrics", [a, a]) as made:
+        made += [a, a * 2]
+print("done")
+"""
+
+
+def test_a_bracket_names_each_array_once():
+    """An engine operation that names an array twice is never run (MXNet's engine waits forever): the metrics'
+    bracket named a shard's sum twice on one context and the trace never ended. The marks name each array once."""
+    result = run_process([sys.executable, "-c", _SAME_ARRAY_TWICE], timeout=60,
+                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert result.returncode == 0 and result.stdout.strip() == "done", result.stderr[-2000:]

@@ -318,8 +318,9 @@ class Hybrid(Strategy, Replicas):
             by_index.update(zip(aux_index, held))
         return [by_index[i] for i in range(len(by_index))]
 
-    def forward_backward(self, X_shards, y_shards, loss):
-        """Each replica's shard in micro-batches through the chunks, in the schedule's order (``issue``)."""
+    def forward_backward(self, X_shards, y_shards, loss, counted=None):
+        """Each replica's shard in micro-batches through the chunks, in the schedule's order (``issue``); the step
+        counts the metrics afterwards (``counted`` is left uncalled)."""
         m = self.layout.micro
         X_parts, y_parts = micro_batches(X_shards, m), micro_batches(y_shards, m)
         outputs, y, losses, peak = issue(self.plan(), self.chunks, X_parts, y_parts, loss)
