@@ -32,7 +32,7 @@ import mxnet as mx
 from .board import Board, config_table
 from .checkpoint import Snapshot, TrainingState
 from .comm.algorithms import buffer_bytes, copied_bytes
-from .comm.replica import FlatReplica
+from .comm.replica import data_of
 from .compress.feedback import job_names, place
 from .config import RunConfig
 from .data import iterate_batches, num_batches
@@ -104,7 +104,7 @@ def finite_parameters(strategy):
     or infinity; one read for all the arrays."""
     sums = [mx.nd.sum(array * 0).as_in_context(mx.cpu())
             for group in strategy.groups() for replica in group
-            for array in ([replica.data] if isinstance(replica, FlatReplica) else replica) if array.size]
+            for array in data_of(replica) if array.size]
     bad = float(mx.nd.add_n(*sums).asscalar() != 0) if sums else 0.0   # NaN != 0
     if strategy.job is not None:
         bad = sum_values(strategy.job, [bad])[0]

@@ -36,7 +36,7 @@ from mxnet import autograd, gluon
 
 from .comm.reducer import as_reducer
 from .engine import fence
-from .comm.replica import FlatReplica, grads_of
+from .comm.replica import FlatReplica, data_of, grads_of
 from .job import worker_slice
 from .models.gluon import GluonNet, as_net
 from .models.lenet import CachedNet, lenet_cached, softmax_cross_entropy
@@ -251,7 +251,7 @@ def _parameters(groups):
     arrays = []
     for group in groups:
         for replica in group:
-            arrays += [replica.data] if isinstance(replica, FlatReplica) else list(replica)
+            arrays += data_of(replica)
     return [array for array in arrays if isinstance(array, mx.nd.NDArray)]
 
 

@@ -20,7 +20,7 @@ from mxnet import autograd, gluon
 
 from ..validate import check_number
 
-__all__ = ["FlatReplica", "Bucket", "get_params", "bucket_ranges", "bucket_bytes", "block_state", "grads_of"]
+__all__ = ["FlatReplica", "Bucket", "get_params", "bucket_ranges", "bucket_bytes", "block_state", "data_of", "grads_of"]
 
 
 def bucket_bytes(bucket_mb, name="bucket_mb"):
@@ -197,6 +197,12 @@ def block_state(block):
             names.append(param.name)
             arrays.append(data)
     return names, arrays, aux_names, aux_arrays
+
+
+def data_of(params):
+    """A replica's parameter arrays: ``[params.data]`` for a ``FlatReplica`` (its one flat buffer), else each
+    array."""
+    return [params.data] if isinstance(params, FlatReplica) else list(params)
 
 
 def grads_of(params):

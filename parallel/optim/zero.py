@@ -34,7 +34,7 @@ import numpy as np
 
 from ..comm.algorithms import all_gather, shard_range
 from ..comm.reducer import as_reducer
-from ..comm.replica import FlatReplica, grads_of
+from ..comm.replica import FlatReplica, data_of, grads_of
 from ..job import KEYS
 from ..trace import issued
 from ..validate import BadType, check_int
@@ -170,7 +170,7 @@ def _updated_arrays(groups):
     arrays = []
     for group in groups:
         for replica in group:
-            arrays += ([replica.data] if isinstance(replica, FlatReplica) else list(replica)) + grads_of(replica)
+            arrays += data_of(replica) + grads_of(replica)
     return [array for array in arrays if array is not None]
 
 
@@ -352,7 +352,7 @@ def memory_per_context(optimizer, groups):
     use = {}
     for group in groups:
         for replica in group:
-            arrays = [replica.data] if isinstance(replica, FlatReplica) else list(replica)
+            arrays = data_of(replica)
             ctx = arrays[0].context
             nbytes = sum(a.size * a.dtype(0).itemsize for a in arrays)
             grad_bytes = sum(g.size * g.dtype(0).itemsize for g in grads_of(replica))
