@@ -188,6 +188,7 @@ class trace:
             raise RuntimeError("a trace is already recording in this process; MXNet has one profiler")
         try:
             _profiler_file()
+            _state["issued"] = {}   # the issues of earlier traces: their marks are in no later trace
             mx.nd.waitall()
             mx.profiler.set_state("run")
             _state["recording"] = True
