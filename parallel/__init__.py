@@ -34,6 +34,7 @@ _SOURCES = {
     "models.gluon": ["GluonNet", "set_block_params"],
     "models.resnet": ["resnet18", "init_resnet18"],
     "models.vit": ["vit", "init_vit"],
+    "models.moe": ["Experts", "MoEFeedForward"],
     "models.transformer": ["transformer", "init_transformer"],
     "models.layout": ["init_model"],
     "evaluate": ["evaluate_accuracy", "accuracy"],

@@ -28,7 +28,7 @@ import re
 
 from .validate import BadValue, check_path
 
-__all__ = ["Board", "check_logdir", "memory_tag", "config_table", "memory_totals", "STEP_TAGS", "EPOCH_TAGS"]
+__all__ = ["Board", "check_logdir", "memory_tag", "config_table", "memory_totals", "expert_scalars", "STEP_TAGS", "EPOCH_TAGS"]
 
 #: The scalars written at every step, by their tag: what each is.
 STEP_TAGS = {
@@ -61,6 +61,21 @@ def check_logdir(logdir, name="logdir"):
 def memory_tag(context):
     """The tag of a context's memory (``"cpu(0)"`` -> ``"memory/cpu0"``: TensorBoard's tags hold no parentheses)."""
     return "memory/" + re.sub(r"[^A-Za-z0-9_]", "", str(context))
+
+
+def expert_scalars(experts):
+    """``{tag: value}`` of an epoch's ``"experts"`` (``parallel.strategies.ExpertParallel.epoch_metrics``): the
+    auxiliary loss, the fraction of choices dropped, and the busiest expert's load over the mean (1: balanced),
+    the most over the MoE layers; ``{}`` without experts.
+
+    >>> expert_scalars({"tokens": [[30, 10], [20, 20]], "dropped": 0.25, "aux_loss": 0.011})
+    {'experts/aux_loss': 0.011, 'experts/dropped': 0.25, 'experts/max_load': 1.5}
+    """
+    if not experts:
+        return {}
+    loads = [max(layer) * len(layer) / sum(layer) for layer in experts["tokens"] if sum(layer)]
+    return {"experts/aux_loss": experts["aux_loss"], "experts/dropped": experts["dropped"],
+            "experts/max_load": max(loads) if loads else None}
 
 
 def memory_totals(table):
@@ -109,6 +124,7 @@ class Board:
         table), the bytes each context holds, at the epoch's number."""
         values = {tag: metrics[key] for tag, key in EPOCH_TAGS.items()}
         values.update(memory_totals(memory or []))
+        values.update(expert_scalars(metrics.get("experts")))
         self.scalars(values, metrics["epoch"])
         self.writer.flush()   # an epoch's points on disk: a dashboard open during the run shows them
 

@@ -53,7 +53,7 @@ import numpy as np
 from .compress.feedback import split_name
 from .export import LazyArrays, array_thunks, save_arrays
 from .files import atomic_write, fsync_directory
-from .models import MODELS
+from .models import MODELS, model_info
 from .models.layout import model_layout
 from .validate import BadValue, check_choice, check_int, check_lr, check_number, check_seed
 
@@ -300,8 +300,7 @@ def read_all(snapshot):
 def _model_thunks(model, params, aux):
     """The model's arrays by name, each a function that checks it (finite, the model's shape) and returns it as
     numpy; the counts are checked now, before anything is written."""
-    check_choice(model, "model", tuple(MODELS))
-    return MODELS[model].behaviour.thunks(params, aux)
+    return model_info(model).behaviour.thunks(params, aux)
 
 
 def _optimizer_thunks(model, optimizer_state):
@@ -502,7 +501,7 @@ def _read_optimizer_arrays(path, model):
     names = sorted({key.split(":", 1)[0] for key in loaded}) if isinstance(loaded, dict) else []
     expected = {f"{name}:{param}" for name in names for param in layout.names}
     if not isinstance(loaded, dict) or set(loaded) != expected:
-        raise CheckpointError(f"{path}: does not hold an optimizer state of every one of {MODELS[model].title}'s "
+        raise CheckpointError(f"{path}: does not hold an optimizer state of every one of {model_info(model).title}'s "
                               f"{len(layout.names)} trainable arrays")
     for key in sorted(loaded):
         shape = layout.shapes[layout.names.index(key.split(":", 1)[1])]
@@ -551,9 +550,11 @@ def _read_manifest(manifest_path, model):
                               f"package reads versions {', '.join(map(str, READABLE_VERSIONS))}; resume it with the "
                               "version that wrote it")
     saved_model = manifest.get("model", "lenet")   # manifests without a model name hold LeNet
-    if not isinstance(saved_model, str) or saved_model not in MODELS:
+    try:
+        model_info(saved_model)
+    except (TypeError, ValueError):
         raise CheckpointError(f"{manifest_path}: a checkpoint of model {saved_model!r}, which this package does not "
-                              f"know (it trains {', '.join(MODELS)})")
+                              f"know (it trains {', '.join(MODELS)})") from None
     if model is not None and saved_model != model:
         raise CheckpointError(f"{manifest_path}: a checkpoint of {saved_model}, but this run trains {model}; resume "
                               f"it as a {saved_model} run, or start a new run in another directory")
@@ -568,7 +569,7 @@ def _read_arrays(params_path, model):
     """The trainable arrays and the others of ``model`` from its parameter file, checked against its layout."""
     loaded = _load(params_path)
     layout = model_layout(model)
-    title = MODELS[model].title
+    title = model_info(model).title
     expected = layout.names + layout.aux_names
     if not isinstance(loaded, dict) or sorted(loaded) != sorted(expected):
         listed = len(expected) <= _LISTED

@@ -36,7 +36,9 @@ FLAGS = {"epochs": "--epochs", "num_epochs": "--epochs", "batch_size": "--batch-
          "bucket_mb": "--bucket-mb", "lr_decay_epochs": "--lr-decay-epochs", "lr_decay": "--lr-decay",
          "factor": "--lr-decay", "milestones": "--lr-decay-epochs",
          "lr_schedule": "--lr-schedule", "recompute": "--recompute", "tensor": "--tensor", "schedule": "--schedule",
-         "virtual_stages": "--virtual-stages", "virtual": "--virtual-stages", "logdir": "--logdir"}
+         "virtual_stages": "--virtual-stages", "virtual": "--virtual-stages", "logdir": "--logdir",
+         "experts": "--experts", "top_k": "--top-k", "capacity_factor": "--capacity-factor",
+         "z_weight": "--router-z-loss", "aux_weight": "--aux-loss-weight", "expert_parallel": "--expert-parallel"}
 
 
 @dataclass(frozen=True)
@@ -97,7 +99,8 @@ def layout_of_args(args):
     one)."""
     return Layout(args.strategy, stages=args.stages, boundaries=args.boundaries, micro_batches=args.micro_batches,
                   schedule=args.schedule, virtual=args.virtual_stages, tensor=args.tensor, zero=args.zero,
-                  recompute=args.recompute, accumulate=args.accumulate, compression=args.compression)
+                  recompute=args.recompute, accumulate=args.accumulate, compression=args.compression,
+                  expert_parallel=args.expert_parallel)
 
 
 def optimizer_defaults(name):

@@ -532,6 +532,7 @@ def fit(dataset, strategy, optimizer, config, on_epoch=None, on_checkpoint=None,
             totals = _train_epoch(run, epoch, state, stop, on_checkpoint, history)
             run.check_parameters(epoch, per_epoch)
             metrics = _epoch_metrics(strategy, dataset, epoch, totals, config.batch_size)
+            metrics.update(strategy.epoch_metrics())   # what the strategy measured while it trained (its experts)
             history.append(metrics)
             if run.board is not None:
                 run.board.epoch(metrics, memory_of(strategy, optimizer))

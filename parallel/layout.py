@@ -8,6 +8,8 @@ A ``Layout`` holds every axis the package runs, and how a step is fed:
   in the order of a ``schedule`` (GPipe, 1F1B), with ``virtual`` chunks a device (interleaved 1F1B);
 - **tensor**: each layer split over ``tensor`` contexts (Megatron-LM), for models made of parallel layers;
 - **ZeRO** (``zero`` 0-3): the optimizer state, the gradients and the parameters sharded over the data replicas;
+- **experts** (``expert_parallel``): a mixture-of-experts model's experts spread over groups of that many data
+  replicas, tokens sent to their experts by an all-to-all (``parallel.strategies.experts``);
 - ``recompute`` (keep each block's input, compute its forward again in backward), ``accumulate`` (micro-batches
   one after another before one update) and ``compression`` (the data-parallel sums sent compressed).
 
@@ -17,7 +19,7 @@ micro-batch (its micro-batches are ``accumulate``), ``model`` one replica of ``s
 other; what is refused is what the mathematics cannot run, each with its reason (``Layout.check``):
 
 >>> Layout("hybrid", stages=2, tensor=2, zero=3, recompute=True, micro_batches=4, schedule="1f1b").check("vit")
-Layout(strategy='hybrid', stages=2, boundaries=None, micro_batches=4, schedule='1f1b', virtual=1, tensor=2, zero=3, recompute=True, accumulate=1, compression='none', data=None)
+Layout(strategy='hybrid', stages=2, boundaries=None, micro_batches=4, schedule='1f1b', virtual=1, tensor=2, zero=3, recompute=True, accumulate=1, compression='none', data=None, expert_parallel=1)
 >>> Layout(tensor=2).check("lenet")
 Traceback (most recent call last):
     ...
@@ -31,7 +33,7 @@ from typing import NamedTuple, Optional, Tuple
 
 from .comm import SHARDED_ALGORITHMS
 from .compress import parse_compression
-from .models import MODELS
+from .models import MODELS, model_info
 from .optim import ZERO_LEVELS
 from .strategies import DEFAULT_MICRO_BATCHES, DEFAULT_STAGES, PIPELINE_SCHEDULES, STRATEGIES
 from .validate import BadType, BadValue, check_bool, check_choice, check_int
@@ -99,6 +101,8 @@ class Layout:
         How the data-parallel sums are compressed (``parallel.compress.parse_compression``).
     data : int, optional
         Data-parallel replicas in one process (None: every context left; 1 for ``model`` and ``pipeline``).
+    expert_parallel : int
+        Data replicas that share a mixture of experts' experts (an expert-parallel group); 1: each holds all.
     """
     strategy: str = "data"
     stages: Optional[int] = None
@@ -112,6 +116,7 @@ class Layout:
     accumulate: int = 1
     compression: str = "none"
     data: Optional[int] = None
+    expert_parallel: int = 1
 
     def __post_init__(self):
         check_choice(self.strategy, "strategy", tuple(STRATEGIES))
@@ -139,6 +144,7 @@ class Layout:
         check_bool(self.recompute, "recompute")
         check_int(self.accumulate, "accumulate", low=1)
         parse_compression(self.compression)
+        check_int(self.expert_parallel, "expert_parallel", low=1)
         self._check_preset()
 
     def _check_preset(self):
@@ -211,9 +217,20 @@ class Layout:
             raise BadValue("compression", "{compression}'s error feedback keeps a residual of the whole gradient on "
                                           "every context, the memory {zero=3} shards away; use {zero} 0, 1 or 2 "
                                           "with compression")
+        if self.expert_parallel > 1:
+            self._check_experts()
         if model is not None:
             self._check_model(model)
         return self
+
+    def _check_experts(self):
+        p = self.expert_parallel
+        if self.stages_given > 1 or self.tensor > 1:
+            raise BadValue("expert_parallel", f"{{expert_parallel={p}}} spreads experts over data replicas; it does "
+                                              "not compose with pipeline stages or tensor ranks here (not built): use "
+                                              "the data {strategy}")
+        if self.zero == 3:
+            raise BadValue("zero", f"{{zero=3}} with {{expert_parallel={p}}} is not built; use {{zero}} 0, 1 or 2")
 
     def _check_interleaving(self):
         v = self.virtual
@@ -228,7 +245,14 @@ class Layout:
                                             f"stage: {{micro_batches={self.micro}}} must be a multiple of {devices}")
 
     def _check_model(self, model):
-        info = MODELS[check_choice(model, "model", tuple(MODELS))]
+        info = model_info(model)
+        if dict(info.chosen).get("experts"):
+            if self.stages_given > 1 or self.tensor > 1:
+                raise BadValue("experts", "{experts} trains with the data strategy here: its mixture of experts does "
+                                          "not run in pipeline stages or over tensor ranks (not built); use the data "
+                                          "{strategy}, and {expert_parallel} to spread the experts")
+            if self.zero == 3:
+                raise BadValue("zero", "{zero=3} is not built for a mixture of experts; use {zero} 0, 1 or 2")
         if self.tensor > 1:
             splits = [name for name, entry in MODELS.items() if entry.tensor]
             if not info.tensor:
@@ -260,6 +284,9 @@ class Layout:
         data = k // width if data is None else data
         if data * width > k:
             raise BadValue("data", f"{{data={data}}} replicas of {width} contexts need {data * width} contexts, got {k}")
+        if data % self.expert_parallel:
+            raise BadValue("expert_parallel", f"{{expert_parallel={self.expert_parallel}}} cannot group {data} "
+                                              "replicas; use a divisor of the replicas")
         return Placement(data, s, t, data * width)
 
     def describe_axes(self, placement):

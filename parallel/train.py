@@ -66,7 +66,7 @@ from .data import DATASETS
 from .config import FLAGS, layout_of_args, optimizer_defaults, run_config
 from .files import LOCK_FILE, DirectoryLock, DirectoryLocked, check_writable, export_files
 from .interrupt import INTERRUPTED_STATUS, end_on_signals, hold_interrupts, stop_between_batches
-from .models import MODELS
+from .models import MODELS, model_spec
 from .optim import OPTIMIZERS, SCHEDULES, ZERO_LEVELS, check_hyper
 from .optim.schedules import Step
 from .strategies import DEFAULT_MICRO_BATCHES, DEFAULT_STAGES, PIPELINE_SCHEDULES, STRATEGIES
@@ -115,6 +115,7 @@ def build_parser():
                                          "missing)")
     _add_reduction_flags(add)
     _add_layout_flags(add)
+    _add_expert_flags(add)
     _add_optimizer_flags(add)
     add("--seed", type=int, default=0, help=f"seeds initial parameters and shuffling, 0 to {MAX_SEED}; default 0")
     add("--metrics-json", metavar="PATH", help="write per-epoch metrics as JSON")
@@ -171,6 +172,59 @@ def _add_layout_flags(add):
              "devices (a model made of parallel layers: --model vit or transformer), data parallelism over the "
              "groups (--devices a multiple of T); with --stages each stage split so (data x pipeline x tensor); "
              "default 1 (none)")
+
+
+def _add_expert_flags(add):
+    """A mixture of experts in the ViT, and expert parallelism."""
+    add("--experts", type=int, default=0, metavar="E",
+        help="--model vit: every other block's MLP a mixture of E experts (at least 2), each token routed to "
+             "--top-k of them, its load-balancing loss (Switch's) added to the loss; default 0 (none)")
+    add("--top-k", type=int, default=1, metavar="K",
+        help="--experts: the experts each token goes to, its gates their probabilities (normalized for K > 1); "
+             "default 1 (Switch)")
+    add("--capacity-factor", type=positive_float, default=1.0, metavar="C",
+        help="--experts: an expert takes at most ceil(C x K x tokens / E) tokens of a batch, the rest dropped (they go "
+             "on through the residual); E / K or more drops none; default 1")
+    add("--aux-loss-weight", type=finite_float, default=0.01, metavar="W",
+        help="--experts: the weight of Switch's load-balancing loss (E x the sum over the experts of the fraction of "
+             "tokens each is first choice of times its mean router probability); 0: none; default 0.01")
+    add("--router-z-loss", type=finite_float, default=0.0, metavar="W",
+        help="--experts: add W x the mean squared log-sum-exp of the router's scores (ST-MoE's z-loss, e.g. 0.001); "
+             "default 0 (none)")
+    add("--expert-parallel", type=int, default=1, metavar="P",
+        help="--experts: spread the experts over groups of P devices (E / P each, --devices a multiple of P), "
+             "tokens sent to their experts and back by an all-to-all; default 1 (every device holds every expert)")
+
+
+def check_expert_args(args):
+    """The mixture-of-experts flags together, then ``args.model`` the ViT's variant they make
+    (``parallel.models.model_spec``); ``UsageError`` naming the flag."""
+    given = [flag for flag, value, default in (("--top-k", args.top_k, 1), ("--capacity-factor", args.capacity_factor,
+                                                                              1.0),
+                                               ("--aux-loss-weight", args.aux_loss_weight, 0.01),
+                                               ("--router-z-loss", args.router_z_loss, 0.0),
+                                               ("--expert-parallel", args.expert_parallel, 1)) if value != default]
+    if not args.experts:
+        if given:
+            raise UsageError(f"{given[0]} applies to a mixture of experts: give --experts E (and --model vit)")
+        return
+    if args.model != "vit":
+        raise UsageError(f"--experts makes the ViT's MLPs mixtures of experts; use --model vit, not {args.model}")
+    if args.experts < 2:
+        raise UsageError(f"--experts must be at least 2 (a mixture of one expert is the MLP), got {args.experts}")
+    if not 1 <= args.top_k <= args.experts:
+        raise UsageError(f"--top-k must be between 1 and --experts {args.experts}, got {args.top_k}")
+    for flag, value in (("--aux-loss-weight", args.aux_loss_weight), ("--router-z-loss", args.router_z_loss)):
+        if value < 0:
+            raise UsageError(f"{flag} must be at least 0, got {value}")
+    if args.expert_parallel < 1 or args.experts % args.expert_parallel:
+        raise UsageError(f"--expert-parallel must divide --experts {args.experts} (each device of a group holds E / P "
+                         f"experts), got {args.expert_parallel}")
+    if args.export is not None:
+        raise UsageError("--export writes MXNet's symbol graph, and a mixture of experts routes its tokens on the host "
+                         "(no graph can); leave --export out with --experts")
+    args.model = model_spec("vit", experts=args.experts, top_k=args.top_k, capacity_factor=args.capacity_factor,
+                            aux_weight=args.aux_loss_weight, z_weight=args.router_z_loss)
 
 
 def _add_reduction_flags(add):
@@ -267,6 +321,7 @@ def check_args(args):
                         ("--trace", args.trace), ("--logdir", args.logdir)):
         if value == "":
             raise UsageError(f"{flag} needs a path, got an empty string")
+    check_expert_args(args)
     with users_input(ValueError, TypeError, flags=FLAGS):
         run_config(args)
         layout_of_args(args).check(model=args.model, batch_size=args.batch_size)

@@ -19,7 +19,7 @@ from .data.fashion_mnist import default_data_dir
 from .devices import parse_devices
 from .fit import NonFiniteLossError, TrainingStopped, check_start, fit, memory_of
 from .job import join, sum_values
-from .models import MODELS
+from .models import model_info
 from .models.layout import init_model
 from .optim import SGD, Constant, Cosine, Step, make_optimizer
 from .files import export_files
@@ -203,7 +203,7 @@ def open_report(args, strategy, optimizer, dataset, data_name, job):
     workers = 1 if job is None else job.num_workers
     used = len(strategy.ctx_list)
     layout = f"{used} context(s)" if job is None else f"{workers} worker(s) x {used} context(s)"
-    report = Report(strategy, MODELS[args.model].title, data_name, layout, workers, job is None or job.rank == 0,
+    report = Report(strategy, model_info(args.model).title, data_name, layout, workers, job is None or job.rank == 0,
                     {"--metrics-json": args.metrics_json, "--plot": args.plot},
                     memory=lambda: memory_of(strategy, optimizer))
     report.say(f"training {report.title} on {data_name}: {len(dataset.train_labels)} train / "
@@ -275,7 +275,7 @@ def export(args, strategy, initial, report):
             strategy.params()
         return
     try:
-        MODELS[args.model].behaviour.export(args.export, strategy.params(), strategy.aux(), initial)
+        model_info(args.model).behaviour.export(args.export, strategy.params(), strategy.aux(), initial)
     except OSError as e:
         raise UsageError(f"cannot write --export {args.export!r}: {e.strerror or e}") from None
     print(f"exported {report.title} to {' and '.join(export_files(args.export))}", flush=True)

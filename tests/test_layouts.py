@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from parallel import Layout, Reducer
+from parallel.models.moe import Experts
 from parallel.models.vit import init_vit
 from parallel.optim import SGD
 from parallel.strategies import make_strategy
@@ -84,6 +85,20 @@ def test_every_layout_trains_the_one_context_vit(name, one_context):
     assert_close_to_scale(got, one_context, 1e-12)
     initial = [p.data().asnumpy() for p in init_vit(0, dtype="float64").collect_params().values()]
     assert max(np.abs(a - b).max() for a, b in zip(got, initial)) > 1e-3   # it trained
+
+
+@pytest.mark.parametrize("layout, k", [(Layout(expert_parallel=2), 4), (Layout(expert_parallel=4, zero=1), 4),
+                                       (Layout(accumulate=2), 2)])
+def test_experts_x_data_trains_the_one_context_moe_vit(layout, k):
+    """A mixture of experts (issue 39): its experts spread over groups of data replicas (with ZeRO-1, with
+    accumulation), the one-context MoE ViT in float64 (the last batch of 5 on 4 contexts too: a member no token
+    reaches). Micro-batches are routed one at a time (each its own capacity and balance), as on one context."""
+    def moe():
+        return init_vit(0, dtype="float64", experts=Experts(4, top_k=2))
+    one = Layout(accumulate=layout.accumulate)
+    want = _train(make_strategy(one, moe(), contexts(1)), one, _batches("float64"))
+    got = _train(make_strategy(layout, moe(), contexts(k)), layout, _batches("float64"))
+    assert_close_to_scale(got, want, 1e-12)
 
 
 def test_the_compressed_tensor_layout_trains_close_to_one_context():

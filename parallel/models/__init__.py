@@ -10,6 +10,9 @@
 - ``layers``: the tensor-parallel layers (``ColumnParallelDense``, ``RowParallelDense``,
   ``ParallelPatchEmbedding``), each its gluon base class in ordinary mode and split over T ranks by ``run_ranks``
   (Megatron-LM's tensor parallelism for any block made of them); ``shard_specs``, ``replicate_ranks``.
+- ``moe``: a mixture-of-experts feed-forward layer (``MoEFeedForward``: a router, top-k gating, a capacity,
+  the load-balancing and z auxiliary losses) that routes tokens on the host and, on replicas in lockstep, sends
+  them to the replicas holding their experts (expert parallelism's all-to-all).
 - ``gluon``: any gluon ``HybridBlock`` as a function ``net(X, params)`` of flat replicas (``GluonNet``), with
   BatchNorm synchronized across contexts; ``Chain``, blocks passing tuples.
 - ``registry``: what each model does (``LeNetModel``, ``GluonModel``, and the ``BuiltGluonModel`` subclasses
@@ -34,6 +37,7 @@ import importlib
 from typing import NamedTuple
 
 from ..lazy import lazy_exports
+from ..validate import check_choice
 
 
 class ModelInfo(NamedTuple):
@@ -46,17 +50,21 @@ class ModelInfo(NamedTuple):
     source: str
     #: The most ranks tensor parallelism splits it over (its attention heads: ``--tensor``); 0: it is not split.
     tensor: int = 0
+    #: The options of its variants (``model_spec``), each with its type and default.
+    options: tuple = ()
+    #: A variant's options, as ``model_spec`` gave them (``model_info``); ``()`` for the model itself.
+    chosen: tuple = ()
 
     @property
     def behaviour(self):
         """What the model does (``parallel.models.registry.Model``: ``init``, ``layout``, ``check``, ``net``,
-        ``layers``, ``cut``, ``export``), one instance per model; the first use imports MXNet."""
-        return _behaviour(self.source, self.title)
+        ``layers``, ``cut``, ``export``), one instance per model and variant; the first use imports MXNet."""
+        return _behaviour(self.source, self.title, self.chosen)
 
 
 @functools.lru_cache(maxsize=None)
-def _behaviour(source, title):
-    return getattr(importlib.import_module(f"{__name__}.registry"), source)(title)
+def _behaviour(source, title, chosen):
+    return getattr(importlib.import_module(f"{__name__}.registry"), source)(title, **dict(chosen))
 
 
 #: The models ``python -m parallel.train --model`` trains and a checkpoint can hold, by name.
@@ -65,25 +73,82 @@ MODELS = {
     "resnet18": ModelInfo("ResNet-18", "0 stem (conv, BatchNorm, ReLU), 1-4 its four stages of residual blocks "
                                        "(64, 128, 256, 512 channels), 5 pooling, 6 dense", "ResNet18Model"),
     "vit": ModelInfo("ViT", "0 patch embedding (7x7 patches, class token, positions), 1-4 its four Transformer "
-                            "blocks, 5 head (LayerNorm, dense)", "ViTModel", tensor=4),
+                            "blocks, 5 head (LayerNorm, dense)", "ViTModel", tensor=4,
+                     options=(("experts", int, 0), ("top_k", int, 1), ("capacity_factor", float, 1.0),
+                              ("aux_weight", float, 0.01), ("z_weight", float, 0.0))),
     "transformer": ModelInfo("Transformer", "0 row embedding (the 28 rows as tokens, positions), 1-2 its two "
                                             "post-norm Transformer blocks, 3 head (mean over the rows, dense)",
                              "TransformerModel", tensor=4),
 }
 
+def model_spec(name, **options):
+    """The name of model ``name``'s variant of ``options`` (those that differ from their defaults), as a checkpoint
+    and ``model_info`` take it: ``"vit"``, or ``"vit(experts=4,top_k=2)"``.
+
+    >>> model_spec("vit", experts=4, top_k=1), model_spec("vit", experts=0)
+    ('vit(experts=4)', 'vit')
+    """
+    info = MODELS[name]
+    known = {option: (kind, default) for option, kind, default in info.options}
+    given = []
+    for option, value in options.items():
+        if option not in known:
+            raise ValueError(f"{info.title} has no option {option}; its options are {', '.join(known) or 'none'}")
+        kind, default = known[option]
+        if kind(value) != default:
+            given.append(f"{option}={kind(value)!r}")
+    return name if not given else f"{name}({','.join(given)})"
+
+
+def model_info(spec):
+    """The ``ModelInfo`` of ``spec``, a name of ``MODELS`` or a variant of one (``model_spec``): its title says the
+    variant (``"ViT (4 experts, top-1)"``), its behaviour builds it.
+
+    >>> model_info("vit(experts=4)").title, model_info("vit(experts=4)").chosen
+    ('ViT (4 experts, top-1)', (('experts', 4),))
+    """
+    name, _, rest = spec.partition("(") if isinstance(spec, str) else (spec, "", "")
+    if not rest:
+        return MODELS[check_choice(spec, "model", tuple(MODELS))]
+    if name not in MODELS or not rest.endswith(")"):
+        raise ValueError(f"model must be one of {', '.join(MODELS)} (or a variant such as vit(experts=4)), got "
+                         f"{spec!r}")
+    info = MODELS[name]
+    if not rest:
+        return info
+    known = {option: kind for option, kind, _ in info.options}
+    chosen = []
+    for item in rest[:-1].split(","):
+        option, _, value = item.partition("=")
+        try:
+            chosen.append((option, known[option](value)))
+        except (KeyError, ValueError):
+            raise ValueError(f"model {spec!r}: {item!r} is not an option of {info.title} "
+                             f"({', '.join(known) or 'none'})") from None
+    if model_spec(name, **dict(chosen)) != spec:
+        raise ValueError(f"model {spec!r} is not written as model_spec writes it: {model_spec(name, **dict(chosen))!r}")
+    options = dict(chosen)
+    title = info.title
+    if options.get("experts"):
+        title += f" ({options['experts']} experts, top-{options.get('top_k', 1)})"
+    return info._replace(title=title, chosen=tuple(chosen))
+
+
 _SOURCES = {
     "lenet": ["init_lenet_params", "lenet", "lenet_layers", "lenet_cached", "CachedNet", "softmax_cross_entropy",
               "LENET_SHAPES", "LENET_LAYERS", "LENET_PARAM_NAMES"],
     "gluon": ["GluonNet", "Chain", "as_net", "set_block_params"],
+    "moe": ["MoEFeedForward", "route", "moe_layers", "aux_losses"],
     "resnet": ["Residual", "resnet18", "init_resnet18"],
     "vit": ["PatchEmbedding", "MultiHeadAttention", "TransformerBlock", "ClassifierHead", "vit", "init_vit"],
     "transformer": ["RowEmbedding", "PostNormBlock", "MeanPoolHead", "transformer", "init_transformer"],
     "layers": ["Ranks", "RanksF", "ColumnParallelDense", "RowParallelDense", "ParallelPatchEmbedding", "shard_specs",
-               "local_arrays", "joined_arrays", "replicate_ranks", "most_ranks", "run_ranks"],
+               "local_arrays", "joined_arrays", "replicate_ranks", "most_ranks", "run_ranks", "RankedNet", "ReplicasF",
+               "run_replicas"],
     "layout": ["init_model", "model_layout", "Layout", "block_names"],
     "registry": ["behaviour_of", "LeNetModel", "GluonModel", "BuiltGluonModel", "ResNet18Model", "ViTModel",
                  "TransformerModel"],
     "recompute": ["Recompute", "Segment"],
 }
-__all__ = ["MODELS", "ModelInfo"] + [name for names in _SOURCES.values() for name in names]
+__all__ = ["MODELS", "ModelInfo", "model_spec", "model_info"] + [name for names in _SOURCES.values() for name in names]
 __getattr__, __dir__ = lazy_exports(__name__, _SOURCES)

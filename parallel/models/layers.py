@@ -56,7 +56,8 @@ from ..shard import Replicated, Split
 from ..validate import BadType, BadValue, check_bool, check_contexts, check_int
 
 __all__ = ["Ranks", "RanksF", "ColumnParallelDense", "RowParallelDense", "ParallelPatchEmbedding", "shard_specs",
-           "local_arrays", "joined_arrays", "replicate_ranks", "most_ranks", "run_ranks", "RankedNet"]
+           "local_arrays", "joined_arrays", "replicate_ranks", "most_ranks", "run_ranks", "RankedNet", "ReplicasF",
+           "run_replicas"]
 
 
 # ---- a value on every rank, and the F that computes with it ---------------------------------------------------
@@ -158,12 +159,16 @@ class RanksF:
         Where the ranks' work is recorded; None: nothing recorded (``f`` and ``g`` refused).
     """
 
+    #: Whether the parallel layers split over the ranks (a tensor-parallel group); False: every rank holds its
+    #: layers whole and computes on its own values (``ReplicasF``: data replicas in lockstep).
+    splits = True
+
     def __init__(self, ranks, tape=None):
         self.ranks = check_int(ranks, "ranks", low=1)
         self.tape = tape
 
     def __repr__(self):
-        return f"RanksF({self.ranks} ranks)"
+        return f"{type(self).__name__}({self.ranks} ranks)"
 
     def __getattr__(self, name):
         if name.startswith("_"):
@@ -258,8 +263,27 @@ class RanksF:
         return Ranks(copies, self)
 
 
+class ReplicasF(RanksF):
+    """The ``F`` of data-parallel replicas run in lockstep (``run_replicas``): ``F.op`` runs ``mx.nd.op`` on each
+    replica's own arrays, recorded by autograd as any operator is (no tape); the parallel layers run as their gluon
+    base classes on each replica (``splits`` is False). What a layer that exchanges values between replicas in
+    the midst of a forward (a mixture of experts' all-to-all, ``parallel.models.moe``) runs on: it reads every
+    replica's arrays at once (``Ranks.arrays``). ``expert_parallel``: how many consecutive replicas share their
+    experts (an expert-parallel group)."""
+
+    splits = False
+
+    def __init__(self, ranks, expert_parallel=1):
+        super().__init__(ranks)
+        self.expert_parallel = check_int(expert_parallel, "expert_parallel", low=1, high=self.ranks)
+        if self.ranks % self.expert_parallel:
+            raise BadValue("expert_parallel", f"{{expert_parallel={expert_parallel}}} cannot group {ranks} replicas; "
+                                              "give a divisor of the replicas")
+
+
 def _ranks_mode(F):
-    return isinstance(F, RanksF)
+    """Whether ``F`` runs the parallel layers split over a tensor-parallel group's ranks."""
+    return isinstance(F, RanksF) and F.splits
 
 
 def _parameters(block):
@@ -565,24 +589,41 @@ def _run_ranks(block, plan, X, parts, tape):
     F = RanksF(len(contexts), tape)
     if len(parts) != F.ranks:
         raise BadValue("parts", f"{{parts}} has {len(parts)} ranks' arrays for an input on {F.ranks} ranks")
-    tables = _rank_tables(parts)
+    _rank_tables(parts)   # every rank's arrays named, before the tape takes them
     for arrays in parts:
         tape.parameters(list(arrays), arrays.names)
+    X = F.broadcast(X, contexts) if isinstance(X, mx.nd.NDArray) else X
+    out = _run_with(block, plan, X, parts, F)
+    if isinstance(out, tuple):
+        return tuple(Ranks(tape.read_each(r.arrays), F) for r in out)
+    return Ranks(tape.read_each(out.arrays), F)
+
+
+def run_replicas(block, X_shards, parts, expert_parallel=1):
+    """Run ``block`` on data-parallel replicas in lockstep: replica ``r``'s input ``X_shards[r]`` with its arrays
+    ``parts[r]`` (with ``.names``, as ``run_ranks`` takes them), every operator run replica by replica through a
+    ``ReplicasF`` and recorded by autograd as usual (no tape: one ``autograd.backward`` of the replicas' losses
+    runs the whole backward pass, the copies between replicas' contexts included). What a layer that exchanges
+    values between replicas (``parallel.models.moe``) needs: every replica's values at once. Returns a ``Ranks``
+    of the outputs; nothing waits (but what such a layer reads on the host)."""
+    return _run_with(block, _plan(block), Ranks(list(X_shards)), parts, ReplicasF(len(X_shards), expert_parallel))
+
+
+def _run_with(block, plan, X, parts, F):
+    """``block``'s own code run with ``F`` on the ranks' (or replicas') arrays ``parts``, input the ``Ranks``
+    ``X``; the blocks' ``forward`` restored afterwards."""
+    tables = _rank_tables(parts)
     saved = []
     try:
         for child, names in plan:
             saved.append((child, vars(child).get("forward")))
             child.forward = functools.partial(_forward_on_ranks, child, F, _rank_params(names, F, tables))
-        X = F.broadcast(X, contexts) if isinstance(X, mx.nd.NDArray) else Ranks(X.arrays, F)
-        out = block(X)
+        return block(Ranks(X.arrays, F))
     finally:
         for child, forward in reversed(saved):
             vars(child).pop("forward", None)
             if forward is not None:
                 vars(child)["forward"] = forward
-    if isinstance(out, tuple):
-        return tuple(Ranks(tape.read_each(r.arrays), F) for r in out)
-    return Ranks(tape.read_each(out.arrays), F)
 
 
 def _forward_on_ranks(block, F, params, x, *args):

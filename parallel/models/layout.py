@@ -11,8 +11,7 @@ independent of how a strategy lays them out on contexts. Both check the name and
 """
 from typing import NamedTuple
 
-from ..validate import check_choice
-from . import MODELS
+from . import MODELS, model_info
 
 __all__ = ["Layout", "model_layout", "block_names", "init_model"]
 
@@ -57,8 +56,7 @@ def model_layout(model):
     >>> len(layout.names), len(layout.aux_names), layout.names[0], layout.shapes[0], layout.aux_names[0]
     (76, 34, '0.0.weight', (64, 1, 3, 3), '0.1.running_mean')
     """
-    check_choice(model, "model", tuple(MODELS))
-    return MODELS[model].behaviour.layout()
+    return model_info(model).behaviour.layout()
 
 
 def init_model(model="lenet", seed=0, params=None, aux=None):
@@ -87,5 +85,4 @@ def init_model(model="lenet", seed=0, params=None, aux=None):
     ValueError
         For an unknown model, or arrays that do not fit it (count, shape).
     """
-    check_choice(model, "model", tuple(MODELS))
-    return MODELS[model].behaviour.init(seed, params, aux)
+    return model_info(model).behaviour.init(seed, params, aux)

@@ -44,6 +44,7 @@ from .lenet import (LENET_LAYERS, LENET_PARAM_NAMES, LENET_SHAPES, CachedNet, Le
                     lenet_cached, lenet_layers)
 from .recompute import Segment
 from .resnet import init_resnet18, resnet18
+from .moe import Experts
 from .transformer import init_transformer, transformer
 from .vit import init_vit, vit
 
@@ -423,13 +424,38 @@ class ResNet18Model(BuiltGluonModel):
 class ViTModel(BuiltGluonModel):
     """The small Vision Transformer for 1x28x28 images and 10 classes (``init_vit``: 7x7 patches, 4 pre-norm
     blocks of width 64): a gluon block whose checkpoint holds its trainable arrays, under structural names (it has
-    no others: no BatchNorm)."""
+    no others: no BatchNorm). Its variants (``parallel.models.model_spec``) have a mixture of ``experts`` experts
+    in every other block (``top_k``, ``capacity_factor``, ``z_weight``: ``vit``'s)."""
+
+    def __init__(self, title, **options):
+        super().__init__(title)
+        self.options = options
+
+    def _experts(self):
+        options = dict(self.options)
+        count = options.pop("experts", 0)
+        return Experts(count, **options) if count else None
 
     def build(self):
-        return vit(num_classes=self.num_classes, image=self.input_shape[-1])
+        return vit(num_classes=self.num_classes, image=self.input_shape[-1], experts=self._experts())
 
     def initialize(self, seed):
-        return init_vit(seed, num_classes=self.num_classes, input_shape=self.input_shape)
+        return init_vit(seed, num_classes=self.num_classes, input_shape=self.input_shape, experts=self._experts())
+
+    def layout(self):
+        """As ``BuiltGluonModel.layout``; a variant with experts (which cannot run as a symbol: its layers route
+        on the host) reads its shapes from an initialized block."""
+        if not self.options.get("experts"):
+            return super().layout()
+        if self._layout is None:
+            block = self.initialize(0)
+            names, arrays, aux_names, aux = block_state(block)
+            by_name = dict(zip(names + aux_names, [a.shape for a in arrays + aux]))
+            structural, aux_structural = block_names(block)
+            by_structure = {name: by_name[param.name] for name, param in block._collect_params_with_prefix().items()}
+            self._layout = Layout(tuple(structural), tuple(by_structure[n] for n in structural),
+                                  tuple(aux_structural), tuple(by_structure[n] for n in aux_structural))
+        return self._layout
 
 
 class TransformerModel(BuiltGluonModel):

@@ -32,8 +32,9 @@ head width, so the same code runs a rank's heads.
 import mxnet as mx
 from mxnet.gluon import nn
 
-from ..validate import check_int, check_seed
+from ..validate import BadType, check_int, check_seed
 from .layers import ColumnParallelDense, ParallelPatchEmbedding, RowParallelDense
+from .moe import Experts
 
 __all__ = ["PatchEmbedding", "MultiHeadAttention", "TransformerBlock", "ClassifierHead", "vit", "init_vit"]
 
@@ -88,19 +89,26 @@ class MultiHeadAttention(nn.HybridBlock):
 
 class TransformerBlock(nn.HybridBlock):
     """A pre-norm Transformer block: ``X + attention(LayerNorm(X))``, then ``X + MLP(LayerNorm(X))`` with the
-    MLP ``Dense(mlp_dim), GELU, Dense(dim)``."""
+    MLP ``Dense(mlp_dim), GELU, Dense(dim)``; with ``moe`` (``parallel.models.moe.Experts``), a mixture of experts
+    of that MLP instead (a token an expert drops goes on through the residual)."""
 
-    def __init__(self, dim, heads, mlp_dim, **kwargs):
+    def __init__(self, dim, heads, mlp_dim, moe=None, **kwargs):
         super().__init__(**kwargs)
         with self.name_scope():
             self.norm1 = nn.LayerNorm(in_channels=dim)
             self.attention = MultiHeadAttention(dim, heads)
             self.norm2 = nn.LayerNorm(in_channels=dim)
-            self.hidden = ColumnParallelDense(mlp_dim, flatten=False, in_units=dim)
-            self.out = RowParallelDense(dim, flatten=False, in_units=mlp_dim)
+            if moe:
+                self.moe = moe.layer(dim, mlp_dim)
+            else:
+                self.moe = None
+                self.hidden = ColumnParallelDense(mlp_dim, flatten=False, in_units=dim)
+                self.out = RowParallelDense(dim, flatten=False, in_units=mlp_dim)
 
     def hybrid_forward(self, F, X):
         X = X + self.attention(self.norm1(X))
+        if self.moe is not None:
+            return X + self.moe(self.norm2(X))
         return X + self.out(F.LeakyReLU(self.hidden(self.norm2(X)), act_type="gelu"))
 
 
@@ -119,9 +127,14 @@ class ClassifierHead(nn.HybridBlock):
         return self.dense(self.norm(F.slice_axis(X, axis=1, begin=0, end=1)))
 
 
-def vit(num_classes=10, dim=64, heads=4, depth=4, mlp_dim=128, patch=7, image=28):
+def vit(num_classes=10, dim=64, heads=4, depth=4, mlp_dim=128, patch=7, image=28, experts=None):
     """The small ViT for ``image`` x ``image`` one-channel images, uninitialized: ``depth + 2`` children, cut
     points for model and pipeline parallelism (patch embedding, ``depth`` Transformer blocks, head).
+
+    With ``experts`` (``parallel.models.moe.Experts``, or its count E, at least 2), every other block's MLP (the
+    second, the fourth, ...) is a mixture of E experts of ``mlp_dim`` units each (``MoEFeedForward``): Switch's and
+    GShard's placement, which halves the routing and the all-to-alls of a step against every block's while each
+    token still meets experts every two blocks.
 
     >>> net = vit()
     >>> len(net), type(net[0]).__name__, type(net[1]).__name__, type(net[-1]).__name__
@@ -135,8 +148,13 @@ def vit(num_classes=10, dim=64, heads=4, depth=4, mlp_dim=128, patch=7, image=28
     net = nn.HybridSequential(prefix="vit_")   # a fixed name: every instance exports the same names
     with net.name_scope():
         net.add(PatchEmbedding(dim, patch, image))
-        for _ in range(depth):
-            net.add(TransformerBlock(dim, heads, mlp_dim))
+        moe = experts
+        if isinstance(experts, int) and not isinstance(experts, bool):
+            moe = Experts(experts) if experts else None
+        if moe is not None and not isinstance(moe, Experts):
+            raise BadType("experts", f"{{experts}} must be an Experts or a number of experts, got {experts!r}")
+        for i in range(depth):
+            net.add(TransformerBlock(dim, heads, mlp_dim, moe=moe if i % 2 == 1 else None))
         net.add(ClassifierHead(dim, num_classes))
     return net
 

@@ -8,6 +8,8 @@
 - ``hybrid``: ``Hybrid``, the composed strategy: data x pipeline stages x tensor ranks, with ZeRO and
   recomputation, every axis a plug-in of the same step; its presets ``ModelParallel`` (one replica of stages),
   ``Pipeline`` (fed micro-batches) and ``FullyShardedDataParallel`` (ZeRO-3).
+- ``experts``: ``ExpertParallel``, data replicas of a mixture-of-experts model whose experts are spread over
+  expert-parallel groups (tokens sent to their experts by an all-to-all).
 - ``pipeline``: a schedule's order issued over a model's chunks (``issue``), micro-batches, ``bubble_fraction``.
 - ``schedules``: GPipe, 1F1B, interleaved 1F1B laid out on slots (``PIPELINE_SCHEDULES`` names them without
   MXNet).
@@ -79,6 +81,7 @@ class Stages(NamedTuple):
 _SOURCES = {
     "base": ["Strategy", "ArrayPlace"],
     "data": ["DataParallel", "data_parallel", "replicate", "parallel_apply", "gather"],
+    "experts": ["ExpertParallel", "expert_specs"],
     "hybrid": ["Hybrid", "Chunk", "hybrid_groups", "ModelParallel", "Pipeline", "FullyShardedDataParallel"],
     "model": ["stage_ranges", "forward_stages", "cut_model"],
     "pipeline": ["bubble_fraction", "issue", "micro_batches"],

@@ -19,7 +19,7 @@ the report and the CLI use these members and nothing else; nobody asks a strateg
 - defaults a strategy may override: ``aux()`` / ``names()`` / ``aux_names()`` (none), ``model`` (what ``fit``
   returns: the strategy), ``gathers_collectively`` (False: reading the model is a collective call in a job only for
   ZeRO-3), ``memory_buffers()`` (no gather or temporary buffers of its own), ``metrics()`` (nothing for
-  ``--metrics-json``), ``feedback_groups()`` (the groups whose error feedback a checkpoint keeps: every group, with
+  ``--metrics-json``), ``epoch_metrics()`` (nothing measured while training), ``feedback_groups()`` (the groups whose error feedback a checkpoint keeps: every group, with
   compression).
 
 A *store* holds one group's arrays over the data axis: ``parallel.optim.ReplicatedStore`` for replicas of the same parameters
@@ -107,6 +107,12 @@ class Strategy(abc.ABC):
 
     def metrics(self):
         """What ``--metrics-json`` records of the strategy beside the epochs (a pipeline's schedule): nothing."""
+        return {}
+
+    def epoch_metrics(self):
+        """What the strategy measured over the steps since the last call (an epoch's: ``fit`` calls it after each
+        epoch and records it in the epoch's metrics, ``--metrics-json``'s): nothing by default; a mixture of
+        experts' routing (``ExpertParallel``)."""
         return {}
 
     def feedback_groups(self):

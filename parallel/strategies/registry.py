@@ -6,13 +6,17 @@
 >>> strategy.name, strategy.describe()
 ('hybrid', '2 replicas x 2 stages: conv1,conv2 @ cpu(0),cpu(2) | dense1,dense2 @ cpu(1),cpu(3); gradients summed with the fused allreduce in buckets of 25 MiB')
 """
+from mxnet import gluon
+
 from ..comm.reducer import as_reducer
 from ..layout import Layout
 from ..models.recompute import Recompute
+from ..models.moe import moe_layers
 from ..models.registry import behaviour_of
 from ..validate import BadType, check_contexts
 from . import Stages
 from .data import DataParallel
+from .experts import ExpertParallel
 from .hybrid import Hybrid
 
 __all__ = ["make_strategy", "layout_of"]
@@ -27,18 +31,18 @@ def _as_stages(stages):
                             f"got {type(stages).__name__}")
 
 
-def layout_of(name, stages=None, reducer=None, recompute=False, zero=0, tensor=1):
+def layout_of(name, stages=None, reducer=None, recompute=False, zero=0, tensor=1, expert_parallel=1):
     """The ``Layout`` of ``make_strategy``'s arguments: the preset ``name``, where ``stages`` cut the model and how a
     pipeline is fed (a number of stages or a ``Stages``), the other axes, and the reducer's compression."""
     count, boundaries, micro_batches, schedule, virtual = _as_stages(stages)
     codec = as_reducer(reducer).codec
     return Layout(name, stages=count, boundaries=boundaries, micro_batches=micro_batches, schedule=schedule,
                   virtual=virtual, tensor=tensor, zero=zero, recompute=recompute,
-                  compression="none" if codec is None else codec.spec)
+                  compression="none" if codec is None else codec.spec, expert_parallel=expert_parallel)
 
 
 def make_strategy(name, params, ctx_list, stages=None, reducer=None, recompute=False, zero=0, tensor=1,
-                  batch_size=None):
+                  batch_size=None, expert_parallel=1):
     """Lay ``params`` out on ``ctx_list`` as the layout ``name`` and the axes say.
 
     Parameters
@@ -69,11 +73,14 @@ def make_strategy(name, params, ctx_list, stages=None, reducer=None, recompute=F
         Each layer split over groups of ``tensor`` contexts (a model made of parallel layers); 1: none.
     batch_size : int, optional
         When given, more micro-batches than ``batch_size`` are refused up front.
+    expert_parallel : int
+        A mixture-of-experts model's experts spread over groups of this many replicas (``ExpertParallel``).
 
     Returns
     -------
     parallel.strategies.base.Strategy
-        ``DataParallel`` for the data preset without ZeRO-3 or tensor parallelism, else the composed ``Hybrid``;
+        ``ExpertParallel`` for a model with mixture-of-experts layers, ``DataParallel`` for the data preset without
+        ZeRO-3 or tensor parallelism, else the composed ``Hybrid``;
         its ``ctx_list`` holds the contexts it uses (the model and pipeline presets leave the rest idle).
 
     Raises
@@ -83,9 +90,12 @@ def make_strategy(name, params, ctx_list, stages=None, reducer=None, recompute=F
         reason), or one the contexts cannot hold.
     """
     reducer = as_reducer(reducer)
-    layout = name if isinstance(name, Layout) else layout_of(name, stages, reducer, recompute, zero, tensor)
+    layout = (name if isinstance(name, Layout) else
+              layout_of(name, stages, reducer, recompute, zero, tensor, expert_parallel))
     layout.check(batch_size=batch_size)
     check_contexts(ctx_list)
+    if layout.expert_parallel > 1 or (isinstance(params, gluon.Block) and moe_layers(params)):
+        return ExpertParallel(params, ctx_list, layout, reducer)
     if layout.strategy == "data" and layout.tensor == 1 and layout.zero < 3:
         behaviour = behaviour_of(params)
         net = behaviour.net(params)

@@ -1,0 +1,322 @@
+"""A mixture of experts and expert parallelism (issue 39): the router and its capacity, the layer against a plain
+reference, the all-to-all's bytes against their formula, and expert parallelism on 2 and 4 contexts training the
+one-context model (the same tokens dropped), with ZeRO and across checkpoints of another degree.
+"""
+import json
+import math
+
+import mxnet as mx
+import numpy as np
+import pytest
+from mxnet import autograd
+
+from parallel import Layout
+from parallel.comm import algorithms
+from parallel.models.moe import Experts, MoEFeedForward, aux_losses, capacity_of, moe_layers, route
+from parallel.models.vit import init_vit
+from parallel.optim import SGD
+from parallel.strategies import make_strategy
+from parallel.strategies.experts import ExpertParallel
+from parallel.train import main
+from conftest import assert_close_to_scale, contexts, write_idx_files, easy_dataset
+
+E = 4
+
+
+def _batches(sizes=(16, 16, 8), dtype="float32", seed=3):
+    rng = np.random.RandomState(seed)
+    return [(mx.nd.array(rng.normal(size=(n, 1, 28, 28)), dtype=dtype), mx.nd.array(rng.randint(0, 10, n)))
+            for n in sizes]
+
+
+def _train(strategy, batches, zero=0):
+    optimizer = SGD(0.05, momentum=0.9, zero=zero)
+    dropped = []
+    for X, y in batches:
+        strategy.train_step(X, y, optimizer=optimizer)
+        dropped.append([s.routing.slot.copy() for s in strategy.routing()])
+    return [p.asnumpy() for p in strategy.params()], dropped
+
+
+# ---- the router -----------------------------------------------------------------------------------------------
+
+def test_route_queues_first_choices_in_token_order_and_drops_past_capacity():
+    probs = np.array([[0.6, 0.3, 0.1], [0.5, 0.4, 0.1], [0.2, 0.7, 0.1], [0.7, 0.2, 0.1]])
+    one = route(probs, top_k=1, capacity=2)
+    assert one.choice[:, 0].tolist() == [0, 0, 1, 0]
+    assert one.slot[:, 0].tolist() == [0, 1, 0, -1]   # the third token for expert 0 is past its capacity
+    assert one.routed.tolist() == [3, 1, 0] and one.first.tolist() == [3, 1, 0]
+    two = route(probs, top_k=2, capacity=3)
+    # every first choice queues before any second: token 3's first (expert 0, place 2) before token 0's second
+    assert two.choice.tolist() == [[0, 1], [0, 1], [1, 0], [0, 1]]
+    assert two.slot.tolist() == [[0, 1], [1, 2], [0, -1], [2, -1]]
+    assert two.routed.tolist() == [4, 4, 0]
+
+
+def test_route_breaks_ties_to_the_lower_expert_and_capacity_rounds_up():
+    assert route(np.full((2, 3), 1 / 3), 1, 5).choice[:, 0].tolist() == [0, 0]
+    assert capacity_of(tokens=10, experts=4, top_k=1, capacity_factor=1.0) == 3
+    assert capacity_of(tokens=10, experts=4, top_k=2, capacity_factor=1.25) == 7
+
+
+# ---- the layer ------------------------------------------------------------------------------------------------
+
+def _reference(layer, X):
+    """The layer by its definition, token by token in float64: each chosen expert's MLP weighted by its gate, nothing
+    for a dropped choice (the routing taken from the layer's own)."""
+    p = {name: getattr(layer, name).data().asnumpy().astype(np.float64)
+         for name in ("router_weight", "fc1_weight", "fc1_bias", "fc2_weight", "fc2_bias")}
+    tokens = X.asnumpy().reshape(-1, X.shape[-1]).astype(np.float64)
+    scores = tokens @ p["router_weight"].T
+    probs = np.exp(scores - scores.max(1, keepdims=True))
+    probs /= probs.sum(1, keepdims=True)
+    routing = layer.last.routing
+    out = np.zeros_like(tokens)
+    for t in range(len(tokens)):
+        gates = probs[t, routing.choice[t]]
+        gates = gates / gates.sum() if len(gates) > 1 else gates
+        for j, e in enumerate(routing.choice[t]):
+            if routing.slot[t, j] < 0:
+                continue
+            h = p["fc1_weight"][e] @ tokens[t] + p["fc1_bias"][e]
+            h = 0.5 * h * (1 + np.vectorize(math.erf)(h / math.sqrt(2)))   # GELU
+            out[t] += gates[j] * (p["fc2_weight"][e] @ h + p["fc2_bias"][e])
+    return out.reshape(X.shape), probs
+
+
+@pytest.mark.parametrize("top_k, capacity_factor", [(1, 4.0), (2, 2.0), (1, 0.5), (2, 0.75)])
+def test_the_layer_is_its_definition_and_a_dropped_token_gets_nothing(top_k, capacity_factor):
+    mx.random.seed(0)
+    layer = MoEFeedForward(dim=6, hidden=8, experts=E, top_k=top_k, capacity_factor=capacity_factor)
+    layer.initialize(mx.init.Normal(0.5))
+    X = mx.nd.random.normal(shape=(3, 7, 6), dtype="float32")
+    out = layer(X)
+    want, probs = _reference(layer, X)
+    np.testing.assert_allclose(out.asnumpy(), want, rtol=0, atol=1e-5 * np.abs(want).max())
+    stats = layer.last
+    assert stats.choices == 21 * top_k and stats.routed.sum() == 21 * top_k
+    dropped_tokens = (stats.routing.slot < 0).all(axis=1)
+    assert stats.dropped == (stats.routing.slot < 0).sum()
+    if capacity_factor >= E / top_k:
+        assert stats.dropped == 0
+    else:
+        assert stats.dropped > 0
+        assert dropped_tokens.any() or top_k > 1   # with top-1, a dropped choice is a dropped token
+        assert np.all(out.asnumpy().reshape(21, 6)[dropped_tokens] == 0)   # the residual carries them
+    # Switch's loss: aux_weight * E * sum_e f_e P_e
+    f = np.bincount(stats.routing.choice[:, 0], minlength=E) / 21
+    assert float(stats.aux[0].asscalar()) == pytest.approx(0.01 * E * (f * probs.mean(0)).sum(), rel=1e-5)
+
+
+def test_the_auxiliary_losses_reach_the_router_and_the_z_loss_is_its_formula():
+    mx.random.seed(1)
+    layer = MoEFeedForward(dim=6, hidden=8, experts=E, z_weight=0.1)
+    layer.initialize(mx.init.Normal(0.5))
+    X = mx.nd.random.normal(shape=(2, 5, 6))
+    with autograd.record():
+        layer(X)
+        aux = aux_losses(layer)
+    autograd.backward(aux)
+    assert len(aux) == 1 and np.abs(layer.router_weight.grad().asnumpy()).max() > 0
+    assert np.abs(layer.fc1_weight.grad().asnumpy()).max() == 0   # the experts are not in the auxiliary losses
+    scores = X.asnumpy().reshape(10, 6) @ layer.router_weight.data().asnumpy().T
+    lse = np.log(np.exp(scores).sum(1))
+    probs = np.exp(scores - lse[:, None])
+    f = np.bincount(layer.last.routing.choice[:, 0], minlength=E) / 10
+    want = 0.01 * E * (f * probs.mean(0)).sum() + 0.1 * (lse ** 2).mean()
+    assert float(aux[0].asscalar()) == pytest.approx(want, rel=1e-5)
+
+
+def test_the_layer_refuses_what_it_cannot_run():
+    with pytest.raises(ValueError, match="top_k must be between 1 and 4"):
+        MoEFeedForward(4, 8, E, top_k=5)
+    with pytest.raises(ValueError, match="capacity_factor must be a finite number above 0"):
+        MoEFeedForward(4, 8, E, capacity_factor=0)
+    with pytest.raises(ValueError, match="experts must be"):
+        MoEFeedForward(4, 8, 1)
+    layer = MoEFeedForward(4, 8, E)
+    layer.initialize()
+    layer.hybridize()
+    with pytest.raises(TypeError, match="cannot run as a symbol"):
+        layer(mx.nd.ones((1, 2, 4)))
+
+
+# ---- expert parallelism ---------------------------------------------------------------------------------------
+
+def _moe(factor=1.0):
+    """The ViT with 4 experts, top-2, of capacity factor ``factor`` (2 drops none)."""
+    return init_vit(0, experts=Experts(E, top_k=2, capacity_factor=factor))
+
+
+@pytest.fixture(scope="module")
+def one_context():
+    """The MoE ViT (4 experts, top-2) trained on one context, a capacity that drops some tokens, and one that drops
+    none."""
+    return {factor: _train(make_strategy("data", _moe(factor), contexts(1)), _batches()) for factor in (1.0, E / 2)}
+
+
+@pytest.mark.parametrize("k, p", [(2, 2), (4, 4), (4, 2)])
+@pytest.mark.parametrize("factor", [1.0, E / 2])
+def test_expert_parallelism_trains_the_one_context_model_dropping_the_same_tokens(k, p, factor, one_context):
+    strategy = make_strategy(Layout(expert_parallel=p), _moe(factor), contexts(k))
+    assert isinstance(strategy, ExpertParallel)
+    got, dropped = _train(strategy, _batches())
+    want, want_dropped = one_context[factor]
+    assert_close_to_scale(got, want, 1e-5)
+    for mine, theirs in zip(dropped, want_dropped):   # every batch, every layer: the same choices dropped
+        for a, b in zip(mine, theirs):
+            np.testing.assert_array_equal(a, b)
+    some = sum((slot < 0).sum() for step in dropped for slot in step)
+    assert (some > 0) == (factor < E / 2)
+    initial = [p.data().asnumpy() for p in _moe().collect_params().values()]
+    assert max(np.abs(a - b).max() for a, b in zip(got, initial)) > 1e-3   # it trained
+
+
+def test_experts_gradients_are_summed_only_over_the_replicas_that_hold_them():
+    """4 contexts, groups of 2: replicas 0 and 2 hold experts 0-1, 1 and 3 experts 2-3; each pair ends equal, the
+    pairs hold different experts, and every replica the same router."""
+    strategy = make_strategy(Layout(expert_parallel=2), init_vit(0, experts=E), contexts(4))
+    groups = strategy.groups()
+    assert [len(g) for g in groups] == [4, 2, 2]
+    X, y = _batches((8,))[0]
+    strategy.train_step(X, y, optimizer=SGD(0.1))
+    experts = [r.data.asnumpy() for r in strategy.expert_arrays]
+    np.testing.assert_array_equal(experts[0], experts[2])
+    np.testing.assert_array_equal(experts[1], experts[3])
+    assert np.abs(experts[0] - experts[1]).max() > 0
+    dense = [r.data.asnumpy() for r in strategy.dense]
+    assert all(np.array_equal(dense[0], d) for d in dense[1:])
+
+
+def test_the_all_to_all_moves_its_formula_s_bytes():
+    """Forward: each accepted choice whose expert another member holds goes there and back, ``2 x 4 x dim`` bytes;
+    with one context a group, none."""
+    for k, p in ((2, 2), (4, 4), (4, 2), (2, 1)):
+        strategy = make_strategy(Layout(expert_parallel=p), _moe(), contexts(k))
+        X, _ = _batches((16,))[0]
+        before = algorithms.copied_bytes()
+        strategy.evaluate([(X, mx.nd.zeros((16,)))])
+        moved = algorithms.copied_bytes() - before
+        bounds = np.cumsum([0] + [16 // k] * k) * 17   # 16 examples over k replicas, 17 tokens each
+        want = 0
+        for stats in strategy.routing():
+            choice, slot, mine = stats.routing.choice, stats.routing.slot, 0
+            for r in range(k):
+                t, j = np.nonzero(slot[bounds[r]:bounds[r + 1]] >= 0)
+                owner = choice[bounds[r]:bounds[r + 1]][t, j] // (E // p)
+                mine += 2 * 4 * 64 * int((owner != r % p).sum())
+            assert stats.sent_bytes == mine
+            want += mine
+        assert moved == want
+        assert (want > 0) == (p > 1)
+
+
+def test_zero_shards_each_group_and_trains_the_same_model():
+    want, _ = _train(make_strategy(Layout(expert_parallel=2), init_vit(0, experts=E), contexts(4)), _batches())
+    for zero in (1, 2):
+        got, _ = _train(make_strategy(Layout(expert_parallel=2, zero=zero), init_vit(0, experts=E), contexts(4)),
+                        _batches(), zero=zero)
+        assert_close_to_scale(got, want, 1e-6)
+
+
+def test_a_model_moves_between_expert_parallel_degrees_whole():
+    """The arrays of a layout of 2 experts a context, given to one of 1 a context and read back, are the same
+    model: what a checkpoint resumed on another degree relies on."""
+    first = make_strategy(Layout(expert_parallel=2), init_vit(0, experts=E), contexts(2))
+    X, y = _batches((8,))[0]
+    first.train_step(X, y, optimizer=SGD(0.1))
+    trained = [p.asnumpy() for p in first.params()]
+    second = make_strategy(Layout(expert_parallel=4), init_vit(1, experts=E), contexts(4))
+    second.load_params(trained)
+    for a, b in zip(second.params(), trained):
+        np.testing.assert_array_equal(a.asnumpy() if hasattr(a, "asnumpy") else a, b)
+    assert second.expert_arrays[3][0].shape[0] == 1   # a context holds one expert of each layer
+
+
+@pytest.mark.parametrize("layout, k, says", [
+    (Layout(expert_parallel=3), 3, "cannot share 4 experts equally"),
+    (Layout(expert_parallel=2), 3, "cannot group 3"),
+])
+def test_layouts_the_experts_cannot_take_are_refused(layout, k, says):
+    with pytest.raises(ValueError, match=says):
+        make_strategy(layout, init_vit(0, experts=E), contexts(k))
+
+
+def test_expert_parallelism_without_experts_and_a_batch_too_small_are_refused():
+    with pytest.raises(ValueError, match="the model has none"):
+        make_strategy(Layout(expert_parallel=2), init_vit(0), contexts(2))
+    strategy = make_strategy(Layout(expert_parallel=2), init_vit(0, experts=E), contexts(2))
+    X, y = _batches((1,))[0]
+    with pytest.raises(ValueError, match="a batch of 1 example"):
+        strategy.train_step(X, y, optimizer=SGD(0.1))
+
+
+# ---- the command line -----------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def easy_dir(tmp_path_factory):
+    return write_idx_files(tmp_path_factory.mktemp("easy"), easy_dataset(num_train=256, num_test=64, seed=1))
+
+
+def test_the_cli_trains_experts_and_records_their_routing(easy_dir, tmp_path, capsys):
+    metrics = tmp_path / "m.json"
+    assert main(["--model", "vit", "--experts", "4", "--top-k", "2", "--capacity-factor", "1.5",
+                 "--router-z-loss", "0.001", "--expert-parallel", "2", "--devices", "cpu:2", "--data-dir",
+                 str(easy_dir), "--epochs", "2", "--batch-size", "32", "--optimizer", "adamw", "--no-progress",
+                 "--metrics-json", str(metrics), "--checkpoint-dir", str(tmp_path / "ck")]) == 0
+    out = capsys.readouterr().out
+    assert "training ViT (4 experts, top-2)" in out
+    assert "2 replicas, each holding 2 of the 4 experts of 2 MoE layers" in out
+    for epoch in json.loads(metrics.read_text()):
+        experts = epoch["experts"]
+        tokens = np.array(experts["tokens"])
+        assert tokens.shape == (2, 4) and tokens.sum() == 2 * 256 * 17 * 2   # layers x experts; every choice
+        assert 0 <= experts["dropped"] < 1 and experts["aux_loss"] > 0
+    # resumed on another expert-parallel degree, one context
+    assert main(["--model", "vit", "--experts", "4", "--top-k", "2", "--capacity-factor", "1.5",
+                 "--router-z-loss", "0.001", "--devices", "cpu:1", "--data-dir", str(easy_dir), "--epochs", "3",
+                 "--batch-size", "32", "--optimizer", "adamw", "--no-progress", "--checkpoint-dir",
+                 str(tmp_path / "ck"), "--resume"]) == 0
+    assert "epoch 3," in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("flags, says", [
+    (["--experts", "4", "--model", "lenet"], "use --model vit, not lenet"),
+    (["--top-k", "2"], "--top-k applies to a mixture of experts"),
+    (["--experts", "1"], "--experts must be at least 2"),
+    (["--experts", "4", "--top-k", "5"], "--top-k must be between 1 and --experts 4"),
+    (["--experts", "4", "--expert-parallel", "3", "--devices", "cpu:3"], "--expert-parallel must divide"),
+    (["--experts", "4", "--expert-parallel", "2", "--devices", "cpu:3"], "cannot group 3"),
+    (["--experts", "4", "--zero", "3"], "--zero 3 is not built for a mixture of experts"),
+    (["--experts", "4", "--tensor", "2", "--devices", "cpu:2"], "--experts trains with the data strategy"),
+    (["--experts", "4", "--export", "out"], "leave --export out with --experts"),
+    (["--experts", "4", "--capacity-factor", "nan"], "--capacity-factor"),
+])
+def test_bad_expert_flags_get_one_line_and_status_2(flags, says, easy_dir, capsys):
+    assert main(["--model", "vit", "--data-dir", str(easy_dir), "--epochs", "1", "--no-progress", *flags]) == 2
+    err = capsys.readouterr().err
+    assert says in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+# ---- what it learns (slow tier) -------------------------------------------------------------------------------
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+def test_the_moe_vit_learns_the_digits_with_balanced_loads(tmp_path, capsys):
+    """The digits run of tests/test_vit.py (AdamW, 20 epochs) with 4 experts spread over 2 contexts: at least the
+    dense ViT's bar (0.90), and the auxiliary loss keeps every layer's busiest expert within 2x of the mean load in
+    every epoch after the first."""
+    from conftest import load_benchmark
+    from test_vit import DIGITS_ACCURACY, DIGITS_RUN
+    digits = load_benchmark("digits_dataset").digits_dataset(num_train=1500, seed=0)
+    data_dir = write_idx_files(str(tmp_path), digits)
+    path = tmp_path / "m.json"
+    run = [flag for flag in DIGITS_RUN if flag != "cpu:1"]
+    run[run.index("--devices") + 1:run.index("--devices") + 1] = ["cpu:2"]
+    assert main([*run, "--experts", "4", "--expert-parallel", "2", "--data-dir", data_dir,
+                 "--metrics-json", str(path)]) == 0
+    history = json.loads(path.read_text())
+    loads = [[max(layer) * len(layer) / sum(layer) for layer in m["experts"]["tokens"]] for m in history]
+    print(f"MoE ViT on the digits: test accuracy {[m['test_acc'] for m in history]}, loads {loads}")
+    assert history[-1]["test_acc"] >= DIGITS_ACCURACY, history[-1]
+    assert all(load <= 2 for epoch in loads[1:] for load in epoch), loads
