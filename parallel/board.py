@@ -81,7 +81,8 @@ def expert_scalars(experts):
 def memory_totals(table):
     """``{tag: bytes}`` of a memory table (``--metrics-json``'s ``memory``: a row a context of byte counts): each
     context's row added up."""
-    return {memory_tag(row["context"]): sum(value for key, value in row.items() if key != "context")
+    return {memory_tag(row["context"]): sum(value for key, value in row.items()
+                                            if key != "context" and not isinstance(value, dict))   # "activations"
             for row in table}
 
 

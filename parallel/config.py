@@ -38,7 +38,8 @@ FLAGS = {"epochs": "--epochs", "num_epochs": "--epochs", "batch_size": "--batch-
          "lr_schedule": "--lr-schedule", "recompute": "--recompute", "tensor": "--tensor", "schedule": "--schedule",
          "virtual_stages": "--virtual-stages", "virtual": "--virtual-stages", "logdir": "--logdir",
          "experts": "--experts", "top_k": "--top-k", "capacity_factor": "--capacity-factor",
-         "z_weight": "--router-z-loss", "aux_weight": "--aux-loss-weight", "expert_parallel": "--expert-parallel"}
+         "z_weight": "--router-z-loss", "aux_weight": "--aux-loss-weight", "context": "--context", "patch": "--patch-size",
+         "sequence": "--sequence-parallel", "expert_parallel": "--expert-parallel"}
 
 
 @dataclass(frozen=True)
@@ -100,7 +101,7 @@ def layout_of_args(args):
     return Layout(args.strategy, stages=args.stages, boundaries=args.boundaries, micro_batches=args.micro_batches,
                   schedule=args.schedule, virtual=args.virtual_stages, tensor=args.tensor, zero=args.zero,
                   recompute=args.recompute, accumulate=args.accumulate, compression=args.compression,
-                  expert_parallel=args.expert_parallel)
+                  expert_parallel=args.expert_parallel, context=args.context, sequence=args.sequence_parallel)
 
 
 def optimizer_defaults(name):

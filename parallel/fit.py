@@ -121,7 +121,12 @@ def memory_of(strategy, optimizer):
     temporary = buffer_bytes()
     for ctx, nbytes in own.items():
         temporary[ctx] = temporary.get(ctx, 0) + nbytes
-    return memory_table(optimizer, strategy.groups(), gathered, temporary)
+    table = memory_table(optimizer, strategy.groups(), gathered, temporary)
+    activations = {str(ctx): entry for ctx, entry in strategy.activations().items()}
+    for row in table:   # tensor ranks: what the last step's forward kept for backward (not in the totals)
+        if row["context"] in activations:
+            row["activations"] = activations[row["context"]]
+    return table
 
 
 class TrainingStopped(Exception):

@@ -10,6 +10,10 @@ A ``Layout`` holds every axis the package runs, and how a step is fed:
 - **ZeRO** (``zero`` 0-3): the optimizer state, the gradients and the parameters sharded over the data replicas;
 - **experts** (``expert_parallel``): a mixture-of-experts model's experts spread over groups of that many data
   replicas, tokens sent to their experts by an all-to-all (``parallel.strategies.experts``);
+- **context** (``context``): each example's sequence split over groups of that many contexts, attention by ring
+  attention (``parallel.strategies.context``);
+- **sequence** (``sequence``, with ``tensor``): the regions tensor parallelism leaves whole split along the
+  sequence over each tensor group (Korthikanti et al. 2022);
 - ``recompute`` (keep each block's input, compute its forward again in backward), ``accumulate`` (micro-batches
   one after another before one update) and ``compression`` (the data-parallel sums sent compressed).
 
@@ -19,7 +23,7 @@ micro-batch (its micro-batches are ``accumulate``), ``model`` one replica of ``s
 other; what is refused is what the mathematics cannot run, each with its reason (``Layout.check``):
 
 >>> Layout("hybrid", stages=2, tensor=2, zero=3, recompute=True, micro_batches=4, schedule="1f1b").check("vit")
-Layout(strategy='hybrid', stages=2, boundaries=None, micro_batches=4, schedule='1f1b', virtual=1, tensor=2, zero=3, recompute=True, accumulate=1, compression='none', data=None, expert_parallel=1)
+Layout(strategy='hybrid', stages=2, boundaries=None, micro_batches=4, schedule='1f1b', virtual=1, tensor=2, zero=3, recompute=True, accumulate=1, compression='none', data=None, expert_parallel=1, context=1, sequence=False)
 >>> Layout(tensor=2).check("lenet")
 Traceback (most recent call last):
     ...
@@ -103,6 +107,11 @@ class Layout:
         Data-parallel replicas in one process (None: every context left; 1 for ``model`` and ``pipeline``).
     expert_parallel : int
         Data replicas that share a mixture of experts' experts (an expert-parallel group); 1: each holds all.
+    context : int
+        Contexts that share each example's sequence (a context-parallel group, ring attention); 1: none.
+    sequence : bool
+        Sequence parallelism (with ``tensor``): the layer norms and the residual stream split along the sequence
+        over each tensor group, f and g an all-gather and a reduce-scatter.
     """
     strategy: str = "data"
     stages: Optional[int] = None
@@ -117,6 +126,8 @@ class Layout:
     compression: str = "none"
     data: Optional[int] = None
     expert_parallel: int = 1
+    context: int = 1
+    sequence: bool = False
 
     def __post_init__(self):
         check_choice(self.strategy, "strategy", tuple(STRATEGIES))
@@ -145,6 +156,8 @@ class Layout:
         check_int(self.accumulate, "accumulate", low=1)
         parse_compression(self.compression)
         check_int(self.expert_parallel, "expert_parallel", low=1)
+        check_int(self.context, "context", low=1)
+        check_bool(self.sequence, "sequence")
         self._check_preset()
 
     def _check_preset(self):
@@ -219,9 +232,31 @@ class Layout:
                                           "with compression")
         if self.expert_parallel > 1:
             self._check_experts()
+        if self.context > 1:
+            self._check_context()
+        if self.sequence:
+            self._check_sequence()
         if model is not None:
             self._check_model(model)
         return self
+
+    def _check_sequence(self):
+        if self.tensor == 1:
+            raise BadValue("sequence", "{sequence} splits along the sequence what tensor parallelism leaves whole on "
+                                       "every rank of a group (layer norms, the residual stream); give {tensor} 2 or "
+                                       "more")
+        if self.zero == 3:
+            raise BadValue("sequence", "{sequence} with {zero=3} is not built; use {zero} 0, 1 or 2")
+
+    def _check_context(self):
+        c = self.context
+        if self.stages_given > 1 or self.tensor > 1:
+            raise BadValue("context", f"{{context={c}}} splits each example's tokens over data replicas in lockstep; "
+                                      "it does not compose with pipeline stages or tensor ranks here (not built): use "
+                                      "the data {strategy}")
+        if self.zero == 3 or self.expert_parallel > 1:
+            what = "{zero=3}" if self.zero == 3 else "{expert_parallel}"
+            raise BadValue("context", f"{{context={c}}} with {what} is not built; give one of them")
 
     def _check_experts(self):
         p = self.expert_parallel
@@ -253,6 +288,15 @@ class Layout:
                                           "{strategy}, and {expert_parallel} to spread the experts")
             if self.zero == 3:
                 raise BadValue("zero", "{zero=3} is not built for a mixture of experts; use {zero} 0, 1 or 2")
+        if (self.context > 1 or self.sequence) and not info.sequences:
+            runs = [name for name, entry in MODELS.items() if entry.sequences]
+            if self.sequence:
+                raise BadValue("sequence", f"{{sequence}} splits the tokens of a model whose embedding and head know "
+                                           f"it; {info.title}'s do not: use {{model}} {' or '.join(runs)}")
+            raise BadValue("context", f"{{context={self.context}}} splits the sequence of a model whose attention "
+                                      f"runs round a ring; {info.title} has none: use {{model}} {' or '.join(runs)}")
+        if self.context > 1 and dict(info.chosen).get("experts"):
+            raise BadValue("context", "{context} with {experts} is not built; give one of them")
         if self.tensor > 1:
             splits = [name for name, entry in MODELS.items() if entry.tensor]
             if not info.tensor:
@@ -268,8 +312,11 @@ class Layout:
         strategies use every context (a multiple of ``stages x tensor``); model and pipeline one replica of
         ``stages x tensor`` contexts, the rest idle."""
         k = check_int(contexts, "ctx_list", low=1)
+        if self.context > 1 and k % self.context:   # groups of contexts that share each example's sequence
+            raise BadValue("context", f"{{context={self.context}}} cannot group {k} contexts of {{ctx_list}}; use a "
+                                      f"multiple of {self.context} contexts")
         s, t = self.stages_given, self.tensor
-        width = s * t
+        width = s * t * self.context
         if k < width:
             what = f"{s} stages" if t == 1 else f"{s} stage(s) of {{tensor={t}}}"
             raise BadValue("ctx_list", f"{what} need {width} contexts, got {k} in {{ctx_list}}; use fewer {{stages}} "
@@ -287,7 +334,7 @@ class Layout:
         if data % self.expert_parallel:
             raise BadValue("expert_parallel", f"{{expert_parallel={self.expert_parallel}}} cannot group {data} "
                                               "replicas; use a divisor of the replicas")
-        return Placement(data, s, t, data * width)
+        return Placement(data, s, t, data * width)   # with context: a replica is a group of contexts
 
     def describe_axes(self, placement):
         """The axes in words: ``"2 replicas x 2 stages x 2 tensor ranks"`` (an axis of one left out)."""

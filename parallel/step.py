@@ -208,6 +208,9 @@ class Replicas:
     adds_gradients = False
     #: Whether a step may leave a parameter's gradient unwritten (the step then zeroes every gradient first).
     skips_parameters = False
+    #: Whether every replica computes whenever one does (replicas in lockstep, which refuse a batch that would leave
+    #: one idle): the step's sums then count every replica of every group, whatever the number of shards.
+    computes_together = False
 
     def forward_all(self, X_shards):
         """The outputs of every shard, each on its replica's context."""
@@ -239,6 +242,10 @@ class Replicas:
     def aux(self, r):
         """Replica ``r``'s arrays that are not trained (BatchNorm's running statistics)."""
         return []
+
+    def finish_backward(self):
+        """What a strategy queues once a step's backward passes are all queued, before the reduction (sequence
+        parallelism's sums over the tensor ranks): nothing by default."""
 
     def groups(self):
         """The trained arrays as groups of replicas of the same parameters (``optimizer_step``'s)."""
@@ -367,8 +374,10 @@ def step_replicas(replicas, X, y, lr=None, loss=softmax_cross_entropy, batch_siz
         if replicas.skips_parameters:   # an unused parameter's gradient is 0
             zero_grads(replicas.groups())
         loss_sum, correct, active = _forward_backward(replicas, X, y, loss, y, count_correct, fence=False)
+        active = None if replicas.computes_together else active
     else:   # every gradient buffer was zeroed first: a replica idle in some micro-batch adds nothing stale
         (loss_sum, correct), active = _accumulate(replicas, X, y, loss, accumulate, count_correct), None
+    replicas.finish_backward()
     optimizer_step(optimizer, replicas.groups(), X.shape[0] if batch_size is None else batch_size, replicas.reducer,
                    active)
     fence_statistics(replicas)   # after the reductions: each bucket's starts as soon as backward has written it

@@ -116,6 +116,7 @@ def build_parser():
     _add_reduction_flags(add)
     _add_layout_flags(add)
     _add_expert_flags(add)
+    _add_sequence_flag(add)
     _add_optimizer_flags(add)
     add("--seed", type=int, default=0, help=f"seeds initial parameters and shuffling, 0 to {MAX_SEED}; default 0")
     add("--metrics-json", metavar="PATH", help="write per-epoch metrics as JSON")
@@ -175,7 +176,14 @@ def _add_layout_flags(add):
 
 
 def _add_expert_flags(add):
-    """A mixture of experts in the ViT, and expert parallelism."""
+    """A mixture of experts in the ViT, expert parallelism, the ViT's patches and context parallelism."""
+    add("--patch-size", type=int, default=7, metavar="P",
+        help="--model vit: cut the 28x28 image into patches of P x P pixels (a divisor of 28), (28 / P)^2 + 1 tokens "
+             "with the class token: 4 makes 50; default 7 (17 tokens)")
+    add("--context", type=int, default=1, metavar="C",
+        help="--model vit: context parallelism: each example's tokens split over groups of C devices (--devices a "
+             "multiple of C), attention by ring attention (blocks of keys and values passed round the group, an "
+             "online softmax), data parallelism over the groups; default 1 (none)")
     add("--experts", type=int, default=0, metavar="E",
         help="--model vit: every other block's MLP a mixture of E experts (at least 2), each token routed to "
              "--top-k of them, its load-balancing loss (Switch's) added to the loss; default 0 (none)")
@@ -196,9 +204,24 @@ def _add_expert_flags(add):
              "tokens sent to their experts and back by an all-to-all; default 1 (every device holds every expert)")
 
 
-def check_expert_args(args):
-    """The mixture-of-experts flags together, then ``args.model`` the ViT's variant they make
-    (``parallel.models.model_spec``); ``UsageError`` naming the flag."""
+def check_model_args(args):
+    """The ViT's flags (``--patch-size``, the mixture of experts) together, then ``args.model`` the variant they
+    make (``parallel.models.model_spec``); ``UsageError`` naming the flag."""
+    if args.patch_size != 7 or args.context != 1:
+        what = "--patch-size" if args.patch_size != 7 else "--context"
+        if args.model != "vit":
+            raise UsageError(f"{what} applies to the ViT's tokens; use --model vit, not {args.model}")
+        if args.patch_size < 1 or 28 % args.patch_size:
+            raise UsageError(f"--patch-size must divide the image's 28 pixels (1, 2, 4, 7, 14 or 28), got "
+                             f"{args.patch_size}")
+    _check_expert_args(args)
+    if args.model == "vit":
+        args.model = model_spec("vit", experts=args.experts, top_k=args.top_k, capacity_factor=args.capacity_factor,
+                                aux_weight=args.aux_loss_weight, z_weight=args.router_z_loss, patch=args.patch_size)
+
+
+def _check_expert_args(args):
+    """The mixture-of-experts flags together; ``UsageError`` naming the flag."""
     given = [flag for flag, value, default in (("--top-k", args.top_k, 1), ("--capacity-factor", args.capacity_factor,
                                                                               1.0),
                                                ("--aux-loss-weight", args.aux_loss_weight, 0.01),
@@ -223,8 +246,13 @@ def check_expert_args(args):
     if args.export is not None:
         raise UsageError("--export writes MXNet's symbol graph, and a mixture of experts routes its tokens on the host "
                          "(no graph can); leave --export out with --experts")
-    args.model = model_spec("vit", experts=args.experts, top_k=args.top_k, capacity_factor=args.capacity_factor,
-                            aux_weight=args.aux_loss_weight, z_weight=args.router_z_loss)
+
+
+def _add_sequence_flag(add):
+    add("--sequence-parallel", action="store_true",
+        help="with --tensor: sequence parallelism (Megatron-LM's): the layer norms and the residual stream split along "
+             "the sequence over each tensor group, f and g an all-gather and a reduce-scatter (the same bytes), the "
+             "activations of those regions 1/T a device; --model vit")
 
 
 def _add_reduction_flags(add):
@@ -321,7 +349,7 @@ def check_args(args):
                         ("--trace", args.trace), ("--logdir", args.logdir)):
         if value == "":
             raise UsageError(f"{flag} needs a path, got an empty string")
-    check_expert_args(args)
+    check_model_args(args)
     with users_input(ValueError, TypeError, flags=FLAGS):
         run_config(args)
         layout_of_args(args).check(model=args.model, batch_size=args.batch_size)

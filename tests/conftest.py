@@ -366,6 +366,19 @@ def assert_same_arrays(got, want):
             np.testing.assert_array_equal(g, w)
 
 
+@pytest.fixture(scope="session")
+def easy_dir(tmp_path_factory):
+    """A small MNIST-format directory of ``easy_dataset`` (256 train, 64 test examples) for CLI runs."""
+    return write_idx_files(tmp_path_factory.mktemp("easy"), easy_dataset(num_train=256, num_test=64, seed=1))
+
+
+def assert_refused(status, capsys, says):
+    """A refusal of ``python -m parallel.train``'s ``main``: exit status 2 and one line on stderr that says ``says``,
+    no traceback."""
+    err = capsys.readouterr().err
+    assert status == 2 and says in err and err.count("\n") == 1 and "Traceback" not in err, err
+
+
 def assert_close_to_scale(got, want, rtol):
     """Each array of ``got`` within ``rtol`` of its ``want``'s scale (the largest magnitude in it): how the tests
     compare a model trained one way with one context's, where an element near zero has no relative error."""

@@ -52,6 +52,12 @@ MORE = {
     "data x pipeline x ZeRO-3, micro-batches": (Layout("hybrid", stages=2, zero=3, micro_batches=4), 4),
     "every axis at once": (Layout("hybrid", stages=2, tensor=2, micro_batches=4, schedule="1f1b", zero=3,
                                   recompute=True, accumulate=2), 8),
+    # issue 39: sequence parallelism with tensor ranks, alone and across pipeline stages, ZeRO-1, recomputation
+    "sequence x tensor": (Layout("data", tensor=2, sequence=True), 2),
+    "sequence x tensor x pipeline, 1F1B": (Layout("pipeline", stages=2, tensor=2, micro_batches=4, schedule="1f1b",
+                                                  sequence=True), 4),
+    "data x sequence x tensor, ZeRO-1, recomputation": (Layout("data", tensor=2, sequence=True, zero=1,
+                                                               recompute=True), 4),
 }
 EXACT = sorted(name for name, (layout, _) in {**LAYOUTS, **MORE}.items() if layout.compression == "none")
 
@@ -98,6 +104,18 @@ def test_experts_x_data_trains_the_one_context_moe_vit(layout, k):
     one = Layout(accumulate=layout.accumulate)
     want = _train(make_strategy(one, moe(), contexts(1)), one, _batches("float64"))
     got = _train(make_strategy(layout, moe(), contexts(k)), layout, _batches("float64"))
+    assert_close_to_scale(got, want, 1e-12)
+
+
+@pytest.mark.parametrize("layout, k", [(Layout(context=2), 4), (Layout(context=2, zero=2), 4),
+                                       (Layout(context=4, accumulate=2), 4)])
+def test_context_x_data_trains_the_one_context_vit_of_50_tokens(layout, k):
+    """Each example's 50 tokens split over groups of contexts (issue 39: ring attention), data parallelism over the
+    groups, with ZeRO-2 and accumulation: the one-context ViT of 4x4 patches in float64."""
+    want = _train(make_strategy("data", init_vit(0, dtype="float64", patch=4), contexts(1)), Layout(),
+                  _batches("float64", (12, 12, 4)))
+    got = _train(make_strategy(layout, init_vit(0, dtype="float64", patch=4), contexts(k)), layout,
+                 _batches("float64", (12, 12, 4)))
     assert_close_to_scale(got, want, 1e-12)
 
 

@@ -52,6 +52,23 @@ from . import algorithms
 __all__ = ["SegmentTape"]
 
 
+def _all_gather(xs, axis):
+    """Every rank's ``xs`` side by side along ``axis``, on every rank (new arrays; ``copy_to`` counts the bytes)."""
+    return [mx.nd.concat(*[x if x.context == own.context else algorithms.copy_to(x, own.context) for x in xs],
+                         dim=axis) if len(xs) > 1 else own.copy() for own in xs]
+
+
+def _reduce_scatter(xs, axis):
+    """Rank ``t`` gets slice ``t`` (``chunk_bounds`` along ``axis``) of the sum of every rank's ``xs``."""
+    bounds = algorithms.chunk_bounds(xs[0].shape[axis], len(xs))
+    out = []
+    for t, own in enumerate(xs):
+        parts = [mx.nd.slice_axis(x, axis=axis, begin=bounds[t], end=bounds[t + 1]) for x in xs]
+        parts = [p if p.context == own.context else algorithms.copy_to(p, own.context) for p in parts]
+        out.append(mx.nd.add_n(*parts) if len(parts) > 1 else parts[0].copy())
+    return out
+
+
 def _arrays(value):
     return list(value) if isinstance(value, (list, tuple)) else [value]
 
@@ -78,8 +95,8 @@ class _Segment:
 class _Collective:
     """An f or a g: its sources (the leaves of what it read, None where no gradient flows) and its outputs."""
 
-    def __init__(self, kind, sources, outputs):
-        self.kind, self.sources, self.outputs = kind, sources, outputs
+    def __init__(self, kind, sources, outputs, axis=None):
+        self.kind, self.sources, self.outputs, self.axis = kind, sources, outputs, axis
 
 
 class SegmentTape:
@@ -113,6 +130,13 @@ class SegmentTape:
     ----------
     algorithm : str
         The allreduce of f's backward and g's forward (``parallel.comm.ALGORITHMS``).
+    sequence : bool
+        Sequence parallelism (Korthikanti et al. 2022): the layers that read tokens use ``all_gather`` and
+        ``reduce_scatter`` along the sequence instead of f and g (``RanksF`` asks), so that what lies between
+        them (layer norms, the residual stream) is split over the ranks, not replicated.
+    kept : dict, optional
+        Where to add, per context, the bytes a forward keeps for backward: ``{"replicated": the arrays ``note``
+        was given, "total": every array the tape's steps made}`` (a strategy's memory table reads it).
 
     Attributes
     ----------
@@ -120,7 +144,8 @@ class SegmentTape:
         Elements f and g have summed so far (forward and backward, each rank's array counted once): what a step's
         collectives move, for ``bytes_moved``.
     calls : dict
-        ``{"f": n, "g": n}``: the forward calls of each, recording or not.
+        ``{"f": n, "g": n, "all_gather": n, "reduce_scatter": n, "split": n}``: the forward calls of each, recording
+        or not.
 
     Not thread-safe: one thread records a tape at a time.
 
@@ -139,14 +164,15 @@ class SegmentTape:
     ...     summed = tape.g(parts)                           # a segment ends: 6 X on every rank
     ...     out = tape.read(summed[0]) + tape.read(X)        # 7 X, from rank 0's sum and X read again
     >>> tape.backward(out)   # d out / d X: 3 through rank 0's part (g passes the sum's gradient), 1 directly
-    >>> X.grad.asnumpy().tolist(), tape.allreduced, tape.calls
-    ([4.0, 4.0], 4, {'f': 0, 'g': 1})
+    >>> X.grad.asnumpy().tolist(), tape.allreduced, tape.calls["f"], tape.calls["g"]
+    ([4.0, 4.0], 4, 0, 1)
     """
 
-    def __init__(self, algorithm="fused"):
-        self.algorithm = algorithm
+    def __init__(self, algorithm="fused", sequence=False, kept=None):
+        self.algorithm, self.sequence = algorithm, bool(sequence)
         self.allreduced = 0
-        self.calls = {"f": 0, "g": 0}
+        self.calls = {"f": 0, "g": 0, "all_gather": 0, "reduce_scatter": 0, "split": 0}
+        self.kept = {} if kept is None else kept
         self._clear()
 
     def _clear(self):
@@ -279,9 +305,9 @@ class SegmentTape:
         read = self.read(array)
         return read if id(read) in self._leaf_ids else None
 
-    def _collective(self, kind, xs, outputs):
+    def _collective(self, kind, xs, outputs, axis=None):
         sources = [self._source(x) for x in xs]
-        step = _Collective(kind, sources, outputs)
+        step = _Collective(kind, sources, outputs, axis)
         self._steps.append(step)
         self._segment = None
         flows = any(source is not None for source in sources)
@@ -309,6 +335,48 @@ class SegmentTape:
         if autograd.is_recording():
             self._collective("g", xs, outputs)
         return outputs
+
+    # ---- sequence parallelism's collectives (Korthikanti et al. 2022) ---------------------------------------------
+
+    def all_gather(self, xs, axis=1):
+        """Sequence parallelism's f: each rank's slice of the sequence (``axis``) gathered whole on every rank
+        forward (a new segment reads it); backward, the reduce-scatter of the ranks' gradients, each rank's slice
+        of their sum. Queued; does not block."""
+        return self._along_sequence("all_gather", _all_gather, xs, axis)
+
+    def reduce_scatter(self, xs, axis=1):
+        """Sequence parallelism's g: the ranks' partial sums, each rank getting its slice (``axis``) of their sum
+        forward; backward, the all-gather of the slices' gradients. Queued; does not block."""
+        return self._along_sequence("reduce_scatter", _reduce_scatter, xs, axis)
+
+    def _along_sequence(self, kind, collective, xs, axis):
+        """``collective`` of ``xs`` along ``axis`` (named so in a trace), recorded as a step of kind ``kind``."""
+        self.calls[kind] += 1
+        with issued("tensor", list(xs), f"tensor {kind.replace('_', '-')}", collective=kind) as made:
+            outputs = collective([x.detach() for x in xs], axis)
+            made += outputs
+        if autograd.is_recording():
+            self._collective(kind, xs, outputs, axis)
+        return outputs
+
+    def split(self, xs, axis=1):
+        """Each rank's slice (``axis``) of a value every rank holds whole: where sequence parallelism's region
+        starts. Nothing moves forward; backward, the all-gather of the slices' gradients (the whole value's
+        gradient on every rank, as the replicated region before it expects)."""
+        self.calls["split"] += 1
+        bounds = algorithms.chunk_bounds(xs[0].shape[axis], len(xs))
+        outputs = [mx.nd.slice_axis(x.detach(), axis=axis, begin=bounds[t], end=bounds[t + 1]) for t, x in enumerate(xs)]
+        if autograd.is_recording():
+            self._collective("split", xs, outputs, axis)
+        return outputs
+
+    def note(self, arrays):
+        """Count ``arrays`` (one a rank: a layer norm's input, the residual stream) as the replicated regions'
+        activations of this forward (``kept``)."""
+        if autograd.is_recording():
+            for a in arrays:
+                entry = self.kept.setdefault(a.context, {"replicated": 0, "total": 0})
+                entry["replicated"] += a.size * a.dtype(0).itemsize
 
     # ---- backward --------------------------------------------------------------------------------------------
 
@@ -353,6 +421,7 @@ class SegmentTape:
 
         The parameters' gradients are written, the leaves' and the inputs' added to. Nothing waits.
         """
+        self._count_kept()
         outside, outside_grads, extra = self._heads(heads, head_grads)
         if outside:
             autograd.backward(outside, outside_grads, retain_graph=retain_graph)
@@ -362,6 +431,12 @@ class SegmentTape:
             else:
                 self._collective_backward(step)
         self._clear()
+
+    def _count_kept(self):
+        """Add what this forward kept for backward (every array its segments and collectives made) to ``kept``."""
+        for array, _, _ in self._made.values():
+            entry = self.kept.setdefault(array.context, {"replicated": 0, "total": 0})
+            entry["total"] += array.size * array.dtype(0).itemsize
 
     def _segment_backward(self, segment, extra, retain_graph=False):
         arrays, grads = [], []
@@ -386,6 +461,12 @@ class SegmentTape:
                 made += grads
                 algorithms.allreduce(grads, self.algorithm)
                 self.allreduced += sum(grad.size for grad in grads)
+            elif step.kind == "all_gather":   # its conjugate: the reduce-scatter of the gradients
+                grads = _reduce_scatter(grads, step.axis)
+                made += grads
+            elif step.kind in ("reduce_scatter", "split"):   # the all-gather of the slices' gradients
+                grads = _all_gather(grads, step.axis)
+                made += grads
             for source, grad in zip(step.sources, grads):   # g: the identity
                 if source is not None:
                     source.grad[:] += grad

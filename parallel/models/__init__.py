@@ -50,6 +50,9 @@ class ModelInfo(NamedTuple):
     source: str
     #: The most ranks tensor parallelism splits it over (its attention heads: ``--tensor``); 0: it is not split.
     tensor: int = 0
+    #: Whether its tokens split along the sequence (its embedding cuts them, its head gathers them, its attention
+    #: runs round a ring): sequence parallelism (``--sequence-parallel``) and context parallelism (``--context``).
+    sequences: bool = False
     #: The options of its variants (``model_spec``), each with its type and default.
     options: tuple = ()
     #: A variant's options, as ``model_spec`` gave them (``model_info``); ``()`` for the model itself.
@@ -73,9 +76,9 @@ MODELS = {
     "resnet18": ModelInfo("ResNet-18", "0 stem (conv, BatchNorm, ReLU), 1-4 its four stages of residual blocks "
                                        "(64, 128, 256, 512 channels), 5 pooling, 6 dense", "ResNet18Model"),
     "vit": ModelInfo("ViT", "0 patch embedding (7x7 patches, class token, positions), 1-4 its four Transformer "
-                            "blocks, 5 head (LayerNorm, dense)", "ViTModel", tensor=4,
+                            "blocks, 5 head (LayerNorm, dense)", "ViTModel", tensor=4, sequences=True,
                      options=(("experts", int, 0), ("top_k", int, 1), ("capacity_factor", float, 1.0),
-                              ("aux_weight", float, 0.01), ("z_weight", float, 0.0))),
+                              ("aux_weight", float, 0.01), ("z_weight", float, 0.0), ("patch", int, 7))),
     "transformer": ModelInfo("Transformer", "0 row embedding (the 28 rows as tokens, positions), 1-2 its two "
                                             "post-norm Transformer blocks, 3 head (mean over the rows, dense)",
                              "TransformerModel", tensor=4),
@@ -131,6 +134,8 @@ def model_info(spec):
     title = info.title
     if options.get("experts"):
         title += f" ({options['experts']} experts, top-{options.get('top_k', 1)})"
+    if "patch" in options:
+        title += f" ({options['patch']}x{options['patch']} patches)"
     return info._replace(title=title, chosen=tuple(chosen))
 
 

@@ -53,6 +53,7 @@ from ..comm import algorithms
 from ..comm.replica import FlatReplica, block_state, get_params
 from ..comm.tensor import SegmentTape
 from ..shard import Replicated, Split
+from .ring import ring_attention
 from ..validate import BadType, BadValue, check_bool, check_contexts, check_int
 
 __all__ = ["Ranks", "RanksF", "ColumnParallelDense", "RowParallelDense", "ParallelPatchEmbedding", "shard_specs",
@@ -228,9 +229,36 @@ class RanksF:
             raise BadValue("tape", f"{what} needs a tape (parallel.comm.SegmentTape); give {{tape}}")
         return self.tape
 
+    @property
+    def sequence(self):
+        """Whether the tokens between the collectives are split along the sequence (sequence parallelism: the tape's
+        ``sequence``)."""
+        return self.tape is not None and self.tape.sequence
+
     def f(self, x):
         """Megatron's f on ``x`` (a ``Ranks``): the same values, a new segment; the gradients allreduced backward."""
         return Ranks(self._tape("f").f(x.arrays), self)
+
+    def all_gather(self, x, axis=1):
+        """Sequence parallelism's f: each rank's slice of the sequence gathered whole on every rank; backward the
+        reduce-scatter of the gradients (``SegmentTape.all_gather``)."""
+        return Ranks(self._tape("all_gather").all_gather(x.arrays, axis), self)
+
+    def reduce_scatter(self, x, axis=1):
+        """Sequence parallelism's g: each rank's slice of the ranks' sum; backward the all-gather of the gradients."""
+        return Ranks(self._tape("reduce_scatter").reduce_scatter(x.arrays, axis), self)
+
+    def split_sequence(self, x, axis=1):
+        """Each rank's slice of a value every rank holds (where the sequence-parallel region starts); backward the
+        all-gather of the slices' gradients. (Not ``split``: that is ``mx.nd.split``.)"""
+        return Ranks(self._tape("split").split(x.arrays, axis), self)
+
+    def note(self, *values):
+        """Count ``values`` (``Ranks``) as the activations of the regions every rank would hold whole without
+        sequence parallelism (layer norms' inputs, the residual stream): ``SegmentTape.note``."""
+        if self.tape is not None:
+            for value in values:
+                self.tape.note(value.arrays)
 
     def g(self, x):
         """Megatron's g on ``x`` (each rank's partial sum): the sum on every rank; the gradient passed through."""
@@ -269,16 +297,37 @@ class ReplicasF(RanksF):
     base classes on each replica (``splits`` is False). What a layer that exchanges values between replicas in
     the midst of a forward (a mixture of experts' all-to-all, ``parallel.models.moe``) runs on: it reads every
     replica's arrays at once (``Ranks.arrays``). ``expert_parallel``: how many consecutive replicas share their
-    experts (an expert-parallel group)."""
+    experts (an expert-parallel group). ``context``: how many consecutive replicas share each example's sequence
+    (a context-parallel group): member ``t`` keeps slice ``t`` of the tokens (``context_part``) and attention runs
+    round the group (``ring_attention``)."""
 
     splits = False
 
-    def __init__(self, ranks, expert_parallel=1):
+    def __init__(self, ranks, expert_parallel=1, context=1):
         super().__init__(ranks)
-        self.expert_parallel = check_int(expert_parallel, "expert_parallel", low=1, high=self.ranks)
-        if self.ranks % self.expert_parallel:
-            raise BadValue("expert_parallel", f"{{expert_parallel={expert_parallel}}} cannot group {ranks} replicas; "
-                                              "give a divisor of the replicas")
+        for value, name in ((expert_parallel, "expert_parallel"), (context, "context")):
+            check_int(value, name, low=1, high=self.ranks)
+            if self.ranks % value:
+                raise BadValue(name, f"{{{name}={value}}} cannot group {ranks} replicas; give a divisor of them")
+        self.expert_parallel, self.context = expert_parallel, context
+
+    def context_part(self, x, axis=1):
+        """Each member's slice of ``x`` (whole on every member of a context-parallel group) along ``axis``: member
+        ``t`` of C the ``t``-th of C slices as even as can be (``chunk_bounds``). Recorded: the gradient of the
+        whole is each member's slice's."""
+        length = x.arrays[0].shape[axis]
+        bounds = algorithms.chunk_bounds(length, self.context)
+        return self.slice_axis(x, axis=axis, begin=self.per_rank([bounds[r % self.context] for r in range(self.ranks)]),
+                               end=self.per_rank([bounds[r % self.context + 1] for r in range(self.ranks)]))
+
+    def ring_attention(self, q, k, v, scale):
+        """Attention of each member's queries over its whole group's keys and values, by ring attention
+        (``parallel.models.ring``): ``q``, ``k``, ``v`` are ``Ranks`` of ``(B, S_t, d)``."""
+        C, out = self.context, []
+        for g in range(self.ranks // C):
+            members = slice(g * C, (g + 1) * C)
+            out += ring_attention(q.arrays[members], k.arrays[members], v.arrays[members], scale)
+        return Ranks(out, self)
 
 
 def _ranks_mode(F):
@@ -307,10 +356,14 @@ class ColumnParallelDense(nn.Dense):
     gather_output : bool
         Ranks mode: give every rank all the units (the ranks' outputs side by side, ``RanksF.gather``) rather than
         its own (what a row-parallel layer after it reads).
+    sequence : bool
+        Its input is tokens ``(N, S, ...)`` of the region sequence parallelism splits along the sequence: under it
+        (``RanksF.sequence``), f is the all-gather of the sequence.
     """
 
-    def __init__(self, units, parts=1, unit=1, gather_output=False, flatten=True, **kwargs):
+    def __init__(self, units, parts=1, unit=1, gather_output=False, flatten=True, sequence=False, **kwargs):
         super().__init__(units, flatten=flatten, **kwargs)
+        self._sequence = check_bool(sequence, "sequence")
         self._split = Split(0, parts, unit)
         if units % (parts * unit):
             raise BadValue("units", f"{{units={units}}} are not {parts} part(s) of whole blocks of {unit}; give units "
@@ -327,7 +380,8 @@ class ColumnParallelDense(nn.Dense):
         ``gather_output``."""
         if not _ranks_mode(F):
             return super().hybrid_forward(F, x, weight, bias)
-        out = F.FullyConnected(F.f(x), weight, bias, no_bias=bias is None, flatten=self._flatten_input,
+        x = F.all_gather(x) if self._sequence and F.sequence else F.f(x)
+        out = F.FullyConnected(x, weight, bias, no_bias=bias is None, flatten=self._flatten_input,
                                num_hidden=F.per_rank([w.shape[0] for w in weight.arrays]))
         if self.act is not None:
             out = self.act(out)
@@ -343,10 +397,14 @@ class RowParallelDense(nn.Dense):
         ``nn.Dense``'s.
     parts, unit : int
         How the input's features are dealt to the ranks: as the column-parallel layer before it deals its units.
+    sequence : bool
+        Its output is tokens of the region sequence parallelism splits: under it, g is the reduce-scatter of the
+        sequence (each rank its slice of the sum), and the bias is added to the slice.
     """
 
-    def __init__(self, units, parts=1, unit=1, flatten=True, **kwargs):
+    def __init__(self, units, parts=1, unit=1, flatten=True, sequence=False, **kwargs):
         super().__init__(units, flatten=flatten, **kwargs)
+        self._sequence = check_bool(sequence, "sequence")
         self._split = Split(1, parts, unit)
         self._units_out, self._flatten_input = units, flatten
 
@@ -359,7 +417,8 @@ class RowParallelDense(nn.Dense):
         product, g, then the bias (and the activation)."""
         if not _ranks_mode(F):
             return super().hybrid_forward(F, x, weight, bias)
-        out = F.g(F.FullyConnected(x, weight, no_bias=True, num_hidden=self._units_out, flatten=self._flatten_input))
+        out = F.FullyConnected(x, weight, no_bias=True, num_hidden=self._units_out, flatten=self._flatten_input)
+        out = F.reduce_scatter(out) if self._sequence and F.sequence else F.g(out)
         if bias is not None:
             out = F.broadcast_add(out, bias)
         return out if self.act is None else self.act(out)
@@ -599,14 +658,16 @@ def _run_ranks(block, plan, X, parts, tape):
     return Ranks(tape.read_each(out.arrays), F)
 
 
-def run_replicas(block, X_shards, parts, expert_parallel=1):
+def run_replicas(block, X_shards, parts, expert_parallel=1, context=1):
     """Run ``block`` on data-parallel replicas in lockstep: replica ``r``'s input ``X_shards[r]`` with its arrays
     ``parts[r]`` (with ``.names``, as ``run_ranks`` takes them), every operator run replica by replica through a
     ``ReplicasF`` and recorded by autograd as usual (no tape: one ``autograd.backward`` of the replicas' losses
     runs the whole backward pass, the copies between replicas' contexts included). What a layer that exchanges
     values between replicas (``parallel.models.moe``) needs: every replica's values at once. Returns a ``Ranks``
-    of the outputs; nothing waits (but what such a layer reads on the host)."""
-    return _run_with(block, _plan(block), Ranks(list(X_shards)), parts, ReplicasF(len(X_shards), expert_parallel))
+    of the outputs; nothing waits (but what such a layer reads on the host). ``expert_parallel``, ``context``:
+    ``ReplicasF``'s groups."""
+    return _run_with(block, _plan(block), Ranks(list(X_shards)), parts,
+                     ReplicasF(len(X_shards), expert_parallel, context))
 
 
 def _run_with(block, plan, X, parts, F):

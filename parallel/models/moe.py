@@ -138,7 +138,7 @@ def route(probs, top_k, capacity):
 class RoutingStats(NamedTuple):
     """What a layer's last forward did: ``routed[e]`` choices of expert ``e``, ``dropped`` choices past
     capacity of ``choices`` in all, ``capacity``, ``aux`` the auxiliary loss of each replica (recorded arrays; their
-    sum is the layer's loss), ``sent_bytes`` what the all-to-all copied between contexts (forward), ``routing``
+    sum is the layer's loss; none when both weights are 0), ``sent_bytes`` what the all-to-all copied between contexts (forward), ``routing``
     the whole batch's ``Routing`` (which token went where, which choices were dropped)."""
     routed: np.ndarray
     dropped: int
@@ -247,7 +247,8 @@ class MoEFeedForward(nn.HybridBlock):
             for r, out in zip(members, outs):
                 outputs[r] = out.reshape_like(xs[r])
         first = mx.nd.array(routing.first / T, dtype=xs[0].dtype)
-        aux = [self._aux(p, s, first, T) for p, s in zip(probs, logits)]
+        weighted = self._aux_weight or self._z_weight   # else no auxiliary loss: nothing for backward to start from
+        aux = [self._aux(p, s, first, T) for p, s in zip(probs, logits)] if weighted else []
         self.last = RoutingStats(routing.routed, int((routing.slot < 0).sum()), routing.slot.size, capacity,
                                  aux, sent, routing)
         return outputs

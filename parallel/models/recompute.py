@@ -162,9 +162,14 @@ class Blocks:
     retain_graph : bool
         Keep what autograd holds of a block's graph after its backward (``autograd.backward``'s): with BatchNorm,
         the running statistics are in the graph of every micro-batch still pending (a pipeline's).
+    sequence : bool
+        Sequence parallelism on the tensor-parallel blocks' tapes (``SegmentTape``'s).
+    kept : dict, optional
+        Where the tapes add the bytes each forward keeps for backward (``SegmentTape``'s).
     """
 
-    def __init__(self, segments, recompute=False, hooks=None, algorithm="fused", retain_graph=False):
+    def __init__(self, segments, recompute=False, hooks=None, algorithm="fused", retain_graph=False, sequence=False,
+                 kept=None):
         segments = list(segments)
         if not segments:
             raise ValueError("segments is empty; a network runs block by block")
@@ -173,6 +178,7 @@ class Blocks:
                 raise ValueError(f"segments {a!r} and {b!r} do not follow each other in the replica's arrays")
         self.segments, self.recompute = segments, bool(recompute)
         self.hooks, self.algorithm, self.retain_graph = hooks or BlockHooks(), algorithm, retain_graph
+        self.sequence, self.kept = sequence, kept
         self._ranked = any(isinstance(segment.net, RankedNet) for segment in segments)
 
     def __repr__(self):
@@ -181,7 +187,7 @@ class Blocks:
     def _tape(self):
         """A new tape for a forward of tensor-parallel blocks (their collectives' backward); None for blocks of one
         rank, whose backward is autograd's own."""
-        return SegmentTape(self.algorithm) if self._ranked else None
+        return SegmentTape(self.algorithm, self.sequence, self.kept) if self._ranked else None
 
     def _backward(self, tape, heads, head_grads):
         if tape is None:

@@ -46,7 +46,7 @@ from .recompute import Segment
 from .resnet import init_resnet18, resnet18
 from .moe import Experts
 from .transformer import init_transformer, transformer
-from .vit import init_vit, vit
+from .vit import init_vit, sequence_region_params, vit
 
 __all__ = ["Layers", "Cut", "Model", "LeNetModel", "GluonModel", "BuiltGluonModel", "ResNet18Model", "ViTModel",
            "TransformerModel", "behaviour_of"]
@@ -349,6 +349,11 @@ class GluonModel(Model):
         declare, ``Replicated()`` for every other array (all of ResNet-18's)."""
         return shard_specs(initial)
 
+    def sequence_params(self, initial):
+        """The names of the arrays sequence parallelism computes on each rank's slice of the sequence (the ViT's
+        blocks' layer norms and row-parallel biases: ``parallel.models.vit.sequence_region_params``)."""
+        return sequence_region_params(initial)
+
 
 class BuiltGluonModel(GluonModel):
     """A gluon model of ``MODELS``: a block of one architecture (``build``) initialized from a seed
@@ -431,16 +436,17 @@ class ViTModel(BuiltGluonModel):
         super().__init__(title)
         self.options = options
 
-    def _experts(self):
+    def _sizes(self):
+        """``vit``'s arguments of this variant: its patch and its experts."""
         options = dict(self.options)
-        count = options.pop("experts", 0)
-        return Experts(count, **options) if count else None
+        patch, count = options.pop("patch", 7), options.pop("experts", 0)
+        return {"patch": patch, "experts": Experts(count, **options) if count else None}
 
     def build(self):
-        return vit(num_classes=self.num_classes, image=self.input_shape[-1], experts=self._experts())
+        return vit(num_classes=self.num_classes, image=self.input_shape[-1], **self._sizes())
 
     def initialize(self, seed):
-        return init_vit(seed, num_classes=self.num_classes, input_shape=self.input_shape, experts=self._experts())
+        return init_vit(seed, num_classes=self.num_classes, input_shape=self.input_shape, **self._sizes())
 
     def layout(self):
         """As ``BuiltGluonModel.layout``; a variant with experts (which cannot run as a symbol: its layers route

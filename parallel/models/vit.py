@@ -33,10 +33,12 @@ import mxnet as mx
 from mxnet.gluon import nn
 
 from ..validate import BadType, check_int, check_seed
-from .layers import ColumnParallelDense, ParallelPatchEmbedding, RowParallelDense
+from ..shard import Replicated
+from .layers import ColumnParallelDense, ParallelPatchEmbedding, RowParallelDense, shard_specs
 from .moe import Experts
 
-__all__ = ["PatchEmbedding", "MultiHeadAttention", "TransformerBlock", "ClassifierHead", "vit", "init_vit"]
+__all__ = ["PatchEmbedding", "MultiHeadAttention", "TransformerBlock", "ClassifierHead", "vit", "init_vit",
+           "sequence_region_params"]
 
 
 class PatchEmbedding(nn.HybridBlock):
@@ -57,7 +59,12 @@ class PatchEmbedding(nn.HybridBlock):
         patches = F.reshape(self.proj(X), (0, 0, -1))              # (N, dim, 16)
         patches = F.transpose(patches, (0, 2, 1))                  # (N, 16, dim)
         cls = F.broadcast_like(cls_token, patches, lhs_axes=(0,), rhs_axes=(0,))   # (N, 1, dim)
-        return F.broadcast_add(F.concat(cls, patches, dim=1), pos_embedding)     # (N, 17, dim)
+        tokens = F.broadcast_add(F.concat(cls, patches, dim=1), pos_embedding)     # (N, 17, dim)
+        if getattr(F, "context", 1) > 1:   # context parallelism: each member keeps its slice of the tokens
+            tokens = F.context_part(tokens, axis=1)
+        elif getattr(F, "sequence", False):   # sequence parallelism: the blocks' regions split over the ranks
+            tokens = F.split_sequence(tokens, axis=1)
+        return tokens
 
 
 class MultiHeadAttention(nn.HybridBlock):
@@ -70,8 +77,9 @@ class MultiHeadAttention(nn.HybridBlock):
             raise ValueError(f"dim must be a multiple of heads, got dim {dim} and {heads} heads")
         self._heads, self._head_dim, self._scale = heads, dim // heads, (dim // heads) ** -0.5
         with self.name_scope():
-            self.qkv = ColumnParallelDense(3 * dim, parts=3, unit=dim // heads, flatten=False, in_units=dim)
-            self.proj = RowParallelDense(dim, unit=dim // heads, flatten=False, in_units=dim)
+            self.qkv = ColumnParallelDense(3 * dim, parts=3, unit=dim // heads, flatten=False, in_units=dim,
+                                           sequence=True)
+            self.proj = RowParallelDense(dim, unit=dim // heads, flatten=False, in_units=dim, sequence=True)
 
     def hybrid_forward(self, F, X):
         # h below is the heads this block computes: all of them, or a tensor-parallel rank's (qkv's rows); the
@@ -81,8 +89,12 @@ class MultiHeadAttention(nn.HybridBlock):
         heads = F.reshape(qkv, (0, -3, 0, 0))                      # (3, N*h, T, d)
         parts = F.split(heads, num_outputs=3, axis=0, squeeze_axis=True)
         q, k, v = parts[0], parts[1], parts[2]                     # each (N*h, T, d)
-        weights = F.softmax(F.batch_dot(q * self._scale, k, transpose_b=True), axis=-1)   # (N*h, T, T)
-        out = F.reshape_like(F.batch_dot(weights, v), qkv, lhs_begin=0, lhs_end=1, rhs_begin=1, rhs_end=3)
+        if getattr(F, "context", 1) > 1:   # the sequence split over a context-parallel group: round its ring
+            attended = F.ring_attention(q, k, v, self._scale)
+        else:
+            weights = F.softmax(F.batch_dot(q * self._scale, k, transpose_b=True), axis=-1)   # (N*h, T, T)
+            attended = F.batch_dot(weights, v)
+        out = F.reshape_like(attended, qkv, lhs_begin=0, lhs_end=1, rhs_begin=1, rhs_end=3)
         out = F.reshape(F.transpose(out, (0, 2, 1, 3)), (0, 0, -3))   # (N, h, T, d) -> (N, T, h*d)
         return self.proj(out)
 
@@ -102,14 +114,18 @@ class TransformerBlock(nn.HybridBlock):
                 self.moe = moe.layer(dim, mlp_dim)
             else:
                 self.moe = None
-                self.hidden = ColumnParallelDense(mlp_dim, flatten=False, in_units=dim)
-                self.out = RowParallelDense(dim, flatten=False, in_units=mlp_dim)
+                self.hidden = ColumnParallelDense(mlp_dim, flatten=False, in_units=dim, sequence=True)
+                self.out = RowParallelDense(dim, flatten=False, in_units=mlp_dim, sequence=True)
 
     def hybrid_forward(self, F, X):
-        X = X + self.attention(self.norm1(X))
+        mid = X + self.attention(self.norm1(X))
         if self.moe is not None:
-            return X + self.moe(self.norm2(X))
-        return X + self.out(F.LeakyReLU(self.hidden(self.norm2(X)), act_type="gelu"))
+            out = mid + self.moe(self.norm2(mid))
+        else:
+            out = mid + self.out(F.LeakyReLU(self.hidden(self.norm2(mid)), act_type="gelu"))
+        if hasattr(F, "note"):   # on tensor ranks: the layer norms' inputs and the residual stream, what sequence
+            F.note(X, mid, out)  # parallelism splits (parallel.comm.SegmentTape.note)
+        return out
 
 
 class ClassifierHead(nn.HybridBlock):
@@ -124,7 +140,19 @@ class ClassifierHead(nn.HybridBlock):
             self.dense = ColumnParallelDense(num_classes, gather_output=True, in_units=dim)
 
     def hybrid_forward(self, F, X):
+        if getattr(F, "sequence", False):   # sequence parallelism: the class token is rank 0's; gather the tokens
+            X = F.gather(X, axis=1)
         return self.dense(self.norm(F.slice_axis(X, axis=1, begin=0, end=1)))
+
+
+def sequence_region_params(net):
+    """The names of ``net``'s trained arrays that sequence parallelism computes on each tensor rank's slice of the
+    sequence: the Transformer blocks' arrays every rank holds whole (their layer norms, the row-parallel biases).
+    Their gradients are partial on each rank and summed over the ranks (``parallel.strategies.Hybrid``)."""
+    specs = shard_specs(net)
+    return [param.name for child in net if isinstance(child, TransformerBlock)
+            for param in child.collect_params().values()
+            if param.grad_req != "null" and isinstance(specs.get(param.name), Replicated)]
 
 
 def vit(num_classes=10, dim=64, heads=4, depth=4, mlp_dim=128, patch=7, image=28, experts=None):

@@ -10,6 +10,8 @@
   ``Pipeline`` (fed micro-batches) and ``FullyShardedDataParallel`` (ZeRO-3).
 - ``experts``: ``ExpertParallel``, data replicas of a mixture-of-experts model whose experts are spread over
   expert-parallel groups (tokens sent to their experts by an all-to-all).
+- ``context``: ``ContextParallel``, each example's tokens split over groups of contexts, attention by ring
+  attention.
 - ``pipeline``: a schedule's order issued over a model's chunks (``issue``), micro-batches, ``bubble_fraction``.
 - ``schedules``: GPipe, 1F1B, interleaved 1F1B laid out on slots (``PIPELINE_SCHEDULES`` names them without
   MXNet).
@@ -82,6 +84,7 @@ _SOURCES = {
     "base": ["Strategy", "ArrayPlace"],
     "data": ["DataParallel", "data_parallel", "replicate", "parallel_apply", "gather"],
     "experts": ["ExpertParallel", "expert_specs"],
+    "context": ["ContextParallel"],
     "hybrid": ["Hybrid", "Chunk", "hybrid_groups", "ModelParallel", "Pipeline", "FullyShardedDataParallel"],
     "model": ["stage_ranges", "forward_stages", "cut_model"],
     "pipeline": ["bubble_fraction", "issue", "micro_batches"],

@@ -109,6 +109,11 @@ class Strategy(abc.ABC):
         """What ``--metrics-json`` records of the strategy beside the epochs (a pipeline's schedule): nothing."""
         return {}
 
+    def activations(self):
+        """``{context: {"replicated": bytes, "total": bytes}}``: what the last step's forward kept for backward, as
+        far as the strategy measures it (tensor ranks': ``Hybrid.activations``); nothing by default."""
+        return {}
+
     def epoch_metrics(self):
         """What the strategy measured over the steps since the last call (an epoch's: ``fit`` calls it after each
         epoch and records it in the epoch's metrics, ``--metrics-json``'s): nothing by default; a mixture of

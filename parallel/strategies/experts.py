@@ -94,6 +94,10 @@ class ExpertParallel(Strategy, Replicas):
     name = "data"
     #: A member that no token reaches in a step leaves its experts' gradients unwritten: the step zeroes them first.
     skips_parameters = True
+    #: Every context computes with the others (a batch that leaves one idle is refused): the sums count them all.
+    computes_together = True
+    #: Whether the model must have MoE layers (a subclass that spreads another axis may not).
+    needs_experts = True
 
     def __init__(self, block, ctx_list, layout=None, reducer=None):
         self.layout = Layout() if layout is None else layout
@@ -102,13 +106,8 @@ class ExpertParallel(Strategy, Replicas):
         self.ctx_list = self.in_ctx_list = self.out_ctx_list = check_contexts(ctx_list)
         self.reducer = as_reducer(reducer)
         layers = moe_layers(block)
-        if not layers:
-            raise BadValue("expert_parallel", "{expert_parallel} spreads the experts of a mixture-of-experts model; "
-                                              "the model has none: give it experts (vit(experts=E), --experts)")
-        if self.layout.stages_given > 1 or self.layout.tensor > 1 or self.layout.zero == 3:
-            raise BadValue("expert_parallel", "a mixture-of-experts model trains with the data strategy, ZeRO 0 to 2 "
-                                              "(not pipeline stages, tensor ranks or ZeRO-3: not built)")
-        D, P, E = len(self.ctx_list), self.layout.expert_parallel, layers[0].experts
+        self._check_layers(layers)
+        D, P, E = len(self.ctx_list), self.layout.expert_parallel, layers[0].experts if layers else 0
         if D % P:
             raise BadValue("expert_parallel", f"{{expert_parallel={P}}} cannot group {D} contexts; use a divisor of "
                                               "the contexts")
@@ -120,6 +119,7 @@ class ExpertParallel(Strategy, Replicas):
         if aux:
             raise BadValue("block", "expert parallelism trains models whose every array is trained (no BatchNorm)")
         self.block, self.experts, self.moe_layers = block, E, len(layers)
+        self.context = self.layout.context
         specs = expert_specs(block)
         self._names = names
         self._dense_index = [i for i, name in enumerate(names) if name not in specs]
@@ -135,15 +135,25 @@ class ExpertParallel(Strategy, Replicas):
         for r, ctx in enumerate(self.ctx_list):
             self.dense.append(_named(get_params([arrays[i] for i in self._dense_index], ctx, bucket_mb), dense_names))
             local = [self._specs[i].local(arrays[i], r % P, P) for i in self._expert_index]
-            self.expert_arrays.append(_named(get_params(local, ctx, bucket_mb), expert_names))
+            self.expert_arrays.append(_named(get_params(local, ctx, bucket_mb), expert_names) if local else [])
         self.parts = [_Arrays(list(d) + list(e), dense_names + expert_names)
                       for d, e in zip(self.dense, self.expert_arrays)]
+        self.in_ctx_list = self.out_ctx_list = self.ctx_list[::self.context]   # where each shard of the batch goes
         self._places = self._lay_out()
         self._aux, self._examples = [], 0
         self._measured = None   # what the training forwards' routing did since epoch_metrics last read it
 
     def __repr__(self):
-        return f"ExpertParallel({self.describe()})"
+        return f"{type(self).__name__}({self.describe()})"
+
+    def _check_layers(self, layers):
+        """Refuse a model without MoE layers, and the layouts a mixture of experts does not run in."""
+        if not layers and self.needs_experts:
+            raise BadValue("expert_parallel", "{expert_parallel} spreads the experts of a mixture-of-experts model; "
+                                              "the model has none: give it experts (vit(experts=E), --experts)")
+        if self.layout.stages_given > 1 or self.layout.tensor > 1 or self.layout.zero == 3:
+            raise BadValue("expert_parallel", "a mixture-of-experts model trains with the data strategy, ZeRO 0 to 2 "
+                                              "(not pipeline stages, tensor ranks or ZeRO-3: not built)")
 
     def _lay_out(self):
         P = self.layout.expert_parallel
@@ -159,20 +169,30 @@ class ExpertParallel(Strategy, Replicas):
     # ---- the step ----------------------------------------------------------------------------------------------
 
     def _check_shards(self, X_shards):
-        if 0 < len(X_shards) < len(self.ctx_list):
-            raise BadValue("batch_size", f"a batch of {len(X_shards)} example(s) cannot feed the {len(self.ctx_list)} "
-                                         "replicas that hold the experts; use batches of at least "
-                                         f"{len(self.ctx_list)} examples")
+        n = len(self.in_ctx_list)
+        if 0 < len(X_shards) < n:
+            raise BadValue("batch_size", f"a batch of {len(X_shards)} example(s) cannot feed the {n} replicas, which "
+                                         f"compute together; use batches of at least {n} examples")
+
+    def _run(self, X_shards):
+        """The model on every context in lockstep: each shard on its replica (on each member of its
+        context-parallel group); the outputs, one a shard (a group's first member's)."""
+        self._check_shards(X_shards)
+        C = self.context
+        # a group's members each take its shard's images (a copy, not recorded: no gradient flows to images)
+        inputs = [X if t == 0 else X.copyto(self.ctx_list[g * C + t]) for g, X in enumerate(X_shards)
+                  for t in range(C)]
+        out = run_replicas(self.block, inputs, self.parts, self.layout.expert_parallel, C)
+        return out.arrays[::C]
 
     def forward_all(self, X_shards):
         """Every replica's output, in lockstep; keeps the MoE layers' auxiliary losses for ``backward``."""
-        self._check_shards(X_shards)
-        out = run_replicas(self.block, X_shards, self.parts, self.layout.expert_parallel)
+        out = self._run(X_shards)
         self._aux = aux_losses(self.block) if autograd.is_recording() else []
         self._examples = sum(x.shape[0] for x in X_shards)
-        if self._aux:
+        if autograd.is_recording() and self.moe_layers:
             self._measure()
-        return out.arrays
+        return out
 
     def _measure(self):
         """Add a training forward's routing to what ``epoch_metrics`` reports (its auxiliary loss queued, not
@@ -184,7 +204,8 @@ class ExpertParallel(Strategy, Replicas):
         m["dropped"] += sum(s.dropped for s in stats)
         m["choices"] += sum(s.choices for s in stats)
         ctx = self.ctx_list[0]
-        total = mx.nd.add_n(*[a.detach().as_in_context(ctx) for a in self._aux])
+        total = (mx.nd.add_n(*[a.detach().as_in_context(ctx) for a in self._aux]) if self._aux else
+                 mx.nd.zeros((1,), ctx=ctx))   # no auxiliary loss (both weights 0)
         m["aux"] = total if m["aux"] is None else m["aux"] + total
         m["forwards"] += 1
         self._measured = m
@@ -213,7 +234,7 @@ class ExpertParallel(Strategy, Replicas):
     def groups(self):
         """The dense arrays over every replica, then member ``p``'s experts over the replicas holding them."""
         P = self.layout.expert_parallel
-        return [self.dense] + [self.expert_arrays[p::P] for p in range(P)]
+        return [self.dense] + ([self.expert_arrays[p::P] for p in range(P)] if self.moe_layers else [])
 
     def train_step(self, X, y, lr=None, loss=softmax_cross_entropy, optimizer=None, accumulate=1):
         """One optimizer step on the batch (``parallel.step.step_replicas``); returns (summed loss, correct
@@ -225,15 +246,14 @@ class ExpertParallel(Strategy, Replicas):
 
     def evaluate(self, data_iter):
         """Accuracy over ``data_iter``, each batch split over the replicas and routed as in training."""
-        return accuracy(data_iter, self._predict, self.ctx_list, self.job)
+        return accuracy(data_iter, self._predict, self.in_ctx_list, self.job)
 
     def _predict(self, X_shards):
-        self._check_shards(X_shards)
         # in training mode: in inference MXNet's oneDNN operators reorder a weight in place into a blocked layout,
         # which a view into a replica's flat buffer cannot take (it corrupts the buffer). The model has no layer
         # that the mode changes (no dropout, no BatchNorm: refused above).
         with autograd.train_mode():
-            return run_replicas(self.block, X_shards, self.parts, self.layout.expert_parallel).arrays
+            return self._run(X_shards)
 
     # ---- what it is ---------------------------------------------------------------------------------------------
 
@@ -255,7 +275,11 @@ class ExpertParallel(Strategy, Replicas):
         else:
             line = (f"{D} replicas, each holding {self.experts // P} of the {self.experts} experts of {layers} "
                     f"(expert-parallel groups of {P}): tokens sent to their experts by an all-to-all")
-        summed = self.reducer.describe(D)
+        return self._summed(line)
+
+    def _summed(self, line):
+        """``line`` and how the gradients are summed: over every context, and over the workers of a job."""
+        summed = self.reducer.describe(len(self.ctx_list))
         if summed:
             line += f"; {summed}"
         if self.job is not None:

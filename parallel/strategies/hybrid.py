@@ -201,6 +201,8 @@ class Hybrid(Strategy, Replicas):
         self._host = _host_model(params, self.job)
         self._specs = _tensor_specs(behaviour, params, self._host, self.placement.tensor)
         self._indices = [_chunk_indices(self._host, self._cut, c) for c in range(len(self.ranges))]
+        self.kept = {}   # what the tensor ranks' forwards of the last step kept for backward, per context
+        self._summed = _sequence_summed(self.layout, behaviour, params, self._host, self._indices)
         self._lay_out(behaviour)
         self._places = self._array_places()
         if self.layout.virtual > 1:   # checked up front: the micro-batches come in groups of the stages
@@ -257,7 +259,7 @@ class Hybrid(Strategy, Replicas):
         parts = [[[own[d][t][s] for t in range(p.tensor)] for d in range(p.data)] for s in range(len(segments))]
         scratch = [[[spare[d][t][s] for t in range(p.tensor)] for d in range(p.data)] for s in range(len(segments))]
         blocks = Blocks(segments, recompute=self.layout.recompute, algorithm=self.reducer.algorithm,
-                        retain_graph=self.layout.micro > 1)
+                        retain_graph=self.layout.micro > 1, sequence=self.layout.sequence, kept=self.kept)
         return Chunk(blocks, _per_rank(parts, p.tensor), _per_rank(scratch, p.tensor), contexts)
 
     def _sharded_chunk(self, c, segments, contexts, keys):
@@ -276,7 +278,7 @@ class Hybrid(Strategy, Replicas):
         parts = [[[group.parts[s][d] for group in groups] for d in range(p.data)] for s in range(len(segments))]
         scratch = [[[group.scratch[s][d] for group in groups] for d in range(p.data)] for s in range(len(segments))]
         blocks = Blocks(segments, recompute=True, hooks=ShardedHooks(groups), algorithm=self.reducer.algorithm,
-                        retain_graph=self.layout.micro > 1)
+                        retain_graph=self.layout.micro > 1, kept=self.kept)
         return Chunk(blocks, _per_rank(parts, p.tensor), _per_rank(scratch, p.tensor), contexts)
 
     def _array_places(self):
@@ -318,6 +320,32 @@ class Hybrid(Strategy, Replicas):
             by_index.update(zip(aux_index, held))
         return [by_index[i] for i in range(len(by_index))]
 
+    def finish_backward(self):
+        """Sequence parallelism: the arrays a rank computes on its slice of the sequence (the blocks' layer norms,
+        the row-parallel biases) have a part of their gradient on each rank; sum them over each tensor group (one
+        allreduce of their concatenation a chunk and replica), so every rank holds the whole, as without it."""
+        for c, indices in enumerate(self._summed):
+            for d in range(self.placement.data if indices else 0):
+                ranks = self.replicas[d][c]
+                with issued("tensor", [ranks[t][i].grad for t in range(len(ranks)) for i in indices],
+                            "tensor sequence-parallel sums", collective="allreduce") as made:
+                    flats = [mx.nd.concat(*[rank[i].grad.reshape((-1,)) for i in indices], dim=0) for rank in ranks]
+                    made += flats
+                    algorithms.allreduce(flats, self.reducer.algorithm)
+                    for rank, flat in zip(ranks, flats):
+                        offset = 0
+                        for i in indices:
+                            grad = rank[i].grad
+                            grad[:] = flat[offset:offset + grad.size].reshape(grad.shape)
+                            offset += grad.size
+
+    def activations(self):
+        """What the tensor ranks' forwards of the last step kept for backward, per context: ``{context:
+        {"replicated": bytes, "total": bytes}}`` (``SegmentTape.kept``): the layer norms' inputs and the residual
+        stream, whole on every rank of a tensor group, or its slice with sequence parallelism; and every array the
+        tapes recorded. ``{}`` without tensor ranks."""
+        return {ctx: dict(entry) for ctx, entry in self.kept.items()}
+
     def forward_backward(self, X_shards, y_shards, loss, counted=None):
         """Each replica's shard in micro-batches through the chunks, in the schedule's order (``issue``); the step
         counts the metrics afterwards (``counted`` is left uncalled)."""
@@ -340,6 +368,7 @@ class Hybrid(Strategy, Replicas):
                              "the parameters the strategy lays out; give both the same zero")
         for group in self._sharded_groups():
             group.stale()
+        self.kept.clear()   # the step's own: its forwards add to it
         return worker_step(self, X, y, loss, optimizer, accumulate, self.job)
 
     def evaluate(self, data_iter):
@@ -444,6 +473,9 @@ class Hybrid(Strategy, Replicas):
                          "reduce-scattered")
         elif self.layout.recompute:
             line += ", activations recomputed in backward"
+        if self.layout.sequence:
+            line += (", sequence parallel: layer norms and the residual stream split along the sequence over each "
+                     "tensor group (f and g an all-gather and a reduce-scatter)")
         summed = self.reducer.describe(p.data)
         if summed:
             line += f"; {summed}"
@@ -554,6 +586,18 @@ def _tensor_specs(behaviour, params, host, tensor):
                                  f"into at most {most} (a model without them into 1); use at most {most}")
     by_name = behaviour.shard_specs(params)
     return [by_name[name] for name in host[0]]
+
+
+def _sequence_summed(layout, behaviour, params, host, indices):
+    """For each chunk, the positions in its arrays of those sequence parallelism computes on each rank's slice of
+    the sequence (their gradients summed over the ranks: ``Hybrid.finish_backward``); none without it."""
+    if not layout.sequence:
+        return [[] for _ in indices]
+    names = set(behaviour.sequence_params(params)) if isinstance(params, mx.gluon.Block) else set()
+    if not names:
+        raise BadValue("sequence", "{sequence} splits the tokens between a model's Transformer blocks' parallel "
+                                   "layers; this model has no such blocks (the ViT has)")
+    return [[k for k, j in enumerate(index) if host[0][j] in names] for index, _ in indices]
 
 
 def _chunk_indices(host, cut, c):

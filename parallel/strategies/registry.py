@@ -16,6 +16,7 @@ from ..models.registry import behaviour_of
 from ..validate import BadType, check_contexts
 from . import Stages
 from .data import DataParallel
+from .context import ContextParallel
 from .experts import ExpertParallel
 from .hybrid import Hybrid
 
@@ -94,6 +95,8 @@ def make_strategy(name, params, ctx_list, stages=None, reducer=None, recompute=F
               layout_of(name, stages, reducer, recompute, zero, tensor, expert_parallel))
     layout.check(batch_size=batch_size)
     check_contexts(ctx_list)
+    if layout.context > 1:
+        return ContextParallel(params, ctx_list, layout, reducer)
     if layout.expert_parallel > 1 or (isinstance(params, gluon.Block) and moe_layers(params)):
         return ExpertParallel(params, ctx_list, layout, reducer)
     if layout.strategy == "data" and layout.tensor == 1 and layout.zero < 3:

@@ -1,0 +1,120 @@
+"""Sequence parallelism (issue 39, Korthikanti et al. 2022): with tensor parallelism, the layer norms and the
+residual stream split along the sequence over each tensor group; the same model as tensor parallelism, the blocks'
+collectives the same bytes, the activations of those regions 1/T a context.
+"""
+import json
+
+import mxnet as mx
+import numpy as np
+import pytest
+
+from parallel import Layout
+from parallel.comm import algorithms
+from parallel.comm.algorithms import chunk_bounds
+from parallel.models.vit import init_vit, sequence_region_params
+from parallel.optim import SGD
+from parallel.strategies import make_strategy
+from parallel.train import main
+from conftest import assert_close_to_scale, assert_refused, contexts
+
+N, S, D = 8, 17, 64   # a batch's examples, the ViT's tokens, its width
+
+
+def _batch(n=N):
+    rng = np.random.RandomState(2)
+    return mx.nd.array(rng.normal(size=(n, 1, 28, 28))), mx.nd.array(rng.randint(0, 10, n))
+
+
+def _trained(layout, k, steps=3):
+    strategy = make_strategy(layout, init_vit(0), contexts(k))
+    optimizer = SGD(0.05, momentum=0.9, zero=layout.zero)
+    X, y = _batch()
+    for _ in range(steps):
+        strategy.train_step(X, y, optimizer=optimizer)
+    return strategy, [p.asnumpy() for p in strategy.params()]
+
+
+@pytest.mark.parametrize("T", [2, 4])
+def test_sequence_parallelism_trains_the_tensor_parallel_model(T):
+    _, want = _trained(Layout(tensor=T), T)
+    strategy, got = _trained(Layout(tensor=T, sequence=True), T)
+    assert_close_to_scale(got, want, 1e-5)
+    assert "sequence parallel" in strategy.describe()
+
+
+@pytest.mark.parametrize("T", [2, 4])
+def test_the_replicated_regions_activations_drop_to_each_rank_s_slice(T):
+    """Tensor parallelism keeps each block's input, middle and output (the layer norms' inputs, the residual
+    stream) whole on every rank: 3 x 4 blocks x N x 17 x 64 floats; sequence parallelism keeps rank t its slice of
+    the 17 tokens (9 and 8 of them on 2 ranks), and less in all."""
+    tensor, _ = _trained(Layout(tensor=T), T, steps=1)
+    sequence, _ = _trained(Layout(tensor=T, sequence=True), T, steps=1)
+    whole = 3 * 4 * N * S * D * 4
+    bounds = chunk_bounds(S, T)
+    for t, ctx in enumerate(contexts(T)):
+        assert tensor.activations()[ctx]["replicated"] == whole
+        assert sequence.activations()[ctx]["replicated"] == whole * (bounds[t + 1] - bounds[t]) // S
+        assert sequence.activations()[ctx]["total"] < tensor.activations()[ctx]["total"]
+
+
+@pytest.mark.parametrize("T", [2, 4])
+def test_the_blocks_collectives_move_the_bytes_tensor_parallelism_moves(T):
+    """A step's copies with sequence parallelism are tensor parallelism's plus what only it does: the embedding's
+    split (its backward all-gathers the tokens' gradients), the head's all-gather of the tokens, and the sum of the
+    blocks' layer norms' and biases' gradients over the ranks. So each block's all-gathers and reduce-scatters
+    move what its f and g's allreduces move."""
+    moved = {}
+    for sequence in (False, True):
+        strategy = make_strategy(Layout(tensor=T, sequence=sequence), init_vit(0), contexts(T))
+        X, y = _batch()
+        strategy.train_step(X, y, optimizer=SGD(0.1))
+        mx.nd.waitall()
+        before = algorithms.copied_bytes()
+        strategy.train_step(X, y, optimizer=SGD(0.1))
+        mx.nd.waitall()
+        moved[sequence] = algorithms.copied_bytes() - before
+    net = init_vit(0)
+    names = set(sequence_region_params(net))
+    summed = sum(p.data().size for p in net.collect_params().values() if p.name in names)
+    assert len(names) == 4 * 6   # each block's two layer norms (scale, shift) and two row-parallel biases
+    extra = 2 * (T - 1) * N * S * D * 4 + algorithms.bytes_moved("fused", summed * 4, T).total
+    assert moved[True] - moved[False] == extra
+
+
+@pytest.mark.parametrize("layout, says", [
+    (Layout(sequence=True), "give tensor 2 or more"),
+    (Layout(tensor=2, sequence=True, zero=3), "with zero=3 is not built"),
+])
+def test_what_sequence_parallelism_does_not_run_is_refused(layout, says):
+    with pytest.raises(ValueError, match=says):
+        layout.check("vit")
+
+
+def test_a_model_without_its_blocks_is_refused():
+    from parallel.models.transformer import init_transformer
+    with pytest.raises(ValueError, match="Transformer's do not"):
+        Layout(tensor=2, sequence=True).check("transformer")
+    with pytest.raises(ValueError, match="this model has no such blocks"):
+        make_strategy(Layout(tensor=2, sequence=True), init_transformer(0), contexts(2))
+
+
+def test_the_cli_records_the_activations_each_context_keeps(easy_dir, tmp_path, capsys):
+    metrics = tmp_path / "m.json"
+    assert main(["--model", "vit", "--tensor", "2", "--sequence-parallel", "--devices", "cpu:2", "--data-dir",
+                 str(easy_dir), "--epochs", "1", "--batch-size", "32", "--no-progress", "--metrics-json",
+                 str(metrics)]) == 0
+    assert "sequence parallel: layer norms and the residual stream split" in capsys.readouterr().out
+    rows = json.loads(metrics.read_text())[0]["memory"]
+    replicated = [row["activations"]["replicated"] for row in rows]
+    assert replicated == [3 * 4 * 32 * 9 * D * 4, 3 * 4 * 32 * 8 * D * 4]   # 9 and 8 of the 17 tokens
+    assert all(row["activations"]["total"] > row["activations"]["replicated"] for row in rows)
+
+
+@pytest.mark.parametrize("flags, says", [
+    (["--sequence-parallel"], "give --tensor 2 or more"),
+    (["--sequence-parallel", "--tensor", "2", "--devices", "cpu:2", "--zero", "3"], "--zero 3 is not built"),
+    (["--sequence-parallel", "--tensor", "2", "--devices", "cpu:2", "--model", "transformer"], "use --model vit"),
+])
+def test_bad_sequence_flags_get_one_line_and_status_2(flags, says, easy_dir, capsys):
+    status = main(["--model", "vit", "--data-dir", str(easy_dir), "--epochs", "1", "--no-progress", *flags])
+    assert_refused(status, capsys, says)
