@@ -118,3 +118,19 @@ def test_the_cli_records_the_activations_each_context_keeps(easy_dir, tmp_path, 
 def test_bad_sequence_flags_get_one_line_and_status_2(flags, says, easy_dir, capsys):
     status = main(["--model", "vit", "--data-dir", str(easy_dir), "--epochs", "1", "--no-progress", *flags])
     assert_refused(status, capsys, says)
+
+
+def test_a_traced_sequence_parallel_step_names_its_collectives_truly():
+    """A step traced (``parallel.trace``): every label holds (``labels_hold``), the sequence-parallel collectives
+    and the sums over the ranks are named ``tensor``. A trace bracket that named the gradients' views into one
+    buffer twice hung the step forever (the engine never runs such an operation)."""
+    from parallel import trace
+    from test_trace import labels_hold
+    strategy = make_strategy(Layout(tensor=2, sequence=True), init_vit(0), contexts(2))
+    X, y = _batch()
+    strategy.train_step(X, y, optimizer=SGD(0.1))
+    with trace(contexts=strategy.ctx_list) as recorded:
+        strategy.train_step(X, y, optimizer=SGD(0.1))
+    labels_hold(recorded.result)
+    issued = {e["name"] for e in recorded.result.events if e.get("tid") == 1 and e.get("ph") == "X"}
+    assert {"tensor all-gather", "tensor reduce-scatter", "tensor sequence-parallel sums"} <= issued, issued

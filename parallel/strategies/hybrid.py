@@ -327,8 +327,10 @@ class Hybrid(Strategy, Replicas):
         for c, indices in enumerate(self._summed):
             for d in range(self.placement.data if indices else 0):
                 ranks = self.replicas[d][c]
-                with issued("tensor", [ranks[t][i].grad for t in range(len(ranks)) for i in indices],
-                            "tensor sequence-parallel sums", collective="allreduce") as made:
+                # the bracket names each rank's gradient buffers, not the arrays' views into them: an engine operation
+                # that names one buffer twice never runs (parallel.trace)
+                with issued("tensor", [g for rank in ranks for g in rank.grads], "tensor sequence-parallel sums",
+                            collective="allreduce") as made:
                     flats = [mx.nd.concat(*[rank[i].grad.reshape((-1,)) for i in indices], dim=0) for rank in ranks]
                     made += flats
                     algorithms.allreduce(flats, self.reducer.algorithm)
