@@ -144,8 +144,9 @@ class SegmentTape:
         Elements f and g have summed so far (forward and backward, each rank's array counted once): what a step's
         collectives move, for ``bytes_moved``.
     calls : dict
-        ``{"f": n, "g": n, "all_gather": n, "reduce_scatter": n, "split": n}``: the forward calls of each, recording
-        or not.
+        ``{"f": n, "g": n}``: the forward calls of each, recording or not.
+    sequence_calls : dict
+        ``{"all_gather": n, "reduce_scatter": n, "split": n}``: sequence parallelism's, likewise.
 
     Not thread-safe: one thread records a tape at a time.
 
@@ -171,7 +172,8 @@ class SegmentTape:
     def __init__(self, algorithm="fused", sequence=False, kept=None):
         self.algorithm, self.sequence = algorithm, bool(sequence)
         self.allreduced = 0
-        self.calls = {"f": 0, "g": 0, "all_gather": 0, "reduce_scatter": 0, "split": 0}
+        self.calls = {"f": 0, "g": 0}
+        self.sequence_calls = {"all_gather": 0, "reduce_scatter": 0, "split": 0}
         self.kept = {} if kept is None else kept
         self._clear()
 
@@ -351,7 +353,7 @@ class SegmentTape:
 
     def _along_sequence(self, kind, collective, xs, axis):
         """``collective`` of ``xs`` along ``axis`` (named so in a trace), recorded as a step of kind ``kind``."""
-        self.calls[kind] += 1
+        self.sequence_calls[kind] += 1
         with issued("tensor", list(xs), f"tensor {kind.replace('_', '-')}", collective=kind) as made:
             outputs = collective([x.detach() for x in xs], axis)
             made += outputs
@@ -363,7 +365,7 @@ class SegmentTape:
         """Each rank's slice (``axis``) of a value every rank holds whole: where sequence parallelism's region
         starts. Nothing moves forward; backward, the all-gather of the slices' gradients (the whole value's
         gradient on every rank, as the replicated region before it expects)."""
-        self.calls["split"] += 1
+        self.sequence_calls["split"] += 1
         bounds = algorithms.chunk_bounds(xs[0].shape[axis], len(xs))
         outputs = [mx.nd.slice_axis(x.detach(), axis=axis, begin=bounds[t], end=bounds[t + 1]) for t, x in enumerate(xs)]
         if autograd.is_recording():
