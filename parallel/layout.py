@@ -250,20 +250,17 @@ class Layout:
 
     def _check_context(self):
         c = self.context
-        if self.stages_given > 1 or self.tensor > 1:
-            raise BadValue("context", f"{{context={c}}} splits each example's tokens over data replicas in lockstep; "
-                                      "it does not compose with pipeline stages or tensor ranks here (not built): use "
-                                      "the data {strategy}")
-        if self.zero == 3 or self.expert_parallel > 1:
-            what = "{zero=3}" if self.zero == 3 else "{expert_parallel}"
-            raise BadValue("context", f"{{context={c}}} with {what} is not built; give one of them")
+        if self.tensor > 1:
+            raise BadValue("context", f"{{context={c}}} runs each group's replicas in lockstep, which does not run "
+                                      "over {tensor} ranks (not built); use {tensor} 1 with it")
+        if self.expert_parallel > 1:
+            raise BadValue("context", f"{{context={c}}} with {{expert_parallel}} is not built; give one of them")
 
     def _check_experts(self):
         p = self.expert_parallel
-        if self.stages_given > 1 or self.tensor > 1:
-            raise BadValue("expert_parallel", f"{{expert_parallel={p}}} spreads experts over data replicas; it does "
-                                              "not compose with pipeline stages or tensor ranks here (not built): use "
-                                              "the data {strategy}")
+        if self.tensor > 1:
+            raise BadValue("expert_parallel", f"{{expert_parallel={p}}} runs the replicas in lockstep, which does not "
+                                              "run over {tensor} ranks (not built); use {tensor} 1 with it")
         if self.zero == 3:
             raise BadValue("zero", f"{{zero=3}} with {{expert_parallel={p}}} is not built; use {{zero}} 0, 1 or 2")
 
@@ -282,10 +279,9 @@ class Layout:
     def _check_model(self, model):
         info = model_info(model)
         if dict(info.chosen).get("experts"):
-            if self.stages_given > 1 or self.tensor > 1:
-                raise BadValue("experts", "{experts} trains with the data strategy here: its mixture of experts does "
-                                          "not run in pipeline stages or over tensor ranks (not built); use the data "
-                                          "{strategy}, and {expert_parallel} to spread the experts")
+            if self.tensor > 1:
+                raise BadValue("experts", "{experts} runs the replicas in lockstep, which does not run over {tensor} "
+                                          "ranks (not built); use {tensor} 1 with it")
             if self.zero == 3:
                 raise BadValue("zero", "{zero=3} is not built for a mixture of experts; use {zero} 0, 1 or 2")
         if (self.context > 1 or self.sequence) and not info.sequences:

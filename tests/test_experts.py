@@ -275,6 +275,23 @@ def test_the_cli_trains_experts_and_records_their_routing(easy_dir, tmp_path, ca
     assert "epoch 3," in capsys.readouterr().out
 
 
+def test_the_cli_trains_experts_across_pipeline_stages_and_resumes_them_spread(easy_dir, tmp_path, capsys):
+    """A mixture of experts composed with pipeline stages (issue 39): 2 stages fed 2 micro-batches in 1F1B's order
+    record their routing per epoch; the checkpoint resumes with the experts spread over 2 contexts instead."""
+    metrics = tmp_path / "m.json"
+    common = ["--model", "vit", "--experts", "4", "--data-dir", str(easy_dir), "--batch-size", "32", "--optimizer",
+              "adamw", "--no-progress", "--checkpoint-dir", str(tmp_path / "ck")]
+    assert main([*common, "--strategy", "pipeline", "--stages", "2", "--micro-batches", "2", "--schedule", "1f1b",
+                 "--devices", "cpu:2", "--epochs", "1", "--metrics-json", str(metrics)]) == 0
+    out = capsys.readouterr().out
+    assert "2 stages" in out and "each replica holding all 4 experts of 2 MoE layers" in out
+    routed = json.loads(metrics.read_text())[0]["experts"]
+    # 256 examples x 17 tokens, each through 2 MoE layers (top-1): every choice counted once a layer
+    assert [sum(layer) for layer in routed["tokens"]] == [256 * 17] * 2 and routed["aux_loss"] > 0
+    assert main([*common, "--expert-parallel", "2", "--devices", "cpu:2", "--epochs", "2", "--resume"]) == 0
+    assert "epoch 2," in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("flags, says", [
     (["--experts", "4", "--model", "lenet"], "use --model vit, not lenet"),
     (["--top-k", "2"], "--top-k applies to a mixture of experts"),
@@ -283,7 +300,7 @@ def test_the_cli_trains_experts_and_records_their_routing(easy_dir, tmp_path, ca
     (["--experts", "4", "--expert-parallel", "3", "--devices", "cpu:3"], "--expert-parallel must divide"),
     (["--experts", "4", "--expert-parallel", "2", "--devices", "cpu:3"], "cannot group 3"),
     (["--experts", "4", "--zero", "3"], "--zero 3 is not built for a mixture of experts"),
-    (["--experts", "4", "--tensor", "2", "--devices", "cpu:2"], "--experts trains with the data strategy"),
+    (["--experts", "4", "--tensor", "2", "--devices", "cpu:2"], "in lockstep, which does not run over --tensor"),
     (["--experts", "4", "--export", "out"], "leave --export out with --experts"),
     (["--experts", "4", "--capacity-factor", "nan"], "--capacity-factor"),
 ])

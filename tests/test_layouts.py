@@ -19,6 +19,7 @@ from parallel.models.moe import Experts
 from parallel.models.vit import init_vit
 from parallel.optim import SGD
 from parallel.strategies import make_strategy
+from parallel.strategies.hybrid import Hybrid
 from parallel.train import main
 from conftest import (assert_close_to_scale, contexts, in_threads, load_benchmark, start_process, stop_process,
                       write_idx_files)
@@ -107,6 +108,48 @@ def test_experts_x_data_trains_the_one_context_moe_vit(layout, k):
     assert_close_to_scale(got, want, 1e-12)
 
 
+@pytest.mark.parametrize("layout, k, parts", [
+    (Layout("pipeline", stages=2, micro_batches=2, schedule="1f1b"), 2, 2),
+    (Layout("hybrid", stages=2, expert_parallel=2, zero=2, recompute=True), 4, 1),
+])
+def test_experts_x_pipeline_trains_the_one_context_moe_vit(layout, k, parts):
+    """A mixture of experts across pipeline stages (each stage's replicas in lockstep, ``parallel.models.lockstep``;
+    the auxiliary losses backward heads of the chunk that made them): 2 stages fed 2 micro-batches in 1F1B's order,
+    the one-context model fed the same 2 parts of each batch (``accumulate``: each part routed alone, as each
+    micro-batch is); 2 replicas x 2 stages with expert parallelism, ZeRO-2 and recomputation (the last batch of 5:
+    3 and 2 examples), the one-context model. A chunk's routing is counted once, recomputed or not."""
+    def moe():
+        return init_vit(0, dtype="float64", experts=Experts(4, top_k=2))
+    one = Layout(accumulate=parts)
+    reference = make_strategy(one, moe(), contexts(1))
+    want = _train(reference, one, _batches("float64"))
+    strategy = make_strategy(layout, moe(), contexts(k))
+    assert isinstance(strategy, Hybrid) and strategy.lockstep
+    got = _train(strategy, layout, _batches("float64"))
+    assert_close_to_scale(got, want, 1e-12)
+    mine, theirs = strategy.epoch_metrics()["experts"], reference.epoch_metrics()["experts"]
+    assert mine["tokens"] == theirs["tokens"] and mine["dropped"] == theirs["dropped"]
+    assert abs(mine["aux_loss"] - theirs["aux_loss"]) < 1e-9 * theirs["aux_loss"]
+
+
+@pytest.mark.parametrize("layout, k, parts", [
+    (Layout("pipeline", stages=2, context=2, micro_batches=2), 4, 2),
+    (Layout("hybrid", stages=2, context=2, recompute=True), 8, 1),
+    (Layout("data", context=2, zero=3), 4, 1),
+])
+def test_context_x_pipeline_and_zero_3_train_the_one_context_vit_of_50_tokens(layout, k, parts):
+    """Each example's tokens split over a group through pipeline stages (a group's members replicas of their own, in
+    lockstep through every chunk), with recomputation, and with ZeRO-3 (each block gathered on every member: the
+    members but the first leave their head's gradient unwritten, so its buffer is zeroed first)."""
+    one = Layout(accumulate=parts)
+    want = _train(make_strategy(one, init_vit(0, dtype="float64", patch=4), contexts(1)), one,
+                  _batches("float64", (12, 12, 4)))
+    strategy = make_strategy(layout, init_vit(0, dtype="float64", patch=4), contexts(k))
+    assert isinstance(strategy, Hybrid) and len(strategy.in_ctx_list) == k // 2 // strategy.placement.stages
+    got = _train(strategy, layout, _batches("float64", (12, 12, 4)))
+    assert_close_to_scale(got, want, 1e-12)
+
+
 @pytest.mark.parametrize("layout, k", [(Layout(context=2), 4), (Layout(context=2, zero=2), 4),
                                        (Layout(context=4, accumulate=2), 4)])
 def test_context_x_data_trains_the_one_context_vit_of_50_tokens(layout, k):
@@ -155,6 +198,11 @@ def test_the_job_layouts_train_the_one_context_vit_in_threads(name, one_context,
     (Layout(zero=3, compression="fp16"), "vit", ValueError, "a residual of the whole gradient on every context"),
     (Layout("pipeline", virtual=2), "vit", ValueError, "interleaves 1F1B"),
     (Layout("pipeline", virtual=2, schedule="1f1b", micro_batches=3), "vit", ValueError, "a multiple of 2"),
+    # issue 39: what the lockstep replicas of experts and context parallelism do not run in
+    (Layout(tensor=2), "vit(experts=4)", ValueError, "does not run over tensor ranks"),
+    (Layout(zero=3), "vit(experts=4)", ValueError, "not built for a mixture of experts"),
+    (Layout(context=2, tensor=2), "vit(patch=4)", ValueError, "does not run over tensor ranks"),
+    (Layout(context=2), "vit(experts=4)", ValueError, "with experts is not built"),
 ])
 def test_what_the_mathematics_cannot_run_is_refused_with_its_reason(layout, model, error, says):
     with pytest.raises(error, match=says):

@@ -58,7 +58,7 @@ from ..validate import BadType, BadValue, check_int
 from .layers import Ranks, ReplicasF, RanksF
 
 __all__ = ["Experts", "MoEFeedForward", "Routing", "route", "moe_layers", "aux_losses", "RoutingStats",
-           "capacity_of"]
+           "capacity_of", "RoutingMeter"]
 
 
 def _check_positive(value, name):
@@ -381,3 +381,55 @@ def aux_losses(block):
     if not layers:
         return []
     return [mx.nd.add_n(*parts) if len(parts) > 1 else parts[0] for parts in zip(*[l.last.aux for l in layers])]
+
+
+class RoutingMeter:
+    """What the training forwards of a model's MoE layers did, summed until ``read``: the choices routed to each
+    expert of each layer, the choices dropped, and the auxiliary losses (queued sums, read once). ``add`` takes the
+    layers one recorded forward ran (the whole model's, or one block's of a pipeline stage: each layer is counted
+    where it ran), so a model run block by block is counted as a whole one is.
+
+    >>> layer = MoEFeedForward(dim=4, hidden=8, experts=2)
+    >>> layer.initialize(mx.init.Normal(0.5))
+    >>> meter = RoutingMeter([layer])
+    >>> _ = layer(mx.nd.ones((3, 5, 4)))
+    >>> meter.add([layer])
+    >>> sorted(meter.read()["experts"]["tokens"][0])   # the 15 identical tokens all choose one expert
+    [0, 15]
+    """
+
+    def __init__(self, layers):
+        self.layers = list(layers)
+        self.experts = self.layers[0].experts if self.layers else 0
+        self._index = {id(layer): i for i, layer in enumerate(self.layers)}
+        self._sums = None
+
+    def add(self, layers):
+        """Count the last forward of ``layers`` (some of ``self.layers``, all run in one recorded forward)."""
+        if not layers:
+            return
+        m = self._sums or {"tokens": np.zeros((len(self.layers), self.experts), dtype=np.int64), "dropped": 0,
+                           "choices": 0, "aux": None, "runs": 0}
+        for layer in layers:
+            stats = layer.last
+            m["tokens"][self._index[id(layer)]] += stats.routed
+            m["dropped"] += stats.dropped
+            m["choices"] += stats.choices
+            m["runs"] += 1
+            if stats.aux:   # the replicas' parts, summed on the first's context (queued, not read)
+                ctx = stats.aux[0].context
+                total = mx.nd.add_n(*[a.detach().as_in_context(ctx) for a in stats.aux])
+                m["aux"] = total if m["aux"] is None else m["aux"] + total.as_in_context(m["aux"].context)
+        self._sums = m
+
+    def read(self):
+        """``{"experts": {"tokens": [per layer, per expert: the choices routed to it], "dropped": the fraction of
+        choices dropped past capacity, "aux_loss": the auxiliary losses of all layers of a forward, the mean over
+        the forwards}}`` since the last call, ``{}`` before any; waits for the summed auxiliary loss."""
+        m, self._sums = self._sums, None
+        if m is None:
+            return {}
+        forwards = m["runs"] / len(self.layers)
+        aux = 0.0 if m["aux"] is None else float(m["aux"].asscalar())
+        return {"experts": {"tokens": m["tokens"].tolist(), "dropped": m["dropped"] / max(m["choices"], 1),
+                            "aux_loss": aux / forwards}}

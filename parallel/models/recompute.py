@@ -144,6 +144,9 @@ class Pending(NamedTuple):
     kept: list
     hidden: list
     active: int
+    #: More heads of the backward and their gradients (``Blocks.extra_heads``): what the recorded blocks added to
+    #: the loss (a mixture of experts' auxiliary losses).
+    extra: tuple = ((), ())
 
 
 class Blocks:
@@ -198,6 +201,22 @@ class Blocks:
     def _run(self, s, X_shards, parts, tape=None):
         return run_net(self.segments[s].net, X_shards, parts, tape)
 
+    def extra_heads(self, s):
+        """What the last recorded run of block ``s`` added to the loss besides its outputs, ``(heads, gradients)``:
+        its net's ``take_heads()`` (a mixture of experts' auxiliary losses: ``parallel.models.lockstep``), or
+        nothing. Its backward runs with the block's."""
+        take = getattr(self.segments[s].net, "take_heads", None)
+        return take() if take is not None else ((), ())
+
+    @staticmethod
+    def _with(heads, head_grads, extra):
+        """``heads`` and ``head_grads`` with the ``extra`` heads and their gradients after them."""
+        more, grads = extra
+        if not more:
+            return heads, head_grads
+        head_grads = [None] * len(heads) if head_grads is None else list(head_grads)
+        return list(heads) + list(more), head_grads + list(grads)
+
     def _next(self, s):
         return s + 1 if s + 1 < len(self.segments) else None
 
@@ -217,11 +236,14 @@ class Blocks:
         ``parts``). Several forwards may be pending at once (a pipeline's micro-batches)."""
         hidden, n = list(X_shards), len(self.segments)
         if not self.recompute:
-            tape = self._tape()
+            tape, more, grads = self._tape(), [], []
             for s in range(n):
                 self.hooks.before_forward(s, self._next(s))
                 hidden = self._run(s, hidden, parts[s][:len(hidden)], tape)
-            return hidden, Pending(tape, [], [], len(X_shards))
+                extra = self.extra_heads(s)
+                more += extra[0]
+                grads += extra[1]
+            return hidden, Pending(tape, [], [], len(X_shards), (more, grads))
         scratch = parts if scratch is None else scratch
         kept = []
         with autograd.pause(train_mode=True):   # BatchNorm by the batch, its running statistics into scratch copies
@@ -233,7 +255,8 @@ class Blocks:
             hidden = detached(hidden)
         self.hooks.before_forward(n - 1, None)
         tape = self._tape()
-        return self._run(n - 1, hidden, parts[n - 1][:len(hidden)], tape), Pending(tape, kept, hidden, len(X_shards))
+        out = self._run(n - 1, hidden, parts[n - 1][:len(hidden)], tape)
+        return out, Pending(tape, kept, hidden, len(X_shards), self.extra_heads(n - 1))
 
     def backward(self, pending, heads, head_grads=None, parts=None):
         """The backward pass of a recorded forward: ``heads`` (arrays computed from its outputs, the losses; or its
@@ -244,7 +267,7 @@ class Blocks:
         for s in reversed(range(len(pending.kept), n)):   # the blocks recorded in the forward
             self.hooks.before_backward(s)
         if len(heads):   # an empty micro-batch computed nothing; its hooks still run
-            self._backward(pending.tape, heads, head_grads)
+            self._backward(pending.tape, *self._with(heads, head_grads, pending.extra))
         if not self.recompute:
             for s in reversed(range(n)):
                 self.hooks.after_backward(s, pending.active)
@@ -260,10 +283,11 @@ class Blocks:
             tape = self._tape()
             with autograd.record(train_mode=True):
                 outputs = self._run(s, inputs, parts[s][:len(inputs)], tape)
+            extra = self.extra_heads(s)
             if grads:
                 heads = flat_arrays(outputs)
                 mark_backward_each(heads)   # a trace's recomputed forward ends here, its backward follows
-                self._backward(tape, heads, grads)
+                self._backward(tape, *self._with(heads, grads, extra))
             self.hooks.after_backward(s, pending.active)
             hidden = inputs
 

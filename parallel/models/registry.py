@@ -44,7 +44,7 @@ from .lenet import (LENET_LAYERS, LENET_PARAM_NAMES, LENET_SHAPES, CachedNet, Le
                     lenet_cached, lenet_layers)
 from .recompute import Segment
 from .resnet import init_resnet18, resnet18
-from .moe import Experts
+from .moe import Experts, moe_layers
 from .transformer import init_transformer, transformer
 from .vit import init_vit, sequence_region_params, vit
 
@@ -244,6 +244,12 @@ class LeNetModel(Model):
         return {name: Replicated() for name in LENET_PARAM_NAMES}
 
 
+def _graph(block, **options):
+    """``GluonNet(block, **options)``, or None for a block with mixture-of-experts layers: they route on the host
+    and have no graph; a strategy runs such a block in lockstep (``parallel.models.lockstep``) instead."""
+    return None if moe_layers(block) else GluonNet(block, **options)
+
+
 @functools.lru_cache(maxsize=None)
 def _lenet_segments():
     """LeNet's layers as blocks: layer ``i`` a cached graph of its two arrays (made once, kept)."""
@@ -280,7 +286,7 @@ class GluonModel(Model):
             sources.append(stage)
         labels = [f"{start}" if stop - start == 1 else f"{start}-{stop - 1}" for start, stop in ranges]
         labels[0] = f"children {labels[0]}"
-        return Cut(ranges, sources, [GluonNet(stage) for stage in sources], labels, names, aux_names)
+        return Cut(ranges, sources, [_graph(stage) for stage in sources], labels, names, aux_names)
 
     def segments(self, initial):
         """A child made of blocks that have children of their own (a stage of residual blocks) gives each of
@@ -329,13 +335,14 @@ class GluonModel(Model):
         for g, group in enumerate(groups):
             block = Chain(group, prefix=f"{initial.prefix}block{g}_")   # shares the children
             names, _, aux_names, _ = block_state(block)
-            net = GluonNet(block, static=False, num_inputs=getattr(group[0], "num_inputs", 1))
+            net = _graph(block, static=False, num_inputs=getattr(group[0], "num_inputs", 1))
             segments.append(Segment(net, first, first + len(names), aux_first, aux_first + len(aux_names),
                                     label=f"block {g}", block=block))
             first, aux_first = first + len(names), aux_first + len(aux_names)
         all_names, _, all_aux, _ = block_state(initial)
-        in_blocks = [n for s in segments for n in s.net.names]
-        if in_blocks != all_names or [n for s in segments for n in s.net.aux_names] != all_aux:
+        # a graph's inputs, in its order (a block without one, in lockstep, reads its arrays by name)
+        held = [(s.net.names, s.net.aux_names) if s.net is not None else block_state(s.block)[::2] for s in segments]
+        if [n for names, _ in held for n in names] != all_names or [n for _, aux in held for n in aux] != all_aux:
             raise ValueError("the block's arrays are not in the order of its children; recomputation cuts it "
                              "into its children in order")
         return segments

@@ -31,7 +31,6 @@ gradients are summed over the workers as the rest are.
 '2 replicas, each holding 2 of the 4 experts of 2 MoE layers (expert-parallel groups of 2): tokens sent to their experts by an all-to-all; gradients summed with the fused allreduce in buckets of 25 MiB'
 """
 import mxnet as mx
-import numpy as np
 from mxnet import autograd
 
 from ..comm.reducer import as_reducer
@@ -41,7 +40,7 @@ from ..job import KEYS, broadcast_arrays
 from ..layout import Layout
 from ..models.layers import run_replicas
 from ..models.lenet import softmax_cross_entropy
-from ..models.moe import aux_losses, moe_layers
+from ..models.moe import RoutingMeter, aux_losses, moe_layers
 from ..optim.zero import ReplicatedStore, as_optimizer
 from ..shard import Replicated
 from ..step import Replicas, worker_step
@@ -103,7 +102,7 @@ class ExpertParallel(Strategy, Replicas):
         self.layout = Layout() if layout is None else layout
         if not isinstance(self.layout, Layout):
             raise BadType("layout", f"{{layout}} must be a parallel.Layout, got {type(layout).__name__}")
-        self.ctx_list = self.in_ctx_list = self.out_ctx_list = check_contexts(ctx_list)
+        self.ctx_list = check_contexts(ctx_list)
         self.reducer = as_reducer(reducer)
         layers = moe_layers(block)
         self._check_layers(layers)
@@ -141,7 +140,7 @@ class ExpertParallel(Strategy, Replicas):
         self.in_ctx_list = self.out_ctx_list = self.ctx_list[::self.context]   # where each shard of the batch goes
         self._places = self._lay_out()
         self._aux, self._examples = [], 0
-        self._measured = None   # what the training forwards' routing did since epoch_metrics last read it
+        self._meter = RoutingMeter(layers)   # what the training forwards' routing did since epoch_metrics read it
 
     def __repr__(self):
         return f"{type(self).__name__}({self.describe()})"
@@ -190,36 +189,16 @@ class ExpertParallel(Strategy, Replicas):
         out = self._run(X_shards)
         self._aux = aux_losses(self.block) if autograd.is_recording() else []
         self._examples = sum(x.shape[0] for x in X_shards)
-        if autograd.is_recording() and self.moe_layers:
-            self._measure()
+        if autograd.is_recording():
+            self._meter.add(self._meter.layers)
         return out
-
-    def _measure(self):
-        """Add a training forward's routing to what ``epoch_metrics`` reports (its auxiliary loss queued, not
-        read)."""
-        stats = self.routing()
-        m = self._measured or {"tokens": np.zeros((len(stats), self.experts), dtype=np.int64), "dropped": 0,
-                               "choices": 0, "aux": None, "forwards": 0}
-        m["tokens"] += np.stack([s.routed for s in stats])
-        m["dropped"] += sum(s.dropped for s in stats)
-        m["choices"] += sum(s.choices for s in stats)
-        ctx = self.ctx_list[0]
-        total = (mx.nd.add_n(*[a.detach().as_in_context(ctx) for a in self._aux]) if self._aux else
-                 mx.nd.zeros((1,), ctx=ctx))   # no auxiliary loss (both weights 0)
-        m["aux"] = total if m["aux"] is None else m["aux"] + total
-        m["forwards"] += 1
-        self._measured = m
 
     def epoch_metrics(self):
         """``{"experts": {"tokens": [per MoE layer, per expert: the choices routed to it], "dropped": the fraction
         of choices dropped past capacity, "aux_loss": the auxiliary losses (all layers') of a forward, the mean
         over the forwards}}`` of the training steps since the last call (this process's, in a job); ``{}``
-        before any. Reads the summed auxiliary loss: waits for it."""
-        m, self._measured = self._measured, None
-        if m is None:
-            return {}
-        return {"experts": {"tokens": m["tokens"].tolist(), "dropped": m["dropped"] / max(m["choices"], 1),
-                            "aux_loss": float(m["aux"].asscalar()) / m["forwards"]}}
+        before any (``RoutingMeter.read``: waits for the summed auxiliary loss)."""
+        return self._meter.read()
 
     def backward(self, losses):
         """The backward pass of the replicas' losses and of their parts of the auxiliary losses, the latter with

@@ -15,6 +15,14 @@ replica 1 = (cpu(2), cpu(3)). One step (``parallel.step.step_replicas``, the ste
   buckets, hook and job (ZeRO-2 reduce-scatters; ZeRO-3 reduce-scattered each block already), clipped over every
   group, and every replica takes the same optimizer step (``parallel.optim.optimizer_step``).
 
+A model whose layers talk between replicas in the midst of a forward (a mixture of experts' all-to-all; each
+example's tokens split over ``layout.context`` replicas, attention round their ring) runs each chunk's replicas in
+lockstep (``parallel.models.lockstep.LockstepNet`` in place of each block's cached graph): each replica holds its
+dense arrays and its expert-parallel member's experts (``expert_replicas``, summed over the replicas holding the
+same experts), a block's auxiliary losses are heads of its own backward, and a context group's members are replicas
+of their own (the first chunk gives each its group's shard, the last reports the group's first member's output).
+Not over tensor ranks; experts not with ZeRO-3.
+
 So every axis is a plug-in of the same step: the model and pipeline strategies are one replica of stages (their
 presets ``ModelParallel`` and ``Pipeline``), the data strategy's ZeRO-3 (``FullyShardedDataParallel``) is one
 stage of sharded blocks, tensor parallelism one stage of ranks.
@@ -39,6 +47,8 @@ from ..evaluate import accuracy
 from ..job import KEYS, broadcast_arrays
 from ..layout import Layout
 from ..models.layers import Ranks, RankedNet, most_ranks
+from ..models.lockstep import LockstepNet
+from ..models.moe import RoutingMeter, moe_layers
 from ..models.lenet import softmax_cross_entropy
 from ..models.recompute import Blocks, Segment, flat_arrays, parts_of
 from ..models.registry import behaviour_of
@@ -48,6 +58,7 @@ from ..step import Replicas, worker_step
 from ..trace import issued
 from ..validate import BadType, BadValue, check_bool, check_contexts
 from .base import ArrayPlace, Strategy
+from .experts import expert_specs
 from .model import stage_ranges
 from .pipeline import issue, micro_batches
 from .schedules import pipeline_schedule
@@ -69,8 +80,20 @@ class Chunk:
     replicas: its ``Blocks``, each block's arrays on every replica (``parts``; ``scratch`` with copies of the
     running statistics) and where each replica's ranks compute (``contexts[d][t]``)."""
 
-    def __init__(self, blocks, parts, scratch, contexts):
+    def __init__(self, blocks, parts, scratch, contexts, fan_out=1, fan_in=1):
         self.blocks, self.parts, self.scratch, self.contexts = blocks, parts, scratch, contexts
+        # context parallelism: the first chunk gives each group's shard to its C members (fan_out), the last gives
+        # each group's output as its first member's (fan_in); every chunk between runs every member
+        self.fan_out, self.fan_in = fan_out, fan_in
+
+    def _members(self, X_shards):
+        """Each group's input on each of its members' contexts (a copy, not recorded: no gradient flows to the
+        images), or the inputs as they are."""
+        C = self.fan_out
+        if C == 1:
+            return X_shards
+        return [X if t == 0 else X.copyto(self.contexts[g * C + t][0]) for g, X in enumerate(X_shards)
+                for t in range(C)]
 
     @property
     def ranks(self):
@@ -78,13 +101,14 @@ class Chunk:
 
     def forward(self, X_shards):
         """The recorded forward of each replica's input (call it inside ``autograd.record()``)."""
-        return self.blocks.forward(X_shards, self.parts, self.scratch)
+        outputs, pending = self.blocks.forward(self._members(X_shards), self.parts, self.scratch)
+        return outputs[::self.fan_in], pending
 
     def backward(self, pending, heads, head_grads=None):
         self.blocks.backward(pending, heads, head_grads, self.parts)
 
     def predict(self, X_shards):
-        return self.blocks.predict(X_shards, self.parts)
+        return self.blocks.predict(self._members(X_shards), self.parts)[::self.fan_in]
 
     def logits(self, out):
         """A replica's output as the step reports it: the first rank's."""
@@ -195,6 +219,9 @@ class Hybrid(Strategy, Replicas):
         self.ranges = stage_ranges(chunks, self.layout.boundaries, *layers)
         self.placement = self.layout.place(len(ctx_list))
         self.ctx_list = list(ctx_list[:self.placement.used])
+        self._check_lockstep(params)
+        if self.layout.context > 1:   # a context group's members are replicas of their own, run in lockstep
+            self.placement = self.placement._replace(data=self.placement.data * self.layout.context)
         if len(self.ranges) % self.layout.virtual:
             raise ValueError(f"{len(self.ranges)} chunks cannot be dealt {self.layout.virtual} a device")
         self._cut = behaviour.cut(params, self.ranges)
@@ -212,6 +239,44 @@ class Hybrid(Strategy, Replicas):
     def __repr__(self):
         return f"{type(self).__name__}({self.describe()})"
 
+    def _check_lockstep(self, params):
+        """Whether the replicas run each chunk in lockstep (``parallel.models.lockstep``): a model with
+        mixture-of-experts layers (each routes over the whole batch; its experts spread over groups of
+        ``expert_parallel`` replicas), or each example's tokens split over groups of ``context`` replicas. Refuses
+        what a lockstep chunk does not run in."""
+        layers = moe_layers(params) if isinstance(params, mx.gluon.Block) else []
+        self.lockstep = bool(layers) or self.layout.context > 1
+        self.meter = RoutingMeter(layers)   # the training forwards' routing, until epoch_metrics reads it
+        self._experts = expert_specs(params) if layers else {}
+        #: a member that no token reaches leaves its experts' gradients unwritten, a context group's members but the
+        #: first their heads' (no loss reads them): the step zeroes them first
+        self.skips_parameters = self.lockstep
+        #: the replicas compute together (a batch that leaves one idle is refused): the sums count them all
+        self.computes_together = self.lockstep
+        if not self.lockstep:
+            if self.layout.expert_parallel > 1:
+                raise BadValue("expert_parallel", "{expert_parallel} spreads the experts of a mixture-of-experts "
+                                                  "model; the model has none: give it experts (vit(experts=E), "
+                                                  "--experts)")
+            return
+        name = "expert_parallel" if layers else "context"
+        what = "a mixture of experts" if layers else "{context}"
+        if self.layout.tensor > 1:
+            raise BadValue(name, f"{what} runs the replicas in lockstep, which does not run over {{tensor}} ranks "
+                                 "(not built); use {tensor} 1 with it")
+        if layers and self.layout.zero == 3:
+            raise BadValue("zero", "{zero=3} is not built for a mixture of experts, whose replicas hold different "
+                                   "experts; use {zero} 0, 1 or 2")
+        if layers and self.layout.context > 1:
+            raise BadValue("context", "{context} with {experts} is not built; give one of them")
+        if block_state(params)[3]:
+            raise BadValue("params", f"{what} trains models whose every array is trained (no BatchNorm)")
+        P = self.layout.expert_parallel
+        for layer in layers:
+            if layer.experts % P:
+                raise BadValue("expert_parallel", f"{{expert_parallel={P}}} contexts cannot share {layer.experts} "
+                                                  "experts equally; give a divisor of the experts")
+
     # ---- the layout ------------------------------------------------------------------------------------------
 
     def context(self, d, c, t=0):
@@ -223,6 +288,12 @@ class Hybrid(Strategy, Replicas):
         """Each chunk's arrays on every replica and rank (or their shards), its blocks and their parts."""
         p, zero = self.placement, self.layout.zero
         self.replicas = [[[None] * p.tensor for _ in self.ranges] for _ in range(p.data)]
+        self.expert_replicas = [[None] * len(self.ranges) for _ in range(p.data)]
+        self.views = [[[None] * p.tensor for _ in self.ranges] for _ in range(p.data)]
+        names = self._host[0]
+        # the positions in each chunk's arrays of its experts' (expert parallelism gives each replica its own)
+        self._expert_at = [[k for k, j in enumerate(index) if names and names[j] in self._experts]
+                           for index, _ in self._indices]
         self.sharded = [[] for _ in self.ranges]
         self.chunks = []
         keys = [0, 0, len(self._host[1])]   # each group's first gather and bucket, and the model's arrays
@@ -230,11 +301,17 @@ class Hybrid(Strategy, Replicas):
             segments = (behaviour.stage_blocks(self._cut, c, fine=zero == 3) if self.layout.recompute or zero == 3
                         else [_whole_stage(self._cut, c, len(self._indices[c][0]), len(self._indices[c][1]))])
             segments = _on_ranks(segments, p.tensor)
+            if self.lockstep:
+                segments = [Segment(LockstepNet(s.block, self.layout.expert_parallel, self.layout.context,
+                                                self.meter), s.first, s.stop, s.aux_first, s.aux_stop, s.label,
+                                    s.block) for s in segments]
             contexts = [[self.context(d, c, t) for t in range(p.tensor)] for d in range(p.data)]
             if zero == 3:
                 self.chunks.append(self._sharded_chunk(c, segments, contexts, keys))
             else:
                 self.chunks.append(self._replicated_chunk(c, segments, contexts))
+        C = self.layout.context
+        self.chunks[0].fan_out, self.chunks[-1].fan_in = C, C
 
     def _local(self, c, t):
         """Chunk ``c``'s arrays as rank ``t`` holds them (its part of each), with their names, and its other
@@ -250,17 +327,36 @@ class Hybrid(Strategy, Replicas):
         for t in range(p.tensor):
             local, names, aux, aux_names = self._local(c, t)
             for d in range(p.data):
-                self.replicas[d][c][t] = _replica(local, names, aux, aux_names, contexts[d][t], self.reducer.bucket_mb)
+                if self._expert_at[c]:
+                    self.replicas[d][c][t], self.expert_replicas[d][c], self.views[d][c][t] = self._expert_replica(
+                        c, d, local, names, aux, aux_names, contexts[d][t])
+                    continue
+                self.replicas[d][c][t] = self.views[d][c][t] = _replica(local, names, aux, aux_names, contexts[d][t],
+                                                                         self.reducer.bucket_mb)
                 if t:   # a global norm (clipping) counts the arrays every rank holds once
                     _mark_copies(self.replicas[d][c][t], [self._specs[i] for i in self._indices[c][0]])
-        own = [[parts_of(segments, self.replicas[d][c][t]) for t in range(p.tensor)] for d in range(p.data)]
-        spare = [[parts_of(segments, self.replicas[d][c][t], scratch=True) for t in range(p.tensor)]
+        own = [[parts_of(segments, self.views[d][c][t]) for t in range(p.tensor)] for d in range(p.data)]
+        spare = [[parts_of(segments, self.views[d][c][t], scratch=True) for t in range(p.tensor)]
                  for d in range(p.data)]
         parts = [[[own[d][t][s] for t in range(p.tensor)] for d in range(p.data)] for s in range(len(segments))]
         scratch = [[[spare[d][t][s] for t in range(p.tensor)] for d in range(p.data)] for s in range(len(segments))]
         blocks = Blocks(segments, recompute=self.layout.recompute, algorithm=self.reducer.algorithm,
                         retain_graph=self.layout.micro > 1, sequence=self.layout.sequence, kept=self.kept)
         return Chunk(blocks, _per_rank(parts, p.tensor), _per_rank(scratch, p.tensor), contexts)
+
+    def _expert_replica(self, c, d, local, names, aux, aux_names, ctx):
+        """Replica ``d``'s arrays of chunk ``c`` with experts: its dense arrays (a ``FlatReplica``, with the other
+        arrays), its experts' (member ``d % P`` of its expert-parallel group's: another), and both as the chunk's
+        blocks read them (a list in the chunk's order, with its ``names`` and ``aux``)."""
+        P, at, bucket_mb = self.layout.expert_parallel, self._expert_at[c], self.reducer.bucket_mb
+        dense_at = [k for k in range(len(local)) if k not in set(at)]
+        dense = _replica([local[k] for k in dense_at], [names[k] for k in dense_at], aux, aux_names, ctx, bucket_mb)
+        experts = _replica([self._experts[names[k]].local(local[k], d % P, P) for k in at], [names[k] for k in at],
+                           [], [], ctx, bucket_mb)
+        by_position = dict(zip(dense_at, dense))
+        by_position.update(zip(at, experts))
+        view = _View([by_position[k] for k in range(len(local))], names, dense.aux)
+        return dense, experts, view
 
     def _sharded_chunk(self, c, segments, contexts, keys):
         p = self.placement
@@ -277,40 +373,52 @@ class Hybrid(Strategy, Replicas):
         self.sharded[c] = groups
         parts = [[[group.parts[s][d] for group in groups] for d in range(p.data)] for s in range(len(segments))]
         scratch = [[[group.scratch[s][d] for group in groups] for d in range(p.data)] for s in range(len(segments))]
-        blocks = Blocks(segments, recompute=True, hooks=ShardedHooks(groups), algorithm=self.reducer.algorithm,
+        blocks = Blocks(segments, recompute=True, hooks=ShardedHooks(groups, clear=self.skips_parameters),
+                        algorithm=self.reducer.algorithm,
                         retain_graph=self.layout.micro > 1, kept=self.kept)
         return Chunk(blocks, _per_rank(parts, p.tensor), _per_rank(scratch, p.tensor), contexts)
 
     def _array_places(self):
         """Where each of the model's trained arrays lies: its chunk's stores (one a rank), its index there."""
-        p, places = self.placement, [None] * len(self._host[1])
+        p, places, P = self.placement, [None] * len(self._host[1]), self.layout.expert_parallel
         for c, (index, _) in enumerate(self._indices):
             stores = (self.sharded[c] if self.layout.zero == 3 else
                       [ReplicatedStore([self.replicas[d][c][t] for d in range(p.data)]) for t in range(p.tensor)])
-            for i, j in enumerate(index):
-                places[j] = ArrayPlace(stores, i, self._specs[j], self._host[1][j].shape)
+            at = self._expert_at[c]
+            members = [ReplicatedStore([self.expert_replicas[d][c] for d in range(m, p.data, P)]) for m in range(P)
+                       if at]
+            dense = [k for k in range(len(index)) if k not in set(at)]
+            where = {k: (stores, i, self._specs[index[k]]) for i, k in enumerate(dense)}
+            where.update({k: (members, i, self._experts[self._host[0][index[k]]]) for i, k in enumerate(at)})
+            for k, j in enumerate(index):
+                held, i, spec = where[k]
+                places[j] = ArrayPlace(held, i, spec, self._host[1][j].shape)
         return places
 
     # ---- what the step takes (parallel.step.Replicas) ------------------------------------------------------
 
     @property
     def in_ctx_list(self):
-        """Where each replica takes its shard of the batch: its first chunk's first rank's context."""
-        return [self.context(d, 0) for d in range(self.placement.data)]
+        """Where each replica takes its shard of the batch: its first chunk's first rank's context (a context
+        group's first member's)."""
+        return [self.context(d, 0) for d in range(0, self.placement.data, self.layout.context)]
 
     @property
     def out_ctx_list(self):
-        """Where each replica gives its outputs: its last chunk's first rank's context."""
-        return [self.context(d, len(self.ranges) - 1) for d in range(self.placement.data)]
+        """Where each replica gives its outputs: its last chunk's first rank's context (a context group's first
+        member's)."""
+        return [self.context(d, len(self.ranges) - 1) for d in range(0, self.placement.data, self.layout.context)]
 
     def groups(self):
         """The trained arrays as ``optimizer_step`` takes them: chunk ``c``'s rank ``t`` of every replica forms a
         group, summed over the replicas; with ZeRO-3 each context's shard is a group of its own."""
         if self.layout.zero == 3:
             return [[shard] for row in self.sharded for group in row for shard in group.shards]
-        p = self.placement
-        return [[self.replicas[d][c][t] for d in range(p.data)] for c in range(len(self.ranges))
-                for t in range(p.tensor)]
+        p, P = self.placement, self.layout.expert_parallel
+        return ([[self.replicas[d][c][t] for d in range(p.data)] for c in range(len(self.ranges))
+                 for t in range(p.tensor)] +
+                [[self.expert_replicas[d][c] for d in range(m, p.data, P)] for c in range(len(self.ranges))
+                 if self._expert_at[c] for m in range(P)])   # each member's experts over the replicas holding them
 
     def aux(self, r=0):
         """Replica ``r``'s arrays that are not trained (BatchNorm's running statistics), in the model's order."""
@@ -353,6 +461,12 @@ class Hybrid(Strategy, Replicas):
         counts the metrics afterwards (``counted`` is left uncalled)."""
         m = self.layout.micro
         X_parts, y_parts = micro_batches(X_shards, m), micro_batches(y_shards, m)
+        n = len(self.in_ctx_list)
+        if self.lockstep and X_shards and any(len(part) < n for part in X_parts):
+            examples = sum(X.shape[0] for X in X_shards)
+            raise BadValue("batch_size", f"a batch of {examples} example(s) cannot feed the {n} replicas' {m} "
+                                         f"micro-batch(es), which compute together; use batches of at least {n * m} "
+                                         "examples")
         outputs, y, losses, peak = issue(self.plan(), self.chunks, X_parts, y_parts, loss)
         self.last_stash = [n / self.layout.virtual if self.layout.virtual > 1 else n for n in peak]
         return outputs, y, losses
@@ -401,13 +515,22 @@ class Hybrid(Strategy, Replicas):
         model's order (without ZeRO-3): what every replica holds the same of after a step."""
         by_index = {}
         for c, (index, _) in enumerate(self._indices):
-            by_index.update(zip(index, self.replicas[d][c][0]))
+            by_index.update(zip(index, self.views[d][c][0]))
         return [by_index[j] for j in range(len(by_index))]
 
     @property
     def gathers_collectively(self):
         """ZeRO-3 in a job: reading the model gathers every worker's chunks."""
         return self.layout.zero == 3 and self.job is not None
+
+    def routing(self):
+        """The MoE layers' last forward (``RoutingStats``), in order (``ExpertParallel.routing``)."""
+        return [layer.last for layer in self.meter.layers]
+
+    def epoch_metrics(self):
+        """A mixture of experts' routing over the training steps since the last call (``RoutingMeter.read``:
+        ``{"experts": ...}``, as ``ExpertParallel.epoch_metrics``); ``{}`` without experts."""
+        return self.meter.read()
 
     def names(self):
         """The model's trainable arrays' names (a gluon block's ``param.name``s), in ``params()`` order; ``[]`` for
@@ -475,6 +598,13 @@ class Hybrid(Strategy, Replicas):
                          "reduce-scattered")
         elif self.layout.recompute:
             line += ", activations recomputed in backward"
+        if self.layout.context > 1:
+            line += (f", each example's tokens split over groups of {self.layout.context} replicas (attention by "
+                     "ring attention)")
+        if self.meter.layers:
+            E, P, n = self.meter.experts, self.layout.expert_parallel, len(self.meter.layers)
+            line += f", each replica holding {'all' if P == 1 else f'{E // P} of the'} {E} experts of {n} MoE " \
+                    f"layer{'s' if n > 1 else ''}" + (f" (expert-parallel groups of {P})" if P > 1 else "")
         if self.layout.sequence:
             line += (", sequence parallel: layer norms and the residual stream split along the sequence over each "
                      "tensor group (f and g an all-gather and a reduce-scatter)")
@@ -631,6 +761,15 @@ def _on_ranks(segments, tensor):
 def _per_rank(parts, tensor):
     """``parts[s][d][t]`` as the blocks take them: a list of ranks, or for one rank the part itself."""
     return parts if tensor > 1 else [[ranks[0] for ranks in per_replica] for per_replica in parts]
+
+
+class _View(list):
+    """A replica's arrays of a chunk as its blocks read them (``parts_of``), held in more than one ``FlatReplica``
+    (dense and experts): in the chunk's order, with ``names`` and ``aux``."""
+
+    def __init__(self, arrays, names, aux):
+        super().__init__(arrays)
+        self.names, self.aux = list(names), list(aux)
 
 
 def _replica(arrays, names, aux, aux_names, ctx, bucket_mb):

@@ -253,6 +253,14 @@ class ShardedGroup:
                 if j != i and q > p:
                     algorithms.copy_to(other[p:q], buffer[p:q])
 
+    def clear(self, s):
+        """Zero block ``s``'s part of every context's gradient buffer (before a backward that may not write it
+        all)."""
+        size = self.units[s].size
+        for grads in self._grads:
+            if size:
+                grads[:size] = 0
+
     def reduce(self, s, active):
         """Block ``s``'s gradient summed over the contexts (and workers) through the reducer's reduce-scatter, each
         owner adding its chunk of the sum into its shard's gradient; contexts ``active ..`` computed nothing (their
@@ -366,20 +374,31 @@ class ShardedHooks(BlockHooks):
     """The hooks of one chunk of a network (``Blocks``): for each tensor rank's ``ShardedGroup`` of it, gather a
     block before it runs (and, with prefetch, the next one) and reduce-scatter its gradient after its backward."""
 
-    def __init__(self, groups):
+    def __init__(self, groups, clear=False):
         self.groups = list(groups)
+        #: zero a block's gradient buffer before each backward of it: a backward that leaves a replica's part of the
+        #: block unwritten (no loss reads it: a context group's members' heads) would otherwise reduce another block's
+        self.clear = clear
+
+    def _clear(self, s):
+        if self.clear:
+            for group in self.groups:
+                group.clear(s)
 
     def before_forward(self, s, after=None, recompute=False):
         for group in self.groups:
             group.gather(s)
             if group.prefetch and after is not None:
                 group.gather(after)
+        if recompute:
+            self._clear(s)
         if recompute:   # a trace names what follows the gathered parameters a recomputation
             mark_recompute([group.gathered(s, i) for group in self.groups for i in range(len(group.ctx_list))])
 
     def before_backward(self, s):
         for group in self.groups:   # another micro-batch's blocks may have taken the buffer meanwhile
             group.gather(s)
+        self._clear(s)
 
     def after_backward(self, s, active):
         for group in self.groups:

@@ -1,0 +1,86 @@
+"""A block as the net of a step's data replicas run in lockstep: what a chunk of a ``parallel.strategies.Hybrid``
+runs when its layers exchange values between replicas in the midst of a forward (a mixture of experts' all-to-all,
+``parallel.models.moe``; ring attention over a context-parallel group, ``parallel.models.ring``).
+
+``LockstepNet(block, expert_parallel, context, meter)`` is to replicas what ``RankedNet`` is to tensor ranks: its
+``forward_all(X_shards, parts)`` runs ``block`` on every replica at once (``run_replicas``: each operator replica by
+replica, recorded by autograd, no tape). A recorded run leaves the auxiliary losses of its MoE layers, one a
+replica, for the backward pass of the same run (``take_heads``, which ``parallel.models.recompute.Blocks`` calls
+after each recorded run of a block: its backward takes them as heads besides the block's outputs), each with the
+gradient ``n``, the examples of the run, as ``ExpertParallel.backward`` gives them: the step divides every
+gradient by the batch, so a batch run whole learns its auxiliary losses, and one run in micro-batches the mean of
+theirs weighted by their examples (as ``accumulate`` does). Each recorded run counts its layers' routing on the
+``meter`` (``parallel.models.moe.RoutingMeter``): a recomputed block is counted once, in the run its backward
+follows.
+
+Evaluation (outside ``autograd.record()``) runs in training mode: in inference MXNet's oneDNN operators reorder a
+weight in place into a blocked layout, which a view into a replica's flat buffer cannot take. The models it runs
+have no layer that the mode changes (no dropout; BatchNorm is refused by the strategies).
+
+>>> import mxnet as mx
+>>> from mxnet import autograd
+>>> from parallel.comm.replica import block_state
+>>> from parallel.models.layers import replicate_ranks
+>>> from parallel.models.moe import MoEFeedForward
+>>> layer = MoEFeedForward(dim=4, hidden=8, experts=2)
+>>> layer.initialize(mx.init.Normal(0.5))
+>>> parts = replicate_ranks(layer, [mx.cpu(0), mx.cpu(1)])   # two replicas, each holding both experts
+>>> net = LockstepNet(layer)
+>>> X = [mx.nd.ones((3, 5, 4), ctx=mx.cpu(t)) for t in range(2)]
+>>> with autograd.record():
+...     out = net.forward_all(X, parts)
+>>> heads, grads = net.take_heads()
+>>> len(heads), grads[0].asscalar()   # each replica's auxiliary loss, its gradient the run's 6 examples
+(2, 6.0)
+"""
+import mxnet as mx
+from mxnet import autograd
+
+from .layers import run_replicas
+from .moe import aux_losses, moe_layers
+
+__all__ = ["LockstepNet"]
+
+
+class LockstepNet:
+    """``block`` as a net of replicas run in lockstep (see the module's docstring).
+
+    Parameters
+    ----------
+    block : mxnet.gluon.HybridBlock
+        The block (a stage, or one block of it); its ``hybrid_forward`` code runs with a ``ReplicasF``.
+    expert_parallel, context : int
+        The replicas' groups (``ReplicasF``'s): consecutive replicas that share their experts, or each example's
+        tokens.
+    meter : parallel.models.moe.RoutingMeter, optional
+        Where the recorded runs count their routing.
+    """
+
+    def __init__(self, block, expert_parallel=1, context=1, meter=None):
+        self.block, self.expert_parallel, self.context, self.meter = block, expert_parallel, context, meter
+        self.layers = moe_layers(block)
+        self._heads = ((), ())
+
+    def __repr__(self):
+        return f"LockstepNet({type(self.block).__name__})"
+
+    def forward_all(self, X_shards, parts, tape=None):
+        """Each replica's output (one array a replica); nothing waits but the routing's reads. ``tape`` is
+        refused: a lockstep block records on autograd's own tape."""
+        if tape is not None:
+            raise ValueError("a lockstep block records with autograd; it runs on no tensor-parallel tape")
+        if not autograd.is_recording():
+            with autograd.train_mode():
+                return run_replicas(self.block, X_shards, parts, self.expert_parallel, self.context).arrays
+        out = run_replicas(self.block, X_shards, parts, self.expert_parallel, self.context).arrays
+        aux = aux_losses(self.block) if self.layers else []
+        examples = sum(X.shape[0] for X in X_shards[::self.context])   # a context group's members share theirs
+        self._heads = (aux, [mx.nd.full((1,), examples, ctx=a.context, dtype=a.dtype) for a in aux])
+        if self.meter is not None:
+            self.meter.add(self.layers)
+        return out
+
+    def take_heads(self):
+        """The auxiliary losses of the last recorded run and their gradients, ``(heads, gradients)``, once."""
+        heads, self._heads = self._heads, ((), ())
+        return heads
