@@ -31,8 +31,8 @@ KEYS = {
     "chunks": 1000,   # the pieces of a broadcast object use keys 1000 .. 9999 (objects up to 36 MB)
     "feedback": 30000,    # every worker's error-feedback state, gathered for a checkpoint (30000), or rank 0's
                           # checkpoint of it, broadcast on resume (30001)
-    "sharded": 40000,     # zero=3: block s's piece j of k summed over the workers, gathered (kind 0) or reduced
-                          # (kind 1), key 40000 + (2 s + kind) k + j (below 499999)
+    "sharded": 40000,     # zero=3: block s's piece j of k gathered over the workers, key 40000 + the group's
+                          # first (Keys.gathers) + s k + j (below 499999)
     "norms": 499999,     # zero=3's squared norms of every worker's shards, gathered for clipping
     "sharded_arrays": 500000,   # zero=3: one array gathered whole for a checkpoint: 500000 + n_arrays * (state + 1)
                                 # + array (state -1: the parameters)

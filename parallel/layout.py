@@ -261,8 +261,6 @@ class Layout:
         if self.tensor > 1:
             raise BadValue("expert_parallel", f"{{expert_parallel={p}}} runs the replicas in lockstep, which does not "
                                               "run over {tensor} ranks (not built); use {tensor} 1 with it")
-        if self.zero == 3:
-            raise BadValue("zero", f"{{zero=3}} with {{expert_parallel={p}}} is not built; use {{zero}} 0, 1 or 2")
 
     def _check_interleaving(self):
         v = self.virtual
@@ -282,8 +280,6 @@ class Layout:
             if self.tensor > 1:
                 raise BadValue("experts", "{experts} runs the replicas in lockstep, which does not run over {tensor} "
                                           "ranks (not built); use {tensor} 1 with it")
-            if self.zero == 3:
-                raise BadValue("zero", "{zero=3} is not built for a mixture of experts; use {zero} 0, 1 or 2")
         if (self.context > 1 or self.sequence) and not info.sequences:
             runs = [name for name, entry in MODELS.items() if entry.sequences]
             if self.sequence:

@@ -202,8 +202,8 @@ def _add_expert_flags(add):
              "default 0 (none)")
     add("--expert-parallel", type=int, default=1, metavar="P",
         help="--experts: spread the experts over groups of P devices (E / P each, --devices a multiple of P), "
-             "tokens sent to their experts and back by an all-to-all (also across --stages; not --tensor or --zero "
-             "3); default 1 (every device holds every expert)")
+             "tokens sent to their experts and back by an all-to-all (also across --stages and with --zero 3; not "
+             "--tensor); default 1 (every device holds every expert)")
 
 
 def check_model_args(args):

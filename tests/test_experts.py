@@ -16,7 +16,7 @@ from parallel.models.moe import Experts, MoEFeedForward, aux_losses, capacity_of
 from parallel.models.vit import init_vit
 from parallel.optim import SGD
 from parallel.strategies import make_strategy
-from parallel.strategies.experts import ExpertParallel
+from parallel.strategies.experts import ExpertParallel, expert_specs
 from parallel.train import main
 from conftest import assert_close_to_scale, assert_refused, contexts, write_idx_files
 
@@ -219,6 +219,28 @@ def test_zero_shards_each_group_and_trains_the_same_model():
         assert_close_to_scale(got, want, 1e-6)
 
 
+def test_zero_3_shards_each_member_s_experts_over_the_replicas_holding_them():
+    """ZeRO-3 with expert parallelism (``Hybrid``): the dense arrays sharded over the 4 replicas, each member's
+    experts over the 2 holding them; the same model as without ZeRO-3, which a new layout then reads back whole."""
+    want, _ = _train(make_strategy(Layout(expert_parallel=2), init_vit(0, experts=E), contexts(4)), _batches())
+    strategy = make_strategy(Layout(expert_parallel=2, zero=3), init_vit(0, experts=E), contexts(4))
+    assert "a member's experts over the 2 replicas holding them" in strategy.describe()
+    dense, members = strategy.sharded[0][0], strategy.expert_sharded[0]
+    assert len(members) == 2 and [len(m.ctx_list) for m in members] == [2, 2]
+    model = init_vit(0, experts=E)
+    experts = expert_specs(model)
+    sizes = [p.data().size for p in model.collect_params().values()]
+    expert_sizes = [p.data().size for p in model.collect_params().values() if p.name in experts]
+    # the members' shards hold every expert once, the dense shards every other array once
+    assert sum(shard.data.size for m in members for shard in m.shards) == sum(expert_sizes)
+    assert sum(shard.data.size for shard in dense.shards) == sum(sizes) - sum(expert_sizes)
+    got, _ = _train(strategy, _batches(), zero=3)
+    assert_close_to_scale(got, want, 1e-6)
+    again = make_strategy(Layout(expert_parallel=4, zero=3), init_vit(1, experts=E), contexts(4))
+    again.load_params(got)
+    assert_close_to_scale([p.asnumpy() for p in again.params()], got, 0)
+
+
 def test_a_model_moves_between_expert_parallel_degrees_whole():
     """The arrays of a layout of 2 experts a context, given to one of 1 a context and read back, are the same
     model: what a checkpoint resumed on another degree relies on."""
@@ -277,7 +299,8 @@ def test_the_cli_trains_experts_and_records_their_routing(easy_dir, tmp_path, ca
 
 def test_the_cli_trains_experts_across_pipeline_stages_and_resumes_them_spread(easy_dir, tmp_path, capsys):
     """A mixture of experts composed with pipeline stages (issue 39): 2 stages fed 2 micro-batches in 1F1B's order
-    record their routing per epoch; the checkpoint resumes with the experts spread over 2 contexts instead."""
+    record their routing per epoch; the checkpoint resumes with the experts spread over 2 contexts and ZeRO-3
+    instead."""
     metrics = tmp_path / "m.json"
     common = ["--model", "vit", "--experts", "4", "--data-dir", str(easy_dir), "--batch-size", "32", "--optimizer",
               "adamw", "--no-progress", "--checkpoint-dir", str(tmp_path / "ck")]
@@ -288,8 +311,10 @@ def test_the_cli_trains_experts_across_pipeline_stages_and_resumes_them_spread(e
     routed = json.loads(metrics.read_text())[0]["experts"]
     # 256 examples x 17 tokens, each through 2 MoE layers (top-1): every choice counted once a layer
     assert [sum(layer) for layer in routed["tokens"]] == [256 * 17] * 2 and routed["aux_loss"] > 0
-    assert main([*common, "--expert-parallel", "2", "--devices", "cpu:2", "--epochs", "2", "--resume"]) == 0
-    assert "epoch 2," in capsys.readouterr().out
+    assert main([*common, "--expert-parallel", "2", "--zero", "3", "--devices", "cpu:2", "--epochs", "2",
+                 "--resume"]) == 0
+    out = capsys.readouterr().out
+    assert "epoch 2," in out and "a member's experts over the 1 replica holding them" in out
 
 
 @pytest.mark.parametrize("flags, says", [
@@ -299,7 +324,6 @@ def test_the_cli_trains_experts_across_pipeline_stages_and_resumes_them_spread(e
     (["--experts", "4", "--top-k", "5"], "--top-k must be between 1 and --experts 4"),
     (["--experts", "4", "--expert-parallel", "3", "--devices", "cpu:3"], "--expert-parallel must divide"),
     (["--experts", "4", "--expert-parallel", "2", "--devices", "cpu:3"], "cannot group 3"),
-    (["--experts", "4", "--zero", "3"], "--zero 3 is not built for a mixture of experts"),
     (["--experts", "4", "--tensor", "2", "--devices", "cpu:2"], "in lockstep, which does not run over --tensor"),
     (["--experts", "4", "--export", "out"], "leave --export out with --experts"),
     (["--experts", "4", "--capacity-factor", "nan"], "--capacity-factor"),
@@ -344,11 +368,13 @@ def test_without_auxiliary_losses_the_experts_train_and_record_their_routing(eas
     assert experts["aux_loss"] == 0 and np.array(experts["tokens"]).sum() == 2 * 256 * 17
 
 
-def test_two_workers_with_their_own_expert_groups_train_the_one_context_model(threads_reduce_at_once):
+@pytest.mark.parametrize("zero", [0, 3])
+def test_two_workers_with_their_own_expert_groups_train_the_one_context_model(zero, threads_reduce_at_once):
     """A job of two workers (threads standing in for ps-lite's servers), each an expert-parallel group of its own 2
     contexts; rank 1 starts from another model (rank 0's wins). An expert group lives in one process: each worker
     routes its slice, so with a capacity that drops nothing and no auxiliary loss (both per worker) the job trains
-    the one-context model; the experts' gradients are summed over the workers as the rest are."""
+    the one-context model; the experts' gradients are summed over the workers as the rest are (with ZeRO-3, each
+    member's experts sharded over its replicas of every worker)."""
     from parallel import Reducer
     from conftest import in_threads
 
@@ -358,9 +384,9 @@ def test_two_workers_with_their_own_expert_groups_train_the_one_context_model(th
     want, _ = _train(make_strategy("data", moe(0), contexts(1)), batches)
 
     def work(job, rank):
-        strategy = make_strategy(Layout(expert_parallel=2), moe(0 if rank == 0 else 5),
+        strategy = make_strategy(Layout(expert_parallel=2, zero=zero), moe(0 if rank == 0 else 5),
                                  [mx.cpu(2 * rank + i) for i in range(2)], reducer=Reducer(job=job))
-        return _train(strategy, batches)[0]
+        return _train(strategy, batches, zero=zero)[0]
     first, second = in_threads(2, work)[0]
     for a, b in zip(first, second):
         np.testing.assert_array_equal(a, b)

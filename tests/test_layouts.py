@@ -111,13 +111,15 @@ def test_experts_x_data_trains_the_one_context_moe_vit(layout, k):
 @pytest.mark.parametrize("layout, k, parts", [
     (Layout("pipeline", stages=2, micro_batches=2, schedule="1f1b"), 2, 2),
     (Layout("hybrid", stages=2, expert_parallel=2, zero=2, recompute=True), 4, 1),
+    (Layout("hybrid", stages=2, expert_parallel=2, zero=3), 4, 1),
 ])
 def test_experts_x_pipeline_trains_the_one_context_moe_vit(layout, k, parts):
     """A mixture of experts across pipeline stages (each stage's replicas in lockstep, ``parallel.models.lockstep``;
     the auxiliary losses backward heads of the chunk that made them): 2 stages fed 2 micro-batches in 1F1B's order,
     the one-context model fed the same 2 parts of each batch (``accumulate``: each part routed alone, as each
     micro-batch is); 2 replicas x 2 stages with expert parallelism, ZeRO-2 and recomputation (the last batch of 5:
-    3 and 2 examples), the one-context model. A chunk's routing is counted once, recomputed or not."""
+    3 and 2 examples), and with ZeRO-3 (each member's experts sharded over the replicas holding them), the
+    one-context model. A chunk's routing is counted once, recomputed or not."""
     def moe():
         return init_vit(0, dtype="float64", experts=Experts(4, top_k=2))
     one = Layout(accumulate=parts)
@@ -200,7 +202,6 @@ def test_the_job_layouts_train_the_one_context_vit_in_threads(name, one_context,
     (Layout("pipeline", virtual=2, schedule="1f1b", micro_batches=3), "vit", ValueError, "a multiple of 2"),
     # issue 39: what the lockstep replicas of experts and context parallelism do not run in
     (Layout(tensor=2), "vit(experts=4)", ValueError, "does not run over tensor ranks"),
-    (Layout(zero=3), "vit(experts=4)", ValueError, "not built for a mixture of experts"),
     (Layout(context=2, tensor=2), "vit(patch=4)", ValueError, "does not run over tensor ranks"),
     (Layout(context=2), "vit(experts=4)", ValueError, "with experts is not built"),
 ])

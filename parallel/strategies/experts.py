@@ -151,8 +151,8 @@ class ExpertParallel(Strategy, Replicas):
             raise BadValue("expert_parallel", "{expert_parallel} spreads the experts of a mixture-of-experts model; "
                                               "the model has none: give it experts (vit(experts=E), --experts)")
         if self.layout.stages_given > 1 or self.layout.tensor > 1 or self.layout.zero == 3:
-            raise BadValue("expert_parallel", "a mixture-of-experts model trains with the data strategy, ZeRO 0 to 2 "
-                                              "(not pipeline stages, tensor ranks or ZeRO-3: not built)")
+            raise BadValue("layout", "ExpertParallel runs the data strategy with ZeRO 0 to 2; pipeline stages and "
+                                     "ZeRO-3 are Hybrid's: use make_strategy (tensor ranks: not built)")
 
     def _lay_out(self):
         P = self.layout.expert_parallel
@@ -220,7 +220,8 @@ class ExpertParallel(Strategy, Replicas):
         count), each (1,) on ``ctx_list[0]``, not waited for."""
         optimizer = as_optimizer(lr, optimizer)
         if optimizer.zero == 3:
-            raise BadValue("zero", "{zero=3} is not built for expert parallelism; use ZeRO 0, 1 or 2")
+            raise BadValue("zero", "ExpertParallel runs ZeRO 0 to 2; {zero=3} is Hybrid's: use make_strategy with "
+                                   "Layout(zero=3)")
         return worker_step(self, X, y, loss, optimizer, accumulate, self.job)
 
     def evaluate(self, data_iter):

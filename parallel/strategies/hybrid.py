@@ -21,7 +21,7 @@ lockstep (``parallel.models.lockstep.LockstepNet`` in place of each block's cach
 dense arrays and its expert-parallel member's experts (``expert_replicas``, summed over the replicas holding the
 same experts), a block's auxiliary losses are heads of its own backward, and a context group's members are replicas
 of their own (the first chunk gives each its group's shard, the last reports the group's first member's output).
-Not over tensor ranks; experts not with ZeRO-3.
+With ZeRO-3 each member's experts are sharded over the replicas holding them. Not over tensor ranks.
 
 So every axis is a plug-in of the same step: the model and pipeline strategies are one replica of stages (their
 presets ``ModelParallel`` and ``Pipeline``), the data strategy's ZeRO-3 (``FullyShardedDataParallel``) is one
@@ -38,6 +38,8 @@ stage of sharded blocks, tensor parallelism one stage of ranks.
 The same model as one context, but for BatchNorm fed micro-batches (each normalised alone, as GPipe does): every
 layout of ``tests/test_layouts.py`` trains one context's model (bitwise where the sums are the same additions).
 """
+import bisect
+
 import mxnet as mx
 
 from ..comm.reducer import as_reducer
@@ -50,7 +52,7 @@ from ..models.layers import Ranks, RankedNet, most_ranks
 from ..models.lockstep import LockstepNet
 from ..models.moe import RoutingMeter, moe_layers
 from ..models.lenet import softmax_cross_entropy
-from ..models.recompute import Blocks, Segment, flat_arrays, parts_of
+from ..models.recompute import Blocks, Part, Segment, flat_arrays, parts_of
 from ..models.registry import behaviour_of
 from ..optim.zero import ReplicatedStore, as_optimizer
 from ..shard import Replicated
@@ -264,9 +266,6 @@ class Hybrid(Strategy, Replicas):
         if self.layout.tensor > 1:
             raise BadValue(name, f"{what} runs the replicas in lockstep, which does not run over {{tensor}} ranks "
                                  "(not built); use {tensor} 1 with it")
-        if layers and self.layout.zero == 3:
-            raise BadValue("zero", "{zero=3} is not built for a mixture of experts, whose replicas hold different "
-                                   "experts; use {zero} 0, 1 or 2")
         if layers and self.layout.context > 1:
             raise BadValue("context", "{context} with {experts} is not built; give one of them")
         if block_state(params)[3]:
@@ -295,6 +294,7 @@ class Hybrid(Strategy, Replicas):
         self._expert_at = [[k for k, j in enumerate(index) if names and names[j] in self._experts]
                            for index, _ in self._indices]
         self.sharded = [[] for _ in self.ranges]
+        self.expert_sharded = [[] for _ in self.ranges]
         self.chunks = []
         keys = [0, 0, len(self._host[1])]   # each group's first gather and bucket, and the model's arrays
         for c in range(len(self.ranges)):
@@ -359,15 +359,20 @@ class Hybrid(Strategy, Replicas):
         return dense, experts, view
 
     def _sharded_chunk(self, c, segments, contexts, keys):
+        if self._expert_at[c]:
+            return self._sharded_expert_chunk(c, segments, contexts, keys)
         p = self.placement
+        # a checkpoint's gathers in a job: a key per array and group holding part of it (tensor ranks; with experts,
+        # the dense group and the members: every group of the model numbered alike, see _sharded_expert_chunk)
+        ranks = self.layout.expert_parallel + 1 if self._experts else p.tensor
         groups = []
         for t in range(p.tensor):
             local, names, aux, _ = self._local(c, t)
             group = ShardedGroup(local, names, aux, segments, [contexts[d][t] for d in range(p.data)], self.reducer,
-                                 Keys(keys[0], keys[1], t, p.tensor, keys[2]), self.prefetch)
+                                 Keys(keys[0], keys[1], t, ranks, keys[2]), self.prefetch)
             if t:
                 _mark_shard_copies(group, [self._specs[i] for i in self._indices[c][0]])
-            keys[0] += len(segments)
+            keys[0] += len(segments) * p.data
             keys[1] += len(segments)
             groups.append(group)
         self.sharded[c] = groups
@@ -378,6 +383,43 @@ class Hybrid(Strategy, Replicas):
                         retain_graph=self.layout.micro > 1, kept=self.kept)
         return Chunk(blocks, _per_rank(parts, p.tensor), _per_rank(scratch, p.tensor), contexts)
 
+    def _sharded_expert_chunk(self, c, segments, contexts, keys):
+        """Chunk ``c`` with experts, ZeRO-3: its dense arrays sharded over every replica (a ``ShardedGroup``), each
+        member's experts over the replicas holding them (one group a member, ``expert_sharded[c]``); a block's
+        parameters on replica ``d``, the views of both groups' gather buffers (``run_replicas`` reads them by
+        name)."""
+        p, P, n = self.placement, self.layout.expert_parallel, len(segments)
+        local, names, aux, _ = self._local(c, 0)
+        at = self._expert_at[c]
+        dense_at = [k for k in range(len(local)) if k not in set(at)]
+
+        def over(positions, with_aux):   # the blocks over the arrays at ``positions`` (of the chunk's, in order)
+            return [Segment(s.net, bisect.bisect_left(positions, s.first), bisect.bisect_left(positions, s.stop),
+                            s.aux_first if with_aux else 0, s.aux_stop if with_aux else 0, s.label, s.block)
+                    for s in segments]
+
+        def group(arrays, positions, held, rank):   # rank 0: the dense arrays (and the other arrays); m + 1: member m
+            made = ShardedGroup(arrays, [names[k] for k in positions], [] if rank else aux,
+                                over(positions, not rank), [contexts[d][0] for d in held], self.reducer,
+                                Keys(keys[0], keys[1], rank, P + 1, keys[2]), self.prefetch)
+            keys[0] += n * len(held)
+            keys[1] += n
+            return made
+
+        dense = group([local[k] for k in dense_at], dense_at, range(p.data), 0)
+        members = [group([self._experts[names[k]].local(local[k], m, P) for k in at], at, range(m, p.data, P), m + 1)
+                   for m in range(P)]
+        self.sharded[c], self.expert_sharded[c] = [dense], members
+
+        def joined(held, s):
+            return [[_joined(held(dense)[s][d], held(members[d % P])[s][d // P])] for d in range(p.data)]
+
+        parts = [joined(lambda g: g.parts, s) for s in range(n)]
+        scratch = [joined(lambda g: g.scratch, s) for s in range(n)]
+        blocks = Blocks(segments, recompute=True, hooks=ShardedHooks([dense] + members, clear=True),
+                        algorithm=self.reducer.algorithm, retain_graph=self.layout.micro > 1, kept=self.kept)
+        return Chunk(blocks, _per_rank(parts, 1), _per_rank(scratch, 1), contexts)
+
     def _array_places(self):
         """Where each of the model's trained arrays lies: its chunk's stores (one a rank), its index there."""
         p, places, P = self.placement, [None] * len(self._host[1]), self.layout.expert_parallel
@@ -385,8 +427,9 @@ class Hybrid(Strategy, Replicas):
             stores = (self.sharded[c] if self.layout.zero == 3 else
                       [ReplicatedStore([self.replicas[d][c][t] for d in range(p.data)]) for t in range(p.tensor)])
             at = self._expert_at[c]
-            members = [ReplicatedStore([self.expert_replicas[d][c] for d in range(m, p.data, P)]) for m in range(P)
-                       if at]
+            members = (self.expert_sharded[c] if self.layout.zero == 3 else
+                       [ReplicatedStore([self.expert_replicas[d][c] for d in range(m, p.data, P)]) for m in range(P)
+                        if at])
             dense = [k for k in range(len(index)) if k not in set(at)]
             where = {k: (stores, i, self._specs[index[k]]) for i, k in enumerate(dense)}
             where.update({k: (members, i, self._experts[self._host[0][index[k]]]) for i, k in enumerate(at)})
@@ -413,7 +456,7 @@ class Hybrid(Strategy, Replicas):
         """The trained arrays as ``optimizer_step`` takes them: chunk ``c``'s rank ``t`` of every replica forms a
         group, summed over the replicas; with ZeRO-3 each context's shard is a group of its own."""
         if self.layout.zero == 3:
-            return [[shard] for row in self.sharded for group in row for shard in group.shards]
+            return [[shard] for group in self._sharded_groups() for shard in group.shards]
         p, P = self.placement, self.layout.expert_parallel
         return ([[self.replicas[d][c][t] for d in range(p.data)] for c in range(len(self.ranges))
                  for t in range(p.tensor)] +
@@ -550,7 +593,7 @@ class Hybrid(Strategy, Replicas):
         return gathered, temporary
 
     def _sharded_groups(self):
-        return [group for row in self.sharded for group in row]
+        return [group for rows in (self.sharded, self.expert_sharded) for row in rows for group in row]
 
     def plan(self, micro_batches=None):
         """The ``parallel.strategies.schedules.Schedule`` a batch of ``micro_batches`` (default the layout's) runs."""
@@ -596,6 +639,10 @@ class Hybrid(Strategy, Replicas):
                 line += (f", ZeRO-3: each context keeps {shards} of the parameters, their gradients and optimizer "
                          f"state; {each} gathered before it runs and again for its backward (recomputed), gradients "
                          "reduce-scattered")
+                if self.layout.expert_parallel > 1:   # a member's experts: over the replicas that hold them
+                    held = p.data // self.layout.expert_parallel
+                    line += (f" (a member's experts over the {held} replica{'s' if held > 1 else ''} holding them"
+                             + (" and the workers" if workers > 1 else "") + ")")
         elif self.layout.recompute:
             line += ", activations recomputed in backward"
         if self.layout.context > 1:
@@ -761,6 +808,11 @@ def _on_ranks(segments, tensor):
 def _per_rank(parts, tensor):
     """``parts[s][d][t]`` as the blocks take them: a list of ranks, or for one rank the part itself."""
     return parts if tensor > 1 else [[ranks[0] for ranks in per_replica] for per_replica in parts]
+
+
+def _joined(dense, experts):
+    """A block's ``Part`` of a replica's dense arrays and its experts, the latter after the former (read by name)."""
+    return Part(list(dense) + list(experts), list(dense.names or []) + list(experts.names or []), dense.aux)
 
 
 class _View(list):

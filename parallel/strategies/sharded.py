@@ -53,9 +53,11 @@ __all__ = ["ShardedGroup", "ShardedHooks", "Keys"]
 
 
 class Keys(NamedTuple):
-    """Where a ``ShardedGroup``'s kvstore keys start in a job: its first block's gather (``gathers``) and bucket
-    (``buckets``, the Reducer's), and how a checkpoint's gathers are numbered: the group's tensor ``rank`` of
-    ``ranks``, and the model's count of trained ``arrays``."""
+    """Where a ``ShardedGroup``'s kvstore keys start in a job: its first block's gather (``gathers``: a block's
+    gather takes one key a context of the group in this process, its blocks' one after the other) and bucket
+    (``buckets``, the Reducer's), and how a checkpoint's gathers are numbered: the group's ``rank`` of ``ranks``
+    groups that hold parts of the same arrays (tensor ranks, expert-parallel members), and the model's count of
+    trained ``arrays``."""
     gathers: int = 0
     buckets: int = 0
     rank: int = 0
@@ -246,7 +248,7 @@ class ShardedGroup:
                 continue
             buffer[p:q] = 0   # other workers' elements
             self._fill(s, buffer, p, q)
-            job.allsum(KEYS["sharded"] + (self.keys.gathers + s) * len(buffers) + j, buffer[p:q], kind="allgather")
+            job.allsum(KEYS["sharded"] + self.keys.gathers + s * len(buffers) + j, buffer[p:q], kind="allgather")
         for i, buffer in enumerate(buffers):
             for j, other in enumerate(buffers):
                 p, q = unit.pieces[j]
