@@ -250,17 +250,22 @@ class Layout:
 
     def _check_context(self):
         c = self.context
-        if self.tensor > 1:
-            raise BadValue("context", f"{{context={c}}} runs each group's replicas in lockstep, which does not run "
-                                      "over {tensor} ranks (not built); use {tensor} 1 with it")
+        if self.sequence:
+            raise BadValue("sequence", f"{{sequence}} with {{context={c}}} is not built; give one of them")
         if self.expert_parallel > 1:
             raise BadValue("context", f"{{context={c}}} with {{expert_parallel}} is not built; give one of them")
 
     def _check_experts(self):
         p = self.expert_parallel
-        if self.tensor > 1:
-            raise BadValue("expert_parallel", f"{{expert_parallel={p}}} runs the replicas in lockstep, which does not "
-                                              "run over {tensor} ranks (not built); use {tensor} 1 with it")
+        self._check_mixture(f"{{expert_parallel={p}}}")
+
+    def _check_mixture(self, what):
+        """What a mixture of experts (named ``what``) does not run with."""
+        if self.sequence:
+            raise BadValue("sequence", f"{{sequence}} with {what} is not built; give one of them")
+        if self.tensor > 1 and self.zero == 3:
+            raise BadValue("zero", f"{{zero=3}} with {what} over {{tensor}} ranks is not built; use {{zero}} 0, 1 or 2 "
+                                   "with tensor ranks")
 
     def _check_interleaving(self):
         v = self.virtual
@@ -277,9 +282,7 @@ class Layout:
     def _check_model(self, model):
         info = model_info(model)
         if dict(info.chosen).get("experts"):
-            if self.tensor > 1:
-                raise BadValue("experts", "{experts} runs the replicas in lockstep, which does not run over {tensor} "
-                                          "ranks (not built); use {tensor} 1 with it")
+            self._check_mixture("{experts}")
         if (self.context > 1 or self.sequence) and not info.sequences:
             runs = [name for name, entry in MODELS.items() if entry.sequences]
             if self.sequence:

@@ -183,8 +183,8 @@ def _add_expert_flags(add):
     add("--context", type=int, default=1, metavar="C",
         help="--model vit: context parallelism: each example's tokens split over groups of C devices (--devices a "
              "multiple of C), attention by ring attention (blocks of keys and values passed round the group, an "
-             "online softmax), data parallelism over the groups (and --stages, --recompute, --zero 3; not "
-             "--tensor); default 1 (none)")
+             "online softmax), data parallelism over the groups (and --stages, --tensor, --recompute, --zero 3); "
+             "default 1 (none)")
     add("--experts", type=int, default=0, metavar="E",
         help="--model vit: every other block's MLP a mixture of E experts (at least 2), each token routed to "
              "--top-k of them, its load-balancing loss (Switch's) added to the loss; default 0 (none)")
@@ -202,8 +202,8 @@ def _add_expert_flags(add):
              "default 0 (none)")
     add("--expert-parallel", type=int, default=1, metavar="P",
         help="--experts: spread the experts over groups of P devices (E / P each, --devices a multiple of P), "
-             "tokens sent to their experts and back by an all-to-all (also across --stages and with --zero 3; not "
-             "--tensor); default 1 (every device holds every expert)")
+             "tokens sent to their experts and back by an all-to-all (also across --stages, over --tensor ranks, "
+             "with --zero 3); default 1 (every device holds every expert)")
 
 
 def check_model_args(args):

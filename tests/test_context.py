@@ -126,9 +126,9 @@ def test_the_cli_trains_with_the_sequence_split_and_resumes_on_one_context(easy_
     assert "epoch 2," in capsys.readouterr().out
 
 
-def test_the_cli_splits_the_sequence_across_pipeline_stages_and_with_zero_3(easy_dir, tmp_path, capsys):
-    """Context parallelism composed (issue 39): across 2 pipeline stages fed 2 micro-batches, and with ZeRO-3 (each
-    member a replica its shards are spread over)."""
+def test_the_cli_splits_the_sequence_across_pipeline_stages_with_zero_3_and_over_tensor_ranks(easy_dir, tmp_path, capsys):
+    """Context parallelism composed (issue 39): across 2 pipeline stages fed 2 micro-batches, with ZeRO-3 (each
+    member a replica its shards are spread over), and over tensor ranks."""
     common = ["--model", "vit", "--patch-size", "4", "--context", "2", "--data-dir", str(easy_dir), "--batch-size",
               "32", "--epochs", "1", "--no-progress"]
     assert main([*common, "--strategy", "pipeline", "--stages", "2", "--micro-batches", "2", "--devices",
@@ -138,6 +138,8 @@ def test_the_cli_splits_the_sequence_across_pipeline_stages_and_with_zero_3(easy
     assert main([*common, "--zero", "3", "--devices", "cpu:2"]) == 0
     out = capsys.readouterr().out
     assert "each context keeps 1/2 of the parameters" in out and "ZeRO-3: parameters, gradients" in out
+    assert main([*common, "--tensor", "2", "--devices", "cpu:4"]) == 0
+    assert "2 replicas x 2 tensor ranks" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("flags, says", [
@@ -145,7 +147,7 @@ def test_the_cli_splits_the_sequence_across_pipeline_stages_and_with_zero_3(easy
     (["--patch-size", "5"], "--patch-size must divide the image's 28 pixels"),
     (["--context", "3", "--devices", "cpu:2"], "cannot group 2 contexts"),
     (["--context", "2", "--experts", "4", "--devices", "cpu:2"], "--context with --experts is not built"),
-    (["--context", "2", "--tensor", "2", "--devices", "cpu:4"], "in lockstep, which does not run over --tensor ranks"),
+    (["--context", "2", "--tensor", "2", "--sequence-parallel", "--devices", "cpu:4"], "with --context 2 is not built"),
 ])
 def test_bad_context_flags_get_one_line_and_status_2(flags, says, easy_dir, capsys):
     status = main(["--model", "vit", "--data-dir", str(easy_dir), "--epochs", "1", "--no-progress", *flags])

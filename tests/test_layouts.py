@@ -112,14 +112,18 @@ def test_experts_x_data_trains_the_one_context_moe_vit(layout, k):
     (Layout("pipeline", stages=2, micro_batches=2, schedule="1f1b"), 2, 2),
     (Layout("hybrid", stages=2, expert_parallel=2, zero=2, recompute=True), 4, 1),
     (Layout("hybrid", stages=2, expert_parallel=2, zero=3), 4, 1),
+    (Layout("data", tensor=2, expert_parallel=2), 4, 1),
+    (Layout("pipeline", stages=2, tensor=2, micro_batches=2, schedule="1f1b"), 4, 2),
 ])
-def test_experts_x_pipeline_trains_the_one_context_moe_vit(layout, k, parts):
+def test_experts_x_pipeline_x_tensor_train_the_one_context_moe_vit(layout, k, parts):
     """A mixture of experts across pipeline stages (each stage's replicas in lockstep, ``parallel.models.lockstep``;
     the auxiliary losses backward heads of the chunk that made them): 2 stages fed 2 micro-batches in 1F1B's order,
     the one-context model fed the same 2 parts of each batch (``accumulate``: each part routed alone, as each
     micro-batch is); 2 replicas x 2 stages with expert parallelism, ZeRO-2 and recomputation (the last batch of 5:
-    3 and 2 examples), and with ZeRO-3 (each member's experts sharded over the replicas holding them), the
-    one-context model. A chunk's routing is counted once, recomputed or not."""
+    3 and 2 examples), and with ZeRO-3 (each member's experts sharded over the replicas holding them); over tensor
+    ranks (each replica a tensor group: the experts whole on each rank, each rank's copy of the tokens routed the
+    same), with expert parallelism and across 2 stages: the one-context model. A chunk's routing is counted once,
+    recomputed or not, over tensor ranks or not."""
     def moe():
         return init_vit(0, dtype="float64", experts=Experts(4, top_k=2))
     one = Layout(accumulate=parts)
@@ -138,16 +142,20 @@ def test_experts_x_pipeline_trains_the_one_context_moe_vit(layout, k, parts):
     (Layout("pipeline", stages=2, context=2, micro_batches=2), 4, 2),
     (Layout("hybrid", stages=2, context=2, recompute=True), 8, 1),
     (Layout("data", context=2, zero=3), 4, 1),
+    (Layout("data", context=2, tensor=2), 4, 1),
+    (Layout("hybrid", context=2, tensor=2, stages=2, zero=3), 8, 1),
 ])
-def test_context_x_pipeline_and_zero_3_train_the_one_context_vit_of_50_tokens(layout, k, parts):
+def test_context_x_pipeline_x_tensor_and_zero_3_train_the_one_context_vit_of_50_tokens(layout, k, parts):
     """Each example's tokens split over a group through pipeline stages (a group's members replicas of their own, in
-    lockstep through every chunk), with recomputation, and with ZeRO-3 (each block gathered on every member: the
-    members but the first leave their head's gradient unwritten, so its buffer is zeroed first)."""
+    lockstep through every chunk), with recomputation, with ZeRO-3 (each block gathered on every member: the
+    members but the first leave their head's gradient unwritten, so its buffer is zeroed first), and over tensor
+    ranks (each member a tensor group: each rank's heads round the ring of its rank in every member)."""
     one = Layout(accumulate=parts)
     want = _train(make_strategy(one, init_vit(0, dtype="float64", patch=4), contexts(1)), one,
                   _batches("float64", (12, 12, 4)))
     strategy = make_strategy(layout, init_vit(0, dtype="float64", patch=4), contexts(k))
-    assert isinstance(strategy, Hybrid) and len(strategy.in_ctx_list) == k // 2 // strategy.placement.stages
+    p = strategy.placement
+    assert isinstance(strategy, Hybrid) and len(strategy.in_ctx_list) == k // 2 // p.stages // p.tensor
     got = _train(strategy, layout, _batches("float64", (12, 12, 4)))
     assert_close_to_scale(got, want, 1e-12)
 
@@ -201,8 +209,8 @@ def test_the_job_layouts_train_the_one_context_vit_in_threads(name, one_context,
     (Layout("pipeline", virtual=2), "vit", ValueError, "interleaves 1F1B"),
     (Layout("pipeline", virtual=2, schedule="1f1b", micro_batches=3), "vit", ValueError, "a multiple of 2"),
     # issue 39: what the lockstep replicas of experts and context parallelism do not run in
-    (Layout(tensor=2), "vit(experts=4)", ValueError, "does not run over tensor ranks"),
-    (Layout(context=2, tensor=2), "vit(patch=4)", ValueError, "does not run over tensor ranks"),
+    (Layout(tensor=2, zero=3), "vit(experts=4)", ValueError, "zero=3 with experts over tensor ranks is not built"),
+    (Layout(context=2, tensor=2, sequence=True), "vit(patch=4)", ValueError, "with context=2 is not built"),
     (Layout(context=2), "vit(experts=4)", ValueError, "with experts is not built"),
 ])
 def test_what_the_mathematics_cannot_run_is_refused_with_its_reason(layout, model, error, says):

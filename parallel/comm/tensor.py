@@ -137,6 +137,10 @@ class SegmentTape:
     kept : dict, optional
         Where to add, per context, the bytes a forward keeps for backward: ``{"replicated": the arrays ``note``
         was given, "total": every array the tape's steps made}`` (a strategy's memory table reads it).
+    group : int, optional
+        The ranks of a tensor-parallel group when one tape records several groups at once, their arrays group after
+        group (data replicas in lockstep, ``parallel.models.lockstep``): each collective sums, gathers or splits
+        over each group's consecutive ``group`` arrays; None: all the arrays a collective is given form one group.
 
     Attributes
     ----------
@@ -169,8 +173,8 @@ class SegmentTape:
     ([4.0, 4.0], 4, 0, 1)
     """
 
-    def __init__(self, algorithm="fused", sequence=False, kept=None):
-        self.algorithm, self.sequence = algorithm, bool(sequence)
+    def __init__(self, algorithm="fused", sequence=False, kept=None, group=None):
+        self.algorithm, self.sequence, self.group = algorithm, bool(sequence), group
         self.allreduced = 0
         self.calls = {"f": 0, "g": 0}
         self.sequence_calls = {"all_gather": 0, "reduce_scatter": 0, "split": 0}
@@ -307,6 +311,19 @@ class SegmentTape:
         read = self.read(array)
         return read if id(read) in self._leaf_ids else None
 
+    def _groups(self, xs):
+        """``xs`` cut into its tensor-parallel groups (``group`` consecutive arrays each)."""
+        n = self.group or len(xs)
+        return [list(xs[i:i + n]) for i in range(0, len(xs), n)]
+
+    def _each_group(self, fn, xs, *args):
+        """``fn`` applied to each group of ``xs`` (one list of arrays a group), the results in order."""
+        return [out for group in self._groups(xs) for out in fn(group, *args)]
+
+    def _allreduce(self, xs):
+        for group in self._groups(xs):
+            algorithms.allreduce(group, self.algorithm)
+
     def _collective(self, kind, xs, outputs, axis=None):
         sources = [self._source(x) for x in xs]
         step = _Collective(kind, sources, outputs, axis)
@@ -332,7 +349,7 @@ class SegmentTape:
         with issued("tensor", list(xs), "tensor g", collective="g") as made:   # named so in a trace
             outputs = [x.detach().copy() for x in xs]
             made += outputs
-            algorithms.allreduce(outputs, self.algorithm)
+            self._allreduce(outputs)
         self.allreduced += sum(x.size for x in xs)
         if autograd.is_recording():
             self._collective("g", xs, outputs)
@@ -355,7 +372,7 @@ class SegmentTape:
         """``collective`` of ``xs`` along ``axis`` (named so in a trace), recorded as a step of kind ``kind``."""
         self.sequence_calls[kind] += 1
         with issued("tensor", list(xs), f"tensor {kind.replace('_', '-')}", collective=kind) as made:
-            outputs = collective([x.detach() for x in xs], axis)
+            outputs = self._each_group(collective, [x.detach() for x in xs], axis)
             made += outputs
         if autograd.is_recording():
             self._collective(kind, xs, outputs, axis)
@@ -366,8 +383,10 @@ class SegmentTape:
         starts. Nothing moves forward; backward, the all-gather of the slices' gradients (the whole value's
         gradient on every rank, as the replicated region before it expects)."""
         self.sequence_calls["split"] += 1
-        bounds = algorithms.chunk_bounds(xs[0].shape[axis], len(xs))
-        outputs = [mx.nd.slice_axis(x.detach(), axis=axis, begin=bounds[t], end=bounds[t + 1]) for t, x in enumerate(xs)]
+        n = self.group or len(xs)
+        bounds = algorithms.chunk_bounds(xs[0].shape[axis], n)
+        outputs = [mx.nd.slice_axis(x.detach(), axis=axis, begin=bounds[r % n], end=bounds[r % n + 1])
+                   for r, x in enumerate(xs)]
         if autograd.is_recording():
             self._collective("split", xs, outputs, axis)
         return outputs
@@ -461,13 +480,13 @@ class SegmentTape:
             if step.kind == "f":   # the allreduce of the ranks' gradients
                 grads = [grad.copy() for grad in grads]
                 made += grads
-                algorithms.allreduce(grads, self.algorithm)
+                self._allreduce(grads)
                 self.allreduced += sum(grad.size for grad in grads)
             elif step.kind == "all_gather":   # its conjugate: the reduce-scatter of the gradients
-                grads = _reduce_scatter(grads, step.axis)
+                grads = self._each_group(_reduce_scatter, grads, step.axis)
                 made += grads
             elif step.kind in ("reduce_scatter", "split"):   # the all-gather of the slices' gradients
-                grads = _all_gather(grads, step.axis)
+                grads = self._each_group(_all_gather, grads, step.axis)
                 made += grads
             for source, grad in zip(step.sources, grads):   # g: the identity
                 if source is not None:

@@ -58,7 +58,7 @@ from ..validate import BadType, BadValue, check_bool, check_contexts, check_int
 
 __all__ = ["Ranks", "RanksF", "ColumnParallelDense", "RowParallelDense", "ParallelPatchEmbedding", "shard_specs",
            "local_arrays", "joined_arrays", "replicate_ranks", "most_ranks", "run_ranks", "RankedNet", "ReplicasF",
-           "run_replicas"]
+           "run_replicas", "block_plan"]
 
 
 # ---- a value on every rank, and the F that computes with it ---------------------------------------------------
@@ -167,6 +167,9 @@ class RanksF:
     def __init__(self, ranks, tape=None):
         self.ranks = check_int(ranks, "ranks", low=1)
         self.tape = tape
+        #: The ranks of a tensor-parallel group: all of them here; fewer when one ``F`` runs several groups at once
+        #: (``ReplicasF`` of data replicas that are tensor groups), array ``r`` being rank ``r % tensor``.
+        self.tensor = self.ranks
 
     def __repr__(self):
         return f"{type(self).__name__}({self.ranks} ranks)"
@@ -272,9 +275,10 @@ class RanksF:
         g. Queued; does not block."""
         arrays = x.arrays if self.tape is None else self.tape.read_each(x.arrays)
         axis = axis % arrays[0].ndim
-        gathered = []
-        for t, own in enumerate(arrays):
-            pieces = [own if s == t else algorithms.copy_to(a.detach(), own.context) for s, a in enumerate(arrays)]
+        gathered, T = [], self.tensor
+        for r, own in enumerate(arrays):
+            group = arrays[r - r % T:r - r % T + T]   # own's tensor-parallel group
+            pieces = [own if a is own else algorithms.copy_to(a.detach(), own.context) for a in group]
             gathered.append(mx.nd.concat(*pieces, dim=axis))
         self._keep(gathered, arrays)
         return Ranks(gathered, self)
@@ -299,17 +303,30 @@ class ReplicasF(RanksF):
     replica's arrays at once (``Ranks.arrays``). ``expert_parallel``: how many consecutive replicas share their
     experts (an expert-parallel group). ``context``: how many consecutive replicas share each example's sequence
     (a context-parallel group): member ``t`` keeps slice ``t`` of the tokens (``context_part``) and attention runs
-    round the group (``ring_attention``)."""
+    round the group (``ring_attention``). ``tensor`` T: each replica is a tensor-parallel group, its T ranks'
+    arrays one after the other (array ``r`` is replica ``r // T``'s rank ``r % T``); the parallel layers split over
+    each group (``splits``) and record on ``tape`` (a ``SegmentTape`` of ``group`` T)."""
 
     splits = False
 
-    def __init__(self, ranks, expert_parallel=1, context=1):
-        super().__init__(ranks)
+    def __init__(self, ranks, expert_parallel=1, context=1, tensor=1, tape=None):
+        super().__init__(ranks, tape)
+        check_int(tensor, "tensor", low=1, high=self.ranks)
+        if self.ranks % tensor:
+            raise BadValue("tensor", f"{{tensor={tensor}}} cannot group {ranks} arrays; give a divisor of them")
+        self.tensor, self.replicas = tensor, self.ranks // tensor
+        # replicas that are tensor groups: the parallel layers split over each group's ranks, on the tape
+        self.splits = tensor > 1
         for value, name in ((expert_parallel, "expert_parallel"), (context, "context")):
-            check_int(value, name, low=1, high=self.ranks)
-            if self.ranks % value:
-                raise BadValue(name, f"{{{name}={value}}} cannot group {ranks} replicas; give a divisor of them")
+            check_int(value, name, low=1, high=self.replicas)
+            if self.replicas % value:
+                raise BadValue(name, f"{{{name}={value}}} cannot group {self.replicas} replicas; give a divisor of "
+                                     "them")
         self.expert_parallel, self.context = expert_parallel, context
+
+    def ranks_of(self, t):
+        """The positions of tensor rank ``t``'s arrays, one a replica, in order."""
+        return range(t, self.ranks, self.tensor)
 
     def context_part(self, x, axis=1):
         """Each member's slice of ``x`` (whole on every member of a context-parallel group) along ``axis``: member
@@ -317,16 +334,22 @@ class ReplicasF(RanksF):
         whole is each member's slice's."""
         length = x.arrays[0].shape[axis]
         bounds = algorithms.chunk_bounds(length, self.context)
-        return self.slice_axis(x, axis=axis, begin=self.per_rank([bounds[r % self.context] for r in range(self.ranks)]),
-                               end=self.per_rank([bounds[r % self.context + 1] for r in range(self.ranks)]))
+        member = [r // self.tensor % self.context for r in range(self.ranks)]   # its replica's place in the group
+        return self.slice_axis(x, axis=axis, begin=self.per_rank([bounds[m] for m in member]),
+                               end=self.per_rank([bounds[m + 1] for m in member]))
 
     def ring_attention(self, q, k, v, scale):
         """Attention of each member's queries over its whole group's keys and values, by ring attention
         (``parallel.models.ring``): ``q``, ``k``, ``v`` are ``Ranks`` of ``(B, S_t, d)``."""
-        C, out = self.context, []
-        for g in range(self.ranks // C):
-            members = slice(g * C, (g + 1) * C)
-            out += ring_attention(q.arrays[members], k.arrays[members], v.arrays[members], scale)
+        C, T, out = self.context, self.tensor, [None] * self.ranks
+        q, k, v = ([a for a in x.arrays] if self.tape is None else self.tape.read_each(x.arrays) for x in (q, k, v))
+        for g in range(self.replicas // C):
+            for t in range(T):   # each tensor rank's heads round the ring of its rank in every member
+                members = [(g * C + m) * T + t for m in range(C)]
+                for r, o in zip(members, ring_attention([q[r] for r in members], [k[r] for r in members],
+                                                        [v[r] for r in members], scale)):
+                    out[r] = o
+        self._keep(out, q + k + v)
         return Ranks(out, self)
 
 
@@ -468,8 +491,9 @@ class ParallelPatchEmbedding(nn.Conv2D):
             x = F.slice_axis(F.slice_axis(x, axis=2, begin=0, end=rows * ph), axis=3, begin=0, end=cols * pw)
         patches = F.transpose(F.reshape(x, (0, 0, -4, -1, ph, -4, -1, pw)), (0, 2, 4, 1, 3, 5))
         patches = F.reshape(patches, (0, -3, -1))                                # (N, patches, pixels)
-        pixels = sum(w.shape[1] for w in weight.arrays)
-        mine = [self._split.indices(pixels, t, F.ranks) for t in range(F.ranks)]
+        T = F.tensor
+        pixels = sum(w.shape[1] for w in weight.arrays[:T])
+        mine = [self._split.indices(pixels, r % T, T) for r in range(F.ranks)]
         patches = F.slice_axis(patches, axis=2, begin=F.per_rank([int(i[0]) if len(i) else 0 for i in mine]),
                                end=F.per_rank([int(i[-1]) + 1 if len(i) else 0 for i in mine]))
         out = F.g(F.FullyConnected(patches, weight, no_bias=True, num_hidden=self._channels_out, flatten=False))
@@ -573,7 +597,7 @@ def _rank_tables(parts):
     return tables
 
 
-def _plan(block):
+def block_plan(block):
     """``[(child, {attribute: param.name})]``: every block of ``block`` (children first) and what its
     ``hybrid_forward`` takes as parameters, worked out once per ``RankedNet``."""
     plan = []
@@ -638,11 +662,11 @@ def run_ranks(block, X, parts, tape=None):
     arrays of its parameters; they are removed when it returns or raises. Not thread-safe: the block cannot run
     elsewhere meanwhile. Nothing waits; the work is queued on each rank's context.
     """
-    return _run_ranks(block, _plan(block), X, parts, tape)
+    return _run_ranks(block, block_plan(block), X, parts, tape)
 
 
 def _run_ranks(block, plan, X, parts, tape):
-    """``run_ranks`` with ``block``'s ``_plan`` given."""
+    """``run_ranks`` with ``block``'s ``block_plan`` given."""
     tape = SegmentTape() if tape is None else tape
     contexts = _contexts(X, parts)
     F = RanksF(len(contexts), tape)
@@ -658,16 +682,18 @@ def _run_ranks(block, plan, X, parts, tape):
     return Ranks(tape.read_each(out.arrays), F)
 
 
-def run_replicas(block, X_shards, parts, expert_parallel=1, context=1):
+def run_replicas(block, X_shards, parts, expert_parallel=1, context=1, tensor=1, tape=None, plan=None):
     """Run ``block`` on data-parallel replicas in lockstep: replica ``r``'s input ``X_shards[r]`` with its arrays
     ``parts[r]`` (with ``.names``, as ``run_ranks`` takes them), every operator run replica by replica through a
     ``ReplicasF`` and recorded by autograd as usual (no tape: one ``autograd.backward`` of the replicas' losses
     runs the whole backward pass, the copies between replicas' contexts included). What a layer that exchanges
     values between replicas (``parallel.models.moe``) needs: every replica's values at once. Returns a ``Ranks``
     of the outputs; nothing waits (but what such a layer reads on the host). ``expert_parallel``, ``context``:
-    ``ReplicasF``'s groups."""
-    return _run_with(block, _plan(block), Ranks(list(X_shards)), parts,
-                     ReplicasF(len(X_shards), expert_parallel, context))
+    ``ReplicasF``'s groups. With ``tensor`` T, each replica is a tensor-parallel group: ``X_shards`` and ``parts``
+    hold every replica's T ranks' inputs and arrays, replica after replica, and the parallel layers split over each
+    group, recording on ``tape`` (``run_ranks``'s). ``plan``: ``block_plan(block)``, when the caller keeps it."""
+    return _run_with(block, block_plan(block) if plan is None else plan, Ranks(list(X_shards)), parts,
+                     ReplicasF(len(X_shards), expert_parallel, context, tensor, tape))
 
 
 def _run_with(block, plan, X, parts, F):
@@ -700,7 +726,7 @@ class RankedNet:
 
     def __init__(self, block):
         self.block = block
-        self._plan = _plan(block)   # the block's layers and their parameters: fixed once it is built
+        self._plan = block_plan(block)   # the block's layers and their parameters: fixed once it is built
 
     def __repr__(self):
         return f"RankedNet({type(self.block).__name__})"

@@ -36,8 +36,9 @@ have no layer that the mode changes (no dropout; BatchNorm is refused by the str
 import mxnet as mx
 from mxnet import autograd
 
-from .layers import run_replicas
-from .moe import aux_losses, moe_layers
+from ..comm.tensor import SegmentTape
+from .layers import Ranks, RanksF, block_plan, run_replicas
+from .moe import moe_layers
 
 __all__ = ["LockstepNet"]
 
@@ -56,29 +57,51 @@ class LockstepNet:
         Where the recorded runs count their routing.
     """
 
-    def __init__(self, block, expert_parallel=1, context=1, meter=None):
+    def __init__(self, block, expert_parallel=1, context=1, meter=None, tensor=1):
         self.block, self.expert_parallel, self.context, self.meter = block, expert_parallel, context, meter
+        self.tensor = tensor
+        #: Whether its replicas are tensor-parallel groups, recording on a tape (``Blocks`` gives it one)
+        self.ranked = tensor > 1
         self.layers = moe_layers(block)
+        self._plan = block_plan(block)
         self._heads = ((), ())
 
     def __repr__(self):
         return f"LockstepNet({type(self.block).__name__})"
 
     def forward_all(self, X_shards, parts, tape=None):
-        """Each replica's output (one array a replica); nothing waits but the routing's reads. ``tape`` is
-        refused: a lockstep block records on autograd's own tape."""
-        if tape is not None:
-            raise ValueError("a lockstep block records with autograd; it runs on no tensor-parallel tape")
+        """Each replica's output (an array a replica; a ``Ranks`` of its tensor group's ranks with ``tensor``);
+        nothing waits but the routing's reads. With ``tensor`` > 1 each replica's input is its images (copied to
+        its ranks) or a ``Ranks``, its ``parts`` one sequence of arrays a rank, and the run records on ``tape``
+        (a ``SegmentTape`` of ``group`` = ``tensor``); without, autograd records it alone."""
         if not autograd.is_recording():
             with autograd.train_mode():
-                return run_replicas(self.block, X_shards, parts, self.expert_parallel, self.context).arrays
-        out = run_replicas(self.block, X_shards, parts, self.expert_parallel, self.context).arrays
-        aux = aux_losses(self.block) if self.layers else []
-        examples = sum(X.shape[0] for X in X_shards[::self.context])   # a context group's members share theirs
+                return self._run(X_shards, parts, tape)
+        out = self._run(X_shards, parts, tape)
+        # each layer's own, one a replica (a rank), not summed over the layers: on a tape each is its segment's head
+        aux = [a for layer in self.layers for a in layer.last.aux]
+        first = [X if isinstance(X, mx.nd.NDArray) else X.arrays[0] for X in X_shards[::self.context]]
+        examples = sum(X.shape[0] for X in first)   # a context group's members share theirs, a tensor group's ranks
         self._heads = (aux, [mx.nd.full((1,), examples, ctx=a.context, dtype=a.dtype) for a in aux])
         if self.meter is not None:
             self.meter.add(self.layers)
         return out
+
+    def _run(self, X_shards, parts, tape):
+        if self.tensor == 1:
+            return run_replicas(self.block, X_shards, parts, self.expert_parallel, self.context,
+                                plan=self._plan).arrays
+        T, tape = self.tensor, SegmentTape(group=self.tensor) if tape is None else tape
+        arrays, flat = [], []
+        for X, ranks in zip(X_shards, parts):
+            flat += list(ranks)
+            contexts = [rank[0].context for rank in ranks]
+            arrays += (RanksF(T, tape).broadcast(X, contexts) if isinstance(X, mx.nd.NDArray) else X).arrays
+        for rank in flat:
+            tape.parameters(list(rank), rank.names)
+        out = run_replicas(self.block, arrays, flat, self.expert_parallel, self.context, T, tape, self._plan)
+        arrays = tape.read_each(out.arrays)
+        return [Ranks(arrays[d * T:(d + 1) * T], out.F) for d in range(len(X_shards))]
 
     def take_heads(self):
         """The auxiliary losses of the last recorded run and their gradients, ``(heads, gradients)``, once."""

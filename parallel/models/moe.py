@@ -147,6 +147,9 @@ class RoutingStats(NamedTuple):
     aux: List[object]
     sent_bytes: int
     routing: Routing
+    #: How many copies of the routing ``aux`` holds the losses of (each rank of a tensor-parallel group routes the
+    #: same tokens and computes its own auxiliary losses, Megatron's way: the layer's loss is their sum / copies).
+    copies: int = 1
 
 
 class MoEFeedForward(nn.HybridBlock):
@@ -206,9 +209,20 @@ class MoEFeedForward(nn.HybridBlock):
 
     def hybrid_forward(self, F, x, router_weight, fc1_weight, fc1_bias, fc2_weight, fc2_bias):
         if isinstance(F, ReplicasF):
-            group, arrays = F.expert_parallel, [a.arrays for a in (x, router_weight, fc1_weight, fc1_bias,
-                                                                   fc2_weight, fc2_bias)]
-            return Ranks(self._forward(*arrays, group), F)
+            arrays = [a.arrays for a in (x, router_weight, fc1_weight, fc1_bias, fc2_weight, fc2_bias)]
+            if F.tape is not None:   # the inputs as the tape's open segment reads them
+                arrays[0] = F.tape.read_each(arrays[0])
+            outputs, aux = [None] * F.ranks, [None] * F.ranks
+            for t in range(F.tensor):   # replicas that are tensor groups: each rank's copy of the tokens routed alone
+                where = F.ranks_of(t)
+                outs = self._forward(*[[a[r] for r in where] for a in arrays], F.expert_parallel)
+                for i, r in enumerate(where):
+                    outputs[r] = outs[i]
+                    aux[r] = self.last.aux[i] if self.last.aux else None
+            if F.tensor > 1:   # every rank routed the same tokens: one routing, every rank's auxiliary losses
+                self.last = self.last._replace(aux=[a for a in aux if a is not None], copies=F.tensor)
+            F._keep(outputs + self.last.aux, arrays[0])   # on the tape, if any: a segment's arrays and heads
+            return Ranks(outputs, F)
         if isinstance(F, RanksF):
             raise BadValue("tensor", "an MoE layer does not split over a tensor-parallel group; use {tensor} 1 "
                                      "with experts (expert parallelism spreads them: expert_parallel)")
@@ -418,7 +432,7 @@ class RoutingMeter:
             m["runs"] += 1
             if stats.aux:   # the replicas' parts, summed on the first's context (queued, not read)
                 ctx = stats.aux[0].context
-                total = mx.nd.add_n(*[a.detach().as_in_context(ctx) for a in stats.aux])
+                total = mx.nd.add_n(*[a.detach().as_in_context(ctx) for a in stats.aux]) / stats.copies
                 m["aux"] = total if m["aux"] is None else m["aux"] + total.as_in_context(m["aux"].context)
         self._sums = m
 

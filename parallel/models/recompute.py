@@ -69,7 +69,7 @@ def run_net(net, X_shards, parts, tape=None):
     """``net`` on each replica's input (an array, a tuple of arrays for a block of several inputs, or a tensor-parallel
     group's ``Ranks``), all replicas at once where the net takes them so (``forward_all``: BatchNorm synchronized,
     a tensor-parallel block recording on ``tape``)."""
-    if isinstance(net, RankedNet):
+    if isinstance(net, RankedNet) or getattr(net, "ranked", False):   # tensor groups: on the tape
         return net.forward_all(X_shards, parts, tape)
     forward_all = getattr(net, "forward_all", None)
     if forward_all is None:
@@ -182,7 +182,10 @@ class Blocks:
         self.segments, self.recompute = segments, bool(recompute)
         self.hooks, self.algorithm, self.retain_graph = hooks or BlockHooks(), algorithm, retain_graph
         self.sequence, self.kept = sequence, kept
-        self._ranked = any(isinstance(segment.net, RankedNet) for segment in segments)
+        self._ranked = any(isinstance(segment.net, RankedNet) or getattr(segment.net, "ranked", False)
+                           for segment in segments)
+        # replicas in lockstep that are tensor groups record on one tape, its collectives over each group
+        self._group = next((s.net.tensor for s in segments if getattr(s.net, "ranked", False)), None)
 
     def __repr__(self):
         return f"Blocks({len(self.segments)} blocks{', recomputed' if self.recompute else ''})"
@@ -190,7 +193,7 @@ class Blocks:
     def _tape(self):
         """A new tape for a forward of tensor-parallel blocks (their collectives' backward); None for blocks of one
         rank, whose backward is autograd's own."""
-        return SegmentTape(self.algorithm, self.sequence, self.kept) if self._ranked else None
+        return SegmentTape(self.algorithm, self.sequence, self.kept, self._group) if self._ranked else None
 
     def _backward(self, tape, heads, head_grads):
         if tape is None:

@@ -52,8 +52,8 @@ class ContextParallel(ExpertParallel):
         if layers:
             raise BadValue("context", "{context} with a mixture of experts is not built; give one of them")
         if self.layout.stages_given > 1 or self.layout.tensor > 1 or self.layout.zero == 3:
-            raise BadValue("layout", "ContextParallel runs the data strategy with ZeRO 0 to 2; pipeline stages and "
-                                     "ZeRO-3 are Hybrid's: use make_strategy (tensor ranks: not built)")
+            raise BadValue("layout", "ContextParallel runs the data strategy with ZeRO 0 to 2; pipeline stages, "
+                                     "tensor ranks and ZeRO-3 are Hybrid's: use make_strategy")
         if len(self.ctx_list) % self.layout.context:
             raise BadValue("context", f"{{context={self.layout.context}}} cannot group {len(self.ctx_list)} "
                                       "contexts; use a multiple of it")

@@ -151,8 +151,8 @@ class ExpertParallel(Strategy, Replicas):
             raise BadValue("expert_parallel", "{expert_parallel} spreads the experts of a mixture-of-experts model; "
                                               "the model has none: give it experts (vit(experts=E), --experts)")
         if self.layout.stages_given > 1 or self.layout.tensor > 1 or self.layout.zero == 3:
-            raise BadValue("layout", "ExpertParallel runs the data strategy with ZeRO 0 to 2; pipeline stages and "
-                                     "ZeRO-3 are Hybrid's: use make_strategy (tensor ranks: not built)")
+            raise BadValue("layout", "ExpertParallel runs the data strategy with ZeRO 0 to 2; pipeline stages, "
+                                     "tensor ranks and ZeRO-3 are Hybrid's: use make_strategy")
 
     def _lay_out(self):
         P = self.layout.expert_parallel

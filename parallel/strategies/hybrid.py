@@ -21,7 +21,8 @@ lockstep (``parallel.models.lockstep.LockstepNet`` in place of each block's cach
 dense arrays and its expert-parallel member's experts (``expert_replicas``, summed over the replicas holding the
 same experts), a block's auxiliary losses are heads of its own backward, and a context group's members are replicas
 of their own (the first chunk gives each its group's shard, the last reports the group's first member's output).
-With ZeRO-3 each member's experts are sharded over the replicas holding them. Not over tensor ranks.
+With ZeRO-3 each member's experts are sharded over the replicas holding them; over tensor ranks each replica is a
+tensor group, every replica's ranks recorded on one tape (``SegmentTape(group=T)``).
 
 So every axis is a plug-in of the same step: the model and pipeline strategies are one replica of stages (their
 presets ``ModelParallel`` and ``Pipeline``), the data strategy's ZeRO-3 (``FullyShardedDataParallel``) is one
@@ -261,11 +262,12 @@ class Hybrid(Strategy, Replicas):
                                                   "model; the model has none: give it experts (vit(experts=E), "
                                                   "--experts)")
             return
-        name = "expert_parallel" if layers else "context"
         what = "a mixture of experts" if layers else "{context}"
-        if self.layout.tensor > 1:
-            raise BadValue(name, f"{what} runs the replicas in lockstep, which does not run over {{tensor}} ranks "
-                                 "(not built); use {tensor} 1 with it")
+        if self.layout.sequence:
+            raise BadValue("sequence", f"{{sequence}} with {what} is not built; give one of them")
+        if layers and self.layout.tensor > 1 and self.layout.zero == 3:
+            raise BadValue("zero", "{zero=3} with a mixture of experts over {tensor} ranks is not built; use {zero} 0, "
+                                   "1 or 2 with tensor ranks")
         if layers and self.layout.context > 1:
             raise BadValue("context", "{context} with {experts} is not built; give one of them")
         if block_state(params)[3]:
@@ -287,7 +289,7 @@ class Hybrid(Strategy, Replicas):
         """Each chunk's arrays on every replica and rank (or their shards), its blocks and their parts."""
         p, zero = self.placement, self.layout.zero
         self.replicas = [[[None] * p.tensor for _ in self.ranges] for _ in range(p.data)]
-        self.expert_replicas = [[None] * len(self.ranges) for _ in range(p.data)]
+        self.expert_replicas = [[[None] * p.tensor for _ in self.ranges] for _ in range(p.data)]
         self.views = [[[None] * p.tensor for _ in self.ranges] for _ in range(p.data)]
         names = self._host[0]
         # the positions in each chunk's arrays of its experts' (expert parallelism gives each replica its own)
@@ -300,11 +302,12 @@ class Hybrid(Strategy, Replicas):
         for c in range(len(self.ranges)):
             segments = (behaviour.stage_blocks(self._cut, c, fine=zero == 3) if self.layout.recompute or zero == 3
                         else [_whole_stage(self._cut, c, len(self._indices[c][0]), len(self._indices[c][1]))])
-            segments = _on_ranks(segments, p.tensor)
-            if self.lockstep:
+            if self.lockstep:   # every replica at once (each a tensor group with ranks)
                 segments = [Segment(LockstepNet(s.block, self.layout.expert_parallel, self.layout.context,
-                                                self.meter), s.first, s.stop, s.aux_first, s.aux_stop, s.label,
-                                    s.block) for s in segments]
+                                                self.meter, p.tensor), s.first, s.stop, s.aux_first, s.aux_stop,
+                                    s.label, s.block) for s in segments]
+            else:
+                segments = _on_ranks(segments, p.tensor)
             contexts = [[self.context(d, c, t) for t in range(p.tensor)] for d in range(p.data)]
             if zero == 3:
                 self.chunks.append(self._sharded_chunk(c, segments, contexts, keys))
@@ -327,14 +330,19 @@ class Hybrid(Strategy, Replicas):
         for t in range(p.tensor):
             local, names, aux, aux_names = self._local(c, t)
             for d in range(p.data):
+                specs = [self._specs[i] for i in self._indices[c][0]]
                 if self._expert_at[c]:
-                    self.replicas[d][c][t], self.expert_replicas[d][c], self.views[d][c][t] = self._expert_replica(
-                        c, d, local, names, aux, aux_names, contexts[d][t])
+                    dense, experts, self.views[d][c][t] = self._expert_replica(c, d, local, names, aux, aux_names,
+                                                                               contexts[d][t])
+                    self.replicas[d][c][t], self.expert_replicas[d][c][t] = dense, experts
+                    if t:   # every rank of a tensor group holds its member's experts whole
+                        _mark_copies(dense, [s for k, s in enumerate(specs) if k not in set(self._expert_at[c])])
+                        _mark_copies(experts, [Replicated()] * len(experts))
                     continue
                 self.replicas[d][c][t] = self.views[d][c][t] = _replica(local, names, aux, aux_names, contexts[d][t],
                                                                          self.reducer.bucket_mb)
                 if t:   # a global norm (clipping) counts the arrays every rank holds once
-                    _mark_copies(self.replicas[d][c][t], [self._specs[i] for i in self._indices[c][0]])
+                    _mark_copies(self.replicas[d][c][t], specs)
         own = [[parts_of(segments, self.views[d][c][t]) for t in range(p.tensor)] for d in range(p.data)]
         spare = [[parts_of(segments, self.views[d][c][t], scratch=True) for t in range(p.tensor)]
                  for d in range(p.data)]
@@ -428,8 +436,8 @@ class Hybrid(Strategy, Replicas):
                       [ReplicatedStore([self.replicas[d][c][t] for d in range(p.data)]) for t in range(p.tensor)])
             at = self._expert_at[c]
             members = (self.expert_sharded[c] if self.layout.zero == 3 else
-                       [ReplicatedStore([self.expert_replicas[d][c] for d in range(m, p.data, P)]) for m in range(P)
-                        if at])
+                       [ReplicatedStore([self.expert_replicas[d][c][t] for d in range(m, p.data, P)
+                                         for t in range(p.tensor)]) for m in range(P) if at])
             dense = [k for k in range(len(index)) if k not in set(at)]
             where = {k: (stores, i, self._specs[index[k]]) for i, k in enumerate(dense)}
             where.update({k: (members, i, self._experts[self._host[0][index[k]]]) for i, k in enumerate(at)})
@@ -460,8 +468,8 @@ class Hybrid(Strategy, Replicas):
         p, P = self.placement, self.layout.expert_parallel
         return ([[self.replicas[d][c][t] for d in range(p.data)] for c in range(len(self.ranges))
                  for t in range(p.tensor)] +
-                [[self.expert_replicas[d][c] for d in range(m, p.data, P)] for c in range(len(self.ranges))
-                 if self._expert_at[c] for m in range(P)])   # each member's experts over the replicas holding them
+                [[self.expert_replicas[d][c][t] for d in range(m, p.data, P)] for c in range(len(self.ranges))
+                 if self._expert_at[c] for t in range(p.tensor) for m in range(P)])   # each member's experts over the replicas holding them
 
     def aux(self, r=0):
         """Replica ``r``'s arrays that are not trained (BatchNorm's running statistics), in the model's order."""

@@ -95,9 +95,10 @@ def make_strategy(name, params, ctx_list, stages=None, reducer=None, recompute=F
               layout_of(name, stages, reducer, recompute, zero, tensor, expert_parallel))
     layout.check(batch_size=batch_size)
     check_contexts(ctx_list)
-    # lockstep replicas alone: their own strategies; with stages, micro-batches, recomputation or ZeRO-3, Hybrid's
+    # lockstep replicas alone: their own strategies; with stages, micro-batches, recomputation, ZeRO-3 or tensor
+    # ranks, Hybrid's
     alone = layout.strategy == "data" and layout.stages_given == 1 and layout.micro == 1 and not layout.recompute \
-        and layout.zero < 3
+        and layout.zero < 3 and layout.tensor == 1
     experts = layout.expert_parallel > 1 or (isinstance(params, gluon.Block) and bool(moe_layers(params)))
     if layout.context > 1 and alone:
         return ContextParallel(params, ctx_list, layout, reducer)
