@@ -245,8 +245,6 @@ class Layout:
             raise BadValue("sequence", "{sequence} splits along the sequence what tensor parallelism leaves whole on "
                                        "every rank of a group (layer norms, the residual stream); give {tensor} 2 or "
                                        "more")
-        if self.zero == 3:
-            raise BadValue("sequence", "{sequence} with {zero=3} is not built; use {zero} 0, 1 or 2")
 
     def _check_context(self):
         c = self.context

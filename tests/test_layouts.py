@@ -59,6 +59,9 @@ MORE = {
                                                   sequence=True), 4),
     "data x sequence x tensor, ZeRO-1, recomputation": (Layout("data", tensor=2, sequence=True, zero=1,
                                                                recompute=True), 4),
+    "data x sequence x tensor x pipeline x ZeRO-3, micro-batches": (Layout("hybrid", stages=2, tensor=2,
+                                                                           sequence=True, zero=3,
+                                                                           micro_batches=4), 8),
 }
 EXACT = sorted(name for name, (layout, _) in {**LAYOUTS, **MORE}.items() if layout.compression == "none")
 

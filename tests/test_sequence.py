@@ -42,6 +42,20 @@ def test_sequence_parallelism_trains_the_tensor_parallel_model(T):
     assert "sequence parallel" in strategy.describe()
 
 
+def test_with_zero_3_each_block_s_slices_are_summed_before_its_reduce_scatter(monkeypatch):
+    """ZeRO-3 (2 replicas x 2 ranks): each block's sequence-parallel arrays (layer norms, row-parallel biases) summed
+    over the ranks in the gathered gradient buffers, before the block is reduce-scattered, trains the model
+    sequence parallelism trains without ZeRO-3; without those sums it does not (each rank's slice alone)."""
+    from parallel.strategies.hybrid import Hybrid
+    _, want = _trained(Layout(tensor=2, sequence=True), 4)
+    strategy, got = _trained(Layout(tensor=2, sequence=True, zero=3), 4)
+    assert_close_to_scale(got, want, 1e-5)
+    assert "ZeRO-3" in strategy.describe() and "sequence parallel" in strategy.describe()
+    monkeypatch.setattr(Hybrid, "_sum_sequence", lambda self, c, groups, s: None)
+    _, unsummed = _trained(Layout(tensor=2, sequence=True, zero=3), 4)
+    assert max(np.abs(a - b).max() / np.abs(b).max() for a, b in zip(unsummed, want)) > 1e-3
+
+
 @pytest.mark.parametrize("T", [2, 4])
 def test_the_replicated_regions_activations_drop_to_each_rank_s_slice(T):
     """Tensor parallelism keeps each block's input, middle and output (the layer norms' inputs, the residual
@@ -83,7 +97,7 @@ def test_the_blocks_collectives_move_the_bytes_tensor_parallelism_moves(T):
 
 @pytest.mark.parametrize("layout, says", [
     (Layout(sequence=True), "give tensor 2 or more"),
-    (Layout(tensor=2, sequence=True, zero=3), "with zero=3 is not built"),
+    (Layout(tensor=2, sequence=True, context=2), "with context=2 is not built"),
 ])
 def test_what_sequence_parallelism_does_not_run_is_refused(layout, says):
     with pytest.raises(ValueError, match=says):
@@ -108,11 +122,15 @@ def test_the_cli_records_the_activations_each_context_keeps(easy_dir, tmp_path, 
     replicated = [row["activations"]["replicated"] for row in rows]
     assert replicated == [3 * 4 * 32 * 9 * D * 4, 3 * 4 * 32 * 8 * D * 4]   # 9 and 8 of the 17 tokens
     assert all(row["activations"]["total"] > row["activations"]["replicated"] for row in rows)
+    assert main(["--model", "vit", "--tensor", "2", "--sequence-parallel", "--zero", "3", "--devices", "cpu:4",
+                 "--data-dir", str(easy_dir), "--epochs", "1", "--batch-size", "32", "--no-progress"]) == 0
+    assert "ZeRO-3" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("flags, says", [
     (["--sequence-parallel"], "give --tensor 2 or more"),
-    (["--sequence-parallel", "--tensor", "2", "--devices", "cpu:2", "--zero", "3"], "--zero 3 is not built"),
+    (["--sequence-parallel", "--tensor", "2", "--devices", "cpu:2", "--experts", "4"],
+     "--sequence-parallel with --experts is not built"),
     (["--sequence-parallel", "--tensor", "2", "--devices", "cpu:2", "--model", "transformer"], "use --model vit"),
 ])
 def test_bad_sequence_flags_get_one_line_and_status_2(flags, says, easy_dir, capsys):

@@ -40,6 +40,7 @@ The same model as one context, but for BatchNorm fed micro-batches (each normali
 layout of ``tests/test_layouts.py`` trains one context's model (bitwise where the sums are the same additions).
 """
 import bisect
+import functools
 
 import mxnet as mx
 
@@ -386,9 +387,11 @@ class Hybrid(Strategy, Replicas):
         self.sharded[c] = groups
         parts = [[[group.parts[s][d] for group in groups] for d in range(p.data)] for s in range(len(segments))]
         scratch = [[[group.scratch[s][d] for group in groups] for d in range(p.data)] for s in range(len(segments))]
-        blocks = Blocks(segments, recompute=True, hooks=ShardedHooks(groups, clear=self.skips_parameters),
-                        algorithm=self.reducer.algorithm,
-                        retain_graph=self.layout.micro > 1, kept=self.kept)
+        summed = functools.partial(self._sum_sequence, c, groups) if self._summed[c] else None
+        blocks = Blocks(segments, recompute=True, hooks=ShardedHooks(groups, clear=self.skips_parameters,
+                                                                     before_reduce=summed),
+                        algorithm=self.reducer.algorithm, retain_graph=self.layout.micro > 1,
+                        sequence=self.layout.sequence, kept=self.kept)
         return Chunk(blocks, _per_rank(parts, p.tensor), _per_rank(scratch, p.tensor), contexts)
 
     def _sharded_expert_chunk(self, c, segments, contexts, keys):
@@ -483,22 +486,36 @@ class Hybrid(Strategy, Replicas):
         """Sequence parallelism: the arrays a rank computes on its slice of the sequence (the blocks' layer norms,
         the row-parallel biases) have a part of their gradient on each rank; sum them over each tensor group (one
         allreduce of their concatenation a chunk and replica), so every rank holds the whole, as without it."""
+        if self.layout.zero == 3:   # summed block by block, before each block's reduce-scatter (_sum_sequence)
+            return
         for c, indices in enumerate(self._summed):
             for d in range(self.placement.data if indices else 0):
                 ranks = self.replicas[d][c]
-                # the bracket names each rank's gradient buffers, not the arrays' views into them: an engine operation
-                # that names one buffer twice never runs (parallel.trace)
-                with issued("tensor", [g for rank in ranks for g in rank.grads], "tensor sequence-parallel sums",
-                            collective="allreduce") as made:
-                    flats = [mx.nd.concat(*[rank[i].grad.reshape((-1,)) for i in indices], dim=0) for rank in ranks]
-                    made += flats
-                    algorithms.allreduce(flats, self.reducer.algorithm)
-                    for rank, flat in zip(ranks, flats):
-                        offset = 0
-                        for i in indices:
-                            grad = rank[i].grad
-                            grad[:] = flat[offset:offset + grad.size].reshape(grad.shape)
-                            offset += grad.size
+                self._sum_over_ranks([[rank[i].grad for i in indices] for rank in ranks],
+                                     [g for rank in ranks for g in rank.grads])
+
+    def _sum_over_ranks(self, grads, buffers):
+        """Each rank's ``grads`` (one list a rank, the same arrays' parts) replaced by their sum over the ranks: one
+        allreduce of their concatenation. ``buffers``: the ranks' gradient buffers they are views of, which the
+        trace's bracket names (an engine operation that names one buffer twice never runs: parallel.trace)."""
+        with issued("tensor", buffers, "tensor sequence-parallel sums", collective="allreduce") as made:
+            flats = [mx.nd.concat(*[g.reshape((-1,)) for g in own], dim=0) for own in grads]
+            made += flats
+            algorithms.allreduce(flats, self.reducer.algorithm)
+            for own, flat in zip(grads, flats):
+                offset = 0
+                for grad in own:
+                    grad[:] = flat[offset:offset + grad.size].reshape(grad.shape)
+                    offset += grad.size
+
+    def _sum_sequence(self, c, groups, s):
+        """ZeRO-3's ``finish_backward``: block ``s`` of chunk ``c``'s sequence-parallel arrays summed over each
+        tensor group, in the gathered gradient buffers, before the block's reduce-scatter."""
+        segment = groups[0].units[s].segment
+        local = [k - segment.first for k in self._summed[c] if segment.first <= k < segment.stop]
+        for d in range(self.placement.data if local else 0):
+            self._sum_over_ranks([[g.parts[s][d][i].grad for i in local] for g in groups],
+                                 [g.grad_buffer(d) for g in groups])
 
     def activations(self):
         """What the tensor ranks' forwards of the last step kept for backward, per context: ``{context:

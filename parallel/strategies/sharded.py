@@ -255,6 +255,10 @@ class ShardedGroup:
                 if j != i and q > p:
                     algorithms.copy_to(other[p:q], buffer[p:q])
 
+    def grad_buffer(self, i):
+        """Context ``i``'s gradient buffer, whose views its blocks' gradients are."""
+        return self._grads[i]
+
     def clear(self, s):
         """Zero block ``s``'s part of every context's gradient buffer (before a backward that may not write it
         all)."""
@@ -376,8 +380,10 @@ class ShardedHooks(BlockHooks):
     """The hooks of one chunk of a network (``Blocks``): for each tensor rank's ``ShardedGroup`` of it, gather a
     block before it runs (and, with prefetch, the next one) and reduce-scatter its gradient after its backward."""
 
-    def __init__(self, groups, clear=False):
+    def __init__(self, groups, clear=False, before_reduce=None):
         self.groups = list(groups)
+        #: called with a block's index after its backward, before its reduce-scatter (sequence parallelism's sums)
+        self.before_reduce = before_reduce
         #: zero a block's gradient buffer before each backward of it: a backward that leaves a replica's part of the
         #: block unwritten (no loss reads it: a context group's members' heads) would otherwise reduce another block's
         self.clear = clear
@@ -403,5 +409,7 @@ class ShardedHooks(BlockHooks):
         self._clear(s)
 
     def after_backward(self, s, active):
+        if self.before_reduce is not None:
+            self.before_reduce(s)
         for group in self.groups:
             group.reduce(s, active)
