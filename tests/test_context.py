@@ -126,6 +126,7 @@ def test_the_cli_trains_with_the_sequence_split_and_resumes_on_one_context(easy_
     assert "epoch 2," in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_the_cli_splits_the_sequence_across_pipeline_stages_with_zero_3_and_over_tensor_ranks(easy_dir, tmp_path, capsys):
     """Context parallelism composed (issue 39): across 2 pipeline stages fed 2 micro-batches, with ZeRO-3 (each
     member a replica its shards are spread over), and over tensor ranks."""
