@@ -13,6 +13,10 @@ theirs weighted by their examples (as ``accumulate`` does). Each recorded run co
 ``meter`` (``parallel.models.moe.RoutingMeter``): a recomputed block is counted once, in the run its backward
 follows.
 
+Over tensor ranks (``tensor`` T) each replica is a tensor-parallel group: one ``SegmentTape`` records every
+replica's ranks (its collectives over each group's T arrays), a replica's input and output are a ``Ranks`` of its
+group, and the MoE layers and ring attention keep what they make on the tape.
+
 Evaluation (outside ``autograd.record()``) runs in training mode: in inference MXNet's oneDNN operators reorder a
 weight in place into a blocked layout, which a view into a replica's flat buffer cannot take. The models it runs
 have no layer that the mode changes (no dropout; BatchNorm is refused by the strategies).
@@ -55,6 +59,10 @@ class LockstepNet:
         tokens.
     meter : parallel.models.moe.RoutingMeter, optional
         Where the recorded runs count their routing.
+    tensor : int
+        Each replica a tensor-parallel group of this many ranks: its parallel layers split over them, every
+        replica's ranks recorded on one tape (``SegmentTape(group=tensor)``), each rank's auxiliary losses its own
+        heads (Megatron's way: a rank's copy of a replicated array gets the whole gradient from its own loss).
     """
 
     def __init__(self, block, expert_parallel=1, context=1, meter=None, tensor=1):

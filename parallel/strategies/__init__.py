@@ -7,11 +7,13 @@
   and its functional twin ``data_parallel``.
 - ``hybrid``: ``Hybrid``, the composed strategy: data x pipeline stages x tensor ranks, with ZeRO and
   recomputation, every axis a plug-in of the same step; its presets ``ModelParallel`` (one replica of stages),
-  ``Pipeline`` (fed micro-batches) and ``FullyShardedDataParallel`` (ZeRO-3).
+  ``Pipeline`` (fed micro-batches) and ``FullyShardedDataParallel`` (ZeRO-3); its chunks run the replicas in
+  lockstep (``parallel.models.lockstep``) for a mixture of experts or context parallelism.
 - ``experts``: ``ExpertParallel``, data replicas of a mixture-of-experts model whose experts are spread over
-  expert-parallel groups (tokens sent to their experts by an all-to-all).
+  expert-parallel groups (tokens sent to their experts by an all-to-all): the data strategy, ZeRO 0 to 2
+  (``make_strategy`` gives ``Hybrid`` the rest).
 - ``context``: ``ContextParallel``, each example's tokens split over groups of contexts, attention by ring
-  attention.
+  attention: likewise.
 - ``pipeline``: a schedule's order issued over a model's chunks (``issue``), micro-batches, ``bubble_fraction``.
 - ``schedules``: GPipe, 1F1B, interleaved 1F1B laid out on slots (``PIPELINE_SCHEDULES`` names them without
   MXNet).
