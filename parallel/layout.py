@@ -255,10 +255,11 @@ class Layout:
 
     def _check_experts(self):
         p = self.expert_parallel
-        self._check_mixture(f"{{expert_parallel={p}}}")
+        self.check_mixture(f"{{expert_parallel={p}}}")
 
-    def _check_mixture(self, what):
-        """What a mixture of experts (named ``what``) does not run with."""
+    def check_mixture(self, what):
+        """``BadValue`` for what a mixture of experts (named ``what`` in the message) does not run with; a strategy
+        calls it for a model with experts whatever ``expert_parallel``."""
         if self.sequence:
             raise BadValue("sequence", f"{{sequence}} with {what} is not built; give one of them")
         if self.tensor > 1 and self.zero == 3:
@@ -280,7 +281,7 @@ class Layout:
     def _check_model(self, model):
         info = model_info(model)
         if dict(info.chosen).get("experts"):
-            self._check_mixture("{experts}")
+            self.check_mixture("{experts}")
         if (self.context > 1 or self.sequence) and not info.sequences:
             runs = [name for name, entry in MODELS.items() if entry.sequences]
             if self.sequence:

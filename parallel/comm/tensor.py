@@ -69,6 +69,12 @@ def _reduce_scatter(xs, axis):
     return out
 
 
+def _split(xs, axis):
+    """Rank ``t`` keeps slice ``t`` (``chunk_bounds`` along ``axis``) of its ``xs``."""
+    bounds = algorithms.chunk_bounds(xs[0].shape[axis], len(xs))
+    return [mx.nd.slice_axis(x, axis=axis, begin=bounds[t], end=bounds[t + 1]) for t, x in enumerate(xs)]
+
+
 def _arrays(value):
     return list(value) if isinstance(value, (list, tuple)) else [value]
 
@@ -383,10 +389,7 @@ class SegmentTape:
         starts. Nothing moves forward; backward, the all-gather of the slices' gradients (the whole value's
         gradient on every rank, as the replicated region before it expects)."""
         self.sequence_calls["split"] += 1
-        n = self.group or len(xs)
-        bounds = algorithms.chunk_bounds(xs[0].shape[axis], n)
-        outputs = [mx.nd.slice_axis(x.detach(), axis=axis, begin=bounds[r % n], end=bounds[r % n + 1])
-                   for r, x in enumerate(xs)]
+        outputs = self._each_group(_split, [x.detach() for x in xs], axis)
         if autograd.is_recording():
             self._collective("split", xs, outputs, axis)
         return outputs

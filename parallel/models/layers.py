@@ -193,7 +193,7 @@ class RanksF:
         """``value`` for every rank: a list of T values (rank ``t``'s at ``t``), or None when every rank gets
         ``value`` itself. A ``Ranks``'s arrays are read through the tape, once, and appended to ``read``."""
         if isinstance(value, Ranks):
-            arrays = value.arrays if self.tape is None else self.tape.read_each(value.arrays)
+            arrays = self.arrays_of(value)
             read.extend(arrays)
             return arrays
         if isinstance(value, _PerRank):
@@ -222,6 +222,11 @@ class RanksF:
             made = result.arrays
         self._keep(made, read)
         return result
+
+    def arrays_of(self, x):
+        """The arrays of ``x`` (a ``Ranks``) as the tape's open segment reads them (``SegmentTape.read_each``), or
+        themselves without a tape."""
+        return list(x.arrays) if self.tape is None else self.tape.read_each(x.arrays)
 
     def _keep(self, arrays, read):
         if self.tape is not None:
@@ -273,7 +278,7 @@ class RanksF:
         autograd and the others' parts as unrecorded copies, so backward hands rank ``t``'s part the gradient of
         its slice of rank ``t``'s copy (Megatron's split): every rank's output carries the whole gradient, as after
         g. Queued; does not block."""
-        arrays = x.arrays if self.tape is None else self.tape.read_each(x.arrays)
+        arrays = self.arrays_of(x)
         axis = axis % arrays[0].ndim
         gathered, T = [], self.tensor
         for r, own in enumerate(arrays):
@@ -342,7 +347,7 @@ class ReplicasF(RanksF):
         """Attention of each member's queries over its whole group's keys and values, by ring attention
         (``parallel.models.ring``): ``q``, ``k``, ``v`` are ``Ranks`` of ``(B, S_t, d)``."""
         C, T, out = self.context, self.tensor, [None] * self.ranks
-        q, k, v = ([a for a in x.arrays] if self.tape is None else self.tape.read_each(x.arrays) for x in (q, k, v))
+        q, k, v = (self.arrays_of(x) for x in (q, k, v))
         for g in range(self.replicas // C):
             for t in range(T):   # each tensor rank's heads round the ring of its rank in every member
                 members = [(g * C + m) * T + t for m in range(C)]

@@ -44,7 +44,17 @@ from ..comm.tensor import SegmentTape
 from .layers import Ranks, RanksF, block_plan, run_replicas
 from .moe import moe_layers
 
-__all__ = ["LockstepNet"]
+__all__ = ["LockstepNet", "fan_out"]
+
+
+def fan_out(X_shards, contexts, context):
+    """Each context-parallel group's shard given to its ``context`` members: member ``t`` of group ``g`` on
+    ``contexts[g * context + t]`` (a copy, not recorded: no gradient flows to the images); the shards themselves
+    with one member a group."""
+    if context == 1:
+        return list(X_shards)
+    return [X if t == 0 else X.copyto(contexts[g * context + t]) for g, X in enumerate(X_shards)
+            for t in range(context)]
 
 
 class LockstepNet:

@@ -58,7 +58,7 @@ from ..validate import BadType, BadValue, check_int
 from .layers import Ranks, ReplicasF, RanksF
 
 __all__ = ["Experts", "MoEFeedForward", "Routing", "route", "moe_layers", "aux_losses", "RoutingStats",
-           "capacity_of", "RoutingMeter"]
+           "capacity_of", "RoutingMeter", "check_shared"]
 
 
 def _check_positive(value, name):
@@ -209,9 +209,7 @@ class MoEFeedForward(nn.HybridBlock):
 
     def hybrid_forward(self, F, x, router_weight, fc1_weight, fc1_bias, fc2_weight, fc2_bias):
         if isinstance(F, ReplicasF):
-            arrays = [a.arrays for a in (x, router_weight, fc1_weight, fc1_bias, fc2_weight, fc2_bias)]
-            if F.tape is not None:   # the inputs as the tape's open segment reads them
-                arrays[0] = F.tape.read_each(arrays[0])
+            arrays = [F.arrays_of(x)] + [a.arrays for a in (router_weight, fc1_weight, fc1_bias, fc2_weight, fc2_bias)]
             outputs, aux = [None] * F.ranks, [None] * F.ranks
             for t in range(F.tensor):   # replicas that are tensor groups: each rank's copy of the tokens routed alone
                 where = F.ranks_of(t)
@@ -235,9 +233,7 @@ class MoEFeedForward(nn.HybridBlock):
         """The layer on replicas ``xs`` (one input a replica, each on its context), expert-parallel groups of
         ``group`` consecutive replicas; returns the outputs, one a replica, and sets ``last``."""
         E, k, dim = self._experts, self._top_k, self._dim
-        if E % group:
-            raise BadValue("expert_parallel", f"{{expert_parallel={group}}} contexts cannot share {E} experts "
-                                              "equally; give a divisor of the experts")
+        check_shared([self], group)
         held = E // group
         for r, w in enumerate(w1s):
             if w.shape[0] != held:
@@ -395,6 +391,15 @@ def aux_losses(block):
     if not layers:
         return []
     return [mx.nd.add_n(*parts) if len(parts) > 1 else parts[0] for parts in zip(*[l.last.aux for l in layers])]
+
+
+def check_shared(layers, expert_parallel):
+    """``BadValue`` naming ``expert_parallel`` unless its contexts can share every one of the MoE ``layers``'
+    experts equally."""
+    for layer in layers:
+        if layer.experts % expert_parallel:
+            raise BadValue("expert_parallel", f"{{expert_parallel={expert_parallel}}} contexts cannot share "
+                                              f"{layer.experts} experts equally; give a divisor of the experts")
 
 
 class RoutingMeter:

@@ -40,7 +40,9 @@ from ..job import KEYS, broadcast_arrays
 from ..layout import Layout
 from ..models.layers import run_replicas
 from ..models.lenet import softmax_cross_entropy
-from ..models.moe import RoutingMeter, aux_losses, moe_layers
+from ..models.recompute import Part
+from ..models.lockstep import fan_out
+from ..models.moe import RoutingMeter, aux_losses, check_shared, moe_layers
 from ..optim.zero import ReplicatedStore, as_optimizer
 from ..shard import Replicated
 from ..step import Replicas, worker_step
@@ -58,14 +60,6 @@ def expert_specs(block):
         for attr, spec in layer.expert_specs().items():
             specs[getattr(layer, attr).name] = spec
     return specs
-
-
-class _Arrays(list):
-    """A replica's arrays as ``run_replicas`` takes them: a list with the arrays' ``names``."""
-
-    def __init__(self, arrays, names):
-        super().__init__(arrays)
-        self.names = list(names)
 
 
 def _named(replica, names):
@@ -110,10 +104,7 @@ class ExpertParallel(Strategy, Replicas):
         if D % P:
             raise BadValue("expert_parallel", f"{{expert_parallel={P}}} cannot group {D} contexts; use a divisor of "
                                               "the contexts")
-        for layer in layers:
-            if layer.experts % P:
-                raise BadValue("expert_parallel", f"{{expert_parallel={P}}} contexts cannot share {layer.experts} "
-                                                  "experts equally; give a divisor of the experts")
+        check_shared(layers, P)
         names, arrays, aux_names, aux = block_state(block)
         if aux:
             raise BadValue("block", "expert parallelism trains models whose every array is trained (no BatchNorm)")
@@ -135,7 +126,7 @@ class ExpertParallel(Strategy, Replicas):
             self.dense.append(_named(get_params([arrays[i] for i in self._dense_index], ctx, bucket_mb), dense_names))
             local = [self._specs[i].local(arrays[i], r % P, P) for i in self._expert_index]
             self.expert_arrays.append(_named(get_params(local, ctx, bucket_mb), expert_names) if local else [])
-        self.parts = [_Arrays(list(d) + list(e), dense_names + expert_names)
+        self.parts = [Part(list(d) + list(e), dense_names + expert_names, [])
                       for d, e in zip(self.dense, self.expert_arrays)]
         self.in_ctx_list = self.out_ctx_list = self.ctx_list[::self.context]   # where each shard of the batch goes
         self._places = self._lay_out()
@@ -178,9 +169,7 @@ class ExpertParallel(Strategy, Replicas):
         context-parallel group); the outputs, one a shard (a group's first member's)."""
         self._check_shards(X_shards)
         C = self.context
-        # a group's members each take its shard's images (a copy, not recorded: no gradient flows to images)
-        inputs = [X if t == 0 else X.copyto(self.ctx_list[g * C + t]) for g, X in enumerate(X_shards)
-                  for t in range(C)]
+        inputs = fan_out(X_shards, self.ctx_list, C)
         out = run_replicas(self.block, inputs, self.parts, self.layout.expert_parallel, C)
         return out.arrays[::C]
 

@@ -51,8 +51,8 @@ from ..evaluate import accuracy
 from ..job import KEYS, broadcast_arrays
 from ..layout import Layout
 from ..models.layers import Ranks, RankedNet, most_ranks
-from ..models.lockstep import LockstepNet
-from ..models.moe import RoutingMeter, moe_layers
+from ..models.lockstep import LockstepNet, fan_out
+from ..models.moe import RoutingMeter, check_shared, moe_layers
 from ..models.lenet import softmax_cross_entropy
 from ..models.recompute import Blocks, Part, Segment, flat_arrays, parts_of
 from ..models.registry import behaviour_of
@@ -91,13 +91,8 @@ class Chunk:
         self.fan_out, self.fan_in = fan_out, fan_in
 
     def _members(self, X_shards):
-        """Each group's input on each of its members' contexts (a copy, not recorded: no gradient flows to the
-        images), or the inputs as they are."""
-        C = self.fan_out
-        if C == 1:
-            return X_shards
-        return [X if t == 0 else X.copyto(self.contexts[g * C + t][0]) for g, X in enumerate(X_shards)
-                for t in range(C)]
+        """Each group's input on each of its members' first rank's context (``fan_out``)."""
+        return fan_out(X_shards, [ranks[0] for ranks in self.contexts], self.fan_out)
 
     @property
     def ranks(self):
@@ -263,21 +258,14 @@ class Hybrid(Strategy, Replicas):
                                                   "model; the model has none: give it experts (vit(experts=E), "
                                                   "--experts)")
             return
-        what = "a mixture of experts" if layers else "{context}"
-        if self.layout.sequence:
-            raise BadValue("sequence", f"{{sequence}} with {what} is not built; give one of them")
-        if layers and self.layout.tensor > 1 and self.layout.zero == 3:
-            raise BadValue("zero", "{zero=3} with a mixture of experts over {tensor} ranks is not built; use {zero} 0, "
-                                   "1 or 2 with tensor ranks")
-        if layers and self.layout.context > 1:
-            raise BadValue("context", "{context} with {experts} is not built; give one of them")
+        if layers:   # the layout's rules for a mixture of experts (its own check has them with expert_parallel)
+            self.layout.check_mixture("{experts}")
+            if self.layout.context > 1:
+                raise BadValue("context", "{context} with {experts} is not built; give one of them")
+            check_shared(layers, self.layout.expert_parallel)
         if block_state(params)[3]:
+            what = "a mixture of experts" if layers else "{context}"
             raise BadValue("params", f"{what} trains models whose every array is trained (no BatchNorm)")
-        P = self.layout.expert_parallel
-        for layer in layers:
-            if layer.experts % P:
-                raise BadValue("expert_parallel", f"{{expert_parallel={P}}} contexts cannot share {layer.experts} "
-                                                  "experts equally; give a divisor of the experts")
 
     # ---- the layout ------------------------------------------------------------------------------------------
 
@@ -296,6 +284,8 @@ class Hybrid(Strategy, Replicas):
         # the positions in each chunk's arrays of its experts' (expert parallelism gives each replica its own)
         self._expert_at = [[k for k, j in enumerate(index) if names and names[j] in self._experts]
                            for index, _ in self._indices]
+        self._dense_at = [[k for k in range(len(index)) if k not in set(at)]
+                          for (index, _), at in zip(self._indices, self._expert_at)]
         self.sharded = [[] for _ in self.ranges]
         self.expert_sharded = [[] for _ in self.ranges]
         self.chunks = []
@@ -337,7 +327,7 @@ class Hybrid(Strategy, Replicas):
                                                                                contexts[d][t])
                     self.replicas[d][c][t], self.expert_replicas[d][c][t] = dense, experts
                     if t:   # every rank of a tensor group holds its member's experts whole
-                        _mark_copies(dense, [s for k, s in enumerate(specs) if k not in set(self._expert_at[c])])
+                        _mark_copies(dense, [specs[k] for k in self._dense_at[c]])
                         _mark_copies(experts, [Replicated()] * len(experts))
                     continue
                 self.replicas[d][c][t] = self.views[d][c][t] = _replica(local, names, aux, aux_names, contexts[d][t],
@@ -357,14 +347,14 @@ class Hybrid(Strategy, Replicas):
         """Replica ``d``'s arrays of chunk ``c`` with experts: its dense arrays (a ``FlatReplica``, with the other
         arrays), its experts' (member ``d % P`` of its expert-parallel group's: another), and both as the chunk's
         blocks read them (a list in the chunk's order, with its ``names`` and ``aux``)."""
-        P, at, bucket_mb = self.layout.expert_parallel, self._expert_at[c], self.reducer.bucket_mb
-        dense_at = [k for k in range(len(local)) if k not in set(at)]
+        P, at, dense_at = self.layout.expert_parallel, self._expert_at[c], self._dense_at[c]
+        bucket_mb = self.reducer.bucket_mb
         dense = _replica([local[k] for k in dense_at], [names[k] for k in dense_at], aux, aux_names, ctx, bucket_mb)
         experts = _replica([self._experts[names[k]].local(local[k], d % P, P) for k in at], [names[k] for k in at],
                            [], [], ctx, bucket_mb)
         by_position = dict(zip(dense_at, dense))
         by_position.update(zip(at, experts))
-        view = _View([by_position[k] for k in range(len(local))], names, dense.aux)
+        view = Part([by_position[k] for k in range(len(local))], list(names), dense.aux)
         return dense, experts, view
 
     def _sharded_chunk(self, c, segments, contexts, keys):
@@ -388,10 +378,7 @@ class Hybrid(Strategy, Replicas):
         parts = [[[group.parts[s][d] for group in groups] for d in range(p.data)] for s in range(len(segments))]
         scratch = [[[group.scratch[s][d] for group in groups] for d in range(p.data)] for s in range(len(segments))]
         summed = functools.partial(self._sum_sequence, c, groups) if self._summed[c] else None
-        blocks = Blocks(segments, recompute=True, hooks=ShardedHooks(groups, clear=self.skips_parameters,
-                                                                     before_reduce=summed),
-                        algorithm=self.reducer.algorithm, retain_graph=self.layout.micro > 1,
-                        sequence=self.layout.sequence, kept=self.kept)
+        blocks = self._sharded_blocks(segments, groups, summed)
         return Chunk(blocks, _per_rank(parts, p.tensor), _per_rank(scratch, p.tensor), contexts)
 
     def _sharded_expert_chunk(self, c, segments, contexts, keys):
@@ -401,8 +388,7 @@ class Hybrid(Strategy, Replicas):
         name)."""
         p, P, n = self.placement, self.layout.expert_parallel, len(segments)
         local, names, aux, _ = self._local(c, 0)
-        at = self._expert_at[c]
-        dense_at = [k for k in range(len(local)) if k not in set(at)]
+        at, dense_at = self._expert_at[c], self._dense_at[c]
 
         def over(positions, with_aux):   # the blocks over the arrays at ``positions`` (of the chunk's, in order)
             return [Segment(s.net, bisect.bisect_left(positions, s.first), bisect.bisect_left(positions, s.stop),
@@ -427,9 +413,15 @@ class Hybrid(Strategy, Replicas):
 
         parts = [joined(lambda g: g.parts, s) for s in range(n)]
         scratch = [joined(lambda g: g.scratch, s) for s in range(n)]
-        blocks = Blocks(segments, recompute=True, hooks=ShardedHooks([dense] + members, clear=True),
-                        algorithm=self.reducer.algorithm, retain_graph=self.layout.micro > 1, kept=self.kept)
+        blocks = self._sharded_blocks(segments, [dense] + members)
         return Chunk(blocks, _per_rank(parts, 1), _per_rank(scratch, 1), contexts)
+
+    def _sharded_blocks(self, segments, groups, before_reduce=None):
+        """ZeRO-3's blocks over ``groups``: recomputed, each gathered and reduce-scattered by the hooks (which zero
+        a block's gradient buffer first when a replica may leave its part unwritten)."""
+        hooks = ShardedHooks(groups, clear=self.skips_parameters, before_reduce=before_reduce)
+        return Blocks(segments, recompute=True, hooks=hooks, algorithm=self.reducer.algorithm,
+                      retain_graph=self.layout.micro > 1, sequence=self.layout.sequence, kept=self.kept)
 
     def _array_places(self):
         """Where each of the model's trained arrays lies: its chunk's stores (one a rank), its index there."""
@@ -441,8 +433,7 @@ class Hybrid(Strategy, Replicas):
             members = (self.expert_sharded[c] if self.layout.zero == 3 else
                        [ReplicatedStore([self.expert_replicas[d][c][t] for d in range(m, p.data, P)
                                          for t in range(p.tensor)]) for m in range(P) if at])
-            dense = [k for k in range(len(index)) if k not in set(at)]
-            where = {k: (stores, i, self._specs[index[k]]) for i, k in enumerate(dense)}
+            where = {k: (stores, i, self._specs[index[k]]) for i, k in enumerate(self._dense_at[c])}
             where.update({k: (members, i, self._experts[self._host[0][index[k]]]) for i, k in enumerate(at)})
             for k, j in enumerate(index):
                 held, i, spec = where[k]
@@ -469,10 +460,11 @@ class Hybrid(Strategy, Replicas):
         if self.layout.zero == 3:
             return [[shard] for group in self._sharded_groups() for shard in group.shards]
         p, P = self.placement, self.layout.expert_parallel
+        # then each member's experts over the replicas holding them
         return ([[self.replicas[d][c][t] for d in range(p.data)] for c in range(len(self.ranges))
                  for t in range(p.tensor)] +
                 [[self.expert_replicas[d][c][t] for d in range(m, p.data, P)] for c in range(len(self.ranges))
-                 if self._expert_at[c] for t in range(p.tensor) for m in range(P)])   # each member's experts over the replicas holding them
+                 if self._expert_at[c] for t in range(p.tensor) for m in range(P)])
 
     def aux(self, r=0):
         """Replica ``r``'s arrays that are not trained (BatchNorm's running statistics), in the model's order."""
@@ -838,15 +830,6 @@ def _per_rank(parts, tensor):
 def _joined(dense, experts):
     """A block's ``Part`` of a replica's dense arrays and its experts, the latter after the former (read by name)."""
     return Part(list(dense) + list(experts), list(dense.names or []) + list(experts.names or []), dense.aux)
-
-
-class _View(list):
-    """A replica's arrays of a chunk as its blocks read them (``parts_of``), held in more than one ``FlatReplica``
-    (dense and experts): in the chunk's order, with ``names`` and ``aux``."""
-
-    def __init__(self, arrays, names, aux):
-        super().__init__(arrays)
-        self.names, self.aux = list(names), list(aux)
 
 
 def _replica(arrays, names, aux, aux_names, ctx, bucket_mb):

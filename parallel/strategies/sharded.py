@@ -263,9 +263,8 @@ class ShardedGroup:
         """Zero block ``s``'s part of every context's gradient buffer (before a backward that may not write it
         all)."""
         size = self.units[s].size
-        for grads in self._grads:
-            if size:
-                grads[:size] = 0
+        for grads in self._grads if size else ():
+            grads[:size] = 0
 
     def reduce(self, s, active):
         """Block ``s``'s gradient summed over the contexts (and workers) through the reducer's reduce-scatter, each
