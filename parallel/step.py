@@ -332,7 +332,21 @@ def _accumulate(replicas, X, y, loss, n, count_correct=True):
                                               fence=b < X.shape[0]))
             else:
                 replicas.forward_backward([], [], loss)
-    return mx.nd.add_n(*[s[0] for s in sums]), mx.nd.add_n(*[s[1] for s in sums]) if count_correct else None
+    return _sum_micro(sums)
+
+
+def _sum_micro(sums):
+    """The (loss, correct) sums of the micro-batches (``_forward_backward``'s results): one micro-batch's as they are; several added on the host's
+    order inside a ``metrics`` bracket (an operator nothing marks may run inside whichever bracket is open on its
+    lane, and ``add_n`` is one an update runs too)."""
+    pairs = [tuple(s[:2]) for s in sums]
+    if len(pairs) == 1:
+        return pairs[0]
+    with issued("metrics", [value for pair in pairs for value in pair if value is not None],
+                closes_on_made=True) as made:
+        result = tuple(mx.nd.add_n(*column) if column[0] is not None else None for column in zip(*pairs))
+        made += [value for value in result if value is not None]
+    return result
 
 
 def step_replicas(replicas, X, y, lr=None, loss=softmax_cross_entropy, batch_size=None, optimizer=None,

@@ -247,6 +247,26 @@ def test_a_zero_3_step_names_its_gathers_recomputations_and_reduce_scatters(pref
             assert runs.count("gather") >= 2 * n - 1, runs
 
 
+def test_the_sums_of_micro_batches_are_metrics_not_an_update():
+    """The step's sum over its micro-batches ran unmarked, so the engine could run it inside the update's bracket
+    (its ``add_n`` is one an update runs): under load, a ZeRO-3 lane showed three update operators. The sum is now a
+    metrics bracket of its own, one more than the micro-batches', and one micro-batch's sums are not added again."""
+    from parallel import init_lenet_params
+    from parallel.optim import SGD
+    from parallel.strategies import FullyShardedDataParallel
+    X, y = make_batches([16], seed=3)[0]
+    for accumulate in (1, 2):
+        strategy, optimizer = FullyShardedDataParallel(init_lenet_params(seed=0), contexts(2)), SGD(0.1, zero=3)
+        strategy.train_step(X, y, optimizer=optimizer, accumulate=accumulate)
+        with trace(contexts=strategy.ctx_list) as recorded:
+            strategy.train_step(X, y, optimizer=optimizer, accumulate=accumulate)
+        labels_hold(recorded.result)
+        metrics = [e for e in _brackets(recorded.result, 0) if e["cat"] == "metrics"]
+        assert len(metrics) == (accumulate + 1 if accumulate > 1 else 1), metrics
+        update = [e["args"]["op"] for e in _operators(recorded.result, 0) if e["cat"] == "update"]
+        assert update and not any(op.startswith("add_n") for op in update), update
+
+
 def test_the_cli_traces_zero_3(tmp_path):
     data_dir = write_idx_files(tmp_path, easy_dataset(num_train=128, num_test=32, seed=4))
     path = tmp_path / "steps.json"
