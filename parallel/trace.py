@@ -26,10 +26,12 @@ an allreduce runs copies, sums and a codec's operators, never a convolution); MX
 (and the anonymous bulks, ``ImperativeBulk``, of an imperative backward after the step's ``BACKWARD_MARK``) are
 ``backward``; a recomputed forward (``mark_recompute``) is ``recompute``. An operator that two unrelated brackets
 could have run (the metrics' copy while a bucket is reduced), or that autograd itself may run while the lane's
-backward pass goes on (a gradient's ``add_n``, ``transpose``, ``zeros_like``), or that nothing marked, is named by
-itself (its phase ``other``). So with one bucket no operator is ``allreduce`` before the last backward operator:
-the bucket's first mark waits for every gradient. The operator is in each event's ``args.op``, the bracket's
-number in ``args.issue``. ``plot_timeline(trace)`` draws the operators as a Gantt chart.
+backward pass goes on (a gradient's ``add_n``, ``transpose``, ``zeros_like``), or that ran where nothing marked, is
+named by itself (its phase ``other``). MXNet runs an operation once its inputs are ready, so an operator queued
+outside every bracket may still run while one is open and take its name: a step queues its sums inside brackets
+(its sum over micro-batches is ``metrics``). So with one bucket no operator is ``allreduce`` before the last
+backward operator: the bucket's first mark waits for every gradient. The operator is in each event's ``args.op``,
+the bracket's number in ``args.issue``. ``plot_timeline(trace)`` draws the operators as a Gantt chart.
 
 The marks change nothing while no trace records. While one does, they order an issuer's later operations after
 its first mark, and its first mark after what was queued before on its arrays: ZeRO-3's prefetched gather in
