@@ -336,9 +336,9 @@ def _accumulate(replicas, X, y, loss, n, count_correct=True):
 
 
 def _sum_micro(sums):
-    """The (loss, correct) sums of the micro-batches (``_forward_backward``'s results): one micro-batch's as they are; several added on the host's
-    order inside a ``metrics`` bracket (an operator nothing marks may run inside whichever bracket is open on its
-    lane, and ``add_n`` is one an update runs too)."""
+    """The (loss, correct) sums over the micro-batches (``_forward_backward``'s results): one micro-batch's as they
+    are; several added inside a ``metrics`` bracket (an operator nothing marks may run inside whichever bracket is
+    open on its lane, and ``add_n`` is one an update runs too)."""
     pairs = [tuple(s[:2]) for s in sums]
     if len(pairs) == 1:
         return pairs[0]
