@@ -263,7 +263,9 @@ class ShardedGroup:
         """Zero block ``s``'s part of every context's gradient buffer (before a backward that may not write it
         all)."""
         size = self.units[s].size
-        for grads in self._grads if size else ():
+        if not size:   # a block without trained arrays: nothing to zero
+            return
+        for grads in self._grads:
             grads[:size] = 0
 
     def reduce(self, s, active):
