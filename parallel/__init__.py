@@ -48,6 +48,7 @@ _SOURCES = {
     "checkpoint": ["TrainingState", "Snapshot", "save_checkpoint", "load_checkpoint", "CheckpointError"],
     "config": ["RunConfig"],
     "layout": ["Layout"],
+    "mesh": ["Mesh"],
     "export": ["export_lenet", "export_gluon", "to_gluon", "lenet_symbol"],
     "job": ["join", "Job", "broadcast_params", "allreduce_across"],
     "uneven": ["Join"],

@@ -29,20 +29,21 @@ Traceback (most recent call last):
     ...
 parallel.validate.BadValue: tensor=2 splits layers made of parallel layers (attention heads, MLP units); LeNet has none: use model vit or transformer
 
-Nothing here imports MXNet: the CLI checks its flags with it before MXNet starts; ``make_strategy`` checks the
-placement on the contexts (``Layout.place``).
+Nothing here imports MXNet: the CLI checks its flags with it before MXNet starts; ``make_strategy`` lays the axes
+out on the contexts as a ``parallel.mesh.Mesh`` (``Layout.place``), the one place ranks are computed.
 """
 from dataclasses import dataclass, replace
-from typing import NamedTuple, Optional, Tuple
+from typing import Optional, Tuple
 
 from .comm import SHARDED_ALGORITHMS
 from .compress import parse_compression
+from .mesh import Mesh
 from .models import MODELS, model_info
 from .optim import ZERO_LEVELS
 from .strategies import DEFAULT_MICRO_BATCHES, DEFAULT_STAGES, PIPELINE_SCHEDULES, STRATEGIES
 from .validate import BadType, BadValue, check_bool, check_choice, check_int
 
-__all__ = ["Layout", "Placement", "PRESETS"]
+__all__ = ["Layout", "PRESETS"]
 
 #: What each strategy's name fixes (a value a user may not change) and its defaults (``None``: no fixed value).
 PRESETS = {
@@ -60,16 +61,6 @@ _FIXED = {
                                                          "pipeline or hybrid {strategy}"),
     "data": ("{data} replicas are the data and hybrid strategies' axis", "use the hybrid {strategy}"),
 }
-
-
-class Placement(NamedTuple):
-    """Where a layout puts the model on ``contexts`` contexts (``Layout.place``): ``data`` replicas of ``stages``
-    devices of ``tensor`` contexts each; context ``(d S + s) T + t`` holds replica ``d``'s stage ``s``'s rank
-    ``t``; ``used`` of the contexts (the model and pipeline strategies leave the rest idle)."""
-    data: int
-    stages: int
-    tensor: int
-    used: int
 
 
 @dataclass(frozen=True)
@@ -301,11 +292,14 @@ class Layout:
                 raise BadValue("tensor", f"{{tensor={self.tensor}}} ranks cannot split {info.title}'s {info.tensor} "
                                          f"attention heads; use at most {info.tensor}")
 
-    def place(self, contexts):
-        """Where the layout puts the model on ``contexts`` contexts: a ``Placement``. The data and hybrid
-        strategies use every context (a multiple of ``stages x tensor``); model and pipeline one replica of
-        ``stages x tensor`` contexts, the rest idle."""
-        k = check_int(contexts, "ctx_list", low=1)
+    def place(self, contexts, workers=1, worker=0):
+        """Where the layout puts the model: a ``parallel.mesh.Mesh`` of the contexts it uses. ``contexts``: a list
+        of contexts (the mesh holds the ones it uses, in rank order) or their number (a mesh of ranks alone);
+        ``workers``, ``worker``: the job's (the data axis goes on over them). The data and hybrid strategies use
+        every context (a multiple of ``stages x tensor x context``); model and pipeline one replica of ``stages x
+        tensor`` contexts, the rest idle."""
+        given = None if isinstance(contexts, int) and not isinstance(contexts, bool) else list(contexts)
+        k = check_int(contexts if given is None else len(given), "ctx_list", low=1)
         if self.context > 1 and k % self.context:   # groups of contexts that share each example's sequence
             raise BadValue("context", f"{{context={self.context}}} cannot group {k} contexts of {{ctx_list}}; use a "
                                       f"multiple of {self.context} contexts")
@@ -328,10 +322,12 @@ class Layout:
         if data % self.expert_parallel:
             raise BadValue("expert_parallel", f"{{expert_parallel={self.expert_parallel}}} cannot group {data} "
                                               "replicas; use a divisor of the replicas")
-        return Placement(data, s, t, data * width)   # with context: a replica is a group of contexts
+        used = None if given is None else given[:data * width]
+        return Mesh(data // self.expert_parallel, self.expert_parallel, self.context, s, t, used, workers, worker)
 
-    def describe_axes(self, placement):
-        """The axes in words: ``"2 replicas x 2 stages x 2 tensor ranks"`` (an axis of one left out)."""
-        parts = [(placement.data, "replica"), (placement.stages, "stage"), (placement.tensor, "tensor rank")]
+    @staticmethod
+    def describe_axes(mesh):
+        """A mesh's axes in words: ``"2 replicas x 2 stages x 2 tensor ranks"`` (an axis of one left out)."""
+        parts = [(mesh.replicas, "replica"), (mesh.shape.stage, "stage"), (mesh.shape.tensor, "tensor rank")]
         words = [f"{n} {what}{'s' if n > 1 else ''}" for n, what in parts if n > 1]
         return " x ".join(words) or "one context"

@@ -160,7 +160,7 @@ def zero_shards(strategy):
     """Over how many replicas ZeRO shards each array of ``strategy``: its data replicas in this process (ZeRO-1 and
     2; a context-parallel group's members each a replica), times the job's workers for ZeRO-3. 1: nothing is
     sharded."""
-    replicas = strategy.layout.place(len(strategy.ctx_list)).data * strategy.layout.context
+    replicas = strategy.layout.place(len(strategy.ctx_list)).replicas
     return replicas * (strategy.job.num_workers if strategy.job is not None and strategy.layout.zero == 3 else 1)
 
 

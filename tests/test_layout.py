@@ -88,7 +88,7 @@ def test_a_submodule_never_hides_the_function_of_the_same_name():
 #: module (``name.registry``, where names become objects) are nodes of their own.
 LAYERS = [
     ["lazy", "validate", "files", "engine", "cli", "flight"],
-    ["trace"],
+    ["trace", "mesh"],
     ["split"],
     ["parallel", "comm:names", "compress:names", "data:names", "models:names", "optim:names", "strategies:names",
      "launch:names", "devices", "threads", "interrupt", "report", "board", "job"],

@@ -157,8 +157,8 @@ def test_context_x_pipeline_x_tensor_and_zero_3_train_the_one_context_vit_of_50_
     want = _train(make_strategy(one, init_vit(0, dtype="float64", patch=4), contexts(1)), one,
                   _batches("float64", (12, 12, 4)))
     strategy = make_strategy(layout, init_vit(0, dtype="float64", patch=4), contexts(k))
-    p = strategy.placement
-    assert isinstance(strategy, Hybrid) and len(strategy.in_ctx_list) == k // 2 // p.stages // p.tensor
+    shape = strategy.mesh.shape
+    assert isinstance(strategy, Hybrid) and len(strategy.in_ctx_list) == k // 2 // shape.stage // shape.tensor
     got = _train(strategy, layout, _batches("float64", (12, 12, 4)))
     assert_close_to_scale(got, want, 1e-12)
 

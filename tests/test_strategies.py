@@ -36,7 +36,7 @@ def assert_equal_to_one_context(model, sizes, dtype, step=None):
     step = step or model.train_step
     losses = [step(X, y, 0.2)[0].asscalar() for X, y in make_batches(sizes, dtype=dtype)]
     want, want_losses = reference(sizes, dtype)
-    for params in [model.replica_params(d) for d in range(model.placement.data)]:
+    for params in [model.replica_params(d) for d in range(model.mesh.replicas)]:
         got = [param.asnumpy() for param in params]
         assert all(g.dtype == np.dtype(dtype) for g in got)
         assert_same_parameters(got, want, dtype)
@@ -71,7 +71,7 @@ def test_pipeline_equals_one_context(k, m, dtype):
 @pytest.mark.parametrize("k, stages", [(2, 1), (2, 2), (4, 1), (4, 2), (4, 4)])
 def test_hybrid_equals_one_context(k, stages, dtype):
     model = Hybrid(init_lenet_params(seed=0, dtype=dtype), contexts(k), stages=stages)
-    assert len(model.replicas) == model.placement.data == k // stages
+    assert len(model.replicas) == model.mesh.replicas == k // stages
     assert_equal_to_one_context(model, SIZES, dtype)
 
 
@@ -281,5 +281,5 @@ def test_every_strategy_takes_an_optimizer_and_equals_one_context(strategy, k, o
         optimizer = make(zero)
         for X, y in make_batches(SIZES, dtype="float64"):
             model.train_step(X, y, optimizer=optimizer, accumulate=2 if X.shape[0] > 1 else 1)
-        for d in range(model.placement.data):
+        for d in range(model.mesh.replicas):
             assert_same_parameters([p.asnumpy() for p in model.replica_params(d)], want, "float64")

@@ -52,6 +52,7 @@ from mxnet.gluon import nn
 from ..comm import algorithms
 from ..comm.replica import FlatReplica, block_state, get_params
 from ..comm.tensor import SegmentTape
+from ..mesh import REPLICA_AXES, Mesh
 from ..shard import Replicated, Split
 from .ring import ring_attention
 from ..validate import BadType, BadValue, check_bool, check_contexts, check_int
@@ -168,8 +169,10 @@ class RanksF:
         self.ranks = check_int(ranks, "ranks", low=1)
         self.tape = tape
         #: The ranks of a tensor-parallel group: all of them here; fewer when one ``F`` runs several groups at once
-        #: (``ReplicasF`` of data replicas that are tensor groups), array ``r`` being rank ``r % tensor``.
+        #: (``ReplicasF`` of data replicas that are tensor groups), array ``r`` being the mesh's rank ``r``.
         self.tensor = self.ranks
+        #: Which group and rank each array is (``parallel.mesh.Mesh``): here one tensor-parallel group.
+        self.mesh = Mesh(tensor=self.ranks)
 
     def __repr__(self):
         return f"{type(self).__name__}({self.ranks} ranks)"
@@ -280,9 +283,9 @@ class RanksF:
         g. Queued; does not block."""
         arrays = self.arrays_of(x)
         axis = axis % arrays[0].ndim
-        gathered, T = [], self.tensor
+        gathered = []
         for r, own in enumerate(arrays):
-            group = arrays[r - r % T:r - r % T + T]   # own's tensor-parallel group
+            group = [arrays[i] for i in self.mesh.group_of(r, "tensor").ranks]   # own's tensor-parallel group
             pieces = [own if a is own else algorithms.copy_to(a.detach(), own.context) for a in group]
             gathered.append(mx.nd.concat(*pieces, dim=axis))
         self._keep(gathered, arrays)
@@ -309,8 +312,9 @@ class ReplicasF(RanksF):
     experts (an expert-parallel group). ``context``: how many consecutive replicas share each example's sequence
     (a context-parallel group): member ``t`` keeps slice ``t`` of the tokens (``context_part``) and attention runs
     round the group (``ring_attention``). ``tensor`` T: each replica is a tensor-parallel group, its T ranks'
-    arrays one after the other (array ``r`` is replica ``r // T``'s rank ``r % T``); the parallel layers split over
-    each group (``splits``) and record on ``tape`` (a ``SegmentTape`` of ``group`` T)."""
+    arrays one after the other; the parallel layers split over each group (``splits``) and record on ``tape`` (a
+    ``SegmentTape`` of ``group`` T). Which array is which replica's rank: ``mesh`` (a ``parallel.mesh.Mesh`` of
+    the data, expert, context and tensor axes, array ``r`` its rank ``r``)."""
 
     splits = False
 
@@ -327,11 +331,15 @@ class ReplicasF(RanksF):
             if self.replicas % value:
                 raise BadValue(name, f"{{{name}={value}}} cannot group {self.replicas} replicas; give a divisor of "
                                      "them")
+        if self.replicas % (expert_parallel * context):
+            raise BadValue("context", f"{{expert_parallel={expert_parallel}}} x {{context={context}}} cannot group "
+                                      f"{self.replicas} replicas; give a divisor of them")
         self.expert_parallel, self.context = expert_parallel, context
+        self.mesh = Mesh(self.replicas // (expert_parallel * context), expert_parallel, context, tensor=tensor)
 
     def ranks_of(self, t):
         """The positions of tensor rank ``t``'s arrays, one a replica, in order."""
-        return range(t, self.ranks, self.tensor)
+        return self.mesh.group(*REPLICA_AXES, tensor=t).ranks
 
     def context_part(self, x, axis=1):
         """Each member's slice of ``x`` (whole on every member of a context-parallel group) along ``axis``: member
@@ -339,21 +347,20 @@ class ReplicasF(RanksF):
         whole is each member's slice's."""
         length = x.arrays[0].shape[axis]
         bounds = algorithms.chunk_bounds(length, self.context)
-        member = [r // self.tensor % self.context for r in range(self.ranks)]   # its replica's place in the group
+        member = [self.mesh.coords(r).context for r in range(self.ranks)]   # its replica's place in the group
         return self.slice_axis(x, axis=axis, begin=self.per_rank([bounds[m] for m in member]),
                                end=self.per_rank([bounds[m + 1] for m in member]))
 
     def ring_attention(self, q, k, v, scale):
         """Attention of each member's queries over its whole group's keys and values, by ring attention
         (``parallel.models.ring``): ``q``, ``k``, ``v`` are ``Ranks`` of ``(B, S_t, d)``."""
-        C, T, out = self.context, self.tensor, [None] * self.ranks
+        out = [None] * self.ranks
         q, k, v = (self.arrays_of(x) for x in (q, k, v))
-        for g in range(self.replicas // C):
-            for t in range(T):   # each tensor rank's heads round the ring of its rank in every member
-                members = [(g * C + m) * T + t for m in range(C)]
-                for r, o in zip(members, ring_attention([q[r] for r in members], [k[r] for r in members],
-                                                        [v[r] for r in members], scale)):
-                    out[r] = o
+        for group in self.mesh.groups("context"):   # each tensor rank's heads round the ring of its rank
+            members = group.ranks
+            for r, o in zip(members, ring_attention([q[r] for r in members], [k[r] for r in members],
+                                                    [v[r] for r in members], scale)):
+                out[r] = o
         self._keep(out, q + k + v)
         return Ranks(out, self)
 
@@ -498,7 +505,7 @@ class ParallelPatchEmbedding(nn.Conv2D):
         patches = F.reshape(patches, (0, -3, -1))                                # (N, patches, pixels)
         T = F.tensor
         pixels = sum(w.shape[1] for w in weight.arrays[:T])
-        mine = [self._split.indices(pixels, r % T, T) for r in range(F.ranks)]
+        mine = [self._split.indices(pixels, F.mesh.coords(r).tensor, T) for r in range(F.ranks)]
         patches = F.slice_axis(patches, axis=2, begin=F.per_rank([int(i[0]) if len(i) else 0 for i in mine]),
                                end=F.per_rank([int(i[-1]) + 1 if len(i) else 0 for i in mine]))
         out = F.g(F.FullyConnected(patches, weight, no_bias=True, num_hidden=self._channels_out, flatten=False))

@@ -41,20 +41,23 @@ import mxnet as mx
 from mxnet import autograd
 
 from ..comm.tensor import SegmentTape
+from ..mesh import Mesh
 from .layers import Ranks, RanksF, block_plan, run_replicas
 from .moe import moe_layers
 
 __all__ = ["LockstepNet", "fan_out"]
 
 
-def fan_out(X_shards, contexts, context):
-    """Each context-parallel group's shard given to its ``context`` members: member ``t`` of group ``g`` on
-    ``contexts[g * context + t]`` (a copy, not recorded: no gradient flows to the images); the shards themselves
-    with one member a group."""
-    if context == 1:
-        return list(X_shards)
-    return [X if t == 0 else X.copyto(contexts[g * context + t]) for g, X in enumerate(X_shards)
-            for t in range(context)]
+def fan_out(X_shards, contexts, groups):
+    """Each context-parallel group's shard given to its members: ``groups[g]`` the replicas (positions in
+    ``contexts``, one a replica) of the group whose shard is ``X_shards[g]`` (``Mesh.replica_groups("context")``),
+    the first member taking the shard itself and the others a copy on their context (not recorded: no gradient
+    flows to the images). One input a replica, in the replicas' order."""
+    inputs = [None] * len(contexts)
+    for X, members in zip(X_shards, groups):
+        for i, r in enumerate(members):
+            inputs[r] = X if i == 0 else X.copyto(contexts[r])
+    return inputs
 
 
 class LockstepNet:
@@ -98,7 +101,9 @@ class LockstepNet:
         out = self._run(X_shards, parts, tape)
         # each layer's own, one a replica (a rank), not summed over the layers: on a tape each is its segment's head
         aux = [a for layer in self.layers for a in layer.last.aux]
-        first = [X if isinstance(X, mx.nd.NDArray) else X.arrays[0] for X in X_shards[::self.context]]
+        mesh = self._mesh(len(X_shards))
+        first = [X if isinstance(X, mx.nd.NDArray) else X.arrays[0]
+                 for X in (X_shards[g[0]] for g in mesh.replica_groups("context"))]
         examples = sum(X.shape[0] for X in first)   # a context group's members share theirs, a tensor group's ranks
         self._heads = (aux, [mx.nd.full((1,), examples, ctx=a.context, dtype=a.dtype) for a in aux])
         if self.meter is not None:
@@ -119,7 +124,11 @@ class LockstepNet:
             tape.parameters(list(rank), rank.names)
         out = run_replicas(self.block, arrays, flat, self.expert_parallel, self.context, T, tape, self._plan)
         arrays = tape.read_each(out.arrays)
-        return [Ranks(arrays[d * T:(d + 1) * T], out.F) for d in range(len(X_shards))]
+        return [Ranks([arrays[r] for r in group.ranks], out.F) for group in out.F.mesh.groups("tensor")]
+
+    def _mesh(self, replicas):
+        """The replicas' mesh (data, expert and context axes) of a run of ``replicas``."""
+        return Mesh(replicas // (self.expert_parallel * self.context), self.expert_parallel, self.context)
 
     def take_heads(self):
         """The auxiliary losses of the last recorded run and their gradients, ``(heads, gradients)``, once."""

@@ -213,7 +213,7 @@ class MoEFeedForward(nn.HybridBlock):
             outputs, aux = [None] * F.ranks, [None] * F.ranks
             for t in range(F.tensor):   # replicas that are tensor groups: each rank's copy of the tokens routed alone
                 where = F.ranks_of(t)
-                outs = self._forward(*[[a[r] for r in where] for a in arrays], F.expert_parallel)
+                outs = self._forward(*[[a[r] for r in where] for a in arrays], F.mesh.replica_groups("expert"))
                 for i, r in enumerate(where):
                     outputs[r] = outs[i]
                     aux[r] = self.last.aux[i] if self.last.aux else None
@@ -227,12 +227,14 @@ class MoEFeedForward(nn.HybridBlock):
         if F is not mx.nd:
             raise BadType("F", "an MoE layer routes its tokens on the host and cannot run as a symbol (a cached "
                                "graph, hybridize(), export); run it imperatively")
-        return self._forward([x], [router_weight], [fc1_weight], [fc1_bias], [fc2_weight], [fc2_bias], 1)[0]
+        return self._forward([x], [router_weight], [fc1_weight], [fc1_bias], [fc2_weight], [fc2_bias], [(0,)])[0]
 
-    def _forward(self, xs, routers, w1s, b1s, w2s, b2s, group):
-        """The layer on replicas ``xs`` (one input a replica, each on its context), expert-parallel groups of
-        ``group`` consecutive replicas; returns the outputs, one a replica, and sets ``last``."""
+    def _forward(self, xs, routers, w1s, b1s, w2s, b2s, groups):
+        """The layer on replicas ``xs`` (one input a replica, each on its context), ``groups`` the replicas (their
+        positions in ``xs``) of each expert-parallel group (``Mesh.replica_groups("expert")``); returns the
+        outputs, one a replica, and sets ``last``."""
         E, k, dim = self._experts, self._top_k, self._dim
+        group = len(groups[0])
         check_shared([self], group)
         held = E // group
         for r, w in enumerate(w1s):
@@ -248,8 +250,7 @@ class MoEFeedForward(nn.HybridBlock):
         routing = route(np.concatenate([p.asnumpy() for p in probs]), k, capacity)   # waits for the router
         starts = np.cumsum([0] + counts)
         outputs, sent = [None] * len(xs), 0
-        for g in range(len(xs) // group):
-            members = range(g * group, (g + 1) * group)
+        for members in groups:
             outs, moved = self._group([tokens[r] for r in members], [probs[r] for r in members],
                                       [(w1s[r], b1s[r], w2s[r], b2s[r]) for r in members],
                                       [(starts[r], starts[r + 1]) for r in members], routing, held)

@@ -105,6 +105,7 @@ class ExpertParallel(Strategy, Replicas):
             raise BadValue("expert_parallel", f"{{expert_parallel={P}}} cannot group {D} contexts; use a divisor of "
                                               "the contexts")
         check_shared(layers, P)
+        self.mesh = self.layout.place(self.ctx_list)   # one replica a context: data x expert x context
         names, arrays, aux_names, aux = block_state(block)
         if aux:
             raise BadValue("block", "expert parallelism trains models whose every array is trained (no BatchNorm)")
@@ -124,11 +125,13 @@ class ExpertParallel(Strategy, Replicas):
         self.dense, self.expert_arrays = [], []
         for r, ctx in enumerate(self.ctx_list):
             self.dense.append(_named(get_params([arrays[i] for i in self._dense_index], ctx, bucket_mb), dense_names))
-            local = [self._specs[i].local(arrays[i], r % P, P) for i in self._expert_index]
+            member = self.mesh.replica_coords(r).expert
+            local = [self._specs[i].local(arrays[i], member, P) for i in self._expert_index]
             self.expert_arrays.append(_named(get_params(local, ctx, bucket_mb), expert_names) if local else [])
         self.parts = [Part(list(d) + list(e), dense_names + expert_names, [])
                       for d, e in zip(self.dense, self.expert_arrays)]
-        self.in_ctx_list = self.out_ctx_list = self.ctx_list[::self.context]   # where each shard of the batch goes
+        self._groups = self.mesh.replica_groups("context")   # each example's tokens split over a group's members
+        self.in_ctx_list = self.out_ctx_list = [self.ctx_list[g[0]] for g in self._groups]   # where each shard goes
         self._places = self._lay_out()
         self._aux, self._examples = [], 0
         self._meter = RoutingMeter(layers)   # what the training forwards' routing did since epoch_metrics read it
@@ -148,7 +151,7 @@ class ExpertParallel(Strategy, Replicas):
     def _lay_out(self):
         P = self.layout.expert_parallel
         dense = ReplicatedStore(self.dense)
-        members = [ReplicatedStore(self.expert_arrays[p::P]) for p in range(P)]
+        members = [ReplicatedStore([self.expert_arrays[r] for r in self.mesh.holders(expert=m)]) for m in range(P)]
         places = [None] * len(self._names)
         for k, i in enumerate(self._dense_index):
             places[i] = ArrayPlace([dense], k, Replicated(), self._shapes[i])
@@ -168,10 +171,9 @@ class ExpertParallel(Strategy, Replicas):
         """The model on every context in lockstep: each shard on its replica (on each member of its
         context-parallel group); the outputs, one a shard (a group's first member's)."""
         self._check_shards(X_shards)
-        C = self.context
-        inputs = fan_out(X_shards, self.ctx_list, C)
-        out = run_replicas(self.block, inputs, self.parts, self.layout.expert_parallel, C)
-        return out.arrays[::C]
+        inputs = fan_out(X_shards, self.ctx_list, self._groups)
+        out = run_replicas(self.block, inputs, self.parts, self.layout.expert_parallel, self.context)
+        return [out.arrays[g[0]] for g in self._groups]
 
     def forward_all(self, X_shards):
         """Every replica's output, in lockstep; keeps the MoE layers' auxiliary losses for ``backward``."""

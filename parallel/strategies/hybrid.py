@@ -75,8 +75,8 @@ def hybrid_groups(ctx_list, num_stages):
     """Group ``ctx_list`` into replicas of ``num_stages`` consecutive contexts: ``groups[r][s] ==
     ctx_list[r * num_stages + s]``, replica ``r``'s stage ``s``; ``ValueError`` unless ``len(ctx_list)`` is a positive
     multiple of ``num_stages``."""
-    placement = Layout("hybrid", stages=num_stages).place(len(check_contexts(ctx_list)))
-    return [list(ctx_list[r * num_stages:(r + 1) * num_stages]) for r in range(placement.data)]
+    mesh = Layout("hybrid", stages=num_stages).place(check_contexts(ctx_list))
+    return [list(group.contexts) for group in mesh.groups("stage")]
 
 
 class Chunk:
@@ -84,15 +84,22 @@ class Chunk:
     replicas: its ``Blocks``, each block's arrays on every replica (``parts``; ``scratch`` with copies of the
     running statistics) and where each replica's ranks compute (``contexts[d][t]``)."""
 
-    def __init__(self, blocks, parts, scratch, contexts, fan_out=1, fan_in=1):
+    def __init__(self, blocks, parts, scratch, contexts, fan_out=None, fan_in=None):
         self.blocks, self.parts, self.scratch, self.contexts = blocks, parts, scratch, contexts
-        # context parallelism: the first chunk gives each group's shard to its C members (fan_out), the last gives
-        # each group's output as its first member's (fan_in); every chunk between runs every member
+        # context parallelism: the first chunk gives each context group's shard to its members (fan_out: the
+        # groups' replicas, Mesh.replica_groups("context")), the last gives each group's output as its first
+        # member's (fan_in: the same groups); every chunk between runs every member
         self.fan_out, self.fan_in = fan_out, fan_in
 
     def _members(self, X_shards):
         """Each group's input on each of its members' first rank's context (``fan_out``)."""
+        if self.fan_out is None:
+            return list(X_shards)
         return fan_out(X_shards, [ranks[0] for ranks in self.contexts], self.fan_out)
+
+    def _firsts(self, outputs):
+        """Each group's output: its first member's (``fan_in``)."""
+        return list(outputs) if self.fan_in is None else [outputs[group[0]] for group in self.fan_in]
 
     @property
     def ranks(self):
@@ -101,13 +108,13 @@ class Chunk:
     def forward(self, X_shards):
         """The recorded forward of each replica's input (call it inside ``autograd.record()``)."""
         outputs, pending = self.blocks.forward(self._members(X_shards), self.parts, self.scratch)
-        return outputs[::self.fan_in], pending
+        return self._firsts(outputs), pending
 
     def backward(self, pending, heads, head_grads=None):
         self.blocks.backward(pending, heads, head_grads, self.parts)
 
     def predict(self, X_shards):
-        return self.blocks.predict(self._members(X_shards), self.parts)[::self.fan_in]
+        return self._firsts(self.blocks.predict(self._members(X_shards), self.parts))
 
     def logits(self, out):
         """A replica's output as the step reports it: the first rank's."""
@@ -186,7 +193,10 @@ class Hybrid(Strategy, Replicas):
 
     Attributes
     ----------
-    layout, placement : Layout, parallel.layout.Placement
+    layout : Layout
+    mesh : parallel.mesh.Mesh
+        Where each replica's chunks and ranks compute: the data, expert, context, stage and tensor axes over
+        ``ctx_list`` (and the job's workers).
     ranges : list of (int, int)
         The children (layers) of each chunk.
     chunks : list of Chunk
@@ -216,23 +226,22 @@ class Hybrid(Strategy, Replicas):
         chunks = None if self.layout.boundaries is not None else self.layout.chunks
         _check_chunks(self.layout, chunks, layers)
         self.ranges = stage_ranges(chunks, self.layout.boundaries, *layers)
-        self.placement = self.layout.place(len(ctx_list))
-        self.ctx_list = list(ctx_list[:self.placement.used])
+        job = self.job
+        self.mesh = self.layout.place(ctx_list, *((1, 0) if job is None else (job.num_workers, job.rank)))
+        self.ctx_list = list(self.mesh.contexts)
         self._check_lockstep(params)
-        if self.layout.context > 1:   # a context group's members are replicas of their own, run in lockstep
-            self.placement = self.placement._replace(data=self.placement.data * self.layout.context)
         if len(self.ranges) % self.layout.virtual:
             raise ValueError(f"{len(self.ranges)} chunks cannot be dealt {self.layout.virtual} a device")
         self._cut = behaviour.cut(params, self.ranges)
         self._host = _host_model(params, self.job)
-        self._specs = _tensor_specs(behaviour, params, self._host, self.placement.tensor)
+        self._specs = _tensor_specs(behaviour, params, self._host, self.mesh.shape.tensor)
         self._indices = [_chunk_indices(self._host, self._cut, c) for c in range(len(self.ranges))]
         self.kept = {}   # what the tensor ranks' forwards of the last step kept for backward, per context
         self._summed = _sequence_summed(self.layout, behaviour, params, self._host, self._indices)
         self._lay_out(behaviour)
         self._places = self._array_places()
         if self.layout.virtual > 1:   # checked up front: the micro-batches come in groups of the stages
-            pipeline_schedule(self.layout.schedule, self.placement.stages, self.layout.micro, self.layout.virtual)
+            pipeline_schedule(self.layout.schedule, self.mesh.shape.stage, self.layout.micro, self.layout.virtual)
         self.last_stash = []
 
     def __repr__(self):
@@ -271,15 +280,14 @@ class Hybrid(Strategy, Replicas):
 
     def context(self, d, c, t=0):
         """The context of replica ``d``'s chunk ``c``'s rank ``t``."""
-        p = self.placement
-        return self.ctx_list[(d * p.stages + c % p.stages) * p.tensor + t]
+        return self.mesh.context(replica=d, stage=c % self.mesh.shape.stage, tensor=t)
 
     def _lay_out(self, behaviour):
         """Each chunk's arrays on every replica and rank (or their shards), its blocks and their parts."""
-        p, zero = self.placement, self.layout.zero
-        self.replicas = [[[None] * p.tensor for _ in self.ranges] for _ in range(p.data)]
-        self.expert_replicas = [[[None] * p.tensor for _ in self.ranges] for _ in range(p.data)]
-        self.views = [[[None] * p.tensor for _ in self.ranges] for _ in range(p.data)]
+        p, zero = self.mesh, self.layout.zero
+        self.replicas = [[[None] * p.shape.tensor for _ in self.ranges] for _ in range(p.replicas)]
+        self.expert_replicas = [[[None] * p.shape.tensor for _ in self.ranges] for _ in range(p.replicas)]
+        self.views = [[[None] * p.shape.tensor for _ in self.ranges] for _ in range(p.replicas)]
         names = self._host[0]
         # the positions in each chunk's arrays of its experts' (expert parallelism gives each replica its own)
         self._expert_at = [[k for k, j in enumerate(index) if names and names[j] in self._experts]
@@ -295,32 +303,33 @@ class Hybrid(Strategy, Replicas):
                         else [_whole_stage(self._cut, c, len(self._indices[c][0]), len(self._indices[c][1]))])
             if self.lockstep:   # every replica at once (each a tensor group with ranks)
                 segments = [Segment(LockstepNet(s.block, self.layout.expert_parallel, self.layout.context,
-                                                self.meter, p.tensor), s.first, s.stop, s.aux_first, s.aux_stop,
+                                                self.meter, p.shape.tensor), s.first, s.stop, s.aux_first, s.aux_stop,
                                     s.label, s.block) for s in segments]
             else:
-                segments = _on_ranks(segments, p.tensor)
-            contexts = [[self.context(d, c, t) for t in range(p.tensor)] for d in range(p.data)]
+                segments = _on_ranks(segments, p.shape.tensor)
+            contexts = [[self.context(d, c, t) for t in range(p.shape.tensor)] for d in range(p.replicas)]
             if zero == 3:
                 self.chunks.append(self._sharded_chunk(c, segments, contexts, keys))
             else:
                 self.chunks.append(self._replicated_chunk(c, segments, contexts))
-        C = self.layout.context
-        self.chunks[0].fan_out, self.chunks[-1].fan_in = C, C
+        if self.mesh.shape.context > 1:   # (else a micro-batch may feed fewer replicas than there are)
+            groups = self.mesh.replica_groups("context")
+            self.chunks[0].fan_out, self.chunks[-1].fan_in = groups, groups
 
     def _local(self, c, t):
         """Chunk ``c``'s arrays as rank ``t`` holds them (its part of each), with their names, and its other
         arrays."""
         names, arrays, aux_names, aux = self._host
         index, aux_index = self._indices[c]
-        local = [self._specs[i].local(arrays[i], t, self.placement.tensor) for i in index]
+        local = [self._specs[i].local(arrays[i], t, self.mesh.shape.tensor) for i in index]
         return local, [names[i] for i in index] if names else None, [aux[i] for i in aux_index], \
             [aux_names[i] for i in aux_index]
 
     def _replicated_chunk(self, c, segments, contexts):
-        p = self.placement
-        for t in range(p.tensor):
+        p = self.mesh
+        for t in range(p.shape.tensor):
             local, names, aux, aux_names = self._local(c, t)
-            for d in range(p.data):
+            for d in range(p.replicas):
                 specs = [self._specs[i] for i in self._indices[c][0]]
                 if self._expert_at[c]:
                     dense, experts, self.views[d][c][t] = self._expert_replica(c, d, local, names, aux, aux_names,
@@ -334,23 +343,24 @@ class Hybrid(Strategy, Replicas):
                                                                          self.reducer.bucket_mb)
                 if t:   # a global norm (clipping) counts the arrays every rank holds once
                     _mark_copies(self.replicas[d][c][t], specs)
-        own = [[parts_of(segments, self.views[d][c][t]) for t in range(p.tensor)] for d in range(p.data)]
-        spare = [[parts_of(segments, self.views[d][c][t], scratch=True) for t in range(p.tensor)]
-                 for d in range(p.data)]
-        parts = [[[own[d][t][s] for t in range(p.tensor)] for d in range(p.data)] for s in range(len(segments))]
-        scratch = [[[spare[d][t][s] for t in range(p.tensor)] for d in range(p.data)] for s in range(len(segments))]
+        own = [[parts_of(segments, self.views[d][c][t]) for t in range(p.shape.tensor)] for d in range(p.replicas)]
+        spare = [[parts_of(segments, self.views[d][c][t], scratch=True) for t in range(p.shape.tensor)]
+                 for d in range(p.replicas)]
+        parts = [[[own[d][t][s] for t in range(p.shape.tensor)] for d in range(p.replicas)] for s in range(len(segments))]
+        scratch = [[[spare[d][t][s] for t in range(p.shape.tensor)] for d in range(p.replicas)] for s in range(len(segments))]
         blocks = Blocks(segments, recompute=self.layout.recompute, algorithm=self.reducer.algorithm,
                         retain_graph=self.layout.micro > 1, sequence=self.layout.sequence, kept=self.kept)
-        return Chunk(blocks, _per_rank(parts, p.tensor), _per_rank(scratch, p.tensor), contexts)
+        return Chunk(blocks, _per_rank(parts, p.shape.tensor), _per_rank(scratch, p.shape.tensor), contexts)
 
     def _expert_replica(self, c, d, local, names, aux, aux_names, ctx):
         """Replica ``d``'s arrays of chunk ``c`` with experts: its dense arrays (a ``FlatReplica``, with the other
-        arrays), its experts' (member ``d % P`` of its expert-parallel group's: another), and both as the chunk's
+        arrays), its experts' (those of its coordinate on the mesh's expert axis: another), and both as the chunk's
         blocks read them (a list in the chunk's order, with its ``names`` and ``aux``)."""
         P, at, dense_at = self.layout.expert_parallel, self._expert_at[c], self._dense_at[c]
         bucket_mb = self.reducer.bucket_mb
         dense = _replica([local[k] for k in dense_at], [names[k] for k in dense_at], aux, aux_names, ctx, bucket_mb)
-        experts = _replica([self._experts[names[k]].local(local[k], d % P, P) for k in at], [names[k] for k in at],
+        member = self.mesh.replica_coords(d).expert
+        experts = _replica([self._experts[names[k]].local(local[k], member, P) for k in at], [names[k] for k in at],
                            [], [], ctx, bucket_mb)
         by_position = dict(zip(dense_at, dense))
         by_position.update(zip(at, experts))
@@ -360,33 +370,33 @@ class Hybrid(Strategy, Replicas):
     def _sharded_chunk(self, c, segments, contexts, keys):
         if self._expert_at[c]:
             return self._sharded_expert_chunk(c, segments, contexts, keys)
-        p = self.placement
+        p = self.mesh
         # a checkpoint's gathers in a job: a key per array and group holding part of it (tensor ranks; with experts,
         # the dense group and the members: every group of the model numbered alike, see _sharded_expert_chunk)
-        ranks = self.layout.expert_parallel + 1 if self._experts else p.tensor
+        ranks = self.layout.expert_parallel + 1 if self._experts else p.shape.tensor
         groups = []
-        for t in range(p.tensor):
+        for t in range(p.shape.tensor):
             local, names, aux, _ = self._local(c, t)
-            group = ShardedGroup(local, names, aux, segments, [contexts[d][t] for d in range(p.data)], self.reducer,
+            group = ShardedGroup(local, names, aux, segments, [contexts[d][t] for d in range(p.replicas)], self.reducer,
                                  Keys(keys[0], keys[1], t, ranks, keys[2]), self.prefetch)
             if t:
                 _mark_shard_copies(group, [self._specs[i] for i in self._indices[c][0]])
-            keys[0] += len(segments) * p.data
+            keys[0] += len(segments) * p.replicas
             keys[1] += len(segments)
             groups.append(group)
         self.sharded[c] = groups
-        parts = [[[group.parts[s][d] for group in groups] for d in range(p.data)] for s in range(len(segments))]
-        scratch = [[[group.scratch[s][d] for group in groups] for d in range(p.data)] for s in range(len(segments))]
+        parts = [[[group.parts[s][d] for group in groups] for d in range(p.replicas)] for s in range(len(segments))]
+        scratch = [[[group.scratch[s][d] for group in groups] for d in range(p.replicas)] for s in range(len(segments))]
         summed = functools.partial(self._sum_sequence, c, groups) if self._summed[c] else None
         blocks = self._sharded_blocks(segments, groups, summed)
-        return Chunk(blocks, _per_rank(parts, p.tensor), _per_rank(scratch, p.tensor), contexts)
+        return Chunk(blocks, _per_rank(parts, p.shape.tensor), _per_rank(scratch, p.shape.tensor), contexts)
 
     def _sharded_expert_chunk(self, c, segments, contexts, keys):
         """Chunk ``c`` with experts, ZeRO-3: its dense arrays sharded over every replica (a ``ShardedGroup``), each
         member's experts over the replicas holding them (one group a member, ``expert_sharded[c]``); a block's
         parameters on replica ``d``, the views of both groups' gather buffers (``run_replicas`` reads them by
         name)."""
-        p, P, n = self.placement, self.layout.expert_parallel, len(segments)
+        p, P, n = self.mesh, self.layout.expert_parallel, len(segments)
         local, names, aux, _ = self._local(c, 0)
         at, dense_at = self._expert_at[c], self._dense_at[c]
 
@@ -403,13 +413,16 @@ class Hybrid(Strategy, Replicas):
             keys[1] += n
             return made
 
-        dense = group([local[k] for k in dense_at], dense_at, range(p.data), 0)
-        members = [group([self._experts[names[k]].local(local[k], m, P) for k in at], at, range(m, p.data, P), m + 1)
+        dense = group([local[k] for k in dense_at], dense_at, range(p.replicas), 0)
+        members = [group([self._experts[names[k]].local(local[k], m, P) for k in at], at, p.holders(expert=m), m + 1)
                    for m in range(P)]
         self.sharded[c], self.expert_sharded[c] = [dense], members
 
         def joined(held, s):
-            return [[_joined(held(dense)[s][d], held(members[d % P])[s][d // P])] for d in range(p.data)]
+            # replica d holds the experts of member e (its coordinate on the expert axis), as their i-th holder
+            member = [p.replica_coords(d).expert for d in range(p.replicas)]
+            return [[_joined(held(dense)[s][d], held(members[e])[s][p.holders(expert=e).index(d)])]
+                    for d, e in enumerate(member)]
 
         parts = [joined(lambda g: g.parts, s) for s in range(n)]
         scratch = [joined(lambda g: g.scratch, s) for s in range(n)]
@@ -425,14 +438,14 @@ class Hybrid(Strategy, Replicas):
 
     def _array_places(self):
         """Where each of the model's trained arrays lies: its chunk's stores (one a rank), its index there."""
-        p, places, P = self.placement, [None] * len(self._host[1]), self.layout.expert_parallel
+        p, places, P = self.mesh, [None] * len(self._host[1]), self.layout.expert_parallel
         for c, (index, _) in enumerate(self._indices):
             stores = (self.sharded[c] if self.layout.zero == 3 else
-                      [ReplicatedStore([self.replicas[d][c][t] for d in range(p.data)]) for t in range(p.tensor)])
+                      [ReplicatedStore([self.replicas[d][c][t] for d in range(p.replicas)]) for t in range(p.shape.tensor)])
             at = self._expert_at[c]
             members = (self.expert_sharded[c] if self.layout.zero == 3 else
-                       [ReplicatedStore([self.expert_replicas[d][c][t] for d in range(m, p.data, P)
-                                         for t in range(p.tensor)]) for m in range(P) if at])
+                       [ReplicatedStore([self.expert_replicas[d][c][t] for d in p.holders(expert=m)
+                                         for t in range(p.shape.tensor)]) for m in range(P) if at])
             where = {k: (stores, i, self._specs[index[k]]) for i, k in enumerate(self._dense_at[c])}
             where.update({k: (members, i, self._experts[self._host[0][index[k]]]) for i, k in enumerate(at)})
             for k, j in enumerate(index):
@@ -446,25 +459,25 @@ class Hybrid(Strategy, Replicas):
     def in_ctx_list(self):
         """Where each replica takes its shard of the batch: its first chunk's first rank's context (a context
         group's first member's)."""
-        return [self.context(d, 0) for d in range(0, self.placement.data, self.layout.context)]
+        return [self.context(group[0], 0) for group in self.mesh.replica_groups("context")]
 
     @property
     def out_ctx_list(self):
         """Where each replica gives its outputs: its last chunk's first rank's context (a context group's first
         member's)."""
-        return [self.context(d, len(self.ranges) - 1) for d in range(0, self.placement.data, self.layout.context)]
+        return [self.context(group[0], len(self.ranges) - 1) for group in self.mesh.replica_groups("context")]
 
     def groups(self):
         """The trained arrays as ``optimizer_step`` takes them: chunk ``c``'s rank ``t`` of every replica forms a
         group, summed over the replicas; with ZeRO-3 each context's shard is a group of its own."""
         if self.layout.zero == 3:
             return [[shard] for group in self._sharded_groups() for shard in group.shards]
-        p, P = self.placement, self.layout.expert_parallel
+        p, P = self.mesh, self.layout.expert_parallel
         # then each member's experts over the replicas holding them
-        return ([[self.replicas[d][c][t] for d in range(p.data)] for c in range(len(self.ranges))
-                 for t in range(p.tensor)] +
-                [[self.expert_replicas[d][c][t] for d in range(m, p.data, P)] for c in range(len(self.ranges))
-                 if self._expert_at[c] for t in range(p.tensor) for m in range(P)])
+        return ([[self.replicas[d][c][t] for d in range(p.replicas)] for c in range(len(self.ranges))
+                 for t in range(p.shape.tensor)] +
+                [[self.expert_replicas[d][c][t] for d in p.holders(expert=m)] for c in range(len(self.ranges))
+                 if self._expert_at[c] for t in range(p.shape.tensor) for m in range(P)])
 
     def aux(self, r=0):
         """Replica ``r``'s arrays that are not trained (BatchNorm's running statistics), in the model's order."""
@@ -481,7 +494,7 @@ class Hybrid(Strategy, Replicas):
         if self.layout.zero == 3:   # summed block by block, before each block's reduce-scatter (_sum_sequence)
             return
         for c, indices in enumerate(self._summed):
-            for d in range(self.placement.data if indices else 0):
+            for d in range(self.mesh.replicas if indices else 0):
                 ranks = self.replicas[d][c]
                 self._sum_over_ranks([[rank[i].grad for i in indices] for rank in ranks],
                                      [g for rank in ranks for g in rank.grads])
@@ -505,7 +518,7 @@ class Hybrid(Strategy, Replicas):
         tensor group, in the gathered gradient buffers, before the block's reduce-scatter."""
         segment = groups[0].units[s].segment
         local = [k - segment.first for k in self._summed[c] if segment.first <= k < segment.stop]
-        for d in range(self.placement.data if local else 0):
+        for d in range(self.mesh.replicas if local else 0):
             self._sum_over_ranks([[g.parts[s][d][i].grad for i in local] for g in groups],
                                  [g.grad_buffer(d) for g in groups])
 
@@ -614,7 +627,7 @@ class Hybrid(Strategy, Replicas):
 
     def plan(self, micro_batches=None):
         """The ``parallel.strategies.schedules.Schedule`` a batch of ``micro_batches`` (default the layout's) runs."""
-        return pipeline_schedule(self.layout.schedule, self.placement.stages, micro_batches or self.layout.micro,
+        return pipeline_schedule(self.layout.schedule, self.mesh.shape.stage, micro_batches or self.layout.micro,
                                  self.layout.virtual)
 
     def bubble_fraction(self):
@@ -636,9 +649,9 @@ class Hybrid(Strategy, Replicas):
     def describe(self, accumulate=1):
         """One line: the axes, each chunk and the contexts holding it, and what is sharded, recomputed or
         pipelined."""
-        p, labels = self.placement, self._cut.labels
-        where = " | ".join(f"{label} @ " + ",".join(str(self.context(d, c, t)) for d in range(p.data)
-                                                    for t in range(p.tensor)) for c, label in enumerate(labels))
+        p, labels = self.mesh, self._cut.labels
+        where = " | ".join(f"{label} @ " + ",".join(str(self.context(d, c, t)) for d in range(p.replicas)
+                                                    for t in range(p.shape.tensor)) for c, label in enumerate(labels))
         line = f"{self.layout.describe_axes(p)}: {where}"
         if self.layout.pipelined and self.layout.micro > 1:
             schedule = (self.layout.schedule if self.layout.virtual == 1 else
@@ -646,10 +659,10 @@ class Hybrid(Strategy, Replicas):
             line += f", {self.layout.micro} micro-batches, schedule {schedule}"
         if self.layout.zero == 3:
             workers = 1 if self.job is None else self.job.num_workers
-            shards = f"1/{p.data}" if workers == 1 else f"1/{p.data * workers} ({workers} workers x {p.data} contexts)"
+            shards = f"1/{p.replicas}" if workers == 1 else f"1/{p.replicas * workers} ({workers} workers x {p.replicas} contexts)"
             blocks = len(self.chunks[0].blocks.segments)
             each = f"each of the {blocks} blocks{' a chunk' if len(self.chunks) > 1 else ''}"
-            if p.data * workers == 1:   # one replica: every shard is the whole, what is left is the gathers' cost
+            if p.replicas * workers == 1:   # one replica: every shard is the whole, what is left is the gathers' cost
                 line += (f", ZeRO-3 with one replica: nothing to shard; {each} still gathered into a buffer before "
                          "it runs and recomputed for its backward (more memory and time than without ZeRO-3)")
             else:
@@ -657,7 +670,7 @@ class Hybrid(Strategy, Replicas):
                          f"state; {each} gathered before it runs and again for its backward (recomputed), gradients "
                          "reduce-scattered")
                 if self.layout.expert_parallel > 1:   # a member's experts: over the replicas that hold them
-                    held = p.data // self.layout.expert_parallel
+                    held = p.replicas // self.layout.expert_parallel
                     line += (f" (a member's experts over the {held} replica{'s' if held > 1 else ''} holding them"
                              + (" and the workers" if workers > 1 else "") + ")")
         elif self.layout.recompute:
@@ -672,7 +685,7 @@ class Hybrid(Strategy, Replicas):
         if self.layout.sequence:
             line += (", sequence parallel: layer norms and the residual stream split along the sequence over each "
                      "tensor group (f and g an all-gather and a reduce-scatter)")
-        summed = self.reducer.describe(p.data)
+        summed = self.reducer.describe(p.replicas)
         if summed:
             line += f"; {summed}"
         if self.job is not None:
