@@ -336,8 +336,8 @@ def test_the_bytes_a_step_moves_are_zeros_3_psi(k, prefetch, monkeypatch):
 def test_a_zero_3_checkpoint_resumes_under_other_layouts_and_stages(tmp_path):
     """Written by ``--zero 3`` on 3 contexts after one epoch, resumed for a second under ``--zero 0`` on 2 contexts,
     ``--zero 1`` on 1 and ``--zero 3`` on 2: each as close to the uninterrupted run on its layout as two
-    uninterrupted layouts are to each other (float32 rounding of the sums' order), and on the same layout
-    bitwise (``test_train_checkpoint``)."""
+    uninterrupted layouts are to each other (float32 rounding of the sums' order) or a few float32 steps of the
+    weights' scale, and on the same layout bitwise (``test_train_checkpoint``)."""
     from parallel import checkpoint as ckpt
     data_dir = write_idx_files(str(tmp_path), easy_dataset(num_train=120, num_test=30, seed=4))
     common = ["--data-dir", data_dir, "--batch-size", "12", "--momentum", "0.9", "--lr", "0.05", "--no-progress"]
@@ -357,7 +357,9 @@ def test_a_zero_3_checkpoint_resumes_under_other_layouts_and_stages(tmp_path):
         run(f"resumed-{i}", "--epochs", "1", "--devices", "cpu:3", "--zero", "3")
         resumed = run(f"resumed-{i}", "--epochs", "2", "--resume", *layout.split())
         gap = max(np.abs(a - b).max() for a, b in zip(resumed, straight[layout]))
-        assert gap <= max(apart, 1e-7 * scale), (layout, gap, apart)
+        # a few float32 steps of the scale at most (1e-7 was under one: this AMD EPYC resumed --zero 1 on one
+        # context 2.3e-8 from its straight run, where two straight layouts were 2.0e-8 apart)
+        assert gap <= max(apart, 1e-6 * scale), (layout, gap, apart)
 
 
 def test_a_zero_3_checkpoint_is_written_one_array_at_a_time(tmp_path, monkeypatch):
