@@ -64,7 +64,7 @@ def memory_tag(context):
 
 
 def expert_scalars(experts):
-    """``{tag: value}`` of an epoch's ``"experts"`` (``parallel.strategies.ExpertParallel.epoch_metrics``): the
+    """``{tag: value}`` of an epoch's ``"experts"`` (``parallel.strategies.Hybrid.epoch_metrics``): the
     auxiliary loss, the fraction of choices dropped, and the busiest expert's load over the mean (1: balanced),
     the most over the MoE layers; ``{}`` without experts.
 

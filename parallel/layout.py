@@ -9,9 +9,9 @@ A ``Layout`` holds every axis the package runs, and how a step is fed:
 - **tensor**: each layer split over ``tensor`` contexts (Megatron-LM), for models made of parallel layers;
 - **ZeRO** (``zero`` 0-3): the optimizer state, the gradients and the parameters sharded over the data replicas;
 - **experts** (``expert_parallel``): a mixture-of-experts model's experts spread over groups of that many data
-  replicas, tokens sent to their experts by an all-to-all (``parallel.strategies.experts``);
+  replicas, tokens sent to their experts by an all-to-all (``parallel.models.moe``);
 - **context** (``context``): each example's sequence split over groups of that many contexts, attention by ring
-  attention (``parallel.strategies.context``);
+  attention (``parallel.models.ring``);
 - **sequence** (``sequence``, with ``tensor``): the regions tensor parallelism leaves whole split along the
   sequence over each tensor group (Korthikanti et al. 2022);
 - ``recompute`` (keep each block's input, compute its forward again in backward), ``accumulate`` (micro-batches

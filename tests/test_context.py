@@ -14,7 +14,7 @@ from parallel.models.ring import attention, ring_attention, ring_bytes
 from parallel.models.vit import init_vit
 from parallel.optim import SGD
 from parallel.strategies import make_strategy
-from parallel.strategies.context import ContextParallel
+from parallel.strategies import Hybrid
 from parallel.train import main
 from conftest import assert_close_to_scale, assert_refused, contexts, load_benchmark, write_idx_files
 
@@ -87,7 +87,7 @@ def _train(strategy, batches):
 @pytest.mark.parametrize("k, C", [(2, 2), (4, 4), (4, 2)])
 def test_the_sequence_split_over_contexts_trains_the_one_context_vit(k, C, one_context):
     strategy = make_strategy(Layout(context=C), init_vit(0, patch=4), contexts(k))
-    assert isinstance(strategy, ContextParallel) and len(strategy.in_ctx_list) == k // C
+    assert isinstance(strategy, Hybrid) and len(strategy.in_ctx_list) == k // C
     got = _train(strategy, _batches())
     assert_close_to_scale(got, one_context, 1e-5)
     initial = [p.data().asnumpy() for p in init_vit(0, patch=4).collect_params().values()]
@@ -109,7 +109,7 @@ def test_the_ring_moves_its_formula_s_bytes(k, C):
 def test_layouts_context_parallelism_cannot_take_are_refused():
     with pytest.raises(ValueError, match="cannot group 3"):
         make_strategy(Layout(context=2), init_vit(0, patch=4), contexts(3))
-    with pytest.raises(ValueError, match="with a mixture of experts is not built"):
+    with pytest.raises(ValueError, match="context with experts is not built"):
         make_strategy(Layout(context=2), init_vit(0, experts=4), contexts(2))
     with pytest.raises(ValueError, match="LeNet has none"):
         Layout(context=2).check("lenet")
@@ -121,7 +121,7 @@ def test_the_cli_trains_with_the_sequence_split_and_resumes_on_one_context(easy_
     assert main([*common, "--context", "2", "--devices", "cpu:4", "--epochs", "1"]) == 0
     out = capsys.readouterr().out
     assert "training ViT (4x4 patches)" in out
-    assert "2 groups of 2 contexts, each example's 50 tokens split over a group (25 a context)" in out
+    assert "4 replicas: " in out and "each example's tokens split over groups of 2 replicas (attention by ring" in out
     assert main([*common, "--devices", "cpu:1", "--epochs", "2", "--resume"]) == 0
     assert "epoch 2," in capsys.readouterr().out
 

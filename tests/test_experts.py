@@ -12,11 +12,11 @@ from mxnet import autograd
 
 from parallel import Layout
 from parallel.comm import algorithms
-from parallel.models.moe import Experts, MoEFeedForward, aux_losses, capacity_of, route
+from parallel.models.moe import Experts, MoEFeedForward, aux_losses, capacity_of, expert_specs, route
 from parallel.models.vit import init_vit
 from parallel.optim import SGD
 from parallel.strategies import make_strategy
-from parallel.strategies.experts import ExpertParallel, expert_specs
+from parallel.strategies import Hybrid
 from parallel.train import main
 from conftest import assert_close_to_scale, assert_refused, contexts, write_idx_files
 
@@ -159,7 +159,7 @@ def one_context():
 @pytest.mark.parametrize("factor", [1.0, E / 2])
 def test_expert_parallelism_trains_the_one_context_model_dropping_the_same_tokens(k, p, factor, one_context):
     strategy = make_strategy(Layout(expert_parallel=p), _moe(factor), contexts(k))
-    assert isinstance(strategy, ExpertParallel)
+    assert isinstance(strategy, Hybrid)
     got, dropped = _train(strategy, _batches())
     want, want_dropped = one_context[factor]
     assert_close_to_scale(got, want, 1e-5)
@@ -180,11 +180,11 @@ def test_experts_gradients_are_summed_only_over_the_replicas_that_hold_them():
     assert [len(g) for g in groups] == [4, 2, 2]
     X, y = _batches((8,))[0]
     strategy.train_step(X, y, optimizer=SGD(0.1))
-    experts = [r.data.asnumpy() for r in strategy.expert_arrays]
+    experts = [strategy.expert_replicas[d][0][0].data.asnumpy() for d in range(4)]   # one chunk, one rank
     np.testing.assert_array_equal(experts[0], experts[2])
     np.testing.assert_array_equal(experts[1], experts[3])
     assert np.abs(experts[0] - experts[1]).max() > 0
-    dense = [r.data.asnumpy() for r in strategy.dense]
+    dense = [strategy.replicas[d][0][0].data.asnumpy() for d in range(4)]
     assert all(np.array_equal(dense[0], d) for d in dense[1:])
 
 
@@ -252,7 +252,7 @@ def test_a_model_moves_between_expert_parallel_degrees_whole():
     second.load_params(trained)
     for a, b in zip(second.params(), trained):
         np.testing.assert_array_equal(a.asnumpy() if hasattr(a, "asnumpy") else a, b)
-    assert second.expert_arrays[3][0].shape[0] == 1   # a context holds one expert of each layer
+    assert second.expert_replicas[3][0][0][0].shape[0] == 1   # a context holds one expert of each layer
 
 
 @pytest.mark.parametrize("layout, k, says", [
@@ -283,7 +283,7 @@ def test_the_cli_trains_experts_and_records_their_routing(easy_dir, tmp_path, ca
                  "--metrics-json", str(metrics), "--checkpoint-dir", str(tmp_path / "ck")]) == 0
     out = capsys.readouterr().out
     assert "training ViT (4 experts, top-2)" in out
-    assert "2 replicas, each holding 2 of the 4 experts of 2 MoE layers" in out
+    assert "2 replicas: " in out and "each replica holding 2 of the 4 experts of 2 MoE layers" in out
     for epoch in json.loads(metrics.read_text()):
         experts = epoch["experts"]
         tokens = np.array(experts["tokens"])

@@ -7,7 +7,7 @@ runs when its layers exchange values between replicas in the midst of a forward 
 replica, recorded by autograd, no tape). A recorded run leaves the auxiliary losses of its MoE layers, one a
 replica, for the backward pass of the same run (``take_heads``, which ``parallel.models.recompute.Blocks`` calls
 after each recorded run of a block: its backward takes them as heads besides the block's outputs), each with the
-gradient ``n``, the examples of the run, as ``ExpertParallel.backward`` gives them: the step divides every
+gradient ``n``, the examples of the run, as a step gives them: the step divides every
 gradient by the batch, so a batch run whole learns its auxiliary losses, and one run in micro-batches the mean of
 theirs weighted by their examples (as ``accumulate`` does). Each recorded run counts its layers' routing on the
 ``meter`` (``parallel.models.moe.RoutingMeter``): a recomputed block is counted once, in the run its backward

@@ -31,7 +31,7 @@ holds it, one array a destination (the all-to-all's dispatch), the member runs i
 whole group, and sends each replica its outputs back (the combine): ``2 x 4 x dim`` bytes a token-choice that
 leaves its replica, forward, and as many again backward, where autograd sends the gradients back the same way.
 The router and everything else are ordinary data parallelism. An expert's gradient is summed over the groups
-(the replicas that hold the same experts), the rest over every replica (``parallel.strategies.experts``).
+(the replicas that hold the same experts), the rest over every replica (``parallel.strategies.Hybrid``).
 
 The layer runs imperatively (``mx.nd``; routing needs the values) on one context, or on the replicas of a step
 in lockstep (``parallel.models.layers.run_replicas``: ``F`` a ``ReplicasF``), where it sees every replica's
@@ -58,7 +58,7 @@ from ..validate import BadType, BadValue, check_int
 from .layers import Ranks, ReplicasF, RanksF
 
 __all__ = ["Experts", "MoEFeedForward", "Routing", "route", "moe_layers", "aux_losses", "RoutingStats",
-           "capacity_of", "RoutingMeter", "check_shared"]
+           "capacity_of", "RoutingMeter", "check_shared", "expert_specs"]
 
 
 def _check_positive(value, name):
@@ -392,6 +392,13 @@ def aux_losses(block):
     if not layers:
         return []
     return [mx.nd.add_n(*parts) if len(parts) > 1 else parts[0] for parts in zip(*[l.last.aux for l in layers])]
+
+
+def expert_specs(block):
+    """``{param.name: spec}`` of the arrays of ``block`` that expert parallelism splits (its MoE layers'
+    experts, ``MoEFeedForward.expert_specs``); every other array is whole on every replica."""
+    return {getattr(layer, attr).name: spec for layer in moe_layers(block)
+            for attr, spec in layer.expert_specs().items()}
 
 
 def check_shared(layers, expert_parallel):

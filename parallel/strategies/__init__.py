@@ -5,15 +5,12 @@
 - ``data``: ``DataParallel``, one replica per context (the textbook's data parallelism, and a PyTorch-style
   wrapper: scatter, replicate, parallel apply, gather) for a function of (inputs, params) or a gluon Block,
   and its functional twin ``data_parallel``.
-- ``hybrid``: ``Hybrid``, the composed strategy: data x pipeline stages x tensor ranks, with ZeRO and
-  recomputation, every axis a plug-in of the same step; its presets ``ModelParallel`` (one replica of stages),
-  ``Pipeline`` (fed micro-batches) and ``FullyShardedDataParallel`` (ZeRO-3); its chunks run the replicas in
-  lockstep (``parallel.models.lockstep``) for a mixture of experts or context parallelism.
-- ``experts``: ``ExpertParallel``, data replicas of a mixture-of-experts model whose experts are spread over
-  expert-parallel groups (tokens sent to their experts by an all-to-all): the data strategy, ZeRO 0 to 2
-  (``make_strategy`` gives ``Hybrid`` the rest).
-- ``context``: ``ContextParallel``, each example's tokens split over groups of contexts, attention by ring
-  attention: likewise.
+- ``hybrid``: ``Hybrid``, the composed strategy: data x experts x context x pipeline stages x tensor ranks (a
+  ``parallel.mesh.Mesh``), with ZeRO and recomputation, every axis a plug-in of the same step; its presets
+  ``ModelParallel`` (one replica of stages), ``Pipeline`` (fed micro-batches) and ``FullyShardedDataParallel``
+  (ZeRO-3); its chunks run the replicas in lockstep (``parallel.models.lockstep``) for a mixture of experts
+  (its experts spread over expert-parallel groups, tokens sent to them by an all-to-all) or context parallelism
+  (each example's tokens split over a group, attention by ring attention).
 - ``pipeline``: a schedule's order issued over a model's chunks (``issue``), micro-batches, ``bubble_fraction``.
 - ``schedules``: GPipe, 1F1B, interleaved 1F1B laid out on slots (``PIPELINE_SCHEDULES`` names them without
   MXNet).
@@ -85,8 +82,6 @@ class Stages(NamedTuple):
 _SOURCES = {
     "base": ["Strategy", "ArrayPlace"],
     "data": ["DataParallel", "data_parallel", "replicate", "parallel_apply", "gather"],
-    "experts": ["ExpertParallel", "expert_specs"],
-    "context": ["ContextParallel"],
     "hybrid": ["Hybrid", "Chunk", "hybrid_groups", "ModelParallel", "Pipeline", "FullyShardedDataParallel"],
     "model": ["stage_ranges", "forward_stages", "cut_model"],
     "pipeline": ["bubble_fraction", "issue", "micro_batches"],

@@ -117,7 +117,7 @@ class Strategy(abc.ABC):
     def epoch_metrics(self):
         """What the strategy measured over the steps since the last call (an epoch's: ``fit`` calls it after each
         epoch and records it in the epoch's metrics, ``--metrics-json``'s): nothing by default; a mixture of
-        experts' routing (``ExpertParallel``)."""
+        experts' routing (``Hybrid``)."""
         return {}
 
     def feedback_groups(self):

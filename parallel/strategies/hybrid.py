@@ -52,7 +52,7 @@ from ..job import KEYS, broadcast_arrays
 from ..layout import Layout
 from ..models.layers import Ranks, RankedNet, most_ranks
 from ..models.lockstep import LockstepNet, fan_out
-from ..models.moe import RoutingMeter, check_shared, moe_layers
+from ..models.moe import RoutingMeter, check_shared, expert_specs, moe_layers
 from ..models.lenet import softmax_cross_entropy
 from ..models.recompute import Blocks, Part, Segment, flat_arrays, parts_of
 from ..models.registry import behaviour_of
@@ -62,7 +62,6 @@ from ..step import Replicas, worker_step
 from ..trace import issued
 from ..validate import BadType, BadValue, check_bool, check_contexts
 from .base import ArrayPlace, Strategy
-from .experts import expert_specs
 from .model import stage_ranges
 from .pipeline import issue, micro_batches
 from .schedules import pipeline_schedule
@@ -597,12 +596,12 @@ class Hybrid(Strategy, Replicas):
         return self.layout.zero == 3 and self.job is not None
 
     def routing(self):
-        """The MoE layers' last forward (``RoutingStats``), in order (``ExpertParallel.routing``)."""
+        """The MoE layers' last forward (``RoutingStats``), in order."""
         return [layer.last for layer in self.meter.layers]
 
     def epoch_metrics(self):
         """A mixture of experts' routing over the training steps since the last call (``RoutingMeter.read``:
-        ``{"experts": ...}``, as ``ExpertParallel.epoch_metrics``); ``{}`` without experts."""
+        ``{"experts": ...}``); ``{}`` without experts."""
         return self.meter.read()
 
     def names(self):

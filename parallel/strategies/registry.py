@@ -16,8 +16,6 @@ from ..models.registry import behaviour_of
 from ..validate import BadType, check_contexts
 from . import Stages
 from .data import DataParallel
-from .context import ContextParallel
-from .experts import ExpertParallel
 from .hybrid import Hybrid
 
 __all__ = ["make_strategy", "layout_of"]
@@ -75,13 +73,14 @@ def make_strategy(name, params, ctx_list, stages=None, reducer=None, recompute=F
     batch_size : int, optional
         When given, more micro-batches than ``batch_size`` are refused up front.
     expert_parallel : int
-        A mixture-of-experts model's experts spread over groups of this many replicas (``ExpertParallel``).
+        A mixture-of-experts model's experts spread over groups of this many replicas (``Hybrid``'s lockstep
+        chunks, ``parallel.models.lockstep``).
 
     Returns
     -------
     parallel.strategies.base.Strategy
-        ``ExpertParallel`` for a model with mixture-of-experts layers, ``DataParallel`` for the data preset without
-        ZeRO-3 or tensor parallelism, else the composed ``Hybrid``;
+        ``DataParallel`` for the data preset of a model without mixture-of-experts layers, without ZeRO-3, tensor
+        or context parallelism, else the composed ``Hybrid``;
         its ``ctx_list`` holds the contexts it uses (the model and pipeline presets leave the rest idle).
 
     Raises
@@ -95,15 +94,7 @@ def make_strategy(name, params, ctx_list, stages=None, reducer=None, recompute=F
               layout_of(name, stages, reducer, recompute, zero, tensor, expert_parallel))
     layout.check(batch_size=batch_size)
     check_contexts(ctx_list)
-    # lockstep replicas alone: their own strategies; with stages, micro-batches, recomputation, ZeRO-3 or tensor
-    # ranks, Hybrid's
-    alone = layout.strategy == "data" and layout.stages_given == 1 and layout.micro == 1 and not layout.recompute \
-        and layout.zero < 3 and layout.tensor == 1
     experts = layout.expert_parallel > 1 or (isinstance(params, gluon.Block) and bool(moe_layers(params)))
-    if layout.context > 1 and alone:
-        return ContextParallel(params, ctx_list, layout, reducer)
-    if experts and alone:
-        return ExpertParallel(params, ctx_list, layout, reducer)
     if layout.strategy == "data" and layout.tensor == 1 and layout.zero < 3 and not experts and layout.context == 1:
         behaviour = behaviour_of(params)
         net = behaviour.net(params)
