@@ -253,9 +253,6 @@ class Layout:
         calls it for a model with experts whatever ``expert_parallel``."""
         if self.sequence:
             raise BadValue("sequence", f"{{sequence}} with {what} is not built; give one of them")
-        if self.tensor > 1 and self.zero == 3:
-            raise BadValue("zero", f"{{zero=3}} with {what} over {{tensor}} ranks is not built; use {{zero}} 0, 1 or 2 "
-                                   "with tensor ranks")
 
     def _check_interleaving(self):
         v = self.virtual

@@ -300,7 +300,7 @@ def test_the_cli_trains_experts_and_records_their_routing(easy_dir, tmp_path, ca
 def test_the_cli_trains_experts_across_pipeline_stages_and_resumes_them_spread(easy_dir, tmp_path, capsys):
     """A mixture of experts composed with pipeline stages (issue 39): 2 stages fed 2 micro-batches in 1F1B's order
     record their routing per epoch; the checkpoint resumes with the experts spread over 2 contexts and ZeRO-3
-    instead, then over 2 tensor ranks."""
+    instead, then over 2 replicas of 2 tensor ranks with ZeRO-3 (issue 46: built)."""
     metrics = tmp_path / "m.json"
     common = ["--model", "vit", "--experts", "4", "--data-dir", str(easy_dir), "--batch-size", "32", "--optimizer",
               "adamw", "--no-progress", "--checkpoint-dir", str(tmp_path / "ck")]
@@ -315,9 +315,10 @@ def test_the_cli_trains_experts_across_pipeline_stages_and_resumes_them_spread(e
                  "--resume"]) == 0
     out = capsys.readouterr().out
     assert "epoch 2," in out and "a member's experts over the 1 replica holding them" in out
-    assert main([*common, "--tensor", "2", "--devices", "cpu:2", "--epochs", "3", "--resume"]) == 0
+    assert main([*common, "--tensor", "2", "--expert-parallel", "2", "--zero", "3", "--devices", "cpu:4", "--epochs",
+                 "3", "--resume"]) == 0
     out = capsys.readouterr().out
-    assert "epoch 3," in out and "2 tensor ranks" in out
+    assert "epoch 3," in out and "2 replicas x 2 tensor ranks" in out and "ZeRO-3: each context keeps 1/2" in out
 
 
 @pytest.mark.parametrize("flags, says", [
@@ -327,7 +328,7 @@ def test_the_cli_trains_experts_across_pipeline_stages_and_resumes_them_spread(e
     (["--experts", "4", "--top-k", "5"], "--top-k must be between 1 and --experts 4"),
     (["--experts", "4", "--expert-parallel", "3", "--devices", "cpu:3"], "--expert-parallel must divide"),
     (["--experts", "4", "--expert-parallel", "2", "--devices", "cpu:3"], "cannot group 3"),
-    (["--experts", "4", "--tensor", "2", "--zero", "3", "--devices", "cpu:2"], "over --tensor ranks is not built"),
+    (["--experts", "4", "--tensor", "2", "--sequence-parallel", "--devices", "cpu:2"], "with --experts is not built"),
     (["--experts", "4", "--export", "out"], "leave --export out with --experts"),
     (["--experts", "4", "--capacity-factor", "nan"], "--capacity-factor"),
 ])

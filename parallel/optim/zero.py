@@ -40,8 +40,8 @@ from ..trace import issued
 from ..validate import BadType, check_int
 from .optimizers import SGD, Optimizer
 
-__all__ = ["as_optimizer", "optimizer_step", "owned_regions", "ReplicatedStore", "gather_state", "load_state",
-           "memory_per_context", "MemoryUse", "memory_table"]
+__all__ = ["as_optimizer", "optimizer_step", "owned_regions", "ReplicatedStore", "CopiedStore", "gather_state",
+           "load_state", "memory_per_context", "MemoryUse", "memory_table"]
 
 #: Added to the gradient's norm before dividing by it, as ``gluon.utils.clip_global_norm`` does.
 CLIP_EPS = 1e-8
@@ -240,6 +240,24 @@ def _every_workers(job, partials):
     local = mx.nd.concat(*[p.as_in_context(mx.cpu()) for p in partials], dim=0)
     gathered = job.allgather(KEYS["norms"], local)
     return [row[i:i + 1] for row in gathered for i in range(len(partials))]
+
+
+class CopiedStore:
+    """Stores that hold copies of the same arrays (a tensor group's ranks' copies of what every rank holds whole,
+    each rank's store a ``ReplicatedStore`` or a ZeRO-3 group): read from the first, written to every one."""
+
+    def __init__(self, stores):
+        self.stores = list(stores)
+
+    def read(self, optimizer, state, i, key=None):
+        """Array ``i`` (or its state buffer ``state``) as the first store holds it (a collective call where the
+        first store's read is one)."""
+        return self.stores[0].read(optimizer, state, i, key)
+
+    def write(self, optimizer, state, arrays):
+        """Give every store ``arrays`` (their parameters, ``state`` -1, or state buffer ``state``)."""
+        for store in self.stores:
+            store.write(optimizer, state, arrays)
 
 
 class ReplicatedStore:

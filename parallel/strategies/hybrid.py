@@ -56,7 +56,7 @@ from ..models.moe import RoutingMeter, check_shared, expert_specs, moe_layers
 from ..models.lenet import softmax_cross_entropy
 from ..models.recompute import Blocks, Part, Segment, flat_arrays, parts_of
 from ..models.registry import behaviour_of
-from ..optim.zero import ReplicatedStore, as_optimizer
+from ..optim.zero import CopiedStore, ReplicatedStore, as_optimizer
 from ..shard import Replicated
 from ..step import Replicas, worker_step
 from ..trace import issued
@@ -372,12 +372,13 @@ class Hybrid(Strategy, Replicas):
         p = self.mesh
         # a checkpoint's gathers in a job: a key per array and group holding part of it (tensor ranks; with experts,
         # the dense group and the members: every group of the model numbered alike, see _sharded_expert_chunk)
-        ranks = self.layout.expert_parallel + 1 if self._experts else p.shape.tensor
+        per_rank = self.layout.expert_parallel + 1 if self._experts else 1   # groups a tensor rank holds
         groups = []
         for t in range(p.shape.tensor):
             local, names, aux, _ = self._local(c, t)
             group = ShardedGroup(local, names, aux, segments, [contexts[d][t] for d in range(p.replicas)], self.reducer,
-                                 Keys(keys[0], keys[1], t, ranks, keys[2]), self.prefetch)
+                                 Keys(keys[0], keys[1], t * per_rank, per_rank * p.shape.tensor, keys[2]),
+                                 self.prefetch)
             if t:
                 _mark_shard_copies(group, [self._specs[i] for i in self._indices[c][0]])
             keys[0] += len(segments) * p.replicas
@@ -391,13 +392,43 @@ class Hybrid(Strategy, Replicas):
         return Chunk(blocks, _per_rank(parts, p.shape.tensor), _per_rank(scratch, p.shape.tensor), contexts)
 
     def _sharded_expert_chunk(self, c, segments, contexts, keys):
-        """Chunk ``c`` with experts, ZeRO-3: its dense arrays sharded over every replica (a ``ShardedGroup``), each
-        member's experts over the replicas holding them (one group a member, ``expert_sharded[c]``); a block's
-        parameters on replica ``d``, the views of both groups' gather buffers (``run_replicas`` reads them by
-        name)."""
+        """Chunk ``c`` with experts, ZeRO-3: on each tensor rank, its dense arrays (that rank's parts) sharded over
+        every replica (a ``ShardedGroup``) and each member's experts (whole on every rank) over the replicas holding
+        them (one group a member); a block's parameters on replica ``d``'s rank ``t``, the views of both groups'
+        gather buffers (``run_replicas`` reads them by name). ``sharded[c]``: the dense groups, one a rank;
+        ``expert_sharded[c]``: the members' groups, rank after rank."""
+        p, P, T = self.mesh, self.layout.expert_parallel, self.mesh.shape.tensor
+        dense, members = [], []
+        for t in range(T):
+            groups = self._expert_groups(c, t, segments, contexts, keys)
+            if t:   # a global norm (clipping) counts once what every rank holds whole: the experts, and the
+                # dense arrays the tensor specs replicate
+                _mark_shard_copies(groups[0], [self._specs[self._indices[c][0][k]] for k in self._dense_at[c]])
+                for group in groups[1:]:
+                    _mark_shard_copies(group, [Replicated()] * len(group.shapes))
+            dense.append(groups[0])
+            members.append(groups[1:])
+        self.sharded[c], self.expert_sharded[c] = dense, [g for rank in members for g in rank]
+
+        def joined(held, s):
+            # replica d's rank t holds the experts of member e (its coordinate on the expert axis), as their i-th
+            # holder
+            member = [p.replica_coords(d).expert for d in range(p.replicas)]
+            return [[_joined(held(dense[t])[s][d], held(members[t][e])[s][p.holders(expert=e).index(d)])
+                     for t in range(T)] for d, e in enumerate(member)]
+
+        parts = [joined(lambda g: g.parts, s) for s in range(len(segments))]
+        scratch = [joined(lambda g: g.scratch, s) for s in range(len(segments))]
+        blocks = self._sharded_blocks(segments, dense + self.expert_sharded[c])
+        return Chunk(blocks, _per_rank(parts, T), _per_rank(scratch, T), contexts)
+
+    def _expert_groups(self, c, t, segments, contexts, keys):
+        """Tensor rank ``t``'s ZeRO-3 groups of chunk ``c`` with experts: its dense arrays over every replica, then
+        each member's experts over the replicas holding them."""
         p, P, n = self.mesh, self.layout.expert_parallel, len(segments)
-        local, names, aux, _ = self._local(c, 0)
+        local, names, aux, _ = self._local(c, t)
         at, dense_at = self._expert_at[c], self._dense_at[c]
+        ranks = (P + 1) * p.shape.tensor   # every group of the model numbered alike (see _sharded_chunk)
 
         def over(positions, with_aux):   # the blocks over the arrays at ``positions`` (of the chunk's, in order)
             return [Segment(s.net, bisect.bisect_left(positions, s.first), bisect.bisect_left(positions, s.stop),
@@ -406,27 +437,15 @@ class Hybrid(Strategy, Replicas):
 
         def group(arrays, positions, held, rank):   # rank 0: the dense arrays (and the other arrays); m + 1: member m
             made = ShardedGroup(arrays, [names[k] for k in positions], [] if rank else aux,
-                                over(positions, not rank), [contexts[d][0] for d in held], self.reducer,
-                                Keys(keys[0], keys[1], rank, P + 1, keys[2]), self.prefetch)
+                                over(positions, not rank), [contexts[d][t] for d in held], self.reducer,
+                                Keys(keys[0], keys[1], t * (P + 1) + rank, ranks, keys[2]), self.prefetch)
             keys[0] += n * len(held)
             keys[1] += n
             return made
 
-        dense = group([local[k] for k in dense_at], dense_at, range(p.replicas), 0)
-        members = [group([self._experts[names[k]].local(local[k], m, P) for k in at], at, p.holders(expert=m), m + 1)
-                   for m in range(P)]
-        self.sharded[c], self.expert_sharded[c] = [dense], members
-
-        def joined(held, s):
-            # replica d holds the experts of member e (its coordinate on the expert axis), as their i-th holder
-            member = [p.replica_coords(d).expert for d in range(p.replicas)]
-            return [[_joined(held(dense)[s][d], held(members[e])[s][p.holders(expert=e).index(d)])]
-                    for d, e in enumerate(member)]
-
-        parts = [joined(lambda g: g.parts, s) for s in range(n)]
-        scratch = [joined(lambda g: g.scratch, s) for s in range(n)]
-        blocks = self._sharded_blocks(segments, [dense] + members)
-        return Chunk(blocks, _per_rank(parts, 1), _per_rank(scratch, 1), contexts)
+        return [group([local[k] for k in dense_at], dense_at, range(p.replicas), 0)] + [
+            group([self._experts[names[k]].local(local[k], m, P) for k in at], at, p.holders(expert=m), m + 1)
+            for m in range(P)]
 
     def _sharded_blocks(self, segments, groups, before_reduce=None):
         """ZeRO-3's blocks over ``groups``: recomputed, each gathered and reduce-scattered by the hooks (which zero
@@ -442,7 +461,7 @@ class Hybrid(Strategy, Replicas):
             stores = (self.sharded[c] if self.layout.zero == 3 else
                       [ReplicatedStore([self.replicas[d][c][t] for d in range(p.replicas)]) for t in range(p.shape.tensor)])
             at = self._expert_at[c]
-            members = (self.expert_sharded[c] if self.layout.zero == 3 else
+            members = ([CopiedStore(self.expert_sharded[c][m::P]) for m in range(P)] if self.layout.zero == 3 else
                        [ReplicatedStore([self.expert_replicas[d][c][t] for d in p.holders(expert=m)
                                          for t in range(p.shape.tensor)]) for m in range(P) if at])
             where = {k: (stores, i, self._specs[index[k]]) for i, k in enumerate(self._dense_at[c])}
