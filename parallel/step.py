@@ -36,7 +36,7 @@ from mxnet import autograd, gluon
 
 from .comm.reducer import as_reducer
 from .engine import fence
-from .comm.replica import FlatReplica, data_of, grads_of
+from .comm.replica import FlatReplica, aux_of, data_of, grads_of
 from .job import worker_slice
 from .models.gluon import GluonNet, as_net
 from .models.lenet import CachedNet, lenet_cached, softmax_cross_entropy
@@ -291,8 +291,9 @@ def fence_statistics(replicas):
     fence reads every gradient buffer: queued after a step's reductions, it holds none of them back."""
     for group in replicas.groups():
         for replica in group:
-            if getattr(replica, "aux", None):
-                fence(grads_of(replica), replica.aux)
+            aux = aux_of(replica)
+            if aux:
+                fence(grads_of(replica), aux)
 
 
 def _trained_arrays(groups):
@@ -426,7 +427,7 @@ class DeviceReplicas(Replicas):
         return run_net(self.net, X_shards, self.device_params[:len(X_shards)])
 
     def aux(self, r):
-        return list(getattr(self.device_params[r], "aux", ()))
+        return aux_of(self.device_params[r])
 
     def backward(self, losses):
         """The backward pass of the last forward: the net's own (``Recompute.backward``) or autograd's."""

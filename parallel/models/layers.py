@@ -50,7 +50,7 @@ from mxnet import gluon
 from mxnet.gluon import nn
 
 from ..comm import algorithms
-from ..comm.replica import FlatReplica, block_state, get_params
+from ..comm.replica import FlatReplica, aux_names_of, aux_of, block_state, get_params, names_of
 from ..comm.tensor import SegmentTape
 from ..shard import Replicated, Split
 from .ring import ring_attention
@@ -592,12 +592,12 @@ def replicate_ranks(block, ctx_list):
 def _rank_tables(parts):
     tables = []
     for t, arrays in enumerate(parts):
-        names = getattr(arrays, "names", None)
+        names = names_of(arrays)
         if names is None or len(names) != len(arrays):
             raise BadType("parts", f"{{parts}}[{t}] must be a sequence of arrays with their param.names as .names "
                                    "(replicate_ranks gives them)")
         table = dict(zip(names, arrays))
-        table.update(zip(getattr(arrays, "aux_names", ()), getattr(arrays, "aux", ())))
+        table.update(zip(aux_names_of(arrays), aux_of(arrays)))
         tables.append(table)
     return tables
 

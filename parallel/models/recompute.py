@@ -37,6 +37,7 @@ from typing import NamedTuple
 import mxnet as mx
 from mxnet import autograd
 
+from ..comm.replica import Replica, aux_of, names_of
 from ..comm.tensor import SegmentTape
 from ..trace import mark_backward_each
 from .layers import RankedNet
@@ -57,12 +58,12 @@ class Segment:
         return f"Segment({self.label or self.net!r}, arrays {self.first}..{self.stop - 1})"
 
 
-class Part(list):
+class Part(Replica):
     """A block's arrays of one replica, as ``GluonNet`` takes a replica: trained arrays, ``names`` and ``aux``."""
 
     def __init__(self, arrays, names, aux):
-        super().__init__(arrays)
-        self.names, self.aux = names, aux
+        super().__init__(arrays, names)
+        self.aux = aux   # the replica's own list (or its scratch copies), not a copy of it
 
 
 def run_net(net, X_shards, parts, tape=None):
@@ -110,7 +111,7 @@ def detached(states, attach=True):
 def parts_of(segments, replica, scratch=False):
     """A replica's arrays per segment (``Part``s); ``scratch``: with copies of its running statistics, which a forward
     off the tape writes instead of the replica's (updated once a step, by the recomputation)."""
-    names, aux = list(getattr(replica, "names", ())), list(getattr(replica, "aux", ()))
+    names, aux = list(names_of(replica) or ()), aux_of(replica)
     parts = []
     for s in segments:
         block_aux = aux[s.aux_first:s.aux_stop]

@@ -34,7 +34,7 @@ from mxnet import autograd, gluon
 from mxnet.gluon.parameter import DeferredInitializationError
 
 from ..comm.reducer import as_reducer
-from ..comm.replica import get_params
+from ..comm.replica import aux_of, get_params
 from ..evaluate import evaluate_accuracy
 from ..job import broadcast_aux, broadcast_params
 from ..layout import Layout
@@ -285,7 +285,7 @@ class DataParallel(Strategy):
     def aux(self):
         """The primary replica's arrays that are not trained (BatchNorm's running statistics), live; ``[]``
         when there are none (LeNet, or a Block, whose own Parameters hold them)."""
-        return list(getattr(self.device_params[0], "aux", ()))
+        return aux_of(self.device_params[0])
 
     def __call__(self, X):
         return self.forward(X)
