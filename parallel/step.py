@@ -459,8 +459,8 @@ def train_step(X, y, device_params, ctx_list, lr=None, net=lenet_cached, loss=so
         run as a cached graph: the same values and gradients, less overhead per step; pass ``net=lenet``
         to run it op by op. A gluon block (whose replicas come from ``get_params(block, ctx)``) runs as
         ``GluonNet(block)``: BatchNorm statistics over the whole batch; pass
-        ``net=GluonNet(block, sync_batchnorm=False)`` for per-context statistics. A net with a
-        ``forward_all(X_shards, device_params)`` method is given every shard in one call.
+        ``net=GluonNet(block, sync_batchnorm=False)`` for per-context statistics. A net that is a
+        ``parallel.models.base.Net`` is given every shard in one call (its ``forward_all(X_shards, device_params)``).
     loss : callable
         ``loss(outputs, y)`` returns per-example losses.
     reducer : parallel.Reducer or str, optional

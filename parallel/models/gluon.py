@@ -25,6 +25,7 @@ from mxnet import autograd, gluon
 
 from ..comm.replica import Replica, aux_names_of, aux_of, block_state, names_of
 from ..validate import check_bool, check_int
+from .base import Net
 from .lenet import GraphCache, cached_graph
 
 __all__ = ["Chain", "GluonNet", "as_net", "set_block_params"]
@@ -60,7 +61,7 @@ class Chain(gluon.HybridBlock):
         return inputs[0] if len(inputs) == 1 else tuple(inputs)
 
 
-class GluonNet:
+class GluonNet(Net):
     """A gluon ``HybridBlock`` as the function ``net(X, params)`` of a replica from ``get_params(block, ctx)``.
 
     ``net(X, params)`` runs the block's graph on ``X``'s context as a cached graph (``static_alloc``,

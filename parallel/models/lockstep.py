@@ -41,6 +41,7 @@ import mxnet as mx
 from mxnet import autograd
 
 from ..comm.tensor import SegmentTape
+from .base import Net
 from .layers import Ranks, RanksF, block_plan, run_replicas
 from .moe import moe_layers
 
@@ -57,7 +58,7 @@ def fan_out(X_shards, contexts, context):
             for t in range(context)]
 
 
-class LockstepNet:
+class LockstepNet(Net):
     """``block`` as a net of replicas run in lockstep (see the module's docstring).
 
     Parameters
