@@ -30,6 +30,7 @@ calls (gluon Parameters live on several contexts; a function's ``params`` are co
 the contexts' gradients itself: use it *instead of* ``step``/``allreduce_grads``, never both.
 """
 import mxnet as mx
+import numpy as np
 from mxnet import autograd, gluon
 from mxnet.gluon.parameter import DeferredInitializationError
 
@@ -300,7 +301,8 @@ class DataParallel(Strategy):
         ``parallel.step.may_skip_parameters``), every gradient is zeroed first: a parameter the step did not use
         gets a zero gradient on every context, not the one of the last step that used it.
         """
-        n = X.shape[0] if getattr(X, "ndim", 0) else len(self.ctx_list)
+        # a batch split_and_load takes (anything else, it refuses below, naming the type)
+        n = X.shape[0] if isinstance(X, (mx.nd.NDArray, np.ndarray)) and X.ndim else len(self.ctx_list)
         if autograd.is_recording() and may_skip_parameters(self._net) and not self._accumulating():
             try:   # a parameter this forward does not reach must not keep its last gradient
                 groups = self.groups()
