@@ -66,7 +66,7 @@ def check_labels(y, num_classes, loss=softmax_cross_entropy):
         ...
     ValueError: label y[1] = 10 is not one of the network's 10 classes; labels must be whole numbers 0..9
     """
-    sparse = isinstance(loss, gluon.loss.SoftmaxCrossEntropyLoss) and getattr(loss, "_sparse_label", True)
+    sparse = isinstance(loss, gluon.loss.SoftmaxCrossEntropyLoss) and loss._sparse_label
     if not sparse or y.context.device_type != "cpu":
         return
     labels = y.asnumpy()
