@@ -292,7 +292,7 @@ def read_all(snapshot):
         if isinstance(arrays, LazyArrays):
             for i in range(len(arrays)):
                 item = arrays[i]
-                if hasattr(item, "wait_to_read"):
+                if isinstance(item, mx.nd.NDArray):
                     item.wait_to_read()
                 del item
 
@@ -332,7 +332,7 @@ def _compression_thunks(compression_state):
 
 def _compression_array(name, value):
     """One array of error feedback as float32 numpy, checked finite."""
-    value = np.asarray(value.asnumpy() if hasattr(value, "asnumpy") else value, dtype=np.float32)
+    value = np.asarray(value.asnumpy() if isinstance(value, mx.nd.NDArray) else value, dtype=np.float32)
     if not np.isfinite(value).all():
         raise ValueError(f"compression_state {name} is not finite; the checkpoint was not written")
     return value

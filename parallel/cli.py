@@ -16,6 +16,8 @@ import contextlib
 import math
 import re
 
+from .validate import BadType, BadValue
+
 __all__ = ["UsageError", "Parser", "flag_message", "users_input", "finite_float", "positive_float",
            "warning_lines", "RESTART_ENV", "JOB_ENV", "USAGE_STATUS", "restart_count", "launched"]
 
@@ -118,8 +120,8 @@ def users_input(*errors, flags=None):
     try:
         yield
     except errors as e:
-        render = getattr(e, "render", None)
-        raise UsageError(render(flags or {}) if render is not None else flag_message(str(e), flags or {})) from None
+        rendered = isinstance(e, (BadValue, BadType))   # the package's argument errors name flags themselves
+        raise UsageError(e.render(flags or {}) if rendered else flag_message(str(e), flags or {})) from None
 
 
 @contextlib.contextmanager

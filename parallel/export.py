@@ -41,7 +41,7 @@ import numpy as np
 from mxnet import gluon
 
 from .files import atomic_write, fsync_directory
-from .comm.replica import block_state
+from .comm.replica import Replica, block_state
 from .models.lenet import LENET_PARAM_NAMES, LENET_SHAPES, lenet
 
 __all__ = ["lenet_symbol", "LazyArrays", "array_thunks", "check_arrays", "lenet_thunks", "check_lenet_params",
@@ -438,8 +438,8 @@ def export_gluon(block, prefix, params=None, aux=None, epoch=0, input_shape=(1, 
         raise TypeError(f"block must be a gluon HybridBlock, got {type(block).__name__}")
     names, arrays, aux_names, aux_arrays = block_state(block)
     if params is not None:
-        if aux is None:
-            aux = getattr(params, "aux", None)
+        if aux is None and isinstance(params, Replica):
+            aux = params.aux
         values = check_arrays(list(params), names, [a.shape for a in arrays], "the block's")
         aux_values = [] if aux is None else check_arrays(list(aux), aux_names, [a.shape for a in aux_arrays],
                                                          "the block's non-trained")

@@ -30,7 +30,7 @@ from tqdm import tqdm
 import mxnet as mx
 
 from .board import Board, config_table
-from .checkpoint import Snapshot, TrainingState
+from .checkpoint import Checkpoint, Snapshot, TrainingState
 from .comm.algorithms import buffer_bytes, copied_bytes
 from .comm.replica import data_of
 from .compress.feedback import job_names, place
@@ -520,12 +520,15 @@ def fit(dataset, strategy, optimizer, config, on_epoch=None, on_checkpoint=None,
     optimizer = as_optimizer(None, optimizer) if not isinstance(optimizer, numbers.Real) or \
         isinstance(optimizer, bool) else as_optimizer(optimizer, None)
     _check_strategy(strategy, optimizer)
+    if resume is not None and not isinstance(resume, (Snapshot, Checkpoint)):
+        raise BadType("resume", f"{{resume}} must be a parallel.checkpoint.Snapshot (on_checkpoint's) or a loaded "
+                                f"Checkpoint, got {type(resume).__name__}")
     per_epoch = num_batches(len(dataset.train_labels), config.batch_size)
     state = TrainingState(1, 0, 0.0, 0.0, 0.0, epoch_seed(config.seed, 1), []) if resume is None else resume.state
     check_start(state, config.seed, per_epoch)
     state, seed = _shared_start(strategy.job, state, config.seed, per_epoch)
-    _shared_optimizer_state(strategy.job, optimizer, strategy, getattr(resume, "optimizer_state", None))
-    _shared_feedback(strategy, getattr(resume, "compression_state", None))
+    _shared_optimizer_state(strategy.job, optimizer, strategy, None if resume is None else resume.optimizer_state)
+    _shared_feedback(strategy, None if resume is None else resume.compression_state)
     optimizer.num_update = (state.epoch - 1) * per_epoch + state.batch   # one optimizer step per batch
     steps = max(0, (config.epochs - state.epoch + 1) * per_epoch - state.batch)
     run = _Run(strategy, optimizer, dataset, config, seed, steps, on_step)

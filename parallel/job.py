@@ -16,8 +16,9 @@ import math
 from .flight import FlightRecorder, publishing
 from .split import shard_sizes
 
-__all__ = ["Job", "join", "abandon", "worker_slice", "broadcast_params", "broadcast_aux", "broadcast_arrays",
-           "allreduce_across", "broadcast_object", "sum_values", "gather_arrays", "bucket_key", "KEYS", "BUCKET_KEYS"]
+__all__ = ["Job", "FlatParams", "join", "abandon", "worker_slice", "broadcast_params", "broadcast_aux",
+           "broadcast_arrays", "allreduce_across", "broadcast_object", "sum_values", "gather_arrays", "bucket_key",
+           "KEYS", "BUCKET_KEYS"]
 
 #: Every kvstore key the package uses, by what it carries. A ``gluon.Trainer`` numbers its keys from 0 as well:
 #: give it a kvstore of its own, not the job's.
@@ -49,6 +50,15 @@ CHUNK_KEYS = 9000
 
 
 _JOINED = []   # every job this process joined: see join
+
+
+class FlatParams:
+    """What a job's broadcasts read of a replica, declared: ``data``, the one flat buffer its trained arrays are views
+    of, and ``aux``, its arrays that are not trained (a list, maybe empty). ``parallel.comm.FlatReplica`` is the
+    replica that declares it (``get_params``'s); a plain list of arrays does not. Declared here, below ``comm`` in the
+    import graph, because this is where it is read."""
+    data = None
+    aux = ()
 
 
 class Job:
@@ -214,7 +224,7 @@ def worker_slice(n, k, rank, num_workers):
 
 def _flat(device_params):
     """``device_params`` if every replica is flat (a ``FlatReplica``: its arrays views of one ``data`` buffer)."""
-    if not all(hasattr(params, "data") and hasattr(params, "buckets") for params in device_params):
+    if not all(isinstance(params, FlatParams) for params in device_params):
         raise TypeError("a distributed step needs flat replicas: build device_params with get_params, whose "
                         "parameters share one dtype")
     return device_params
@@ -270,12 +280,12 @@ def broadcast_aux(job, device_params):
     """Give every replica of every worker rank 0's arrays that are not trained (BatchNorm's running
     statistics), in place: one broadcast of their concatenation. A collective call, like ``broadcast_params``;
     nothing to do for replicas without such arrays."""
-    aux = list(getattr(device_params[0], "aux", ()))
+    aux = list(device_params[0].aux) if isinstance(device_params[0], FlatParams) else []
     if not aux:
         return
     broadcast_arrays(job, KEYS["aux"], aux)
     for params in device_params[1:]:
-        for first, array in zip(aux, getattr(params, "aux", ())):
+        for first, array in zip(aux, params.aux if isinstance(params, FlatParams) else ()):
             first.copyto(array)
 
 

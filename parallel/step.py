@@ -36,7 +36,7 @@ from mxnet import autograd, gluon
 
 from .comm.reducer import as_reducer
 from .engine import fence
-from .comm.replica import FlatReplica, data_of, grads_of
+from .comm.replica import FlatReplica, aux_of, data_of, grads_of
 from .job import worker_slice
 from .models.gluon import GluonNet, as_net
 from .models.lenet import CachedNet, lenet_cached, softmax_cross_entropy
@@ -66,7 +66,7 @@ def check_labels(y, num_classes, loss=softmax_cross_entropy):
         ...
     ValueError: label y[1] = 10 is not one of the network's 10 classes; labels must be whole numbers 0..9
     """
-    sparse = isinstance(loss, gluon.loss.SoftmaxCrossEntropyLoss) and getattr(loss, "_sparse_label", True)
+    sparse = isinstance(loss, gluon.loss.SoftmaxCrossEntropyLoss) and loss._sparse_label
     if not sparse or y.context.device_type != "cpu":
         return
     labels = y.asnumpy()
@@ -291,8 +291,9 @@ def fence_statistics(replicas):
     fence reads every gradient buffer: queued after a step's reductions, it holds none of them back."""
     for group in replicas.groups():
         for replica in group:
-            if getattr(replica, "aux", None):
-                fence(grads_of(replica), replica.aux)
+            aux = aux_of(replica)
+            if aux:
+                fence(grads_of(replica), aux)
 
 
 def _trained_arrays(groups):
@@ -426,7 +427,7 @@ class DeviceReplicas(Replicas):
         return run_net(self.net, X_shards, self.device_params[:len(X_shards)])
 
     def aux(self, r):
-        return list(getattr(self.device_params[r], "aux", ()))
+        return aux_of(self.device_params[r])
 
     def backward(self, losses):
         """The backward pass of the last forward: the net's own (``Recompute.backward``) or autograd's."""
@@ -458,8 +459,8 @@ def train_step(X, y, device_params, ctx_list, lr=None, net=lenet_cached, loss=so
         run as a cached graph: the same values and gradients, less overhead per step; pass ``net=lenet``
         to run it op by op. A gluon block (whose replicas come from ``get_params(block, ctx)``) runs as
         ``GluonNet(block)``: BatchNorm statistics over the whole batch; pass
-        ``net=GluonNet(block, sync_batchnorm=False)`` for per-context statistics. A net with a
-        ``forward_all(X_shards, device_params)`` method is given every shard in one call.
+        ``net=GluonNet(block, sync_batchnorm=False)`` for per-context statistics. A net that is a
+        ``parallel.models.base.Net`` is given every shard in one call (its ``forward_all(X_shards, device_params)``).
     loss : callable
         ``loss(outputs, y)`` returns per-example losses.
     reducer : parallel.Reducer or str, optional

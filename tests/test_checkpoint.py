@@ -2,6 +2,7 @@
 import hashlib
 import json
 import os
+import types
 
 import mxnet as mx
 import numpy as np
@@ -292,6 +293,15 @@ def test_resume_refuses_a_start_from_another_order():
     with pytest.raises(ValueError, match="an epoch here has 7 batches"):
         fit(DATA, lenet_strategy([mx.cpu(0)]), 0.3, config,
             resume=Snapshot(state._replace(batch=9, shuffle_seed=epoch_seed(5, 1)), [], [], {}, {}))
+
+
+def test_resume_takes_a_snapshot_or_a_checkpoint_and_nothing_else():
+    """``resume``'s kinds are declared: another object with a ``state`` is refused, naming the argument."""
+    state = TrainingState(1, 0, 0.0, 0.0, 0.0, epoch_seed(5, 1), [])
+    config = RunConfig(epochs=1, batch_size=BATCH, seed=5)
+    with pytest.raises(TypeError, match="must be a parallel.checkpoint.Snapshot") as raised:
+        fit(DATA, lenet_strategy([mx.cpu(0)]), 0.3, config, resume=types.SimpleNamespace(state=state))
+    assert raised.value.argument == "resume"
 
 
 def test_a_checkpoint_written_before_resnet18_loads_as_lenet(tmp_path):

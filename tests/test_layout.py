@@ -1,7 +1,8 @@
 """The house rules of the package's layout, checked: every module says what it holds, no function is long, the
 registries need no MXNet, the commands take their choices from the registries, no module imports another's private
-name, and no public function takes more than ``MAX_PARAMETERS`` parameters. The first and the last rules hold for the benchmark scripts too, which
-share what they have in common through ``benchmarks/harness.py``."""
+name or probes what kind of object it has (``hasattr``), and no public function takes more than
+``MAX_PARAMETERS`` parameters. The first and the last rules hold for the benchmark scripts too, which share what
+they have in common through ``benchmarks/harness.py``."""
 import ast
 import os
 import re
@@ -87,7 +88,8 @@ def test_a_submodule_never_hides_the_function_of_the_same_name():
 #: ``__init__`` (``name:names``, the registry of names the CLI reads before MXNet starts) and its ``registry``
 #: module (``name.registry``, where names become objects) are nodes of their own.
 LAYERS = [
-    ["lazy", "validate", "files", "engine", "cli", "flight"],
+    ["lazy", "validate", "files", "engine", "flight"],
+    ["cli"],
     ["trace", "mesh"],
     ["split"],
     ["parallel", "comm:names", "compress:names", "data:names", "models:names", "optim:names", "strategies:names",
@@ -208,6 +210,66 @@ def test_the_parameter_count_sees_every_kind_of_parameter():
                      "    def _hidden(self, y): pass\n")
     found = {name: _parameters(node) for name, node in _public_functions(tree)}
     assert found == {"f": ["a", "b", "d", "c", "e"], "K.__init__": ["x"]}
+
+
+# ---- kinds are declared, not probed (docs/architecture.md, "One step, composed") ---------------------------------
+
+#: The attribute probes (``hasattr(x, ...)``, ``getattr(x, "name", default)``) a module may make, by module and
+#: attribute, each for a reason that is not learning what kind of model, replica, net or argument ``x`` is: that
+#: is declared (``parallel.models.base``, ``parallel.comm.replica.Replica``, ``parallel.job.FlatParams``, ...) and
+#: checked with ``isinstance``. An entry no module needs any more must go.
+PROBES_ALLOWED = {
+    # the platform's features: the standard library's and the OpenMP library's
+    ("parallel/threads.py", "sched_getaffinity"): "os.sched_getaffinity exists on Linux only",
+    ("parallel/trace.py", "sched_getaffinity"): "os.sched_getaffinity exists on Linux only",
+    ("parallel/launch/processes.py", "sched_getaffinity"): "os.sched_getaffinity exists on Linux only",
+    ("parallel/files.py", "O_CLOEXEC"): "an os flag of POSIX systems",
+    ("parallel/files.py", "O_BINARY"): "an os flag of Windows",
+    ("parallel/threads.py", "omp_get_max_threads"): "MXNet's build may not link OpenMP",
+    # a name to show: a function's, else the object itself
+    ("parallel/strategies/data.py", "__name__"): "an error message names the module",
+    ("parallel/models/lenet.py", "__name__"): "CachedNet's repr",
+    ("parallel/comm/reducer.py", "__name__"): "the Reducer's repr and description name its hook",
+    # the lazy exports: a name of a module, found by its name
+    ("parallel/lazy.py", "name"): "a submodule shadowed by the function of its name",
+    # what the standard library leaves open
+    ("parallel/data/fashion_mnist.py", "reason"): "urllib's URLError has a reason, its other errors may not",
+    ("parallel/layout.py", "__iter__"): "an iterable, as collections.abc.Iterable checks it",
+    # NDArray or numpy array, in a module that imports no MXNet (compress uses nothing but its codec interface)
+    ("parallel/compress/feedback.py", "asnumpy"): "a checkpoint's residual is an NDArray or a numpy array",
+    # pending: the models' redesign gives F (mx.nd, RanksF, ReplicasF) a declared interface
+    ("parallel/models/vit.py", "context"): "pending the models redesign (F's context-parallel group)",
+    ("parallel/models/vit.py", "sequence"): "pending the models redesign (F's sequence parallelism)",
+    ("parallel/models/vit.py", "note"): "pending the models redesign (F on tensor ranks)",
+    # pending: the GluonNet kept on the user's block is being rewritten with gluon's internals
+    ("parallel/models/gluon.py", "_parallel_gluon_net"): "pending the gluon adapter's rewrite (as_net's cache)",
+}
+
+
+def _probes(source):
+    """``(line, attribute)`` of each ``hasattr(x, a)`` and ``getattr(x, "a", default)`` in ``source``: the attribute
+    a string's value, or the expression that names it."""
+    for node in ast.walk(ast.parse(source)):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and len(node.args) >= 2):
+            continue
+        name = node.args[1]
+        literal = isinstance(name, ast.Constant) and isinstance(name.value, str)
+        if node.func.id == "hasattr" or (node.func.id == "getattr" and len(node.args) == 3 and literal):
+            yield node.lineno, name.value if literal else ast.unparse(name)
+
+
+def test_no_module_probes_what_kind_of_object_it_has():
+    """A model, a replica, a net or an argument says what it is by its declared type, not by the attributes it
+    happens to have; the few probes left are the allowlist's, each with its reason."""
+    assert list(_probes("hasattr(net, 'ranked')\nx = getattr(r, 'aux', ())\ngetattr(mx.nd, op, None)\n"
+                        "getattr(self, k)\nhasattr(v, name)\n")) == [(1, "ranked"), (2, "aux"), (5, "name")]
+    found = {(module.replace(os.sep, "/"), attribute): line for module in MODULES
+             for line, attribute in _probes(open(os.path.join(ROOT, module)).read())}
+    probes = sorted(f"{module}:{line}: {attribute}" for (module, attribute), line in found.items()
+                    if (module, attribute) not in PROBES_ALLOWED)
+    assert not probes, "declare the kind (a base class, isinstance) instead of probing:\n" + "\n".join(probes)
+    stale = sorted(f"{module}: {attribute}" for module, attribute in PROBES_ALLOWED if (module, attribute) not in found)
+    assert not stale, "PROBES_ALLOWED entries no module needs any more (remove them): " + ", ".join(stale)
 
 
 # ---- the benchmarks share one harness ----------------------------------------------------------------------------

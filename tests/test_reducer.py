@@ -179,6 +179,9 @@ def test_bad_reducer_arguments_name_themselves():
         Reducer(compression="gzip")
     with pytest.raises(TypeError, match="hook"):
         Reducer().register_comm_hook("fp16")
+    with pytest.raises(TypeError, match="job must be a parallel.job.Job"):
+        Reducer(job=object())
+    assert Reducer(compression="fp16").codec is not None and Reducer().register_comm_hook(max).codec is None
     with pytest.raises(TypeError, match="reducer"):
         as_reducer(3)
     assert isinstance(GradBucket(0, 1, [mx.nd.zeros(3)], [(3,)]).tensors(0)[0], mx.nd.NDArray)

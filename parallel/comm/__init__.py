@@ -38,7 +38,8 @@ DEFAULT_BUCKET_MB = 25
 SHARDED_ALGORITHMS = ("fused", "ring")
 
 _SOURCES = {
-    "replica": ["FlatReplica", "Bucket", "get_params", "bucket_ranges", "bucket_bytes", "block_state", "grads_of"],
+    "replica": ["Replica", "FlatReplica", "Bucket", "get_params", "bucket_ranges", "bucket_bytes", "block_state",
+                "grads_of", "names_of", "aux_of", "aux_names_of"],
     "algorithms": ["allreduce", "reduce_scatter", "all_gather", "shard_range", "check_same_arrays",
                    "ALLREDUCE_ALGORITHMS", "bytes_moved", "BytesMoved", "free_buffers", "set_buffer_limit",
                    "buffer_info", "buffer_bytes", "BufferInfo", "DEFAULT_BUFFER_LIMIT", "receive", "scratch", "exclusive"],

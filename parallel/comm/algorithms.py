@@ -464,9 +464,9 @@ def bytes_moved(algorithm, nbytes, k, itemsize=4, compression=None, shapes=None)
 def _compressed_bytes(codec, algorithm, size, k, shapes):
     """``bytes_moved`` of a codec's reduction of K float32 buffers of ``size`` elements (see ``bytes_moved``)."""
     shapes = [(size,)] if shapes is None else shapes
-    rounds = getattr(codec, "rounds", None)
+    rounds = codec.rounds(shapes)
     if rounds is not None:   # the codec's own sums, each an allreduce of one flat buffer
-        moved = [bytes_moved(algorithm, 4 * floats, k) for floats in rounds(shapes) if floats]
+        moved = [bytes_moved(algorithm, 4 * floats, k) for floats in rounds if floats]
         return BytesMoved(sum(m.total for m in moved), sum(m.per_context_max for m in moved))
     payload = codec.payload_nbytes(size, shapes)
     return BytesMoved(2 * (k - 1) * payload, (k - 1) * payload)

@@ -26,7 +26,7 @@ import numpy as np
 
 from ..compress import COMPRESSIONS
 from ..compress.registry import as_codec
-from ..job import allreduce_across, bucket_key
+from ..job import Job, allreduce_across, bucket_key
 from ..trace import issued
 from ..validate import check_choice
 from . import ALGORITHMS, DEFAULT_ALGORITHM, DEFAULT_BUCKET_MB, SHARDED_ALGORITHMS
@@ -214,6 +214,9 @@ class Reducer:
     def __init__(self, algorithm=DEFAULT_ALGORITHM, bucket_mb=DEFAULT_BUCKET_MB, compression=None, job=None):
         self.algorithm = check_choice(algorithm, "algorithm", ALGORITHMS)
         bucket_bytes(bucket_mb)   # checks it
+        if job is not None and not isinstance(job, Job):
+            raise TypeError(f"job must be a parallel.job.Job (parallel.job.join() gives it) or None, got "
+                            f"{type(job).__name__}")
         self.bucket_mb, self.job = bucket_mb, job
         self._buckets = {}   # the GradBuckets of each group reduced: (its replicas, its buckets)
         codec = as_codec(compression)
@@ -225,7 +228,7 @@ class Reducer:
 
     @property
     def codec(self):
-        return getattr(self.hook, "codec", None)
+        return self.hook.codec if isinstance(self.hook, CompressionHook) else None
 
     def register_comm_hook(self, hook):
         """Reduce every bucket with ``hook(bucket, comm)`` from now on (PyTorch DDP's ``register_comm_hook``): given

@@ -18,9 +18,11 @@ from typing import NamedTuple
 import mxnet as mx
 from mxnet import autograd, gluon
 
+from ..job import FlatParams
 from ..validate import check_number
 
-__all__ = ["FlatReplica", "Bucket", "get_params", "bucket_ranges", "bucket_bytes", "block_state", "data_of", "grads_of"]
+__all__ = ["Replica", "FlatReplica", "Bucket", "get_params", "bucket_ranges", "bucket_bytes", "block_state", "data_of",
+           "grads_of", "names_of", "aux_of", "aux_names_of"]
 
 
 def bucket_bytes(bucket_mb, name="bucket_mb"):
@@ -59,11 +61,33 @@ class Bucket(NamedTuple):
     end: int
 
 
-class FlatReplica(list):
+class Replica(list):
+    """A replica's trained arrays (a list) that knows the block they copy: the one declared kind of replica besides a
+    plain list of arrays, which is a replica without names and without other arrays. Code reads these members
+    through ``names_of``, ``aux_of`` and ``aux_names_of``, which give a plain list's defaults; it never asks an
+    object whether it has them.
+
+    Attributes
+    ----------
+    names : list of str or None
+        The trained arrays' parameter names; None when they are not known.
+    aux : list of NDArray
+        The block's arrays that are not trained (BatchNorm's running statistics), in ``aux_names``' order.
+    aux_names : list of str
+        Their parameter names (may be empty where only ``aux`` is carried).
+    """
+
+    def __init__(self, arrays, names=None, aux=(), aux_names=()):
+        super().__init__(arrays)
+        self.names, self.aux, self.aux_names = names, list(aux), list(aux_names)
+
+
+class FlatReplica(Replica, FlatParams):
     """The parameters of one replica: a list of arrays that are views into one flat buffer, their gradients views
     into the buffers of a few buckets.
 
-    It is a list, so the textbook code (``for param in params: ...``) works unchanged; besides, the
+    It is a list (a ``Replica``, and the ``parallel.job.FlatParams`` a job broadcasts), so the textbook code
+    (``for param in params: ...``) works unchanged; besides, the
     whole replica is reachable at once, which is what makes one reduction a bucket and one update per step
     possible (like DDP's buckets and Horovod's tensor fusion).
 
@@ -93,13 +117,10 @@ class FlatReplica(list):
     """
 
     def __init__(self, views, data, grads, buckets, names=(), aux=(), aux_names=()):
-        super().__init__(views)
+        super().__init__(views, list(names), aux, aux_names)
         self.data = data
         self.grads = list(grads)
         self.buckets = list(buckets)
-        self.names = list(names)
-        self.aux = list(aux)
-        self.aux_names = list(aux_names)
         self.copies, self.uncounted = set(), []
 
     @property
@@ -208,3 +229,19 @@ def data_of(params):
 def grads_of(params):
     """A replica's gradient buffers: ``params.grads`` for a ``FlatReplica`` (one a bucket), else each array's."""
     return list(params.grads) if isinstance(params, FlatReplica) else [param.grad for param in params]
+
+
+def names_of(params):
+    """A replica's parameter names: ``params.names`` for a ``Replica`` (None when not known), None for a plain list."""
+    return params.names if isinstance(params, Replica) else None
+
+
+def aux_of(params):
+    """A replica's arrays that are not trained, a new list: ``params.aux`` for a ``Replica``, ``[]`` for a plain
+    list."""
+    return list(params.aux) if isinstance(params, Replica) else []
+
+
+def aux_names_of(params):
+    """The names of ``aux_of(params)``, a new list: ``params.aux_names`` for a ``Replica``, ``[]`` for a plain list."""
+    return list(params.aux_names) if isinstance(params, Replica) else []

@@ -171,6 +171,12 @@ class Codec:
     def across_nbytes(self, size, num_workers, shapes=None):
         raise NotImplementedError
 
+    def rounds(self, shapes):
+        """For a codec whose reduction is its own sums of flat buffers (``PowerSGD``'s two), the floats each sum
+        of a step carries; None (the default) for one whose payloads are gathered and broadcast
+        (``payload_nbytes``)."""
+        return None
+
 
 def matmul_t(a, b):
     """``a b^T`` (a: n x k, b: m x k) with ``FullyConnected``, which runs on oneDNN. Not ``mx.nd.dot``: its

@@ -75,6 +75,7 @@ def build_parser():
                              "--launcher local every host must be this machine")
     parser.add_argument("command", nargs=argparse.REMAINDER,
                         help="the command every worker runs, e.g. python my_kvstore_script.py --epochs 5")
+    parser.set_defaults(restart=0)   # which start of the job the arguments plan (plan_start sets it)
     return parser
 
 

@@ -130,7 +130,7 @@ def plan_processes(args):
     """
     common = {"DMLC_PS_ROOT_URI": args.scheduler_host, "DMLC_PS_ROOT_PORT": str(args.port),
               "DMLC_NUM_SERVER": str(args.num_servers), "DMLC_NUM_WORKER": str(args.num_workers),
-              RESTART_ENV: str(getattr(args, "restart", 0)), JOB_ENV: args.job}
+              RESTART_ENV: str(args.restart), JOB_ENV: args.job}
     extra = _extra_env(args)
     scheduler_env = dict(common, DMLC_ROLE="scheduler", DMLC_NODE_HOST=args.scheduler_host, OMP_NUM_THREADS="1")
     if not user_wants_ps_log():

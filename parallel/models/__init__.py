@@ -21,6 +21,9 @@
   initial model a strategy is handed.
 - ``recompute``: activation recomputation, a network trained block by block keeping only each block's input
   (``Recompute`` of a model's ``segments``).
+- ``base``: the protocols a model's pieces declare, with their defaults: ``Net`` (a network of replicas: ``ranked``,
+  ``forward_all``, ``take_heads``), ``Cuttable`` (a block cut finer: ``parts()``, ``num_inputs``), ``ParallelLayer``
+  (a layer split over tensor ranks: ``shard_specs()``).
 - ``layout``: what each model of ``MODELS`` is made of: its initial arrays (``init_model``) and the names and
   shapes a checkpoint stores (``model_layout``).
 

@@ -23,8 +23,9 @@ import json
 import mxnet as mx
 from mxnet import autograd, gluon
 
-from ..comm.replica import block_state
+from ..comm.replica import Replica, aux_names_of, aux_of, block_state, names_of
 from ..validate import check_bool, check_int
+from .base import Net
 from .lenet import GraphCache, cached_graph
 
 __all__ = ["Chain", "GluonNet", "as_net", "set_block_params"]
@@ -36,11 +37,10 @@ def set_block_params(block, params):
     Use it to hand the trained model to gluon: ``block.export(...)``, ``block(X)``, a ``gluon.Trainer``.
     """
     names, _, aux_names, _ = block_state(block)
-    replica_names = list(getattr(params, "names", ()))
-    if replica_names != names or list(getattr(params, "aux_names", ())) != aux_names:
+    if list(names_of(params) or ()) != names or aux_names_of(params) != aux_names:
         raise ValueError("params is not a replica of this block: make it with get_params(block, ctx)")
     by_name = block.collect_params()
-    for name, array in zip(names + aux_names, list(params) + list(params.aux)):
+    for name, array in zip(names + aux_names, list(params) + aux_of(params)):
         by_name[name].set_data(array)
 
 
@@ -61,7 +61,7 @@ class Chain(gluon.HybridBlock):
         return inputs[0] if len(inputs) == 1 else tuple(inputs)
 
 
-class GluonNet:
+class GluonNet(Net):
     """A gluon ``HybridBlock`` as the function ``net(X, params)`` of a replica from ``get_params(block, ctx)``.
 
     ``net(X, params)`` runs the block's graph on ``X``'s context as a cached graph (``static_alloc``,
@@ -136,16 +136,16 @@ class GluonNet:
                 f"sync_batchnorm={self.sync_batchnorm})")
 
     def _arrays(self, X, params):
-        names = getattr(params, "names", None)
+        names = names_of(params)
         if names is not None and list(names) != self.names:
             raise ValueError("params is a replica of another block: make it with get_params(block, ctx) "
                              "from the block this GluonNet wraps")
-        if len(params) != len(self.names) or len(getattr(params, "aux", ())) != len(self.aux_names):
-            raise ValueError(f"params holds {len(params)} arrays (+{len(getattr(params, 'aux', ()))} others) "
+        if len(params) != len(self.names) or len(aux_of(params)) != len(self.aux_names):
+            raise ValueError(f"params holds {len(params)} arrays (+{len(aux_of(params))} others) "
                              f"but the block has {len(self.names)} (+{len(self.aux_names)}); make it with "
                              "get_params(block, ctx)")
         by_name = dict(zip(self.names, params))
-        by_name.update(zip(self.aux_names, params.aux))
+        by_name.update(zip(self.aux_names, aux_of(params)))
         by_name.update(zip(self.data_names, self._data(X)))
         return by_name
 
@@ -168,7 +168,7 @@ class GluonNet:
             # In inference MXNet's oneDNN convolution reorders its weight array in place into a blocked
             # layout, which a view into a replica's flat buffer cannot take (it writes past the view, or
             # fails MXNet's is_view check and crashes the process): run on copies, made for this call.
-            params = _Copies(params)
+            params = Replica([param.copy() for param in params], names_of(params), aux_of(params))
         by_name = self._arrays(X, params)
         arrays = [by_name[name] for name in self._inputs]
         # Training passes the replica's own arrays at every call: declared as parameters, which MXNet binds once and
@@ -205,15 +205,6 @@ class GluonNet:
             else:
                 outputs[index] = [_invoke(node["op"], args, attrs) for args in inputs]
         return [self._result([outputs[i][k][j] for i, j, _ in self._heads]) for k in range(len(values))]
-
-
-class _Copies(list):
-    """Copies of a replica's trainable arrays (not views into its buffer), with its ``names`` and ``aux``."""
-
-    def __init__(self, params):
-        super().__init__(param.copy() for param in params)
-        self.names = getattr(params, "names", None)
-        self.aux = getattr(params, "aux", ())
 
 
 def _invoke(op, args, attrs):

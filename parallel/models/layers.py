@@ -50,10 +50,11 @@ from mxnet import gluon
 from mxnet.gluon import nn
 
 from ..comm import algorithms
-from ..comm.replica import FlatReplica, block_state, get_params
+from ..comm.replica import FlatReplica, aux_names_of, aux_of, block_state, get_params, names_of
 from ..comm.tensor import SegmentTape
 from ..mesh import REPLICA_AXES, Mesh
 from ..shard import Replicated, Split
+from .base import Net, ParallelLayer
 from .ring import ring_attention
 from ..validate import BadType, BadValue, check_bool, check_contexts, check_int
 
@@ -377,7 +378,7 @@ def _parameters(block):
 
 # ---- the layers -------------------------------------------------------------------------------------------------
 
-class ColumnParallelDense(nn.Dense):
+class ColumnParallelDense(nn.Dense, ParallelLayer):
     """``nn.Dense`` whose output units are split over the ranks (the rows of its weight and its bias).
 
     Parameters
@@ -423,7 +424,7 @@ class ColumnParallelDense(nn.Dense):
         return F.gather(out, axis=-1) if self._gather_output else out
 
 
-class RowParallelDense(nn.Dense):
+class RowParallelDense(nn.Dense, ParallelLayer):
     """``nn.Dense`` whose inputs are split over the ranks (the columns of its weight); its bias replicated.
 
     Parameters
@@ -459,7 +460,7 @@ class RowParallelDense(nn.Dense):
         return out if self.act is None else self.act(out)
 
 
-class ParallelPatchEmbedding(nn.Conv2D):
+class ParallelPatchEmbedding(nn.Conv2D, ParallelLayer):
     """``nn.Conv2D`` of kernel and stride ``patch`` (no padding): each patch of ``patch`` pixels projected to
     ``channels``; the pixels of a patch split over the ranks (its weight seen as (channels, pixels)), its bias
     replicated.
@@ -528,11 +529,11 @@ def _blocks(block):
 
 def shard_specs(block):
     """The shard spec of every trainable parameter of ``block``: ``{param.name: spec}`` in ``block_state`` order,
-    ``Replicated()`` unless a layer of it says otherwise (its ``shard_specs()``). The block need not be
-    initialized."""
+    ``Replicated()`` unless a layer of it says otherwise (a ``ParallelLayer``'s ``shard_specs()``). The block need
+    not be initialized."""
     declared = {}
     for child in _blocks(block):
-        if callable(getattr(child, "shard_specs", None)):
+        if isinstance(child, ParallelLayer):
             params = _parameters(child)
             declared.update((params[name].name, spec) for name, spec in child.shard_specs().items())
     return {param.name: declared.get(param.name, Replicated())
@@ -599,12 +600,12 @@ def replicate_ranks(block, ctx_list):
 def _rank_tables(parts):
     tables = []
     for t, arrays in enumerate(parts):
-        names = getattr(arrays, "names", None)
+        names = names_of(arrays)
         if names is None or len(names) != len(arrays):
             raise BadType("parts", f"{{parts}}[{t}] must be a sequence of arrays with their param.names as .names "
                                    "(replicate_ranks gives them)")
         table = dict(zip(names, arrays))
-        table.update(zip(getattr(arrays, "aux_names", ()), getattr(arrays, "aux", ())))
+        table.update(zip(aux_names_of(arrays), aux_of(arrays)))
         tables.append(table)
     return tables
 
@@ -730,11 +731,13 @@ def _forward_on_ranks(block, F, params, x, *args):
     return block.hybrid_forward(F, x, *args, **params)
 
 
-class RankedNet:
+class RankedNet(Net):
     """A block as a net of the replicas of a step whose every replica is a tensor-parallel group:
     ``forward_all(X_shards, parts, tape)`` runs ``block`` (``run_ranks``) on each replica's input (a ``Ranks``, or
     the images) with its ranks' arrays ``parts[r]`` (one sequence a rank), recording on ``tape``. What a chunk of a
     ``parallel.strategies.Hybrid`` with tensor ranks runs."""
+
+    ranked = True   # its forward records on the step's tape
 
     def __init__(self, block):
         self.block = block

@@ -10,6 +10,7 @@ import numpy as np
 from mxnet import gluon
 
 from ..validate import check_bool, check_int, check_seed
+from .base import Net
 
 __all__ = ["LENET_SHAPES", "LENET_PARAM_NAMES", "LENET_LAYERS", "init_lenet_params", "lenet", "lenet_layers",
            "LenetStage", "lenet_cached", "CachedNet", "cached_graph", "GraphCache", "softmax_cross_entropy",
@@ -218,7 +219,7 @@ class GraphCache:
         return [key for key, _ in self._graphs.get(ctx, {})]
 
 
-class CachedNet:
+class CachedNet(Net):
     """The same network function, run as a cached graph (``static_alloc``, ``static_shape``, the parameters declared
     as such: ``cached_graph``).
 

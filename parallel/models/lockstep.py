@@ -42,6 +42,7 @@ from mxnet import autograd
 
 from ..comm.tensor import SegmentTape
 from ..mesh import Mesh
+from .base import Net
 from .layers import Ranks, RanksF, block_plan, run_replicas
 from .moe import moe_layers
 
@@ -60,7 +61,7 @@ def fan_out(X_shards, contexts, groups):
     return inputs
 
 
-class LockstepNet:
+class LockstepNet(Net):
     """``block`` as a net of replicas run in lockstep (see the module's docstring).
 
     Parameters

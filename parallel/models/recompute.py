@@ -37,9 +37,10 @@ from typing import NamedTuple
 import mxnet as mx
 from mxnet import autograd
 
+from ..comm.replica import Replica, aux_of, names_of
 from ..comm.tensor import SegmentTape
 from ..trace import mark_backward_each
-from .layers import RankedNet
+from .base import Net
 
 __all__ = ["Recompute", "Segment", "Blocks", "BlockHooks", "Part", "run_net", "flat_arrays", "detached", "parts_of"]
 
@@ -57,24 +58,23 @@ class Segment:
         return f"Segment({self.label or self.net!r}, arrays {self.first}..{self.stop - 1})"
 
 
-class Part(list):
+class Part(Replica):
     """A block's arrays of one replica, as ``GluonNet`` takes a replica: trained arrays, ``names`` and ``aux``."""
 
     def __init__(self, arrays, names, aux):
-        super().__init__(arrays)
-        self.names, self.aux = names, aux
+        super().__init__(arrays, names)
+        self.aux = aux   # the replica's own list (or its scratch copies), not a copy of it
 
 
 def run_net(net, X_shards, parts, tape=None):
     """``net`` on each replica's input (an array, a tuple of arrays for a block of several inputs, or a tensor-parallel
     group's ``Ranks``), all replicas at once where the net takes them so (``forward_all``: BatchNorm synchronized,
     a tensor-parallel block recording on ``tape``)."""
-    if isinstance(net, RankedNet) or getattr(net, "ranked", False):   # tensor groups: on the tape
-        return net.forward_all(X_shards, parts, tape)
-    forward_all = getattr(net, "forward_all", None)
-    if forward_all is None:
+    if not isinstance(net, Net):   # a plain function net(X, params)
         return [net(X, part) for X, part in zip(X_shards, parts)]
-    return forward_all(X_shards, parts)
+    if net.ranked:   # tensor groups: on the tape
+        return net.forward_all(X_shards, parts, tape)
+    return net.forward_all(X_shards, parts)
 
 
 def flat_arrays(states):
@@ -110,7 +110,7 @@ def detached(states, attach=True):
 def parts_of(segments, replica, scratch=False):
     """A replica's arrays per segment (``Part``s); ``scratch``: with copies of its running statistics, which a forward
     off the tape writes instead of the replica's (updated once a step, by the recomputation)."""
-    names, aux = list(getattr(replica, "names", ())), list(getattr(replica, "aux", ()))
+    names, aux = list(names_of(replica) or ()), aux_of(replica)
     parts = []
     for s in segments:
         block_aux = aux[s.aux_first:s.aux_stop]
@@ -182,10 +182,10 @@ class Blocks:
         self.segments, self.recompute = segments, bool(recompute)
         self.hooks, self.algorithm, self.retain_graph = hooks or BlockHooks(), algorithm, retain_graph
         self.sequence, self.kept = sequence, kept
-        self._ranked = any(isinstance(segment.net, RankedNet) or getattr(segment.net, "ranked", False)
-                           for segment in segments)
+        ranked = [s.net for s in segments if isinstance(s.net, Net) and s.net.ranked]
+        self._ranked = bool(ranked)
         # replicas in lockstep that are tensor groups record on one tape, its collectives over each group
-        self._group = next((s.net.tensor for s in segments if getattr(s.net, "ranked", False)), None)
+        self._group = next((net.tensor for net in ranked if net.tensor is not None), None)
 
     def __repr__(self):
         return f"Blocks({len(self.segments)} blocks{', recomputed' if self.recompute else ''})"
@@ -208,8 +208,8 @@ class Blocks:
         """What the last recorded run of block ``s`` added to the loss besides its outputs, ``(heads, gradients)``:
         its net's ``take_heads()`` (a mixture of experts' auxiliary losses: ``parallel.models.lockstep``), or
         nothing. Its backward runs with the block's."""
-        take = getattr(self.segments[s].net, "take_heads", None)
-        return take() if take is not None else ((), ())
+        net = self.segments[s].net
+        return net.take_heads() if isinstance(net, Net) else ((), ())
 
     @staticmethod
     def _with(heads, head_grads, extra):
@@ -295,7 +295,7 @@ class Blocks:
             hidden = inputs
 
 
-class Recompute:
+class Recompute(Net):
     """A network ``full`` (a function ``net(X, params)`` of a replica, e.g. ``lenet_cached`` or a ``GluonNet``)
     trained block by block with activation recomputation (see the module's docstring): the net of a data-parallel
     replica (``parallel.step.DeviceReplicas``).

@@ -37,6 +37,7 @@ from ..comm.replica import block_state
 from ..export import array_thunks, export_gluon, export_lenet, lenet_thunks
 from ..shard import Replicated
 from . import MODELS
+from .base import Cuttable
 from .gluon import Chain, GluonNet, as_net
 from .layers import shard_specs
 from .layout import Layout, block_names
@@ -295,10 +296,11 @@ class GluonModel(Model):
         return self._chain(initial, self._children(initial))
 
     def units(self, initial):
-        """``segments``, each block that says how to cut it (``parts()``: a residual block's two halves) cut so."""
+        """``segments``, each block that says how to cut it (a ``Cuttable``'s ``parts()``: a residual block's two
+        halves) cut so."""
         units = []
         for child in self._children(initial):
-            units.extend(child.parts() if hasattr(child, "parts") else [child])
+            units.extend(child.parts() if isinstance(child, Cuttable) else [child])
         return self._chain(initial, units)
 
     def stage_blocks(self, cut, c, fine=False):
@@ -335,7 +337,7 @@ class GluonModel(Model):
         for g, group in enumerate(groups):
             block = Chain(group, prefix=f"{initial.prefix}block{g}_")   # shares the children
             names, _, aux_names, _ = block_state(block)
-            net = _graph(block, static=False, num_inputs=getattr(group[0], "num_inputs", 1))
+            net = _graph(block, static=False, num_inputs=group[0].num_inputs if isinstance(group[0], Cuttable) else 1)
             segments.append(Segment(net, first, first + len(names), aux_first, aux_first + len(aux_names),
                                     label=f"block {g}", block=block))
             first, aux_first = first + len(names), aux_first + len(aux_names)

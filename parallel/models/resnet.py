@@ -12,11 +12,12 @@ import mxnet as mx
 from mxnet.gluon import nn
 
 from ..validate import check_seed
+from .base import Cuttable
 
 __all__ = ["Residual", "resnet18", "init_resnet18"]
 
 
-class Residual(nn.HybridBlock):
+class Residual(nn.HybridBlock, Cuttable):
     """Two 3x3 convolutions with BatchNorm, added to the input (through a 1x1 convolution when the shape
     changes): ``relu(bn2(conv2(relu(bn1(conv1(X))))) + shortcut(X))``.
 
@@ -55,7 +56,7 @@ class Residual(nn.HybridBlock):
         return [first, _Part(self._second, rest, num_inputs=2, prefix=f"{self.prefix}part1_")]
 
 
-class _Part(nn.HybridBlock):
+class _Part(nn.HybridBlock, Cuttable):
     """``forward(F, *inputs)`` as a block that owns ``layers`` (shared with the block they belong to)."""
 
     def __init__(self, forward, layers, num_inputs=1, **kwargs):

@@ -199,7 +199,7 @@ def optimizer_step(optimizer, groups, batch_size, reducer=None, active=None):
     """
     check_int(batch_size, "batch_size", low=1)
     reducer = as_reducer(reducer)
-    flight = getattr(reducer.job, "flight", None)
+    flight = None if reducer.job is None else reducer.job.flight   # a Job always has its recorder
     if flight is not None:   # the flight recorder numbers the steps its collectives belong to
         flight.next_step()
     zero = optimizer.zero

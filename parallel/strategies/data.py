@@ -30,11 +30,12 @@ calls (gluon Parameters live on several contexts; a function's ``params`` are co
 the contexts' gradients itself: use it *instead of* ``step``/``allreduce_grads``, never both.
 """
 import mxnet as mx
+import numpy as np
 from mxnet import autograd, gluon
 from mxnet.gluon.parameter import DeferredInitializationError
 
 from ..comm.reducer import as_reducer
-from ..comm.replica import get_params
+from ..comm.replica import aux_of, get_params
 from ..evaluate import evaluate_accuracy
 from ..job import broadcast_aux, broadcast_params
 from ..layout import Layout
@@ -285,7 +286,7 @@ class DataParallel(Strategy):
     def aux(self):
         """The primary replica's arrays that are not trained (BatchNorm's running statistics), live; ``[]``
         when there are none (LeNet, or a Block, whose own Parameters hold them)."""
-        return list(getattr(self.device_params[0], "aux", ()))
+        return aux_of(self.device_params[0])
 
     def __call__(self, X):
         return self.forward(X)
@@ -300,7 +301,8 @@ class DataParallel(Strategy):
         ``parallel.step.may_skip_parameters``), every gradient is zeroed first: a parameter the step did not use
         gets a zero gradient on every context, not the one of the last step that used it.
         """
-        n = X.shape[0] if getattr(X, "ndim", 0) else len(self.ctx_list)
+        # a batch split_and_load takes (anything else, it refuses below, naming the type)
+        n = X.shape[0] if isinstance(X, (mx.nd.NDArray, np.ndarray)) and X.ndim else len(self.ctx_list)
         if autograd.is_recording() and may_skip_parameters(self._net) and not self._accumulating():
             try:   # a parameter this forward does not reach must not keep its last gradient
                 groups = self.groups()
