@@ -10,6 +10,8 @@ replica that computed nothing this step, a checkpoint) could run before they are
 """
 import ctypes
 
+from .mxnet_compat import mxnet_library
+
 __all__ = ["fence", "mark", "push_sync", "ContextHandle", "ENGINE_SYNC_FUNC"]
 
 
@@ -49,7 +51,7 @@ def push_sync(callback, ctx, reads=(), writes=(), name=None):
     import mxnet as mx
     handle = ContextHandle(ctx.device_typeid, ctx.device_id)
     reads, writes = list(reads), list(writes)
-    mx.base.check_call(mx.base._LIB.MXEnginePushSyncND(
+    mx.base.check_call(mxnet_library().MXEnginePushSyncND(
         callback, None, None, ctypes.byref(handle), _handles(reads) if reads else None, len(reads),
         _handles(writes) if writes else None, len(writes), None, 0, None if name is None else name.encode()))
 

@@ -14,6 +14,7 @@ import os
 import threading
 
 from .engine import ENGINE_SYNC_FUNC, push_sync
+from .mxnet_compat import mxnet_library
 from .validate import check_int
 
 __all__ = ["recommended_omp_threads", "engine_settings", "omp_threads", "set_omp_threads"]
@@ -148,7 +149,7 @@ def _omp_library():
     """libmxnet with its OpenMP runtime's ``omp_get_max_threads`` reachable, or a clear error."""
     import mxnet as mx
 
-    lib = mx.base._LIB
+    lib = mxnet_library()
     if not mx.runtime.Features().is_enabled("OPENMP") or not hasattr(lib, "omp_get_max_threads"):
         raise RuntimeError("this MXNet build has no OpenMP: every operator runs one thread, there is "
                            "nothing to set")

@@ -87,6 +87,7 @@ def test_a_submodule_never_hides_the_function_of_the_same_name():
 #: ``__init__`` (``name:names``, the registry of names the CLI reads before MXNet starts) and its ``registry``
 #: module (``name.registry``, where names become objects) are nodes of their own.
 LAYERS = [
+    ["mxnet_compat"],
     ["lazy", "validate", "files", "engine", "cli", "flight"],
     ["trace"],
     ["split"],

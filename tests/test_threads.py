@@ -70,9 +70,10 @@ def test_sets_the_worker_threads_of_the_given_contexts_only():
     result = run_fresh("""
         import json
         import mxnet as mx
+        from parallel.mxnet_compat import mxnet_library
         from parallel.threads import omp_threads, set_omp_threads
 
-        python_thread = mx.base._LIB.omp_get_max_threads
+        python_thread = mxnet_library().omp_get_max_threads
         out = {"python_before": python_thread()}
         previous = set_omp_threads(1, [mx.cpu(0), mx.cpu_pinned(0), mx.gpu(0), mx.cpu(1)])
         out["previous"] = {str(c): t for c, t in previous.items()}
@@ -154,9 +155,10 @@ def test_every_worker_thread_of_a_context_is_set():
         import json
         import threading
         import mxnet as mx
+        from parallel.mxnet_compat import mxnet_library
         from parallel.threads import _on_worker_threads, set_omp_threads
 
-        lib = mx.base._LIB
+        lib = mxnet_library()
         set_omp_threads(1, [mx.cpu(0)])
         set_omp_threads(ctx_list=[mx.cpu(1)])
         ids = set(_on_worker_threads(mx.cpu(0), threading.get_native_id))
@@ -173,9 +175,10 @@ def test_naive_engine_sets_the_calling_thread():
     result = run_fresh("""
         import json
         import mxnet as mx
+        from parallel.mxnet_compat import mxnet_library
         from parallel.threads import omp_threads, set_omp_threads
         set_omp_threads(1)
-        print(json.dumps([omp_threads(), int(mx.base._LIB.omp_get_max_threads())]))
+        print(json.dumps([omp_threads(), int(mxnet_library().omp_get_max_threads())]))
         """, MXNET_ENGINE_TYPE="NaiveEngine")
     assert result == [1, 1]
 

@@ -24,6 +24,7 @@ import mxnet as mx
 from mxnet import autograd, gluon
 
 from ..comm.replica import block_state
+from ..mxnet_compat import nd_operator
 from ..validate import check_bool, check_int
 from .lenet import GraphCache, cached_graph
 
@@ -218,8 +219,7 @@ class _Copies(list):
 
 def _invoke(op, args, attrs):
     """Run the operator called ``op`` on ``args`` with ``attrs`` (strings, as in a symbol's JSON)."""
-    function = getattr(mx.nd, op, None) or getattr(mx.nd._internal, op)
-    result = function(*args, **attrs)
+    result = nd_operator(op)(*args, **attrs)
     return result if isinstance(result, list) else [result]
 
 
