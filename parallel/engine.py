@@ -12,7 +12,7 @@ import ctypes
 
 from .mxnet_compat import mxnet_library
 
-__all__ = ["fence", "mark", "push_sync", "ContextHandle", "ENGINE_SYNC_FUNC"]
+__all__ = ["fence", "mark", "push_sync", "ContextHandle", "ENGINE_SYNC_FUNC", "NOTHING"]
 
 
 class ContextHandle(ctypes.Structure):
@@ -37,7 +37,7 @@ def _native_nothing():
 
 #: The fence's and the marks' operation: it does nothing; kept for the life of the process, so MXNet may call it at
 #: any time.
-_NOTHING = _native_nothing() or ENGINE_SYNC_FUNC(lambda run_context, param: None)
+NOTHING = _native_nothing() or ENGINE_SYNC_FUNC(lambda run_context, param: None)
 
 
 def _handles(arrays):
@@ -62,7 +62,7 @@ def fence(reads, writes):
     queued earlier on ``reads``. Nothing waits; no value changes."""
     writes = list(writes)
     if writes:
-        push_sync(_NOTHING, writes[0].context, reads, writes)
+        push_sync(NOTHING, writes[0].context, reads, writes)
 
 
 def mark(name, ctx, reads=(), writes=()):
@@ -70,4 +70,4 @@ def mark(name, ctx, reads=(), writes=()):
     ``writes``, once everything queued before on ``writes`` has run; what is queued after on them then waits for
     it): a mark in MXNet's profiler (``parallel.trace``) where that context's work reaches that point. No value
     changes."""
-    push_sync(_NOTHING, ctx, reads, writes, name=name)
+    push_sync(NOTHING, ctx, reads, writes, name=name)
