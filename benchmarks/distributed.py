@@ -238,6 +238,7 @@ def worker_gluon(opts):
     from mxnet import autograd, gluon
     from parallel import init_lenet_params, to_gluon
     from parallel.job import worker_slice
+    from parallel.mxnet_compat import trainer_is_distributed, trainer_updates_on_kvstore
     # The Trainer takes "str or KVStore"; given the store itself (as MXNet's example/distributed_training does)
     # it takes the same path as with kvstore='dist_sync', and this worker knows its rank before the first step.
     kv = mx.kv.create("dist_sync")
@@ -263,8 +264,8 @@ def worker_gluon(opts):
     harness.report_result({
         "kind": "gluon", "rank": kv.rank, "num_workers": kv.num_workers, "seconds": seconds, "env": _environment(),
         "params_checksum": _checksum(params), "kvstore": kv.type,
-        # gluon.Trainer has no public accessor for these (MXNet 1.9.1): read after the first step
-        "update_on_kvstore": bool(trainer._update_on_kvstore), "distributed": bool(trainer._distributed)})
+        # read after the first step, which decides them
+        "update_on_kvstore": trainer_updates_on_kvstore(trainer), "distributed": trainer_is_distributed(trainer)})
 
 
 WORKERS = {"kvstore": worker_kvstore, "local": worker_local, "scratch": worker_scratch, "gluon": worker_gluon}

@@ -633,11 +633,12 @@ def gluon_step(net, trainer, X, y, ctx_list):
 def trainer_update(block, trainer, batch_size):
     """``Trainer.step`` alone, as a function, on the gradients ``block`` holds (a step ran before): the kvstore's
     reduction and the update, one call per parameter array."""
+    from parallel.mxnet_compat import mark_gradient_fresh
     arrays = [array for param in block.collect_params().values() if param.grad_req != "null"
               for array in param.list_data()]
 
     def update():
         for array in arrays:   # what backward() sets: without it, step() skips every parameter
-            array._fresh_grad = True
+            mark_gradient_fresh(array)
         trainer.step(batch_size)
     return update

@@ -75,7 +75,7 @@ def _graph(net, params):
     name: a GluonNet's (inputs named as the block's arrays), or a CachedNet's (``param0``, ``param1``, ...)."""
     if hasattr(net, "symbol"):
         return net.symbol, dict(zip(net.names, (p.shape for p in params)))
-    return net._symbol(len(params)), {f"param{i}": p.shape for i, p in enumerate(params)}
+    return net.symbol_for(len(params)), {f"param{i}": p.shape for i, p in enumerate(params)}
 
 
 def counted_activations(model, shard):

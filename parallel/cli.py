@@ -67,11 +67,32 @@ class UsageError(Exception):
 
 class Parser(argparse.ArgumentParser):
     """``argparse`` with one-line errors (raised as ``UsageError``, no usage dump) and no abbreviations: a
-    prefix such as ``--epoch`` is refused, not taken for ``--epochs``."""
+    prefix such as ``--epoch`` is refused, not taken for ``--epochs``.
+
+    Attributes
+    ----------
+    options : list of argparse.Action
+        Every argument ``add_argument`` added, ``-h`` first, in order: what a command offers (its flags, their
+        choices, defaults and help), for documentation and tests to read without argparse's private fields.
+    """
 
     def __init__(self, *args, **kwargs):
         kwargs.setdefault("allow_abbrev", False)
+        self.options = []   # before argparse's own __init__, which adds -h
         super().__init__(*args, **kwargs)
+
+    def add_argument(self, *args, **kwargs):
+        """``argparse``'s ``add_argument``; the action it returns is listed in ``options`` too."""
+        action = super().add_argument(*args, **kwargs)
+        self.options.append(action)
+        return action
+
+    def option(self, dest):
+        """The argument stored as ``dest`` (``"model"`` for ``--model``); ``KeyError`` naming it if there is none."""
+        for action in self.options:
+            if action.dest == dest:
+                return action
+        raise KeyError(f"{self.prog} has no argument {dest!r}")
 
     def error(self, message):
         # a type's refusal ("argument --lr: must be ...") in the words of the flags' own checks: "--lr must be ..."

@@ -10,7 +10,9 @@ replica that computed nothing this step, a checkpoint) could run before they are
 """
 import ctypes
 
-__all__ = ["fence", "mark", "push_sync", "ContextHandle", "ENGINE_SYNC_FUNC"]
+from .mxnet_compat import mxnet_library
+
+__all__ = ["fence", "mark", "push_sync", "ContextHandle", "ENGINE_SYNC_FUNC", "NOTHING"]
 
 
 class ContextHandle(ctypes.Structure):
@@ -35,7 +37,7 @@ def _native_nothing():
 
 #: The fence's and the marks' operation: it does nothing; kept for the life of the process, so MXNet may call it at
 #: any time.
-_NOTHING = _native_nothing() or ENGINE_SYNC_FUNC(lambda run_context, param: None)
+NOTHING = _native_nothing() or ENGINE_SYNC_FUNC(lambda run_context, param: None)
 
 
 def _handles(arrays):
@@ -49,7 +51,7 @@ def push_sync(callback, ctx, reads=(), writes=(), name=None):
     import mxnet as mx
     handle = ContextHandle(ctx.device_typeid, ctx.device_id)
     reads, writes = list(reads), list(writes)
-    mx.base.check_call(mx.base._LIB.MXEnginePushSyncND(
+    mx.base.check_call(mxnet_library().MXEnginePushSyncND(
         callback, None, None, ctypes.byref(handle), _handles(reads) if reads else None, len(reads),
         _handles(writes) if writes else None, len(writes), None, 0, None if name is None else name.encode()))
 
@@ -60,7 +62,7 @@ def fence(reads, writes):
     queued earlier on ``reads``. Nothing waits; no value changes."""
     writes = list(writes)
     if writes:
-        push_sync(_NOTHING, writes[0].context, reads, writes)
+        push_sync(NOTHING, writes[0].context, reads, writes)
 
 
 def mark(name, ctx, reads=(), writes=()):
@@ -68,4 +70,4 @@ def mark(name, ctx, reads=(), writes=()):
     ``writes``, once everything queued before on ``writes`` has run; what is queued after on them then waits for
     it): a mark in MXNet's profiler (``parallel.trace``) where that context's work reaches that point. No value
     changes."""
-    push_sync(_NOTHING, ctx, reads, writes, name=name)
+    push_sync(NOTHING, ctx, reads, writes, name=name)

@@ -45,7 +45,7 @@ from .comm.replica import Replica, block_state
 from .models.lenet import LENET_PARAM_NAMES, LENET_SHAPES, lenet
 
 __all__ = ["lenet_symbol", "LazyArrays", "array_thunks", "check_arrays", "lenet_thunks", "check_lenet_params",
-           "save_arrays", "export_lenet", "export_gluon", "to_gluon"]
+           "save_arrays", "write_array", "export_lenet", "export_gluon", "to_gluon"]
 
 #: Floating-point types a LeNet can be exported in (the from-scratch network runs in any of them).
 _FLOAT_DTYPES = (np.float16, np.float32, np.float64)
@@ -288,7 +288,7 @@ def save_arrays(path, arrays):
         for name in names:
             value = arrays[name]
             array = value() if callable(value) else value
-            _write_array(f, array, name, magic)
+            write_array(f, array, name, magic)
             del array, value   # the host holds no array between two entries
         f.write(struct.pack("<Q", len(names)))
         for name in names:
@@ -297,8 +297,26 @@ def save_arrays(path, arrays):
             f.write(encoded)
 
 
-def _write_array(f, array, name, magic):
-    """Write one array as ``NDArray::Save`` does: a dense array on the CPU, its data little-endian, in C order."""
+def write_array(f, array, name, magic):
+    """Write one entry of a ``.params`` file at ``f``'s position, as ``NDArray::Save`` does: ``array`` as a dense
+    array on the CPU, its data little-endian, in C order. ``save_arrays`` writes each of its entries with it.
+
+    Parameters
+    ----------
+    f : binary file
+        Open for writing, after the list's header and the entries before this one.
+    array : array_like
+        Of one of the dtypes ``save_arrays`` takes; it is not kept.
+    name : str
+        The entry's name, for the error message.
+    magic : int
+        The array format's magic number: version 2, or version 3 under ``mx.util.np_shape(True)``.
+
+    Raises
+    ------
+    TypeError
+        For an array of another dtype.
+    """
     array = np.asarray(array)
     flag = _TYPE_FLAGS.get(array.dtype.type)
     if flag is None:

@@ -17,7 +17,7 @@ import stat
 import sys
 import tempfile
 
-__all__ = ["atomic_write", "atomic_path", "fsync_directory", "check_writable", "output_target",
+__all__ = ["atomic_write", "fsync_directory", "check_writable", "output_target",
            "remove_temporaries", "DirectoryLock", "DirectoryLocked", "LOCK_FILE", "export_files"]
 
 
@@ -29,7 +29,7 @@ def export_files(prefix):
     """
     return (None, None) if prefix is None else (f"{prefix}-symbol.json", f"{prefix}-0000.params")
 
-#: Temporary files being written now (``atomic_write``, ``atomic_path``) and the lock files of the directory
+#: Temporary files being written now (``atomic_write``) and the lock files of the directory
 #: locks held now: what ``remove_temporaries`` removes when the process must end at once.
 _PENDING = set()
 
@@ -149,37 +149,6 @@ def _discard(tmp):
     with contextlib.suppress(OSError):
         os.unlink(tmp)
     _PENDING.discard(tmp)
-
-
-@contextlib.contextmanager
-def atomic_path(path):
-    """Yield a temporary path beside ``path`` for a writer that takes a file name (``mx.nd.save``, ``savefig``);
-    afterwards fsync it and rename it to ``path``, as ``atomic_write`` does.
-
-    On an exception inside the block the temporary file is removed and ``path`` is untouched. A symbolic
-    link is written through, and a path that is not a regular file is refused, as by ``atomic_write``.
-
-    >>> import os, tempfile
-    >>> with tempfile.TemporaryDirectory() as d:
-    ...     with atomic_path(os.path.join(d, "a.txt")) as tmp:
-    ...         _ = open(tmp, "w").write("hello")
-    ...     print(os.listdir(d), open(os.path.join(d, "a.txt")).read())
-    ['a.txt'] hello
-    """
-    path = output_target(path)
-    fd, tmp = _create_temp(path)
-    os.close(fd)
-    try:
-        yield tmp
-        fd = os.open(tmp, os.O_RDONLY)
-        try:
-            os.fsync(fd)   # what the writer wrote is on disk before the rename makes it visible
-        finally:
-            os.close(fd)
-        _commit(tmp, path)
-    except BaseException:
-        _discard(tmp)
-        raise
 
 
 def _commit(tmp, path):

@@ -17,6 +17,10 @@ import types
 __all__ = ["lazy_exports"]
 
 
+#: ``{package: {name: submodule}}`` of every package that called ``lazy_exports``: kept here, not on the package.
+_EXPORTS = {}
+
+
 class _LazyPackage(types.ModuleType):
     """A package whose exported names win over its submodules of the same name.
 
@@ -25,7 +29,7 @@ class _LazyPackage(types.ModuleType):
     """
 
     def __setattr__(self, name, value):
-        exports = self.__dict__.get("_lazy_sources", {})
+        exports = _EXPORTS.get(self.__name__, {})
         if (name in exports and isinstance(value, types.ModuleType)
                 and value.__name__ == f"{self.__name__}.{name}" and hasattr(value, name)):
             value = getattr(value, name)
@@ -53,7 +57,7 @@ def lazy_exports(package, sources):
     module_of = {name: module for module, names in sources.items() for name in names}
     target = sys.modules[package]
     target.__class__ = _LazyPackage
-    target._lazy_sources = module_of
+    _EXPORTS[package] = module_of
 
     def __getattr__(name):
         module = module_of.get(name)

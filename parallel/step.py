@@ -41,6 +41,7 @@ from .job import worker_slice
 from .models.gluon import GluonNet, as_net
 from .models.lenet import CachedNet, lenet_cached, softmax_cross_entropy
 from .models.recompute import Recompute, run_net
+from .mxnet_compat import sparse_label
 from .optim.zero import as_optimizer, optimizer_step
 from .split import shard_sizes, split_and_load
 from .trace import issued, mark_backward
@@ -66,7 +67,7 @@ def check_labels(y, num_classes, loss=softmax_cross_entropy):
         ...
     ValueError: label y[1] = 10 is not one of the network's 10 classes; labels must be whole numbers 0..9
     """
-    sparse = isinstance(loss, gluon.loss.SoftmaxCrossEntropyLoss) and loss._sparse_label
+    sparse = isinstance(loss, gluon.loss.SoftmaxCrossEntropyLoss) and sparse_label(loss)
     if not sparse or y.context.device_type != "cpu":
         return
     labels = y.asnumpy()

@@ -14,9 +14,10 @@ import os
 import threading
 
 from .engine import ENGINE_SYNC_FUNC, push_sync
+from .mxnet_compat import mxnet_library
 from .validate import check_int
 
-__all__ = ["recommended_omp_threads", "engine_settings", "omp_threads", "set_omp_threads"]
+__all__ = ["recommended_omp_threads", "engine_settings", "omp_threads", "set_omp_threads", "on_worker_threads"]
 
 #: Copies of the CPU scratch memory MXNet keeps (``MXNET_CPU_TEMP_COPY``, 4 by default) for operators that need
 #: temporary space: they are shared by every CPU context, each operator of a static graph bound to one, and two
@@ -107,8 +108,29 @@ def _cpu_worker_threads():
         raise RuntimeError(f"MXNET_CPU_WORKER_NTHREADS={text!r} is not an integer") from None
 
 
-def _on_worker_threads(ctx, fn):
+def on_worker_threads(ctx, fn):
     """Run ``fn()`` once in each engine worker thread of the CPU context ``ctx``; return the results.
+
+    What ``omp_threads`` and ``set_omp_threads`` are made of, public for whatever else must be read or set in the
+    threads that run a context's operators (a thread's id, a library's per-thread state).
+
+    Parameters
+    ----------
+    ctx : mxnet.Context
+        A CPU context.
+    fn : callable
+        Called with no argument in each worker thread; it must not raise into MXNet's thread (an error it
+        raises is re-raised here).
+
+    Returns
+    -------
+    list
+        ``fn()``'s results, one per worker thread (``MXNET_CPU_WORKER_NTHREADS`` of them).
+
+    Raises
+    ------
+    TypeError, ValueError
+        For a ``ctx`` that is not a CPU context.
 
     Pushes one operator per worker thread through MXNet's C API (``MXEnginePushSyncND``), each writing its
     own empty marker array so the engine may run them at once, and waits for the markers. With several
@@ -117,6 +139,9 @@ def _on_worker_threads(ctx, fn):
     """
     import mxnet as mx
 
+    _check_cpu_context(ctx, "ctx")
+    if ctx.device_type == "gpu":
+        raise ValueError(f"{ctx} is not a CPU context; no CPU worker thread runs its operators")
     threads = _cpu_worker_threads()
     barrier = threading.Barrier(threads, timeout=_BARRIER_TIMEOUT) if threads > 1 else None
     results, errors = [], []
@@ -148,7 +173,7 @@ def _omp_library():
     """libmxnet with its OpenMP runtime's ``omp_get_max_threads`` reachable, or a clear error."""
     import mxnet as mx
 
-    lib = mx.base._LIB
+    lib = mxnet_library()
     if not mx.runtime.Features().is_enabled("OPENMP") or not hasattr(lib, "omp_get_max_threads"):
         raise RuntimeError("this MXNet build has no OpenMP: every operator runs one thread, there is "
                            "nothing to set")
@@ -195,7 +220,7 @@ def omp_threads(ctx=None):
     if ctx.device_type == "gpu":
         raise ValueError(f"{ctx} is not a CPU context; GPU operators use no OpenMP threads")
     lib = _omp_library()
-    return min(_on_worker_threads(ctx, lambda: int(lib.omp_get_max_threads())))
+    return min(on_worker_threads(ctx, lambda: int(lib.omp_get_max_threads())))
 
 
 def set_omp_threads(n=None, ctx_list=None):
@@ -324,7 +349,7 @@ def _swap_threads(lib, ctx, threads):
             mx.base.check_call(lib.MXSetNumOMPThreads(ctypes.c_int(threads)))
         return previous
 
-    previous = min(_on_worker_threads(ctx, swap))
+    previous = min(on_worker_threads(ctx, swap))
     if not all(verdicts):
         raise RuntimeError(
             f"operators already ran on {ctx} (its engine worker thread was started before this call), and "

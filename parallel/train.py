@@ -73,7 +73,7 @@ from .strategies import DEFAULT_MICRO_BATCHES, DEFAULT_STAGES, PIPELINE_SCHEDULE
 from .threads import engine_settings
 from .validate import LR_RANGE, MAX_SEED, check_lr, check_number
 
-__all__ = ["main", "build_parser", "check_args", "run"]
+__all__ = ["main", "main_in_job", "build_parser", "check_args", "run"]
 
 def _int_list(what, example):
     """An ``argparse`` type: a comma-separated list of ints (``what``, e.g. "layer indices")."""
@@ -533,9 +533,11 @@ def _interrupts_raise():
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
-def _main_in_job():
-    """``main`` for a worker of a distributed job: a failure ends the process at once (``abandon``), not in
-    ps-lite's shutdown, which would wait for the other workers while they wait for this one."""
+def main_in_job():
+    """``main`` for a worker of a distributed job (what ``python -m parallel.train`` runs when the launcher started
+    it, and what a wrapper of the command calls in its place): a failure ends the process at once (``abandon``),
+    not in ps-lite's shutdown, which would wait for the other workers while they wait for this one. Returns
+    ``main``'s exit status when it is 0."""
     from .job import abandon
     status = main()
     if status != 0:
@@ -544,4 +546,4 @@ def _main_in_job():
 
 
 if __name__ == "__main__":
-    sys.exit(_main_in_job() if launched() else main())
+    sys.exit(main_in_job() if launched() else main())

@@ -355,7 +355,7 @@ def threads_reduce_at_once(monkeypatch):
     would stop the other)."""
     import contextlib
     from parallel.comm import algorithms
-    monkeypatch.setattr(algorithms._buffers, "lock", contextlib.nullcontext())
+    monkeypatch.setattr(algorithms.BUFFERS, "lock", contextlib.nullcontext())
 
 
 def assert_same_arrays(got, want):

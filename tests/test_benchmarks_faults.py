@@ -49,7 +49,7 @@ def test_a_machine_without_simulated_hosts_is_refused_with_the_reason(data_dir, 
 
 def test_the_default_host_timeout_is_read_from_the_launchers_help():
     from parallel.launch import build_parser
-    default = {action.dest: action.default for action in build_parser()._actions}["host_timeout"]
+    default = build_parser().get_default("host_timeout")
     assert bench.default_host_timeout() == default
 
 

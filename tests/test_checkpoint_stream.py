@@ -76,13 +76,13 @@ def test_a_scalar_and_numpy_shape_semantics_are_written_as_mxnet_writes_them(tmp
 
 def test_each_function_is_called_once_when_its_entry_is_written(tmp_path, monkeypatch):
     events = []
-    write = export._write_array
+    write = export.write_array
 
     def recorded_write(f, array, name, magic):
         events.append(("write", name))
         write(f, array, name, magic)
 
-    monkeypatch.setattr(export, "_write_array", recorded_write)
+    monkeypatch.setattr(export, "write_array", recorded_write)
 
     def produce(name, a):
         def thunk():
@@ -187,13 +187,13 @@ def test_a_checkpoint_of_lazy_arrays_equals_one_of_lists(model, resnet, tmp_path
 def test_at_most_one_produced_array_is_alive_while_writing(tmp_path, monkeypatch):
     params, _, optimizer = _lenet()
     written, record = [], []
-    write = export._write_array
+    write = export.write_array
 
     def counted_write(f, array, name, magic):
         write(f, array, name, magic)
         written.append(weakref.ref(array))   # the host copy, which must be dropped once written
 
-    monkeypatch.setattr(export, "_write_array", counted_write)
+    monkeypatch.setattr(export, "write_array", counted_write)
     producers = [Producer(params, "params", record, written)] + [Producer(values, name, record, written)
                                                                   for name, values in optimizer.items()]
     host_alive = []

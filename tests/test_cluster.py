@@ -37,9 +37,9 @@ def test_bad_arguments_name_themselves():
 
 
 def test_the_bucket_is_a_millisecond_of_the_rate_and_at_least_128_kib():
-    assert cluster._burst("100mbit") == 131072
-    assert cluster._burst("10gbit") == 1250000
-    assert cluster._burst("1gbps") == 1000000
+    assert cluster.Cluster(1, rate="100mbit").burst == 131072
+    assert cluster.Cluster(1, rate="10gbit").burst == 1250000
+    assert cluster.Cluster(1, rate="1gbps").burst == 1000000
 
 
 def _run(c, command, host=1, timeout=60):

@@ -259,7 +259,7 @@ def test_bytes_moved_rejects_bad_arguments():
 def test_the_cli_offers_exactly_the_algorithms_that_exist():
     from parallel.comm import ALGORITHMS, DEFAULT_ALGORITHM
     from parallel.train import build_parser
-    choices = next(a for a in build_parser()._actions if a.dest == "allreduce").choices
+    choices = build_parser().option("allreduce").choices
     assert tuple(ALLREDUCE_ALGORITHMS) == ALGORITHMS == tuple(choices) and DEFAULT_ALGORITHM in ALGORITHMS
 
 
@@ -277,7 +277,7 @@ def fresh_buffers():
 
 def cached():
     """The cached buffers, by key."""
-    return dict(comm._buffers.buffers)
+    return dict(comm.BUFFERS.buffers)
 
 
 def full_arrays(shape, ctx_list, dtype="float32", scale=1):

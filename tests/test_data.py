@@ -499,12 +499,18 @@ def test_import_loads_neither_mxnet_nor_the_submodules():
 
 
 def test_every_public_name_is_re_exported():
+    """Every submodule's ``__all__`` is the package's (with ``DATASETS``, its own), each name the submodule's."""
     import importlib
-    for module, names in data._SOURCES.items():
+    import pkgutil
+    submodules = sorted(info.name for info in pkgutil.iter_modules(data.__path__))
+    assert submodules == ["batches", "fashion_mnist", "folder", "idx", "load", "synthetic"]
+    exported = ["DATASETS"]
+    for module in submodules:
         submodule = importlib.import_module("parallel.data." + module)
-        assert sorted(names) == sorted(submodule.__all__), module
-        for name in names:   # (the autouse no_network_downloads fixture patched the mirrors in the submodule)
+        exported += submodule.__all__
+        for name in submodule.__all__:   # (the autouse no_network_downloads fixture patched the submodule's mirrors)
             assert getattr(data, name) is getattr(submodule, name) or name == "FASHION_MNIST_MIRRORS"
+    assert sorted(data.__all__) == sorted(exported)
     assert set(data.__all__) <= set(dir(data))
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         data.nope

@@ -296,7 +296,7 @@ def _table_flags(heading):
                          ids=["README.md:parallel.train", "README.md:parallel.launch"])
 def test_readme_flag_table_lists_every_flag(heading, module):
     parser = importlib.import_module(module).build_parser()
-    flags = {option for action in parser._actions for option in action.option_strings} - {"-h", "--help"}
+    flags = {option for action in parser.options for option in action.option_strings} - {"-h", "--help"}
     documented = _table_flags(heading)
     assert documented == flags, (f"README.md's table for {module}: missing {sorted(flags - documented)}, "
                                  f"not flags {sorted(documented - flags)}")

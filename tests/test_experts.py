@@ -61,6 +61,17 @@ def test_route_breaks_ties_to_the_lower_expert_and_capacity_rounds_up():
 
 # ---- the layer ------------------------------------------------------------------------------------------------
 
+def _vit_holding(arrays):
+    """A ViT with experts (another seed's) given the trained ``arrays`` (a strategy's ``params()``, the model's
+    order), as a run resumed from a checkpoint starts: the model a strategy of another layout is made of."""
+    block = init_vit(1, experts=E)
+    trained = [p for p in block.collect_params().values() if p.grad_req != "null"]
+    assert len(trained) == len(arrays)
+    for param, array in zip(trained, arrays):
+        param.set_data(mx.nd.array(array, dtype=array.dtype))
+    return block
+
+
 def _reference(layer, X):
     """The layer by its definition, token by token in float64: each chosen expert's MLP weighted by its gate, nothing
     for a dropped choice (the routing taken from the layer's own)."""
@@ -236,8 +247,7 @@ def test_zero_3_shards_each_member_s_experts_over_the_replicas_holding_them():
     assert sum(shard.data.size for shard in dense.shards) == sum(sizes) - sum(expert_sizes)
     got, _ = _train(strategy, _batches(), zero=3)
     assert_close_to_scale(got, want, 1e-6)
-    again = make_strategy(Layout(expert_parallel=4, zero=3), init_vit(1, experts=E), contexts(4))
-    again.load_params(got)
+    again = make_strategy(Layout(expert_parallel=4, zero=3), _vit_holding(got), contexts(4))
     assert_close_to_scale([p.asnumpy() for p in again.params()], got, 0)
 
 
@@ -248,8 +258,7 @@ def test_a_model_moves_between_expert_parallel_degrees_whole():
     X, y = _batches((8,))[0]
     first.train_step(X, y, optimizer=SGD(0.1))
     trained = [p.asnumpy() for p in first.params()]
-    second = make_strategy(Layout(expert_parallel=4), init_vit(1, experts=E), contexts(4))
-    second.load_params(trained)
+    second = make_strategy(Layout(expert_parallel=4), _vit_holding(trained), contexts(4))
     for a, b in zip(second.params(), trained):
         np.testing.assert_array_equal(a.asnumpy() if hasattr(a, "asnumpy") else a, b)
     assert second.expert_replicas[3][0][0][0].shape[0] == 1   # a context holds one expert of each layer

@@ -194,6 +194,21 @@ def test_train_step_returns_loss_and_correct_for_a_block():
     assert 0 <= correct.asscalar() <= 9 and loss.asscalar() > 0
 
 
+def test_training_a_block_writes_nothing_onto_it_and_reuses_its_graph_function():
+    """The block is the user's: training through it (``as_net``, which makes its ``GluonNet``) adds no attribute
+    to it, and its ``GluonNet`` is made once, not once a step."""
+    from parallel.models.gluon import as_net
+    block = small_cnn(dtype="float32")
+    before = set(vars(block))
+    ctx_list = contexts(2)
+    device_params = [get_params(block, ctx) for ctx in ctx_list]
+    for X, y in batches([9, 9], dtype="float32"):
+        train_step(X, y, device_params, ctx_list, 0.1, net=block)
+    assert set(vars(block)) == before
+    assert as_net(block) is as_net(block) and isinstance(as_net(block), GluonNet)
+    assert as_net(block, sync_batchnorm=False).sync_batchnorm is False
+
+
 def test_blocks_without_values_or_graph_are_refused():
     deferred = nn.HybridSequential()
     deferred.add(nn.Dense(3))

@@ -7,6 +7,7 @@ import ast
 import os
 import re
 import sys
+import textwrap
 
 import pytest
 
@@ -18,6 +19,8 @@ MODULES = sorted(os.path.relpath(os.path.join(d, n), ROOT) for d, _, names in os
 #: The benchmark scripts and the harness they share (``benchmarks/*.py``).
 BENCHMARKS = sorted(os.path.join("benchmarks", n) for n in os.listdir(os.path.join(ROOT, "benchmarks"))
                     if n.endswith(".py"))
+#: The tests and the fixtures they share (``tests/*.py``).
+TESTS = sorted(os.path.join("tests", n) for n in os.listdir(os.path.join(ROOT, "tests")) if n.endswith(".py"))
 
 #: The most lines of code (not counting docstrings, comments and blank lines) a function may have.
 MAX_FUNCTION_LINES = 60
@@ -64,7 +67,7 @@ def test_the_cli_offers_exactly_the_registries():
     from parallel.models import MODELS
     from parallel.strategies import STRATEGIES
     from parallel.train import build_parser
-    choices = {action.dest: action.choices for action in build_parser()._actions}
+    choices = {action.dest: action.choices for action in build_parser().options}
     assert choices["allreduce"] == list(ALGORITHMS)
     assert choices["model"] == list(MODELS)
     assert choices["strategy"] == list(STRATEGIES)
@@ -88,6 +91,7 @@ def test_a_submodule_never_hides_the_function_of_the_same_name():
 #: ``__init__`` (``name:names``, the registry of names the CLI reads before MXNet starts) and its ``registry``
 #: module (``name.registry``, where names become objects) are nodes of their own.
 LAYERS = [
+    ["mxnet_compat"],
     ["lazy", "validate", "files", "engine", "flight"],
     ["cli"],
     ["trace", "mesh"],
@@ -156,12 +160,16 @@ def test_imports_flow_one_way():
     assert ("parallel.comm.reducer", "parallel.job") in edges   # the graph is really read
 
 
+def _private(name):
+    return name.startswith("_") and not name.endswith("__")
+
+
 def _private_imports(source):
     """``(line, module, name)`` of each private name (``_x``, not a dunder) a module's ``from ... import`` takes."""
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.ImportFrom) and node.module != "__future__":
             for alias in node.names:
-                if alias.name.startswith("_") and not alias.name.endswith("__"):
+                if _private(alias.name):
                     yield node.lineno, "." * node.level + (node.module or ""), alias.name
 
 
@@ -170,9 +178,95 @@ def test_no_module_imports_another_modules_private_name():
     rule's reader finds what it must."""
     assert list(_private_imports("from .idx import _KINDS, Dataset\nfrom __future__ import annotations\n"
                                  "from x import __version__\n")) == [(1, ".idx", "_KINDS")]
-    found = [f"{module}:{line}: from {source} import {name}" for module in MODULES + BENCHMARKS
+    found = [f"{module}:{line}: from {source} import {name}" for module in MODULES + BENCHMARKS + TESTS
              for line, source, name in _private_imports(open(os.path.join(ROOT, module)).read())]
     assert not found, "private names imported:\n" + "\n".join(found)
+
+
+#: Private names any code may read, each for its reason: ``None`` for any object's, else the one module's. The
+#: namedtuple API names its methods and its fields' tuple with an underscore so that they cannot clash with a
+#: field; ``os._exit`` ends a process at once, without the interpreter's shutdown (which could block in ps-lite);
+#: ``sys._current_frames`` is the one way to read every thread's stack (the flight recorder's dump).
+ALLOWED_PRIVATE = {"_replace": None, "_asdict": None, "_fields": None, "_make": None, "_exit": "os",
+                   "_current_frames": "sys"}
+
+#: The one module that reads MXNet's private API, and what it reads there (``parallel.mxnet_compat`` says why).
+COMPAT = os.path.join("parallel", "mxnet_compat.py")
+COMPAT_READS = {"_collect_params_with_prefix", "_LIB", "_internal", "_sparse_label", "_params", "_kvstore",
+                "_update_on_kvstore", "_distributed", "_fresh_grad"}
+
+#: The calls that name an attribute by a string: ``setattr(obj, "_x", v)``, ``monkeypatch.setattr(obj, "_x", v)``,
+#: ``monkeypatch.setattr("module._x", v)``, ``getattr(obj, "_x")``, ...
+_BY_NAME = {"setattr", "getattr", "hasattr", "delattr"}
+
+
+def _allowed(owner, name, module):
+    if name in ALLOWED_PRIVATE:
+        return ALLOWED_PRIVATE[name] in (None, owner)
+    return module == COMPAT and name in COMPAT_READS
+
+
+def _embedded(node):
+    """The tree of a string constant that is Python code (a script a test runs in a fresh process), or None."""
+    if not (isinstance(node, ast.Constant) and isinstance(node.value, str) and "\n" in node.value):
+        return None
+    try:
+        return ast.parse(textwrap.dedent(node.value))
+    except SyntaxError:
+        return None
+
+
+def _called(node):
+    """The name of the function a call calls (``setattr`` for ``monkeypatch.setattr(...)``), or None."""
+    if isinstance(node, ast.Call):
+        return getattr(node.func, "id", None) or getattr(node.func, "attr", None)
+    return None
+
+
+def _private_uses(tree, module="", first_line=1, strings=True):
+    """``(line, text)`` of each use of another object's private name (``_x``, not a dunder) in the ``ast`` tree
+    of ``module``: an attribute (``obj._x``, where ``obj`` is not ``self`` or ``cls``), a ``from m import _x``, an
+    attribute named by a string (``setattr(obj, "_x", v)``, ``monkeypatch.setattr("m._x", v)``), and with
+    ``strings`` the same in the code a string holds (a script a test runs in a fresh process). What
+    ``ALLOWED_PRIVATE`` allows passes, and ``COMPAT_READS`` in ``COMPAT`` alone."""
+    for node in ast.walk(tree):
+        line = first_line + getattr(node, "lineno", 1) - 1
+        if isinstance(node, ast.Attribute) and _private(node.attr):
+            owner = node.value.id if isinstance(node.value, ast.Name) else None
+            if owner not in ("self", "cls") and not _allowed(owner, node.attr, module):
+                yield line, ast.unparse(node)
+        elif isinstance(node, ast.ImportFrom) and node.module != "__future__":
+            yield from ((line, f"from {node.module} import {a.name}") for a in node.names
+                        if _private(a.name) and not _allowed(node.module, a.name, module))
+        elif _called(node) in _BY_NAME:
+            named = [arg.value.rsplit(".", 1)[-1] for arg in node.args[:2]
+                     if isinstance(arg, ast.Constant) and isinstance(arg.value, str)]
+            if any(_private(name) and not _allowed(None, name, module) for name in named):
+                yield line, ast.unparse(node)[:100]
+        code = _embedded(node) if strings else None
+        if code is not None:
+            yield from _private_uses(code, module, line)
+
+
+def test_no_code_uses_another_objects_private_name():
+    """No module, benchmark or test reaches into another module's or object's private names (MXNet's are read in
+    ``parallel.mxnet_compat`` alone): what another needs is public and documented, a test goes through the public
+    API. The rule's reader finds each kind of use."""
+    snippet = ast.parse(
+        "import os\nfrom m import _hidden, shown\nx = obj._cache + self._own + cls._own + p._replace(a=1)\n"
+        "monkeypatch.setattr(engine, '_LOCK', None)\nmonkeypatch.setattr('parallel.fit._run', f)\n"
+        "os._exit(1)\ny = trainer._kvstore + getattr(loss, '__name__')\nCODE = '''\nimport sys\n\n"
+        "sys._getframe()\n'''\nsys._exit(0)\n")
+    assert sorted(line for line, _ in _private_uses(snippet)) == [2, 3, 4, 5, 7, 11, 13]
+    assert sorted(line for line, _ in _private_uses(snippet, COMPAT)) == [2, 3, 4, 5, 11, 13]   # _kvstore is read there
+    assert sorted(line for line, _ in _private_uses(snippet, strings=False)) == [2, 3, 4, 5, 7, 13]
+    found = []
+    for module in MODULES + BENCHMARKS + TESTS:
+        tree = ast.parse(open(os.path.join(ROOT, module)).read())
+        # this file's strings are the snippets that show the rule's reader what to find
+        found += [f"{module}:{line}: {text}" for line, text in
+                  _private_uses(tree, module, strings=module != os.path.join("tests", "test_layout.py"))]
+    assert not found, "private names of other objects used:\n" + "\n".join(found)
 
 
 def _public_functions(tree):
@@ -241,8 +335,6 @@ PROBES_ALLOWED = {
     ("parallel/models/vit.py", "context"): "pending the models redesign (F's context-parallel group)",
     ("parallel/models/vit.py", "sequence"): "pending the models redesign (F's sequence parallelism)",
     ("parallel/models/vit.py", "note"): "pending the models redesign (F on tensor ranks)",
-    # pending: the GluonNet kept on the user's block is being rewritten with gluon's internals
-    ("parallel/models/gluon.py", "_parallel_gluon_net"): "pending the gluon adapter's rewrite (as_net's cache)",
 }
 
 

@@ -92,7 +92,7 @@ def test_cached_graphs_are_bounded_per_context_least_recently_used_first():
     for n in (2, 3, 2, 4):   # shape 3 is the least recently used when shape 4 arrives
         X = mx.nd.random.uniform(shape=(n, 1, 28, 28))
         np.testing.assert_allclose(net(X, params).asnumpy(), lenet(X, params).asnumpy(), rtol=1e-5, atol=1e-7)
-    assert [shape[0] for shape in net._graphs.keys(mx.cpu(0))] == [2, 4]
+    assert [shape[0] for shape in net.graphs.keys(mx.cpu(0))] == [2, 4]
     assert net.graphs_built == 3
 
 

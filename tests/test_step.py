@@ -166,7 +166,7 @@ def test_fences_and_marks_run_no_python():
     trace, whose forward then started after backward operators that need none of its values. It is a C function."""
     import ctypes
     from parallel import engine
-    address = ctypes.cast(engine._NOTHING, ctypes.c_void_p).value
+    address = ctypes.cast(engine.NOTHING, ctypes.c_void_p).value
     assert address == ctypes.cast(ctypes.CDLL(None).pthread_self, ctypes.c_void_p).value
 
 
@@ -180,11 +180,11 @@ def test_the_statistics_fence_follows_the_reductions(monkeypatch, accumulate):
     import parallel.step
     from conftest import small_cnn
     order = []
-    real_fence, real_issue = parallel.step.fence, parallel.comm.reducer.Reducer._issue
+    real_fence, real_reduce = parallel.step.fence, parallel.comm.reducer.Reducer.reduce
     monkeypatch.setattr(parallel.step, "fence", lambda reads, writes: order.append("fence") or
                         real_fence(reads, writes))
-    monkeypatch.setattr(parallel.comm.reducer.Reducer, "_issue", lambda self, *a, **k: order.append("reduce") or
-                        real_issue(self, *a, **k))
+    monkeypatch.setattr(parallel.comm.reducer.Reducer, "reduce", lambda self, *a, **k: order.append("reduce") or
+                        real_reduce(self, *a, **k))
     block = small_cnn(batchnorm=True, dtype="float32")
     ctx = contexts(2)
     device_params = [get_params(block, c, bucket_mb=0.001) for c in ctx]

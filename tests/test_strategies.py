@@ -6,8 +6,8 @@ from mxnet import autograd
 
 from parallel import (ALLREDUCE_ALGORITHMS, Dataset, evaluate_accuracy, get_params, init_lenet_params,
                       iterate_batches, lenet, softmax_cross_entropy, train_batch)
-from parallel.strategies import (Hybrid, ModelParallel, Pipeline, bubble_fraction, forward_stages, hybrid_groups,
-                                 stage_ranges, Stages)
+from parallel.models.lenet import LenetStage
+from parallel.strategies import Hybrid, ModelParallel, Pipeline, bubble_fraction, stage_ranges, Stages
 from parallel import RunConfig, fit, init_model, make_strategy
 from parallel.optim import SGD, Adam, Cosine
 from conftest import assert_same_parameters, contexts, make_batches
@@ -86,8 +86,9 @@ def test_hybrid_layout_groups_consecutive_contexts_and_reduces_per_stage():
     """Replica r holds stage s on ctx_list[r*S + s]; after a step stage s's gradient is the same on the R
     contexts holding it (allreduced among them) and differs between stages."""
     ctx_list = contexts(4)
-    assert hybrid_groups(ctx_list, 2) == [ctx_list[0:2], ctx_list[2:4]]
     model = Hybrid(init_lenet_params(seed=0), ctx_list, stages=2)
+    assert [[ranks[0].data.context for ranks in replica] for replica in model.replicas] == [ctx_list[0:2],
+                                                                                          ctx_list[2:4]]
     for r, replica in enumerate(model.replicas):
         for s, (params,) in enumerate(replica):   # one tensor rank
             assert all(p.context == ctx_list[r * 2 + s] for p in params)
@@ -111,7 +112,8 @@ def test_gradients_flow_back_across_contexts():
     loss.backward()
     first, second = get_params(params[:4], mx.cpu(0)), get_params(params[4:], mx.cpu(1))
     with autograd.record():
-        out = forward_stages(X, [first, second], [(0, 2), (2, 4)])
+        # the two stages, each on the context of its arrays: the copy to cpu(1) between them is recorded
+        out = LenetStage(2, 4)(LenetStage(0, 2)(X.as_in_context(mx.cpu(0)), first).as_in_context(mx.cpu(1)), second)
         assert out.context == mx.cpu(1)
         loss = softmax_cross_entropy(out, y.as_in_context(mx.cpu(1)))
     loss.backward()

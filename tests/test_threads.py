@@ -13,7 +13,7 @@ import pytest
 
 from conftest import run_process
 
-from parallel.threads import omp_threads, recommended_omp_threads, set_omp_threads
+from parallel.threads import on_worker_threads, omp_threads, recommended_omp_threads, set_omp_threads
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CORES = recommended_omp_threads()
@@ -64,15 +64,25 @@ def test_omp_threads_takes_one_cpu_context():
         omp_threads([mx.cpu(0)])
 
 
+def test_on_worker_threads_runs_in_a_cpu_context_s_threads_only():
+    results = on_worker_threads(mx.cpu(0), lambda: "ran")
+    assert results and set(results) == {"ran"}   # one result a worker thread
+    with pytest.raises(ValueError, match=r"gpu\(0\) is not a CPU context"):
+        on_worker_threads(mx.gpu(0), lambda: "ran")
+    with pytest.raises(TypeError, match="ctx must be an mxnet Context"):
+        on_worker_threads("cpu", lambda: "ran")
+
+
 @pytest.mark.slow
 def test_sets_the_worker_threads_of_the_given_contexts_only():
     """After import: the given contexts' worker threads change, the Python thread and other contexts do not."""
     result = run_fresh("""
         import json
         import mxnet as mx
+        from parallel.mxnet_compat import mxnet_library
         from parallel.threads import omp_threads, set_omp_threads
 
-        python_thread = mx.base._LIB.omp_get_max_threads
+        python_thread = mxnet_library().omp_get_max_threads
         out = {"python_before": python_thread()}
         previous = set_omp_threads(1, [mx.cpu(0), mx.cpu_pinned(0), mx.gpu(0), mx.cpu(1)])
         out["previous"] = {str(c): t for c, t in previous.items()}
@@ -154,14 +164,15 @@ def test_every_worker_thread_of_a_context_is_set():
         import json
         import threading
         import mxnet as mx
-        from parallel.threads import _on_worker_threads, set_omp_threads
+        from parallel.mxnet_compat import mxnet_library
+        from parallel.threads import on_worker_threads, set_omp_threads
 
-        lib = mx.base._LIB
+        lib = mxnet_library()
         set_omp_threads(1, [mx.cpu(0)])
         set_omp_threads(ctx_list=[mx.cpu(1)])
-        ids = set(_on_worker_threads(mx.cpu(0), threading.get_native_id))
-        after_1 = _on_worker_threads(mx.cpu(0), lambda: int(lib.omp_get_max_threads()))
-        after_all = _on_worker_threads(mx.cpu(1), lambda: int(lib.omp_get_max_threads()))
+        ids = set(on_worker_threads(mx.cpu(0), threading.get_native_id))
+        after_1 = on_worker_threads(mx.cpu(0), lambda: int(lib.omp_get_max_threads()))
+        after_all = on_worker_threads(mx.cpu(1), lambda: int(lib.omp_get_max_threads()))
         print(json.dumps({"threads": len(ids), "after_1": after_1, "after_all": after_all}))
         """, MXNET_CPU_WORKER_NTHREADS="2")
     assert result == {"threads": 2, "after_1": [1, 1], "after_all": [CORES, CORES]}
@@ -173,9 +184,10 @@ def test_naive_engine_sets_the_calling_thread():
     result = run_fresh("""
         import json
         import mxnet as mx
+        from parallel.mxnet_compat import mxnet_library
         from parallel.threads import omp_threads, set_omp_threads
         set_omp_threads(1)
-        print(json.dumps([omp_threads(), int(mx.base._LIB.omp_get_max_threads())]))
+        print(json.dumps([omp_threads(), int(mxnet_library().omp_get_max_threads())]))
         """, MXNET_ENGINE_TYPE="NaiveEngine")
     assert result == [1, 1]
 

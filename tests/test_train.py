@@ -139,7 +139,7 @@ def test_the_help_names_every_model_and_parallel_style():
     import parallel.train as train
     from parallel.models import MODELS
     description, summary = train.build_parser().description, train.__doc__.split("\n\n")[0]
-    helps = {action.dest: action.help for action in train.build_parser()._actions}
+    helps = {action.dest: action.help for action in train.build_parser().options}
     from pathlib import Path
     readme = (Path(__file__).parents[1] / "README.md").read_text()
     rows = [line for line in readme.splitlines() if line.startswith(("| `--stages N`", "| `--recompute`"))]

@@ -96,7 +96,8 @@ def test_a_restarted_run_resumes_by_itself_and_a_first_start_does_not(tiny, tmp_
 
 
 # Runs python -m parallel.train, SIGKILLing itself where argv[1] says: "none", or plans joined by "+", each
-# "START/step:N:R" (before its N-th training step of that start of the job, on rank R) or "START/write:N"
+# "START/step:N:R" (once its N-th training step of that start of the job is queued, before any checkpoint after it,
+# on rank R) or "START/write:N"
 # (inside rank 0's N-th checkpoint write of that start, after the arrays, before the manifest that commits them),
 # optionally with "/HOST,HOST" to write into the discovery file argv[2] first. Other starts train normally.
 WRAPPER = """
@@ -112,30 +113,29 @@ def die(hosts):
             f.write(hosts.replace(",", "\\n") + "\\n")
     os.kill(os.getpid(), signal.SIGKILL)
 
-import parallel.checkpoint, parallel.fit
-fit_module = sys.modules["parallel.fit"]   # parallel.fit is the function
+import parallel.checkpoint, parallel.report
 if plan:
     _, where, *hosts = plan[0]
     kind, n, *rank = where.split(":")
     count = [0]
-    if kind == "step":
-        step = fit_module._Run.step
-        def counted(self, X, y):
+    if kind == "step":   # fit's on_step (the report's) runs once a step is queued, before its checkpoint
+        step = parallel.report.Report.step
+        def counted(self, epoch, batch):
             count[0] += 1
             if count[0] == int(n) and self.strategy.job.rank == int(rank[0]):
                 die(hosts and hosts[0])
-            return step(self, X, y)
-        fit_module._Run.step = counted
-    else:
-        sha256 = parallel.checkpoint._sha256
-        def counted(path):
+            return step(self, epoch, batch)
+        parallel.report.Report.step = counted
+    else:   # the manifest, the commit point, is written through atomic_write once the arrays are
+        atomic_write = parallel.checkpoint.atomic_write
+        def counted(path, mode):
             count[0] += 1
             if count[0] == int(n):
                 die(hosts and hosts[0])
-            return sha256(path)
-        parallel.checkpoint._sha256 = counted
-from parallel.train import _main_in_job
-sys.exit(_main_in_job())
+            return atomic_write(path, mode)
+        parallel.checkpoint.atomic_write = counted
+from parallel.train import main_in_job
+sys.exit(main_in_job())
 """
 
 TRAIN = ["--batch-size", "13", "--lr", "0.1", "--seed", "3", "--no-progress", "--devices", "cpu:1", "--epochs",

@@ -64,7 +64,7 @@ def straight(data_dir, tmp_path_factory):
 
 
 def test_the_cli_offers_the_registrys_models():
-    model_flag = next(a for a in build_parser()._actions if a.dest == "model")
+    model_flag = build_parser().option("model")
     assert model_flag.choices == list(MODELS) == ["lenet", "resnet18", "vit", "transformer"]
 
 

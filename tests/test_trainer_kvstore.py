@@ -9,6 +9,7 @@ import parallel
 from parallel.comm import ALGORITHMS
 from parallel.comm.reducer import compressed_allreduce
 from parallel.compress import make_codec
+from parallel.mxnet_compat import trainer_kvstore, trainer_params, trainer_updates_on_kvstore
 from parallel.trainer_kvstore import AllreduceKVStore
 from conftest import contexts, make_batches
 
@@ -51,7 +52,7 @@ def test_trainer_with_the_package_allreduce_trains_the_device_kvstore_model(algo
     ctx = contexts(k)
     want, _ = _train(ctx, "device")
     got, trainer = _train(ctx, AllreduceKVStore(algorithm, bucket_mb=bucket_mb))
-    assert trainer._update_on_kvstore is False and isinstance(trainer._kvstore, AllreduceKVStore)
+    assert trainer_updates_on_kvstore(trainer) is False and isinstance(trainer_kvstore(trainer), AllreduceKVStore)
     for g, w in zip(got, want):
         np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5 * np.abs(w).max())
 
@@ -79,7 +80,7 @@ def test_a_trainer_step_is_one_package_allreduce_of_every_gradient(spec, k, monk
     net = _net(ctx)
     kv = AllreduceKVStore("ring", spec)
     trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.1}, kvstore=kv)
-    params = trainer._params   # in key order: gluon's Trainer numbers the parameters sorted by name
+    params = trainer_params(trainer)   # in key order: gluon's Trainer numbers the parameters sorted by name
     compressor = make_codec(spec)
     flats = None
     calls = []

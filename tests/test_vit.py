@@ -193,8 +193,8 @@ def _arrays(directory):
 
 
 def test_the_cli_offers_vit():
-    model_flag = next(a for a in build_parser()._actions if a.dest == "model")
-    boundaries = next(a for a in build_parser()._actions if a.dest == "boundaries")
+    model_flag = build_parser().option("model")
+    boundaries = build_parser().option("boundaries")
     assert "vit" in model_flag.choices and "ViT's layers are 0 patch embedding" in boundaries.help
 
 

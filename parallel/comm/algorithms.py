@@ -20,7 +20,8 @@ from . import ALGORITHMS, SHARDED_ALGORITHMS
 
 __all__ = ["allreduce", "reduce_scatter", "all_gather", "shard_range", "chunk_bounds", "copy_to", "copied_bytes",
            "check_same_arrays", "ALLREDUCE_ALGORITHMS", "bytes_moved", "BytesMoved", "free_buffers",
-           "set_buffer_limit", "buffer_info", "BufferInfo", "DEFAULT_BUFFER_LIMIT", "receive", "scratch", "exclusive"]
+           "set_buffer_limit", "buffer_info", "BufferInfo", "DEFAULT_BUFFER_LIMIT", "receive", "scratch", "exclusive",
+           "BufferCache", "BUFFERS"]
 
 
 def check_same_arrays(arrays, name="arrays"):
@@ -92,7 +93,7 @@ allocations, evictions : int
 """
 
 
-class _BufferCache:
+class BufferCache:
     """Receive buffers by ``(context, shape, dtype, slot)``, least recently used dropped first.
 
     ``slot`` tells apart the buffers that one allreduce needs at the same time on one context (``_fused``
@@ -157,7 +158,10 @@ class _BufferCache:
             self.evictions += 1
 
 
-_buffers = _BufferCache(DEFAULT_BUFFER_LIMIT)
+#: The process's one receive-buffer cache, which every reduction uses (``receive``, ``scratch``) and whose lock
+#: ``exclusive()`` is; ``buffers`` holds its arrays by key. Public for what must see or change it whole: tests that
+#: check its reuse, workers in threads of one process that each reduce on contexts of their own.
+BUFFERS = BufferCache(DEFAULT_BUFFER_LIMIT)
 
 
 def _receive(src, ctx, slot=0):
@@ -166,13 +170,13 @@ def _receive(src, ctx, slot=0):
     The buffer is overwritten by the next receive into the same slot (in this call or the next one):
     an algorithm gives distinct slots to the receives on one context that must coexist.
     """
-    return copy_to(src, _buffers.get(ctx, src.shape, src.dtype, slot))
+    return copy_to(src, BUFFERS.get(ctx, src.shape, src.dtype, slot))
 
 
 def _receive_flat(src, ctx, slot=0):
     """``_receive`` of a 1-D ``src`` into a view of the flat buffer ``slot`` of its dtype on ``ctx``
-    (``_BufferCache.flat``): one buffer a slot whatever the sizes received."""
-    return copy_to(src, _buffers.flat(ctx, src.size, src.dtype, slot))
+    (``BufferCache.flat``): one buffer a slot whatever the sizes received."""
+    return copy_to(src, BUFFERS.flat(ctx, src.size, src.dtype, slot))
 
 
 def receive(src, ctx, slot=0):
@@ -188,13 +192,13 @@ def scratch(ctx, shape, dtype, slot):
     """A persistent buffer of ``shape`` and ``dtype`` on ``ctx`` (the receive buffers' cache, ``slot`` apart from
     theirs as the caller chooses), for what a reduction computes on the way (a decoded payload); its values are
     whatever was last written: write every element before reading it. Call it inside ``exclusive()``."""
-    return _buffers.get(ctx, tuple(shape), dtype, slot)
+    return BUFFERS.get(ctx, tuple(shape), dtype, slot)
 
 
 def exclusive():
     """A context manager under which one thread queues a reduction's copies alone: ``allreduce`` and the other
     algorithms take it too (it is re-entrant), so that two threads never interleave their use of one buffer."""
-    return _buffers.lock
+    return BUFFERS.lock
 
 
 def free_buffers():
@@ -203,8 +207,8 @@ def free_buffers():
     The next allreduce allocates afresh: call this when a program is done reducing, or before it
     switches to other shapes, to give the memory back. Also resets ``buffer_info()``'s counters.
     """
-    with _buffers.lock:
-        _buffers.clear()
+    with BUFFERS.lock:
+        BUFFERS.clear()
 
 
 def set_buffer_limit(nbytes):
@@ -216,25 +220,25 @@ def set_buffer_limit(nbytes):
     but the page faults come back. A buffer larger than the bound is never kept. 0 disables the cache.
     """
     check_int(nbytes, "nbytes", low=0)
-    with _buffers.lock:
-        previous, _buffers.limit = _buffers.limit, int(nbytes)
-        _buffers.shrink(_buffers.limit)
+    with BUFFERS.lock:
+        previous, BUFFERS.limit = BUFFERS.limit, int(nbytes)
+        BUFFERS.shrink(BUFFERS.limit)
     return previous
 
 
 def buffer_info():
     """The receive-buffer cache now: a ``BufferInfo`` (entries, bytes, limit, allocations, evictions)."""
-    with _buffers.lock:
-        return BufferInfo(len(_buffers.buffers), _buffers.nbytes, _buffers.limit, _buffers.allocations,
-                          _buffers.evictions)
+    with BUFFERS.lock:
+        return BufferInfo(len(BUFFERS.buffers), BUFFERS.nbytes, BUFFERS.limit, BUFFERS.allocations,
+                          BUFFERS.evictions)
 
 
 def buffer_bytes():
     """``{context: bytes}`` the receive-buffer cache holds on each context now (what a run's memory table counts as
     temporary buffers); contexts without a buffer are left out."""
     per_context = {}
-    with _buffers.lock:
-        for buffer in _buffers.buffers.values():
+    with BUFFERS.lock:
+        for buffer in BUFFERS.buffers.values():
             per_context[buffer.context] = per_context.get(buffer.context, 0) + buffer.size * buffer.dtype(0).itemsize
     return per_context
 
@@ -354,7 +358,7 @@ def _direct_reduce_scatter(arrays):
         if i == 0:
             mx.nd.add_n(*copies, out=own)
         else:
-            copy_to(mx.nd.add_n(*copies, out=_buffers.flat(ctx, own.size, own.dtype, k - 1)), own)
+            copy_to(mx.nd.add_n(*copies, out=BUFFERS.flat(ctx, own.size, own.dtype, k - 1)), own)
 
 
 def _direct_all_gather(arrays):
@@ -507,7 +511,7 @@ def allreduce(arrays, algorithm="naive"):
     check_same_arrays(arrays)
     check_choice(algorithm, "algorithm", ALGORITHMS)
     if len(arrays) > 1:
-        with _buffers.lock:   # queue one call's copies and adds together: they share the buffers
+        with BUFFERS.lock:   # queue one call's copies and adds together: they share the buffers
             ALLREDUCE_ALGORITHMS[algorithm](arrays)
     return arrays
 
@@ -577,6 +581,6 @@ def _halve(arrays, algorithm, half):
     check_same_arrays(arrays)
     check_choice(algorithm, "algorithm", SHARDED_ALGORITHMS)
     if len(arrays) > 1:
-        with _buffers.lock:
+        with BUFFERS.lock:
             _HALVES[algorithm][half](arrays)
     return arrays

@@ -19,11 +19,13 @@ weights, which is wrong for shards of unequal size (a batch of 10 over 4 context
 inside the engine with a barrier keyed by a global name.
 """
 import json
+import weakref
 
 import mxnet as mx
 from mxnet import autograd, gluon
 
 from ..comm.replica import Replica, aux_names_of, aux_of, block_state, names_of
+from ..mxnet_compat import nd_operator
 from ..validate import check_bool, check_int
 from .base import Net
 from .lenet import GraphCache, cached_graph
@@ -209,8 +211,7 @@ class GluonNet(Net):
 
 def _invoke(op, args, attrs):
     """Run the operator called ``op`` on ``args`` with ``attrs`` (strings, as in a symbol's JSON)."""
-    function = getattr(mx.nd, op, None) or getattr(mx.nd._internal, op)
-    result = function(*args, **attrs)
+    result = nd_operator(op)(*args, **attrs)
     return result if isinstance(result, list) else [result]
 
 
@@ -277,13 +278,18 @@ def _sync_batchnorm(inputs, attrs):
     return outputs
 
 
+#: Each gluon block's ``GluonNet`` (``as_net``), kept beside the block rather than on it (the block is the user's:
+#: nothing is written onto it), for as long as the block lives (a ``GluonNet`` holds no reference to its block).
+_GLUON_NETS = weakref.WeakKeyDictionary()
+
+
 def as_net(net, sync_batchnorm=True):
     """``net`` as a function ``net(X, params)``: a gluon ``HybridBlock`` becomes its ``GluonNet`` (made once
-    per block and kept on it), anything else is returned as it is."""
+    per block and setting, and kept while the block lives; nothing is written onto the block), anything else is
+    returned as it is."""
     if isinstance(net, gluon.Block):
-        cached = getattr(net, "_parallel_gluon_net", None)
+        cached = _GLUON_NETS.get(net)
         if cached is None or cached.sync_batchnorm != sync_batchnorm:
-            cached = GluonNet(net, sync_batchnorm=sync_batchnorm)
-            net._parallel_gluon_net = cached
+            cached = _GLUON_NETS[net] = GluonNet(net, sync_batchnorm=sync_batchnorm)
         return cached
     return net

@@ -224,7 +224,7 @@ class RanksF:
         else:
             result = Ranks(outputs, self)
             made = result.arrays
-        self._keep(made, read)
+        self.keep(made, read)
         return result
 
     def arrays_of(self, x):
@@ -232,7 +232,10 @@ class RanksF:
         themselves without a tape."""
         return list(x.arrays) if self.tape is None else self.tape.read_each(x.arrays)
 
-    def _keep(self, arrays, read):
+    def keep(self, arrays, read):
+        """Hand the NDArrays among ``arrays`` (what a rank's computation made from ``read``) to the tape's open
+        segment, if there is a tape: what a layer that runs outside ``apply`` (the MoE layer) calls for its outputs.
+        Without a tape, nothing."""
         if self.tape is not None:
             self.tape.keep([a for a in arrays if isinstance(a, mx.nd.NDArray)], read)
 
@@ -289,7 +292,7 @@ class RanksF:
             group = [arrays[i] for i in self.mesh.group_of(r, "tensor").ranks]   # own's tensor-parallel group
             pieces = [own if a is own else algorithms.copy_to(a.detach(), own.context) for a in group]
             gathered.append(mx.nd.concat(*pieces, dim=axis))
-        self._keep(gathered, arrays)
+        self.keep(gathered, arrays)
         return Ranks(gathered, self)
 
     def broadcast(self, X, ctx_list):
@@ -299,8 +302,8 @@ class RanksF:
         x = X if self.tape is None else self.tape.read(X)
         copies = [(x if t == 0 else x.detach()) if ctx == x.context else
                   algorithms.copy_to(x if t == 0 else x.detach(), ctx) for t, ctx in enumerate(ctx_list)]
-        self._keep(copies[:1], [x])
-        self._keep(copies[1:], [])   # no gradient flows back from them
+        self.keep(copies[:1], [x])
+        self.keep(copies[1:], [])   # no gradient flows back from them
         return Ranks(copies, self)
 
 
@@ -362,7 +365,7 @@ class ReplicasF(RanksF):
             for r, o in zip(members, ring_attention([q[r] for r in members], [k[r] for r in members],
                                                     [v[r] for r in members], scale)):
                 out[r] = o
-        self._keep(out, q + k + v)
+        self.keep(out, q + k + v)
         return Ranks(out, self)
 
 

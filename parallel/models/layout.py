@@ -11,6 +11,7 @@ independent of how a strategy lays them out on contexts. Both check the name and
 """
 from typing import NamedTuple
 
+from ..mxnet_compat import structural_params
 from . import MODELS, model_info
 
 __all__ = ["Layout", "model_layout", "block_names", "init_model"]
@@ -39,7 +40,7 @@ def block_names(block):
         ``get_params(block, ctx)`` replicas and the strategies' ``params()`` and ``aux()`` follow). The block
         need not be initialized.
     """
-    structural = {id(param): name for name, param in block._collect_params_with_prefix().items()}
+    structural = {id(param): name for name, param in structural_params(block).items()}
     names, aux_names = [], []
     for param in block.collect_params().values():
         (aux_names if param.grad_req == "null" else names).append(structural[id(param)])

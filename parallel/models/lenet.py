@@ -248,6 +248,8 @@ class CachedNet(Net):
     ----------
     graphs_built : int
         How many graphs were built so far (a cache miss builds one); a steady run stops building.
+    graphs : GraphCache
+        The cached graphs: ``graphs.keys(ctx)`` are the input shapes kept for ``ctx``, least recently used first.
 
     >>> import mxnet as mx
     >>> net = CachedNet(lenet)
@@ -261,14 +263,16 @@ class CachedNet(Net):
     def __init__(self, net, max_shapes=4, static=True):
         self.net, self.static = net, check_bool(static, "static")
         self.max_shapes = check_int(max_shapes, "max_shapes", low=1)
-        self._graphs = GraphCache(self.max_shapes)
+        self.graphs = GraphCache(self.max_shapes)
         self._symbols = {}   # number of params -> the network's symbol
 
     @property
     def graphs_built(self):
-        return self._graphs.built
+        return self.graphs.built
 
-    def _symbol(self, count):
+    def symbol_for(self, count):
+        """The network's symbol for ``count`` parameter arrays: inputs ``data``, ``param0`` .. ``param<count-1>``
+        (made once per count). What each cached graph runs; a benchmark infers its activations' shapes from it."""
         symbol = self._symbols.get(count)
         if symbol is None:
             symbol = self._symbols[count] = self.net(mx.sym.var("data"),
@@ -276,8 +280,8 @@ class CachedNet(Net):
         return symbol
 
     def __call__(self, X, params):
-        op, inputs = self._graphs.get(X.context, X.shape, params,
-                                      lambda: cached_graph(self._symbol(len(params)), ("data",), static=self.static))
+        op, inputs = self.graphs.get(X.context, X.shape, params,
+                                     lambda: cached_graph(self.symbol_for(len(params)), ("data",), static=self.static))
         return op(*[X if name == "data" else params[int(name[5:])] for name in inputs])
 
     def __repr__(self):

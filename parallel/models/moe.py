@@ -219,7 +219,7 @@ class MoEFeedForward(nn.HybridBlock):
                     aux[r] = self.last.aux[i] if self.last.aux else None
             if F.tensor > 1:   # every rank routed the same tokens: one routing, every rank's auxiliary losses
                 self.last = self.last._replace(aux=[a for a in aux if a is not None], copies=F.tensor)
-            F._keep(outputs + self.last.aux, arrays[0])   # on the tape, if any: a segment's arrays and heads
+            F.keep(outputs + self.last.aux, arrays[0])   # on the tape, if any: a segment's arrays and heads
             return Ranks(outputs, F)
         if isinstance(F, RanksF):
             raise BadValue("tensor", "an MoE layer does not split over a tensor-parallel group; use {tensor} 1 "

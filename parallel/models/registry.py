@@ -35,6 +35,7 @@ from mxnet import gluon
 
 from ..comm.replica import block_state
 from ..export import array_thunks, export_gluon, export_lenet, lenet_thunks
+from ..mxnet_compat import structural_params
 from ..shard import Replicated
 from . import MODELS
 from .base import Cuttable
@@ -410,7 +411,7 @@ class BuiltGluonModel(GluonModel):
             arg_shapes, _, aux_shapes = symbol.infer_shape(data=self.input_shape)
             shapes = dict(zip(symbol.list_arguments(), arg_shapes))
             shapes.update(zip(symbol.list_auxiliary_states(), aux_shapes))
-            by_structure = {name: shapes[param.name] for name, param in block._collect_params_with_prefix().items()}
+            by_structure = {name: shapes[param.name] for name, param in structural_params(block).items()}
             names, aux_names = block_names(block)
             self._layout = Layout(tuple(names), tuple(by_structure[n] for n in names), tuple(aux_names),
                                   tuple(by_structure[n] for n in aux_names))
@@ -467,7 +468,7 @@ class ViTModel(BuiltGluonModel):
             names, arrays, aux_names, aux = block_state(block)
             by_name = dict(zip(names + aux_names, [a.shape for a in arrays + aux]))
             structural, aux_structural = block_names(block)
-            by_structure = {name: by_name[param.name] for name, param in block._collect_params_with_prefix().items()}
+            by_structure = {name: by_name[param.name] for name, param in structural_params(block).items()}
             self._layout = Layout(tuple(structural), tuple(by_structure[n] for n in structural),
                                   tuple(aux_structural), tuple(by_structure[n] for n in aux_structural))
         return self._layout

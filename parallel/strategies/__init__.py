@@ -16,7 +16,7 @@
   MXNet).
 - ``sharded``: ZeRO-3 as hooks around a network's blocks (``ShardedGroup``: a group's arrays sharded over the
   replicas, gathered a block at a time, reduce-scattered through the Reducer).
-- ``model``: where a model is cut into stages (``stage_ranges``, ``cut_model``).
+- ``model``: where a model is cut into stages (``stage_ranges``).
 - ``registry``: ``make_strategy(name, model, ctx_list, ...)``, a strategy of a ``parallel.Layout``.
 
 A strategy is a ``Strategy`` (``base``): ``name``, ``layout``, ``ctx_list`` (the contexts it uses), ``reducer``,
@@ -82,8 +82,8 @@ class Stages(NamedTuple):
 _SOURCES = {
     "base": ["Strategy", "ArrayPlace"],
     "data": ["DataParallel", "data_parallel", "replicate", "parallel_apply", "gather"],
-    "hybrid": ["Hybrid", "Chunk", "hybrid_groups", "ModelParallel", "Pipeline", "FullyShardedDataParallel"],
-    "model": ["stage_ranges", "forward_stages", "cut_model"],
+    "hybrid": ["Hybrid", "Chunk", "ModelParallel", "Pipeline", "FullyShardedDataParallel"],
+    "model": ["stage_ranges"],
     "pipeline": ["bubble_fraction", "issue", "micro_batches"],
     "schedules": ["pipeline_schedule", "Schedule", "Op"],
     "sharded": ["ShardedGroup", "ShardedHooks", "Keys"],

@@ -164,11 +164,6 @@ class Strategy(abc.ABC):
             for store, arrays in _per_store(places, [state[name][j] for j in range(len(places))]).items():
                 store.write(optimizer, k, arrays)
 
-    def load_params(self, params):
-        """Give every store the model's arrays ``params`` (whole, in the model's order), each its parts."""
-        for store, arrays in _per_store(self.places(), params).items():
-            store.write(None, -1, arrays)
-
 
 def _state_array(strategy, k, optimizer, j):
     return strategy.array(j, k, optimizer)

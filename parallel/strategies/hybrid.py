@@ -67,15 +67,7 @@ from .pipeline import issue, micro_batches
 from .schedules import pipeline_schedule
 from .sharded import Keys, ShardedGroup, ShardedHooks
 
-__all__ = ["Hybrid", "Chunk", "hybrid_groups", "ModelParallel", "Pipeline", "FullyShardedDataParallel"]
-
-
-def hybrid_groups(ctx_list, num_stages):
-    """Group ``ctx_list`` into replicas of ``num_stages`` consecutive contexts: ``groups[r][s] ==
-    ctx_list[r * num_stages + s]``, replica ``r``'s stage ``s``; ``ValueError`` unless ``len(ctx_list)`` is a positive
-    multiple of ``num_stages``."""
-    mesh = Layout("hybrid", stages=num_stages).place(check_contexts(ctx_list))
-    return [list(group.contexts) for group in mesh.groups("stage")]
+__all__ = ["Hybrid", "Chunk", "ModelParallel", "Pipeline", "FullyShardedDataParallel"]
 
 
 class Chunk:
@@ -603,7 +595,8 @@ class Hybrid(Strategy, Replicas):
 
     def replica_params(self, d):
         """Replica ``d``'s trained arrays of one rank, the model's whole arrays when the ranks are one, in the
-        model's order (without ZeRO-3): what every replica holds the same of after a step."""
+        model's order (without ZeRO-3): what every replica holds the same of after a step. Public API, beside
+        ``aux(d)``: how a user checks that the replicas agree (``params()`` is the model whole, read once)."""
         by_index = {}
         for c, (index, _) in enumerate(self._indices):
             by_index.update(zip(index, self.views[d][c][0]))
@@ -771,10 +764,6 @@ class FullyShardedDataParallel(Hybrid):
     @property
     def blocks(self):
         return self.group.units
-
-    def gathered_bytes(self):
-        """``{context: bytes}`` of full parameters gathered at once (the gather buffers)."""
-        return self.memory_buffers()[0]
 
     def bytes_moved(self, accumulate=1):
         """Bytes one step copies between this process's contexts (``ShardedGroup.bytes_moved``)."""

@@ -1,5 +1,4 @@
-"""Where a model is cut into stages: ``stage_ranges`` (the layers of each stage) and ``cut_model`` (the stages),
-and ``forward_stages`` (a batch through stages on their contexts).
+"""Where a model is cut into stages: ``stage_ranges``, the layers of each stage.
 
 A *stage* is a run of consecutive layers: of ``parallel.models.LENET_LAYERS`` (conv1, conv2, dense1, dense2)
 for LeNet's parameter list, or of the children of a gluon ``HybridSequential`` (``init_resnet18()`` has seven:
@@ -12,15 +11,15 @@ blocks, head). Stage boundaries are layer (child) indices: ``boundaries=[2]`` ma
 
 The model strategy (``parallel.strategies.ModelParallel``: one replica, one stage a context, the whole batch
 through each) and the pipeline strategy (``Pipeline``: micro-batches) are presets of the composed strategy
-(``parallel.strategies.hybrid``), which runs the stages ``cut_model`` makes.
+(``parallel.strategies.hybrid``), which cuts the model at these ranges (its behaviour's ``cut``) and runs the
+stages.
 """
-from ..models.lenet import LENET_LAYERS, LenetStage
-from ..models.registry import behaviour_of
+from ..models.lenet import LENET_LAYERS
 from ..split import shard_sizes
 from ..validate import BadValue, check_int
 from . import DEFAULT_STAGES
 
-__all__ = ["stage_ranges", "forward_stages", "cut_model"]
+__all__ = ["stage_ranges"]
 
 
 def stage_ranges(stages=None, boundaries=None, num_layers=len(LENET_LAYERS), what=None, unit="layer"):
@@ -74,37 +73,3 @@ def stage_ranges(stages=None, boundaries=None, num_layers=len(LENET_LAYERS), wha
                                          f"e.g. {sorted(set(cuts))}")
     edges = [0] + [int(b) for b in cuts] + [num_layers]
     return list(zip(edges[:-1], edges[1:]))
-
-
-def cut_model(model, stages=None, boundaries=None):
-    """``model`` cut into stages (a ``parallel.models.registry.Cut``), not yet placed: where its behaviour cuts
-    it (``behaviour_of(model).layers``), at ``stage_ranges``."""
-    behaviour = behaviour_of(model)
-    return behaviour.cut(model, stage_ranges(stages, boundaries, *behaviour.layers(model)))
-
-
-def forward_stages(X, stage_params, ranges, nets=None):
-    """Run ``X`` through the stages; each stage runs on the context of its parameters.
-
-    Parameters
-    ----------
-    X : NDArray
-        Inputs on any context (LeNet's images are (batch, 1, 28, 28)); copied to the first stage's context.
-    stage_params : list of list of NDArray
-        ``stage_params[s]`` holds the parameters of stage ``s`` (``ranges[s]``), all on one context.
-    ranges : list of (int, int)
-        From ``stage_ranges``.
-    nets : list of callable, optional
-        ``nets[s](X, params)`` runs stage ``s`` (``ModelParallel.nets``); default: LeNet's layers ``ranges[s]``.
-
-    Returns
-    -------
-    NDArray
-        Outputs (LeNet's logits (batch, 10)) on the last stage's context. Inside ``autograd.record()`` the
-        copies between contexts are recorded, so ``backward`` sends each stage's input gradient back to the
-        previous stage's context. Nothing waits for the devices.
-    """
-    nets = [LenetStage(start, stop) for start, stop in ranges] if nets is None else nets
-    for net, params in zip(nets, stage_params):
-        X = net(X.as_in_context(params[0].context), params)
-    return X

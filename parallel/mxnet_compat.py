@@ -1,0 +1,119 @@
+"""The one place the package reads MXNet's private API: each function here names the internal it reads and says why
+no public API of MXNet 1.9.1 serves, so a new MXNet version is checked against this file alone.
+
+Every module, benchmark and test that needs one of these internals calls the function here instead of touching a
+``_name`` of MXNet. Nothing here imports MXNet until a function that needs it is called, so any module may import
+this one before MXNet starts (``python -m parallel.train --help`` does not load it).
+
+>>> import mxnet as mx
+>>> nd_operator("_copy")(mx.nd.ones(2)).asnumpy()
+array([1., 1.], dtype=float32)
+"""
+
+__all__ = ["structural_params", "mxnet_library", "nd_operator", "sparse_label", "trainer_params",
+           "trainer_kvstore", "trainer_updates_on_kvstore", "trainer_is_distributed", "mark_gradient_fresh"]
+
+
+def structural_params(block):
+    """A gluon block's parameters by their structural names (``"0.1.weight"``: child 0, its child 1, ``weight``).
+
+    Reads ``Block._collect_params_with_prefix()``: the names ``save_parameters`` writes, the same in every instance
+    of a network. gluon's public ``collect_params()`` keys them by ``Parameter.name``, which counts the instances
+    made so far (``hybridsequential3_conv0_weight``), and no public call gives the structural ones.
+
+    Parameters
+    ----------
+    block : mxnet.gluon.Block
+        Initialized or not.
+
+    Returns
+    -------
+    dict
+        ``{structural name: Parameter}``, in the block's order.
+    """
+    return block._collect_params_with_prefix()
+
+
+def mxnet_library():
+    """libmxnet as ``ctypes`` loaded it (``mxnet.base._LIB``), to call MXNet's C API and the OpenMP runtime linked
+    into it.
+
+    MXNet exposes ``mxnet.base.check_call`` for the C API's return codes but not the library handle itself; the
+    C functions the package needs (``MXEnginePushSyncND``, OpenMP's ``omp_get_max_threads``) have no Python
+    binding.
+    """
+    import mxnet as mx
+    return mx.base._LIB
+
+
+def nd_operator(name):
+    """The NDArray function of MXNet's operator called ``name``, as a symbol's JSON names it (``"Convolution"``,
+    ``"_plus_scalar"``).
+
+    Reads ``mxnet.ndarray._internal`` for the operators whose names begin with ``_``: MXNet registers those there
+    only, and a graph built by gluon holds many of them (``_copy``, ``_mul_scalar``, ...); the public ``mx.nd``
+    namespace has the others.
+
+    Raises
+    ------
+    AttributeError
+        When MXNet has no operator of that name.
+    """
+    import mxnet as mx
+    function = getattr(mx.nd, name, None)
+    return function if function is not None else getattr(mx.nd._internal, name)
+
+
+def sparse_label(loss):
+    """Whether a gluon ``SoftmaxCrossEntropyLoss`` takes class indices (``sparse_label=True``, its default) rather
+    than a distribution over the classes.
+
+    Reads ``SoftmaxCrossEntropyLoss._sparse_label``: the loss keeps its constructor's argument there and has no
+    public accessor.
+    """
+    return bool(loss._sparse_label)
+
+
+def trainer_params(trainer):
+    """The parameters a ``gluon.Trainer`` updates, in its key order (sorted by name: key ``i`` is the ``i``-th).
+
+    Reads ``Trainer._params``: the Trainer takes the parameters in its constructor and has no public accessor
+    for the list it numbers its kvstore keys by.
+    """
+    return list(trainer._params)
+
+
+def trainer_kvstore(trainer):
+    """The kvstore a ``gluon.Trainer`` uses (``None`` before its first step, or without one).
+
+    Reads ``Trainer._kvstore``: set lazily at the first step from the constructor's ``kvstore`` argument, with
+    no public accessor.
+    """
+    return trainer._kvstore
+
+
+def trainer_updates_on_kvstore(trainer):
+    """Whether a ``gluon.Trainer`` runs the optimizer in its kvstore (after its first step).
+
+    Reads ``Trainer._update_on_kvstore``: decided at the first step from the kvstore's capabilities, with no
+    public accessor.
+    """
+    return bool(trainer._update_on_kvstore)
+
+
+def trainer_is_distributed(trainer):
+    """Whether a ``gluon.Trainer``'s kvstore spans several processes (after its first step).
+
+    Reads ``Trainer._distributed``: decided at the first step from the kvstore's type, with no public accessor.
+    """
+    return bool(trainer._distributed)
+
+
+def mark_gradient_fresh(array):
+    """Mark the gradient of the NDArray ``array`` (a parameter's data) as written since the last update, as
+    ``backward()`` does, so that ``gluon.Trainer.step`` updates that parameter. In place.
+
+    Sets ``NDArray._fresh_grad`` (MXNet's ``MXNDArraySetGradState``): the only way to time ``Trainer.step`` alone,
+    without a backward pass before each call, since no public call sets it.
+    """
+    array._fresh_grad = True
