@@ -241,8 +241,6 @@ class Layout:
         c = self.context
         if self.sequence:
             raise BadValue("sequence", f"{{sequence}} with {{context={c}}} is not built; give one of them")
-        if self.expert_parallel > 1:
-            raise BadValue("context", f"{{context={c}}} with {{expert_parallel}} is not built; give one of them")
 
     def _check_experts(self):
         p = self.expert_parallel
@@ -277,8 +275,6 @@ class Layout:
                                            f"it; {info.title}'s do not: use {{model}} {' or '.join(runs)}")
             raise BadValue("context", f"{{context={self.context}}} splits the sequence of a model whose attention "
                                       f"runs round a ring; {info.title} has none: use {{model}} {' or '.join(runs)}")
-        if self.context > 1 and dict(info.chosen).get("experts"):
-            raise BadValue("context", "{context} with {experts} is not built; give one of them")
         if self.tensor > 1:
             splits = [name for name, entry in MODELS.items() if entry.tensor]
             if not info.tensor:

@@ -109,8 +109,6 @@ def test_the_ring_moves_its_formula_s_bytes(k, C):
 def test_layouts_context_parallelism_cannot_take_are_refused():
     with pytest.raises(ValueError, match="cannot group 3"):
         make_strategy(Layout(context=2), init_vit(0, patch=4), contexts(3))
-    with pytest.raises(ValueError, match="context with experts is not built"):
-        make_strategy(Layout(context=2), init_vit(0, experts=4), contexts(2))
     with pytest.raises(ValueError, match="LeNet has none"):
         Layout(context=2).check("lenet")
 
@@ -129,7 +127,8 @@ def test_the_cli_trains_with_the_sequence_split_and_resumes_on_one_context(easy_
 @pytest.mark.slow
 def test_the_cli_splits_the_sequence_across_pipeline_stages_with_zero_3_and_over_tensor_ranks(easy_dir, tmp_path, capsys):
     """Context parallelism composed (issue 39): across 2 pipeline stages fed 2 micro-batches, with ZeRO-3 (each
-    member a replica its shards are spread over), and over tensor ranks."""
+    member a replica its shards are spread over), over tensor ranks, and with experts spread over expert-parallel
+    groups (issue 46)."""
     common = ["--model", "vit", "--patch-size", "4", "--context", "2", "--data-dir", str(easy_dir), "--batch-size",
               "32", "--epochs", "1", "--no-progress"]
     assert main([*common, "--strategy", "pipeline", "--stages", "2", "--micro-batches", "2", "--devices",
@@ -141,13 +140,15 @@ def test_the_cli_splits_the_sequence_across_pipeline_stages_with_zero_3_and_over
     assert "each context keeps 1/2 of the parameters" in out and "ZeRO-3: parameters, gradients" in out
     assert main([*common, "--tensor", "2", "--devices", "cpu:4"]) == 0
     assert "2 replicas x 2 tensor ranks" in capsys.readouterr().out
+    assert main([*common, "--experts", "4", "--expert-parallel", "2", "--devices", "cpu:4"]) == 0   # issue 46
+    out = capsys.readouterr().out
+    assert "4 replicas: " in out and "split over groups of 2 replicas" in out and "2 of the 4 experts" in out
 
 
 @pytest.mark.parametrize("flags, says", [
     (["--context", "2", "--model", "lenet"], "--context applies to the ViT's tokens; use --model vit"),
     (["--patch-size", "5"], "--patch-size must divide the image's 28 pixels"),
     (["--context", "3", "--devices", "cpu:2"], "cannot group 2 contexts"),
-    (["--context", "2", "--experts", "4", "--devices", "cpu:2"], "--context with --experts is not built"),
     (["--context", "2", "--tensor", "2", "--sequence-parallel", "--devices", "cpu:4"], "with --context 2 is not built"),
 ])
 def test_bad_context_flags_get_one_line_and_status_2(flags, says, easy_dir, capsys):

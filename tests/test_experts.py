@@ -53,6 +53,21 @@ def test_route_queues_first_choices_in_token_order_and_drops_past_capacity():
     assert two.routed.tolist() == [4, 4, 0]
 
 
+def test_route_in_another_queue_order_is_by_row_and_drops_by_that_order():
+    """Context groups hold each example's tokens in slices, so the replicas' rows are not one context's queue:
+    ``route(..., order)`` queues the rows in ``order`` and answers by row. With a capacity that drops, the order
+    decides which choice is dropped."""
+    probs = np.array([[0.6, 0.3, 0.1], [0.5, 0.4, 0.1], [0.2, 0.7, 0.1], [0.7, 0.2, 0.1]])
+    order = np.array([3, 1, 0, 2])
+    by_row = route(probs, top_k=1, capacity=2, order=order)
+    queued = route(probs[order], top_k=1, capacity=2)
+    rows = np.argsort(order)
+    assert by_row.choice.tolist() == queued.choice[rows].tolist() and by_row.slot.tolist() == queued.slot[rows].tolist()
+    assert by_row.slot[:, 0].tolist() == [-1, 1, 0, 0]   # token 0 now queues third for expert 0: dropped
+    assert by_row.slot[:, 0].tolist() != route(probs, top_k=1, capacity=2).slot[:, 0].tolist()
+    assert by_row.routed.tolist() == route(probs, 1, 2).routed.tolist()   # the counts do not depend on the order
+
+
 def test_route_breaks_ties_to_the_lower_expert_and_capacity_rounds_up():
     assert route(np.full((2, 3), 1 / 3), 1, 5).choice[:, 0].tolist() == [0, 0]
     assert capacity_of(tokens=10, experts=4, top_k=1, capacity_factor=1.0) == 3

@@ -137,6 +137,8 @@ def test_experts_x_data_trains_the_one_context_moe_vit(layout, k):
     (Layout("pipeline", stages=2, tensor=2, micro_batches=2, schedule="1f1b"), 4, 2),
     (Layout("data", tensor=2, expert_parallel=2, zero=3), 8, 1),
     (Layout("hybrid", stages=2, tensor=2, zero=3, micro_batches=2), 8, 2),
+    (Layout(context=2, expert_parallel=2), 4, 1),
+    (Layout("hybrid", stages=2, context=2, expert_parallel=2, zero=3), 8, 1),
 ])
 def test_experts_x_pipeline_x_tensor_train_the_one_context_moe_vit(layout, k, parts):
     """A mixture of experts across pipeline stages (each stage's replicas in lockstep, ``parallel.models.lockstep``;
@@ -146,7 +148,9 @@ def test_experts_x_pipeline_x_tensor_train_the_one_context_moe_vit(layout, k, pa
     3 and 2 examples), and with ZeRO-3 (each member's experts sharded over the replicas holding them); over tensor
     ranks (each replica a tensor group: the experts whole on each rank, each rank's copy of the tokens routed the
     same), with expert parallelism and across 2 stages, and with ZeRO-3 (each rank's dense parts and its copy of
-    its member's experts sharded over the replicas, issue 46): the one-context model. A chunk's routing is counted once,
+    its member's experts sharded over the replicas, issue 46); with each example's tokens split over context groups
+    (each member routing its slice, queued in one context's order: ``moe._one_queue``), with expert parallelism,
+    across stages with ZeRO-3: the one-context model. A chunk's routing is counted once,
     recomputed or not, over tensor ranks or not."""
     def moe():
         return init_vit(0, dtype="float64", experts=Experts(4, top_k=2))
@@ -234,7 +238,6 @@ def test_the_job_layouts_train_the_one_context_vit_in_threads(name, one_context,
     (Layout("pipeline", virtual=2, schedule="1f1b", micro_batches=3), "vit", ValueError, "a multiple of 2"),
     # issue 39: what the lockstep replicas of experts and context parallelism do not run in
     (Layout(context=2, tensor=2, sequence=True), "vit(patch=4)", ValueError, "with context=2 is not built"),
-    (Layout(context=2), "vit(experts=4)", ValueError, "with experts is not built"),
 ])
 def test_what_the_mathematics_cannot_run_is_refused_with_its_reason(layout, model, error, says):
     with pytest.raises(error, match=says):

@@ -112,14 +112,20 @@ class Routing(NamedTuple):
     capacity: int
 
 
-def route(probs, top_k, capacity):
+def route(probs, top_k, capacity, order=None):
     """Route tokens of router probabilities ``probs`` (T x E numpy) to their ``top_k`` experts, each expert taking
     at most ``capacity`` choices, first choices of every token first, each in token order: a ``Routing``.
+    ``order``: the tokens' order in the queues when it is not the rows' (``order[i]`` the row queued ``i``-th);
+    the ``Routing`` is still by row.
 
     >>> routing = route(np.array([[0.9, 0.1], [0.8, 0.2], [0.3, 0.7]]), top_k=1, capacity=1)
     >>> routing.choice[:, 0].tolist(), routing.slot[:, 0].tolist(), routing.routed.tolist()
     ([0, 0, 1], [0, -1, 0], [2, 1])
     """
+    if order is not None:
+        queued = route(probs[order], top_k, capacity)
+        rows = np.argsort(order)   # each row's place in the queue order
+        return queued._replace(choice=queued.choice[rows], slot=queued.slot[rows])
     T, E = probs.shape
     choice = np.argsort(-probs, axis=1, kind="stable")[:, :top_k]
     slot = np.full((T, top_k), -1, dtype=np.int64)
@@ -213,7 +219,8 @@ class MoEFeedForward(nn.HybridBlock):
             outputs, aux = [None] * F.ranks, [None] * F.ranks
             for t in range(F.tensor):   # replicas that are tensor groups: each rank's copy of the tokens routed alone
                 where = F.ranks_of(t)
-                outs = self._forward(*[[a[r] for r in where] for a in arrays], F.mesh.replica_groups("expert"))
+                outs = self._forward(*[[a[r] for r in where] for a in arrays], F.mesh.replica_groups("expert"),
+                                     _one_queue(F.mesh, [arrays[0][r].shape for r in where]))
                 for i, r in enumerate(where):
                     outputs[r] = outs[i]
                     aux[r] = self.last.aux[i] if self.last.aux else None
@@ -229,10 +236,11 @@ class MoEFeedForward(nn.HybridBlock):
                                "graph, hybridize(), export); run it imperatively")
         return self._forward([x], [router_weight], [fc1_weight], [fc1_bias], [fc2_weight], [fc2_bias], [(0,)])[0]
 
-    def _forward(self, xs, routers, w1s, b1s, w2s, b2s, groups):
+    def _forward(self, xs, routers, w1s, b1s, w2s, b2s, groups, order=None):
         """The layer on replicas ``xs`` (one input a replica, each on its context), ``groups`` the replicas (their
         positions in ``xs``) of each expert-parallel group (``Mesh.replica_groups("expert")``); returns the
-        outputs, one a replica, and sets ``last``."""
+        outputs, one a replica, and sets ``last``. ``order``: where each token of the replicas' (concatenated) is
+        in one context's queue, when the two differ (``_one_queue``)."""
         E, k, dim = self._experts, self._top_k, self._dim
         group = len(groups[0])
         check_shared([self], group)
@@ -247,7 +255,7 @@ class MoEFeedForward(nn.HybridBlock):
         counts = [t.shape[0] for t in tokens]
         T = sum(counts)
         capacity = capacity_of(T, E, k, self._capacity_factor)
-        routing = route(np.concatenate([p.asnumpy() for p in probs]), k, capacity)   # waits for the router
+        routing = route(np.concatenate([p.asnumpy() for p in probs]), k, capacity, order)   # waits for the router
         starts = np.cumsum([0] + counts)
         outputs, sent = [None] * len(xs), 0
         for members in groups:
@@ -392,6 +400,23 @@ def aux_losses(block):
     if not layers:
         return []
     return [mx.nd.add_n(*parts) if len(parts) > 1 else parts[0] for parts in zip(*[l.last.aux for l in layers])]
+
+
+def _one_queue(mesh, shapes):
+    """Where each token of the replicas' inputs (``shapes``, one ``(examples, tokens, ...)`` a replica, in the
+    replicas' order; their tokens concatenated row after row) stands in one context's queue: the examples of each
+    context group in order, each example's tokens whole (its members' slices one after another). None when the
+    replicas' order is that order already (no context groups)."""
+    if mesh.shape.context == 1:
+        return None
+    starts = np.cumsum([0] + [int(np.prod(shape[:-1])) for shape in shapes])
+    order = []
+    for members in mesh.replica_groups("context"):
+        for i in range(shapes[members[0]][0]):
+            for r in members:
+                tokens = shapes[r][1]
+                order.extend(range(starts[r] + i * tokens, starts[r] + (i + 1) * tokens))
+    return np.array(order, dtype=np.int64)
 
 
 def expert_specs(block):

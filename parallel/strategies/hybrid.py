@@ -260,8 +260,6 @@ class Hybrid(Strategy, Replicas):
             return
         if layers:   # the layout's rules for a mixture of experts (its own check has them with expert_parallel)
             self.layout.check_mixture("{experts}")
-            if self.layout.context > 1:
-                raise BadValue("context", "{context} with {experts} is not built; give one of them")
             check_shared(layers, self.layout.expert_parallel)
         if block_state(params)[3]:
             what = "a mixture of experts" if layers else "{context}"
