@@ -83,8 +83,6 @@ def test_layouts_context_parallelism_cannot_take_are_refused():
         make_strategy(Layout(context=2), init_vit(0, patch=4), contexts(3))
     with pytest.raises(ValueError, match="context with experts is not built"):
         make_strategy(Layout(context=2), init_vit(0, experts=4), contexts(2))
-    with pytest.raises(ValueError, match="LeNet has none"):
-        Layout(context=2).check("lenet")
 
 
 def test_the_cli_trains_with_the_sequence_split_and_resumes_on_one_context(easy_dir, tmp_path, capsys):

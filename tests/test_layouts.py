@@ -238,6 +238,9 @@ def test_the_job_layouts_train_the_one_context_vit_in_threads(name, one_context,
     (Layout(tensor=2, zero=3), "vit(experts=4)", ValueError, "zero=3 with experts over tensor ranks is not built"),
     (Layout(context=2, tensor=2, sequence=True), "vit(patch=4)", ValueError, "with context=2 is not built"),
     (Layout(context=2), "vit(experts=4)", ValueError, "with experts is not built"),
+    (Layout(context=2), "lenet", ValueError, "runs round a ring; LeNet has none"),
+    (Layout(sequence=True), "vit", ValueError, "give tensor 2 or more"),
+    (Layout(tensor=2, sequence=True), "transformer", ValueError, "Transformer's do not"),
 ])
 def test_what_the_mathematics_cannot_run_is_refused_with_its_reason(layout, model, error, says):
     with pytest.raises(error, match=says):

@@ -89,19 +89,10 @@ def test_the_blocks_collectives_move_the_bytes_tensor_parallelism_moves(T):
     assert moved[True] - moved[False] == extra
 
 
-@pytest.mark.parametrize("layout, says", [
-    (Layout(sequence=True), "give tensor 2 or more"),
-    (Layout(tensor=2, sequence=True, context=2), "with context=2 is not built"),
-])
-def test_what_sequence_parallelism_does_not_run_is_refused(layout, says):
-    with pytest.raises(ValueError, match=says):
-        layout.check("vit")
-
-
 def test_a_model_without_its_blocks_is_refused():
+    """A model built without the ViT's blocks, given to the strategy (the layout's own refusal of the Transformer is
+    ``test_layouts.py``'s)."""
     from parallel.models.transformer import init_transformer
-    with pytest.raises(ValueError, match="Transformer's do not"):
-        Layout(tensor=2, sequence=True).check("transformer")
     with pytest.raises(ValueError, match="this model has no such blocks"):
         make_strategy(Layout(tensor=2, sequence=True), init_transformer(0), contexts(2))
 
