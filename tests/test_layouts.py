@@ -109,6 +109,31 @@ def one_context():
     return _train(make_strategy("data", init_vit(0, dtype="float64"), contexts(1)), Layout(), _batches("float64"))
 
 
+def _moe():
+    return init_vit(0, dtype="float64", experts=Experts(4, top_k=2))
+
+
+def _vit_of_50_tokens():
+    return init_vit(0, dtype="float64", patch=4)
+
+
+@pytest.fixture(scope="module")
+def one_context_fed():
+    """``one_context_fed(model, parts, sizes)``: the model ``model()`` trained on one context, each batch fed in
+    ``parts`` accumulated parts (each routed alone, as each micro-batch of a layout is): its arrays and its epoch
+    metrics. Trained once for every cell that compares with it (a model is deterministic: the cells compared with
+    a fresh copy of the same run before)."""
+    runs = {}
+
+    def run(model, parts, sizes=SIZES):
+        if (model, parts, sizes) not in runs:
+            one = Layout(accumulate=parts)
+            strategy = make_strategy(one, model(), contexts(1))
+            runs[model, parts, sizes] = _train(strategy, one, _batches("float64", sizes)), strategy.epoch_metrics()
+        return runs[model, parts, sizes]
+    return run
+
+
 @pytest.mark.parametrize("name", EXACT)
 def test_every_layout_trains_the_one_context_vit(name, one_context):
     layout, k = {**LAYOUTS, **MORE, **ALONE}[name]
@@ -121,15 +146,12 @@ def test_every_layout_trains_the_one_context_vit(name, one_context):
 
 @pytest.mark.parametrize("layout, k", [(Layout(expert_parallel=2), 4), (Layout(expert_parallel=4, zero=1), 4),
                                        (Layout(accumulate=2), 2)])
-def test_experts_x_data_trains_the_one_context_moe_vit(layout, k):
+def test_experts_x_data_trains_the_one_context_moe_vit(layout, k, one_context_fed):
     """A mixture of experts (issue 39): its experts spread over groups of data replicas (with ZeRO-1, with
     accumulation), the one-context MoE ViT in float64 (the last batch of 5 on 4 contexts too: a member no token
     reaches). Micro-batches are routed one at a time (each its own capacity and balance), as on one context."""
-    def moe():
-        return init_vit(0, dtype="float64", experts=Experts(4, top_k=2))
-    one = Layout(accumulate=layout.accumulate)
-    want = _train(make_strategy(one, moe(), contexts(1)), one, _batches("float64"))
-    got = _train(make_strategy(layout, moe(), contexts(k)), layout, _batches("float64"))
+    want, _ = one_context_fed(_moe, layout.accumulate)
+    got = _train(make_strategy(layout, _moe(), contexts(k)), layout, _batches("float64"))
     assert_close_to_scale(got, want, 1e-12)
 
 
@@ -140,7 +162,7 @@ def test_experts_x_data_trains_the_one_context_moe_vit(layout, k):
     (Layout("data", tensor=2, expert_parallel=2), 4, 1),
     (Layout("pipeline", stages=2, tensor=2, micro_batches=2, schedule="1f1b"), 4, 2),
 ])
-def test_experts_x_pipeline_x_tensor_train_the_one_context_moe_vit(layout, k, parts):
+def test_experts_x_pipeline_x_tensor_train_the_one_context_moe_vit(layout, k, parts, one_context_fed):
     """A mixture of experts across pipeline stages (each stage's replicas in lockstep, ``parallel.models.lockstep``;
     the auxiliary losses backward heads of the chunk that made them): 2 stages fed 2 micro-batches in 1F1B's order,
     the one-context model fed the same 2 parts of each batch (``accumulate``: each part routed alone, as each
@@ -149,16 +171,12 @@ def test_experts_x_pipeline_x_tensor_train_the_one_context_moe_vit(layout, k, pa
     ranks (each replica a tensor group: the experts whole on each rank, each rank's copy of the tokens routed the
     same), with expert parallelism and across 2 stages: the one-context model. A chunk's routing is counted once,
     recomputed or not, over tensor ranks or not."""
-    def moe():
-        return init_vit(0, dtype="float64", experts=Experts(4, top_k=2))
-    one = Layout(accumulate=parts)
-    reference = make_strategy(one, moe(), contexts(1))
-    want = _train(reference, one, _batches("float64"))
-    strategy = make_strategy(layout, moe(), contexts(k))
+    want, metrics = one_context_fed(_moe, parts)
+    strategy = make_strategy(layout, _moe(), contexts(k))
     assert isinstance(strategy, Hybrid) and strategy.lockstep
     got = _train(strategy, layout, _batches("float64"))
     assert_close_to_scale(got, want, 1e-12)
-    mine, theirs = strategy.epoch_metrics()["experts"], reference.epoch_metrics()["experts"]
+    mine, theirs = strategy.epoch_metrics()["experts"], metrics["experts"]
     assert mine["tokens"] == theirs["tokens"] and mine["dropped"] == theirs["dropped"]
     assert abs(mine["aux_loss"] - theirs["aux_loss"]) < 1e-9 * theirs["aux_loss"]
 
@@ -170,15 +188,14 @@ def test_experts_x_pipeline_x_tensor_train_the_one_context_moe_vit(layout, k, pa
     (Layout("data", context=2, tensor=2), 4, 1),
     (Layout("hybrid", context=2, tensor=2, stages=2, zero=3), 8, 1),
 ])
-def test_context_x_pipeline_x_tensor_and_zero_3_train_the_one_context_vit_of_50_tokens(layout, k, parts):
+def test_context_x_pipeline_x_tensor_and_zero_3_train_the_one_context_vit_of_50_tokens(layout, k, parts,
+                                                                                       one_context_fed):
     """Each example's tokens split over a group through pipeline stages (a group's members replicas of their own, in
     lockstep through every chunk), with recomputation, with ZeRO-3 (each block gathered on every member: the
     members but the first leave their head's gradient unwritten, so its buffer is zeroed first), and over tensor
     ranks (each member a tensor group: each rank's heads round the ring of its rank in every member)."""
-    one = Layout(accumulate=parts)
-    want = _train(make_strategy(one, init_vit(0, dtype="float64", patch=4), contexts(1)), one,
-                  _batches("float64", (12, 12, 4)))
-    strategy = make_strategy(layout, init_vit(0, dtype="float64", patch=4), contexts(k))
+    want, _ = one_context_fed(_vit_of_50_tokens, parts, (12, 12, 4))
+    strategy = make_strategy(layout, _vit_of_50_tokens(), contexts(k))
     shape = strategy.mesh.shape
     assert isinstance(strategy, Hybrid) and len(strategy.in_ctx_list) == k // 2 // shape.stage // shape.tensor
     got = _train(strategy, layout, _batches("float64", (12, 12, 4)))
@@ -187,12 +204,11 @@ def test_context_x_pipeline_x_tensor_and_zero_3_train_the_one_context_vit_of_50_
 
 @pytest.mark.parametrize("layout, k", [(Layout(context=2), 2), (Layout(context=4), 4), (Layout(context=2), 4),
                                        (Layout(context=2, zero=2), 4), (Layout(context=4, accumulate=2), 4)])
-def test_context_x_data_trains_the_one_context_vit_of_50_tokens(layout, k):
+def test_context_x_data_trains_the_one_context_vit_of_50_tokens(layout, k, one_context_fed):
     """Each example's 50 tokens split over groups of contexts (issue 39: ring attention): one group of 2 and of 4,
     data parallelism over the groups, with ZeRO-2 and accumulation: the one-context ViT of 4x4 patches in float64."""
-    want = _train(make_strategy("data", init_vit(0, dtype="float64", patch=4), contexts(1)), Layout(),
-                  _batches("float64", (12, 12, 4)))
-    strategy = make_strategy(layout, init_vit(0, dtype="float64", patch=4), contexts(k))
+    want, _ = one_context_fed(_vit_of_50_tokens, 1, (12, 12, 4))
+    strategy = make_strategy(layout, _vit_of_50_tokens(), contexts(k))
     assert isinstance(strategy, Hybrid) and len(strategy.in_ctx_list) == k // layout.context
     got = _train(strategy, layout, _batches("float64", (12, 12, 4)))
     assert_close_to_scale(got, want, 1e-12)
