@@ -15,7 +15,7 @@ from parallel.models.ring import attention, ring_attention, ring_bytes
 from parallel.models.vit import init_vit
 from parallel.strategies import make_strategy
 from parallel.train import main
-from conftest import assert_refused, contexts, load_benchmark, write_idx_files
+from conftest import assert_refused, contexts, easy_dataset, load_benchmark, write_idx_files
 
 
 def _attention_and_grads(q, k, v, C):
@@ -85,8 +85,10 @@ def test_layouts_context_parallelism_cannot_take_are_refused():
         make_strategy(Layout(context=2), init_vit(0, experts=4), contexts(2))
 
 
-def test_the_cli_trains_with_the_sequence_split_and_resumes_on_one_context(easy_dir, tmp_path, capsys):
-    common = ["--model", "vit", "--patch-size", "4", "--data-dir", str(easy_dir), "--batch-size", "32",
+def test_the_cli_trains_with_the_sequence_split_and_resumes_on_one_context(tmp_path, capsys):
+    """The CLI's path to the layout (what it trains is ``test_layouts.py``'s): 64 examples, 2 batches an epoch."""
+    data_dir = write_idx_files(tmp_path, easy_dataset(num_train=64, num_test=16, seed=1))
+    common = ["--model", "vit", "--patch-size", "4", "--data-dir", str(data_dir), "--batch-size", "32",
               "--optimizer", "adamw", "--no-progress", "--checkpoint-dir", str(tmp_path / "ck")]
     assert main([*common, "--context", "2", "--devices", "cpu:4", "--epochs", "1"]) == 0
     out = capsys.readouterr().out

@@ -17,7 +17,7 @@ from parallel.models.vit import init_vit, sequence_region_params
 from parallel.optim import SGD
 from parallel.strategies import make_strategy
 from parallel.train import main
-from conftest import assert_close_to_scale, assert_refused, contexts
+from conftest import assert_close_to_scale, assert_refused, contexts, easy_dataset, write_idx_files
 
 N, S, D = 8, 17, 64   # a batch's examples, the ViT's tokens, its width
 
@@ -97,10 +97,12 @@ def test_a_model_without_its_blocks_is_refused():
         make_strategy(Layout(tensor=2, sequence=True), init_transformer(0), contexts(2))
 
 
-def test_the_cli_records_the_activations_each_context_keeps(easy_dir, tmp_path, capsys):
+def test_the_cli_records_the_activations_each_context_keeps(tmp_path, capsys):
+    """Batches of 32 (64 examples, 2 batches an epoch): what each context keeps of a batch's activations."""
+    data_dir = write_idx_files(tmp_path, easy_dataset(num_train=64, num_test=16, seed=1))
     metrics = tmp_path / "m.json"
     assert main(["--model", "vit", "--tensor", "2", "--sequence-parallel", "--devices", "cpu:2", "--data-dir",
-                 str(easy_dir), "--epochs", "1", "--batch-size", "32", "--no-progress", "--metrics-json",
+                 str(data_dir), "--epochs", "1", "--batch-size", "32", "--no-progress", "--metrics-json",
                  str(metrics)]) == 0
     assert "sequence parallel: layer norms and the residual stream split" in capsys.readouterr().out
     rows = json.loads(metrics.read_text())[0]["memory"]
@@ -108,7 +110,7 @@ def test_the_cli_records_the_activations_each_context_keeps(easy_dir, tmp_path, 
     assert replicated == [3 * 4 * 32 * 9 * D * 4, 3 * 4 * 32 * 8 * D * 4]   # 9 and 8 of the 17 tokens
     assert all(row["activations"]["total"] > row["activations"]["replicated"] for row in rows)
     assert main(["--model", "vit", "--tensor", "2", "--sequence-parallel", "--zero", "3", "--devices", "cpu:4",
-                 "--data-dir", str(easy_dir), "--epochs", "1", "--batch-size", "32", "--no-progress"]) == 0
+                 "--data-dir", str(data_dir), "--epochs", "1", "--batch-size", "32", "--no-progress"]) == 0
     assert "ZeRO-3" in capsys.readouterr().out
 
 
