@@ -7,7 +7,11 @@ import pytest
 from conftest import load_benchmark
 
 
+@pytest.mark.slow   # a benchmark's smoke run, as its others are; the claim is the fast tier's (see the docstring)
 def test_accumulate_equals_the_whole_batch_in_float64(tmp_path):
+    """The fast tier proves accumulation the whole batch's step: test_optim.py's
+    test_accumulated_micro_batches_are_the_whole_batch_at_once, and the matrix's accumulating cells in float64
+    (test_layouts.py); this is the script's run."""
     bench = load_benchmark("rounding")
     out = tmp_path / "rounding.json"
     bench.main(["--steps", "2", "--num-train", "256", "--out", str(out)])

@@ -18,7 +18,7 @@ from parallel.optim import SGD
 from parallel.strategies import make_strategy
 from parallel.strategies import Hybrid
 from parallel.train import main
-from conftest import assert_close_to_scale, assert_refused, contexts, write_idx_files
+from conftest import assert_close_to_scale, assert_refused, contexts, easy_dataset, write_idx_files
 
 E = 4
 
@@ -299,11 +299,18 @@ def test_expert_parallelism_without_experts_and_a_batch_too_small_are_refused():
 
 # ---- the command line -----------------------------------------------------------------------------------------
 
-def test_the_cli_trains_experts_and_records_their_routing(easy_dir, tmp_path, capsys):
+@pytest.fixture(scope="module")
+def small_dir(tmp_path_factory):
+    """64 train examples (2 batches of 32 an epoch) and 16 test ones: the CLI's path to the experts, whose training
+    the matrix proves (tests/test_layouts.py)."""
+    return write_idx_files(tmp_path_factory.mktemp("small"), easy_dataset(num_train=64, num_test=16, seed=1))
+
+
+def test_the_cli_trains_experts_and_records_their_routing(small_dir, tmp_path, capsys):
     metrics = tmp_path / "m.json"
     assert main(["--model", "vit", "--experts", "4", "--top-k", "2", "--capacity-factor", "1.5",
                  "--router-z-loss", "0.001", "--expert-parallel", "2", "--devices", "cpu:2", "--data-dir",
-                 str(easy_dir), "--epochs", "2", "--batch-size", "32", "--optimizer", "adamw", "--no-progress",
+                 str(small_dir), "--epochs", "2", "--batch-size", "32", "--optimizer", "adamw", "--no-progress",
                  "--metrics-json", str(metrics), "--checkpoint-dir", str(tmp_path / "ck")]) == 0
     out = capsys.readouterr().out
     assert "training ViT (4 experts, top-2)" in out
@@ -311,30 +318,30 @@ def test_the_cli_trains_experts_and_records_their_routing(easy_dir, tmp_path, ca
     for epoch in json.loads(metrics.read_text()):
         experts = epoch["experts"]
         tokens = np.array(experts["tokens"])
-        assert tokens.shape == (2, 4) and tokens.sum() == 2 * 256 * 17 * 2   # layers x experts; every choice
+        assert tokens.shape == (2, 4) and tokens.sum() == 2 * 64 * 17 * 2   # layers x experts; every choice
         assert 0 <= experts["dropped"] < 1 and experts["aux_loss"] > 0
     # resumed on another expert-parallel degree, one context
     assert main(["--model", "vit", "--experts", "4", "--top-k", "2", "--capacity-factor", "1.5",
-                 "--router-z-loss", "0.001", "--devices", "cpu:1", "--data-dir", str(easy_dir), "--epochs", "3",
+                 "--router-z-loss", "0.001", "--devices", "cpu:1", "--data-dir", str(small_dir), "--epochs", "3",
                  "--batch-size", "32", "--optimizer", "adamw", "--no-progress", "--checkpoint-dir",
                  str(tmp_path / "ck"), "--resume"]) == 0
     assert "epoch 3," in capsys.readouterr().out
 
 
-def test_the_cli_trains_experts_across_pipeline_stages_and_resumes_them_spread(easy_dir, tmp_path, capsys):
+def test_the_cli_trains_experts_across_pipeline_stages_and_resumes_them_spread(small_dir, tmp_path, capsys):
     """A mixture of experts composed with pipeline stages (issue 39): 2 stages fed 2 micro-batches in 1F1B's order
     record their routing per epoch; the checkpoint resumes with the experts spread over 2 contexts and ZeRO-3
     instead, then over 2 replicas of 2 tensor ranks with ZeRO-3 (issue 46: built)."""
     metrics = tmp_path / "m.json"
-    common = ["--model", "vit", "--experts", "4", "--data-dir", str(easy_dir), "--batch-size", "32", "--optimizer",
+    common = ["--model", "vit", "--experts", "4", "--data-dir", str(small_dir), "--batch-size", "32", "--optimizer",
               "adamw", "--no-progress", "--checkpoint-dir", str(tmp_path / "ck")]
     assert main([*common, "--strategy", "pipeline", "--stages", "2", "--micro-batches", "2", "--schedule", "1f1b",
                  "--devices", "cpu:2", "--epochs", "1", "--metrics-json", str(metrics)]) == 0
     out = capsys.readouterr().out
     assert "2 stages" in out and "each replica holding all 4 experts of 2 MoE layers" in out
     routed = json.loads(metrics.read_text())[0]["experts"]
-    # 256 examples x 17 tokens, each through 2 MoE layers (top-1): every choice counted once a layer
-    assert [sum(layer) for layer in routed["tokens"]] == [256 * 17] * 2 and routed["aux_loss"] > 0
+    # 64 examples x 17 tokens, each through 2 MoE layers (top-1): every choice counted once a layer
+    assert [sum(layer) for layer in routed["tokens"]] == [64 * 17] * 2 and routed["aux_loss"] > 0
     assert main([*common, "--expert-parallel", "2", "--zero", "3", "--devices", "cpu:2", "--epochs", "2",
                  "--resume"]) == 0
     out = capsys.readouterr().out
@@ -385,15 +392,15 @@ def test_the_moe_vit_learns_the_digits_with_balanced_loads(tmp_path, capsys):
     assert all(load <= 2 for epoch in loads[10:] for load in epoch), loads
 
 
-def test_without_auxiliary_losses_the_experts_train_and_record_their_routing(easy_dir, tmp_path):
+def test_without_auxiliary_losses_the_experts_train_and_record_their_routing(small_dir, tmp_path):
     """``--aux-loss-weight 0`` (and no z-loss): no auxiliary loss for backward to start from, the routing still
     recorded, and an auxiliary loss of 0."""
     metrics = tmp_path / "m.json"
     assert main(["--model", "vit", "--experts", "4", "--aux-loss-weight", "0", "--devices", "cpu:2",
-                 "--expert-parallel", "2", "--data-dir", str(easy_dir), "--epochs", "1", "--batch-size", "32",
+                 "--expert-parallel", "2", "--data-dir", str(small_dir), "--epochs", "1", "--batch-size", "32",
                  "--no-progress", "--metrics-json", str(metrics)]) == 0
     experts = json.loads(metrics.read_text())[0]["experts"]
-    assert experts["aux_loss"] == 0 and np.array(experts["tokens"]).sum() == 2 * 256 * 17
+    assert experts["aux_loss"] == 0 and np.array(experts["tokens"]).sum() == 2 * 64 * 17
 
 
 @pytest.mark.parametrize("zero", [0, 3])
@@ -421,11 +428,11 @@ def test_two_workers_with_their_own_expert_groups_train_the_one_context_model(ze
     assert_close_to_scale(first, want, 1e-12)
 
 
-def test_the_routing_reaches_tensorboard(easy_dir, tmp_path):
+def test_the_routing_reaches_tensorboard(small_dir, tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     logdir = tmp_path / "board"
     assert main(["--model", "vit", "--experts", "4", "--devices", "cpu:2", "--expert-parallel", "2", "--data-dir",
-                 str(easy_dir), "--epochs", "2", "--batch-size", "64", "--no-progress", "--logdir", str(logdir),
+                 str(small_dir), "--epochs", "2", "--batch-size", "64", "--no-progress", "--logdir", str(logdir),
                  "--metrics-json", str(tmp_path / "m.json")]) == 0
     events = EventAccumulator(str(logdir))
     events.Reload()

@@ -1,6 +1,7 @@
 """Every layout is one composed step (issue 36): the fifteen layouts of the kinds Megatron-LM, DeepSpeed and
-torchtitan run, which the package once refused eleven of, each train the one-context ViT; what is still refused
-says why.
+torchtitan run, which the package once refused eleven of, each train the one-context ViT; so do each axis alone and
+the compositions the per-axis files once proved one axis at a time (this is the one place a layout is proved to
+train the one-context model: a per-axis file proves only its own mechanism); what is still refused says why.
 
 Fast tier: three steps with momentum in float64, each layout within 1e-12 of every array's scale of one context
 (a real difference, a wrong gradient or a stale buffer, is many orders larger); the two layouts that name a job
@@ -63,7 +64,28 @@ MORE = {
                                                                            sequence=True, zero=3,
                                                                            micro_batches=4), 8),
 }
-EXACT = sorted(name for name, (layout, _) in {**LAYOUTS, **MORE}.items() if layout.compression == "none")
+#: Each axis alone and the compositions the per-axis files once proved against one context, one axis at a time
+#: (the suite that proves each claim once): data parallelism on 2 and 3 contexts (the last batch split 2, 2, 1),
+#: GPipe's pipeline, the model strategy's stages and 2 replicas of 2 stages; 1F1B alone; tensor ranks 2, 4 and 3
+#: (3 split the 4 heads and the MLP's units unevenly), over 2 data replicas, over 2 stages (with and without 2
+#: replicas of them) and over 3; sequence parallelism over 4 tensor ranks.
+ALONE = {
+    "data, 2 contexts": (Layout("data"), 2),
+    "data, 3 contexts": (Layout("data"), 3),
+    "pipeline, GPipe": (Layout("pipeline", stages=2, micro_batches=3), 2),
+    "pipeline, 1F1B": (Layout("pipeline", stages=2, micro_batches=4, schedule="1f1b"), 2),
+    "model": (Layout("model", stages=2), 2),
+    "data x pipeline": (Layout("hybrid", stages=2), 4),
+    "tensor": (Layout("data", tensor=2), 2),
+    "tensor, 4 ranks": (Layout("data", tensor=4), 4),
+    "tensor, 3 ranks splitting unevenly": (Layout("data", tensor=3), 3),
+    "data x tensor": (Layout("data", tensor=2), 4),
+    "pipeline x tensor": (Layout("hybrid", stages=2, tensor=2), 4),
+    "data x pipeline x tensor": (Layout("hybrid", stages=2, tensor=2), 8),
+    "3 stages x tensor": (Layout("hybrid", stages=3, tensor=2), 6),
+    "sequence x tensor, 4 ranks": (Layout("data", tensor=4, sequence=True), 4),
+}
+EXACT = sorted(name for name, (layout, _) in {**LAYOUTS, **MORE, **ALONE}.items() if layout.compression == "none")
 
 SIZES = (12, 12, 5)   # the last batch leaves replicas idle and micro-batches empty
 
@@ -105,9 +127,37 @@ def one_context():
     return _train(make_strategy("data", init_vit(0, dtype="float64"), contexts(1)), Layout(), _batches("float64"))
 
 
+def _moe():
+    return init_vit(0, dtype="float64", experts=Experts(4, top_k=2))
+
+
+def _vit_of_50_tokens():
+    return init_vit(0, dtype="float64", patch=4)
+
+
+@pytest.fixture(scope="module")
+def one_context_fed():
+    """``one_context_fed(model, parts, sizes, replicas)``: the model ``model()`` trained on one context, each batch
+    fed in ``parts`` accumulated parts (each routed alone, as each micro-batch of a layout is; the examples of
+    ``replicas`` replicas' micro-batches, ``_regrouped``): its arrays and its epoch
+    metrics. Trained once for every cell that compares with it (a model is deterministic: the cells compared with
+    a fresh copy of the same run before)."""
+    runs = {}
+
+    def run(model, parts, sizes=SIZES, replicas=1):
+        key = model, parts, sizes, replicas
+        if key not in runs:
+            one = Layout(accumulate=parts)
+            strategy = make_strategy(one, model(), contexts(1))
+            runs[key] = (_train(strategy, one, _regrouped(_batches("float64", sizes), replicas, parts)),
+                         strategy.epoch_metrics())
+        return runs[key]
+    return run
+
+
 @pytest.mark.parametrize("name", EXACT)
 def test_every_layout_trains_the_one_context_vit(name, one_context):
-    layout, k = {**LAYOUTS, **MORE}[name]
+    layout, k = {**LAYOUTS, **MORE, **ALONE}[name]
     strategy = make_strategy(layout, init_vit(0, dtype="float64"), contexts(k))
     got = _train(strategy, layout, _batches("float64"))
     assert_close_to_scale(got, one_context, 1e-12)
@@ -117,15 +167,12 @@ def test_every_layout_trains_the_one_context_vit(name, one_context):
 
 @pytest.mark.parametrize("layout, k", [(Layout(expert_parallel=2), 4), (Layout(expert_parallel=4, zero=1), 4),
                                        (Layout(accumulate=2), 2)])
-def test_experts_x_data_trains_the_one_context_moe_vit(layout, k):
+def test_experts_x_data_trains_the_one_context_moe_vit(layout, k, one_context_fed):
     """A mixture of experts (issue 39): its experts spread over groups of data replicas (with ZeRO-1, with
     accumulation), the one-context MoE ViT in float64 (the last batch of 5 on 4 contexts too: a member no token
     reaches). Micro-batches are routed one at a time (each its own capacity and balance), as on one context."""
-    def moe():
-        return init_vit(0, dtype="float64", experts=Experts(4, top_k=2))
-    one = Layout(accumulate=layout.accumulate)
-    want = _train(make_strategy(one, moe(), contexts(1)), one, _batches("float64"))
-    got = _train(make_strategy(layout, moe(), contexts(k)), layout, _batches("float64"))
+    want, _ = one_context_fed(_moe, layout.accumulate)
+    got = _train(make_strategy(layout, _moe(), contexts(k)), layout, _batches("float64"))
     assert_close_to_scale(got, want, 1e-12)
 
 
@@ -140,7 +187,7 @@ def test_experts_x_data_trains_the_one_context_moe_vit(layout, k):
     (Layout(context=2, expert_parallel=2), 4, 1),
     (Layout("hybrid", stages=2, context=2, expert_parallel=2, zero=3), 8, 1),
 ])
-def test_experts_x_pipeline_x_tensor_train_the_one_context_moe_vit(layout, k, parts):
+def test_experts_x_pipeline_x_tensor_train_the_one_context_moe_vit(layout, k, parts, one_context_fed):
     """A mixture of experts across pipeline stages (each stage's replicas in lockstep, ``parallel.models.lockstep``;
     the auxiliary losses backward heads of the chunk that made them): 2 stages fed 2 micro-batches in 1F1B's order,
     the one-context model fed the same 2 parts of each batch (``accumulate``: each part routed alone, as each
@@ -152,16 +199,12 @@ def test_experts_x_pipeline_x_tensor_train_the_one_context_moe_vit(layout, k, pa
     (each member routing its slice, queued in one context's order: ``moe._one_queue``), with expert parallelism,
     across stages with ZeRO-3: the one-context model. A chunk's routing is counted once,
     recomputed or not, over tensor ranks or not."""
-    def moe():
-        return init_vit(0, dtype="float64", experts=Experts(4, top_k=2))
-    one = Layout(accumulate=parts)
-    strategy = make_strategy(layout, moe(), contexts(k))
+    strategy = make_strategy(layout, _moe(), contexts(k))
     assert isinstance(strategy, Hybrid) and strategy.lockstep
-    reference = make_strategy(one, moe(), contexts(1))
-    want = _train(reference, one, _regrouped(_batches("float64"), strategy.mesh.replicas, parts))
+    want, metrics = one_context_fed(_moe, parts, replicas=len(strategy.in_ctx_list) if parts > 1 else 1)
     got = _train(strategy, layout, _batches("float64"))
     assert_close_to_scale(got, want, 1e-12)
-    mine, theirs = strategy.epoch_metrics()["experts"], reference.epoch_metrics()["experts"]
+    mine, theirs = strategy.epoch_metrics()["experts"], metrics["experts"]
     assert mine["tokens"] == theirs["tokens"] and mine["dropped"] == theirs["dropped"]
     assert abs(mine["aux_loss"] - theirs["aux_loss"]) < 1e-9 * theirs["aux_loss"]
 
@@ -173,30 +216,29 @@ def test_experts_x_pipeline_x_tensor_train_the_one_context_moe_vit(layout, k, pa
     (Layout("data", context=2, tensor=2), 4, 1),
     (Layout("hybrid", context=2, tensor=2, stages=2, zero=3), 8, 1),
 ])
-def test_context_x_pipeline_x_tensor_and_zero_3_train_the_one_context_vit_of_50_tokens(layout, k, parts):
+def test_context_x_pipeline_x_tensor_and_zero_3_train_the_one_context_vit_of_50_tokens(layout, k, parts,
+                                                                                       one_context_fed):
     """Each example's tokens split over a group through pipeline stages (a group's members replicas of their own, in
     lockstep through every chunk), with recomputation, with ZeRO-3 (each block gathered on every member: the
     members but the first leave their head's gradient unwritten, so its buffer is zeroed first), and over tensor
     ranks (each member a tensor group: each rank's heads round the ring of its rank in every member)."""
-    one = Layout(accumulate=parts)
-    want = _train(make_strategy(one, init_vit(0, dtype="float64", patch=4), contexts(1)), one,
-                  _batches("float64", (12, 12, 4)))
-    strategy = make_strategy(layout, init_vit(0, dtype="float64", patch=4), contexts(k))
+    want, _ = one_context_fed(_vit_of_50_tokens, parts, (12, 12, 4))
+    strategy = make_strategy(layout, _vit_of_50_tokens(), contexts(k))
     shape = strategy.mesh.shape
     assert isinstance(strategy, Hybrid) and len(strategy.in_ctx_list) == k // 2 // shape.stage // shape.tensor
     got = _train(strategy, layout, _batches("float64", (12, 12, 4)))
     assert_close_to_scale(got, want, 1e-12)
 
 
-@pytest.mark.parametrize("layout, k", [(Layout(context=2), 4), (Layout(context=2, zero=2), 4),
-                                       (Layout(context=4, accumulate=2), 4)])
-def test_context_x_data_trains_the_one_context_vit_of_50_tokens(layout, k):
-    """Each example's 50 tokens split over groups of contexts (issue 39: ring attention), data parallelism over the
-    groups, with ZeRO-2 and accumulation: the one-context ViT of 4x4 patches in float64."""
-    want = _train(make_strategy("data", init_vit(0, dtype="float64", patch=4), contexts(1)), Layout(),
-                  _batches("float64", (12, 12, 4)))
-    got = _train(make_strategy(layout, init_vit(0, dtype="float64", patch=4), contexts(k)), layout,
-                 _batches("float64", (12, 12, 4)))
+@pytest.mark.parametrize("layout, k", [(Layout(context=2), 2), (Layout(context=4), 4), (Layout(context=2), 4),
+                                       (Layout(context=2, zero=2), 4), (Layout(context=4, accumulate=2), 4)])
+def test_context_x_data_trains_the_one_context_vit_of_50_tokens(layout, k, one_context_fed):
+    """Each example's 50 tokens split over groups of contexts (issue 39: ring attention): one group of 2 and of 4,
+    data parallelism over the groups, with ZeRO-2 and accumulation: the one-context ViT of 4x4 patches in float64."""
+    want, _ = one_context_fed(_vit_of_50_tokens, 1, (12, 12, 4))
+    strategy = make_strategy(layout, _vit_of_50_tokens(), contexts(k))
+    assert isinstance(strategy, Hybrid) and len(strategy.in_ctx_list) == k // layout.context
+    got = _train(strategy, layout, _batches("float64", (12, 12, 4)))
     assert_close_to_scale(got, want, 1e-12)
 
 
@@ -238,6 +280,9 @@ def test_the_job_layouts_train_the_one_context_vit_in_threads(name, one_context,
     (Layout("pipeline", virtual=2, schedule="1f1b", micro_batches=3), "vit", ValueError, "a multiple of 2"),
     # issue 39: what the lockstep replicas of experts and context parallelism do not run in
     (Layout(context=2, tensor=2, sequence=True), "vit(patch=4)", ValueError, "with context=2 is not built"),
+    (Layout(context=2), "lenet", ValueError, "runs round a ring; LeNet has none"),
+    (Layout(sequence=True), "vit", ValueError, "give tensor 2 or more"),
+    (Layout(tensor=2, sequence=True), "transformer", ValueError, "Transformer's do not"),
 ])
 def test_what_the_mathematics_cannot_run_is_refused_with_its_reason(layout, model, error, says):
     with pytest.raises(error, match=says):
