@@ -463,16 +463,16 @@ class Hybrid(Strategy, Replicas):
 
     # ---- what the step takes (parallel.step.Replicas) ------------------------------------------------------
 
-    @property
+    @functools.cached_property
     def in_ctx_list(self):
         """Where each replica takes its shard of the batch: its first chunk's first rank's context (a context
-        group's first member's)."""
+        group's first member's); read every step, computed once."""
         return [self.context(group[0], 0) for group in self.mesh.replica_groups("context")]
 
-    @property
+    @functools.cached_property
     def out_ctx_list(self):
         """Where each replica gives its outputs: its last chunk's first rank's context (a context group's first
-        member's)."""
+        member's); computed once."""
         return [self.context(group[0], len(self.ranges) - 1) for group in self.mesh.replica_groups("context")]
 
     def groups(self):
