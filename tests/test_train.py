@@ -744,7 +744,9 @@ def test_data_errors_give_their_advice_in_the_commands_terms(tmp_path, capsys):
 #: Every optimizer the CLI offers, with a schedule, clipping, accumulation and each ZeRO stage, on the strategies that
 #: take them.
 OPTIMIZER_RUNS = {
-    "momentum": ["--momentum", "0.9", "--wd", "1e-4", "--lr", "0.1"],
+    # lr 0.05: at 0.1 (with momentum 0.9, a step of 1.0) LeNet left its plateau in epoch 3 on an AMD EPYC and fell
+    # back to chance for good; 0.05 learns the set within 4 epochs there
+    "momentum": ["--momentum", "0.9", "--wd", "1e-4", "--lr", "0.05"],
     "nesterov-cosine-warmup": ["--momentum", "0.9", "--nesterov", "--lr-schedule", "cosine", "--warmup-epochs",
                                "0.5", "--lr", "0.2"],
     "step-clip-zero1": ["--momentum", "0.9", "--lr-schedule", "step", "--clip-norm", "1", "--zero", "1", "--lr",
