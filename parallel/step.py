@@ -42,10 +42,11 @@ from .models.gluon import GluonNet, as_net
 from .models.lenet import CachedNet, lenet_cached, softmax_cross_entropy
 from .models.recompute import Recompute, run_net
 from .mxnet_compat import sparse_label
-from .optim.zero import as_optimizer, optimizer_step
+from .optim.optimizers import SGD
+from .optim.zero import as_optimizer, optimizer_step, update_groups
 from .split import shard_sizes, split_and_load
 from .trace import issued, mark_backward
-from .validate import check_contexts, check_int, check_lr
+from .validate import check_contexts, check_int
 
 __all__ = ["check_labels", "check_batch", "sgd", "update_replicas", "loss_and_correct", "step_replicas", "idle_step",
            "worker_step", "DeviceReplicas", "train_step", "train_batch", "may_skip_parameters", "zero_grads",
@@ -103,10 +104,9 @@ def _check_replicas(device_params, ctx_list):
 
 
 def update_replicas(device_params, lr, batch_size):
-    """SGD on every replica, in place: ``param -= lr * param.grad / batch_size``.
-
-    A ``FlatReplica`` takes one fused ``mx.nd.sgd_update`` over its buffer; any other list of arrays takes
-    the textbook's per-tensor ``sgd``.
+    """SGD on every replica, in place: ``param -= lr * param.grad / batch_size``, through the package's one update
+    (``parallel.optim.zero.update_groups`` with ``SGD(lr)``: one fused ``sgd_update`` per array, or per bucket of
+    a ``FlatReplica``). The textbook's per-tensor ``sgd`` is the same step written out.
 
     Parameters
     ----------
@@ -116,14 +116,7 @@ def update_replicas(device_params, lr, batch_size):
     batch_size : int
         The global batch size, which the summed gradient is divided by.
     """
-    check_lr(lr)
-    check_int(batch_size, "batch_size", low=1)
-    for params in device_params:
-        if isinstance(params, FlatReplica):        # one fused operation over the flat buffer
-            mx.nd.sgd_update(params.data, params.grad, lr=lr, wd=0.0, rescale_grad=1.0 / batch_size,
-                             out=params.data)
-        else:
-            sgd(params, lr, batch_size)
+    update_groups(SGD(lr), [device_params], batch_size)
 
 
 def loss_and_correct(outputs, y_shards, losses, ctx, count_correct=True):

@@ -40,7 +40,7 @@ from ..trace import issued
 from ..validate import BadType, check_int
 from .optimizers import SGD, Optimizer
 
-__all__ = ["as_optimizer", "optimizer_step", "owned_regions", "ReplicatedStore", "CopiedStore", "gather_state",
+__all__ = ["as_optimizer", "optimizer_step", "update_groups", "owned_regions", "ReplicatedStore", "CopiedStore", "gather_state",
            "load_state", "memory_per_context", "MemoryUse", "memory_table"]
 
 #: Added to the gradient's norm before dividing by it, as ``gluon.utils.clip_global_norm`` does.
@@ -204,13 +204,25 @@ def optimizer_step(optimizer, groups, batch_size, reducer=None, active=None):
         flight.next_step()
     zero = optimizer.zero
     _check_groups(groups, zero)
-    t = optimizer.num_update + 1
-    lr = optimizer.lr_at(t)
-    regions = [owned_regions(group, zero) for group in groups]
     first_bucket = 0   # in a job, each group's buckets under keys of their own
     for group in groups if zero < 3 else ():   # ZeRO-3 reduce-scattered each block as its backward ended
         (reducer.reduce_scatter if zero == 2 else reducer.reduce)(group, active, first_bucket)
         first_bucket += len(group[0].buckets) if isinstance(group[0], FlatReplica) else 0
+    update_groups(optimizer, groups, batch_size, reducer)
+
+
+def update_groups(optimizer, groups, batch_size, reducer=None):
+    """The update half of ``optimizer_step``, once each group's gradients are summed (``Reducer.reduce``, or
+    reduce-scattered for ``zero=2``): clip, update every replica's parameters (its shards with ZeRO), all-gather
+    the shards, count the step. The one update of the package: ``optimizer_step`` and ``DataParallel.update`` (the
+    textbook's ``allreduce_grads()`` then ``update()``) both take it. Arguments as ``optimizer_step``'s."""
+    check_int(batch_size, "batch_size", low=1)
+    reducer = as_reducer(reducer)
+    zero = optimizer.zero
+    _check_groups(groups, zero)
+    t = optimizer.num_update + 1
+    lr = optimizer.lr_at(t)
+    regions = [owned_regions(group, zero) for group in groups]
     with issued("update", _updated_arrays(groups)):   # a trace's bracket of the update (parallel.trace)
         if optimizer.clip_norm is not None or optimizer.record_norm:   # ZeRO-3's shards in a job: every worker's
             combine = functools.partial(_every_workers, reducer.job) if zero == 3 and reducer.job is not None else None

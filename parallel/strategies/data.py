@@ -43,7 +43,9 @@ from ..models.gluon import GluonNet
 from ..models.recompute import Recompute
 from ..optim.zero import ReplicatedStore
 from ..split import split_and_load
-from ..step import may_skip_parameters, train_step, update_replicas, zero_grads
+from ..optim.optimizers import SGD
+from ..optim.zero import optimizer_step, update_groups
+from ..step import may_skip_parameters, train_step, zero_grads
 from ..validate import check_contexts
 from .base import ArrayPlace, Strategy
 
@@ -335,16 +337,17 @@ class DataParallel(Strategy):
         self.reducer.reduce(self.device_params)
 
     def update(self, lr, batch_size):
-        """SGD on every replica, in place: ``param -= lr * param.grad / batch_size`` (``update_replicas``)."""
-        update_replicas(self.device_params, lr, batch_size)
+        """SGD on every replica, in place: ``param -= lr * param.grad / batch_size``, through the package's one
+        update (``parallel.optim.zero.update_groups``, as ``train_step``'s)."""
+        update_groups(SGD(lr), self.groups(), batch_size, self.reducer)
 
     def step(self, lr, batch_size):
-        """``allreduce_grads()`` then ``update(lr, batch_size)``: one synchronous SGD step on every replica.
+        """``allreduce_grads()`` then ``update(lr, batch_size)``: one synchronous SGD step on every replica
+        (``parallel.optim.optimizer_step``, as ``train_step``'s).
 
         ``batch_size`` is the global batch: the summed gradient is divided by it, as in ``train_batch``.
         """
-        self.allreduce_grads()
-        self.update(lr, batch_size)
+        optimizer_step(SGD(lr), self.groups(), batch_size, self.reducer)
 
     def train_step(self, X, y, lr=None, loss=None, optimizer=None, accumulate=1):
         """One whole step on the batch: ``parallel.train_step`` over the replicas (forward, backward, allreduce,
