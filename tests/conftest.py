@@ -41,6 +41,17 @@ def contexts(k):
     return [mx.cpu(i) for i in range(k)]
 
 
+def diagonal(*axes):
+    """``pytest.param``s of the product of ``axes`` (each a list of values), for one ``parametrize`` of as many
+    names: the fast tier runs a diagonal of the product (case ``t`` takes value ``t mod len(axis)`` of every axis,
+    ``t < max(len(axis))``), so that every value of every axis is tried once; the slow tier runs the rest."""
+    import itertools
+    n = max(len(axis) for axis in axes)
+    fast = {tuple(t % len(axis) for axis in axes) for t in range(n)}
+    return [pytest.param(*(axis[i] for axis, i in zip(axes, index)), marks=() if index in fast else pytest.mark.slow)
+            for index in itertools.product(*(range(len(axis)) for axis in axes))]
+
+
 def make_batches(sizes, seed=0, dtype="float32"):
     """Random LeNet batches (X, y) of the given sizes, on the CPU."""
     rng = np.random.RandomState(seed)

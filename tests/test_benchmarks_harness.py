@@ -134,6 +134,7 @@ def test_a_child_reports_one_result_line(harness):
     assert "DMLC_ROLE" not in harness.child_env()
 
 
+@pytest.mark.slow   # starts and ends child processes
 def test_a_failing_or_hanging_child_is_an_error_and_leaves_nothing(harness, tmp_path):
     with pytest.raises(harness.BenchmarkError, match=r"failed \(exit 3\): boom"):
         harness.run_process([sys.executable, "-c", "import sys; sys.stderr.write('boom'); sys.exit(3)"])

@@ -276,6 +276,7 @@ def test_a_step_refuses_a_spec_whose_residuals_would_be_lost():
 
 
 @pytest.mark.parametrize("spec", ["fp16", "2bit:0.002", "topk:0.01", "powersgd:2"])
+@pytest.mark.slow   # a learning run: each codec's arithmetic and error feedback are the fast tests above
 def test_fit_learns_with_every_lossy_compressor(spec):
     """Adam leaves LeNet's plateau at chance within 20 steps on this set (SGD takes 150-250)."""
     dataset = easy_dataset(num_train=640, num_test=200, seed=2)

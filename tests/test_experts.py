@@ -18,7 +18,7 @@ from parallel.optim import SGD
 from parallel.strategies import make_strategy
 from parallel.strategies import Hybrid
 from parallel.train import main
-from conftest import assert_close_to_scale, assert_refused, contexts, easy_dataset, write_idx_files
+from conftest import assert_close_to_scale, assert_refused, contexts, diagonal, easy_dataset, write_idx_files
 
 E = 4
 
@@ -181,9 +181,9 @@ def one_context():
     return {factor: _train(make_strategy("data", _moe(factor), contexts(1)), _batches()) for factor in (1.0, E / 2)}
 
 
-@pytest.mark.parametrize("k, p", [(2, 2), (4, 4), (4, 2)])
-@pytest.mark.parametrize("factor", [1.0, E / 2])
-def test_expert_parallelism_trains_the_one_context_model_dropping_the_same_tokens(k, p, factor, one_context):
+@pytest.mark.parametrize("kp, factor", diagonal([(2, 2), (4, 4), (4, 2)], [1.0, E / 2]))
+def test_expert_parallelism_trains_the_one_context_model_dropping_the_same_tokens(kp, factor, one_context):
+    k, p = kp
     strategy = make_strategy(Layout(expert_parallel=p), _moe(factor), contexts(k))
     assert isinstance(strategy, Hybrid)
     got, dropped = _train(strategy, _batches())
@@ -237,6 +237,7 @@ def test_the_all_to_all_moves_its_formula_s_bytes():
         assert (want > 0) == (p > 1)
 
 
+@pytest.mark.slow   # the matrix's experts x ZeRO cells
 def test_zero_shards_each_group_and_trains_the_same_model():
     want, _ = _train(make_strategy(Layout(expert_parallel=2), init_vit(0, experts=E), contexts(4)), _batches())
     for zero in (1, 2):
@@ -245,6 +246,7 @@ def test_zero_shards_each_group_and_trains_the_same_model():
         assert_close_to_scale(got, want, 1e-6)
 
 
+@pytest.mark.slow   # the matrix's experts x ZeRO-3 cell
 def test_zero_3_shards_each_member_s_experts_over_the_replicas_holding_them():
     """ZeRO-3 with expert parallelism (``Hybrid``): the dense arrays sharded over the 4 replicas, each member's
     experts over the 2 holding them; the same model as without ZeRO-3, which a new layout then reads back whole."""
@@ -328,6 +330,7 @@ def test_the_cli_trains_experts_and_records_their_routing(small_dir, tmp_path, c
     assert "epoch 3," in capsys.readouterr().out
 
 
+@pytest.mark.slow   # the CLI's experts: test_the_cli_trains_experts_and_records_their_routing
 def test_the_cli_trains_experts_across_pipeline_stages_and_resumes_them_spread(small_dir, tmp_path, capsys):
     """A mixture of experts composed with pipeline stages (issue 39): 2 stages fed 2 micro-batches in 1F1B's order
     record their routing per epoch; the checkpoint resumes with the experts spread over 2 contexts and ZeRO-3

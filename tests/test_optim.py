@@ -18,7 +18,7 @@ from parallel import get_params, init_lenet_params, train_batch, train_step
 from parallel.comm.algorithms import shard_range
 from parallel.optim import (SGD, Adam, AdamW, Constant, Cosine, Step, gather_state, load_state, make_optimizer,
                             memory_per_context, optimizer_step)
-from conftest import assert_same_parameters, contexts, make_batches, small_cnn
+from conftest import assert_same_parameters, contexts, diagonal, make_batches, small_cnn
 
 LOSS = gluon.loss.SoftmaxCrossEntropyLoss()
 STEPS = 20
@@ -105,8 +105,7 @@ def assert_replicas_identical(replicas):
             np.testing.assert_array_equal(a, b)
 
 
-@pytest.mark.parametrize("k", [1, 2, 3])
-@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("case, k", diagonal(sorted(CASES), [1, 2, 3]))
 def test_every_optimizer_on_k_contexts_matches_gluon_trainer_on_one(case, k):
     make, name, args = CASES[case]
     data = batches()
@@ -172,8 +171,7 @@ def test_the_schedule_counts_optimizer_steps_not_contexts_or_micro_batches():
 
 # ---- ZeRO: the same model, whatever the stage -----------------------------------------------------------------
 
-@pytest.mark.parametrize("k", [1, 2, 3, 4])
-@pytest.mark.parametrize("case", ["momentum-wd", "nesterov-wd", "adam-wd", "adamw"])
+@pytest.mark.parametrize("case, k", diagonal(["momentum-wd", "nesterov-wd", "adam-wd", "adamw"], [1, 2, 3, 4]))
 def test_zero_stages_train_the_same_model_as_replicated_state(case, k):
     make = CASES[case][0]
     data = batches(STEPS, size=9)
@@ -218,8 +216,7 @@ def test_each_context_holds_its_share_of_the_state(zero):
 
 # ---- clipping by the global norm of the summed gradient --------------------------------------------------------
 
-@pytest.mark.parametrize("zero", [0, 1, 2])
-@pytest.mark.parametrize("k", [1, 2, 3])
+@pytest.mark.parametrize("k, zero", diagonal([1, 2, 3], [0, 1, 2]))
 def test_clipping_by_global_norm_matches_gluon_clip_global_norm_on_one_context(k, zero):
     data = batches()
     want = trainer_reference("sgd", {"learning_rate": 0.1, "momentum": 0.9}, data, clip_norm=0.05)
@@ -257,8 +254,7 @@ def test_clipping_each_shard_separately_is_another_model():
 
 # ---- gradient accumulation ---------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("k", [1, 2, 3])
-@pytest.mark.parametrize("accumulate", [2, 3, 7])
+@pytest.mark.parametrize("accumulate, k", diagonal([2, 3, 7], [1, 2, 3]))
 def test_accumulated_micro_batches_are_the_whole_batch_at_once(accumulate, k):
     data = batches(STEPS, size=7)
     whole = package_run(SGD(0.1, momentum=0.9), 1, data)

@@ -13,8 +13,8 @@ from parallel.optim import SGD, Adam, memory_table
 from parallel.strategies import make_strategy
 from parallel.strategies import FullyShardedDataParallel
 from parallel.train import main
-from conftest import (assert_close_to_scale, assert_same_arrays, contexts, easy_dataset, in_threads, make_batches,
-                      small_resnet, write_idx_files)
+from conftest import (assert_close_to_scale, assert_same_arrays, contexts, diagonal, easy_dataset, in_threads,
+                      make_batches, small_resnet, write_idx_files)
 
 SIZES = (12, 12, 7, 2)   # the last batch leaves contexts idle at K = 3, 4
 
@@ -33,9 +33,7 @@ def _train(strategy, optimizer, sizes=SIZES):
     return [p.asnumpy() for p in strategy.params()], [a.asnumpy() for a in strategy.aux()]
 
 
-@pytest.mark.parametrize("k", [2, 3, 4])
-@pytest.mark.parametrize("kind", ["momentum", "adam"])
-@pytest.mark.parametrize("prefetch", [True, False])
+@pytest.mark.parametrize("k, kind, prefetch", diagonal([2, 3, 4], ["momentum", "adam"], [True, False]))
 def test_lenet_sharded_is_bitwise_zero_0(k, kind, prefetch):
     want = _train(make_strategy("data", init_lenet_params(seed=0), contexts(k)), _optimizer(kind, 0))
     sharded = FullyShardedDataParallel(init_lenet_params(seed=0), contexts(k), prefetch=prefetch)
@@ -254,6 +252,7 @@ def test_a_sharded_job_moves_3_psi_a_worker_through_the_servers(threads_reduce_a
     assert sum(moved) == 2 * group.bytes_moved()
 
 
+@pytest.mark.slow   # the CLI's ZeRO-3: the matrix proves the model
 def test_cli_zero_3_trains_the_same_curve_as_zero_0(tmp_path, capsys):
     data_dir = write_idx_files(str(tmp_path), easy_dataset(num_train=256, num_test=64, seed=1))
     curves = []

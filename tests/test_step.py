@@ -5,7 +5,7 @@ import pytest
 
 from parallel import (ALLREDUCE_ALGORITHMS, get_params, init_lenet_params, train_batch,
                       train_step)
-from conftest import assert_same_parameters, contexts, make_batches
+from conftest import assert_same_parameters, contexts, diagonal, make_batches
 
 
 def train(k, batches, dtype="float32", algorithm="naive", lr=0.2):
@@ -25,8 +25,7 @@ def assert_replicas_identical(replicas):
 SIZES = [1, 2, 3, 4, 5, 7, 12, 13]
 
 
-@pytest.mark.parametrize("algorithm", sorted(ALLREDUCE_ALGORITHMS))
-@pytest.mark.parametrize("k", [1, 2, 3, 4, 5])
+@pytest.mark.parametrize("k, algorithm", diagonal([1, 2, 3, 4, 5], sorted(ALLREDUCE_ALGORITHMS)))
 def test_k_contexts_equal_one_context_float64(k, algorithm):
     """Elementwise relative tolerance 1e-5 in float64, where only rounding can differ."""
     batches = make_batches(SIZES, dtype="float64")
@@ -38,8 +37,7 @@ def test_k_contexts_equal_one_context_float64(k, algorithm):
     assert not np.allclose(reference[0][0], init_lenet_params(0, dtype="float64")[0].asnumpy())
 
 
-@pytest.mark.parametrize("batch_size", [1, 2, 3, 5, 6, 17])
-@pytest.mark.parametrize("k", [2, 3, 4, 5])
+@pytest.mark.parametrize("k, batch_size", diagonal([2, 3, 4, 5], [1, 2, 3, 5, 6, 17]))
 def test_k_contexts_equal_one_context_float32(k, batch_size):
     """float32, several steps of one batch size: relative tolerance 1e-5 of each parameter's scale
     (elementwise, summation order moves values near zero by ~1e-7 absolute)."""

@@ -10,7 +10,7 @@ from parallel.models.lenet import LenetStage
 from parallel.strategies import Hybrid, ModelParallel, Pipeline, bubble_fraction, stage_ranges, Stages
 from parallel import RunConfig, fit, init_model, make_strategy
 from parallel.optim import SGD, Adam, Cosine
-from conftest import assert_same_parameters, contexts, make_batches
+from conftest import assert_same_parameters, contexts, diagonal, make_batches
 
 # Indivisible sizes, a batch of 1 after a larger one (idle hybrid replicas must not reuse stale gradients).
 SIZES = [7, 1, 13, 5, 6]
@@ -58,9 +58,10 @@ def test_model_parallel_equals_one_context(k, layout, dtype):
     assert_equal_to_one_context(model, SIZES, dtype)
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("k, m", [(2, 1), (2, 2), (2, 3), (2, 5), (4, 1), (4, 2), (4, 4), (4, 5)])
-def test_pipeline_equals_one_context(k, m, dtype):
+@pytest.mark.parametrize("km, dtype", diagonal([(2, 1), (2, 2), (2, 3), (2, 5), (4, 1), (4, 2), (4, 4), (4, 5)],
+                                               DTYPES))
+def test_pipeline_equals_one_context(km, dtype):
+    k, m = km
     """Any number of micro-batches the batches allow (the smallest batch here has 5 examples)."""
     sizes = [7, 13, 5, 6]
     model = Pipeline(init_lenet_params(seed=0, dtype=dtype), contexts(k), stages=k, micro_batches=m)

@@ -190,6 +190,7 @@ def test_each_rank_keeps_its_part_of_the_model_and_its_state():
         assert row["gradients"] == row["parameters"] and row["optimizer_state"] == 2 * row["parameters"]
 
 
+@pytest.mark.slow   # resuming on another layout is test_checkpoint.py's
 def test_a_checkpoint_moves_between_tensor_and_data_parallel_layouts(tmp_path):
     """Written by --tensor 2 on 4 contexts, resumed on one context without tensor parallelism and on --tensor 4:
     each run as close to the uninterrupted one-context run as float32 rounding of the layouts (1e-5 of the scale

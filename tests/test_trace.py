@@ -65,7 +65,7 @@ def _phases_in_order(timeline, lanes, reduces=True):
     labels_hold(timeline)
 
 
-@pytest.mark.parametrize("compression", [None, "topk:0.05"])
+@pytest.mark.parametrize("compression", [None, pytest.param("topk:0.05", marks=pytest.mark.slow)])
 def test_a_traced_step_has_a_lane_per_context_in_step_order(compression, tmp_path):
     ctx = contexts(2)
     device_params = [get_params(init_lenet_params(), c) for c in ctx]
@@ -106,6 +106,7 @@ with trace(sys.argv[1] + "/step.json", contexts=ctx):
 """
 
 
+@pytest.mark.slow   # a second profiler user: the lanes' names are the fast tests'
 def test_a_trace_after_another_use_of_the_profiler_still_names_its_lanes(tmp_path):
     result = run_process([sys.executable, "-c", _AFTER_ANOTHER_PROFILE, str(tmp_path)], timeout=120,
                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -184,7 +185,7 @@ def test_model_and_pipeline_traces_name_their_backward_pass(layout, tmp_path):
     assert {e["tid"] for e in sends} == {0, 1}   # the stages' copies, in the brackets the strategy queued
 
 
-@pytest.mark.parametrize("examples, steps", [(20, 1), (64, 2)])
+@pytest.mark.parametrize("examples, steps", [pytest.param(20, 1, marks=pytest.mark.slow), (64, 2)])
 def test_a_run_shorter_than_the_traced_steps_traces_what_it_ran(examples, steps, tmp_path, capsys):
     """A run of fewer than 4 steps wrote no trace (one step: nothing at all, and no word of it)."""
     data_dir = write_idx_files(tmp_path, easy_dataset(num_train=examples, num_test=10, seed=4))
@@ -216,7 +217,7 @@ def test_each_worker_of_a_job_writes_its_lanes(tmp_path):
                          [f"worker {rank} cpu(0)", f"worker {rank} cpu(1)"])
 
 
-@pytest.mark.parametrize("prefetch", [False, True])
+@pytest.mark.parametrize("prefetch", [False, pytest.param(True, marks=pytest.mark.slow)])
 def test_a_zero_3_step_names_its_gathers_recomputations_and_reduce_scatters(prefetch):
     """ZeRO-3's copies were named load, forward or allreduce and its recomputed forward backward; each lane now has
     a gather before each block's forward, then the last block's backward, its reduce-scatter, and for each block
@@ -268,6 +269,7 @@ def test_the_sums_of_micro_batches_are_metrics_not_an_update():
         assert update and not any(op.startswith("add_n") for op in update), update
 
 
+@pytest.mark.slow   # the CLI's flag: ZeRO-3's names are test_a_zero_3_step_names_its_...'s
 def test_the_cli_traces_zero_3(tmp_path):
     data_dir = write_idx_files(tmp_path, easy_dataset(num_train=128, num_test=32, seed=4))
     path = tmp_path / "steps.json"

@@ -37,19 +37,20 @@ def run_cli(*args):
                           timeout=300)
 
 
-def test_trains_above_chance_and_writes_outputs(data_dir, tmp_path, capsys):
+@pytest.mark.parametrize("epochs", [2, pytest.param(6, marks=pytest.mark.slow)])   # 6: long enough to learn
+def test_trains_above_chance_and_writes_outputs(epochs, data_dir, tmp_path, capsys):
     metrics_path, plot_path = tmp_path / "m.json", tmp_path / "curves.png"
-    status = main(["--devices", "cpu:2", "--epochs", "6", "--batch-size", "32", "--lr", "0.5",
+    status = main(["--devices", "cpu:2", "--epochs", str(epochs), "--batch-size", "32", "--lr", "0.5",
                    "--data-dir", str(data_dir), "--metrics-json", str(metrics_path),
                    "--plot", str(plot_path), "--no-progress"])
     assert status == 0
     out = capsys.readouterr().out
     lines = [l for l in out.splitlines() if l.startswith("epoch ")]
-    assert len(lines) == 6
+    assert len(lines) == epochs
     assert lines[0].startswith("epoch 1, loss ") and lines[0].endswith("on [cpu(0), cpu(1)]")
     assert "train acc" in lines[0] and "sec/epoch" in lines[0] and "examples/sec" in lines[0]
     history = json.loads(metrics_path.read_text())
-    assert [m["epoch"] for m in history] == [1, 2, 3, 4, 5, 6]
+    assert [m["epoch"] for m in history] == list(range(1, epochs + 1))
     for m in history:
         assert set(m) == KEYS | {"memory"}
         assert all(isinstance(m[k], (int, float)) and math.isfinite(m[k]) for k in KEYS)
@@ -61,8 +62,9 @@ def test_trains_above_chance_and_writes_outputs(data_dir, tmp_path, capsys):
         assert [row["temporary_buffers"] for row in m["memory"]] == [4 * 129068, 0]
     assert ("memory for training: 1.48 MiB on the busiest context, cpu(0) (parameters 0.49, gradients 0.49, "
             "optimizer state 0.00, temporary buffers 0.49 MiB)") in out
-    assert history[-1]["test_acc"] > 0.5            # chance is 0.1
-    assert history[-1]["train_loss"] < history[0]["train_loss"]
+    if epochs == 6:   # LeNet's sigmoids leave the plateau at chance (0.1) after a few epochs
+        assert history[-1]["test_acc"] > 0.5
+        assert history[-1]["train_loss"] < history[0]["train_loss"]
     assert plot_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert not [p for p in os.listdir(tmp_path) if p.endswith(".tmp")]
 
@@ -150,7 +152,7 @@ def test_the_help_names_every_model_and_parallel_style():
     assert all(style in description for style in ("data", "pipeline", "tensor")), description
 
 
-@pytest.mark.parametrize("algorithm", ["naive", "fused"])
+@pytest.mark.parametrize("algorithm", [pytest.param("naive", marks=pytest.mark.slow), "fused"])
 def test_same_seed_same_curve_different_devices(data_dir, tmp_path, algorithm):
     curves = []
     for devices in ("cpu:1", "cpu:3"):
@@ -164,6 +166,7 @@ def test_same_seed_same_curve_different_devices(data_dir, tmp_path, algorithm):
         assert a["test_acc"] == pytest.approx(b["test_acc"], abs=1 / 300 + 1e-9)
 
 
+@pytest.mark.slow   # that each layout trains the one-context model is test_layouts.py's; here the CLI's four presets
 def test_same_seed_same_curve_under_every_strategy(data_dir, tmp_path, capsys):
     """Every strategy runs the same SGD step on the same batches. Batch 57 leaves a last batch of 5
     examples, fewer than the pipeline's 6 micro-batches: it runs in 5."""
@@ -236,9 +239,10 @@ def test_weights_becoming_infinite_under_a_finite_loss_stop_with_one_line(output
 
 @pytest.mark.parametrize("args, blamed", [
     (["--wd", "1e30"], "error: --wd 1e+30 is likely too large (set away from its default): the loss became nan"),
-    (["--optimizer", "adamw", "--wd", "1e38"], "error: --wd 1e+38 is likely too large (set away from its default)"),
-    (["--lr", "1e10", "--wd", "1e30"], "the likely causes are the settings away from their defaults, --lr 1e+10 or "
-                                       "--wd 1e+30: lower them"),
+    pytest.param(["--optimizer", "adamw", "--wd", "1e38"],
+                 "error: --wd 1e+38 is likely too large (set away from its default)", marks=pytest.mark.slow),
+    pytest.param(["--lr", "1e10", "--wd", "1e30"], "the likely causes are the settings away from their defaults, "
+                                                   "--lr 1e+10 or --wd 1e+30: lower them", marks=pytest.mark.slow),
 ])
 def test_divergence_names_the_flags_set_away_from_their_defaults(args, blamed, capsys):
     """A loss that becomes NaN under a huge --wd blames --wd, not the default --lr."""

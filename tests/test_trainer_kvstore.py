@@ -11,7 +11,7 @@ from parallel.comm.reducer import compressed_allreduce
 from parallel.compress import make_codec
 from parallel.mxnet_compat import trainer_kvstore, trainer_params, trainer_updates_on_kvstore
 from parallel.trainer_kvstore import AllreduceKVStore
-from conftest import contexts, make_batches
+from conftest import contexts, diagonal, make_batches
 
 
 def _net(ctx):
@@ -44,9 +44,7 @@ def _train(ctx, kvstore, steps=20):
     return [param.data(ctx[-1]).asnumpy() for param in net.collect_params().values()], trainer
 
 
-@pytest.mark.parametrize("algorithm", ALGORITHMS)
-@pytest.mark.parametrize("k", [2, 3])
-@pytest.mark.parametrize("bucket_mb", [25, 0.01])
+@pytest.mark.parametrize("algorithm, k, bucket_mb", diagonal(ALGORITHMS, [2, 3], [25, 0.01]))
 def test_trainer_with_the_package_allreduce_trains_the_device_kvstore_model(algorithm, k, bucket_mb):
     """In one bucket, or in buckets of 10 KiB (3 of the 4 layers' gradients each in their own)."""
     ctx = contexts(k)
@@ -70,8 +68,7 @@ def test_bad_arguments_name_themselves():
         AllreduceKVStore("ring", "topk")
 
 
-@pytest.mark.parametrize("spec", ["fp16", "2bit", "2bit:0.05", "topk:0.1", "powersgd:2"])
-@pytest.mark.parametrize("k", [2, 3])
+@pytest.mark.parametrize("spec, k", diagonal(["fp16", "2bit", "2bit:0.05", "topk:0.1", "powersgd:2"], [2, 3]))
 def test_a_trainer_step_is_one_package_allreduce_of_every_gradient(spec, k, monkeypatch):
     """gluon.Trainer's per-parameter pushpull calls make one compressed allreduce a step (one bucket: the model is
     smaller than 25 MiB), of the gradients packed in key order: bitwise what the package's own path does with that
@@ -129,7 +126,8 @@ def test_pushpull_with_compression_is_the_package_compressed_allreduce(spec):
             np.testing.assert_array_equal(g.asnumpy().reshape(-1), f.asnumpy())
 
 
-@pytest.mark.parametrize("spec", ["fp16", "topk:0.2", "powersgd:2"])
+@pytest.mark.parametrize("spec", ["fp16", pytest.param("topk:0.2", marks=pytest.mark.slow),
+                                  pytest.param("powersgd:2", marks=pytest.mark.slow)])
 def test_trainer_learns_with_a_compressed_allreduce(spec):
     """(2bit with gluon's Adam or SGD did not halve this loss in 30 steps at thresholds 0.005 to 0.5; the package's
     own path learns with it, tests/test_compress.py.)"""
