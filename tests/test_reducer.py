@@ -15,6 +15,7 @@ from parallel.comm.reducer import GradBucket, allreduce_hook, as_reducer
 from parallel.comm.replica import bucket_ranges
 from parallel.models.lenet import LENET_SHAPES
 from parallel.optim import SGD, Adam
+from parallel.strategies import DataParallel
 from parallel.train import main
 from conftest import contexts, make_batches, small_cnn
 
@@ -282,6 +283,47 @@ def test_a_bucket_ends_where_the_dtype_changes():
             assert array.dtype == np.dtype(dtypes[i]) and (array.asnumpy() == 3 + 2 * i).all()
     with pytest.raises(ValueError, match="names has 2 entries but grads 4 tensors"):
         Reducer().reduce_arrays(grads, names="ab")
+
+
+def dense_block(seed=5):
+    """Two dense layers (float32, no BatchNorm), the same initial weights at every call."""
+    block = mx.gluon.nn.Sequential()
+    block.add(mx.gluon.nn.Dense(16, in_units=12, activation="relu"), mx.gluon.nn.Dense(10, in_units=16))
+    block.initialize(mx.init.Xavier(), ctx=mx.cpu(0))
+    rng = np.random.RandomState(seed)
+    for param in block.collect_params().values():
+        param.set_data(mx.nd.array(rng.uniform(-0.3, 0.3, param.shape)))
+    return block
+
+
+@pytest.mark.parametrize("spec", ["fp16", "2bit"])
+def test_a_codec_reaches_a_gluon_block_in_data_parallel(spec):
+    """``DataParallel(block, ctx_list, reducer=Reducer(compression=...))`` (refused before): the gluon gradients,
+    new NDArray objects at every read, are compressed in the reducer's buckets. An elementwise codec trains bitwise
+    the same model in one bucket and in a bucket a tensor, whose residuals follow each step's new arrays, and its
+    residuals, laid out as a flat buffer, agree; the compressed model is not the uncompressed one."""
+    def run(bucket_mb, compression):
+        reducer = Reducer("fused", bucket_mb, compression=compression)
+        model = DataParallel(dense_block(), contexts(2), reducer=reducer)
+        loss = mx.gluon.loss.SoftmaxCrossEntropyLoss()
+        rng = np.random.RandomState(3)
+        for _ in range(3):
+            X, y = mx.nd.array(rng.standard_normal((10, 12))), mx.nd.array(rng.randint(0, 10, 10))
+            with mx.autograd.record():
+                value = loss(model(X), y).sum()
+            value.backward()
+            model.step(0.5, 10)
+        return [p.asnumpy() for p in model.device_params[1]], reducer.state(model.device_params)
+    want, want_state = run(None, spec)
+    got, got_state = run(1e-6, spec)
+    plain, _ = run(None, None)
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
+    assert any((w != p).any() for w, p in zip(want, plain))
+    assert sorted(got_state) == sorted(want_state) == ["residual/c0", "residual/c1"]
+    assert want_state["residual/c0"].shape == (16 * 12 + 16 + 10 * 16 + 10,)
+    for name in want_state:
+        np.testing.assert_array_equal(got_state[name].asnumpy(), want_state[name].asnumpy())
 
 
 # ---- overlap, as the trace shows it -----------------------------------------------------------------------------
