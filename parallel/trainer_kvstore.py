@@ -9,21 +9,20 @@ compression).
 
 The store knows every parameter from ``broadcast`` (gluon's first call). At the first ``pushpull`` of a step
 (``Trainer.step`` calls it once per parameter, right after ``backward()`` has returned, before the gradients
-exist), it queues the whole step's reduction, bucket by bucket, the last parameters first (gluon numbers its
-parameters in the order it holds them): a bucket of one parameter is summed in place, a bucket of several is
-packed into one flat buffer a context (kept from step to step, so a codec's residuals follow it), summed, and
-unpacked. MXNet's engine runs each bucket's sum as soon as backward has written its gradients. The other
-parameters' ``pushpull`` calls of the step find their sums done; a key called a second time starts the next step.
-So a gradient changed between two ``pushpull`` calls of one step (no ``Trainer`` method does that) is not seen.
+exist), it hands the whole step's gradients to the reducer (``Reducer.reduce_arrays``), which queues their
+reduction bucket by bucket, the last parameters first (gluon numbers its parameters in the order it holds them): a
+bucket of one parameter is summed in place, a bucket of several is packed into one flat buffer a context (kept
+from step to step, so a codec's residuals follow it), summed, and unpacked. MXNet's engine runs each bucket's sum
+as soon as backward has written its gradients. The other parameters' ``pushpull`` calls of the step find their
+sums done; a key called a second time starts the next step. So a gradient changed between two ``pushpull`` calls
+of one step (no ``Trainer`` method does that) is not seen.
 
 One process only: the package's cross-process path is ``python -m parallel.launch`` with ``parallel.job``.
 """
 import mxnet as mx
 
 from .comm import DEFAULT_ALGORITHM, DEFAULT_BUCKET_MB
-from .comm.algorithms import exclusive
-from .comm.reducer import BucketComm, GradBucket, Reducer
-from .comm.replica import bucket_bytes, bucket_ranges
+from .comm.reducer import Reducer
 
 __all__ = ["AllreduceKVStore"]
 
@@ -50,10 +49,8 @@ class AllreduceKVStore(mx.kvstore.KVStoreBase):
 
     def __init__(self, algorithm=DEFAULT_ALGORITHM, compression="none", bucket_mb=DEFAULT_BUCKET_MB):
         self.reducer = Reducer(algorithm, bucket_mb, compression)
-        self._views = {}     # key -> (the arrays last reduced under it, their flat views), for the residuals
         self._params = {}    # key -> its parameter's arrays, one a context (from broadcast): their .grad
         self._done = set()   # keys whose sums this step's first pushpull already made
-        self._packed = {}    # (keys of a bucket, contexts) -> the bucket's flat gradient buffers, one a context
 
     def __repr__(self):
         codec = self.reducer.codec
@@ -114,61 +111,22 @@ class AllreduceKVStore(mx.kvstore.KVStoreBase):
                     source.copyto(target)
 
     def _step_grads(self, key, arrays):
-        """``{key: gradients}`` of ``key`` and of every other parameter with dense gradients on the same contexts."""
+        """``{key: gradients}`` of ``key`` and of every other parameter with dense gradients on the same contexts,
+        whatever their dtypes (the reducer buckets each run of one dtype apart)."""
         contexts = [a.context for a in arrays]
         grads = {key: arrays}
         for other, data in self._params.items():
             if other != key and [d.context for d in data] == contexts:
                 found = [d.grad for d in data]
-                if all(g is not None and g.stype == "default" and g.dtype == arrays[0].dtype for g in found):
+                if all(g is not None and g.stype == "default" for g in found):
                     grads[other] = found
         return grads if key in self._params else {key: arrays}   # a key gluon never announced: on its own
 
     def _sum_step(self, key, arrays):
         """Sum ``arrays`` (``key``'s gradients) and those of every other parameter on the same contexts, bucket by
-        bucket through the reducer's hook; mark the others done for this step."""
+        bucket through the reducer (``Reducer.reduce_arrays``, in key order: the last keys' bucket first); mark the
+        others done for this step."""
         grads = self._step_grads(key, arrays)
         keys = sorted(grads)
-        contexts = tuple(str(a.context) for a in arrays)
-        limit = bucket_bytes(self.reducer.bucket_mb)
-        ranges = bucket_ranges([grads[k][0].size for k in keys], arrays[0].dtype(0).itemsize, limit)
-        with exclusive():
-            for b, (first, stop) in enumerate(ranges):
-                members = keys[first:stop]
-                flats = self._flats(members, grads, contexts)
-                bucket = GradBucket(b, len(ranges), flats, [grads[k][0].shape for k in members], first)
-                self.reducer.hook(bucket, BucketComm(self.algorithm, None, b, b - len(ranges) + 1))
-                if len(members) > 1:
-                    self._unpack(flats, members, grads)
+        self.reducer.reduce_arrays([grads[k] for k in keys], names=keys)
         self._done = set(keys) - {key}
-
-    def _flats(self, members, grads, contexts):
-        """A bucket's gradients as one flat buffer a context: a lone parameter's flat views, else the members'
-        gradients packed into buffers kept for the bucket."""
-        if len(members) == 1:
-            return self._flat_views(members[0], grads[members[0]])
-        layout = (tuple(members), contexts)
-        flats = self._packed.get(layout)
-        if flats is None:
-            size = sum(grads[k][0].size for k in members)
-            first = grads[members[0]]
-            flats = self._packed[layout] = [mx.nd.empty((size,), ctx=g.context, dtype=g.dtype) for g in first]
-        for i, flat in enumerate(flats):
-            mx.nd.concat(*[grads[k][i].reshape((-1,)) for k in members], dim=0, out=flat)
-        return flats
-
-    @staticmethod
-    def _unpack(flats, members, grads):
-        for i, flat in enumerate(flats):
-            offset = 0
-            for k in members:
-                grad = grads[k][i]
-                mx.nd.slice_axis(flat, axis=0, begin=offset, end=offset + grad.size, out=grad.reshape((-1,)))
-                offset += grad.size
-
-    def _flat_views(self, key, arrays):
-        """Flat views of ``arrays``, the same objects for the same arrays step after step (residuals follow them)."""
-        found = self._views.get(key)
-        if found is None or len(found[0]) != len(arrays) or any(a is not b for a, b in zip(found[0], arrays)):
-            found = self._views[key] = (arrays, [array.reshape((-1,)) for array in arrays])
-        return found[1]

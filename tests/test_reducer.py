@@ -10,11 +10,12 @@ import numpy as np
 import pytest
 
 from parallel import GluonNet, Reducer, get_params, init_lenet_params, trace, train_batch, train_step
-from parallel.comm import ALGORITHMS
-from parallel.comm.reducer import GradBucket, as_reducer
+from parallel.comm import ALGORITHMS, allreduce
+from parallel.comm.reducer import GradBucket, allreduce_hook, as_reducer
 from parallel.comm.replica import bucket_ranges
 from parallel.models.lenet import LENET_SHAPES
 from parallel.optim import SGD, Adam
+from parallel.strategies import DataParallel
 from parallel.train import main
 from conftest import contexts, make_batches, small_cnn
 
@@ -185,6 +186,144 @@ def test_bad_reducer_arguments_name_themselves():
     with pytest.raises(TypeError, match="reducer"):
         as_reducer(3)
     assert isinstance(GradBucket(0, 1, [mx.nd.zeros(3)], [(3,)]).tensors(0)[0], mx.nd.NDArray)
+
+
+# ---- gradients an array a tensor: replicas that are plain lists (gluon's go through AllreduceKVStore) -----------
+
+def plain_replicas(ctx, dtype="float32"):
+    """The textbook's replicas of LeNet: copies with gradients attached, a plain list a context."""
+    replicas = []
+    for c in ctx:
+        params = [p.copyto(c) for p in init_lenet_params(seed=1, dtype=dtype)]
+        for p in params:
+            p.attach_grad()
+        replicas.append(params)
+    return replicas
+
+
+def counting(reducer, seen):
+    """``reducer`` with a hook that records each bucket it gets, then sums it as the default hook does."""
+    return reducer.register_comm_hook(lambda bucket, comm: seen.append(bucket) or allreduce_hook(bucket, comm))
+
+
+def test_a_hook_reaches_replicas_that_are_plain_lists():
+    """Plain lists go through the reducer's buckets and hook as flat replicas do (they were summed a tensor at a
+    time, and a hook was refused): the flat replica's buckets, the last layers first, each at most 0.1 MiB but for
+    a larger tensor alone, and bitwise the model the flat replicas train."""
+    ctx, seen = contexts(2), []
+    reducer = counting(Reducer("fused", 0.1), seen)
+    plain = plain_replicas(ctx)
+    flat = Reducer("fused", 0.1).replicate(init_lenet_params(seed=1), ctx)
+    for X, y in make_batches([16, 16], seed=2):
+        train_batch(X, y, plain, ctx, 0.1, reducer=reducer)
+        train_batch(X, y, flat, ctx, 0.1, reducer=Reducer("fused", 0.1))
+    assert [(b.index, b.num_buckets, b.first, len(b.shapes)) for b in seen] == [(0, 3, 5, 3), (1, 3, 4, 1),
+                                                                              (2, 3, 0, 4)] * 2
+    assert [b.grads[0].size for b in seen] == [grad.size for grad in flat[0].grads] * 2
+    assert all(len(b.shapes) == 1 or b.grads[0].size * 4 <= 0.1 * 2 ** 20 for b in seen)
+    assert [s for b in seen[:3] for s in b.shapes] == LENET_SHAPES[5:] + LENET_SHAPES[4:5] + LENET_SHAPES[:4]
+    for replica in plain:
+        for got, want in zip(replica, flat[0]):
+            np.testing.assert_array_equal(got.asnumpy(), want.asnumpy())
+
+
+@pytest.mark.parametrize("bucket_mb, ranges", [
+    (None, [(0, 8)]),                                   # one bucket
+    (25, [(0, 8)]),                                     # LeNet's 0.5 MiB in one
+    (0.1, [(5, 8), (4, 5), (0, 4)]),                    # as a flat replica's
+    (1e-6, [(i, i + 1) for i in reversed(range(8))]),   # a tensor a bucket, summed in place
+])
+def test_plain_lists_are_laid_out_in_the_buckets_of_a_flat_replica(bucket_mb, ranges):
+    """(``bucket_mb=0`` is refused: ``test_bad_reducer_arguments_name_themselves``.)"""
+    ctx, seen = contexts(2), []
+    reducer = counting(Reducer("fused", bucket_mb), seen)
+    plain = plain_replicas(ctx)
+    rng = np.random.RandomState(0)
+    for replica in plain:
+        for param in replica:
+            param.grad[:] = rng.standard_normal(param.shape)
+    want = [sum(replica[j].grad.asnumpy() for replica in plain) for j in range(8)]
+    reducer.reduce(plain)
+    assert [(b.first, b.first + len(b.shapes)) for b in seen] == ranges
+    assert [(b.first, b.stop) for b in reducer.replicate(init_lenet_params(), ctx[:1])[0].buckets] == ranges
+    for replica in plain:
+        for param, w in zip(replica, want):
+            np.testing.assert_allclose(param.grad.asnumpy(), w, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("k, algorithm", [(2, a) for a in ALGORITHMS] + [(3, a) for a in ALGORITHMS if a != "ring"])
+def test_a_bucket_of_lists_sums_bitwise_as_a_tensor_at_a_time(k, algorithm):
+    """LeNet's eight float32 gradients in one packed bucket: the very bits of an allreduce a tensor. (Not the ring
+    on 3 contexts: it cuts the bucket in chunks of its own, so an element's sum starts at another context.)"""
+    ctx = contexts(k)
+    rng = np.random.RandomState(0)
+    values = [[rng.standard_normal(shape).astype("float32") for _ in ctx] for shape in LENET_SHAPES]
+    grads = [[mx.nd.array(v, ctx=c) for v, c in zip(vs, ctx)] for vs in values]
+    want = [[mx.nd.array(v, ctx=c) for v, c in zip(vs, ctx)] for vs in values]
+    seen = []
+    counting(Reducer(algorithm, None), seen).reduce_arrays(grads)
+    for arrays in want:
+        allreduce(arrays, algorithm)
+    assert len(seen) == 1 and len(seen[0].shapes) == 8
+    for got, expected in zip(grads, want):
+        for g, w in zip(got, expected):
+            np.testing.assert_array_equal(g.asnumpy(), w.asnumpy())
+
+
+def test_a_bucket_ends_where_the_dtype_changes():
+    """Tensors of two dtypes: each run of one dtype in buckets of its own, in reduction order; each summed."""
+    ctx, seen = contexts(2), []
+    dtypes = ["float32", "float32", "float64", "float32"]
+    grads = [[mx.nd.full((3,), 1 + i + c, ctx=ctx[c], dtype=d) for c in range(2)] for i, d in enumerate(dtypes)]
+    counting(Reducer("fused", None), seen).reduce_arrays(grads, names="abcd")
+    assert [(b.first, len(b.shapes), b.grads[0].dtype) for b in seen] == [(3, 1, np.float32), (2, 1, np.float64),
+                                                                          (0, 2, np.float32)]
+    for i, arrays in enumerate(grads):
+        for array in arrays:
+            assert array.dtype == np.dtype(dtypes[i]) and (array.asnumpy() == 3 + 2 * i).all()
+    with pytest.raises(ValueError, match="names has 2 entries but grads 4 tensors"):
+        Reducer().reduce_arrays(grads, names="ab")
+
+
+def dense_block(seed=5):
+    """Two dense layers (float32, no BatchNorm), the same initial weights at every call."""
+    block = mx.gluon.nn.Sequential()
+    block.add(mx.gluon.nn.Dense(16, in_units=12, activation="relu"), mx.gluon.nn.Dense(10, in_units=16))
+    block.initialize(mx.init.Xavier(), ctx=mx.cpu(0))
+    rng = np.random.RandomState(seed)
+    for param in block.collect_params().values():
+        param.set_data(mx.nd.array(rng.uniform(-0.3, 0.3, param.shape)))
+    return block
+
+
+@pytest.mark.parametrize("spec", ["fp16", "2bit"])
+def test_a_codec_reaches_a_gluon_block_in_data_parallel(spec):
+    """``DataParallel(block, ctx_list, reducer=Reducer(compression=...))`` (refused before): the gluon gradients,
+    new NDArray objects at every read, are compressed in the reducer's buckets. An elementwise codec trains bitwise
+    the same model in one bucket and in a bucket a tensor, whose residuals follow each step's new arrays, and its
+    residuals, laid out as a flat buffer, agree; the compressed model is not the uncompressed one."""
+    def run(bucket_mb, compression):
+        reducer = Reducer("fused", bucket_mb, compression=compression)
+        model = DataParallel(dense_block(), contexts(2), reducer=reducer)
+        loss = mx.gluon.loss.SoftmaxCrossEntropyLoss()
+        rng = np.random.RandomState(3)
+        for _ in range(3):
+            X, y = mx.nd.array(rng.standard_normal((10, 12))), mx.nd.array(rng.randint(0, 10, 10))
+            with mx.autograd.record():
+                value = loss(model(X), y).sum()
+            value.backward()
+            model.step(0.5, 10)
+        return [p.asnumpy() for p in model.device_params[1]], reducer.state(model.device_params)
+    want, want_state = run(None, spec)
+    got, got_state = run(1e-6, spec)
+    plain, _ = run(None, None)
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
+    assert any((w != p).any() for w, p in zip(want, plain))
+    assert sorted(got_state) == sorted(want_state) == ["residual/c0", "residual/c1"]
+    assert want_state["residual/c0"].shape == (16 * 12 + 16 + 10 * 16 + 10,)
+    for name in want_state:
+        np.testing.assert_array_equal(got_state[name].asnumpy(), want_state[name].asnumpy())
 
 
 # ---- overlap, as the trace shows it -----------------------------------------------------------------------------

@@ -94,8 +94,9 @@ def test_bad_arguments():
 
 @pytest.mark.parametrize("algorithm", sorted(ALLREDUCE_ALGORITHMS))
 def test_plain_list_replicas_take_the_textbook_path(algorithm):
-    """Replicas built by hand (copyto + attach_grad, as in the textbook) are not flat: per-tensor
-    reduction and the per-tensor SGD step, with the same result as flat replicas."""
+    """Replicas built by hand (copyto + attach_grad, as in the textbook) are not flat: their gradients summed in the
+    reducer's buckets (``Reducer.reduce_arrays``) and the per-tensor SGD step, with the same result as flat
+    replicas."""
     batches = make_batches([5, 3], dtype="float64")
     ctx_list = contexts(3)
     plain = []

@@ -14,6 +14,10 @@ and pull go out with a priority that favours the first layers' buckets, which th
 Bucketing changes when bytes move, never what is summed: every bucket size trains the same model, bit for bit
 where the sums are taken in the same order (``tests/test_reducer.py``).
 
+Gradients that are not a flat replica's (replicas that are plain lists of arrays, a gluon ``Trainer``'s through
+``parallel.AllreduceKVStore``) go through the same buckets and hook: ``Reducer.reduce_arrays`` lays them out in
+buckets, packs a bucket of several tensors into flat buffers it keeps, and unpacks the sums.
+
 >>> import mxnet as mx
 >>> from parallel import init_lenet_params
 >>> reducer = Reducer("ring", bucket_mb=0.1)
@@ -31,7 +35,7 @@ from ..trace import issued
 from ..validate import check_choice
 from . import ALGORITHMS, DEFAULT_ALGORITHM, DEFAULT_BUCKET_MB, SHARDED_ALGORITHMS
 from .algorithms import allreduce, check_same_arrays, exclusive, receive, reduce_scatter, scratch, shard_range
-from .replica import FlatReplica, bucket_bytes, get_params, grads_of
+from .replica import Bucket, FlatReplica, bucket_bytes, bucket_ranges, get_params, grads_of
 
 __all__ = ["Reducer", "GradBucket", "BucketComm", "allreduce_hook", "CompressionHook", "as_reducer",
            "allreduce_grads", "compressed_allreduce"]
@@ -195,7 +199,9 @@ class Reducer:
         The allreduce between this process's contexts, one of ``parallel.comm.ALGORITHMS``.
     bucket_mb : float or None
         The most MiB of gradients a bucket holds (``DEFAULT_BUCKET_MB``, 25, as PyTorch DDP); None: one bucket.
-        It lays out the replicas ``replicate`` makes; a reducer sums any replicas in the buckets they have.
+        It lays out the replicas ``replicate`` makes; a reducer sums flat replicas in the buckets they have, and
+        gradients kept an array a tensor (replicas that are plain lists, gluon's) in buckets of this size
+        (``reduce_arrays``).
     compression : str or parallel.compress.Codec, optional
         A codec spec (``"fp16"``, ``"2bit"``, ``"topk:0.01"``, ``"powersgd:4"``) or codec: its
         ``CompressionHook`` reduces every bucket. Keep the reducer for the run: its residuals carry over.
@@ -219,6 +225,7 @@ class Reducer:
                             f"{type(job).__name__}")
         self.bucket_mb, self.job = bucket_mb, job
         self._buckets = {}   # the GradBuckets of each group reduced: (its replicas, its buckets)
+        self._kept = {}      # each layout reduce_arrays sums (names, contexts, shapes) -> {(first, stop): buffers}
         codec = as_codec(compression)
         self.hook = allreduce_hook if codec is None else CompressionHook(codec)
 
@@ -309,40 +316,125 @@ class Reducer:
         if len(group) == 1 and self.job is None:
             return
         if not all(isinstance(replica, FlatReplica) for replica in group):
-            self._reduce_lists(group)
+            self.reduce_arrays(*_tensor_grads(group), first_bucket=first_bucket)
             return
         buckets = self.buckets(group, scatter)
-        kind = "reduce-scatter" if scatter else "allreduce"
         with exclusive():
             for bucket in buckets:
-                number, grad = first_bucket + bucket.index, bucket.grads[0]   # a trace's bracket of its work
-                with issued(kind, bucket.grads, f"{kind} bucket {number}", bucket=number,
-                            bytes=grad.size * np.dtype(grad.dtype).itemsize):
-                    self.hook(bucket, self._comm(bucket.index, len(buckets), first_bucket))
+                self._run_hook(bucket, "reduce-scatter" if scatter else "allreduce", first_bucket)
 
-    def _reduce_lists(self, group):
-        """Replicas that are plain lists of arrays (several dtypes): one allreduce a tensor, as in the textbook."""
+    def _run_hook(self, bucket, kind, first_bucket):
+        """``hook(bucket, comm)``, bracketed for a trace as the work of bucket ``first_bucket + bucket.index``."""
+        number, grad = first_bucket + bucket.index, bucket.grads[0]
+        with issued(kind, bucket.grads, f"{kind} bucket {number}", bucket=number,
+                    bytes=grad.size * np.dtype(grad.dtype).itemsize):
+            self.hook(bucket, self._comm(bucket.index, bucket.num_buckets, first_bucket))
+
+    def reduce_arrays(self, grads, names=None, first_bucket=0):
+        """Sum gradients kept an array a tensor (not in a flat replica's buckets) in place, in this reducer's
+        buckets, through its hook: a gluon ``Trainer``'s (``parallel.AllreduceKVStore``), and replicas that are
+        plain lists of arrays (``reduce`` hands them here: a gluon Block in ``DataParallel``, the textbook's
+        copies), so a codec or a hook of your own reaches them too.
+
+        The tensors are laid out in buckets of at most ``bucket_mb`` MiB (``bucket_ranges``), the last tensors
+        first. A bucket holds consecutive tensors of one dtype: where the dtype changes, a bucket ends (mixed
+        dtypes give each run of one dtype its own buckets). A bucket of several tensors is packed into one flat
+        buffer a context, kept from step to step (a codec's residuals stay with it), reduced by
+        ``hook(bucket, comm)`` and unpacked; a bucket of one tensor is reduced in place, through flat views of its
+        arrays, kept while the same arrays come back (gluon's ``list_grad()``); new arrays for it (``NDArray.grad``
+        makes a new object at each call) get new views, and the reducer's codec's state follows them (``Codec.move``;
+        a hook of your own that keeps state per bucket keys it by ``bucket.index``, not by its buffers).
+
+        Parameters
+        ----------
+        grads : list of list of NDArray
+            For each tensor, its gradient on each context (the same contexts, in the same order, for every
+            tensor); each ends with the sum over the contexts.
+        names : sequence of hashable, optional
+            One a tensor, the same for the same tensor at every step (gluon's keys): the kept buffers belong to
+            the names and the contexts. Default: the tensors' places in ``grads``.
+        first_bucket : int
+            The number of the first bucket, for the trace and for the hook's ``comm.bucket``.
+
+        Raises ``TypeError`` in a job (its workers sum flat replicas). One context: nothing to do. The work is
+        queued; nothing waits for the devices.
+        """
         if self.job is not None:
             raise TypeError("a distributed step needs flat replicas: build device_params with get_params, whose "
                             "parameters share one dtype")
-        if self.hook is not allreduce_hook:
-            raise TypeError("a communication hook reduces flat replicas: build them with get_params from "
-                            "parameters of one dtype")
-        for arrays in zip(*group):
-            grads = [array.grad for array in arrays]
-            with issued("allreduce", grads, bytes=grads[0].size * np.dtype(grads[0].dtype).itemsize):
-                allreduce(grads, self.algorithm)
+        if not grads or len(grads[0]) < 2:
+            return
+        kept = self._kept_for(grads, names)
+        buckets = self._array_buckets(grads, kept)
+        with exclusive():
+            for bucket in buckets:
+                members = grads[bucket.first:bucket.first + len(bucket.shapes)]
+                if len(members) > 1:   # packed into the kept buffers, unpacked after the sum
+                    for i, flat in enumerate(bucket.grads):
+                        mx.nd.concat(*[grad[i].reshape((-1,)) for grad in members], dim=0, out=flat)
+                self._run_hook(bucket, "allreduce", first_bucket)
+                if len(members) > 1:
+                    _unpack(bucket.grads, members)
+
+    def _kept_for(self, grads, names):
+        """The kept buffers of this layout (the tensors' names, shapes and dtypes, the contexts): made empty at
+        its first step."""
+        names = tuple(range(len(grads))) if names is None else tuple(names)
+        if len(names) != len(grads):
+            raise ValueError(f"names has {len(names)} entries but grads {len(grads)} tensors; give one a tensor")
+        key = (names, tuple(array.context for array in grads[0]),
+               tuple((grad[0].shape, grad[0].dtype) for grad in grads))
+        kept = self._kept.get(key)
+        if kept is None:
+            if len(self._kept) >= 64:   # layouts of another model: forget the oldest, and its buffers
+                self._kept.pop(next(iter(self._kept)))
+            kept = self._kept[key] = {}
+        return kept
+
+    def _array_buckets(self, grads, kept):
+        """The ``GradBucket`` of each bucket of ``grads`` (``reduce_arrays``' layout), in reduction order, its
+        ``grads`` the kept buffers (a bucket of several tensors, not packed here) or flat views (of one)."""
+        ranges = _dtype_ranges(grads, bucket_bytes(self.bucket_mb))
+        buckets = []
+        for b, (first, stop) in enumerate(ranges):
+            found = kept.get((first, stop))
+            if stop - first > 1 and found is None:
+                size = sum(grad[0].size for grad in grads[first:stop])
+                found = kept[(first, stop)] = [mx.nd.empty((size,), ctx=array.context, dtype=array.dtype)
+                                               for array in grads[first]]
+            elif stop - first == 1 and (found is None or any(x is not y for x, y in zip(found[0], grads[first]))):
+                views = [array.reshape((-1,)) for array in grads[first]]
+                for old, new in zip(found[1] if found is not None and self.codec is not None else (), views):
+                    self.codec.move(old, new)   # the same tensor in new arrays: its error feedback follows
+                found = kept[(first, stop)] = (list(grads[first]), views)
+            flats = found if stop - first > 1 else found[1]
+            buckets.append(GradBucket(b, len(ranges), flats, [grad[0].shape for grad in grads[first:stop]], first))
+        return buckets
+
+    def _layouts(self, group):
+        """``(GradBucket, Bucket)`` of each bucket of ``group``, in reduction order: a flat replica's own, or those
+        ``reduce_arrays`` keeps for a group of plain lists (made at its first step), with their tensors' elements
+        in the flat layout of the whole replica (``Bucket.start``, ``Bucket.end``)."""
+        if all(isinstance(replica, FlatReplica) for replica in group):
+            return list(zip(self.buckets(group), group[0].buckets))
+        grads, names = _tensor_grads(group)
+        offsets = np.cumsum([0] + [grad[0].size for grad in grads])
+        return [(bucket, Bucket(bucket.first, bucket.first + len(bucket.shapes), int(offsets[bucket.first]),
+                                int(offsets[bucket.first + len(bucket.shapes)])))
+                for bucket in self._array_buckets(grads, self._kept_for(grads, names))]
 
     def state(self, group):
         """The communication hook's error feedback for ``group`` (a codec's residuals and ``Q`` matrices), whatever
         the buckets: ``{"residual/c<k>": context k's residual over the whole flat buffer, "residual/across": ...,
         "query/c<k>/<t>": ...}`` with ``t`` the parameter's index (``parallel.compress.Codec.state``'s names); ``{}``
-        without a codec. Waits for the devices."""
+        without a codec. A group of plain lists is laid out as its flat replica would be (its tensors one after
+        another; in float32 when their dtypes differ). Waits for the devices."""
         codec = self.codec
         if codec is None:
             return {}
         state, pieces = {}, {}
-        for bucket in self.buckets(group):
+        layouts = self._layouts(group)
+        for bucket, _ in layouts:
             across = bucket.grads[0] if self.job is not None else None
             for name, value in codec.state(bucket.grads, across).items():
                 kind, where = name.split("/", 1)
@@ -351,9 +443,12 @@ class Reducer:
                     state[f"query/{where}/{bucket.first + int(t)}"] = value
                 else:
                     pieces.setdefault(name, {})[bucket.index] = value
+        dtypes = {bucket.grads[0].dtype for bucket, _ in layouts}
+        dtype = dtypes.pop() if len(dtypes) == 1 else np.float32
         for name, found in pieces.items():   # the buckets' residuals, laid out as the flat buffer
-            parts = [found.get(b, mx.nd.zeros((layout.end - layout.start,), dtype=group[0].data.dtype))
-                     for b, layout in sorted(enumerate(group[0].buckets), key=lambda item: item[1].start)]
+            parts = [found[bucket.index].astype(dtype, copy=False) if bucket.index in found else
+                     mx.nd.zeros((layout.end - layout.start,), dtype=dtype)
+                     for bucket, layout in sorted(layouts, key=lambda item: item[1].start)]
             state[name] = mx.nd.concat(*parts, dim=0) if len(parts) > 1 else parts[0]
         return state
 
@@ -368,7 +463,9 @@ class Reducer:
                                  "compresses nothing; resume it with the same compression")
             return
         codec.reset()
-        for bucket, layout in zip(self.buckets(group), group[0].buckets):
+        layouts = self._layouts(group)
+        size = max((layout.end for _, layout in layouts), default=0)
+        for bucket, layout in layouts:
             local = {}
             for name, value in state.items():
                 kind, where = name.split("/", 1) if "/" in name else (name, "")
@@ -377,13 +474,44 @@ class Reducer:
                     if t.isdigit() and layout.first <= int(t) < layout.stop:
                         local[f"query/{where}/{int(t) - layout.first}"] = value
                 elif kind == "residual":
-                    if value.shape[0] != group[0].data.size:
+                    if value.shape[0] != size:
                         raise ValueError(f"compression_state: {name} has {value.shape[0]} elements, the model "
-                                         f"{group[0].data.size}; it belongs to another model")
+                                         f"{size}; it belongs to another model")
                     local[name] = value[layout.start:layout.end]
                 else:
                     local[name] = value
             codec.load_state(local, bucket.grads, bucket.grads[0] if self.job is not None else None)
+
+
+def _tensor_grads(group):
+    """A group of plain lists (replicas) as ``reduce_arrays`` takes it: each tensor's gradients, one a replica, and
+    the tensors' names (the identity of the first replica's arrays, which stay while their gradients are new
+    NDArray objects at every read)."""
+    grads = list(zip(*[grads_of(replica) for replica in group]))
+    return [list(arrays) for arrays in grads], [id(array) for array in group[0]]
+
+
+def _dtype_ranges(grads, limit):
+    """``bucket_ranges`` of each run of consecutive tensors of one dtype, the last run first: ``(first, stop)``
+    ranges of ``grads`` in reduction order."""
+    ranges, stop = [], len(grads)
+    while stop > 0:
+        start, dtype = stop - 1, grads[stop - 1][0].dtype
+        while start > 0 and grads[start - 1][0].dtype == dtype:
+            start -= 1
+        sizes = [grad[0].size for grad in grads[start:stop]]
+        ranges += [(start + a, start + b) for a, b in bucket_ranges(sizes, np.dtype(dtype).itemsize, limit)]
+        stop = start
+    return ranges
+
+
+def _unpack(flats, members):
+    """Each context's flat sum back into its tensors' arrays (``members``: for each tensor, its arrays)."""
+    for i, flat in enumerate(flats):
+        offset = 0
+        for grad in members:
+            mx.nd.slice_axis(flat, axis=0, begin=offset, end=offset + grad[i].size, out=grad[i].reshape((-1,)))
+            offset += grad[i].size
 
 
 def as_reducer(reducer, name="reducer"):
@@ -411,9 +539,9 @@ def allreduce_grads(device_params, reducer=DEFAULT_ALGORITHM, active=None):
     device_params : list of list of NDArray
         One replica per context (from ``get_params``).
     reducer : str or Reducer
-        An allreduce algorithm's name (see ``parallel.comm.allreduce``): flat replicas (``FlatReplica``) are
-        reduced in one call a bucket of their gradients, unless ``"naive"``: one call per tensor, as in the
-        textbook. Or a ``Reducer`` (its algorithm, hook and job).
+        An allreduce algorithm's name (see ``parallel.comm.allreduce``): the gradients are reduced in one call a
+        bucket (a flat replica's, or ``Reducer.reduce_arrays``' for plain lists), unless ``"naive"``: one call per
+        tensor, as in the textbook. Or a ``Reducer`` (its algorithm, buckets, hook and job).
     active : int, optional
         Replicas ``active..`` computed nothing this step (a batch smaller than the number of replicas):
         their gradients are zeroed first, so they contribute nothing and stale gradients never leak in.

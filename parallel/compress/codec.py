@@ -67,6 +67,16 @@ class Codec:
         """Forget every residual (a new run)."""
         self.residuals.clear()
 
+    def move(self, old, new):
+        """The gradient buffer ``old`` is now ``new``: a new array for the same tensors on the same context (a
+        reducer's flat view, made anew of a gradient that came back as another NDArray object). Its residuals, at
+        both levels, follow it, and so does whatever else the codec keeps for it (``PowerSGD``'s ``Q``s)."""
+        for level in ("contexts", "across"):
+            found = self.residuals.get((level, id(old)))
+            if found is not None and found[0] is old:
+                del self.residuals[(level, id(old))]
+                self.residuals[(level, id(new))] = (new, found[1])
+
     def state(self, buffers, across=None):
         """What error feedback carries from one step to the next, for the flat gradient buffers ``buffers`` (one
         a context, as ``reduce`` gets them) and, in a job, the buffer ``across`` the workers' level encodes:

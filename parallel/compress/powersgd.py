@@ -33,6 +33,12 @@ class PowerSGD(Codec):
         super().reset()
         self.queries.clear()
 
+    def move(self, old, new):
+        """The residuals and every tensor's ``Q`` of the buffer ``old`` follow it to ``new`` (``Codec.move``)."""
+        super().move(old, new)
+        for key in [key for key, found in self.queries.items() if found[0] is old]:
+            self.queries[(key[0], id(new), key[2])] = (new, self.queries.pop(key)[1])
+
     def state(self, buffers, across=None):
         """The residuals and every tensor's ``Q`` (``"query/c<k>/<t>"``, ``"query/across/<t>"``)."""
         state = super().state(buffers, across)

@@ -198,7 +198,8 @@ class DataParallel(Strategy):
         rank 0's parameters and running statistics (a collective call: every worker must make it), each step
         trains this worker's slice of the global batch and sums the gradients over the workers, evaluation
         combines the workers' counts. BatchNorm is synchronized across a worker's contexts, not across workers.
-        A gluon Block's gradients are summed a parameter at a time, uncompressed, in one process.
+        A gluon Block's gradients, an array a parameter, are summed in the reducer's buckets too (packed into flat
+        buffers it keeps: ``Reducer.reduce_arrays``), through its hook or codec, in one process.
 
     Attributes
     ----------
@@ -226,10 +227,9 @@ class DataParallel(Strategy):
             if params is not None:
                 raise TypeError("params= is for a function of (inputs, params); a gluon Block holds its own "
                                 "parameters: drop params=")
-            if self.job is not None or self.reducer.codec is not None:
-                what = "a job" if self.job is not None else "compression"
-                raise TypeError(f"a reducer with {what} takes a function of (inputs, params) on flat replicas, not "
-                                "a gluon Block; pass GluonNet(block) with params=block")
+            if self.job is not None:
+                raise TypeError("a reducer with a job takes a function of (inputs, params) on flat replicas, not a "
+                                "gluon Block; pass GluonNet(block) with params=block")
             _place_block(module, self.ctx_list)
             self._net = _BlockFunction(module)
         elif callable(module):
