@@ -128,7 +128,7 @@ def test_resuming_residuals_without_a_compressor_is_refused(tmp_path):
 
 def test_a_wrong_state_for_the_compressor_is_a_value_error():
     strategy = _strategy("powersgd:2")
-    grads = [params.grad for params in strategy.device_params]
+    grads = [params.grad for params in strategy.model]
     compressor = strategy.reducer.codec
     with pytest.raises(ValueError, match="compression_state: 'residual/c7' is not part of"):
         compressor.load_state({"residual/c7": np.zeros(grads[0].shape, np.float32)}, grads)
@@ -136,7 +136,7 @@ def test_a_wrong_state_for_the_compressor_is_a_value_error():
         compressor.load_state({"residual/c0": np.zeros(3, np.float32)}, grads)
     compressor.load_state({"query/c0/0": np.zeros((5, 5), np.float32)}, grads)   # rank 5, where 2 is asked
     with pytest.raises(ValueError, match="compression_state: the Q of tensor 0 has shape"):
-        compressor.reduce(grads, BucketComm("fused"), shapes=[p.shape for p in strategy.device_params[0]])
+        compressor.reduce(grads, BucketComm("fused"), shapes=[p.shape for p in strategy.model[0]])
     with pytest.raises(ValueError, match="named w<rank>/<name>"):
         place({"residual/c0": np.zeros(3)}, 0, 1, 2)
 

@@ -1,8 +1,11 @@
 """Data parallelism: one replica of the model per context, the batch split across them, the gradients summed.
 
-``DataParallel`` is the data strategy the training loop and ``python -m parallel.train`` use (``train_step``
-runs ``parallel.step.train_step``, the textbook's step), and a wrapper in the style of PyTorch's
-``nn.DataParallel``: scatter, replicate, parallel apply, gather. ``DataParallel(module, ctx_list)`` wraps a
+``DataParallel`` is a wrapper in the style of PyTorch's ``nn.DataParallel`` (scatter, replicate, parallel apply,
+gather) for a model the package cannot lay out itself: any function of (inputs, params), or a gluon Block whose
+parameters it moves in place. It has no step of its own: ``train_step`` is ``parallel.step.train_step`` (the
+textbook's step, the one every strategy takes) and ``step``/``update`` the package's one update
+(``parallel.optim.optimizer_step``). ``make_strategy`` (the training loop, ``python -m parallel.train``) lays every
+layout out with the composed strategy, ``Hybrid``, the data preset included. ``DataParallel(module, ctx_list)`` wraps a
 gluon Block, or a function of (inputs, params) with ``params=[...]``. Calling it splits the batch across the
 contexts (``split_and_load``: shards differ by at most one example), runs one replica per shard, and concatenates
 the outputs on ``ctx_list[0]``:
@@ -49,7 +52,7 @@ from ..step import may_skip_parameters, train_step, zero_grads
 from ..validate import check_contexts
 from .base import ArrayPlace, Strategy
 
-__all__ = ["DataParallel", "data_parallel", "replicate", "parallel_apply", "gather"]
+__all__ = ["DataParallel", "data_parallel", "replicate", "parallel_apply", "gather", "describe_replicas"]
 
 
 def replicate(params, ctx_list, bucket_mb=None):
@@ -163,6 +166,30 @@ def data_parallel(module, X, ctx_list, device_params=None, output_ctx=None):
     return gather(outputs, ctx_list[0] if output_ctx is None else output_ctx)
 
 
+def describe_replicas(reducer, num_contexts, accumulate=1, batchnorm=None, recomputed=None, statistics=False):
+    """The line of a layout of data replicas alone, whoever runs it (``DataParallel``, or the composed strategy of
+    the data preset): how the ``num_contexts`` replicas are summed (``reducer``, and its job's workers), what
+    BatchNorm normalises over when each batch runs as ``accumulate`` micro-batches (``batchnorm``: None without
+    BatchNorm, else whether its statistics are synchronized over the contexts), how many blocks are recomputed
+    (``recomputed``, None: none), and whether running ``statistics`` stay per worker in a job."""
+    summed = reducer.describe(num_contexts)
+    line = "one replica per context" + (f", {summed}" if summed else "")
+    if batchnorm is not None and (num_contexts > 1 or accumulate > 1):
+        over = "the whole batch" if accumulate == 1 else f"each of the {accumulate} micro-batches alone"
+        line += (f", BatchNorm over {over}" if batchnorm or num_contexts == 1 else
+                 ", BatchNorm per context" + ("" if accumulate == 1 else " and micro-batch"))
+    if recomputed is not None:
+        line += f", activations recomputed in backward ({recomputed} blocks)"
+    job = reducer.job
+    if job is not None:
+        line += f", then over {job.num_workers} worker(s) through the {job.kv.type} kvstore"
+        if reducer.codec is not None:
+            line += f" as {reducer.codec.spec} payloads"
+        if statistics:
+            line += " (BatchNorm statistics per worker)"
+    return line
+
+
 class _BlockFunction:
     """A gluon Block as a function ``net(X, params)`` that ignores ``params``: the Block reads its own
     parameters on ``X``'s context."""
@@ -261,23 +288,12 @@ class DataParallel(Strategy):
 
     def describe(self, accumulate=1):
         """One line: how the replicas are kept and summed, and what BatchNorm normalises over when each batch
-        runs as ``accumulate`` micro-batches (each on its own statistics)."""
-        summed = self.reducer.describe(len(self.ctx_list))
-        line = "one replica per context" + (f", {summed}" if summed else "")
+        runs as ``accumulate`` micro-batches (each on its own statistics): ``describe_replicas``."""
         net = self._net.full if isinstance(self._net, Recompute) else self._net
-        if isinstance(net, GluonNet) and net.has_batchnorm and (len(self.ctx_list) > 1 or accumulate > 1):
-            over = "the whole batch" if accumulate == 1 else f"each of the {accumulate} micro-batches alone"
-            line += (f", BatchNorm over {over}" if net.sync_batchnorm or len(self.ctx_list) == 1 else
-                     ", BatchNorm per context" + ("" if accumulate == 1 else " and micro-batch"))
-        if isinstance(self._net, Recompute):
-            line += f", activations recomputed in backward ({len(self._net.segments)} blocks)"
-        if self.job is not None:
-            line += f", then over {self.job.num_workers} worker(s) through the {self.job.kv.type} kvstore"
-            if self.reducer.codec is not None:
-                line += f" as {self.reducer.codec.spec} payloads"
-            if self.aux():
-                line += " (BatchNorm statistics per worker)"
-        return line
+        batchnorm = net.sync_batchnorm if isinstance(net, GluonNet) and net.has_batchnorm else None
+        recomputed = len(self._net.segments) if isinstance(self._net, Recompute) else None
+        return describe_replicas(self.reducer, len(self.ctx_list), accumulate, batchnorm, recomputed,
+                                 bool(self.aux()))
 
     def places(self):
         """Every trained array lies whole on every replica (``ReplicatedStore``): the primary's, live."""

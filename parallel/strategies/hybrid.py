@@ -62,6 +62,7 @@ from ..step import Replicas, worker_step
 from ..trace import issued
 from ..validate import BadType, BadValue, check_bool, check_contexts
 from .base import ArrayPlace, Strategy
+from .data import describe_replicas
 from .model import stage_ranges
 from .pipeline import issue, micro_batches
 from .schedules import pipeline_schedule
@@ -655,9 +656,29 @@ class Hybrid(Strategy, Replicas):
                              "virtual_stages": self.layout.virtual, "stashed_peak": plan.stashed_peak,
                              "bubble": plan.bubble}}
 
+    @functools.cached_property
+    def replicates_only(self):
+        """Whether the layout is data replicas alone (the data preset): one chunk that every replica holds whole,
+        no tensor ranks, no ZeRO-3, nothing in lockstep (experts, context groups)."""
+        return (self.layout.strategy == "data" and len(self.ranges) == 1 and self.mesh.shape.tensor == 1
+                and self.layout.zero < 3 and not self.lockstep)
+
+    @property
+    def model(self):
+        """What ``fit`` returns: for data replicas alone (``replicates_only``) the replicas, one a context, as the
+        textbook keeps them (``device_params``); else the strategy."""
+        if self.replicates_only:
+            return [self.replicas[d][0][0] for d in range(self.mesh.replicas)]
+        return self
+
     def describe(self, accumulate=1):
         """One line: the axes, each chunk and the contexts holding it, and what is sharded, recomputed or
-        pipelined."""
+        pipelined; for data replicas alone, ``describe_replicas``'s line."""
+        if self.replicates_only:
+            batchnorm = bool(self.aux()) or None
+            recomputed = len(self.chunks[0].blocks.segments) if self.layout.recompute else None
+            return describe_replicas(self.reducer, self.mesh.replicas, accumulate, batchnorm, recomputed,
+                                     bool(self.aux()))
         p, labels = self.mesh, self._cut.labels
         where = " | ".join(f"{label} @ " + ",".join(str(self.context(d, c, t)) for d in range(p.replicas)
                                                     for t in range(p.shape.tensor)) for c, label in enumerate(labels))

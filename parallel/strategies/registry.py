@@ -6,16 +6,11 @@
 >>> strategy.name, strategy.describe()
 ('hybrid', '2 replicas x 2 stages: conv1,conv2 @ cpu(0),cpu(2) | dense1,dense2 @ cpu(1),cpu(3); gradients summed with the fused allreduce in buckets of 25 MiB')
 """
-from mxnet import gluon
 
 from ..comm.reducer import as_reducer
 from ..layout import Layout
-from ..models.recompute import Recompute
-from ..models.moe import moe_layers
-from ..models.registry import behaviour_of
 from ..validate import BadType, check_contexts
 from . import Stages
-from .data import DataParallel
 from .hybrid import Hybrid
 
 __all__ = ["make_strategy", "layout_of"]
@@ -78,10 +73,10 @@ def make_strategy(name, params, ctx_list, stages=None, reducer=None, recompute=F
 
     Returns
     -------
-    parallel.strategies.base.Strategy
-        ``DataParallel`` for the data preset of a model without mixture-of-experts layers, without ZeRO-3, tensor
-        or context parallelism, else the composed ``Hybrid``;
-        its ``ctx_list`` holds the contexts it uses (the model and pipeline presets leave the rest idle).
+    parallel.strategies.hybrid.Hybrid
+        The composed strategy, for every layout (the data preset's replicas print and train as ``DataParallel``'s
+        did: ``describe_replicas``); its ``ctx_list`` holds the contexts it uses (the model and pipeline presets
+        leave the rest idle).
 
     Raises
     ------
@@ -94,11 +89,4 @@ def make_strategy(name, params, ctx_list, stages=None, reducer=None, recompute=F
               layout_of(name, stages, reducer, recompute, zero, tensor, expert_parallel))
     layout.check(batch_size=batch_size)
     check_contexts(ctx_list)
-    experts = layout.expert_parallel > 1 or (isinstance(params, gluon.Block) and bool(moe_layers(params)))
-    if layout.strategy == "data" and layout.tensor == 1 and layout.zero < 3 and not experts and layout.context == 1:
-        behaviour = behaviour_of(params)
-        net = behaviour.net(params)
-        if layout.recompute:
-            net = Recompute(net, behaviour.segments(params))
-        return DataParallel(net, ctx_list, params=params, reducer=reducer)
     return Hybrid(params, ctx_list, layout, reducer)
