@@ -46,6 +46,17 @@ def mxnet_library():
     return mx.base._LIB
 
 
+def data_address(array):
+    """The address of ``array``'s first element (``MXNDArrayGetData``): a view of a flat buffer starts inside the
+    buffer, so two arrays share memory where their ranges overlap. None for an array whose memory MXNet has not
+    allocated yet (before its first operation has run)."""
+    import ctypes
+    import mxnet as mx
+    pointer = ctypes.c_void_p()
+    mx.base.check_call(mxnet_library().MXNDArrayGetData(array.handle, ctypes.byref(pointer)))
+    return pointer.value
+
+
 def nd_operator(name):
     """The NDArray function of MXNet's operator called ``name``, as a symbol's JSON names it (``"Convolution"``,
     ``"_plus_scalar"``).

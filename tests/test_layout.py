@@ -21,6 +21,21 @@ BENCHMARKS = sorted(os.path.join("benchmarks", n) for n in os.listdir(os.path.jo
                     if n.endswith(".py"))
 #: The tests and the fixtures they share (``tests/*.py``).
 TESTS = sorted(os.path.join("tests", n) for n in os.listdir(os.path.join(ROOT, "tests")) if n.endswith(".py"))
+NOTEBOOKS = sorted(os.path.join("notebooks", n) for n in os.listdir(os.path.join(ROOT, "notebooks"))
+                   if n.endswith(".ipynb"))
+
+
+def _notebook_code(path):
+    """A notebook's code cells as one module's source, IPython's ``%`` and ``!`` lines left out."""
+    import json
+    with open(os.path.join(ROOT, path)) as f:
+        cells = json.load(f)["cells"]
+    lines = []
+    for cell in cells:
+        if cell["cell_type"] == "code":
+            lines += [line for line in "".join(cell["source"]).splitlines() if not line.lstrip().startswith(("%", "!"))]
+            lines.append("")
+    return "\n".join(lines)
 
 #: The most lines of code (not counting docstrings, comments and blank lines) a function may have.
 MAX_FUNCTION_LINES = 60
@@ -249,9 +264,9 @@ def _private_uses(tree, module="", first_line=1, strings=True):
 
 
 def test_no_code_uses_another_objects_private_name():
-    """No module, benchmark or test reaches into another module's or object's private names (MXNet's are read in
-    ``parallel.mxnet_compat`` alone): what another needs is public and documented, a test goes through the public
-    API. The rule's reader finds each kind of use."""
+    """No module, benchmark, test or notebook reaches into another module's or object's private names (MXNet's are
+    read in ``parallel.mxnet_compat`` alone): what another needs is public and documented, a test goes through the
+    public API. The rule's reader finds each kind of use."""
     snippet = ast.parse(
         "import os\nfrom m import _hidden, shown\nx = obj._cache + self._own + cls._own + p._replace(a=1)\n"
         "monkeypatch.setattr(engine, '_LOCK', None)\nmonkeypatch.setattr('parallel.fit._run', f)\n"
@@ -266,6 +281,8 @@ def test_no_code_uses_another_objects_private_name():
         # this file's strings are the snippets that show the rule's reader what to find
         found += [f"{module}:{line}: {text}" for line, text in
                   _private_uses(tree, module, strings=module != os.path.join("tests", "test_layout.py"))]
+    for notebook in NOTEBOOKS:   # a lesson uses what a reader may use
+        found += [f"{notebook}: {text}" for _, text in _private_uses(ast.parse(_notebook_code(notebook)), notebook)]
     assert not found, "private names of other objects used:\n" + "\n".join(found)
 
 

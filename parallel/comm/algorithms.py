@@ -243,7 +243,7 @@ def buffer_bytes():
     return per_context
 
 
-def _add_into(dst, src):
+def add_into(dst, src):
     """``dst += src`` on ``dst``'s context, queued; the same additions ``dst[i] + src[i]``, bit for bit.
 
     ``NDArray.__iadd__`` runs ``broadcast_add``, which on MXNet 1.9's CPU contexts takes about twice as
@@ -260,7 +260,7 @@ def _naive(arrays):
     """
     total = arrays[0]
     for array in arrays[1:]:
-        _add_into(total, _receive(array, total.context))   # runs on the first context
+        add_into(total, _receive(array, total.context))   # runs on the first context
     for array in arrays[1:]:
         copy_to(total, array)                                # broadcast: one copy per other context
 
@@ -299,7 +299,7 @@ def _ring_chunks(arrays):
             for flat in [array.reshape(-1) for array in arrays]]
 
 
-def _ring_reduce_scatter(arrays):
+def ring_reduce_scatter(arrays):
     """The first half of the ring: afterwards context ``i`` holds the full sum of chunk ``i + 1`` (mod K).
 
     In round ``s = 0 .. K-2`` context ``i`` sends chunk ``i - s`` (mod K) to context ``i + 1``, which adds it
@@ -310,10 +310,10 @@ def _ring_reduce_scatter(arrays):
         for i in range(k):
             c, dst = (i - s) % k, (i + 1) % k
             if chunks[i][c] is not None:
-                _add_into(chunks[dst][c], _receive(chunks[i][c], arrays[dst].context))   # on dst
+                add_into(chunks[dst][c], _receive(chunks[i][c], arrays[dst].context))   # on dst
 
 
-def _ring_all_gather(arrays):
+def ring_all_gather(arrays):
     """The second half of the ring: from context ``i`` holding chunk ``i + 1`` (mod K), every context holds
     every chunk. In round ``s`` context ``i`` sends chunk ``i + 1 - s``, complete, and the receiver overwrites
     its copy: every context ends with the very same bits."""
@@ -329,15 +329,15 @@ def _ring(arrays):
     """Ring allreduce: reduce-scatter, then all-gather, over the flat arrays cut into K chunks.
 
     Context ``i`` only ever sends to context ``i + 1`` (mod K). After the *reduce-scatter*
-    (``_ring_reduce_scatter``) context ``i`` holds the full sum of chunk ``i + 1``; the *all-gather*
-    (``_ring_all_gather``) passes the complete chunks on around the ring: every context ends with the very
+    (``ring_reduce_scatter``) context ``i`` holds the full sum of chunk ``i + 1``; the *all-gather*
+    (``ring_all_gather``) passes the complete chunks on around the ring: every context ends with the very
     same bits, each chunk summed once, in one order.
     Each context sends (and receives) ``2 (K-1) / K`` of the array, whatever K: bandwidth-optimal.
     Every context receives into one buffer of a chunk (two when the chunks differ in size): ``1 / K`` of
     the array of extra memory per context.
     """
-    _ring_reduce_scatter(arrays)
-    _ring_all_gather(arrays)
+    ring_reduce_scatter(arrays)
+    ring_all_gather(arrays)
 
 
 def _direct_reduce_scatter(arrays):
@@ -388,7 +388,7 @@ def _tree(arrays):
         strides.append(2 ** len(strides))
     for stride in strides:                            # reduce: pairs at distance `stride`
         for i in range(0, k - stride, 2 * stride):
-            _add_into(arrays[i], _receive(arrays[i + stride], arrays[i].context))
+            add_into(arrays[i], _receive(arrays[i + stride], arrays[i].context))
     for stride in reversed(strides):                  # broadcast: the same pairs, backwards
         for i in range(0, k - stride, 2 * stride):
             copy_to(arrays[i], arrays[i + stride])
@@ -398,7 +398,7 @@ def _tree(arrays):
 ALLREDUCE_ALGORITHMS = dict(zip(ALGORITHMS, (_naive, _fused, _ring, _tree)))
 
 #: The two halves of an allreduce, by the name of the allreduce they split (``SHARDED_ALGORITHMS``).
-_HALVES = {"ring": (_ring_reduce_scatter, _ring_all_gather), "fused": (_direct_reduce_scatter, _direct_all_gather)}
+_HALVES = {"ring": (ring_reduce_scatter, ring_all_gather), "fused": (_direct_reduce_scatter, _direct_all_gather)}
 
 BytesMoved = namedtuple("BytesMoved", ["total", "per_context_max"])
 BytesMoved.__doc__ = """Bytes an allreduce copies between contexts.
