@@ -221,8 +221,6 @@ class Layout:
             raise BadValue("compression", "{compression}'s error feedback keeps a residual of the whole gradient on "
                                           "every context, the memory {zero=3} shards away; use {zero} 0, 1 or 2 "
                                           "with compression")
-        if self.expert_parallel > 1:
-            self._check_experts()
         if self.context > 1:
             self._check_context()
         if self.sequence:
@@ -242,16 +240,6 @@ class Layout:
         if self.sequence:
             raise BadValue("sequence", f"{{sequence}} with {{context={c}}} is not built; give one of them")
 
-    def _check_experts(self):
-        p = self.expert_parallel
-        self.check_mixture(f"{{expert_parallel={p}}}")
-
-    def check_mixture(self, what):
-        """``BadValue`` for what a mixture of experts (named ``what`` in the message) does not run with; a strategy
-        calls it for a model with experts whatever ``expert_parallel``."""
-        if self.sequence:
-            raise BadValue("sequence", f"{{sequence}} with {what} is not built; give one of them")
-
     def _check_interleaving(self):
         v = self.virtual
         if self.schedule != "1f1b":
@@ -266,8 +254,6 @@ class Layout:
 
     def _check_model(self, model):
         info = model_info(model)
-        if dict(info.chosen).get("experts"):
-            self.check_mixture("{experts}")
         if (self.context > 1 or self.sequence) and not info.sequences:
             runs = [name for name, entry in MODELS.items() if entry.sequences]
             if self.sequence:

@@ -330,6 +330,20 @@ def test_the_cli_trains_experts_and_records_their_routing(small_dir, tmp_path, c
     assert "epoch 3," in capsys.readouterr().out
 
 
+def test_the_cli_trains_experts_with_sequence_parallelism(small_dir, tmp_path, capsys):
+    """``--sequence-parallel`` with experts (issue 46): each tensor rank routes its slice of the sequence, queued in
+    one context's order; over 2 replicas that share their experts (the matrix proves it trains the one-context
+    model: tests/test_layouts.py)."""
+    metrics = tmp_path / "m.json"
+    assert main(["--model", "vit", "--experts", "4", "--top-k", "2", "--router-z-loss", "0.001", "--tensor", "2",
+                 "--sequence-parallel", "--expert-parallel", "2", "--devices", "cpu:4", "--data-dir", str(small_dir),
+                 "--epochs", "1", "--batch-size", "32", "--no-progress", "--metrics-json", str(metrics)]) == 0
+    out = capsys.readouterr().out
+    assert "sequence parallel: layer norms and the residual stream split" in out and "2 tensor ranks" in out
+    experts = json.loads(metrics.read_text())[0]["experts"]
+    assert np.array(experts["tokens"]).sum() == 2 * 64 * 17 * 2 and experts["aux_loss"] > 0   # each choice once
+
+
 @pytest.mark.slow   # the CLI's experts: test_the_cli_trains_experts_and_records_their_routing
 def test_the_cli_trains_experts_across_pipeline_stages_and_resumes_them_spread(small_dir, tmp_path, capsys):
     """A mixture of experts composed with pipeline stages (issue 39): 2 stages fed 2 micro-batches in 1F1B's order
@@ -362,7 +376,6 @@ def test_the_cli_trains_experts_across_pipeline_stages_and_resumes_them_spread(s
     (["--experts", "4", "--top-k", "5"], "--top-k must be between 1 and --experts 4"),
     (["--experts", "4", "--expert-parallel", "3", "--devices", "cpu:3"], "--expert-parallel must divide"),
     (["--experts", "4", "--expert-parallel", "2", "--devices", "cpu:3"], "cannot group 3"),
-    (["--experts", "4", "--tensor", "2", "--sequence-parallel", "--devices", "cpu:2"], "with --experts is not built"),
     (["--experts", "4", "--export", "out"], "leave --export out with --experts"),
     (["--experts", "4", "--capacity-factor", "nan"], "--capacity-factor"),
 ])

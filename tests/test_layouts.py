@@ -186,6 +186,11 @@ def test_experts_x_data_trains_the_one_context_moe_vit(layout, k, one_context_fe
     (Layout("hybrid", stages=2, tensor=2, zero=3, micro_batches=2), 8, 2),
     (Layout(context=2, expert_parallel=2), 4, 1),
     (Layout("hybrid", stages=2, context=2, expert_parallel=2, zero=3), 8, 1),
+    # issue 46: sequence parallelism, each tensor rank routing its slice of the sequence
+    (Layout(tensor=2, sequence=True), 2, 1),
+    (Layout(tensor=2, sequence=True, expert_parallel=2), 4, 1),
+    (Layout("pipeline", stages=2, tensor=2, sequence=True, micro_batches=2, schedule="1f1b"), 4, 2),
+    (Layout(tensor=2, sequence=True, expert_parallel=2, zero=3), 8, 1),
 ])
 def test_experts_x_pipeline_x_tensor_train_the_one_context_moe_vit(layout, k, parts, one_context_fed):
     """A mixture of experts across pipeline stages (each stage's replicas in lockstep, ``parallel.models.lockstep``;
@@ -197,8 +202,10 @@ def test_experts_x_pipeline_x_tensor_train_the_one_context_moe_vit(layout, k, pa
     same), with expert parallelism and across 2 stages, and with ZeRO-3 (each rank's dense parts and its copy of
     its member's experts sharded over the replicas, issue 46); with each example's tokens split over context groups
     (each member routing its slice, queued in one context's order: ``moe._one_queue``), with expert parallelism,
-    across stages with ZeRO-3: the one-context model. A chunk's routing is counted once,
-    recomputed or not, over tensor ranks or not."""
+    across stages with ZeRO-3; with sequence parallelism (each tensor rank routing its slice of the sequence, all
+    the ranks' slices one queue in one context's order, the router's and experts' gradients summed over the ranks),
+    with expert parallelism, across stages, with ZeRO-3: the one-context model, the same tokens kept and dropped.
+    A chunk's routing is counted once, recomputed or not, over tensor ranks or not."""
     strategy = make_strategy(layout, _moe(), contexts(k))
     assert isinstance(strategy, Hybrid) and strategy.lockstep
     want, metrics = one_context_fed(_moe, parts, replicas=len(strategy.in_ctx_list) if parts > 1 else 1)

@@ -118,8 +118,6 @@ def test_the_cli_records_the_activations_each_context_keeps(tmp_path, capsys):
 
 @pytest.mark.parametrize("flags, says", [
     (["--sequence-parallel"], "give --tensor 2 or more"),
-    (["--sequence-parallel", "--tensor", "2", "--devices", "cpu:2", "--experts", "4"],
-     "--sequence-parallel with --experts is not built"),
     (["--sequence-parallel", "--tensor", "2", "--devices", "cpu:2", "--model", "transformer"], "use --model vit"),
 ])
 def test_bad_sequence_flags_get_one_line_and_status_2(flags, says, easy_dir, capsys):

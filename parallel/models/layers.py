@@ -345,6 +345,29 @@ class ReplicasF(RanksF):
         """The positions of tensor rank ``t``'s arrays, one a replica, in order."""
         return self.mesh.group(*REPLICA_AXES, tensor=t).ranks
 
+    def queues(self):
+        """The arrays a mixture of experts routes as one queue (``parallel.models.moe``), one list of positions a
+        queue: with sequence parallelism all of them, each rank holding its slice of its replica's tokens; else
+        each tensor rank's, one a replica (a replica's ranks hold the same tokens and route them alone, alike)."""
+        if self.sequence:
+            return [list(range(self.ranks))]
+        return [list(self.ranks_of(t)) for t in range(self.tensor)]
+
+    def expert_groups(self, where):
+        """The expert-parallel groups among the arrays ``where`` (a queue of ``queues``): the mesh's groups along
+        the expert axis that ``where`` holds, each a tuple of positions in ``where``."""
+        return self._groups_among(where, "expert")
+
+    def sequence_groups(self, where):
+        """The arrays among ``where`` that hold slices of the same examples' tokens, slice after slice (a tuple of
+        positions in ``where`` a group, in the batch's order): the context groups' members, and with sequence
+        parallelism the tensor groups' ranks. Groups of one when no array shares its examples."""
+        return self._groups_among(where, *(("context", "tensor") if self.sequence else ("context",)))
+
+    def _groups_among(self, where, *axes):
+        at = {r: i for i, r in enumerate(where)}
+        return [tuple(at[r] for r in group.ranks) for group in self.mesh.groups(*axes) if group.ranks[0] in at]
+
     def context_part(self, x, axis=1):
         """Each member's slice of ``x`` (whole on every member of a context-parallel group) along ``axis``: member
         ``t`` of C the ``t``-th of C slices as even as can be (``chunk_bounds``). Recorded: the gradient of the

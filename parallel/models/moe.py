@@ -22,7 +22,10 @@ Routing is decided on the host: the router's probabilities are read back (one wa
 floats), the choices, queues and drops computed with numpy, and the tokens moved by index (``take``). So the
 decisions are exact and the same whatever the layout: over the replicas of a step, the queues are one queue in
 the order of the whole batch (replica 0's tokens, then replica 1's, ...), and the capacity is the whole batch's;
-K replicas drop exactly the tokens one context drops.
+K replicas drop exactly the tokens one context drops. So do slices of the same examples: context groups' members
+and, with sequence parallelism, a tensor group's ranks (each holding its slice of its replica's tokens) route their
+slices as one queue in one context's order (``_one_queue``, the groups ``ReplicasF`` takes from the mesh), and a
+rank sends its tokens to the same rank of the member holding their experts.
 
 **Expert parallelism** (``expert_parallel`` P, GShard's and DeepSpeed-MoE's): the replicas of a step form groups
 of P consecutive replicas; member ``p`` of a group holds experts ``p E / P`` .. ``(p + 1) E / P - 1`` (its
@@ -217,15 +220,15 @@ class MoEFeedForward(nn.HybridBlock):
         if isinstance(F, ReplicasF):
             arrays = [F.arrays_of(x)] + [a.arrays for a in (router_weight, fc1_weight, fc1_bias, fc2_weight, fc2_bias)]
             outputs, aux = [None] * F.ranks, [None] * F.ranks
-            for t in range(F.tensor):   # replicas that are tensor groups: each rank's copy of the tokens routed alone
-                where = F.ranks_of(t)
-                outs = self._forward(*[[a[r] for r in where] for a in arrays], F.mesh.replica_groups("expert"),
-                                     _one_queue(F.mesh, [arrays[0][r].shape for r in where]))
+            queues = F.queues()   # one a tensor rank (each rank's copy of the tokens routed alone), or one of all
+            for where in queues:
+                outs = self._forward(*[[a[r] for r in where] for a in arrays], F.expert_groups(where),
+                                     _one_queue(F.sequence_groups(where), [arrays[0][r].shape for r in where]))
                 for i, r in enumerate(where):
                     outputs[r] = outs[i]
                     aux[r] = self.last.aux[i] if self.last.aux else None
-            if F.tensor > 1:   # every rank routed the same tokens: one routing, every rank's auxiliary losses
-                self.last = self.last._replace(aux=[a for a in aux if a is not None], copies=F.tensor)
+            if len(queues) > 1:   # every rank routed the same tokens: one routing, every rank's auxiliary losses
+                self.last = self.last._replace(aux=[a for a in aux if a is not None], copies=len(queues))
             F.keep(outputs + self.last.aux, arrays[0])   # on the tape, if any: a segment's arrays and heads
             return Ranks(outputs, F)
         if isinstance(F, RanksF):
@@ -402,16 +405,17 @@ def aux_losses(block):
     return [mx.nd.add_n(*parts) if len(parts) > 1 else parts[0] for parts in zip(*[l.last.aux for l in layers])]
 
 
-def _one_queue(mesh, shapes):
-    """Where each token of the replicas' inputs (``shapes``, one ``(examples, tokens, ...)`` a replica, in the
-    replicas' order; their tokens concatenated row after row) stands in one context's queue: the examples of each
-    context group in order, each example's tokens whole (its members' slices one after another). None when the
-    replicas' order is that order already (no context groups)."""
-    if mesh.shape.context == 1:
+def _one_queue(groups, shapes):
+    """Where each token of the arrays' inputs (``shapes``, one ``(examples, tokens, ...)`` an array, in order; their
+    tokens concatenated row after row) stands in one context's queue: the examples of each group (``groups``, the
+    positions of arrays that split each example's sequence, slice after slice, in the batch's order) in order,
+    each example's tokens whole (its members' slices one after another). None when that order is the arrays'
+    already (no array shares its examples)."""
+    if all(len(members) == 1 for members in groups):
         return None
     starts = np.cumsum([0] + [int(np.prod(shape[:-1])) for shape in shapes])
     order = []
-    for members in mesh.replica_groups("context"):
+    for members in groups:
         for i in range(shapes[members[0]][0]):
             for r in members:
                 tokens = shapes[r][1]

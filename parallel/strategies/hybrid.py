@@ -22,7 +22,8 @@ dense arrays and its expert-parallel member's experts (``expert_replicas``, summ
 same experts), a block's auxiliary losses are heads of its own backward, and a context group's members are replicas
 of their own (the first chunk gives each its group's shard, the last reports the group's first member's output).
 With ZeRO-3 each member's experts are sharded over the replicas holding them; over tensor ranks each replica is a
-tensor group, every replica's ranks recorded on one tape (``SegmentTape(group=T)``).
+tensor group, every replica's ranks recorded on one tape (``SegmentTape(group=T)``); with sequence parallelism
+the router's and experts' gradients, each rank's its slice's part, are summed over the ranks with the layer norms'.
 
 So every axis is a plug-in of the same step: the model and pipeline strategies are one replica of stages (their
 presets ``ModelParallel`` and ``Pipeline``), the data strategy's ZeRO-3 (``FullyShardedDataParallel``) is one
@@ -259,8 +260,7 @@ class Hybrid(Strategy, Replicas):
                                                   "model; the model has none: give it experts (vit(experts=E), "
                                                   "--experts)")
             return
-        if layers:   # the layout's rules for a mixture of experts (its own check has them with expert_parallel)
-            self.layout.check_mixture("{experts}")
+        if layers:   # its experts shared equally by each expert-parallel group
             check_shared(layers, self.layout.expert_parallel)
         if block_state(params)[3]:
             what = "a mixture of experts" if layers else "{context}"
@@ -410,7 +410,14 @@ class Hybrid(Strategy, Replicas):
 
         parts = [joined(lambda g: g.parts, s) for s in range(len(segments))]
         scratch = [joined(lambda g: g.scratch, s) for s in range(len(segments))]
-        blocks = self._sharded_blocks(segments, dense + self.expert_sharded[c])
+
+        def buffers(d):   # replica d's gradient buffers: each rank's dense group's, and its member's experts'
+            e = p.replica_coords(d).expert
+            return [g for t in range(T) for g in (dense[t].grad_buffer(d),
+                                                    members[t][e].grad_buffer(p.holders(expert=e).index(d)))]
+
+        summed = functools.partial(self._sum_joined, c, parts, buffers) if self._summed[c] else None
+        blocks = self._sharded_blocks(segments, dense + self.expert_sharded[c], summed)
         return Chunk(blocks, _per_rank(parts, T), _per_rank(scratch, T), contexts)
 
     def _expert_groups(self, c, t, segments, contexts, keys):
@@ -504,9 +511,11 @@ class Hybrid(Strategy, Replicas):
             return
         for c, indices in enumerate(self._summed):
             for d in range(self.mesh.replicas if indices else 0):
-                ranks = self.replicas[d][c]
-                self._sum_over_ranks([[rank[i].grad for i in indices] for rank in ranks],
-                                     [g for rank in ranks for g in rank.grads])
+                # a chunk's arrays as its blocks read them (with experts: its dense arrays' and its experts')
+                held = [r for pair in zip(self.replicas[d][c], self.expert_replicas[d][c]) for r in pair
+                        if r is not None]
+                self._sum_over_ranks([[rank[i].grad for i in indices] for rank in self.views[d][c]],
+                                     [g for r in held for g in r.grads])
 
     def _sum_over_ranks(self, grads, buffers):
         """Each rank's ``grads`` (one list a rank, the same arrays' parts) replaced by their sum over the ranks: one
@@ -530,6 +539,16 @@ class Hybrid(Strategy, Replicas):
         for d in range(self.mesh.replicas if local else 0):
             self._sum_over_ranks([[g.parts[s][d][i].grad for i in local] for g in groups],
                                  [g.grad_buffer(d) for g in groups])
+
+    def _sum_joined(self, c, parts, buffers, s):
+        """``_sum_sequence`` of a chunk with experts (ZeRO-3): block ``s``'s sequence-parallel arrays (its layer
+        norms, row-parallel biases, router and experts) in each replica's gathered ``parts`` (one a rank, read by
+        name) summed over its tensor group; ``buffers(d)``: replica ``d``'s gradient buffers they are views of."""
+        names = {self._host[0][self._indices[c][0][k]] for k in self._summed[c]}
+        for d, ranks in enumerate(parts[s]):
+            local = [i for i, name in enumerate(ranks[0].names) if name in names]
+            if local:
+                self._sum_over_ranks([[rank[i].grad for i in local] for rank in ranks], buffers(d))
 
     def activations(self):
         """What the tensor ranks' forwards of the last step kept for backward, per context: ``{context:
