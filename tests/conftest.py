@@ -294,6 +294,35 @@ def _stop_started_processes():
             stop_process(process)
 
 
+# ---- a timeline's lanes (parallel.trace), as the tests read them ---------------------------------------------
+
+def trace_operators(timeline, lane):
+    """A lane's operators (thread 0), in time order."""
+    return [e for e in timeline.events if e.get("ph") == "X" and e["pid"] == lane and e["tid"] == 0]
+
+
+def trace_brackets(timeline, lane):
+    """A lane's brackets (thread 1): what each issuer queued."""
+    return [e for e in timeline.events if e.get("ph") == "X" and e["pid"] == lane and e["tid"] == 1]
+
+
+def labels_hold(timeline):
+    """What makes a label true: every operator named after an issuer ran inside a bracket that issuer queued on its
+    lane, and is one that issuer runs (an allreduce runs no transpose); backward operators are MXNet's."""
+    from parallel.trace import ISSUED_OPS
+    for lane in range(len(timeline.lanes)):
+        brackets = trace_brackets(timeline, lane)
+        for e in trace_operators(timeline, lane):
+            if e["cat"] in ISSUED_OPS and e["cat"] != "forward":
+                assert e["args"]["op"].startswith(ISSUED_OPS[e["cat"]]), e
+                assert any(b["cat"] == e["cat"] and b["ts"] <= e["ts"] and e["ts"] + e["dur"] <= b["ts"] + b["dur"]
+                           for b in brackets), e
+            elif e["cat"] == "backward":
+                assert "_backward" in e["args"]["op"], e
+            elif e["cat"] == "other":
+                assert e["name"] == e["args"]["op"].split(",")[0], e
+
+
 def stop_before(call):
     """A ``fit`` ``stop()`` that answers True at its ``call``-th question (fit asks before every batch)."""
     asked = [0]

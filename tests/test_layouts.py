@@ -8,6 +8,7 @@ Fast tier: three steps with momentum in float64, each layout within 1e-12 of eve
 with two workers in threads (the kvstore's servers stood in for). Slow tier: the issue's measure, one epoch of the
 digits in float32 within 1e-5 of each array's scale, and the two job layouts under the launcher.
 """
+import os
 import subprocess
 import sys
 
@@ -15,15 +16,18 @@ import mxnet as mx
 import numpy as np
 import pytest
 
-from parallel import Layout, Reducer, shard_sizes
+from parallel import Layout, Reducer, RunConfig, fit, init_model, shard_sizes, trace
+from parallel import checkpoint as ckpt
+from parallel.data import Dataset
+from parallel.fit import TrainingStopped
 from parallel.models.moe import Experts
 from parallel.models.vit import init_vit
 from parallel.optim import SGD
 from parallel.strategies import make_strategy
 from parallel.strategies.hybrid import Hybrid
 from parallel.train import main
-from conftest import (assert_close_to_scale, contexts, in_threads, load_benchmark, start_process, stop_process,
-                      write_idx_files)
+from conftest import (assert_close_to_scale, assert_same_arrays, contexts, in_threads, labels_hold, load_benchmark,
+                      start_process, stop_before, stop_process, write_idx_files)
 
 #: The fifteen layouts: the eleven once refused (the tenth compresses: it trains, not the same sums), the two of the
 #: eleventh that name a job, and the four accepted before. Each: the layout and how many contexts it takes.
@@ -163,6 +167,89 @@ def test_every_layout_trains_the_one_context_vit(name, one_context):
     assert_close_to_scale(got, one_context, 1e-12)
     initial = [p.data().asnumpy() for p in init_vit(0, dtype="float64").collect_params().values()]
     assert max(np.abs(a - b).max() for a, b in zip(got, initial)) > 1e-3   # it trained
+
+
+# ---- the matrix's other columns: each layout resumes, and each label of its timeline holds ---------------------
+
+#: The cells of these columns the fast tier runs (ZeRO-3's gathered shards, a pipeline's schedule, sequence
+#: parallelism's slices, in their three kinds of store); the slow tier runs every layout of EXACT.
+_FAST_COLUMNS = ("tensor x ZeRO-3", "data x pipeline, micro-batches, 1F1B", "data x sequence x tensor, ZeRO-1, "
+                 "recomputation")
+
+
+def _column(names):
+    return [pytest.param(name, marks=() if name in _FAST_COLUMNS else pytest.mark.slow) for name in names]
+
+
+def _digit_images(seed, n):
+    rng = np.random.RandomState(seed)
+    return rng.randint(0, 255, (n, 28, 28)).astype(np.uint8), rng.randint(0, 10, n).astype(np.uint8)
+
+
+#: 29 training images: batches of 12, 12 and 5 an epoch (the last leaves replicas idle and micro-batches empty).
+_IMAGES = Dataset(*_digit_images(5, 29), *_digit_images(6, 8))
+_FIT_RUNS = {}
+
+
+def _fit(layout, k, checkpoint=None, stop=None, on_checkpoint=None):
+    """The ViT trained by ``fit`` for two epochs of ``_IMAGES`` (momentum SGD) on ``layout`` over ``k`` contexts,
+    from ``checkpoint`` if given, stopped by ``stop``: its arrays. A run from the start and to the end is kept for
+    the module."""
+    key = (layout, k)
+    if checkpoint is None and stop is None and key in _FIT_RUNS:
+        return _FIT_RUNS[key]
+    model = init_model("vit", 0, *(() if checkpoint is None else (checkpoint.params, checkpoint.aux)))
+    strategy = make_strategy(layout, model, contexts(k))
+    config = RunConfig(epochs=2, batch_size=12, seed=1, accumulate=layout.accumulate)
+    try:
+        fit(_IMAGES, strategy, SGD(0.05, momentum=0.9, zero=layout.zero), config, stop=stop,
+            on_checkpoint=on_checkpoint, resume=checkpoint)
+    except TrainingStopped:
+        return None
+    got = [p.asnumpy() for p in strategy.params()]
+    if checkpoint is None and stop is None:
+        _FIT_RUNS[key] = got
+    return got
+
+
+@pytest.mark.parametrize("name", _column(EXACT))
+def test_every_layout_resumes_bitwise_and_on_one_context_within_rounding(name, tmp_path):
+    """Stopped mid-epoch (before its second step), checkpointed to disk and resumed: on the same layout, bitwise
+    the run never stopped; on one context, the one-context run to float32 rounding (1e-5 of each array's scale)."""
+    layout, k = {**LAYOUTS, **MORE, **ALONE}[name]
+    assert _fit(layout, k, stop=stop_before(2), on_checkpoint=ckpt.CheckpointWriter(tmp_path, {}, "vit")) is None
+    saved = ckpt.load_checkpoint(tmp_path)
+    assert (saved.state.epoch, saved.state.batch) == (1, 1)
+    assert_same_arrays([_fit(layout, k, checkpoint=saved)], [_fit(layout, k)])
+    one = _fit(Layout(), 1)
+    assert_close_to_scale(_fit(Layout(), 1, checkpoint=saved), one, 1e-5)
+    initial = [p.data().asnumpy() for p in init_model("vit", 0).collect_params().values()]
+    assert max(np.abs(a - b).max() for a, b in zip(one, initial)) > 1e-3   # it trained: equal is not trivially so
+
+
+#: The trace column's cells in the fast tier (ZeRO-3's gathers, interleaved chunks, sequence parallelism's
+#: collectives), each on two contexts: MXNet's profiler records no more CPU contexts than the machine has processors.
+_FAST_TRACES = ("ZeRO-3 x recomputation x accumulation", "interleaved 1F1B", "sequence x tensor")
+
+
+@pytest.mark.parametrize("name", [pytest.param(name, marks=() if name in _FAST_TRACES else pytest.mark.slow)
+                                  for name in EXACT])
+def test_every_layout_s_timeline_labels_hold(name):
+    """A traced step of the layout (``parallel.trace``): a lane per context it uses, and every operator named
+    after an issuer ran inside a bracket that issuer queued on its lane (``labels_hold``). A layout on more
+    contexts than the machine has processors cannot be traced (MXNet's profiler records cpu(0)..cpu(N-1))."""
+    layout, k = {**LAYOUTS, **MORE, **ALONE}[name]
+    processors = len(os.sched_getaffinity(0))
+    if k > processors:
+        pytest.skip(f"{k} contexts: MXNet's profiler records only {processors} CPU contexts here")
+    strategy = make_strategy(layout, init_vit(0), contexts(k))
+    optimizer = SGD(0.05, momentum=0.9, zero=layout.zero)
+    X, y = _batches("float32")[0]
+    strategy.train_step(X, y, optimizer=optimizer, accumulate=layout.accumulate)
+    with trace(contexts=strategy.ctx_list) as recorded:
+        strategy.train_step(X, y, optimizer=optimizer, accumulate=layout.accumulate)
+    assert recorded.result.lanes == [str(ctx) for ctx in strategy.ctx_list]
+    labels_hold(recorded.result)
 
 
 @pytest.mark.parametrize("layout, k", [(Layout(expert_parallel=2), 4), (Layout(expert_parallel=4, zero=1), 4),

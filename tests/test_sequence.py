@@ -130,7 +130,7 @@ def test_a_traced_sequence_parallel_step_names_its_collectives_truly():
     and the sums over the ranks are named ``tensor``. A trace bracket that named the gradients' views into one
     buffer twice hung the step forever (the engine never runs such an operation)."""
     from parallel import trace
-    from test_trace import labels_hold
+    from conftest import labels_hold
     strategy = make_strategy(Layout(tensor=2, sequence=True), init_vit(0), contexts(2))
     X, y = _batch()
     strategy.train_step(X, y, optimizer=SGD(0.1))

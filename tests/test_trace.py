@@ -9,33 +9,10 @@ import pytest
 from parallel import Reducer, get_params, init_lenet_params, plot_timeline, read_trace, trace, train_batch
 from parallel.compress import make_codec
 from parallel.optim import make_optimizer
-from parallel.trace import ISSUED_OPS, PHASES, check_traceable, worker_path
+from parallel.trace import PHASES, check_traceable, worker_path
 from parallel.train import main
-from conftest import contexts, easy_dataset, make_batches, run_process, write_idx_files
-
-
-def _operators(timeline, lane):
-    return [e for e in timeline.events if e.get("ph") == "X" and e["pid"] == lane and e["tid"] == 0]
-
-
-def _brackets(timeline, lane):
-    return [e for e in timeline.events if e.get("ph") == "X" and e["pid"] == lane and e["tid"] == 1]
-
-
-def labels_hold(timeline):
-    """What makes a label true: every operator named after an issuer ran inside a bracket that issuer queued on its
-    lane, and is one that issuer runs (an allreduce runs no transpose); backward operators are MXNet's."""
-    for lane in range(len(timeline.lanes)):
-        brackets = _brackets(timeline, lane)
-        for e in _operators(timeline, lane):
-            if e["cat"] in ISSUED_OPS and e["cat"] != "forward":
-                assert e["args"]["op"].startswith(ISSUED_OPS[e["cat"]]), e
-                assert any(b["cat"] == e["cat"] and b["ts"] <= e["ts"] and e["ts"] + e["dur"] <= b["ts"] + b["dur"]
-                           for b in brackets), e
-            elif e["cat"] == "backward":
-                assert "_backward" in e["args"]["op"], e
-            elif e["cat"] == "other":
-                assert e["name"] == e["args"]["op"].split(",")[0], e
+from conftest import (contexts, easy_dataset, labels_hold, make_batches, run_process, trace_brackets,
+                      trace_operators, write_idx_files)
 
 
 def phases_in_order(phases):
@@ -55,11 +32,11 @@ def _phases_in_order(timeline, lanes, reduces=True):
     label holds (``labels_hold``)."""
     assert timeline.lanes == lanes
     for lane in range(len(lanes)):
-        events = _operators(timeline, lane)
+        events = trace_operators(timeline, lane)
         phases = [e["cat"] for e in events]
         assert set(phases) <= set(PHASES), phases
         assert phases_in_order(phases), (lanes[lane], phases)
-        sums = [b["ts"] for b in _brackets(timeline, lane) if b["cat"] == "allreduce"]
+        sums = [b["ts"] for b in trace_brackets(timeline, lane) if b["cat"] == "allreduce"]
         assert not reduces or (sums and min(sums) < max(e["ts"] for e in events if e["cat"] == "update"))
         assert all(e["dur"] >= 0 and e["ts"] >= 0 for e in events)
     labels_hold(timeline)
@@ -177,9 +154,9 @@ def test_model_and_pipeline_traces_name_their_backward_pass(layout, tmp_path):
     timeline = read_trace(path)
     assert timeline.lanes == ["cpu(0)", "cpu(1)"]
     for lane in (0, 1):
-        names = [e["cat"] for e in _operators(timeline, lane)]
+        names = [e["cat"] for e in trace_operators(timeline, lane)]
         assert phases_in_order(names), names
-        assert "allreduce" not in names + [b["cat"] for b in _brackets(timeline, lane)]   # one replica sums nothing
+        assert "allreduce" not in names + [b["cat"] for b in trace_brackets(timeline, lane)]   # one replica sums nothing
     labels_hold(timeline)
     sends = [e for e in timeline.events if e.get("ph") == "X" and e["cat"] == "send"]
     assert {e["tid"] for e in sends} == {0, 1}   # the stages' copies, in the brackets the strategy queued
@@ -237,7 +214,7 @@ def test_a_zero_3_step_names_its_gathers_recomputations_and_reduce_scatters(pref
     n = len(strategy.blocks)
     labels_hold(recorded.result)
     for lane in (0, 1):
-        names = [e["cat"] for e in _operators(recorded.result, lane)]
+        names = [e["cat"] for e in trace_operators(recorded.result, lane)]
         where = {p: statistics.median(i for i, name in enumerate(names) if name == p)
                  for p in ("forward", "recompute", "reduce-scatter", "update")}
         assert where["forward"] < where["recompute"] < where["update"], where
@@ -245,7 +222,7 @@ def test_a_zero_3_step_names_its_gathers_recomputations_and_reduce_scatters(pref
         assert names.count("update") == 1 and "backward" in names
         # a gather before each block's forward and before each recomputation: all but the last block's, and with
         # prefetch the one before it too, whose buffers still hold them
-        gathers = [e for e in _brackets(recorded.result, lane) if e["cat"] == "gather"]
+        gathers = [e for e in trace_brackets(recorded.result, lane) if e["cat"] == "gather"]
         assert len(gathers) == 2 * n - (2 if prefetch else 1), gathers
 
 
@@ -263,9 +240,9 @@ def test_the_sums_of_micro_batches_are_metrics_not_an_update():
         with trace(contexts=strategy.ctx_list) as recorded:
             strategy.train_step(X, y, optimizer=optimizer, accumulate=accumulate)
         labels_hold(recorded.result)
-        metrics = [e for e in _brackets(recorded.result, 0) if e["cat"] == "metrics"]
+        metrics = [e for e in trace_brackets(recorded.result, 0) if e["cat"] == "metrics"]
         assert len(metrics) == (accumulate + 1 if accumulate > 1 else 1), metrics
-        update = [e["args"]["op"] for e in _operators(recorded.result, 0) if e["cat"] == "update"]
+        update = [e["args"]["op"] for e in trace_operators(recorded.result, 0) if e["cat"] == "update"]
         assert update and not any(op.startswith("add_n") for op in update), update
 
 
@@ -278,7 +255,7 @@ def test_the_cli_traces_zero_3(tmp_path):
     timeline = read_trace(path)
     labels_hold(timeline)
     for lane in (0, 1):
-        names = {e["cat"] for e in _operators(timeline, lane)}
+        names = {e["cat"] for e in trace_operators(timeline, lane)}
         assert {"gather", "forward", "recompute", "backward", "reduce-scatter", "update"} <= names, names
     figure = plot_timeline(timeline)
     assert "reduce-scatter" in [t.get_text() for t in figure.legends[0].get_texts()]
