@@ -223,8 +223,6 @@ class Layout:
                                           "with compression")
         if self.expert_parallel > 1:
             self._check_experts()
-        if self.context > 1:
-            self._check_context()
         if self.sequence:
             self._check_sequence()
         if model is not None:
@@ -236,11 +234,6 @@ class Layout:
             raise BadValue("sequence", "{sequence} splits along the sequence what tensor parallelism leaves whole on "
                                        "every rank of a group (layer norms, the residual stream); give {tensor} 2 or "
                                        "more")
-
-    def _check_context(self):
-        c = self.context
-        if self.sequence:
-            raise BadValue("sequence", f"{{sequence}} with {{context={c}}} is not built; give one of them")
 
     def _check_experts(self):
         p = self.expert_parallel
