@@ -221,8 +221,6 @@ class Layout:
             raise BadValue("compression", "{compression}'s error feedback keeps a residual of the whole gradient on "
                                           "every context, the memory {zero=3} shards away; use {zero} 0, 1 or 2 "
                                           "with compression")
-        if self.context > 1:
-            self._check_context()
         if self.sequence:
             self._check_sequence()
         if model is not None:
@@ -235,10 +233,6 @@ class Layout:
                                        "every rank of a group (layer norms, the residual stream); give {tensor} 2 or "
                                        "more")
 
-    def _check_context(self):
-        c = self.context
-        if self.sequence:
-            raise BadValue("sequence", f"{{sequence}} with {{context={c}}} is not built; give one of them")
 
     def _check_interleaving(self):
         v = self.virtual

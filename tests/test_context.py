@@ -3,6 +3,8 @@ gradients), its bytes against their formula, the CLI, and (slow tier) one epoch 
 split. That the ViT of 50 tokens (``patch=4``) trained with its sequence split over 2 and 4 contexts is the
 one-context model is proved once, by ``tests/test_layouts.py``'s context cells.
 """
+import json
+
 import mxnet as mx
 import numpy as np
 import pytest
@@ -96,6 +98,24 @@ def test_the_cli_trains_with_the_sequence_split_and_resumes_on_one_context(tmp_p
     assert "epoch 2," in capsys.readouterr().out
 
 
+def test_the_cli_splits_each_member_s_tokens_over_its_tensor_ranks_with_sequence_parallelism(tmp_path, capsys):
+    """``--context 2 --tensor 2 --sequence-parallel`` (issue 46; what it trains is ``test_layouts.py``'s): each
+    member's 25 of the 50 tokens split 13 and 12 over its ranks, what each context keeps of a batch of 32's layer
+    norms' inputs and residual stream (3 a block, 4 blocks, width 64, float32)."""
+    data_dir = write_idx_files(tmp_path, easy_dataset(num_train=64, num_test=16, seed=1))
+    metrics = tmp_path / "m.json"
+    assert main(["--model", "vit", "--patch-size", "4", "--data-dir", str(data_dir), "--batch-size", "32",
+                 "--epochs", "1", "--no-progress", "--context", "2", "--tensor", "2", "--sequence-parallel",
+                 "--devices", "cpu:4", "--metrics-json", str(metrics)]) == 0
+    out = capsys.readouterr().out
+    assert "2 replicas x 2 tensor ranks" in out and "split over groups of 2 replicas" in out
+    assert "sequence parallel: layer norms and the residual stream split" in out
+    rows = json.loads(metrics.read_text())[0]["memory"]
+    replicated = {row["context"]: row["activations"]["replicated"] for row in rows}
+    # context (member c, rank t) = cpu(2 c + t) (parallel.mesh): rank 0 of each member 13 tokens, rank 1 12
+    assert replicated == {f"cpu({i})": 3 * 4 * 32 * n * 64 * 4 for i, n in enumerate((13, 12, 13, 12))}
+
+
 @pytest.mark.slow
 def test_the_cli_splits_the_sequence_across_pipeline_stages_with_zero_3_and_over_tensor_ranks(easy_dir, tmp_path, capsys):
     """Context parallelism composed (issue 39): across 2 pipeline stages fed 2 micro-batches, with ZeRO-3 (each
@@ -121,7 +141,6 @@ def test_the_cli_splits_the_sequence_across_pipeline_stages_with_zero_3_and_over
     (["--context", "2", "--model", "lenet"], "--context applies to the ViT's tokens; use --model vit"),
     (["--patch-size", "5"], "--patch-size must divide the image's 28 pixels"),
     (["--context", "3", "--devices", "cpu:2"], "cannot group 2 contexts"),
-    (["--context", "2", "--tensor", "2", "--sequence-parallel", "--devices", "cpu:4"], "with --context 2 is not built"),
 ])
 def test_bad_context_flags_get_one_line_and_status_2(flags, says, easy_dir, capsys):
     status = main(["--model", "vit", "--data-dir", str(easy_dir), "--epochs", "1", "--no-progress", *flags])

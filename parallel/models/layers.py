@@ -371,12 +371,16 @@ class ReplicasF(RanksF):
     def context_part(self, x, axis=1):
         """Each member's slice of ``x`` (whole on every member of a context-parallel group) along ``axis``: member
         ``t`` of C the ``t``-th of C slices as even as can be (``chunk_bounds``). Recorded: the gradient of the
-        whole is each member's slice's."""
+        whole is each member's slice's. Under sequence parallelism (``sequence``: each member a tensor group whose
+        ranks split the sequence between their parallel layers), each rank keeps its slice of its member's slice
+        (``split_sequence``): the parallel layers gather the member's slice on every rank (``all_gather``), ring
+        attention runs on it round the context group, and the reduce-scatter after gives each rank its slice back."""
         length = x.arrays[0].shape[axis]
         bounds = algorithms.chunk_bounds(length, self.context)
         member = [self.mesh.coords(r).context for r in range(self.ranks)]   # its replica's place in the group
-        return self.slice_axis(x, axis=axis, begin=self.per_rank([bounds[m] for m in member]),
+        part = self.slice_axis(x, axis=axis, begin=self.per_rank([bounds[m] for m in member]),
                                end=self.per_rank([bounds[m + 1] for m in member]))
+        return self.split_sequence(part, axis=axis) if self.sequence else part
 
     def ring_attention(self, q, k, v, scale):
         """Attention of each member's queries over its whole group's keys and values, by ring attention
