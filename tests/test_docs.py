@@ -432,7 +432,8 @@ def test_ci_runs_the_readme_install_and_test_commands():
     install = _ci_line("pip install")
     assert install and install[1] == "pip install -e '.[test]'", install
     tiers = [command for _, command in commands("README.md") if command.startswith("python -m pytest")]
-    assert tiers == ["python -m pytest -q -n 2", 'python -m pytest -q -m "slow or property" --hypothesis-profile=full'], (
+    assert tiers == ["python -m pytest -q -n 2",
+                     'python -m pytest -q -n 2 -m "slow or property" --hypothesis-profile=full'], (
         "the README shows the fast tier, then the slow tier; .ci/run runs both")
 
 
