@@ -2,10 +2,11 @@
 
 - ``base``: ``Strategy``, the protocol every strategy keeps (its members and defaults), and ``ArrayPlace``: where
   each of a model's arrays lies, from which its arrays are read whole and written back, whatever the layout.
-- ``data``: ``DataParallel``, one replica per context (the textbook's data parallelism, and a PyTorch-style
-  wrapper: scatter, replicate, parallel apply, gather) for a function of (inputs, params) or a gluon Block,
-  and its functional twin ``data_parallel``.
-- ``hybrid``: ``Hybrid``, the composed strategy: data x experts x context x pipeline stages x tensor ranks (a
+- ``data``: ``DataParallel``, a PyTorch-style wrapper (scatter, replicate, parallel apply, gather) for a function of
+  (inputs, params) or a gluon Block the package does not lay out itself, taking the one step and the one update,
+  and its functional twin ``data_parallel``; ``describe_replicas``, the line of data replicas alone.
+- ``hybrid``: ``Hybrid``, the composed strategy of every layout ``make_strategy`` builds, the data preset
+  included: data x experts x context x pipeline stages x tensor ranks (a
   ``parallel.mesh.Mesh``), with ZeRO and recomputation, every axis a plug-in of the same step; its presets
   ``ModelParallel`` (one replica of stages), ``Pipeline`` (fed micro-batches) and ``FullyShardedDataParallel``
   (ZeRO-3); its chunks run the replicas in lockstep (``parallel.models.lockstep``) for a mixture of experts
