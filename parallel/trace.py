@@ -59,7 +59,7 @@ from collections import namedtuple
 from .files import atomic_write
 
 __all__ = ["trace", "Trace", "PHASES", "ISSUED_OPS", "BACKWARD_MARK", "issued", "mark_backward", "mark_backward_each",
-           "mark_forward_each", "collective",
+           "backward_heads", "mark_forward_each", "collective",
            "mark_recompute",
            "check_traceable", "plot_timeline", "read_trace", "worker_path"]
 
@@ -297,14 +297,32 @@ def mark_forward_each(arrays):
             mark(FORWARD_MARK, array.context, reads=[array])
 
 
-def mark_backward_each(arrays):
+def mark_backward_each(arrays, writes=False):
     """While a trace records: ``BACKWARD_MARK`` on the context of each of ``arrays`` (the losses, or a recomputed
     block's outputs) once that array is computed: each context's backward pass follows its own mark (a context may
-    start its backward before another has computed its loss). Nothing otherwise."""
+    start its backward before another has computed its loss). ``writes``: the mark writes each array (the gradients
+    a chunk's backward starts from), so that no operator reading it runs before the mark. Nothing otherwise."""
     if _state["recording"]:
         from .engine import mark
         for array in arrays:
-            mark(BACKWARD_MARK, array.context, reads=[array])
+            mark(BACKWARD_MARK, array.context, **({"writes": [array]} if writes else {"reads": [array]}))
+
+
+def backward_heads(heads):
+    """While a trace records: the gradients to start the backward pass of ``heads`` (losses) from, ones (autograd's
+    own), each written by a ``BACKWARD_MARK`` on its context once its head is computed. Every operator of the backward
+    pass descends from them, so each runs after its context's mark; a mark that only waited for the loss could run
+    after the backward's first operators (they read the forward's values, not the loss: MXNet releases both when the
+    forward ends, in an order of its own), and the trace would name those forward. None otherwise: autograd makes
+    the ones."""
+    if not _state["recording"]:
+        return None
+    import mxnet as mx
+    from .engine import mark
+    grads = [mx.nd.ones(head.shape, ctx=head.context, dtype=head.dtype) for head in heads]
+    for head, grad in zip(heads, grads):
+        mark(BACKWARD_MARK, head.context, reads=[head], writes=[grad])
+    return grads
 
 
 def mark_recompute(buffers):

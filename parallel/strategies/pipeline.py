@@ -28,7 +28,7 @@ from mxnet import autograd
 
 from ..models.recompute import flat_arrays
 from ..split import shard_sizes
-from ..trace import issued, mark_backward_each, mark_forward_each
+from ..trace import backward_heads, issued, mark_backward_each, mark_forward_each
 from ..validate import check_int
 
 __all__ = ["issue", "micro_batches", "bubble_fraction"]
@@ -89,14 +89,13 @@ def issue(schedule, chunks, X_parts, y_parts, loss):
             continue
         if c == last:
             heads = [value for values in losses[i] for value in values]
-            mark_backward_each(heads)
-            chunk.backward(pending.pop((c, i)), heads)
+            chunk.backward(pending.pop((c, i)), heads, backward_heads(heads))   # a trace's backward starts there
             kept[i] = [chunk.logits(out).detach() for out in outputs.pop((c, i))]
             losses[i] = [values[0].detach() for values in losses[i]]
         else:
             heads = flat_arrays(outputs.pop((c, i)))
             grads = chunks[c + 1].send_back(inputs.pop((c + 1, i)), chunk)
-            mark_backward_each(grads)
+            mark_backward_each(grads, writes=True)
             chunk.backward(pending.pop((c, i)), heads, grads)
         held[device] -= 1
     order = range(len(X_parts))
