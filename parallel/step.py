@@ -45,7 +45,7 @@ from .mxnet_compat import sparse_label
 from .optim.optimizers import SGD
 from .optim.zero import as_optimizer, optimizer_step, update_groups
 from .split import shard_sizes, split_and_load
-from .trace import issued, mark_backward
+from .trace import backward_heads, issued
 from .validate import check_contexts, check_int
 
 __all__ = ["check_labels", "check_batch", "sgd", "update_replicas", "loss_and_correct", "step_replicas", "idle_step",
@@ -210,9 +210,9 @@ class Replicas:
         """The outputs of every shard, each on its replica's context."""
         raise NotImplementedError
 
-    def backward(self, losses):
-        """The backward pass of the last ``forward_all``."""
-        autograd.backward(losses)
+    def backward(self, losses, head_grads=None):
+        """The backward pass of the last ``forward_all``, from ``head_grads`` (None: ones)."""
+        autograd.backward(losses, head_grads)
 
     def forward_backward(self, X_shards, y_shards, loss, counted=None):
         """Every shard's forward (recorded), loss and backward; returns ``(outputs, y_shards, losses)``, one each a
@@ -229,8 +229,8 @@ class Replicas:
             made += list(outputs) + list(losses)   # a trace's forward ends with the losses (parallel.trace)
         if counted is not None:
             counted(outputs, y_shards, losses)
-        mark_backward(losses, self.groups())   # where a trace's backward starts (parallel.trace)
-        self.backward(losses)   # each replica computes the gradient of its own shard
+        # each replica computes the gradient of its own shard, from the ones a trace's mark writes (parallel.trace)
+        self.backward(losses, backward_heads(losses))
         return outputs, y_shards, losses
 
     def aux(self, r):
@@ -423,12 +423,13 @@ class DeviceReplicas(Replicas):
     def aux(self, r):
         return aux_of(self.device_params[r])
 
-    def backward(self, losses):
-        """The backward pass of the last forward: the net's own (``Recompute.backward``) or autograd's."""
+    def backward(self, losses, head_grads=None):
+        """The backward pass of the last forward, from ``head_grads`` (None: ones): the net's own
+        (``Recompute.backward``) or autograd's."""
         if isinstance(self.net, Recompute):
-            self.net.backward(losses)
+            self.net.backward(losses, head_grads)
         else:
-            autograd.backward(losses)
+            autograd.backward(losses, head_grads)
 
     def groups(self):
         return [self.device_params]

@@ -58,8 +58,8 @@ from collections import namedtuple
 
 from .files import atomic_write
 
-__all__ = ["trace", "Trace", "PHASES", "ISSUED_OPS", "BACKWARD_MARK", "issued", "mark_backward", "mark_backward_each",
-           "backward_heads", "mark_forward_each", "collective",
+__all__ = ["trace", "Trace", "PHASES", "ISSUED_OPS", "BACKWARD_MARK", "issued", "mark_backward_each", "backward_heads",
+           "mark_forward_each", "collective",
            "mark_recompute",
            "check_traceable", "plot_timeline", "read_trace", "worker_path"]
 
@@ -75,7 +75,8 @@ _UPDATES = ("sgd_update", "sgd_mom_update", "nag_mom_update", "adam_update", "_c
 _BOOKKEEPING = ("DeleteVariable", "SetValueOp", "WaitForVar")
 #: What MXNet's profiler calls a bulk of imperative operators (of the backward pass, or other small ones).
 _BULK = "ImperativeBulk"
-#: The empty operation ``mark_backward`` queues on a context: its backward pass comes after it.
+#: The empty operation ``backward_heads`` and ``mark_backward_each`` queue on a context: its backward pass comes after
+#: it.
 BACKWARD_MARK = "parallel:backward"
 #: Before a recomputed forward (``mark_recompute``): a lane's operators from it to the next ``BACKWARD_MARK``.
 RECOMPUTE_MARK = "parallel:recompute"
@@ -220,16 +221,6 @@ class trace:
         return False
 
 
-def mark_backward(losses, groups):
-    """While a trace records: queue ``BACKWARD_MARK`` on every context of ``groups`` (``optimizer_step``'s groups
-    of replicas) once ``losses`` are computed, so that the trace names the bulks of an imperative backward pass
-    (``ImperativeBulk``) that follow it as backward. Nothing otherwise."""
-    if _state["recording"]:
-        from .engine import mark
-        for ctx in {param.context for group in groups for replica in group for param in replica}:
-            mark(BACKWARD_MARK, ctx, losses)
-
-
 @contextlib.contextmanager
 def issued(kind, arrays, label=None, closes_on_made=False, **details):
     """While a trace records: bracket the operations queued inside the ``with`` block with marks on each context of
@@ -328,7 +319,7 @@ def backward_heads(heads):
 def mark_recompute(buffers):
     """While a trace records: ``RECOMPUTE_MARK`` on the context of each of ``buffers`` (the gathered parameters of a
     block about to be recomputed) once they are written: the recomputed forward, which reads them, follows it, up to
-    the ``mark_backward`` of its outputs. Nothing otherwise."""
+    the ``mark_backward_each`` of its outputs. Nothing otherwise."""
     if _state["recording"]:
         from .engine import mark
         for buffer in buffers:
