@@ -348,10 +348,6 @@ PROBES_ALLOWED = {
     ("parallel/layout.py", "__iter__"): "an iterable, as collections.abc.Iterable checks it",
     # NDArray or numpy array, in a module that imports no MXNet (compress uses nothing but its codec interface)
     ("parallel/compress/feedback.py", "asnumpy"): "a checkpoint's residual is an NDArray or a numpy array",
-    # pending: the models' redesign gives F (mx.nd, RanksF, ReplicasF) a declared interface
-    ("parallel/models/vit.py", "context"): "pending the models redesign (F's context-parallel group)",
-    ("parallel/models/vit.py", "sequence"): "pending the models redesign (F's sequence parallelism)",
-    ("parallel/models/vit.py", "note"): "pending the models redesign (F on tensor ranks)",
 }
 
 
@@ -379,6 +375,44 @@ def test_no_module_probes_what_kind_of_object_it_has():
     assert not probes, "declare the kind (a base class, isinstance) instead of probing:\n" + "\n".join(probes)
     stale = sorted(f"{module}: {attribute}" for module, attribute in PROBES_ALLOWED if (module, attribute) not in found)
     assert not stale, "PROBES_ALLOWED entries no module needs any more (remove them): " + ", ".join(stale)
+
+
+#: The model files whose blocks run on the proxies (``RanksF``, ``ReplicasF``): mathematics only.
+MATHEMATICS_ONLY = ["parallel/models/vit.py", "parallel/models/transformer.py"]
+
+
+def _proxy_members():
+    """The names the proxies and their protocol define themselves (methods, properties, ``self.`` attributes of
+    ``ParallelF``, ``RanksF`` and ``ReplicasF``), beyond the ``mx.nd`` operators they pass on."""
+    names = set()
+    for module, classes in (("parallel/models/base.py", {"ParallelF"}),
+                            ("parallel/models/layers.py", {"RanksF", "ReplicasF"})):
+        with open(os.path.join(ROOT, module)) as f:
+            tree = ast.parse(f.read())
+        for cls in (n for n in tree.body if isinstance(n, ast.ClassDef) and n.name in classes):
+            for node in ast.walk(cls):
+                if isinstance(node, ast.FunctionDef) and not node.name.startswith("__"):
+                    names.add(node.name)
+                elif (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self"
+                      and isinstance(node.ctx, ast.Store)):
+                    names.add(node.attr)
+    return names
+
+
+def test_a_model_file_holds_only_mathematics():
+    """A model's blocks compute with ``F``'s ``mx.nd`` operators alone and reach the parallel forms through the seams
+    (``parallel.models.base``: ``split_tokens(F, x)``, ``attention(F, ...)``): no ``F.context_part``,
+    ``F.ring_attention``, ``F.sequence`` or other member of the proxies in the model's code (issue 46)."""
+    members = _proxy_members()
+    assert {"split_tokens", "attention", "context_part", "ring_attention", "sequence", "context", "gather"} <= members
+    found = []
+    for module in MATHEMATICS_ONLY:
+        with open(os.path.join(ROOT, module)) as f:
+            tree = ast.parse(f.read())
+        found += [f"{module}:{node.lineno}: F.{node.attr}" for node in ast.walk(tree)
+                  if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "F"
+                  and node.attr in members]
+    assert not found, "call the seam of parallel.models.base instead:\n" + "\n".join(found)
 
 
 # ---- the benchmarks share one harness ----------------------------------------------------------------------------

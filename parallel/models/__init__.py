@@ -23,7 +23,9 @@
   (``Recompute`` of a model's ``segments``).
 - ``base``: the protocols a model's pieces declare, with their defaults: ``Net`` (a network of replicas: ``ranked``,
   ``forward_all``, ``take_heads``), ``Cuttable`` (a block cut finer: ``parts()``, ``num_inputs``), ``ParallelLayer``
-  (a layer split over tensor ranks: ``shard_specs()``).
+  (a layer split over tensor ranks: ``shard_specs()``), ``ParallelF`` (the ``F`` of a layout) and the seams a model
+  calls on its ``F`` (``split_tokens``, ``attention``, ``mark_kept``, ``gather_tokens``: the mathematics itself
+  with ``mx.nd`` and ``mx.sym``, the proxy's method on a layout).
 - ``layout``: what each model of ``MODELS`` is made of: its initial arrays (``init_model``) and the names and
   shapes a checkpoint stores (``model_layout``).
 

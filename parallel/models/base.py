@@ -7,6 +7,13 @@ rather than ask an object whether it has one (``strategies/base.py`` is the same
   (``parallel.models.recompute.run_net``).
 - ``Cuttable``: a gluon block that says how recomputation cuts it finer (``parts()``) and how many inputs it takes.
 - ``ParallelLayer``: a gluon layer that declares how its parameters split over tensor ranks (``shard_specs()``).
+- ``ParallelF``: the ``F`` a layout runs a model's blocks with (``RanksF`` on a tensor group's ranks, ``ReplicasF``
+  on replicas in lockstep), declared: ``mx.nd``'s operators and the *seams*, the few places where a model's
+  mathematics may take a parallel form. A model calls the seams as functions of its ``F`` (``split_tokens``,
+  ``attention``, ``mark_kept``, ``gather_tokens``, here): with ``mx.nd`` or ``mx.sym`` each is the mathematics
+  itself (the identity, dot-product attention, nothing); with a ``ParallelF`` it is the proxy's method, which
+  knows its axes (a slice of the sequence, ring attention, a gather). So a model file names no axis and asks its
+  ``F`` nothing: what a layout does at a seam is the proxy's, and a new axis touches the proxy, not the models.
 
 >>> class Doubling(Net):
 ...     def __call__(self, X, params):
@@ -14,9 +21,19 @@ rather than ask an object whether it has one (``strategies/base.py`` is the same
 >>> net = Doubling()
 >>> net.ranked, net.forward_all([1, 2], [None, None]), net.take_heads()
 (False, [2, 4], ((), ()))
+
+The seams with ``mx.nd``, the mathematics itself:
+
+>>> import mxnet as mx
+>>> x = mx.nd.ones((2, 3, 4))
+>>> split_tokens(mx.nd, x) is x, gather_tokens(mx.nd, x) is x, mark_kept(mx.nd, x) is None
+(True, True, True)
+>>> attention(mx.nd, x, x, x, 0.5).shape
+(2, 3, 4)
 """
 
-__all__ = ["Net", "Cuttable", "ParallelLayer"]
+__all__ = ["Net", "Cuttable", "ParallelLayer", "ParallelF", "split_tokens", "attention", "dot_product_attention",
+           "mark_kept", "gather_tokens"]
 
 
 class Net:
@@ -67,3 +84,61 @@ class ParallelLayer:
         """``{attribute: spec}`` (``parallel.shard``) of the parameters it splits; the others are replicated. By
         default none is split."""
         return {}
+
+
+# ---- the seams: where a model's mathematics may take a parallel form -------------------------------------------
+
+def dot_product_attention(F, q, k, v, scale):
+    """``softmax(q k^T * scale) v`` with ``F``'s operators: ``q``, ``k``, ``v`` of shape ``(B, S, d)`` (a head of an
+    example a row of B)."""
+    weights = F.softmax(F.batch_dot(q * scale, k, transpose_b=True), axis=-1)   # (B, S, S)
+    return F.batch_dot(weights, v)
+
+
+class ParallelF:
+    """The ``F`` of a parallel layout (a mixin of the proxies ``RanksF`` and ``ReplicasF``): ``mx.nd``'s operators
+    (the proxy's own) and the seams, each by default what ``mx.nd`` does at it, overridden where an axis of the
+    proxy changes it. The model calls them through the functions of the same name (``split_tokens(F, x)``)."""
+
+    def split_tokens(self, x, axis=1):
+        """The tokens (along ``axis``) this ``F``'s arrays compute on from here on; by default all of them."""
+        return x
+
+    def attention(self, q, k, v, scale):
+        """Each query's attention over the keys and values of its sequence; by default ``dot_product_attention``."""
+        return dot_product_attention(self, q, k, v, scale)
+
+    def mark_kept(self, *values):
+        """Count ``values`` as the activations a block keeps outside its layers (the residual stream, the layer
+        norms' inputs); by default nothing."""
+
+    def gather_tokens(self, x, axis=1):
+        """Every token of the sequence (along ``axis``) again, where ``split_tokens`` kept some; by default ``x``."""
+        return x
+
+
+def split_tokens(F, x, axis=1):
+    """The seam where a model's tokens ``x`` enter its blocks: ``x`` itself with ``mx.nd`` or ``mx.sym``, else
+    ``F.split_tokens`` (a ``ParallelF``'s share of the sequence)."""
+    return F.split_tokens(x, axis) if isinstance(F, ParallelF) else x
+
+
+def attention(F, q, k, v, scale):
+    """The seam of self-attention, ``softmax(q k^T * scale) v`` over the sequence: ``dot_product_attention`` with
+    ``mx.nd`` or ``mx.sym``, else ``F.attention`` (which may hold a slice of the sequence and go round a ring)."""
+    if isinstance(F, ParallelF):
+        return F.attention(q, k, v, scale)
+    return dot_product_attention(F, q, k, v, scale)
+
+
+def mark_kept(F, *values):
+    """The seam that names the activations a block keeps between its layers (``F.mark_kept``: what a layout's
+    memory accounting counts); nothing with ``mx.nd`` or ``mx.sym``. Returns None."""
+    if isinstance(F, ParallelF):
+        F.mark_kept(*values)
+
+
+def gather_tokens(F, x, axis=1):
+    """The seam where the model needs every token again (its head): ``x`` with ``mx.nd`` or ``mx.sym``, else
+    ``F.gather_tokens``."""
+    return F.gather_tokens(x, axis) if isinstance(F, ParallelF) else x

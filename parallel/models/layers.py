@@ -54,7 +54,7 @@ from ..comm.replica import FlatReplica, aux_names_of, aux_of, block_state, get_p
 from ..comm.tensor import SegmentTape
 from ..mesh import REPLICA_AXES, Mesh
 from ..shard import Replicated, Split
-from .base import Net, ParallelLayer
+from .base import Net, ParallelF, ParallelLayer
 from .ring import ring_attention
 from ..validate import BadType, BadValue, check_bool, check_contexts, check_int
 
@@ -145,14 +145,16 @@ class _Namespace:
         return functools.partial(self._F.apply, getattr(self._module, name))
 
 
-class RanksF:
+class RanksF(ParallelF):
     """The ``F`` a block's ``hybrid_forward`` gets when it runs on ``ranks`` ranks over ``tape`` (``run_ranks``).
 
     ``F.op(*args, **kwargs)`` runs ``mx.nd.op`` on each rank ``t``: a ``Ranks`` argument (positional, keyword, or
     in a list) is the rank's array, read through the tape; ``F.per_rank(values)`` is ``values[t]``; anything else
     is passed as it is. An operator of one output gives a ``Ranks``, one of several a tuple of ``Ranks``. Besides
     ``mx.nd``'s operators: ``f``, ``g`` (Megatron's, on the tape), ``gather`` (the ranks' parts side by side on
-    every rank), ``apply`` (any function of arrays on each rank), ``ranks`` (T).
+    every rank), ``apply`` (any function of arrays on each rank), ``ranks`` (T); and the model's seams
+    (``parallel.models.base.ParallelF``): under sequence parallelism ``split_tokens`` is ``split_sequence`` and
+    ``gather_tokens`` is ``gather``; ``mark_kept`` counts on the tape (``SegmentTape.note``).
 
     Parameters
     ----------
@@ -268,7 +270,17 @@ class RanksF:
         all-gather of the slices' gradients. (Not ``split``: that is ``mx.nd.split``.)"""
         return Ranks(self._tape("split").split(x.arrays, axis), self)
 
-    def note(self, *values):
+    def split_tokens(self, x, axis=1):
+        """The seam where the tokens enter the blocks: under sequence parallelism each rank's slice of them
+        (``split_sequence``), else ``x``."""
+        return self.split_sequence(x, axis) if self.sequence else x
+
+    def gather_tokens(self, x, axis=1):
+        """The seam where the model needs every token again: under sequence parallelism the ranks' slices side by
+        side on every rank (``gather``), else ``x``."""
+        return self.gather(x, axis=axis) if self.sequence else x
+
+    def mark_kept(self, *values):
         """Count ``values`` (``Ranks``) as the activations of the regions every rank would hold whole without
         sequence parallelism (layer norms' inputs, the residual stream): ``SegmentTape.note``."""
         if self.tape is not None:
@@ -314,8 +326,8 @@ class ReplicasF(RanksF):
     the midst of a forward (a mixture of experts' all-to-all, ``parallel.models.moe``) runs on: it reads every
     replica's arrays at once (``Ranks.arrays``). ``expert_parallel``: how many consecutive replicas share their
     experts (an expert-parallel group). ``context``: how many consecutive replicas share each example's sequence
-    (a context-parallel group): member ``t`` keeps slice ``t`` of the tokens (``context_part``) and attention runs
-    round the group (``ring_attention``). ``tensor`` T: each replica is a tensor-parallel group, its T ranks'
+    (a context-parallel group): member ``t`` keeps slice ``t`` of the tokens (``context_part``: its seam
+    ``split_tokens``) and attention runs round the group (``ring_attention``: its seam ``attention``). ``tensor`` T: each replica is a tensor-parallel group, its T ranks'
     arrays one after the other; the parallel layers split over each group (``splits``) and record on ``tape`` (a
     ``SegmentTape`` of ``group`` T). Which array is which replica's rank: ``mesh`` (a ``parallel.mesh.Mesh`` of
     the data, expert, context and tensor axes, array ``r`` its rank ``r``)."""
@@ -381,6 +393,16 @@ class ReplicasF(RanksF):
         part = self.slice_axis(x, axis=axis, begin=self.per_rank([bounds[m] for m in member]),
                                end=self.per_rank([bounds[m + 1] for m in member]))
         return self.split_sequence(part, axis=axis) if self.sequence else part
+
+    def split_tokens(self, x, axis=1):
+        """The seam where the tokens enter the blocks: with a context-parallel group each member's slice
+        (``context_part``), else ``RanksF``'s."""
+        return self.context_part(x, axis=axis) if self.context > 1 else super().split_tokens(x, axis)
+
+    def attention(self, q, k, v, scale):
+        """The seam of attention: with a context-parallel group round its ring (``ring_attention``), else
+        dot-product attention on each replica."""
+        return self.ring_attention(q, k, v, scale) if self.context > 1 else super().attention(q, k, v, scale)
 
     def ring_attention(self, q, k, v, scale):
         """Attention of each member's queries over its whole group's keys and values, by ring attention

@@ -28,12 +28,19 @@ way: the query, key and value layer column-parallel by heads (``parts=3``, ``uni
 attention's projection row-parallel, the MLP column- then row-parallel, the patch projection over its pixels,
 the classifier over its classes. ``MultiHeadAttention`` reads no head count from its input: it reshapes by the
 head width, so the same code runs a rank's heads.
+
+The model is only mathematics: where a layout gives its tokens, its attention or its head another form, it calls a
+seam of ``parallel.models.base`` on its ``F`` (``split_tokens`` after the embedding, ``attention`` in each block,
+``mark_kept`` of each block's residual stream, ``gather_tokens`` before the head). With ``mx.nd`` or ``mx.sym`` a
+seam is the mathematics itself (the identity, dot-product attention, nothing); with the ``F`` of a layout (a
+``ParallelF``) it is that ``F``'s method, which knows the layout's axes. The model asks its ``F`` nothing.
 """
 import mxnet as mx
 from mxnet.gluon import nn
 
 from ..validate import BadType, check_int, check_seed
 from ..shard import Replicated
+from .base import attention, gather_tokens, mark_kept, split_tokens
 from .layers import ColumnParallelDense, ParallelPatchEmbedding, RowParallelDense, shard_specs
 from .moe import Experts
 
@@ -60,11 +67,7 @@ class PatchEmbedding(nn.HybridBlock):
         patches = F.transpose(patches, (0, 2, 1))                  # (N, 16, dim)
         cls = F.broadcast_like(cls_token, patches, lhs_axes=(0,), rhs_axes=(0,))   # (N, 1, dim)
         tokens = F.broadcast_add(F.concat(cls, patches, dim=1), pos_embedding)     # (N, 17, dim)
-        if getattr(F, "context", 1) > 1:   # context parallelism: each member keeps its slice of the tokens
-            tokens = F.context_part(tokens, axis=1)
-        elif getattr(F, "sequence", False):   # sequence parallelism: the blocks' regions split over the ranks
-            tokens = F.split_sequence(tokens, axis=1)
-        return tokens
+        return split_tokens(F, tokens, axis=1)   # the seam: the tokens the blocks compute on (all of them here)
 
 
 class MultiHeadAttention(nn.HybridBlock):
@@ -89,11 +92,7 @@ class MultiHeadAttention(nn.HybridBlock):
         heads = F.reshape(qkv, (0, -3, 0, 0))                      # (3, N*h, T, d)
         parts = F.split(heads, num_outputs=3, axis=0, squeeze_axis=True)
         q, k, v = parts[0], parts[1], parts[2]                     # each (N*h, T, d)
-        if getattr(F, "context", 1) > 1:   # the sequence split over a context-parallel group: round its ring
-            attended = F.ring_attention(q, k, v, self._scale)
-        else:
-            weights = F.softmax(F.batch_dot(q * self._scale, k, transpose_b=True), axis=-1)   # (N*h, T, T)
-            attended = F.batch_dot(weights, v)
+        attended = attention(F, q, k, v, self._scale)   # the seam: softmax(q k^T / sqrt(d)) v, (N*h, T, d)
         out = F.reshape_like(attended, qkv, lhs_begin=0, lhs_end=1, rhs_begin=1, rhs_end=3)
         out = F.reshape(F.transpose(out, (0, 2, 1, 3)), (0, 0, -3))   # (N, h, T, d) -> (N, T, h*d)
         return self.proj(out)
@@ -123,8 +122,7 @@ class TransformerBlock(nn.HybridBlock):
             out = mid + self.moe(self.norm2(mid))
         else:
             out = mid + self.out(F.LeakyReLU(self.hidden(self.norm2(mid)), act_type="gelu"))
-        if hasattr(F, "note"):   # on tensor ranks: the layer norms' inputs and the residual stream, what sequence
-            F.note(X, mid, out)  # parallelism splits (parallel.comm.SegmentTape.note)
+        mark_kept(F, X, mid, out)   # the seam: the residual stream and the layer norms' inputs, kept for backward
         return out
 
 
@@ -140,8 +138,7 @@ class ClassifierHead(nn.HybridBlock):
             self.dense = ColumnParallelDense(num_classes, gather_output=True, in_units=dim)
 
     def hybrid_forward(self, F, X):
-        if getattr(F, "sequence", False):   # sequence parallelism: the class token is rank 0's; gather the tokens
-            X = F.gather(X, axis=1)
+        X = gather_tokens(F, X, axis=1)   # the seam: every token again, the class token among them
         return self.dense(self.norm(F.slice_axis(X, axis=1, begin=0, end=1)))
 
 
