@@ -223,8 +223,10 @@ class LeNetModel(Model):
 
     def cut(self, initial, ranges):
         # layer i owns params[2*i:2*i+2]: the stages' arrays, one after the other, are LeNet's in order
+        # the whole network in one stage (the data preset) runs as lenet_cached, the cached graph DataParallel runs
+        whole = (0, len(LENET_LAYERS))
         return Cut(ranges, [list(initial[2 * start:2 * stop]) for start, stop in ranges],
-                   [LenetStage(start, stop) for start, stop in ranges],
+                   [lenet_cached if (start, stop) == whole else LenetStage(start, stop) for start, stop in ranges],
                    [",".join(name for name, _ in LENET_LAYERS[start:stop]) for start, stop in ranges], [], [])
 
     def segments(self, initial):
