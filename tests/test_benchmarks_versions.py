@@ -1,6 +1,7 @@
 """Smoke test of benchmarks/versions.py: it times two layouts under the base commit (a temporary worktree, removed
 afterwards) and this tree, and writes its JSON (no timings asserted)."""
 import json
+import os
 import subprocess
 
 import pytest
@@ -23,3 +24,16 @@ def test_quick_run_times_both_versions_and_removes_its_worktree(tmp_path, capsys
         assert [len(samples) for samples in row["samples"].values()] == [1, 1]
     assert "this / base" in capsys.readouterr().out
     assert subprocess.run(["git", "worktree", "list"], cwd=ROOT, capture_output=True, text=True).stdout == before
+
+
+def test_the_readme_quotes_issue_46_s_run_as_its_results_file_holds_it():
+    """benchmarks/README.md's table of the data preset through the composed step is the committed run's."""
+    with open(os.path.join(ROOT, "benchmarks", "results", "issue46", "versions.json")) as f:
+        result = json.load(f)
+    with open(os.path.join(ROOT, "benchmarks", "README.md")) as f:
+        readme = f.read()
+    assert f"    $ OMP_NUM_THREADS={result['settings']['OMP_NUM_THREADS']} {result['command']}" in readme
+    for row in result["layouts"]:
+        base, this = row["samples"]["base"], row["samples"]["this"]
+        assert (f"| {row['layout']} | {row['base_ms']:.1f} ms | {row['this_ms']:.1f} ms | {row['ratio']:.2f}x | "
+                f"{min(base):.0f}-{max(base):.0f} | {min(this):.0f}-{max(this):.0f} |") in readme, row["layout"]
