@@ -40,8 +40,8 @@ from ..trace import issued
 from ..validate import BadType, check_int
 from .optimizers import SGD, Optimizer
 
-__all__ = ["as_optimizer", "optimizer_step", "update_groups", "owned_regions", "ReplicatedStore", "CopiedStore", "gather_state",
-           "load_state", "memory_per_context", "MemoryUse", "memory_table"]
+__all__ = ["as_optimizer", "optimizer_step", "update_groups", "owned_regions", "ReplicatedStore", "CopiedStore",
+           "gather_state", "load_state", "memory_per_context", "MemoryUse", "memory_table"]
 
 #: Added to the gradient's norm before dividing by it, as ``gluon.utils.clip_global_norm`` does.
 CLIP_EPS = 1e-8
@@ -208,7 +208,7 @@ def optimizer_step(optimizer, groups, batch_size, reducer=None, active=None):
     for group in groups if zero < 3 else ():   # ZeRO-3 reduce-scattered each block as its backward ended
         (reducer.reduce_scatter if zero == 2 else reducer.reduce)(group, active, first_bucket)
         first_bucket += len(group[0].buckets) if isinstance(group[0], FlatReplica) else 0
-    update_groups(optimizer, groups, batch_size, reducer)
+    _update_groups(optimizer, groups, batch_size, reducer)
 
 
 def update_groups(optimizer, groups, batch_size, reducer=None):
@@ -217,9 +217,13 @@ def update_groups(optimizer, groups, batch_size, reducer=None):
     the shards, count the step. The one update of the package: ``optimizer_step`` and ``DataParallel.update`` (the
     textbook's ``allreduce_grads()`` then ``update()``) both take it. Arguments as ``optimizer_step``'s."""
     check_int(batch_size, "batch_size", low=1)
-    reducer = as_reducer(reducer)
+    _check_groups(groups, optimizer.zero)
+    _update_groups(optimizer, groups, batch_size, as_reducer(reducer))
+
+
+def _update_groups(optimizer, groups, batch_size, reducer):
+    """``update_groups`` of checked arguments (``optimizer_step`` has checked them before its reductions)."""
     zero = optimizer.zero
-    _check_groups(groups, zero)
     t = optimizer.num_update + 1
     lr = optimizer.lr_at(t)
     regions = [owned_regions(group, zero) for group in groups]

@@ -694,10 +694,10 @@ class Hybrid(Strategy, Replicas):
         """One line: the axes, each chunk and the contexts holding it, and what is sharded, recomputed or
         pipelined; for data replicas alone, ``describe_replicas``'s line."""
         if self.replicates_only:
-            batchnorm = bool(self.aux()) or None
+            statistics = bool(self.aux())   # BatchNorm's, synchronized over the replicas
             recomputed = len(self.chunks[0].blocks.segments) if self.layout.recompute else None
-            return describe_replicas(self.reducer, self.mesh.replicas, accumulate, batchnorm, recomputed,
-                                     bool(self.aux()))
+            return describe_replicas(self.reducer, self.mesh.replicas, accumulate, statistics or None, recomputed,
+                                     statistics)
         p, labels = self.mesh, self._cut.labels
         where = " | ".join(f"{label} @ " + ",".join(str(self.context(d, c, t)) for d in range(p.replicas)
                                                     for t in range(p.shape.tensor)) for c, label in enumerate(labels))
