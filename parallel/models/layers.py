@@ -327,7 +327,8 @@ class ReplicasF(RanksF):
     replica's arrays at once (``Ranks.arrays``). ``expert_parallel``: how many consecutive replicas share their
     experts (an expert-parallel group). ``context``: how many consecutive replicas share each example's sequence
     (a context-parallel group): member ``t`` keeps slice ``t`` of the tokens (``context_part``: its seam
-    ``split_tokens``) and attention runs round the group (``ring_attention``: its seam ``attention``). ``tensor`` T: each replica is a tensor-parallel group, its T ranks'
+    ``split_tokens``) and attention runs round the group (``ring_attention``: its seam ``attention``). ``tensor``
+    T: each replica is a tensor-parallel group, its T ranks'
     arrays one after the other; the parallel layers split over each group (``splits``) and record on ``tape`` (a
     ``SegmentTape`` of ``group`` T). Which array is which replica's rank: ``mesh`` (a ``parallel.mesh.Mesh`` of
     the data, expert, context and tensor axes, array ``r`` its rank ``r``)."""
