@@ -52,6 +52,13 @@ def diagonal(*axes):
             for index in itertools.product(*(range(len(axis)) for axis in axes))]
 
 
+def fast_only(cases, fast):
+    """``cases`` (each a value, or a tuple of the values of a ``parametrize`` of several names) as ``pytest.param``s:
+    those at the indices ``fast`` in the fast tier, the others slow (the fast tier's time budget, docs/testing.md)."""
+    return [pytest.param(*(case if isinstance(case, tuple) else (case,)),
+                         marks=() if i in fast else pytest.mark.slow) for i, case in enumerate(cases)]
+
+
 def make_batches(sizes, seed=0, dtype="float32"):
     """Random LeNet batches (X, y) of the given sizes, on the CPU."""
     rng = np.random.RandomState(seed)

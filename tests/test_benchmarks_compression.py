@@ -33,6 +33,7 @@ def test_compression_quick_run_trains_resnet18_too(tmp_path):
                for spec in ("2bit", "topk:0.01", "powersgd:4"))
 
 
+@pytest.mark.slow   # seconds the fast tier's 150 s budget cannot spare (docs/testing.md)
 def test_compression_runs_the_specs_it_is_given(tmp_path, capsys):
     compression = load_benchmark("compression")
     assert compression.main(["--quick", "--part", "process", "--specs", "powersgd:8,fp16", "--out",

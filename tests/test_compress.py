@@ -425,6 +425,7 @@ for spec in ["powersgd:4", "2bit"]:
 """
 
 
+@pytest.mark.slow   # seconds the fast tier's 150 s budget cannot spare (docs/testing.md)
 def test_compressors_do_not_stall_two_contexts_at_two_threads_each(tmp_path):
     """With mx.nd.dot (OpenBLAS sgemm from both contexts' engine threads), PowerSGD at OMP_NUM_THREADS=2 spun in
     exec_blas for minutes; its products now run on oneDNN (FullyConnected)."""

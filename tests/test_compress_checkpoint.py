@@ -58,8 +58,8 @@ def uninterrupted(spec):
     return _UNINTERRUPTED[spec]
 
 
-@pytest.mark.parametrize("spec", [pytest.param(spec, marks=() if spec in ("fp16", "powersgd:2") else pytest.mark.slow)
-                                  for spec in SPECS])   # an elementwise codec and one with Q matrices: fast
+@pytest.mark.parametrize("spec", [pytest.param(spec, marks=() if spec == "powersgd:2" else pytest.mark.slow)
+                                  for spec in SPECS])   # a codec with Q matrices and error feedback: fast
 def test_a_resumed_run_with_its_residuals_is_bitwise_the_uninterrupted_one(spec, uninterrupted, tmp_path):
     saved = _stopped_checkpoint(spec, tmp_path)
     names = sorted(saved.compression_state)

@@ -18,7 +18,8 @@ from parallel.optim import SGD
 from parallel.strategies import make_strategy
 from parallel.strategies import Hybrid
 from parallel.train import main
-from conftest import assert_close_to_scale, assert_refused, contexts, diagonal, easy_dataset, write_idx_files
+from conftest import (assert_close_to_scale, assert_refused, contexts, diagonal, easy_dataset, fast_only,
+                      write_idx_files)
 
 E = 4
 
@@ -419,7 +420,7 @@ def test_without_auxiliary_losses_the_experts_train_and_record_their_routing(sma
     assert experts["aux_loss"] == 0 and np.array(experts["tokens"]).sum() == 2 * 64 * 17
 
 
-@pytest.mark.parametrize("zero", [0, 3])
+@pytest.mark.parametrize("zero", fast_only([0, 3], fast={1}))
 def test_two_workers_with_their_own_expert_groups_train_the_one_context_model(zero, threads_reduce_at_once):
     """A job of two workers (threads standing in for ps-lite's servers), each an expert-parallel group of its own 2
     contexts; rank 1 starts from another model (rank 0's wins). An expert group lives in one process: each worker

@@ -89,6 +89,7 @@ def test_the_cli_offers_exactly_the_registries():
     assert choices["dataset"] == list(DATASETS)
 
 
+@pytest.mark.slow   # seconds the fast tier's 150 s budget cannot spare (docs/testing.md)
 def test_a_submodule_never_hides_the_function_of_the_same_name():
     """``parallel.models.lenet`` is the network function whether or not its module was imported first."""
     code = ("import parallel.models.lenet\n"

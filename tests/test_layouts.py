@@ -26,8 +26,8 @@ from parallel.optim import SGD
 from parallel.strategies import make_strategy
 from parallel.strategies.hybrid import Hybrid
 from parallel.train import main
-from conftest import (assert_close_to_scale, assert_same_arrays, contexts, in_threads, labels_hold, load_benchmark,
-                      start_process, stop_before, stop_process, write_idx_files)
+from conftest import (assert_close_to_scale, assert_same_arrays, contexts, fast_only, in_threads, labels_hold,
+                      load_benchmark, start_process, stop_before, stop_process, write_idx_files)
 
 #: The fifteen layouts: the eleven once refused (the tenth compresses: it trains, not the same sums), the two of the
 #: eleventh that name a job, and the four accepted before. Each: the layout and how many contexts it takes.
@@ -159,7 +159,16 @@ def one_context_fed():
     return run
 
 
-@pytest.mark.parametrize("name", EXACT)
+#: The cells of the matrix's first column the fast tier runs: every axis, strategy and schedule at least once (every
+#: axis at once; sequence parallelism across stages; interleaved 1F1B; the model strategy; uneven shards of data and
+#: of tensor ranks; GPipe; ZeRO-1 and ZeRO-2); the slow tier runs every layout of EXACT.
+_FAST_CELLS = ("every axis at once", "sequence x tensor x pipeline, 1F1B", "interleaved 1F1B", "model x recomputation",
+               "data, 3 contexts", "tensor, 3 ranks splitting unevenly", "pipeline, GPipe", "data x pipeline x ZeRO-2",
+               "ZeRO-1 x recomputation")
+
+
+@pytest.mark.parametrize("name", [pytest.param(name, marks=() if name in _FAST_CELLS else pytest.mark.slow)
+                                  for name in EXACT])
 def test_every_layout_trains_the_one_context_vit(name, one_context):
     layout, k = {**LAYOUTS, **MORE, **ALONE}[name]
     strategy = make_strategy(layout, init_vit(0, dtype="float64"), contexts(k))
@@ -251,8 +260,9 @@ def test_every_layout_s_timeline_labels_hold(name):
     labels_hold(recorded.result)
 
 
-@pytest.mark.parametrize("layout, k", [(Layout(expert_parallel=2), 4), (Layout(expert_parallel=4, zero=1), 4),
-                                       (Layout(accumulate=2), 2)])
+@pytest.mark.parametrize("layout, k", fast_only([(Layout(expert_parallel=2), 4),
+                                                   (Layout(expert_parallel=4, zero=1), 4), (Layout(accumulate=2), 2)],
+                                                  fast={1}))
 def test_experts_x_data_trains_the_one_context_moe_vit(layout, k, one_context_fed):
     """A mixture of experts (issue 39): its experts spread over groups of data replicas (with ZeRO-1, with
     accumulation), the one-context MoE ViT in float64 (the last batch of 5 on 4 contexts too: a member no token
@@ -262,7 +272,7 @@ def test_experts_x_data_trains_the_one_context_moe_vit(layout, k, one_context_fe
     assert_close_to_scale(got, want, 1e-12)
 
 
-@pytest.mark.parametrize("layout, k, parts", [
+@pytest.mark.parametrize("layout, k, parts", fast_only([
     (Layout("pipeline", stages=2, micro_batches=2, schedule="1f1b"), 2, 2),
     (Layout("hybrid", stages=2, expert_parallel=2, zero=2, recompute=True), 4, 1),
     (Layout("hybrid", stages=2, expert_parallel=2, zero=3), 4, 1),
@@ -277,12 +287,13 @@ def test_experts_x_data_trains_the_one_context_moe_vit(layout, k, one_context_fe
     (Layout(tensor=2, sequence=True, expert_parallel=2), 4, 1),
     (Layout("pipeline", stages=2, tensor=2, sequence=True, micro_batches=2, schedule="1f1b"), 4, 2),
     (Layout(tensor=2, sequence=True, expert_parallel=2, zero=3), 8, 1),
-])
+], fast={0, 3, 10}))
 def test_experts_x_pipeline_x_tensor_train_the_one_context_moe_vit(layout, k, parts, one_context_fed):
     """A mixture of experts across pipeline stages (each stage's replicas in lockstep, ``parallel.models.lockstep``;
     the auxiliary losses backward heads of the chunk that made them): 2 stages fed 2 micro-batches in 1F1B's order,
     the one-context model fed the same 2 parts of each batch (``accumulate``: each part routed alone, as each
-    micro-batch is; with replicas, each part the examples of the replicas' micro-batch, ``_regrouped``); 2 replicas x 2 stages with expert parallelism, ZeRO-2 and recomputation (the last batch of 5:
+    micro-batch is; with replicas, each part the examples of the replicas' micro-batch, ``_regrouped``); 2 replicas
+    x 2 stages with expert parallelism, ZeRO-2 and recomputation (the last batch of 5:
     3 and 2 examples), and with ZeRO-3 (each member's experts sharded over the replicas holding them); over tensor
     ranks (each replica a tensor group: the experts whole on each rank, each rank's copy of the tokens routed the
     same), with expert parallelism and across 2 stages, and with ZeRO-3 (each rank's dense parts and its copy of
@@ -302,7 +313,7 @@ def test_experts_x_pipeline_x_tensor_train_the_one_context_moe_vit(layout, k, pa
     assert abs(mine["aux_loss"] - theirs["aux_loss"]) < 1e-9 * theirs["aux_loss"]
 
 
-@pytest.mark.parametrize("layout, k, parts", [
+@pytest.mark.parametrize("layout, k, parts", fast_only([
     (Layout("pipeline", stages=2, context=2, micro_batches=2), 4, 2),
     (Layout("hybrid", stages=2, context=2, recompute=True), 8, 1),
     (Layout("data", context=2, zero=3), 4, 1),
@@ -313,7 +324,7 @@ def test_experts_x_pipeline_x_tensor_train_the_one_context_moe_vit(layout, k, pa
     (Layout("data", context=2, tensor=2, sequence=True, zero=1), 8, 1),
     (Layout("pipeline", stages=2, context=2, tensor=2, micro_batches=2, schedule="1f1b", sequence=True), 8, 2),
     (Layout("hybrid", context=2, tensor=2, stages=2, sequence=True, zero=3), 8, 1),
-])
+], fast={3, 5}))
 def test_context_x_pipeline_x_tensor_and_zero_3_train_the_one_context_vit_of_50_tokens(layout, k, parts,
                                                                                        one_context_fed):
     """Each example's tokens split over a group through pipeline stages (a group's members replicas of their own, in
@@ -332,8 +343,9 @@ def test_context_x_pipeline_x_tensor_and_zero_3_train_the_one_context_vit_of_50_
     assert_close_to_scale(got, want, 1e-12)
 
 
-@pytest.mark.parametrize("layout, k", [(Layout(context=2), 2), (Layout(context=4), 4), (Layout(context=2), 4),
-                                       (Layout(context=2, zero=2), 4), (Layout(context=4, accumulate=2), 4)])
+@pytest.mark.parametrize("layout, k", fast_only([(Layout(context=2), 2), (Layout(context=4), 4),
+                                                   (Layout(context=2), 4), (Layout(context=2, zero=2), 4),
+                                                   (Layout(context=4, accumulate=2), 4)], fast={0, 3}))
 def test_context_x_data_trains_the_one_context_vit_of_50_tokens(layout, k, one_context_fed):
     """Each example's 50 tokens split over groups of contexts (issue 39: ring attention): one group of 2 and of 4,
     data parallelism over the groups, with ZeRO-2 and accumulation: the one-context ViT of 4x4 patches in float64."""

@@ -17,7 +17,7 @@ from parallel.models.lenet import LENET_SHAPES
 from parallel.optim import SGD, Adam
 from parallel.strategies import DataParallel
 from parallel.train import main
-from conftest import contexts, make_batches, small_cnn
+from conftest import contexts, fast_only, make_batches, small_cnn
 
 #: Bucket sizes in MiB: one bucket (None, and 25 for LeNet's 0.5 MiB), three, a parameter a bucket.
 BUCKET_SIZES = [None, 25, 0.1, 1e-6]
@@ -61,7 +61,9 @@ def _stateful(make):
     return lambda: optimizer
 
 
-@pytest.mark.parametrize("k, algorithm", [(2, a) for a in ALGORITHMS] + [(3, "fused"), (3, "naive"), (3, "tree")])
+@pytest.mark.parametrize("k, algorithm", fast_only([(2, a) for a in ALGORITHMS] + [(3, "fused"), (3, "naive"),
+                                                                                  (3, "tree")],
+                                                  fast={0, len(ALGORITHMS)}))
 def test_every_bucket_size_trains_bitwise_the_same_model(k, algorithm):
     """LeNet, 3 steps of shards of unequal size (17 and 9 examples), SGD with momentum: every bucket size gives
     every replica the very bits of one bucket. (The ring on 3 contexts cuts each bucket in chunks of its own, so

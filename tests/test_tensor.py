@@ -17,7 +17,8 @@ from parallel.models import init_model
 from parallel.optim import SGD, AdamW, memory_table
 from parallel.strategies import Hybrid, make_strategy
 from parallel.train import main
-from conftest import assert_close_to_scale, contexts, easy_dataset, in_threads, make_batches, write_idx_files
+from conftest import (assert_close_to_scale, contexts, easy_dataset, fast_only, in_threads, make_batches,
+                      write_idx_files)
 
 SIZES = (12, 12, 7, 2)   # the last batch leaves the second group idle on 4 contexts
 
@@ -73,7 +74,7 @@ def test_two_workers_of_tensor_groups_train_the_one_context_model(threads_reduce
     assert_close_to_scale(first, one_context, 1e-5)
 
 
-@pytest.mark.parametrize("tensor, k, stages", [(2, 2, None), (2, 8, 2)])
+@pytest.mark.parametrize("tensor, k, stages", fast_only([(2, 2, None), (2, 8, 2)], fast={0}))
 def test_clipping_counts_the_replicated_arrays_once(tensor, k, stages):
     """Clipping by the global norm: the layer norms, biases and positions every rank holds count once, so the
     clipped model is one context's to rounding (the norm adds its squares in another order)."""
@@ -105,6 +106,7 @@ def test_two_workers_of_stages_of_tensor_groups_train_the_one_context_model(thre
     assert_close_to_scale(first, one_context, 1e-5)
 
 
+@pytest.mark.slow   # seconds the fast tier's 150 s budget cannot spare (docs/testing.md)
 def test_zero_1_and_2_shard_each_ranks_state_over_the_groups_bitwise():
     """ZeRO-1 and 2 on tensor parallelism: each rank's optimizer state sharded over the groups holding that rank
     (2 groups of 2 ranks: half each); the same model and state, bitwise, as ZeRO-0 on the same layout."""

@@ -205,6 +205,7 @@ def test_a_shared_pool_engine_is_refused_with_the_fix():
     assert "MXNET_ENGINE_TYPE=ThreadedEngine" in result and "set OMP_NUM_THREADS before importing" in result
 
 
+@pytest.mark.slow   # seconds the fast tier's 150 s budget cannot spare (docs/testing.md)
 def test_the_shared_machine_advice_is_what_the_cli_does(tmp_path):
     """docs/threads.md says what to do on a busy shared machine (the CLI's every-core default made a one-context
     epoch 12x slower there, issue 38): set OMP_NUM_THREADS, and read it in the header. The CLI keeps the value set

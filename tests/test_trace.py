@@ -11,7 +11,7 @@ from parallel.compress import make_codec
 from parallel.optim import make_optimizer
 from parallel.trace import PHASES, check_traceable, worker_path
 from parallel.train import main
-from conftest import (contexts, easy_dataset, labels_hold, make_batches, run_process, trace_brackets,
+from conftest import (contexts, easy_dataset, fast_only, labels_hold, make_batches, run_process, trace_brackets,
                       trace_operators, write_idx_files)
 
 
@@ -142,7 +142,8 @@ def test_the_cli_writes_a_trace_of_steps_2_to_4(tmp_path, capsys):
     assert ops.count("sgd_update") == 3 * 2
 
 
-@pytest.mark.parametrize("layout", [["--strategy", "model"], ["--strategy", "pipeline", "--micro-batches", "2"]])
+@pytest.mark.parametrize("layout", fast_only([["--strategy", "model"],
+                                              ["--strategy", "pipeline", "--micro-batches", "2"]], fast={1}))
 def test_model_and_pipeline_traces_name_their_backward_pass(layout, tmp_path):
     """Their LeNet stages run an imperative backward pass, in bulks MXNet names ImperativeBulk, which the trace
     dropped: every event was forward (or load, update). Each stage's lane now has backward events after its
@@ -226,6 +227,7 @@ def test_a_zero_3_step_names_its_gathers_recomputations_and_reduce_scatters(pref
         assert len(gathers) == 2 * n - (2 if prefetch else 1), gathers
 
 
+@pytest.mark.slow   # seconds the fast tier's 150 s budget cannot spare (docs/testing.md)
 def test_the_sums_of_micro_batches_are_metrics_not_an_update():
     """The step's sum over its micro-batches ran unmarked, so the engine could run it inside the update's bracket
     (its ``add_n`` is one an update runs): under load, a ZeRO-3 lane showed three update operators. The sum is now a
@@ -292,6 +294,7 @@ print("done")
 """
 
 
+@pytest.mark.slow   # seconds the fast tier's 150 s budget cannot spare (docs/testing.md)
 def test_a_bracket_names_each_array_once():
     """An engine operation that names an array twice is never run (MXNet's engine waits forever): the metrics'
     bracket named a shard's sum twice on one context and the trace never ended. The marks name each array once."""

@@ -687,6 +687,7 @@ LAYOUTS_AT_DEFAULT_THREADS = [
 ]
 
 
+@pytest.mark.slow   # seconds the fast tier's 150 s budget cannot spare (docs/testing.md)
 def test_every_strategy_on_four_contexts_at_the_clis_default_threads(tmp_path):
     from parallel.data import FILES as files
     small = easy_dataset(num_train=300, num_test=60, seed=3)

@@ -64,9 +64,9 @@ STRATEGY_ARGS = {
 }
 
 
-#: The CLI's checkpoints of these layouts resume in the fast tier (a plain sum, a sharded optimizer state); the
-#: others in the slow tier: that every layout resumes bitwise is test_checkpoint.py's claim.
-_FAST_RESUMES = ("data-naive", "momentum-zero1")
+#: The CLI's checkpoints of this layout resume in the fast tier (a sharded optimizer state); the others in the slow
+#: tier: that every layout resumes bitwise is test_checkpoint.py's claim.
+_FAST_RESUMES = ("momentum-zero1",)
 
 
 @pytest.mark.parametrize("layout", [pytest.param(layout, marks=() if layout in _FAST_RESUMES else pytest.mark.slow)
