@@ -160,6 +160,7 @@ def test_resume_with_optimizer_state_is_bitwise(name, zero, accumulate, layout, 
     assert _without_timings(history) == _without_timings(want_history)
 
 
+@pytest.mark.slow   # seconds the fast tier's 150 s budget cannot spare (docs/testing.md)
 def test_zero_2_on_two_contexts_resumes_with_zero_0_on_one_and_zero_1_on_three(tmp_path):
     """The state is saved whole, by parameter: another number of contexts and another sharding continue it."""
     adam = lambda zero: Adam(0.003, zero=zero)   # noqa: E731
@@ -333,6 +334,7 @@ def test_a_checkpoint_written_before_resnet18_loads_as_lenet(tmp_path):
         ckpt.load_checkpoint(tmp_path, model="resnet18")
 
 
+@pytest.mark.slow   # seconds the fast tier's 150 s budget cannot spare (docs/testing.md)
 def test_resnet18_checkpoint_round_trip_with_running_statistics(tmp_path):
     replica = get_params(init_model("resnet18", seed=3), mx.cpu())
     replica.aux[1][:] = 0.5   # running statistics that differ from their initial values

@@ -85,6 +85,7 @@ def test_layouts_context_parallelism_cannot_take_are_refused():
         make_strategy(Layout(context=2), init_vit(0, patch=4), contexts(3))
 
 
+@pytest.mark.slow   # seconds the fast tier's 150 s budget cannot spare (docs/testing.md)
 def test_the_cli_trains_with_the_sequence_split_and_resumes_on_one_context(tmp_path, capsys):
     """The CLI's path to the layout (what it trains is ``test_layouts.py``'s): 64 examples, 2 batches an epoch."""
     data_dir = write_idx_files(tmp_path, easy_dataset(num_train=64, num_test=16, seed=1))
@@ -98,6 +99,7 @@ def test_the_cli_trains_with_the_sequence_split_and_resumes_on_one_context(tmp_p
     assert "epoch 2," in capsys.readouterr().out
 
 
+@pytest.mark.slow   # seconds the fast tier's 150 s budget cannot spare (docs/testing.md)
 def test_the_cli_splits_each_member_s_tokens_over_its_tensor_ranks_with_sequence_parallelism(tmp_path, capsys):
     """``--context 2 --tensor 2 --sequence-parallel`` (issue 46; what it trains is ``test_layouts.py``'s): each
     member's 25 of the 50 tokens split 13 and 12 over its ranks, what each context keeps of a batch of 32's layer

@@ -309,6 +309,7 @@ def small_dir(tmp_path_factory):
     return write_idx_files(tmp_path_factory.mktemp("small"), easy_dataset(num_train=64, num_test=16, seed=1))
 
 
+@pytest.mark.slow   # seconds the fast tier's 150 s budget cannot spare (docs/testing.md)
 def test_the_cli_trains_experts_and_records_their_routing(small_dir, tmp_path, capsys):
     metrics = tmp_path / "m.json"
     assert main(["--model", "vit", "--experts", "4", "--top-k", "2", "--capacity-factor", "1.5",
@@ -331,6 +332,7 @@ def test_the_cli_trains_experts_and_records_their_routing(small_dir, tmp_path, c
     assert "epoch 3," in capsys.readouterr().out
 
 
+@pytest.mark.slow   # seconds the fast tier's 150 s budget cannot spare (docs/testing.md)
 def test_the_cli_trains_experts_with_sequence_parallelism(small_dir, tmp_path, capsys):
     """``--sequence-parallel`` with experts (issue 46): each tensor rank routes its slice of the sequence, queued in
     one context's order; over 2 replicas that share their experts (the matrix proves it trains the one-context

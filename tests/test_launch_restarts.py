@@ -194,7 +194,7 @@ def test_a_dead_worker_restarts_the_job(tmp_path, mark):
 @pytest.mark.parametrize("status, restarts", [
     pytest.param(3, ["restart 1 of 2", "restart 2 of 2"],   # restarted up to --max-restarts, then the last error
                  marks=pytest.mark.slow),                # three starts of a job: the fast tier's time budget
-    (2, []),                                     # bad input: restarting would fail the same way
+    pytest.param(2, [], marks=pytest.mark.slow),   # bad input: restarting would fail the same way
 ])
 def test_a_failing_worker_is_restarted_up_to_max_restarts_unless_its_input_is_bad(status, restarts, tmp_path,
                                                                                    mark):

@@ -117,6 +117,7 @@ def test_make_strategy_checks_recompute(strategy):
         make_strategy(strategy, init_lenet_params(), contexts(2), recompute="yes")
 
 
+@pytest.mark.slow   # seconds the fast tier's 150 s budget cannot spare (docs/testing.md)
 def test_cli_recompute_trains_the_same_curve(tmp_path, capsys):
     data_dir = write_idx_files(str(tmp_path), easy_dataset(num_train=256, num_test=64, seed=1))
     curves = []

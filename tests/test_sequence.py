@@ -99,6 +99,7 @@ def test_a_model_without_its_blocks_is_refused():
         make_strategy(Layout(tensor=2, sequence=True), init_transformer(0), contexts(2))
 
 
+@pytest.mark.slow   # seconds the fast tier's 150 s budget cannot spare (docs/testing.md)
 def test_the_cli_records_the_activations_each_context_keeps(tmp_path, capsys):
     """Batches of 32 (64 examples, 2 batches an epoch): what each context keeps of a batch's activations."""
     data_dir = write_idx_files(tmp_path, easy_dataset(num_train=64, num_test=16, seed=1))

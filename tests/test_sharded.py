@@ -213,6 +213,7 @@ def test_a_sharded_job_with_momentum_is_one_context_to_rounding(threads_reduce_a
     assert_close_to_scale(params, want, 1e-5)
 
 
+@pytest.mark.slow   # seconds the fast tier's 150 s budget cannot spare (docs/testing.md)
 def test_a_sharded_job_with_batchnorm_and_micro_batches(threads_reduce_at_once):
     """BatchNorm's statistics per worker (as zero=0 in a job); micro-batches in a job: zero=0's to rounding."""
     got = _train_in_job(3, "momentum", model=small_resnet, rank_seed=False, sizes=(12, 7), accumulate=2)

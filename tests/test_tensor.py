@@ -54,6 +54,7 @@ def test_all_three_axes_form_a_group_of_ranks_a_stage_and_replica(stages, k):
     assert len(strategy.replicas) == k // (2 * stages) and len(strategy.groups()) == 2 * stages
 
 
+@pytest.mark.slow   # seconds the fast tier's 150 s budget cannot spare (docs/testing.md)
 def test_two_workers_of_tensor_groups_train_the_one_context_model(threads_reduce_at_once, one_context):
     """Across processes (threads standing in for ps-lite): 2 workers, each one group of 2 ranks on contexts of its
     own; each worker trains its slice of the global batch (the last, of 2, leaves worker 1 without an example) and
@@ -219,6 +220,7 @@ def test_a_checkpoint_moves_between_tensor_and_data_parallel_layouts(tmp_path):
     assert_close_to_scale(three, straight, 1e-5)
 
 
+@pytest.mark.slow   # seconds the fast tier's 150 s budget cannot spare (docs/testing.md)
 def test_the_cli_trains_on_all_three_axes(tmp_path, capsys):
     data_dir = write_idx_files(tmp_path, easy_dataset(num_train=64, num_test=16, seed=3))
     assert main(["--model", "vit", "--data-dir", str(data_dir), "--batch-size", "16", "--epochs", "1",
@@ -229,6 +231,7 @@ def test_the_cli_trains_on_all_three_axes(tmp_path, capsys):
     assert "hybrid parallel on [cpu(0)" in out
 
 
+@pytest.mark.slow   # seconds the fast tier's 150 s budget cannot spare (docs/testing.md)
 def test_the_cli_trains_with_tensor_parallelism_and_says_how(tmp_path, capsys):
     data_dir = write_idx_files(tmp_path, easy_dataset(num_train=64, num_test=16, seed=3))
     metrics = tmp_path / "m.json"

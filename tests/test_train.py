@@ -99,6 +99,7 @@ def test_the_memory_line_is_the_metrics_memory_and_counts_the_buffers_a_layout_a
         assert row["temporary_buffers"] == received.get(row["context"], 0) + row["gathered_peak"], row
 
 
+@pytest.mark.slow   # seconds the fast tier's 150 s budget cannot spare (docs/testing.md)
 def test_zero3_holds_less_than_zero0_where_its_largest_unit_is_a_small_part_of_the_model(tmp_path, capsys):
     """The orders docs/memory.md gives: on 2 contexts ZeRO-3 holds Psi + 3 U against 3 Psi, so it saves on the ViT
     (largest unit 24% of it) and not on LeNet (79%), where it saves from 3 contexts on."""
@@ -152,7 +153,8 @@ def test_the_help_names_every_model_and_parallel_style():
     assert all(style in description for style in ("data", "pipeline", "tensor")), description
 
 
-@pytest.mark.parametrize("algorithm", [pytest.param("naive", marks=pytest.mark.slow), "fused"])
+@pytest.mark.slow   # seconds the fast tier's 150 s budget cannot spare (docs/testing.md)
+@pytest.mark.parametrize("algorithm", ["naive", "fused"])
 def test_same_seed_same_curve_different_devices(data_dir, tmp_path, algorithm):
     curves = []
     for devices in ("cpu:1", "cpu:3"):

@@ -25,6 +25,7 @@ def _snapshot(record):
     return on_checkpoint
 
 
+@pytest.mark.slow   # seconds the fast tier's 150 s budget cannot spare (docs/testing.md)
 def test_checkpoint_every_n_steps_and_resume_from_each_is_bitwise(tmp_path):
     dataset = easy_dataset(num_train=70, num_test=20, seed=1)   # batches of 16: 5 a epoch, the last of 6
     ctx = [mx.cpu(0), mx.cpu(1)]
