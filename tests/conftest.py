@@ -52,6 +52,41 @@ def diagonal(*axes):
             for index in itertools.product(*(range(len(axis)) for axis in axes))]
 
 
+def pairwise(*axes):
+    """Cases (tuples, one value of each axis) in which every pair of values of two axes meets at least once: a
+    covering array of strength 2, built greedily (each case the first of the product that covers the most pairs not
+    yet covered), so far fewer cases than the product when the axes' effects interact at most two at a time.
+    ``pytest.param``s: a few of the cases that together hold every value of every axis (chosen greedily, each adding
+    the most values not yet held) run in the fast tier, the others slow.
+
+    >>> cases = [p.values for p in pairwise([0, 1, 2], "ab", "xyz")]
+    >>> len(cases), all(any(c[i] == u and c[j] == v for c in cases) for i, j in ((0, 1), (0, 2), (1, 2))
+    ...                     for u in ([0, 1, 2], "ab", "xyz")[i] for v in ([0, 1, 2], "ab", "xyz")[j])
+    (9, True)
+    >>> [p.values for p in pairwise([0, 1], "ab") if not p.marks]   # a and b each once, 0 and 1 each once
+    [(0, 'a'), (1, 'b')]
+    """
+    import itertools
+    axes = [list(axis) for axis in axes]
+    uncovered = {((i, u), (j, v)) for i, j in itertools.combinations(range(len(axes)), 2)
+                 for u in range(len(axes[i])) for v in range(len(axes[j]))}
+
+    def pairs(index):
+        return {((i, index[i]), (j, index[j])) for i, j in itertools.combinations(range(len(axes)), 2)}
+    chosen = []
+    while uncovered:
+        best = max(itertools.product(*(range(len(axis)) for axis in axes)), key=lambda c: len(pairs(c) & uncovered))
+        chosen.append(best)
+        uncovered -= pairs(best)
+    unseen, fast = {(i, u) for i, axis in enumerate(axes) for u in range(len(axis))}, set()
+    while unseen:
+        n = max(range(len(chosen)), key=lambda n: len(set(enumerate(chosen[n])) & unseen))
+        fast.add(n)
+        unseen -= set(enumerate(chosen[n]))
+    return [pytest.param(*(axis[i] for axis, i in zip(axes, index)), marks=() if n in fast else pytest.mark.slow)
+            for n, index in enumerate(chosen)]
+
+
 def fast_only(cases, fast):
     """``cases`` (each a value, or a tuple of the values of a ``parametrize`` of several names) as ``pytest.param``s:
     those at the indices ``fast`` in the fast tier, the others slow (the fast tier's time budget, docs/testing.md)."""
