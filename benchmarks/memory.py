@@ -2,7 +2,8 @@
 
 Part ``recompute``: each model with and without recomputation; part ``zero``: ResNet-18 with Adam at every ZeRO
 stage (stage 3 with and without prefetch) on 2 and 4 contexts; part ``job``: the same stages in a job of 2 workers
-(``python -m parallel.launch -n 2 -s 2``) of ``--job-devices`` contexts each, ZeRO-3 sharding over all of them.
+(``python -m parallel.launch -n 2 -s 2``) of ``--job-devices`` contexts each, ZeRO-3 sharding over all of them
+(``--zero-model vit``: the ViT in both, a quick check of the benchmark itself, as its test runs it).
 Each configuration trains a few steps of the data strategy on K CPU contexts in a process (or a job) of its own,
 interleaved over the rounds, and reports:
 
@@ -32,8 +33,22 @@ sys.path.append(os.path.dirname(os.path.abspath(__file__)))   # harness.py, besi
 import harness  # noqa: E402
 
 BATCH = {"lenet": 256, "resnet18": 64}
-#: ResNet-18's trainable parameters: Psi, the model's bytes, is 4 of them each.
-RESNET18_PARAMETERS = 11175818
+#: The models the zero and job parts can train (``--zero-model``), with their batch: ResNet-18 for the tables, the
+#: ViT (80 times smaller) for a quick run that checks the benchmark itself.
+ZERO_BATCH = {"resnet18": 64, "vit": 64}
+
+
+def parameters(model):
+    """The trainable parameters of ``model`` (Psi, the model's bytes, is 4 of them each): 11,175,818 for ResNet-18."""
+    from parallel.models import MODELS
+    return sum(map(_size, MODELS[model].behaviour.layout().shapes))
+
+
+def _size(shape):
+    size = 1
+    for n in shape:
+        size *= n
+    return size
 
 
 def parse_args(argv=None):
@@ -47,6 +62,8 @@ def parse_args(argv=None):
                         help="zero: comma-separated numbers of CPU contexts")
     parser.add_argument("--job-devices", action=harness.CommaList, item=int, minimum=1, default=[1, 2],
                         help="job: comma-separated contexts a worker")
+    parser.add_argument("--zero-model", choices=list(ZERO_BATCH), default="resnet18",
+                        help="zero, job: the model trained (the tables are ResNet-18's)")
     parser.add_argument("--steps", type=int, default=8, help="timed steps a run (after 2 of warm-up)")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved runs of each configuration")
     parser.add_argument("--out", default=None, help="the JSON file (default: results/memory.json, "
@@ -128,7 +145,7 @@ def _worker(config, steps):
     else:
         strategy = make_strategy("data", initial, ctx_list, recompute=bool(recompute), zero=zero, reducer=reducer)
         sharded = None
-    X, y = harness.random_batch(BATCH[model])
+    X, y = harness.random_batch({**BATCH, **ZERO_BATCH}[model])
     optimizer = SGD(0.05, momentum=0.9) if recompute is not None else Adam(0.001, zero=zero)
     losses = []
 
@@ -195,28 +212,28 @@ def _recompute_rows(args):
     return rows
 
 
-def _zero_row(got, workers, k, zero, prefetch):
+def _zero_row(got, model, workers, k, zero, prefetch):
     """The row of one ZeRO configuration from its runs: the busiest context's bytes, the bytes moved and pushed."""
-    busiest = got[0]["busiest"]
+    busiest, count = got[0]["busiest"], parameters(model)
     held = busiest["parameters"] + busiest["gradients"] + busiest["optimizer_state"]
-    row = {"part": "job" if workers else "zero", "model": "resnet18", "workers": workers or 1,
+    row = {"part": "job" if workers else "zero", "model": model, "workers": workers or 1,
            "devices": k, "zero": zero, "prefetch": prefetch,
-           "batch": BATCH["resnet18"], "step_seconds": _step(got),
-           "busiest": busiest, "bytes_a_parameter": held / RESNET18_PARAMETERS,
+           "batch": ZERO_BATCH[model], "step_seconds": _step(got),
+           "busiest": busiest, "bytes_a_parameter": held / count,
            "bytes_moved": got[0]["bytes_moved"], "pushed": got[0].get("pushed"),
            "losses": [run["loss"] for run in got]}
     if workers:   # a Reducer pushes each gradient once a step (zero 0, 1, 2); ZeRO-3 reports its own bytes
-        row["pushed"] = row["pushed"] if zero == 3 else 4 * RESNET18_PARAMETERS
+        row["pushed"] = row["pushed"] if zero == 3 else 4 * count
     return row
 
 
 def _print_zero_row(row, workers):
-    psi, busiest, k = 4 * RESNET18_PARAMETERS, row["busiest"], row["devices"]
+    psi, busiest, k = 4 * parameters(row["model"]), row["busiest"], row["devices"]
     moved = "" if row["bytes_moved"] is None else f"  moved {row['bytes_moved'] / (k * psi):.2f} Psi a context"
     if workers:
         moved += f"  pushed {row['pushed'] / psi:.2f} Psi a worker"
     where = f"W={workers} K={k}" if workers else f"K={k}"
-    print(f"resnet18 {where} zero={row['zero']}{' prefetch' if row['prefetch'] else ''}: step "
+    print(f"{row['model']} {where} zero={row['zero']}{' prefetch' if row['prefetch'] else ''}: step "
           f"{row['step_seconds'] * 1e3:7.1f} ms ({row['time_ratio']:.2f}x)  {row['bytes_a_parameter']:5.2f} B/param + "
           f"gathered {busiest['gathered_peak'] / 2**20:5.1f} MiB + temporary "
           f"{busiest['temporary_buffers'] / 2**20:5.1f} MiB{moved}", flush=True)
@@ -225,9 +242,10 @@ def _print_zero_row(row, workers):
 def _zero_rows(args, workers=0):
     stages = [(0, False), (1, False), (2, False), (3, True), (3, False)]
     devices = args.job_devices if workers else args.zero_devices
-    configs = [("resnet18", None, zero, prefetch, k) for k in devices for zero, prefetch in stages]
+    model = args.zero_model
+    configs = [(model, None, zero, prefetch, k) for k in devices for zero, prefetch in stages]
     runs = _run_rounds(configs, args, workers)
-    rows = [_zero_row(runs[("resnet18", None, zero, prefetch, k)], workers, k, zero, prefetch)
+    rows = [_zero_row(runs[(model, None, zero, prefetch, k)], model, workers, k, zero, prefetch)
             for k in devices for zero, prefetch in stages]
     harness.add_ratios(rows, group=lambda row: row["devices"], value="step_seconds", field="time_ratio")
     for row in rows:

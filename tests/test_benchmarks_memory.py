@@ -24,6 +24,10 @@ def test_recompute_benchmark_runs_both_ways_and_trains_the_same(tmp_path):
     assert off["time_ratio"] == 1.0 and on["time_ratio"] > 0 and on["peak_rss"] > 0
 
 
+def test_the_parameters_counted_are_each_models():
+    assert [load_benchmark("memory").parameters(model) for model in ("resnet18", "vit")] == [11175818, 139018]
+
+
 def test_counted_activations_of_resnet18_shrink_with_recomputation():
     whole, kept = load_benchmark("memory").counted_activations("resnet18", 4)
     assert 0 < kept < whole / 2
@@ -31,7 +35,7 @@ def test_counted_activations_of_resnet18_shrink_with_recomputation():
 
 @pytest.mark.slow
 def test_zero_benchmark_runs_every_stage_and_trains_the_same(tmp_path):
-    rows = _rows(tmp_path, "--part", "zero", "--zero-devices", "2")
+    rows = _rows(tmp_path, "--part", "zero", "--zero-devices", "2", "--zero-model", "vit")
     assert [(r["zero"], r["prefetch"]) for r in rows] == [(0, False), (1, False), (2, False), (3, True), (3, False)]
     assert len({tuple(r["losses"]) for r in rows}) == 1   # every stage trains the same steps, bitwise
     held = [r["bytes_a_parameter"] for r in rows]
@@ -43,10 +47,10 @@ def test_zero_benchmark_runs_every_stage_and_trains_the_same(tmp_path):
 def test_job_benchmark_runs_every_stage_under_the_launcher_and_trains_the_same(tmp_path):
     """2 workers of 1 context each: every stage the same losses (ZeRO-3 bitwise zero 0 in a job), ZeRO-3 keeps
     half of zero 0's bytes a parameter on each worker and pushes 3 Psi - Psi_last a step."""
-    rows = _rows(tmp_path, "--part", "job", "--job-devices", "1")
+    rows = _rows(tmp_path, "--part", "job", "--job-devices", "1", "--zero-model", "vit")
     assert [(r["workers"], r["zero"], r["prefetch"]) for r in rows] == [
         (2, 0, False), (2, 1, False), (2, 2, False), (2, 3, True), (2, 3, False)]
     assert len({tuple(r["losses"]) for r in rows}) == 1
     assert rows[0]["bytes_a_parameter"] == 16 and rows[3]["bytes_a_parameter"] == rows[4]["bytes_a_parameter"] == 8
-    psi = 4 * 11175818
+    psi = 4 * load_benchmark("memory").parameters("vit")
     assert 2 * psi < rows[3]["pushed"] < 3 * psi and rows[0]["pushed"] == psi
