@@ -17,7 +17,7 @@ from parallel.models.ring import attention, ring_attention, ring_bytes
 from parallel.models.vit import init_vit
 from parallel.strategies import make_strategy
 from parallel.train import main
-from conftest import assert_refused, contexts, easy_dataset, load_benchmark, write_idx_files
+from conftest import assert_refused, contexts, easy_dataset, write_idx_files
 
 
 def _attention_and_grads(q, k, v, C):
@@ -147,24 +147,3 @@ def test_the_cli_splits_the_sequence_across_pipeline_stages_with_zero_3_and_over
 def test_bad_context_flags_get_one_line_and_status_2(flags, says, easy_dir, capsys):
     status = main(["--model", "vit", "--data-dir", str(easy_dir), "--epochs", "1", "--no-progress", *flags])
     assert_refused(status, capsys, says)
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(1200)
-def test_one_epoch_of_digits_with_the_sequence_split_is_the_one_context_epoch(tmp_path):
-    """The issue's measure: the ViT of 50 tokens, one epoch of the digits, momentum SGD, float32: 2 and 4 contexts
-    of one group each within 1e-5 of each array's scale of one context."""
-    from parallel.checkpoint import load_checkpoint
-    data_dir = write_idx_files(tmp_path, load_benchmark("digits_dataset").digits_dataset(num_train=1500))
-
-    def epoch(name, *flags):
-        assert main(["--model", "vit", "--patch-size", "4", "--data-dir", str(data_dir), "--epochs", "1",
-                     "--batch-size", "32", "--lr", "0.05", "--momentum", "0.9", "--no-progress",
-                     "--checkpoint-dir", str(tmp_path / name), *flags]) == 0
-        return [p.asnumpy() for p in load_checkpoint(str(tmp_path / name)).params]
-    want = epoch("one", "--devices", "cpu:1")
-    for C in (2, 4):
-        got = epoch(f"c{C}", "--devices", f"cpu:{C}", "--context", str(C))
-        gap = max(np.abs(g - w).max() / np.abs(w).max() for g, w in zip(got, want))
-        print(f"context {C}: {gap:.2e}")
-        assert gap < 1e-5
