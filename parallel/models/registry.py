@@ -48,7 +48,8 @@ from .recompute import Segment
 from .resnet import init_resnet18, resnet18
 from .moe import Experts, moe_layers
 from .transformer import init_transformer, transformer
-from .vit import init_vit, sequence_region_params, vit
+from .plan import Plan, plan_of
+from .vit import init_vit, vit
 
 __all__ = ["Layers", "Cut", "Model", "LeNetModel", "GluonModel", "BuiltGluonModel", "ResNet18Model", "ViTModel",
            "TransformerModel", "behaviour_of"]
@@ -171,6 +172,11 @@ class Model:
             The paths of the symbol file and of the params file.
         """
         raise NotImplementedError
+
+    def plan(self, initial):
+        """The parallelize plan of ``initial`` (``parallel.models.plan.Plan``): where layouts split its tokens; by
+        default none (no sequence region)."""
+        return Plan()
 
     def shard_specs(self, initial):
         """How tensor parallelism lays out each trainable array of ``initial`` over a group's ranks:
@@ -361,10 +367,10 @@ class GluonModel(Model):
         declare, ``Replicated()`` for every other array (all of ResNet-18's)."""
         return shard_specs(initial)
 
-    def sequence_params(self, initial):
-        """The names of the arrays sequence parallelism computes on each rank's slice of the sequence (the ViT's
-        blocks' layer norms and row-parallel biases: ``parallel.models.vit.sequence_region_params``)."""
-        return sequence_region_params(initial)
+    def plan(self, initial):
+        """The parallelize plan of the model ``initial`` is (``parallel.models.plan.plan_of``): where sequence
+        parallelism's region lies among its children; ``Plan()`` for a block of no model of ``PLANS``."""
+        return plan_of(initial)
 
 
 class BuiltGluonModel(GluonModel):
