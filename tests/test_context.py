@@ -140,7 +140,7 @@ def test_the_cli_splits_the_sequence_across_pipeline_stages_with_zero_3_and_over
 
 
 @pytest.mark.parametrize("flags, says", [
-    (["--context", "2", "--model", "lenet"], "--context applies to the ViT's tokens; use --model vit"),
+    (["--context", "2", "--model", "lenet"], "--context applies to a model's tokens; use --model vit or transformer"),
     (["--patch-size", "5"], "--patch-size must divide the image's 28 pixels"),
     (["--context", "3", "--devices", "cpu:2"], "cannot group 2 contexts"),
 ])

@@ -86,7 +86,9 @@ MODELS = {
                               ("aux_weight", float, 0.01), ("z_weight", float, 0.0), ("patch", int, 7))),
     "transformer": ModelInfo("Transformer", "0 row embedding (the 28 rows as tokens, positions), 1-2 its two "
                                             "post-norm Transformer blocks, 3 head (mean over the rows, dense)",
-                             "TransformerModel", tensor=4),
+                             "TransformerModel", tensor=4, sequences=True,
+                             options=(("experts", int, 0), ("top_k", int, 1), ("capacity_factor", float, 1.0),
+                                      ("aux_weight", float, 0.01), ("z_weight", float, 0.0))),
 }
 
 def model_spec(name, **options):

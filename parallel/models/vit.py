@@ -38,10 +38,10 @@ seam is the mathematics itself (the identity, dot-product attention, nothing); w
 import mxnet as mx
 from mxnet.gluon import nn
 
-from ..validate import BadType, check_int, check_seed
+from ..validate import check_int, check_seed
 from .base import attention, gather_tokens, mark_kept, split_tokens
 from .layers import ColumnParallelDense, ParallelPatchEmbedding, RowParallelDense
-from .moe import Experts
+from .moe import as_experts
 
 __all__ = ["PatchEmbedding", "MultiHeadAttention", "TransformerBlock", "ClassifierHead", "vit", "init_vit"]
 
@@ -160,11 +160,7 @@ def vit(num_classes=10, dim=64, heads=4, depth=4, mlp_dim=128, patch=7, image=28
     net = nn.HybridSequential(prefix="vit_")   # a fixed name: every instance exports the same names
     with net.name_scope():
         net.add(PatchEmbedding(dim, patch, image))
-        moe = experts
-        if isinstance(experts, int) and not isinstance(experts, bool):
-            moe = Experts(experts) if experts else None
-        if moe is not None and not isinstance(moe, Experts):
-            raise BadType("experts", f"{{experts}} must be an Experts or a number of experts, got {experts!r}")
+        moe = as_experts(experts)
         for i in range(depth):
             net.add(TransformerBlock(dim, heads, mlp_dim, moe=moe if i % 2 == 1 else None))
         net.add(ClassifierHead(dim, num_classes))
