@@ -7,6 +7,9 @@ Fast tier: three steps with momentum in float64, each layout within 1e-12 of eve
 (a real difference, a wrong gradient or a stale buffer, is many orders larger); the two layouts that name a job
 with two workers in threads (the kvstore's servers stood in for). Slow tier: the issue's measure, one epoch of the
 digits in float32 within 1e-5 of each array's scale, and the two job layouts under the launcher.
+
+The row Transformer's token layouts (issue 46: context, sequence and experts, ``TRANSFORMER``) train its own
+one-context model the same way; one cell fast, the others slow.
 """
 import os
 import subprocess
