@@ -22,6 +22,8 @@ A plan reads the model and writes nothing onto it. A new model with a sequence r
 >>> plan = plan_of(net)
 >>> plan, plan.region(net), len(plan.summed(net))
 (Plan(blocks=(TransformerBlock,)), [1, 2, 3, 4], 24)
+>>> sorted({name.split("_")[1] for name in plan.inside(net)})   # the blocks' arrays and the head's
+['classifierhead0', 'transformerblock0', 'transformerblock1', 'transformerblock2', 'transformerblock3']
 >>> plan_of(mx.gluon.nn.HybridSequential()).region(init_vit())
 []
 """
@@ -63,8 +65,8 @@ class Plan(NamedTuple):
         region's, and the one after it, which gathers them): a run whose first array is one of them starts inside
         the region."""
         region = set(self.region(net))
-        return {param.name for i in range(len(region and net)) if i in region or i - 1 in region
-                for param in net[i].collect_params().values() if param.grad_req != "null"}
+        starts = sorted(region | {i + 1 for i in region if i + 1 < len(net)})
+        return {param.name for i in starts for param in net[i].collect_params().values() if param.grad_req != "null"}
 
 
 #: The plans of the models of ``parallel.models.MODELS`` that have a sequence region, by name.
