@@ -18,7 +18,8 @@ Every strategy runs the same SGD step on the same batches: the same ``--seed`` g
 ways instead of LeNet; on a CPU it costs a few hundred times LeNet's time per example. ``--model vit`` trains a
 small Vision Transformer (7x7 patches, a class token, four pre-norm Transformer blocks of width 64: 139 thousand
 parameters, no BatchNorm) the same ways, and ``--model transformer`` an encoder over the image's 28 rows (two
-post-norm blocks); the two Transformers are made of parallel layers, so ``--tensor`` splits them too.
+post-norm blocks); the two Transformers are made of parallel layers, so ``--tensor`` splits them too, and both
+take ``--context``, ``--sequence-parallel`` and ``--experts``.
 
 The arguments are checked before MXNet is imported, so ``--help`` and argument errors answer at once; then,
 unless ``OMP_NUM_THREADS`` is set, the command sets it to every core (MXNet reads it when it is imported; see
@@ -176,18 +177,18 @@ def _add_layout_flags(add):
 
 
 def _add_expert_flags(add):
-    """A mixture of experts in the ViT, expert parallelism, the ViT's patches and context parallelism."""
+    """A mixture of experts in the two Transformers, expert parallelism, the ViT's patches and context parallelism."""
     add("--patch-size", type=int, default=7, metavar="P",
         help="--model vit: cut the 28x28 image into patches of P x P pixels (a divisor of 28), (28 / P)^2 + 1 tokens "
              "with the class token: 4 makes 50; default 7 (17 tokens)")
     add("--context", type=int, default=1, metavar="C",
-        help="--model vit: context parallelism: each example's tokens split over groups of C devices (--devices a "
-             "multiple of C), attention by ring attention (blocks of keys and values passed round the group, an "
-             "online softmax), data parallelism over the groups (and --stages, --tensor, --recompute, --zero 3); "
-             "default 1 (none)")
+        help="--model vit or transformer: context parallelism: each example's tokens split over groups of C "
+             "devices (--devices a multiple of C), attention by ring attention (blocks of keys and values passed "
+             "round the group, an online softmax), data parallelism over the groups (and --stages, --tensor, "
+             "--recompute, --zero 3); default 1 (none)")
     add("--experts", type=int, default=0, metavar="E",
-        help="--model vit: every other block's MLP a mixture of E experts (at least 2), each token routed to "
-             "--top-k of them, its load-balancing loss (Switch's) added to the loss; default 0 (none)")
+        help="--model vit or transformer: every other block's MLP a mixture of E experts (at least 2), each token "
+             "routed to --top-k of them, its load-balancing loss (Switch's) added to the loss; default 0 (none)")
     add("--top-k", type=int, default=1, metavar="K",
         help="--experts: the experts each token goes to, its gates their probabilities (normalized for K > 1); "
              "default 1 (Switch)")
@@ -206,20 +207,30 @@ def _add_expert_flags(add):
              "with --zero 3); default 1 (every device holds every expert)")
 
 
+def _models_with(option):
+    """The names of the models of ``MODELS`` that have the variant ``option`` (``model_spec``'s)."""
+    return [name for name, info in MODELS.items() if option in [o for o, _, _ in info.options]]
+
+
 def check_model_args(args):
-    """The ViT's flags (``--patch-size``, the mixture of experts) together, then ``args.model`` the variant they
-    make (``parallel.models.model_spec``); ``UsageError`` naming the flag."""
-    if args.patch_size != 7 or args.context != 1:
-        what = "--patch-size" if args.patch_size != 7 else "--context"
+    """The models' flags (the ViT's ``--patch-size``, ``--context``, the mixture of experts) together, then
+    ``args.model`` the variant they make (``parallel.models.model_spec``); ``UsageError`` naming the flag."""
+    if args.patch_size != 7:
         if args.model != "vit":
-            raise UsageError(f"{what} applies to the ViT's tokens; use --model vit, not {args.model}")
+            raise UsageError(f"--patch-size applies to the ViT's tokens; use --model vit, not {args.model}")
         if args.patch_size < 1 or 28 % args.patch_size:
             raise UsageError(f"--patch-size must divide the image's 28 pixels (1, 2, 4, 7, 14 or 28), got "
                              f"{args.patch_size}")
+    tokens = [name for name, info in MODELS.items() if info.sequences]
+    if args.context != 1 and args.model not in tokens:
+        raise UsageError(f"--context applies to a model's tokens; use --model {' or '.join(tokens)}, not "
+                         f"{args.model}")
     _check_expert_args(args)
-    if args.model == "vit":
-        args.model = model_spec("vit", experts=args.experts, top_k=args.top_k, capacity_factor=args.capacity_factor,
-                                aux_weight=args.aux_loss_weight, z_weight=args.router_z_loss, patch=args.patch_size)
+    options = {"experts": args.experts, "top_k": args.top_k, "capacity_factor": args.capacity_factor,
+               "aux_weight": args.aux_loss_weight, "z_weight": args.router_z_loss, "patch": args.patch_size}
+    if args.model in _models_with("experts"):
+        known = [o for o, _, _ in MODELS[args.model].options]
+        args.model = model_spec(args.model, **{o: v for o, v in options.items() if o in known})
 
 
 def _check_expert_args(args):
@@ -231,10 +242,12 @@ def _check_expert_args(args):
                                                ("--expert-parallel", args.expert_parallel, 1)) if value != default]
     if not args.experts:
         if given:
-            raise UsageError(f"{given[0]} applies to a mixture of experts: give --experts E (and --model vit)")
+            raise UsageError(f"{given[0]} applies to a mixture of experts: give --experts E (and --model "
+                             f"{' or '.join(_models_with('experts'))})")
         return
-    if args.model != "vit":
-        raise UsageError(f"--experts makes the ViT's MLPs mixtures of experts; use --model vit, not {args.model}")
+    if args.model not in _models_with("experts"):
+        raise UsageError(f"--experts makes a Transformer's MLPs mixtures of experts; use --model "
+                         f"{' or '.join(_models_with('experts'))}, not {args.model}")
     if args.experts < 2:
         raise UsageError(f"--experts must be at least 2 (a mixture of one expert is the MLP), got {args.experts}")
     if not 1 <= args.top_k <= args.experts:
@@ -254,7 +267,7 @@ def _add_sequence_flag(add):
     add("--sequence-parallel", action="store_true",
         help="with --tensor: sequence parallelism (Megatron-LM's): the layer norms and the residual stream split along "
              "the sequence over each tensor group, f and g an all-gather and a reduce-scatter (the same bytes), the "
-             "activations of those regions 1/T a device; --model vit")
+             "activations of those regions 1/T a device; --model vit or transformer")
 
 
 def _add_reduction_flags(add):

@@ -71,13 +71,15 @@ def test_ring_attention_in_float32_is_attention_to_float32_rounding_and_an_offli
 @pytest.mark.parametrize("k, C", [(2, 2), (4, 4), (4, 2)])
 def test_the_ring_moves_its_formula_s_bytes(k, C):
     """A forward of 8 examples: each of the 4 blocks' keys and values (8 x 4 heads, 50 tokens, width 16) travel
-    C - 1 hops round each group; the images' copies to the members are not the ring's (not counted)."""
+    C - 1 hops round each group; then the head's gather gives each member the C - 1 slices of the tokens (width 64)
+    it does not hold; the images' copies to the members are not the ring's (not counted)."""
     strategy = make_strategy(Layout(context=C), init_vit(0, patch=4), contexts(k))
     X = mx.nd.random.normal(shape=(8, 1, 28, 28))
     before = algorithms.copied_bytes()
     strategy.evaluate([(X, mx.nd.zeros((8,)))])
     per_group = 8 // (k // C)
-    assert algorithms.copied_bytes() - before == 4 * (k // C) * ring_bytes(per_group * 4, 50, 16, C)
+    gather = (k // C) * (C - 1) * per_group * 50 * 64 * 4
+    assert algorithms.copied_bytes() - before == 4 * (k // C) * ring_bytes(per_group * 4, 50, 16, C) + gather
 
 
 def test_layouts_context_parallelism_cannot_take_are_refused():
@@ -140,7 +142,7 @@ def test_the_cli_splits_the_sequence_across_pipeline_stages_with_zero_3_and_over
 
 
 @pytest.mark.parametrize("flags, says", [
-    (["--context", "2", "--model", "lenet"], "--context applies to the ViT's tokens; use --model vit"),
+    (["--context", "2", "--model", "lenet"], "--context applies to a model's tokens; use --model vit or transformer"),
     (["--patch-size", "5"], "--patch-size must divide the image's 28 pixels"),
     (["--context", "3", "--devices", "cpu:2"], "cannot group 2 contexts"),
 ])

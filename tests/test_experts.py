@@ -373,7 +373,7 @@ def test_the_cli_trains_experts_across_pipeline_stages_and_resumes_them_spread(s
 
 
 @pytest.mark.parametrize("flags, says", [
-    (["--experts", "4", "--model", "lenet"], "use --model vit, not lenet"),
+    (["--experts", "4", "--model", "lenet"], "use --model vit or transformer, not lenet"),
     (["--top-k", "2"], "--top-k applies to a mixture of experts"),
     (["--experts", "1"], "--experts must be at least 2"),
     (["--experts", "4", "--top-k", "5"], "--top-k must be between 1 and --experts 4"),

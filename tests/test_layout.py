@@ -416,6 +416,35 @@ def test_a_model_file_holds_only_mathematics():
     assert not found, "call the seam of parallel.models.base instead:\n" + "\n".join(found)
 
 
+#: Words of the parallel axes and their machinery, which no name in a model file's code holds (issue 46).
+AXIS_WORDS = ("sequence", "context", "tensor", "ranks", "ring", "pipeline", "stage", "expert_parallel", "shard",
+              "region", "replica")
+
+
+def _axis_names(source):
+    """``(line, name)`` of each name in ``source``'s code (a variable, attribute, keyword argument, function, class,
+    import) that holds a word of ``AXIS_WORDS``; docstrings and comments are not code."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        names = {ast.Name: lambda n: [n.id], ast.Attribute: lambda n: [n.attr], ast.keyword: lambda n: [n.arg or ""],
+                 ast.FunctionDef: lambda n: [n.name], ast.ClassDef: lambda n: [n.name], ast.arg: lambda n: [n.arg],
+                 ast.alias: lambda n: [n.name, n.asname or ""]}.get(type(node), lambda n: [])(node)
+        found += [(getattr(node, "lineno", 0), name) for name in names
+                  if any(word in name.lower() for word in AXIS_WORDS)]
+    return sorted(found)
+
+
+def test_a_model_file_names_no_axis():
+    """A model file holds mathematics only: no layer told it is in the sequence region (``sequence=True``), no list
+    of the arrays a layout sums (``sequence_region_params``), no name of an axis in its code; where the region lies
+    is the proxy's and the model's plan's (``parallel.models.plan``)."""
+    assert _axis_names("Dense(8, sequence=True)\ndef sequence_region_params(net): pass\nx = F.context\n") == [
+        (1, "sequence"), (2, "sequence_region_params"), (3, "context")]
+    found = [f"{module}:{line}: {name}" for module in MATHEMATICS_ONLY
+             for line, name in _axis_names(open(os.path.join(ROOT, module)).read())]
+    assert not found, "say it in the model's plan (parallel/models/plan.py) or the proxy:\n" + "\n".join(found)
+
+
 # ---- the benchmarks share one harness ----------------------------------------------------------------------------
 
 #: What only ``benchmarks/harness.py`` does, and the helper each script uses instead.

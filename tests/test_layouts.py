@@ -7,6 +7,9 @@ Fast tier: three steps with momentum in float64, each layout within 1e-12 of eve
 (a real difference, a wrong gradient or a stale buffer, is many orders larger); the two layouts that name a job
 with two workers in threads (the kvstore's servers stood in for). Slow tier: the issue's measure, one epoch of the
 digits in float32 within 1e-5 of each array's scale, and the two job layouts under the launcher.
+
+The row Transformer's token layouts (issue 46: context, sequence and experts, ``TRANSFORMER``) train its own
+one-context model the same way; one cell fast, the others slow.
 """
 import os
 import subprocess
@@ -21,6 +24,7 @@ from parallel import checkpoint as ckpt
 from parallel.data import Dataset
 from parallel.fit import TrainingStopped
 from parallel.models.moe import Experts
+from parallel.models.transformer import init_transformer
 from parallel.models.vit import init_vit
 from parallel.optim import SGD
 from parallel.strategies import make_strategy
@@ -356,6 +360,58 @@ def test_context_x_data_trains_the_one_context_vit_of_50_tokens(layout, k, one_c
     assert_close_to_scale(got, want, 1e-12)
 
 
+def _transformer():
+    return init_transformer(0, dtype="float64")
+
+
+def _moe_transformer():
+    return init_transformer(0, dtype="float64", experts=Experts(4, top_k=2))
+
+
+#: Issue 46: the row Transformer (``parallel.models.transformer``) through the seams the ViT calls, its 28 rows the
+#: tokens: context parallelism (14 rows a member, ring attention, the members' rows gathered for the mean), sequence
+#: parallelism (a pipeline stage and a recomputed block that start inside the region: the model's plan), both, and
+#: its experts variant (a mixture of 4 experts, top-2, in its second block) with expert parallelism, sequence and
+#: context parallelism. Each: the model, the layout, its contexts, the parts of a batch the one-context model is fed.
+TRANSFORMER = {
+    "context": (_transformer, Layout(context=2), 2, 1),
+    "context x data, ZeRO-2": (_transformer, Layout(context=2, zero=2), 4, 1),
+    "context x pipeline, micro-batches": (_transformer, Layout("pipeline", stages=2, context=2, micro_batches=2), 4, 2),
+    "sequence x tensor": (_transformer, Layout(tensor=2, sequence=True), 2, 1),
+    "sequence x tensor, recomputation": (_transformer, Layout(tensor=2, sequence=True, recompute=True), 2, 1),
+    "sequence x tensor x pipeline, 1F1B": (_transformer, Layout("pipeline", stages=2, tensor=2, sequence=True,
+                                                                micro_batches=2, schedule="1f1b"), 4, 2),
+    "context x sequence x tensor, ZeRO-3": (_transformer, Layout(context=2, tensor=2, sequence=True, zero=3), 4, 1),
+    "experts": (_moe_transformer, Layout(accumulate=2), 2, 2),
+    "experts x expert parallelism": (_moe_transformer, Layout(expert_parallel=2), 4, 1),
+    "experts x sequence x tensor, expert parallelism": (_moe_transformer, Layout(tensor=2, sequence=True,
+                                                                                 expert_parallel=2), 4, 1),
+    "experts x context": (_moe_transformer, Layout(context=2, expert_parallel=2), 4, 1),
+}
+#: The Transformer's cell in the fast tier: blocks recomputed one by one, each starting inside the sequence region.
+_FAST_TRANSFORMER = ("sequence x tensor, recomputation",)
+
+
+@pytest.mark.parametrize("name", [pytest.param(name, marks=() if name in _FAST_TRANSFORMER else pytest.mark.slow)
+                                  for name in sorted(TRANSFORMER)])
+def test_the_transformer_s_token_layouts_train_its_one_context_model(name, one_context_fed):
+    """The Transformer of issue 46 (its file names no axis) on each layout of ``TRANSFORMER``: the one-context
+    model in float64 (with experts, each part of a batch routed alone, as each micro-batch is; the same tokens
+    kept and dropped)."""
+    model, layout, k, parts = TRANSFORMER[name]
+    sizes = (12, 12, 4)
+    strategy = make_strategy(layout, model(), contexts(k))
+    # a pipeline's micro-batches are parts of each replica's shard; accumulation's parts of the whole batch
+    want, metrics = one_context_fed(model, parts, sizes, len(strategy.in_ctx_list) if layout.micro > 1 else 1)
+    got = _train(strategy, layout, _batches("float64", sizes))
+    assert_close_to_scale(got, want, 1e-12)
+    initial = [p.data().asnumpy() for p in model().collect_params().values()]
+    assert max(np.abs(a - b).max() for a, b in zip(got, initial)) > 1e-3   # it trained
+    if strategy.lockstep and model is _moe_transformer:
+        mine, theirs = strategy.epoch_metrics()["experts"], metrics["experts"]
+        assert mine["tokens"] == theirs["tokens"] and mine["dropped"] == theirs["dropped"]
+
+
 def test_the_compressed_tensor_layout_trains_close_to_one_context():
     """fp16 between the replicas of each rank, with error feedback: the same model to fp16's rounding, not the
     same sums; the codec kept a residual for every rank's group."""
@@ -395,7 +451,7 @@ def test_the_job_layouts_train_the_one_context_vit_in_threads(name, one_context,
     # issue 39: what the lockstep replicas of experts and context parallelism do not run in
     (Layout(context=2), "lenet", ValueError, "runs round a ring; LeNet has none"),
     (Layout(sequence=True), "vit", ValueError, "give tensor 2 or more"),
-    (Layout(tensor=2, sequence=True), "transformer", ValueError, "Transformer's do not"),
+    (Layout(tensor=2, sequence=True), "resnet18", ValueError, "ResNet-18's do not"),
 ])
 def test_what_the_mathematics_cannot_run_is_refused_with_its_reason(layout, model, error, says):
     with pytest.raises(error, match=says):

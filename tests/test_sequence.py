@@ -13,7 +13,8 @@ import pytest
 from parallel import Layout
 from parallel.comm import algorithms
 from parallel.comm.algorithms import chunk_bounds
-from parallel.models.vit import init_vit, sequence_region_params
+from parallel.models.plan import Plan, plan_of
+from parallel.models.vit import init_vit
 from parallel.optim import SGD
 from parallel.strategies import make_strategy
 from parallel.train import main
@@ -41,13 +42,12 @@ def test_with_zero_3_each_block_s_slices_are_summed_before_its_reduce_scatter(mo
     """ZeRO-3 (2 replicas x 2 ranks): each block's sequence-parallel arrays (layer norms, row-parallel biases) summed
     over the ranks in the gathered gradient buffers, before the block is reduce-scattered, trains the model
     sequence parallelism trains without ZeRO-3; without those sums it does not (each rank's slice alone)."""
-    from parallel.models.registry import GluonModel
     _, want = _trained(Layout(tensor=2, sequence=True), 4)
     strategy, got = _trained(Layout(tensor=2, sequence=True, zero=3), 4)
     assert_close_to_scale(got, want, 1e-5)
     assert "ZeRO-3" in strategy.describe() and "sequence parallel" in strategy.describe()
-    # the model declares no array of a sequence-parallel region (a name none has): nothing is summed over the ranks
-    monkeypatch.setattr(GluonModel, "sequence_params", lambda self, initial: {"(no array)"})
+    # the plan names no array of the sequence region (a name none has): nothing is summed over the ranks
+    monkeypatch.setattr(Plan, "summed", lambda self, net: ["(no array)"])
     _, unsummed = _trained(Layout(tensor=2, sequence=True, zero=3), 4)
     assert max(np.abs(a - b).max() / np.abs(b).max() for a, b in zip(unsummed, want)) > 1e-3
 
@@ -84,19 +84,24 @@ def test_the_blocks_collectives_move_the_bytes_tensor_parallelism_moves(T):
         mx.nd.waitall()
         moved[sequence] = algorithms.copied_bytes() - before
     net = init_vit(0)
-    names = set(sequence_region_params(net))
+    names = set(plan_of(net).summed(net))
     summed = sum(p.data().size for p in net.collect_params().values() if p.name in names)
     assert len(names) == 4 * 6   # each block's two layer norms (scale, shift) and two row-parallel biases
     extra = 2 * (T - 1) * N * S * D * 4 + algorithms.bytes_moved("fused", summed * 4, T).total
     assert moved[True] - moved[False] == extra
 
 
-def test_a_model_without_its_blocks_is_refused():
-    """A model built without the ViT's blocks, given to the strategy (the layout's own refusal of the Transformer is
-    ``test_layouts.py``'s)."""
-    from parallel.models.transformer import init_transformer
-    with pytest.raises(ValueError, match="this model has no such blocks"):
-        make_strategy(Layout(tensor=2, sequence=True), init_transformer(0), contexts(2))
+def test_a_model_without_a_plan_is_refused():
+    """A block of parallel layers that no model's plan knows (``parallel.models.plan.PLANS``), given to the
+    strategy: it has no sequence region (the layout's own refusal of a model without one is ``test_layouts.py``'s)."""
+    from parallel.models.layers import ColumnParallelDense, RowParallelDense
+    net = mx.gluon.nn.HybridSequential(prefix="plain_")
+    with net.name_scope():
+        net.add(ColumnParallelDense(8, in_units=784), RowParallelDense(10, in_units=8))
+    net.initialize(mx.init.Xavier(), ctx=mx.cpu())
+    net(mx.nd.zeros((1, 1, 28, 28)))
+    with pytest.raises(ValueError, match="no such blocks in its plan"):
+        make_strategy(Layout(tensor=2, sequence=True), net, contexts(2))
 
 
 @pytest.mark.slow   # seconds the fast tier's 150 s budget cannot spare (docs/testing.md)
@@ -119,7 +124,8 @@ def test_the_cli_records_the_activations_each_context_keeps(tmp_path, capsys):
 
 @pytest.mark.parametrize("flags, says", [
     (["--sequence-parallel"], "give --tensor 2 or more"),
-    (["--sequence-parallel", "--tensor", "2", "--devices", "cpu:2", "--model", "transformer"], "use --model vit"),
+    (["--sequence-parallel", "--tensor", "2", "--devices", "cpu:2", "--model", "resnet18"],
+     "use --model vit or transformer"),
 ])
 def test_bad_sequence_flags_get_one_line_and_status_2(flags, says, easy_dir, capsys):
     status = main(["--model", "vit", "--data-dir", str(easy_dir), "--epochs", "1", "--no-progress", *flags])

@@ -6,7 +6,9 @@
 - ``vit``: a small Vision Transformer for 28x28 images (7x7 patches, a class token, pre-norm Transformer blocks),
   a gluon ``HybridSequential``.
 - ``transformer``: a small Transformer encoder over a 28x28 image's 28 rows (post-norm blocks, mean pooling), a
-  gluon ``HybridSequential`` built of the parallel layers, as the ViT is.
+  gluon ``HybridSequential`` built of the parallel layers and calling the seams, as the ViT is (with experts too).
+- ``plan``: each model's parallelize plan (``PLANS``, ``plan_of``): where sequence parallelism's region lies among
+  its children, which no model file says.
 - ``layers``: the tensor-parallel layers (``ColumnParallelDense``, ``RowParallelDense``,
   ``ParallelPatchEmbedding``), each its gluon base class in ordinary mode and split over T ranks by ``run_ranks``
   (Megatron-LM's tensor parallelism for any block made of them); ``shard_specs``, ``replicate_ranks``.
@@ -86,7 +88,9 @@ MODELS = {
                               ("aux_weight", float, 0.01), ("z_weight", float, 0.0), ("patch", int, 7))),
     "transformer": ModelInfo("Transformer", "0 row embedding (the 28 rows as tokens, positions), 1-2 its two "
                                             "post-norm Transformer blocks, 3 head (mean over the rows, dense)",
-                             "TransformerModel", tensor=4),
+                             "TransformerModel", tensor=4, sequences=True,
+                             options=(("experts", int, 0), ("top_k", int, 1), ("capacity_factor", float, 1.0),
+                                      ("aux_weight", float, 0.01), ("z_weight", float, 0.0))),
 }
 
 def model_spec(name, **options):
@@ -149,6 +153,7 @@ _SOURCES = {
               "LENET_SHAPES", "LENET_LAYERS", "LENET_PARAM_NAMES"],
     "gluon": ["GluonNet", "Chain", "as_net", "set_block_params"],
     "moe": ["MoEFeedForward", "route", "moe_layers", "aux_losses"],
+    "plan": ["Plan", "PLANS", "plan_of"],
     "resnet": ["Residual", "resnet18", "init_resnet18"],
     "vit": ["PatchEmbedding", "MultiHeadAttention", "TransformerBlock", "ClassifierHead", "vit", "init_vit"],
     "transformer": ["RowEmbedding", "PostNormBlock", "MeanPoolHead", "transformer", "init_transformer"],
@@ -156,8 +161,8 @@ _SOURCES = {
                "local_arrays", "joined_arrays", "replicate_ranks", "most_ranks", "run_ranks", "RankedNet", "ReplicasF",
                "run_replicas"],
     "layout": ["init_model", "model_layout", "Layout", "block_names"],
-    "registry": ["behaviour_of", "LeNetModel", "GluonModel", "BuiltGluonModel", "ResNet18Model", "ViTModel",
-                 "TransformerModel"],
+    "registry": ["behaviour_of", "LeNetModel", "GluonModel", "BuiltGluonModel", "ResNet18Model", "ExpertsVariants",
+                 "ViTModel", "TransformerModel"],
     "recompute": ["Recompute", "Segment"],
 }
 __all__ = ["MODELS", "ModelInfo", "model_spec", "model_info"] + [name for names in _SOURCES.values() for name in names]

@@ -154,7 +154,9 @@ class RanksF(ParallelF):
     ``mx.nd``'s operators: ``f``, ``g`` (Megatron's, on the tape), ``gather`` (the ranks' parts side by side on
     every rank), ``apply`` (any function of arrays on each rank), ``ranks`` (T); and the model's seams
     (``parallel.models.base.ParallelF``): under sequence parallelism ``split_tokens`` is ``split_sequence`` and
-    ``gather_tokens`` is ``gather``; ``mark_kept`` counts on the tape (``SegmentTape.note``).
+    opens the *sequence region* (``in_region``), ``gather_tokens`` is ``gather`` and closes it; ``mark_kept`` counts on
+    the tape (``SegmentTape.note``). Inside the region the parallel layers' f and g are the all-gather and the
+    reduce-scatter of the sequence: the proxy knows where the region is, no layer or model declares it.
 
     Parameters
     ----------
@@ -162,15 +164,22 @@ class RanksF(ParallelF):
         T, the ranks.
     tape : parallel.comm.SegmentTape, optional
         Where the ranks' work is recorded; None: nothing recorded (``f`` and ``g`` refused).
+    in_region : bool
+        The run starts inside the sequence region: its input is each rank's slice of the tokens (a pipeline stage
+        or a recomputed block among a model's Transformer blocks; the model's plan says which,
+        ``parallel.models.plan``). Only under sequence parallelism (the tape's ``sequence``).
     """
 
     #: Whether the parallel layers split over the ranks (a tensor-parallel group); False: every rank holds its
     #: layers whole and computes on its own values (``ReplicasF``: data replicas in lockstep).
     splits = True
 
-    def __init__(self, ranks, tape=None):
+    def __init__(self, ranks, tape=None, in_region=False):
         self.ranks = check_int(ranks, "ranks", low=1)
         self.tape = tape
+        #: Whether the tokens are split along the sequence over the ranks here: inside the sequence region, between
+        #: ``split_tokens`` and ``gather_tokens`` (or from the start: ``in_region``), under sequence parallelism.
+        self.in_region = check_bool(in_region, "in_region") and self.sequence
         #: The ranks of a tensor-parallel group: all of them here; fewer when one ``F`` runs several groups at once
         #: (``ReplicasF`` of data replicas that are tensor groups), array ``r`` being the mesh's rank ``r``.
         self.tensor = self.ranks
@@ -272,13 +281,19 @@ class RanksF(ParallelF):
 
     def split_tokens(self, x, axis=1):
         """The seam where the tokens enter the blocks: under sequence parallelism each rank's slice of them
-        (``split_sequence``), else ``x``."""
-        return self.split_sequence(x, axis) if self.sequence else x
+        (``split_sequence``), the sequence region opened (``in_region``); else ``x``."""
+        if not self.sequence:
+            return x
+        self.in_region = True
+        return self.split_sequence(x, axis)
 
     def gather_tokens(self, x, axis=1):
-        """The seam where the model needs every token again: under sequence parallelism the ranks' slices side by
-        side on every rank (``gather``), else ``x``."""
-        return self.gather(x, axis=axis) if self.sequence else x
+        """The seam where the model needs every token again: inside the sequence region the ranks' slices side by
+        side on every rank (``gather``), the region closed; else ``x``."""
+        if not self.in_region:
+            return x
+        self.in_region = False
+        return self.gather(x, axis=axis)
 
     def mark_kept(self, *values):
         """Count ``values`` (``Ranks``) as the activations of the regions every rank would hold whole without
@@ -327,7 +342,9 @@ class ReplicasF(RanksF):
     replica's arrays at once (``Ranks.arrays``). ``expert_parallel``: how many consecutive replicas share their
     experts (an expert-parallel group). ``context``: how many consecutive replicas share each example's sequence
     (a context-parallel group): member ``t`` keeps slice ``t`` of the tokens (``context_part``: its seam
-    ``split_tokens``) and attention runs round the group (``ring_attention``: its seam ``attention``). ``tensor``
+    ``split_tokens``), attention runs round the group (``ring_attention``: its seam ``attention``) and the members'
+    slices are put side by side again where the model needs every token (``context_gather``: its seam
+    ``gather_tokens``). ``in_region``: ``RanksF``'s. ``tensor``
     T: each replica is a tensor-parallel group, its T ranks'
     arrays one after the other; the parallel layers split over each group (``splits``) and record on ``tape`` (a
     ``SegmentTape`` of ``group`` T). Which array is which replica's rank: ``mesh`` (a ``parallel.mesh.Mesh`` of
@@ -335,8 +352,8 @@ class ReplicasF(RanksF):
 
     splits = False
 
-    def __init__(self, ranks, expert_parallel=1, context=1, tensor=1, tape=None):
-        super().__init__(ranks, tape)
+    def __init__(self, ranks, expert_parallel=1, context=1, tensor=1, tape=None, in_region=False):
+        super().__init__(ranks, tape, in_region)
         check_int(tensor, "tensor", low=1, high=self.ranks)
         if self.ranks % tensor:
             raise BadValue("tensor", f"{{tensor={tensor}}} cannot group {ranks} arrays; give a divisor of them")
@@ -360,9 +377,9 @@ class ReplicasF(RanksF):
 
     def queues(self):
         """The arrays a mixture of experts routes as one queue (``parallel.models.moe``), one list of positions a
-        queue: with sequence parallelism all of them, each rank holding its slice of its replica's tokens; else
+        queue: inside the sequence region all of them, each rank holding its slice of its replica's tokens; else
         each tensor rank's, one a replica (a replica's ranks hold the same tokens and route them alone, alike)."""
-        if self.sequence:
+        if self.in_region:
             return [list(range(self.ranks))]
         return [list(self.ranks_of(t)) for t in range(self.tensor)]
 
@@ -373,9 +390,9 @@ class ReplicasF(RanksF):
 
     def sequence_groups(self, where):
         """The arrays among ``where`` that hold slices of the same examples' tokens, slice after slice (a tuple of
-        positions in ``where`` a group, in the batch's order): the context groups' members, and with sequence
-        parallelism the tensor groups' ranks. Groups of one when no array shares its examples."""
-        return self._groups_among(where, *(("context", "tensor") if self.sequence else ("context",)))
+        positions in ``where`` a group, in the batch's order): the context groups' members, and inside the sequence
+        region the tensor groups' ranks. Groups of one when no array shares its examples."""
+        return self._groups_among(where, *(("context", "tensor") if self.in_region else ("context",)))
 
     def _groups_among(self, where, *axes):
         at = {r: i for i, r in enumerate(where)}
@@ -384,21 +401,38 @@ class ReplicasF(RanksF):
     def context_part(self, x, axis=1):
         """Each member's slice of ``x`` (whole on every member of a context-parallel group) along ``axis``: member
         ``t`` of C the ``t``-th of C slices as even as can be (``chunk_bounds``). Recorded: the gradient of the
-        whole is each member's slice's. Under sequence parallelism (``sequence``: each member a tensor group whose
-        ranks split the sequence between their parallel layers), each rank keeps its slice of its member's slice
-        (``split_sequence``): the parallel layers gather the member's slice on every rank (``all_gather``), ring
-        attention runs on it round the context group, and the reduce-scatter after gives each rank its slice back."""
+        whole is each member's slice's."""
         length = x.arrays[0].shape[axis]
         bounds = algorithms.chunk_bounds(length, self.context)
         member = [self.mesh.coords(r).context for r in range(self.ranks)]   # its replica's place in the group
-        part = self.slice_axis(x, axis=axis, begin=self.per_rank([bounds[m] for m in member]),
+        return self.slice_axis(x, axis=axis, begin=self.per_rank([bounds[m] for m in member]),
                                end=self.per_rank([bounds[m + 1] for m in member]))
-        return self.split_sequence(part, axis=axis) if self.sequence else part
+
+    def context_gather(self, x, axis=1):
+        """Each member's copy of its context group's slices of ``x`` side by side along ``axis`` (``context_part``
+        undone): its own slice read through autograd, the others' as recorded copies, so the gradient of every
+        token reaches its member from the member whose loss reads it (a group's first: ``Hybrid``'s fan-in).
+        Queued; does not block."""
+        arrays, out = self.arrays_of(x), [None] * self.ranks
+        for group in self.mesh.groups("context"):   # the slices of each tensor rank's copy, member after member
+            for r in group.ranks:
+                out[r] = mx.nd.concat(*[arrays[m] if m == r else algorithms.copy_to(arrays[m], arrays[r].context)
+                                        for m in group.ranks], dim=axis)
+        self.keep(out, arrays)
+        return Ranks(out, self)
 
     def split_tokens(self, x, axis=1):
         """The seam where the tokens enter the blocks: with a context-parallel group each member's slice
-        (``context_part``), else ``RanksF``'s."""
-        return self.context_part(x, axis=axis) if self.context > 1 else super().split_tokens(x, axis)
+        (``context_part``); then ``RanksF``'s (under sequence parallelism each rank its slice of its member's: the
+        parallel layers gather the member's slice on every rank, ring attention runs on it round the context group,
+        and the reduce-scatter after gives each rank its slice back)."""
+        return super().split_tokens(self.context_part(x, axis=axis) if self.context > 1 else x, axis)
+
+    def gather_tokens(self, x, axis=1):
+        """The seam where the model needs every token again: ``RanksF``'s (each member's slice whole on its ranks),
+        then with a context-parallel group every member's slices side by side (``context_gather``)."""
+        x = super().gather_tokens(x, axis)
+        return self.context_gather(x, axis=axis) if self.context > 1 else x
 
     def attention(self, q, k, v, scale):
         """The seam of attention: with a context-parallel group round its ring (``ring_attention``), else
@@ -445,14 +479,13 @@ class ColumnParallelDense(nn.Dense, ParallelLayer):
     gather_output : bool
         Ranks mode: give every rank all the units (the ranks' outputs side by side, ``RanksF.gather``) rather than
         its own (what a row-parallel layer after it reads).
-    sequence : bool
-        Its input is tokens ``(N, S, ...)`` of the region sequence parallelism splits along the sequence: under it
-        (``RanksF.sequence``), f is the all-gather of the sequence.
+
+    Inside sequence parallelism's region (``RanksF.in_region``: its input is each rank's slice of the tokens), f
+    is the all-gather of the sequence.
     """
 
-    def __init__(self, units, parts=1, unit=1, gather_output=False, flatten=True, sequence=False, **kwargs):
+    def __init__(self, units, parts=1, unit=1, gather_output=False, flatten=True, **kwargs):
         super().__init__(units, flatten=flatten, **kwargs)
-        self._sequence = check_bool(sequence, "sequence")
         self._split = Split(0, parts, unit)
         if units % (parts * unit):
             raise BadValue("units", f"{{units={units}}} are not {parts} part(s) of whole blocks of {unit}; give units "
@@ -469,7 +502,7 @@ class ColumnParallelDense(nn.Dense, ParallelLayer):
         ``gather_output``."""
         if not _ranks_mode(F):
             return super().hybrid_forward(F, x, weight, bias)
-        x = F.all_gather(x) if self._sequence and F.sequence else F.f(x)
+        x = F.all_gather(x) if F.in_region else F.f(x)
         out = F.FullyConnected(x, weight, bias, no_bias=bias is None, flatten=self._flatten_input,
                                num_hidden=F.per_rank([w.shape[0] for w in weight.arrays]))
         if self.act is not None:
@@ -486,14 +519,13 @@ class RowParallelDense(nn.Dense, ParallelLayer):
         ``nn.Dense``'s.
     parts, unit : int
         How the input's features are dealt to the ranks: as the column-parallel layer before it deals its units.
-    sequence : bool
-        Its output is tokens of the region sequence parallelism splits: under it, g is the reduce-scatter of the
-        sequence (each rank its slice of the sum), and the bias is added to the slice.
+
+    Inside sequence parallelism's region (``RanksF.in_region``), g is the reduce-scatter of the sequence (each rank
+    its slice of the sum), and the bias is added to the slice.
     """
 
-    def __init__(self, units, parts=1, unit=1, flatten=True, sequence=False, **kwargs):
+    def __init__(self, units, parts=1, unit=1, flatten=True, **kwargs):
         super().__init__(units, flatten=flatten, **kwargs)
-        self._sequence = check_bool(sequence, "sequence")
         self._split = Split(1, parts, unit)
         self._units_out, self._flatten_input = units, flatten
 
@@ -507,7 +539,7 @@ class RowParallelDense(nn.Dense, ParallelLayer):
         if not _ranks_mode(F):
             return super().hybrid_forward(F, x, weight, bias)
         out = F.FullyConnected(x, weight, no_bias=True, num_hidden=self._units_out, flatten=self._flatten_input)
-        out = F.reduce_scatter(out) if self._sequence and F.sequence else F.g(out)
+        out = F.reduce_scatter(out) if F.in_region else F.g(out)
         if bias is not None:
             out = F.broadcast_add(out, bias)
         return out if self.act is None else self.act(out)
@@ -696,7 +728,7 @@ def _contexts(X, parts):
     return [arrays[0].context for arrays in parts]
 
 
-def run_ranks(block, X, parts, tape=None):
+def run_ranks(block, X, parts, tape=None, in_region=False):
     """Run ``block`` on the T = ``len(parts)`` ranks of a tensor-parallel group: its own ``hybrid_forward`` code,
     each parallel layer's ranks mode, every other layer replicated; Megatron's f and g recorded on ``tape``.
 
@@ -711,6 +743,9 @@ def run_ranks(block, X, parts, tape=None):
         ``.aux`` and ``.aux_names`` (``replicate_ranks`` gives them; a parameter missing from them is an error).
     tape : parallel.comm.SegmentTape, optional
         Records the forward under ``autograd.record()`` (default: a new one: evaluation).
+    in_region : bool
+        ``X`` is each rank's slice of the tokens: the block starts inside sequence parallelism's region
+        (``RanksF``'s ``in_region``; only with a tape of ``sequence``).
 
     Returns
     -------
@@ -728,14 +763,14 @@ def run_ranks(block, X, parts, tape=None):
     arrays of its parameters; they are removed when it returns or raises. Not thread-safe: the block cannot run
     elsewhere meanwhile. Nothing waits; the work is queued on each rank's context.
     """
-    return _run_ranks(block, block_plan(block), X, parts, tape)
+    return _run_ranks(block, block_plan(block), X, parts, tape, in_region)
 
 
-def _run_ranks(block, plan, X, parts, tape):
+def _run_ranks(block, plan, X, parts, tape, in_region=False):
     """``run_ranks`` with ``block``'s ``block_plan`` given."""
     tape = SegmentTape() if tape is None else tape
     contexts = _contexts(X, parts)
-    F = RanksF(len(contexts), tape)
+    F = RanksF(len(contexts), tape, in_region)
     if len(parts) != F.ranks:
         raise BadValue("parts", f"{{parts}} has {len(parts)} ranks' arrays for an input on {F.ranks} ranks")
     _rank_tables(parts)   # every rank's arrays named, before the tape takes them
@@ -748,7 +783,8 @@ def _run_ranks(block, plan, X, parts, tape):
     return Ranks(tape.read_each(out.arrays), F)
 
 
-def run_replicas(block, X_shards, parts, expert_parallel=1, context=1, tensor=1, tape=None, plan=None):
+def run_replicas(block, X_shards, parts, expert_parallel=1, context=1, tensor=1, tape=None, plan=None,
+                 in_region=False):
     """Run ``block`` on data-parallel replicas in lockstep: replica ``r``'s input ``X_shards[r]`` with its arrays
     ``parts[r]`` (with ``.names``, as ``run_ranks`` takes them), every operator run replica by replica through a
     ``ReplicasF`` and recorded by autograd as usual (no tape: one ``autograd.backward`` of the replicas' losses
@@ -757,9 +793,10 @@ def run_replicas(block, X_shards, parts, expert_parallel=1, context=1, tensor=1,
     of the outputs; nothing waits (but what such a layer reads on the host). ``expert_parallel``, ``context``:
     ``ReplicasF``'s groups. With ``tensor`` T, each replica is a tensor-parallel group: ``X_shards`` and ``parts``
     hold every replica's T ranks' inputs and arrays, replica after replica, and the parallel layers split over each
-    group, recording on ``tape`` (``run_ranks``'s). ``plan``: ``block_plan(block)``, when the caller keeps it."""
+    group, recording on ``tape`` (``run_ranks``'s). ``plan``: ``block_plan(block)``, when the caller keeps it.
+    ``in_region``: the block starts inside sequence parallelism's region (``RanksF``'s)."""
     return _run_with(block, block_plan(block) if plan is None else plan, Ranks(list(X_shards)), parts,
-                     ReplicasF(len(X_shards), expert_parallel, context, tensor, tape))
+                     ReplicasF(len(X_shards), expert_parallel, context, tensor, tape, in_region))
 
 
 def _run_with(block, plan, X, parts, F):
@@ -788,12 +825,13 @@ class RankedNet(Net):
     """A block as a net of the replicas of a step whose every replica is a tensor-parallel group:
     ``forward_all(X_shards, parts, tape)`` runs ``block`` (``run_ranks``) on each replica's input (a ``Ranks``, or
     the images) with its ranks' arrays ``parts[r]`` (one sequence a rank), recording on ``tape``. What a chunk of a
-    ``parallel.strategies.Hybrid`` with tensor ranks runs."""
+    ``parallel.strategies.Hybrid`` with tensor ranks runs. ``in_region``: its input is each rank's slice of the
+    tokens under sequence parallelism (``run_ranks``'s; where a model's plan puts it, ``parallel.models.plan``)."""
 
     ranked = True   # its forward records on the step's tape
 
-    def __init__(self, block):
-        self.block = block
+    def __init__(self, block, in_region=False):
+        self.block, self.in_region = block, in_region
         self._plan = block_plan(block)   # the block's layers and their parameters: fixed once it is built
 
     def __repr__(self):
@@ -801,4 +839,5 @@ class RankedNet(Net):
 
     def forward_all(self, X_shards, parts, tape=None):
         """Each replica's output, a ``Ranks``; nothing waits."""
-        return [_run_ranks(self.block, self._plan, X, ranks, tape) for X, ranks in zip(X_shards, parts)]
+        return [_run_ranks(self.block, self._plan, X, ranks, tape, self.in_region)
+                for X, ranks in zip(X_shards, parts)]

@@ -77,11 +77,14 @@ class LockstepNet(Net):
         Each replica a tensor-parallel group of this many ranks: its parallel layers split over them, every
         replica's ranks recorded on one tape (``SegmentTape(group=tensor)``), each rank's auxiliary losses its own
         heads (Megatron's way: a rank's copy of a replicated array gets the whole gradient from its own loss).
+    in_region : bool
+        Its input is each rank's slice of the tokens under sequence parallelism (``run_replicas``'s; where a
+        model's plan puts it, ``parallel.models.plan``).
     """
 
-    def __init__(self, block, expert_parallel=1, context=1, meter=None, tensor=1):
+    def __init__(self, block, expert_parallel=1, context=1, meter=None, tensor=1, in_region=False):
         self.block, self.expert_parallel, self.context, self.meter = block, expert_parallel, context, meter
-        self.tensor = tensor
+        self.tensor, self.in_region = tensor, in_region
         #: Whether its replicas are tensor-parallel groups, recording on a tape (``Blocks`` gives it one)
         self.ranked = tensor > 1
         self.layers = moe_layers(block)
@@ -114,7 +117,7 @@ class LockstepNet(Net):
     def _run(self, X_shards, parts, tape):
         if self.tensor == 1:
             return run_replicas(self.block, X_shards, parts, self.expert_parallel, self.context,
-                                plan=self._plan).arrays
+                                plan=self._plan, in_region=self.in_region).arrays
         T, tape = self.tensor, SegmentTape(group=self.tensor) if tape is None else tape
         arrays, flat = [], []
         for X, ranks in zip(X_shards, parts):
@@ -123,7 +126,8 @@ class LockstepNet(Net):
             arrays += (RanksF(T, tape).broadcast(X, contexts) if isinstance(X, mx.nd.NDArray) else X).arrays
         for rank in flat:
             tape.parameters(list(rank), rank.names)
-        out = run_replicas(self.block, arrays, flat, self.expert_parallel, self.context, T, tape, self._plan)
+        out = run_replicas(self.block, arrays, flat, self.expert_parallel, self.context, T, tape, self._plan,
+                           self.in_region)
         arrays = tape.read_each(out.arrays)
         return [Ranks([arrays[r] for r in group.ranks], out.F) for group in out.F.mesh.groups("tensor")]
 

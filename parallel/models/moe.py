@@ -60,8 +60,8 @@ from ..shard import Split
 from ..validate import BadType, BadValue, check_int
 from .layers import Ranks, ReplicasF, RanksF
 
-__all__ = ["Experts", "MoEFeedForward", "Routing", "route", "moe_layers", "aux_losses", "RoutingStats",
-           "capacity_of", "RoutingMeter", "check_shared", "expert_specs"]
+__all__ = ["Experts", "as_experts", "MoEFeedForward", "Routing", "route", "moe_layers", "aux_losses",
+           "RoutingStats", "capacity_of", "RoutingMeter", "check_shared", "expert_specs"]
 
 
 def _check_positive(value, name):
@@ -97,6 +97,19 @@ class Experts(NamedTuple):
         """The ``MoEFeedForward`` of these settings for tokens of ``dim``, experts of ``hidden`` units."""
         return MoEFeedForward(dim, hidden, self.count, self.top_k, self.capacity_factor, self.aux_weight,
                               self.z_weight)
+
+
+def as_experts(experts):
+    """A model's ``experts`` argument as its ``Experts``: one itself, a count E (0: None), or None.
+
+    >>> as_experts(4), as_experts(0), as_experts(Experts(2, top_k=2)).top_k
+    (Experts(count=4, top_k=1, capacity_factor=1.0, aux_weight=0.01, z_weight=0.0), None, 2)
+    """
+    if isinstance(experts, int) and not isinstance(experts, bool):
+        return Experts(experts) if experts else None
+    if experts is not None and not isinstance(experts, Experts):
+        raise BadType("experts", f"{{experts}} must be an Experts or a number of experts, got {experts!r}")
+    return experts
 
 
 def capacity_of(tokens, experts, top_k, capacity_factor):

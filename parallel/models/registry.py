@@ -48,10 +48,11 @@ from .recompute import Segment
 from .resnet import init_resnet18, resnet18
 from .moe import Experts, moe_layers
 from .transformer import init_transformer, transformer
-from .vit import init_vit, sequence_region_params, vit
+from .plan import Plan, plan_of
+from .vit import init_vit, vit
 
-__all__ = ["Layers", "Cut", "Model", "LeNetModel", "GluonModel", "BuiltGluonModel", "ResNet18Model", "ViTModel",
-           "TransformerModel", "behaviour_of"]
+__all__ = ["Layers", "Cut", "Model", "LeNetModel", "GluonModel", "BuiltGluonModel", "ResNet18Model",
+           "ExpertsVariants", "ViTModel", "TransformerModel", "behaviour_of"]
 
 
 class Layers(NamedTuple):
@@ -171,6 +172,11 @@ class Model:
             The paths of the symbol file and of the params file.
         """
         raise NotImplementedError
+
+    def plan(self, initial):
+        """The parallelize plan of ``initial`` (``parallel.models.plan.Plan``): where layouts split its tokens; by
+        default none (no sequence region)."""
+        return Plan()
 
     def shard_specs(self, initial):
         """How tensor parallelism lays out each trainable array of ``initial`` over a group's ranks:
@@ -361,10 +367,10 @@ class GluonModel(Model):
         declare, ``Replicated()`` for every other array (all of ResNet-18's)."""
         return shard_specs(initial)
 
-    def sequence_params(self, initial):
-        """The names of the arrays sequence parallelism computes on each rank's slice of the sequence (the ViT's
-        blocks' layer norms and row-parallel biases: ``parallel.models.vit.sequence_region_params``)."""
-        return sequence_region_params(initial)
+    def plan(self, initial):
+        """The parallelize plan of the model ``initial`` is (``parallel.models.plan.plan_of``): where sequence
+        parallelism's region lies among its children; ``Plan()`` for a block of no model of ``PLANS``."""
+        return plan_of(initial)
 
 
 class BuiltGluonModel(GluonModel):
@@ -438,27 +444,23 @@ class ResNet18Model(BuiltGluonModel):
         return init_resnet18(seed, num_classes=self.num_classes, input_shape=self.input_shape)
 
 
-class ViTModel(BuiltGluonModel):
-    """The small Vision Transformer for 1x28x28 images and 10 classes (``init_vit``: 7x7 patches, 4 pre-norm
-    blocks of width 64): a gluon block whose checkpoint holds its trainable arrays, under structural names (it has
-    no others: no BatchNorm). Its variants (``parallel.models.model_spec``) have a mixture of ``experts`` experts
-    in every other block (``top_k``, ``capacity_factor``, ``z_weight``: ``vit``'s)."""
+class ExpertsVariants(BuiltGluonModel):
+    """A model of ``MODELS`` whose variants (``parallel.models.model_spec``) may have a mixture of ``experts``
+    experts in every other block (``top_k``, ``capacity_factor``, ``aux_weight``, ``z_weight``: ``Experts``'s);
+    ``options`` the variant's."""
+
+    #: The options that are the model's own sizes, not its experts'.
+    sizes = ()
 
     def __init__(self, title, **options):
         super().__init__(title)
         self.options = options
 
-    def _sizes(self):
-        """``vit``'s arguments of this variant: its patch and its experts."""
-        options = dict(self.options)
-        patch, count = options.pop("patch", 7), options.pop("experts", 0)
-        return {"patch": patch, "experts": Experts(count, **options) if count else None}
-
-    def build(self):
-        return vit(num_classes=self.num_classes, image=self.input_shape[-1], **self._sizes())
-
-    def initialize(self, seed):
-        return init_vit(seed, num_classes=self.num_classes, input_shape=self.input_shape, **self._sizes())
+    def experts(self):
+        """The variant's ``Experts``, or None: its options but those of the model's own sizes."""
+        options = {k: v for k, v in self.options.items() if k not in self.sizes}
+        count = options.pop("experts", 0)
+        return Experts(count, **options) if count else None
 
     def layout(self):
         """As ``BuiltGluonModel.layout``; a variant with experts (which cannot run as a symbol: its layers route
@@ -476,16 +478,37 @@ class ViTModel(BuiltGluonModel):
         return self._layout
 
 
-class TransformerModel(BuiltGluonModel):
-    """The small row Transformer for 1x28x28 images and 10 classes (``init_transformer``: the 28 rows as tokens, 2
-    post-norm blocks of width 32): a gluon block whose checkpoint holds its trainable arrays, under structural
-    names (no BatchNorm). Built of the parallel layers, it splits over a tensor-parallel group as the ViT does."""
+class ViTModel(ExpertsVariants):
+    """The small Vision Transformer for 1x28x28 images and 10 classes (``init_vit``: 7x7 patches, 4 pre-norm
+    blocks of width 64): a gluon block whose checkpoint holds its trainable arrays, under structural names (it has
+    no others: no BatchNorm). Its variants have a mixture of experts in every other block, or another ``patch``."""
+
+    sizes = ("patch",)
+
+    def _sizes(self):
+        """``vit``'s arguments of this variant: its patch and its experts."""
+        return {"patch": self.options.get("patch", 7), "experts": self.experts()}
 
     def build(self):
-        return transformer(num_classes=self.num_classes, rows=self.input_shape[-2], width=self.input_shape[-1])
+        return vit(num_classes=self.num_classes, image=self.input_shape[-1], **self._sizes())
 
     def initialize(self, seed):
-        return init_transformer(seed, num_classes=self.num_classes, input_shape=self.input_shape)
+        return init_vit(seed, num_classes=self.num_classes, input_shape=self.input_shape, **self._sizes())
+
+
+class TransformerModel(ExpertsVariants):
+    """The small row Transformer for 1x28x28 images and 10 classes (``init_transformer``: the 28 rows as tokens, 2
+    post-norm blocks of width 32): a gluon block whose checkpoint holds its trainable arrays, under structural
+    names (no BatchNorm). Built of the parallel layers, it splits over a tensor-parallel group as the ViT does; its
+    variants have a mixture of experts in its second block."""
+
+    def build(self):
+        return transformer(num_classes=self.num_classes, rows=self.input_shape[-2], width=self.input_shape[-1],
+                           experts=self.experts())
+
+    def initialize(self, seed):
+        return init_transformer(seed, num_classes=self.num_classes, input_shape=self.input_shape,
+                                experts=self.experts())
 
 
 #: The behaviour of a gluon block handed to a strategy, whichever it is.

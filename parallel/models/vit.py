@@ -38,14 +38,12 @@ seam is the mathematics itself (the identity, dot-product attention, nothing); w
 import mxnet as mx
 from mxnet.gluon import nn
 
-from ..validate import BadType, check_int, check_seed
-from ..shard import Replicated
+from ..validate import check_int, check_seed
 from .base import attention, gather_tokens, mark_kept, split_tokens
-from .layers import ColumnParallelDense, ParallelPatchEmbedding, RowParallelDense, shard_specs
-from .moe import Experts
+from .layers import ColumnParallelDense, ParallelPatchEmbedding, RowParallelDense
+from .moe import as_experts
 
-__all__ = ["PatchEmbedding", "MultiHeadAttention", "TransformerBlock", "ClassifierHead", "vit", "init_vit",
-           "sequence_region_params"]
+__all__ = ["PatchEmbedding", "MultiHeadAttention", "TransformerBlock", "ClassifierHead", "vit", "init_vit"]
 
 
 class PatchEmbedding(nn.HybridBlock):
@@ -80,9 +78,8 @@ class MultiHeadAttention(nn.HybridBlock):
             raise ValueError(f"dim must be a multiple of heads, got dim {dim} and {heads} heads")
         self._heads, self._head_dim, self._scale = heads, dim // heads, (dim // heads) ** -0.5
         with self.name_scope():
-            self.qkv = ColumnParallelDense(3 * dim, parts=3, unit=dim // heads, flatten=False, in_units=dim,
-                                           sequence=True)
-            self.proj = RowParallelDense(dim, unit=dim // heads, flatten=False, in_units=dim, sequence=True)
+            self.qkv = ColumnParallelDense(3 * dim, parts=3, unit=dim // heads, flatten=False, in_units=dim)
+            self.proj = RowParallelDense(dim, unit=dim // heads, flatten=False, in_units=dim)
 
     def hybrid_forward(self, F, X):
         # h below is the heads this block computes: all of them, or a tensor-parallel rank's (qkv's rows); the
@@ -113,8 +110,8 @@ class TransformerBlock(nn.HybridBlock):
                 self.moe = moe.layer(dim, mlp_dim)
             else:
                 self.moe = None
-                self.hidden = ColumnParallelDense(mlp_dim, flatten=False, in_units=dim, sequence=True)
-                self.out = RowParallelDense(dim, flatten=False, in_units=mlp_dim, sequence=True)
+                self.hidden = ColumnParallelDense(mlp_dim, flatten=False, in_units=dim)
+                self.out = RowParallelDense(dim, flatten=False, in_units=mlp_dim)
 
     def hybrid_forward(self, F, X):
         mid = X + self.attention(self.norm1(X))
@@ -142,16 +139,6 @@ class ClassifierHead(nn.HybridBlock):
         return self.dense(self.norm(F.slice_axis(X, axis=1, begin=0, end=1)))
 
 
-def sequence_region_params(net):
-    """The names of ``net``'s trained arrays that sequence parallelism computes on each tensor rank's slice of the
-    sequence: the Transformer blocks' arrays every rank holds whole (their layer norms, the row-parallel biases).
-    Their gradients are partial on each rank and summed over the ranks (``parallel.strategies.Hybrid``)."""
-    specs = shard_specs(net)
-    return [param.name for child in net if isinstance(child, TransformerBlock)
-            for param in child.collect_params().values()
-            if param.grad_req != "null" and isinstance(specs.get(param.name), Replicated)]
-
-
 def vit(num_classes=10, dim=64, heads=4, depth=4, mlp_dim=128, patch=7, image=28, experts=None):
     """The small ViT for ``image`` x ``image`` one-channel images, uninitialized: ``depth + 2`` children, cut
     points for model and pipeline parallelism (patch embedding, ``depth`` Transformer blocks, head).
@@ -173,11 +160,7 @@ def vit(num_classes=10, dim=64, heads=4, depth=4, mlp_dim=128, patch=7, image=28
     net = nn.HybridSequential(prefix="vit_")   # a fixed name: every instance exports the same names
     with net.name_scope():
         net.add(PatchEmbedding(dim, patch, image))
-        moe = experts
-        if isinstance(experts, int) and not isinstance(experts, bool):
-            moe = Experts(experts) if experts else None
-        if moe is not None and not isinstance(moe, Experts):
-            raise BadType("experts", f"{{experts}} must be an Experts or a number of experts, got {experts!r}")
+        moe = as_experts(experts)
         for i in range(depth):
             net.add(TransformerBlock(dim, heads, mlp_dim, moe=moe if i % 2 == 1 else None))
         net.add(ClassifierHead(dim, num_classes))

@@ -230,7 +230,7 @@ class Hybrid(Strategy, Replicas):
         self._specs = _tensor_specs(behaviour, params, self._host, self.mesh.shape.tensor)
         self._indices = [_chunk_indices(self._host, self._cut, c) for c in range(len(self.ranges))]
         self.kept = {}   # what the tensor ranks' forwards of the last step kept for backward, per context
-        self._summed = _sequence_summed(self.layout, behaviour, params, self._host, self._indices)
+        self._summed, self._inside = _sequence_region(self.layout, behaviour, params, self._host, self._indices)
         self._lay_out(behaviour)
         self._places = self._array_places()
         if self.layout.virtual > 1:   # checked up front: the micro-batches come in groups of the stages
@@ -291,12 +291,13 @@ class Hybrid(Strategy, Replicas):
         for c in range(len(self.ranges)):
             segments = (behaviour.stage_blocks(self._cut, c, fine=zero == 3) if self.layout.recompute or zero == 3
                         else [_whole_stage(self._cut, c, len(self._indices[c][0]), len(self._indices[c][1]))])
+            inside = [self._starts_inside(c, s) for s in segments]   # the plan's: its input is the tokens' slices
             if self.lockstep:   # every replica at once (each a tensor group with ranks)
                 segments = [Segment(LockstepNet(s.block, self.layout.expert_parallel, self.layout.context,
-                                                self.meter, p.shape.tensor), s.first, s.stop, s.aux_first, s.aux_stop,
-                                    s.label, s.block) for s in segments]
+                                                self.meter, p.shape.tensor, i), s.first, s.stop, s.aux_first,
+                                    s.aux_stop, s.label, s.block) for s, i in zip(segments, inside)]
             else:
-                segments = _on_ranks(segments, p.shape.tensor)
+                segments = _on_ranks(segments, p.shape.tensor, inside)
             contexts = [[self.context(d, c, t) for t in range(p.shape.tensor)] for d in range(p.replicas)]
             if zero == 3:
                 self.chunks.append(self._sharded_chunk(c, segments, contexts, keys))
@@ -305,6 +306,13 @@ class Hybrid(Strategy, Replicas):
         if self.mesh.shape.context > 1:   # (else a micro-batch may feed fewer replicas than there are)
             groups = self.mesh.replica_groups("context")
             self.chunks[0].fan_out, self.chunks[-1].fan_in = groups, groups
+
+    def _starts_inside(self, c, segment):
+        """Whether ``segment`` of chunk ``c`` starts inside sequence parallelism's region (the model's plan: its
+        first array is one of ``plan.inside``'s)."""
+        index = self._indices[c][0]
+        return bool(self._inside) and segment.first < len(index) and self._host[0][index[segment.first]] in \
+            self._inside
 
     def _local(self, c, t):
         """Chunk ``c``'s arrays as rank ``t`` holds them (its part of each), with their names, and its other
@@ -842,16 +850,20 @@ def _tensor_specs(behaviour, params, host, tensor):
     return [by_name[name] for name in host[0]]
 
 
-def _sequence_summed(layout, behaviour, params, host, indices):
-    """For each chunk, the positions in its arrays of those sequence parallelism computes on each rank's slice of
-    the sequence (their gradients summed over the ranks: ``Hybrid.finish_backward``); none without it."""
+def _sequence_region(layout, behaviour, params, host, indices):
+    """Sequence parallelism's region, as the model's plan (``parallel.models.plan``) lays it: for each chunk, the
+    positions in its arrays of those computed on each rank's slice of the sequence (their gradients summed over the
+    ranks: ``Hybrid.finish_backward``), and the names of the arrays a run that starts inside the region begins
+    with. None of either without sequence parallelism."""
     if not layout.sequence:
-        return [[] for _ in indices]
-    names = set(behaviour.sequence_params(params)) if isinstance(params, mx.gluon.Block) else set()
+        return [[] for _ in indices], set()
+    plan = behaviour.plan(params)
+    names = set(plan.summed(params))
     if not names:
         raise BadValue("sequence", "{sequence} splits the tokens between a model's Transformer blocks' parallel "
-                                   "layers; this model has no such blocks (the ViT has)")
-    return [[k for k, j in enumerate(index) if host[0][j] in names] for index, _ in indices]
+                                   "layers; this model has no such blocks in its plan (parallel.models.plan: the ViT "
+                                   "and the Transformer have)")
+    return [[k for k, j in enumerate(index) if host[0][j] in names] for index, _ in indices], plan.inside(params)
 
 
 def _chunk_indices(host, cut, c):
@@ -872,12 +884,13 @@ def _whole_stage(cut, c, count, aux_count):
                    block=source if isinstance(source, mx.gluon.Block) else None)
 
 
-def _on_ranks(segments, tensor):
-    """``segments`` as a tensor group of ``tensor`` ranks runs them (each block split by its parallel layers)."""
+def _on_ranks(segments, tensor, inside):
+    """``segments`` as a tensor group of ``tensor`` ranks runs them (each block split by its parallel layers;
+    ``inside[s]``: block ``s`` starts inside sequence parallelism's region)."""
     if tensor == 1:
         return segments
-    return [Segment(RankedNet(s.block), s.first, s.stop, s.aux_first, s.aux_stop, s.label, s.block)
-            for s in segments]
+    return [Segment(RankedNet(s.block, i), s.first, s.stop, s.aux_first, s.aux_stop, s.label, s.block)
+            for s, i in zip(segments, inside)]
 
 
 def _per_rank(parts, tensor):
