@@ -52,12 +52,12 @@ def diagonal(*axes):
             for index in itertools.product(*(range(len(axis)) for axis in axes))]
 
 
-def pairwise(*axes):
+def pairwise(*axes, fast_axes=None):
     """Cases (tuples, one value of each axis) in which every pair of values of two axes meets at least once: a
     covering array of strength 2, built greedily (each case the first of the product that covers the most pairs not
     yet covered), so far fewer cases than the product when the axes' effects interact at most two at a time.
-    ``pytest.param``s: a few of the cases that together hold every value of every axis (chosen greedily, each adding
-    the most values not yet held) run in the fast tier, the others slow.
+    ``pytest.param``s: a few of the cases that together hold every value of every axis (of the first ``fast_axes``
+    axes if given; chosen greedily, each adding the most values not yet held) run in the fast tier, the others slow.
 
     >>> cases = [p.values for p in pairwise([0, 1, 2], "ab", "xyz")]
     >>> len(cases), all(any(c[i] == u and c[j] == v for c in cases) for i, j in ((0, 1), (0, 2), (1, 2))
@@ -78,11 +78,13 @@ def pairwise(*axes):
         best = max(itertools.product(*(range(len(axis)) for axis in axes)), key=lambda c: len(pairs(c) & uncovered))
         chosen.append(best)
         uncovered -= pairs(best)
-    unseen, fast = {(i, u) for i, axis in enumerate(axes) for u in range(len(axis))}, set()
-    while unseen:
-        n = max(range(len(chosen)), key=lambda n: len(set(enumerate(chosen[n])) & unseen))
+    unseen, fast, held = {(i, u) for i, axis in enumerate(axes[:fast_axes]) for u in range(len(axis))}, set(), set()
+    while unseen:   # ties go to the case holding more values of the other axes not yet held
+        n = max(range(len(chosen)), key=lambda n: (len(set(enumerate(chosen[n])) & unseen),
+                                                   len(set(enumerate(chosen[n])) - held)))
         fast.add(n)
         unseen -= set(enumerate(chosen[n]))
+        held |= set(enumerate(chosen[n]))
     return [pytest.param(*(axis[i] for axis, i in zip(axes, index)), marks=() if n in fast else pytest.mark.slow)
             for n, index in enumerate(chosen)]
 

@@ -131,10 +131,10 @@ def _optimizer(name, zero):
 #: (optimizer, zero, accumulate, layout, stop point): every pair of values of two of these meets in a case (a
 #: covering array, ``conftest.pairwise``: 22 cases where the product has 720; an optimizer's state, its sharding,
 #: the accumulation, the layout's sum and the stop point interact two at a time); a few cases holding every value
-#: in the fast tier.
+#: but the stop point's in the fast tier (test_interrupted_and_resumed_equals_uninterrupted_bitwise stops at each).
 @pytest.mark.parametrize("name, zero, accumulate, layout, where", pairwise(
     ["momentum", "nesterov", "adam", "adamw"], [0, 1, 2], [1, 2, 3], ["data-fused", "data-ring", "hybrid-tree",
-                                                                      "pipeline"], list(STOPS)))
+                                                                      "pipeline"], list(STOPS), fast_axes=4))
 def test_resume_with_optimizer_state_is_bitwise(name, zero, accumulate, layout, where, tmp_path):
     """The optimizer's state and the schedule's position survive a stop anywhere: bitwise the run never stopped."""
     want, want_history = _run(layout, optimizer=_optimizer(name, zero), accumulate=accumulate)

@@ -103,7 +103,7 @@ def test_the_pipeline_issues_the_schedules_order_and_holds_what_it_says(schedule
     assert model.last_stash == plan.stashed_peak
 
 
-@pytest.mark.parametrize("model_name, k, virtual", [("lenet", 2, 2), ("vit", 3, 2)])
+@pytest.mark.parametrize("model_name, k, virtual", [("lenet", 2, 2), pytest.param("vit", 3, 2, marks=pytest.mark.slow)])
 def test_every_schedule_trains_the_same_model(model_name, k, virtual):
     """1F1B (and interleaved 1F1B) is GPipe's step in another order: each chunk still adds its micro-batches'
     gradients in micro-batch order, so on the same chunks the models agree to 1e-6 of each array's scale (bitwise

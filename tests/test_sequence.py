@@ -52,7 +52,7 @@ def test_with_zero_3_each_block_s_slices_are_summed_before_its_reduce_scatter(mo
     assert max(np.abs(a - b).max() / np.abs(b).max() for a, b in zip(unsummed, want)) > 1e-3
 
 
-@pytest.mark.parametrize("T", [2, 4])
+@pytest.mark.parametrize("T", [2, pytest.param(4, marks=pytest.mark.slow)])
 def test_the_replicated_regions_activations_drop_to_each_rank_s_slice(T):
     """Tensor parallelism keeps each block's input, middle and output (the layer norms' inputs, the residual
     stream) whole on every rank: 3 x 4 blocks x N x 17 x 64 floats; sequence parallelism keeps rank t its slice of
@@ -67,7 +67,7 @@ def test_the_replicated_regions_activations_drop_to_each_rank_s_slice(T):
         assert sequence.activations()[ctx]["total"] < tensor.activations()[ctx]["total"]
 
 
-@pytest.mark.parametrize("T", [2, 4])
+@pytest.mark.parametrize("T", [2, pytest.param(4, marks=pytest.mark.slow)])
 def test_the_blocks_collectives_move_the_bytes_tensor_parallelism_moves(T):
     """A step's copies with sequence parallelism are tensor parallelism's plus what only it does: the embedding's
     split (its backward all-gathers the tokens' gradients), the head's all-gather of the tokens, and the sum of the
@@ -132,6 +132,7 @@ def test_bad_sequence_flags_get_one_line_and_status_2(flags, says, easy_dir, cap
     assert_refused(status, capsys, says)
 
 
+@pytest.mark.slow   # the matrix's timeline column runs sequence x tensor in the fast tier
 def test_a_traced_sequence_parallel_step_names_its_collectives_truly():
     """A step traced (``parallel.trace``): every label holds (``labels_hold``), the sequence-parallel collectives
     and the sums over the ranks are named ``tensor``. A trace bracket that named the gradients' views into one

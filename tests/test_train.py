@@ -613,30 +613,30 @@ def test_plot_is_written_in_the_format_its_suffix_names(data_dir, tmp_path):
         assert (tmp_path / name).read_bytes().startswith(head), name
 
 
-def test_header_names_the_data_it_trains_on(data_dir, capsys):
-    assert main(["--devices", "cpu:1", "--epochs", "1", "--batch-size", "500", "--data-dir", str(data_dir),
+def test_header_names_the_data_it_trains_on(easy_dir, capsys):
+    assert main(["--devices", "cpu:1", "--epochs", "1", "--batch-size", "500", "--data-dir", str(easy_dir),
                  "--no-progress"]) == 0
     header = capsys.readouterr().out.splitlines()[0]
-    assert header.startswith(f"training LeNet on the MNIST-format files in {data_dir}: 2000 train / 300 test")
+    assert header.startswith(f"training LeNet on the MNIST-format files in {easy_dir}: 256 train / 64 test")
     assert "fashion-mnist" not in header
 
 
-def test_a_strategy_that_leaves_contexts_idle_says_so(data_dir, capsys):
+def test_a_strategy_that_leaves_contexts_idle_says_so(easy_dir, capsys):
     assert main(["--devices", "cpu:4", "--strategy", "model", "--epochs", "1", "--batch-size", "500",
-                 "--data-dir", str(data_dir), "--no-progress"]) == 0
+                 "--data-dir", str(easy_dir), "--no-progress"]) == 0
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["warning: --strategy model uses 2 of the 4 contexts of --devices cpu:4 (one per stage); "
                    "cpu(2), cpu(3) stay idle"]
 
 
-def test_a_bug_is_not_disguised_as_a_user_error(data_dir, monkeypatch):
+def test_a_bug_is_not_disguised_as_a_user_error(easy_dir, monkeypatch):
     """A ValueError from the package's own code propagates (traceback, status 1), not 'error:' and 2."""
     def broken_fit(*args, **kwargs):
         raise ValueError("an internal invariant failed")
 
     monkeypatch.setattr("parallel.train_steps.fit", broken_fit)
     with pytest.raises(ValueError, match="an internal invariant failed"):
-        main(["--devices", "cpu:1", "--epochs", "1", "--data-dir", str(data_dir), "--no-progress"])
+        main(["--devices", "cpu:1", "--epochs", "1", "--data-dir", str(easy_dir), "--no-progress"])
 
 
 @pytest.mark.slow
@@ -711,12 +711,12 @@ def test_every_strategy_on_four_contexts_at_the_clis_default_threads(tmp_path):
     assert result.stdout.count("epoch 1, loss ") == len(LAYOUTS_AT_DEFAULT_THREADS)
 
 
-def test_outputs_are_written_through_symbolic_links(data_dir, tmp_path):
+def test_outputs_are_written_through_symbolic_links(easy_dir, tmp_path):
     target = tmp_path / "metrics" / "m.json"
     target.parent.mkdir()
     target.write_text("old")
     (tmp_path / "link.json").symlink_to(target)
-    assert main(["--devices", "cpu:1", "--epochs", "1", "--batch-size", "500", "--data-dir", str(data_dir),
+    assert main(["--devices", "cpu:1", "--epochs", "1", "--batch-size", "500", "--data-dir", str(easy_dir),
                  "--metrics-json", str(tmp_path / "link.json"), "--no-progress"]) == 0
     assert (tmp_path / "link.json").is_symlink() and [m["epoch"] for m in json.loads(target.read_text())] == [1]
 
@@ -817,8 +817,8 @@ def test_compression_with_nothing_to_send_says_so(devices, warned, small_dir, ca
                       "gradient; it applies between several --devices or the workers of a job"] if warned else [])
 
 
-def test_plain_sgd_prints_no_optimizer_line(data_dir, capsys):
-    assert main(["--data-dir", str(data_dir), "--epochs", "1", "--no-progress"]) == 0
+def test_plain_sgd_prints_no_optimizer_line(easy_dir, capsys):
+    assert main(["--data-dir", str(easy_dir), "--epochs", "1", "--no-progress"]) == 0
     assert not [line for line in capsys.readouterr().out.splitlines() if line.startswith("optimizer")]
 
 

@@ -64,13 +64,10 @@ STRATEGY_ARGS = {
 }
 
 
-#: The CLI's checkpoints of this layout resume in the fast tier (a sharded optimizer state); the others in the slow
-#: tier: that every layout resumes bitwise is test_checkpoint.py's claim.
-_FAST_RESUMES = ("momentum-zero1",)
-
-
-@pytest.mark.parametrize("layout", [pytest.param(layout, marks=() if layout in _FAST_RESUMES else pytest.mark.slow)
-                                    for layout in STRATEGY_ARGS])
+# The slow tier: the CLI's resume runs in the fast tier through test_vit.py's and test_compress_checkpoint.py's, and
+# that every layout resumes bitwise is test_checkpoint.py's claim.
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", STRATEGY_ARGS)
 def test_resume_with_more_epochs_is_bitwise_the_longer_run(layout, data_dir, tmp_path, capsys):
     """1 epoch, then --resume --epochs 2: the same parameters and metrics as 2 epochs at once; --export writes
     what the checkpoint holds, and SymbolBlock.imports predicts what the from-scratch lenet predicts."""
