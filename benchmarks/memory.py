@@ -90,7 +90,8 @@ def _outputs_bytes(symbol, known, data_shape):
 def _graph(net, params):
     """The graph a block or network runs on ``params`` (its arrays of a replica), and the shapes of its inputs by
     name: a GluonNet's (inputs named as the block's arrays), or a CachedNet's (``param0``, ``param1``, ...)."""
-    if hasattr(net, "symbol"):
+    from parallel.models import GluonNet
+    if isinstance(net, GluonNet):
         return net.symbol, dict(zip(net.names, (p.shape for p in params)))
     return net.symbol_for(len(params)), {f"param{i}": p.shape for i, p in enumerate(params)}
 
