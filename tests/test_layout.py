@@ -244,7 +244,11 @@ def _private_uses(tree, module="", first_line=1, strings=True):
     of ``module``: an attribute (``obj._x``, where ``obj`` is not ``self`` or ``cls``), a ``from m import _x``, an
     attribute named by a string (``setattr(obj, "_x", v)``, ``monkeypatch.setattr("m._x", v)``), and with
     ``strings`` the same in the code a string holds (a script a test runs in a fresh process). What
-    ``ALLOWED_PRIVATE`` allows passes, and ``COMPAT_READS`` in ``COMPAT`` alone."""
+    ``ALLOWED_PRIVATE`` allows passes, and ``COMPAT_READS`` in ``COMPAT`` alone. Docstrings are prose, not a script
+    (a doctest's prompts are no Python): they are not parsed."""
+    docstrings = {id(n.body[0].value) for n in ast.walk(tree)
+                  if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                  and n.body and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
     for node in ast.walk(tree):
         line = first_line + getattr(node, "lineno", 1) - 1
         if isinstance(node, ast.Attribute) and _private(node.attr):
@@ -259,7 +263,7 @@ def _private_uses(tree, module="", first_line=1, strings=True):
                      if isinstance(arg, ast.Constant) and isinstance(arg.value, str)]
             if any(_private(name) and not _allowed(None, name, module) for name in named):
                 yield line, ast.unparse(node)[:100]
-        code = _embedded(node) if strings else None
+        code = _embedded(node) if strings and id(node) not in docstrings else None
         if code is not None:
             yield from _private_uses(code, module, line)
 

@@ -247,9 +247,9 @@ def test_weights_becoming_infinite_under_a_finite_loss_stop_with_one_line(output
     pytest.param(["--lr", "1e10", "--wd", "1e30"], "the likely causes are the settings away from their defaults, "
                                                    "--lr 1e+10 or --wd 1e+30: lower them", marks=pytest.mark.slow),
 ])
-def test_divergence_names_the_flags_set_away_from_their_defaults(args, blamed, capsys):
+def test_divergence_names_the_flags_set_away_from_their_defaults(args, blamed, easy_dir, capsys):
     """A loss that becomes NaN under a huge --wd blames --wd, not the default --lr."""
-    status = main(["--dataset", "synthetic", "--devices", "cpu:1", "--epochs", "1", "--batch-size", "64",
+    status = main(["--data-dir", str(easy_dir), "--devices", "cpu:1", "--epochs", "1", "--batch-size", "64",
                    "--no-progress", *args])
     err = capsys.readouterr().err.strip()
     assert status == 2 and len(err.splitlines()) == 1, err
@@ -418,10 +418,10 @@ def test_every_bad_value_of_a_positive_flag_is_refused_alike(flag, value, shown,
     (["--momentum", "1e-40"], "--momentum must be 0 or between"), (["--clip-norm", "1e39"], "--clip-norm must be"),
     (["--compression", "2bit:1e40"], "THRESHOLD > 0 in float32's normal range"),
 ])
-def test_values_mxnets_operators_refuse_exit_2_before_a_step(args, message, capsys):
+def test_values_mxnets_operators_refuse_exit_2_before_a_step(args, message, easy_dir, capsys):
     """Values the flags' own checks once let through, which crashed inside MXNet's update ("Out of range value
     for wd") with a traceback: refused by the one rule of parallel.validate.check_float32."""
-    status = main(["--dataset", "synthetic", "--no-progress", "--epochs", "2", *args])
+    status = main(["--data-dir", str(easy_dir), "--no-progress", "--epochs", "2", *args])
     err = capsys.readouterr().err.strip()
     assert status == 2
     assert err.startswith("error: ") and message in err and len(err.splitlines()) == 1, err
