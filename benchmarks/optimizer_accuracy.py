@@ -1,5 +1,6 @@
 """Test accuracy after each epoch, and time per epoch, of plain SGD against momentum, weight decay and a cosine
-schedule: LeNet and ResNet-18 on scikit-learn's digits (``benchmarks/digits_dataset.py``).
+schedule: LeNet and ResNet-18 on scikit-learn's digits (``benchmarks/digits_dataset.py``); and the ViT with and
+without a mixture of experts.
 
 Run from the repository root, one configuration after the other (about 8 minutes on 2 cores)::
 
@@ -7,8 +8,8 @@ Run from the repository root, one configuration after the other (about 8 minutes
     OMP_NUM_THREADS=2 python benchmarks/optimizer_accuracy.py --data-dir digits
     OMP_NUM_THREADS=1 python benchmarks/optimizer_accuracy.py --data-dir digits --quick    # smoke test
 
-Each configuration is ``python -m parallel.train`` with its flags on one context, in its own process, its
-``--metrics-json`` read back. The configurations (``CONFIGURATIONS``):
+Each configuration is ``python -m parallel.train`` with its flags (on one context unless they name the devices), in
+its own process, its ``--metrics-json`` read back. The configurations (``CONFIGURATIONS``):
 
 - ``resnet18/sgd``: the textbook's step, batch 64, lr 0.05, 4 epochs;
 - ``resnet18/momentum``: momentum 0.9, weight decay 5e-4, cosine schedule, batch 64, lr 0.02, 4 epochs;
@@ -16,7 +17,11 @@ Each configuration is ``python -m parallel.train`` with its flags on one context
   lr 0.02: the most accurate after two epochs of the settings tried (see benchmarks/README.md);
 - ``lenet/sgd``: batch 32, lr 0.2, 20 epochs, seeds 0-3;
 - ``lenet/nesterov``: Nesterov momentum 0.9, cosine schedule with one warm-up epoch, batch 32, lr 0.1,
-  10 epochs, seeds 0-3.
+  10 epochs, seeds 0-3;
+- ``vit/adamw``: the docs' ViT run (docs/gluon.md: AdamW, batch 64, lr 0.003, weight decay 0.05, a cosine with one
+  warm-up epoch, 20 epochs) on 2 contexts, seeds 0-2;
+- ``vit-moe/adamw``: the same with a mixture of 4 experts in every other block, spread over the 2 contexts
+  (``--experts 4 --expert-parallel 2``): whether the experts learn as well as the dense MLPs (docs/experts.md).
 
 Writes ``optimizer_accuracy.json`` to ``--out``.
 """
@@ -30,6 +35,10 @@ import time
 sys.path.append(os.path.dirname(os.path.abspath(__file__)))   # harness.py, beside this script
 import harness  # noqa: E402
 
+#: The docs' ViT run (docs/gluon.md) on 2 contexts.
+VIT_FLAGS = ["--devices", "cpu:2", "--optimizer", "adamw", "--batch-size", "64", "--lr", "0.003", "--wd", "0.05",
+             "--lr-schedule", "cosine", "--warmup-epochs", "1"]
+
 #: name -> (model, epochs, seeds, flags)
 CONFIGURATIONS = {
     "resnet18/sgd": ("resnet18", 4, [0], ["--batch-size", "64", "--lr", "0.05"]),
@@ -40,6 +49,8 @@ CONFIGURATIONS = {
     "lenet/sgd": ("lenet", 20, [0, 1, 2, 3], ["--batch-size", "32", "--lr", "0.2"]),
     "lenet/nesterov": ("lenet", 10, [0, 1, 2, 3], ["--batch-size", "32", "--lr", "0.1", "--momentum", "0.9",
                                                    "--nesterov", "--lr-schedule", "cosine", "--warmup-epochs", "1"]),
+    "vit/adamw": ("vit", 20, [0, 1, 2], VIT_FLAGS),
+    "vit-moe/adamw": ("vit", 20, [0, 1, 2], VIT_FLAGS + ["--experts", "4", "--expert-parallel", "2"]),
 }
 
 
@@ -47,9 +58,9 @@ def run_one(model, epochs, seed, flags, data_dir, timeout):
     """One training run in its own process; returns its metrics history."""
     with tempfile.TemporaryDirectory() as tmp:
         metrics = os.path.join(tmp, "metrics.json")
-        command = [sys.executable, "-m", "parallel.train", "--model", model, "--data-dir", data_dir, "--devices",
-                   "cpu:1", "--epochs", str(epochs), "--seed", str(seed), "--no-progress", "--metrics-json",
-                   metrics, *flags]
+        devices = [] if "--devices" in flags else ["--devices", "cpu:1"]
+        command = [sys.executable, "-m", "parallel.train", "--model", model, "--data-dir", data_dir, *devices,
+                   "--epochs", str(epochs), "--seed", str(seed), "--no-progress", "--metrics-json", metrics, *flags]
         harness.run_process(command, timeout=timeout)
         with open(metrics) as f:
             return json.load(f)
