@@ -10,10 +10,12 @@ rather than ask an object whether it has one (``strategies/base.py`` is the same
 - ``ParallelF``: the ``F`` a layout runs a model's blocks with (``RanksF`` on a tensor group's ranks, ``ReplicasF``
   on replicas in lockstep), declared: ``mx.nd``'s operators and the *seams*, the few places where a model's
   mathematics may take a parallel form. A model calls the seams as functions of its ``F`` (``split_tokens``,
-  ``attention``, ``mark_kept``, ``gather_tokens``, here): with ``mx.nd`` or ``mx.sym`` each is the mathematics
-  itself (the identity, dot-product attention, nothing); with a ``ParallelF`` it is the proxy's method, which
-  knows its axes (a slice of the sequence, ring attention, a gather). So a model file names no axis and asks its
-  ``F`` nothing: what a layout does at a seam is the proxy's, and a new axis touches the proxy, not the models.
+  ``attention``, ``mark_kept``, ``gather_tokens``, ``mixture``, here): with ``mx.nd`` or ``mx.sym`` each is the
+  mathematics itself (the identity, dot-product attention, nothing, a mixture of experts routing its tokens on one
+  array); with a ``ParallelF`` it is the proxy's method, which knows its axes (a slice of the sequence, ring
+  attention, a gather, every replica's tokens routed as one queue and sent to their experts' replicas). So a model
+  file (``vit.py``, ``transformer.py``, ``moe.py``) names no axis and asks its ``F`` nothing: what a layout does at
+  a seam is the proxy's, and a new axis touches the proxy, not the models.
 
 >>> class Doubling(Net):
 ...     def __call__(self, X, params):
@@ -32,8 +34,12 @@ The seams with ``mx.nd``, the mathematics itself:
 (2, 3, 4)
 """
 
+import mxnet as mx
+
+from ..validate import BadType
+
 __all__ = ["Net", "Cuttable", "ParallelLayer", "ParallelF", "split_tokens", "attention", "dot_product_attention",
-           "mark_kept", "gather_tokens"]
+           "mark_kept", "gather_tokens", "mixture"]
 
 
 class Net:
@@ -95,6 +101,11 @@ def dot_product_attention(F, q, k, v, scale):
     return F.batch_dot(weights, v)
 
 
+def _mixture_alone(layer, x, weights):
+    """A mixture of experts ``layer`` on the tokens of ``x`` alone, one queue, every expert on ``x``'s context."""
+    return layer.forward_all([x], [[w] for w in weights], [(0,)])[0]
+
+
 class ParallelF:
     """The ``F`` of a parallel layout (a mixin of the proxies ``RanksF`` and ``ReplicasF``): ``mx.nd``'s operators
     (the proxy's own) and the seams, each by default what ``mx.nd`` does at it, overridden where an axis of the
@@ -115,6 +126,11 @@ class ParallelF:
     def gather_tokens(self, x, axis=1):
         """Every token of the sequence (along ``axis``) again, where ``split_tokens`` kept some; by default ``x``."""
         return x
+
+    def mixture(self, layer, x, *weights):
+        """The mixture of experts ``layer`` on the tokens of ``x`` (``weights``: its arrays as this ``F`` gives
+        them); by default ``layer.forward_all`` on ``x`` alone (what ``mx.nd`` does)."""
+        return _mixture_alone(layer, x, weights)
 
 
 def split_tokens(F, x, axis=1):
@@ -142,3 +158,16 @@ def gather_tokens(F, x, axis=1):
     """The seam where the model needs every token again (its head): ``x`` with ``mx.nd`` or ``mx.sym``, else
     ``F.gather_tokens``."""
     return F.gather_tokens(x, axis) if isinstance(F, ParallelF) else x
+
+
+def mixture(F, layer, x, *weights):
+    """The seam of a mixture of experts (``parallel.models.moe.MoEFeedForward``, ``layer``; ``weights`` its router's
+    and experts' arrays): ``layer.forward_all`` routing the tokens of ``x`` alone with ``mx.nd``; else
+    ``F.mixture`` (which may route every replica's tokens as one queue and send them to the replicas holding their
+    experts). Refused with ``mx.sym`` (``BadType`` naming ``F``): routing reads the router's values on the host."""
+    if isinstance(F, ParallelF):
+        return F.mixture(layer, x, *weights)
+    if F is not mx.nd:
+        raise BadType("F", "an MoE layer routes its tokens on the host and cannot run as a symbol (a cached "
+                           "graph, hybridize(), export); run it imperatively")
+    return _mixture_alone(layer, x, weights)

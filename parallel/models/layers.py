@@ -302,6 +302,12 @@ class RanksF(ParallelF):
             for value in values:
                 self.tape.note(value.arrays)
 
+    def mixture(self, layer, x, *weights):
+        """The seam of a mixture of experts: refused, an MoE layer does not split over a tensor-parallel group
+        (``BadValue`` naming ``tensor``); on replicas that are tensor groups it runs on ``ReplicasF``."""
+        raise BadValue("tensor", "an MoE layer does not split over a tensor-parallel group; use {tensor} 1 "
+                                 "with experts (expert parallelism spreads them: expert_parallel)")
+
     def g(self, x):
         """Megatron's g on ``x`` (each rank's partial sum): the sum on every rank; the gradient passed through."""
         return Ranks(self._tape("g").g(x.arrays), self)
@@ -397,6 +403,27 @@ class ReplicasF(RanksF):
     def _groups_among(self, where, *axes):
         at = {r: i for i, r in enumerate(where)}
         return [tuple(at[r] for r in group.ranks) for group in self.mesh.groups(*axes) if group.ranks[0] in at]
+
+    def mixture(self, layer, x, *weights):
+        """The seam of a mixture of experts (``parallel.models.moe.MoEFeedForward``): ``layer.forward_all`` on each
+        queue of arrays (``queues``), with its expert groups and the arrays holding slices of the same examples
+        (``expert_groups``, ``sequence_groups``); so the replicas' tokens are routed as one context's, and sent to
+        the replicas holding their experts and back. When every tensor rank routed its copy of the same tokens,
+        ``layer.last`` holds one routing and every rank's auxiliary losses (``copies``). The outputs and auxiliary
+        losses are kept on the tape, if any. Returns a ``Ranks``; waits for the router (``moe.route``)."""
+        arrays = [self.arrays_of(x)] + [w.arrays for w in weights]
+        outputs, aux = [None] * self.ranks, [None] * self.ranks
+        queues = self.queues()   # one a tensor rank (each rank's copy of the tokens routed alone), or one of all
+        for where in queues:
+            outs = layer.forward_all([arrays[0][r] for r in where], [[a[r] for r in where] for a in arrays[1:]],
+                                     self.expert_groups(where), self.sequence_groups(where))
+            for i, r in enumerate(where):
+                outputs[r] = outs[i]
+                aux[r] = layer.last.aux[i] if layer.last.aux else None
+        if len(queues) > 1:   # every rank routed the same tokens: one routing, every rank's auxiliary losses
+            layer.last = layer.last._replace(aux=[a for a in aux if a is not None], copies=len(queues))
+        self.keep(outputs + layer.last.aux, arrays[0])   # on the tape, if any: a segment's arrays and heads
+        return Ranks(outputs, self)
 
     def context_part(self, x, axis=1):
         """Each member's slice of ``x`` (whole on every member of a context-parallel group) along ``axis``: member

@@ -58,7 +58,7 @@ from mxnet.gluon import nn
 from ..comm import algorithms
 from ..shard import Split
 from ..validate import BadType, BadValue, check_int
-from .layers import Ranks, ReplicasF, RanksF
+from .base import mixture
 
 __all__ = ["Experts", "as_experts", "MoEFeedForward", "Routing", "route", "moe_layers", "aux_losses",
            "RoutingStats", "capacity_of", "RoutingMeter", "check_shared", "expert_specs"]
@@ -230,33 +230,24 @@ class MoEFeedForward(nn.HybridBlock):
         return {name: Split(0) for name in ("fc1_weight", "fc1_bias", "fc2_weight", "fc2_bias")}
 
     def hybrid_forward(self, F, x, router_weight, fc1_weight, fc1_bias, fc2_weight, fc2_bias):
-        if isinstance(F, ReplicasF):
-            arrays = [F.arrays_of(x)] + [a.arrays for a in (router_weight, fc1_weight, fc1_bias, fc2_weight, fc2_bias)]
-            outputs, aux = [None] * F.ranks, [None] * F.ranks
-            queues = F.queues()   # one a tensor rank (each rank's copy of the tokens routed alone), or one of all
-            for where in queues:
-                outs = self._forward(*[[a[r] for r in where] for a in arrays], F.expert_groups(where),
-                                     _one_queue(F.sequence_groups(where), [arrays[0][r].shape for r in where]))
-                for i, r in enumerate(where):
-                    outputs[r] = outs[i]
-                    aux[r] = self.last.aux[i] if self.last.aux else None
-            if len(queues) > 1:   # every rank routed the same tokens: one routing, every rank's auxiliary losses
-                self.last = self.last._replace(aux=[a for a in aux if a is not None], copies=len(queues))
-            F.keep(outputs + self.last.aux, arrays[0])   # on the tape, if any: a segment's arrays and heads
-            return Ranks(outputs, F)
-        if isinstance(F, RanksF):
-            raise BadValue("tensor", "an MoE layer does not split over a tensor-parallel group; use {tensor} 1 "
-                                     "with experts (expert parallelism spreads them: expert_parallel)")
-        if F is not mx.nd:
-            raise BadType("F", "an MoE layer routes its tokens on the host and cannot run as a symbol (a cached "
-                               "graph, hybridize(), export); run it imperatively")
-        return self._forward([x], [router_weight], [fc1_weight], [fc1_bias], [fc2_weight], [fc2_bias], [(0,)])[0]
+        # the seam: this layer on x alone with mx.nd, every replica's tokens as one queue on a layout's F
+        return mixture(F, self, x, router_weight, fc1_weight, fc1_bias, fc2_weight, fc2_bias)
+
+    def forward_all(self, xs, weights, groups, slices=None):
+        """The layer on several arrays of tokens at once, routed as one queue: ``xs`` the arrays (each on its
+        context), ``weights`` the layer's five arrays (router, ``fc1`` weight and bias, ``fc2`` weight and bias),
+        each a list of one an array of ``xs``; ``groups`` the arrays (their positions in ``xs``) of each group that
+        shares its experts (each member holding its ``E / len(group)``, ``Mesh.replica_groups("expert")``);
+        ``slices`` the arrays that hold slices of the same examples' tokens, slice after slice (a tuple of positions
+        a group, in the batch's order; None: no array shares its examples), queued in one context's order. Returns
+        the outputs, one an array, and sets ``last``. What the seam ``parallel.models.base.mixture`` runs: on one
+        array with ``mx.nd``, on every replica of a layout with its ``F``. Waits for the router (``route``)."""
+        order = None if slices is None else _one_queue(slices, [x.shape for x in xs])
+        return self._forward(xs, *weights, groups, order)
 
     def _forward(self, xs, routers, w1s, b1s, w2s, b2s, groups, order=None):
-        """The layer on replicas ``xs`` (one input a replica, each on its context), ``groups`` the replicas (their
-        positions in ``xs``) of each expert-parallel group (``Mesh.replica_groups("expert")``); returns the
-        outputs, one a replica, and sets ``last``. ``order``: where each token of the replicas' (concatenated) is
-        in one context's queue, when the two differ (``_one_queue``)."""
+        """``forward_all`` with the arrays' queue ``order`` (where each token of the arrays' (concatenated) is in one
+        context's queue, when the two differ: ``_one_queue``)."""
         E, k, dim = self._experts, self._top_k, self._dim
         group = len(groups[0])
         check_shared([self], group)
