@@ -155,7 +155,7 @@ class RanksF(ParallelF):
     every rank), ``apply`` (any function of arrays on each rank), ``ranks`` (T); and the model's seams
     (``parallel.models.base.ParallelF``): under sequence parallelism ``split_tokens`` is ``split_sequence`` and
     opens the *sequence region* (``in_region``), ``gather_tokens`` is ``gather`` and closes it; ``mark_kept`` counts on
-    the tape (``SegmentTape.note``). Inside the region the parallel layers' f and g are the all-gather and the
+    the tape (``SegmentTape.note``); ``mixture`` refuses a mixture of experts (it does not split over the ranks). Inside the region the parallel layers' f and g are the all-gather and the
     reduce-scatter of the sequence: the proxy knows where the region is, no layer or model declares it.
 
     Parameters
@@ -344,8 +344,9 @@ class ReplicasF(RanksF):
     """The ``F`` of data-parallel replicas run in lockstep (``run_replicas``): ``F.op`` runs ``mx.nd.op`` on each
     replica's own arrays, recorded by autograd as any operator is (no tape); the parallel layers run as their gluon
     base classes on each replica (``splits`` is False). What a layer that exchanges values between replicas in
-    the midst of a forward (a mixture of experts' all-to-all, ``parallel.models.moe``) runs on: it reads every
-    replica's arrays at once (``Ranks.arrays``). ``expert_parallel``: how many consecutive replicas share their
+    the midst of a forward runs on: a mixture of experts' all-to-all (``parallel.models.moe``) at its seam
+    ``mixture``, which hands the layer every replica's arrays at once, routed as one queue (``queues``,
+    ``expert_groups``, ``sequence_groups``). ``expert_parallel``: how many consecutive replicas share their
     experts (an expert-parallel group). ``context``: how many consecutive replicas share each example's sequence
     (a context-parallel group): member ``t`` keeps slice ``t`` of the tokens (``context_part``: its seam
     ``split_tokens``), attention runs round the group (``ring_attention``: its seam ``attention``) and the members'

@@ -24,8 +24,8 @@ decisions are exact and the same whatever the layout: over the replicas of a ste
 the order of the whole batch (replica 0's tokens, then replica 1's, ...), and the capacity is the whole batch's;
 K replicas drop exactly the tokens one context drops. So do slices of the same examples: context groups' members
 and, with sequence parallelism, a tensor group's ranks (each holding its slice of its replica's tokens) route their
-slices as one queue in one context's order (``_one_queue``, the groups ``ReplicasF`` takes from the mesh), and a
-rank sends its tokens to the same rank of the member holding their experts.
+slices as one queue in one context's order (``_one_queue``, over the groups ``forward_all`` is given), and a rank
+sends its tokens to the same rank of the member holding their experts.
 
 **Expert parallelism** (``expert_parallel`` P, GShard's and DeepSpeed-MoE's): the replicas of a step form groups
 of P consecutive replicas; member ``p`` of a group holds experts ``p E / P`` .. ``(p + 1) E / P - 1`` (its
@@ -36,9 +36,12 @@ leaves its replica, forward, and as many again backward, where autograd sends th
 The router and everything else are ordinary data parallelism. An expert's gradient is summed over the groups
 (the replicas that hold the same experts), the rest over every replica (``parallel.strategies.Hybrid``).
 
-The layer runs imperatively (``mx.nd``; routing needs the values) on one context, or on the replicas of a step
-in lockstep (``parallel.models.layers.run_replicas``: ``F`` a ``ReplicasF``), where it sees every replica's
-tokens at once; it does not run as a symbol (a cached graph cannot read the router's choices).
+This file holds the mathematics only: ``hybrid_forward`` calls the seam ``parallel.models.base.mixture``, which
+runs ``forward_all`` on the layer's input alone with ``mx.nd`` (routing needs the values: imperatively, on one
+context), and with the ``F`` of a layout runs it as the layout needs: on the replicas of a step in lockstep
+(``parallel.models.layers.run_replicas``), every replica's tokens at once, the proxy saying which arrays are one
+queue, which share their experts and which hold slices of the same examples. The layer does not run as a symbol
+(a cached graph cannot read the router's choices: the seam refuses ``mx.sym``), nor split over a tensor group.
 
 >>> import mxnet as mx
 >>> layer = MoEFeedForward(dim=4, hidden=8, experts=2)
