@@ -155,8 +155,9 @@ class RanksF(ParallelF):
     every rank), ``apply`` (any function of arrays on each rank), ``ranks`` (T); and the model's seams
     (``parallel.models.base.ParallelF``): under sequence parallelism ``split_tokens`` is ``split_sequence`` and
     opens the *sequence region* (``in_region``), ``gather_tokens`` is ``gather`` and closes it; ``mark_kept`` counts on
-    the tape (``SegmentTape.note``); ``mixture`` refuses a mixture of experts (it does not split over the ranks). Inside the region the parallel layers' f and g are the all-gather and the
-    reduce-scatter of the sequence: the proxy knows where the region is, no layer or model declares it.
+    the tape (``SegmentTape.note``); ``mixture`` refuses a mixture of experts (it does not split over the ranks).
+    Inside the region the parallel layers' f and g are the all-gather and the reduce-scatter of the sequence: the
+    proxy knows where the region is, no layer or model declares it.
 
     Parameters
     ----------
