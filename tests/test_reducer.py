@@ -410,8 +410,10 @@ def test_one_bucket_starts_no_reduction_before_backward_ends(tmp_path):
 @pytest.mark.slow
 def test_the_cli_trace_of_resnet18_tells_one_bucket_from_small_ones(tmp_path, capsys):
     """ResNet-18 on 2 contexts (the issue's case, BatchNorm, residual sums that autograd adds): with one bucket
-    (--bucket-mb 1000) no reduction starts before the backward pass ends on any lane; with 1 MiB buckets one does
-    on every lane of every traced step."""
+    (--bucket-mb 1000) no reduction starts before the backward pass ends on any lane of any traced step (the order
+    allows none); with 1 MiB buckets one does on every lane, in at least one of its three traced steps (the order
+    allows one in each, and whether the host issues a bucket before a lane's backward has run out depends on the
+    machine's load: a CI run with four busy processes on 2 cores saw one lane's first traced step without)."""
     from conftest import easy_dataset, write_idx_files
     data_dir = write_idx_files(tmp_path, easy_dataset(num_train=160, num_test=16))
     for mb, overlaps in (("1000", False), ("1", True)):
@@ -422,8 +424,10 @@ def test_the_cli_trace_of_resnet18_tells_one_bucket_from_small_ones(tmp_path, ca
         events = json.load(open(path))["traceEvents"]
         started = overlapping_lanes(events)
         assert len(started) == 2 and all(len(steps) == 3 for steps in started.values()), started
-        assert all(bracket == overlaps for steps in started.values() for bracket, _ in steps), (mb, started)
-        if not overlaps:
+        if overlaps:
+            assert all(any(bracket for bracket, _ in steps) for steps in started.values()), (mb, started)
+        else:
+            assert not any(bracket for steps in started.values() for bracket, _ in steps), (mb, started)
             assert all(all(steps) for steps in no_reduction_before_backward_ends(events).values())
 
 
