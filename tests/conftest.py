@@ -47,9 +47,10 @@ def diagonal(*axes):
     ``t < max(len(axis))``), so that every value of every axis is tried once; the slow tier runs the rest."""
     import itertools
     n = max(len(axis) for axis in axes)
-    fast = {tuple(t % len(axis) for axis in axes) for t in range(n)}
-    return [pytest.param(*(axis[i] for axis, i in zip(axes, index)), marks=() if index in fast else pytest.mark.slow)
-            for index in itertools.product(*(range(len(axis)) for axis in axes))]
+    diagonal_cases = {tuple(t % len(axis) for axis in axes) for t in range(n)}
+    indices = list(itertools.product(*(range(len(axis)) for axis in axes)))
+    return fast_only([tuple(axis[i] for axis, i in zip(axes, index)) for index in indices],
+                     fast={k for k, index in enumerate(indices) if index in diagonal_cases})
 
 
 def pairwise(*axes, fast_axes=None):
