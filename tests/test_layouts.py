@@ -11,6 +11,7 @@ digits in float32 within 1e-5 of each array's scale, and the two job layouts und
 The row Transformer's token layouts (issue 46: context, sequence and experts, ``TRANSFORMER``) train its own
 one-context model the same way; one cell fast, the others slow.
 """
+import fcntl
 import os
 import subprocess
 import sys
@@ -464,10 +465,10 @@ def _digits(tmp_path):
 
 
 def _epoch(tmp_path, data_dir, name, *extra, launch=False):
-    """One epoch of the digits by the CLI, the ViT (``extra`` may name a variant), momentum SGD, batch 32, float32;
+    """One epoch of the digits by the CLI, the ViT (``extra`` may name a variant), momentum SGD, batch 64, float32;
     the checkpointed arrays."""
     from parallel.checkpoint import load_checkpoint
-    args = ["--model", "vit", "--data-dir", str(data_dir), "--epochs", "1", "--batch-size", "32", "--lr", "0.05",
+    args = ["--model", "vit", "--data-dir", str(data_dir), "--epochs", "1", "--batch-size", "64", "--lr", "0.05",
             "--momentum", "0.9", "--no-progress", "--checkpoint-dir", str(tmp_path / name), *extra]
     if launch:
         process = start_process([sys.executable, "-m", "parallel.launch", "-n", "2", "-s", "2", "--stall-timeout",
@@ -526,18 +527,26 @@ ONE_EPOCH = {
 @pytest.fixture(scope="module")
 def one_epoch(tmp_path_factory):
     """``one_epoch(name, model, *flags, launch=False)``: the arrays one epoch of the digits leaves (``_epoch``),
-    the digits written once; ``one_epoch.one_context(model)``, each model's one-context epoch, trained once."""
+    the digits written once; ``one_epoch.one_context(model)``, each model's one-context epoch, trained once in
+    the whole run: the first xdist worker to need it trains it, under a lock, and leaves it for the others."""
     root = tmp_path_factory.mktemp("one_epoch")
     data_dir = _digits(root)
-    references = {}
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base   # this run's, every worker's
 
     def run(name, model, *flags, launch=False):
         return _epoch(root, data_dir, name, *model, *flags, launch=launch)
 
     def one_context(model):
-        if model not in references:
-            references[model] = run(f"one{len(references)}", model, "--devices", "cpu:1")
-        return references[model]
+        path = shared / f"one_epoch_reference_{'_'.join(m.strip('-') for m in model) or 'vit'}.npz"
+        with open(f"{path}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not path.exists():
+                arrays = run(f"one_{path.stem}", model, "--devices", "cpu:1")
+                np.savez(f"{path}.tmp.npz", *arrays)
+                os.replace(f"{path}.tmp.npz", path)   # whole or absent
+            with np.load(path) as kept:
+                return [kept[f"arr_{i}"] for i in range(len(kept.files))]
     run.one_context = one_context
     return run
 

@@ -53,7 +53,8 @@ def exported(prefix):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("workers, k", [(1, 1), (1, 2), (2, 1), (2, 2), (3, 1), (3, 2)])
+# two and three workers (three: the server sums in arrival order), one context a worker and two
+@pytest.mark.parametrize("workers, k", [(2, 1), (2, 2), (3, 2)])
 def test_workers_times_contexts_train_the_same_model_as_one_context_through_the_cli(workers, k, tiny, tmp_path):
     data_dir, dataset = tiny
     process = launch(workers, tmp_path, "--data-dir", str(data_dir), "--devices", f"cpu:{k}", "--epochs", "2",
