@@ -27,7 +27,7 @@ def test_quick_run_times_both_versions_and_removes_its_worktree(tmp_path, capsys
 
 
 def test_the_readme_quotes_issue_46_s_run_as_its_results_file_holds_it():
-    """benchmarks/README.md's table of the data preset through the composed step is the committed run's."""
+    """benchmarks/README.md's table of every layout through issue 46's composed step is the committed run's."""
     with open(os.path.join(ROOT, "benchmarks", "results", "issue46", "versions.json")) as f:
         result = json.load(f)
     with open(os.path.join(ROOT, "benchmarks", "README.md")) as f:
