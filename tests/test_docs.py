@@ -159,9 +159,8 @@ def train_runs():
     (``--resume``) the ``--checkpoint-dir`` of an earlier command of its file, whose run it then continues. A run
     of one command that a ```console block records is left to ``test_recorded_run_prints_what_is_recorded``, which
     runs it as written and checks what it prints (running it here too proved nothing more, twice)."""
-    params = []
+    params, recorded = [], {tuple(param.values[:2]) for param in recorded_runs()}   # (path, line)
     for path in markdown_files():
-        recorded = {param.values[1] for param in recorded_runs() if param.values[0] == path}
         runs, run_of_directory = [], {}
         for line, command in commands(path):
             if _classify(command) != "train":
@@ -175,7 +174,7 @@ def train_runs():
                 if directory is not None:
                     run_of_directory[directory] = runs[-1]
         params += [pytest.param(path, run, id=f"{path}:{'+'.join(str(line) for line, _ in run)}") for run in runs
-                   if not (len(run) == 1 and run[0][0] in recorded)]
+                   if not (len(run) == 1 and (path, run[0][0]) in recorded)]
     return params
 
 
