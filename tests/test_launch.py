@@ -150,6 +150,50 @@ def test_kvstore_job_sums_every_workers_push(num_workers, num_servers, tmp_path,
     assert_nothing_left(mark)
 
 
+# Every worker sends the servers an optimizer (as gluon.Trainer does when it updates on the kvstore), then pushes
+# its rank + 1: the servers sum the pushes and step from the initial 10, so every worker pulls 10 - 0.5 * sum.
+OPTIMIZER_SCRIPT = """
+import mxnet as mx
+kv = mx.kv.create('dist_sync')
+kv.set_optimizer(mx.optimizer.SGD(learning_rate=0.5))
+a = mx.nd.zeros(4)
+kv.init(3, mx.nd.ones(4) * 10)
+kv.push(3, mx.nd.ones(4) * (kv.rank + 1))
+kv.pull(3, out=a)
+print(f"rank {kv.rank} of {kv.num_workers}: {a.asnumpy().tolist()}")
+"""
+
+
+@pytest.mark.slow
+def test_servers_that_receive_an_optimizer_update_with_it(tmp_path, mark):
+    """The servers (``parallel.launch.server``) run ps-lite's loop without MXNet's Python package until a worker
+    sends an optimizer; then they import it and update as ``python -c "import mxnet"``'s servers do. Without the
+    optimizer the same pushes would leave the sum (``test_kvstore_job_sums_every_workers_push``)."""
+    script = write_script(tmp_path, "job.py", OPTIMIZER_SCRIPT)
+    result = run_launcher(mark, "-n", 2, "-s", 2, sys.executable, script)
+    assert result.returncode == 0, result.stderr
+    lines = sorted(line.split("] ", 1)[1] for line in result.stdout.splitlines() if line.startswith("[worker "))
+    assert lines == [f"rank {r} of 2: {[10 - 0.5 * 3] * 4}" for r in range(2)], result.stdout
+    assert_nothing_left(mark)
+
+
+def test_a_server_process_loads_mxnet_s_library_as_mxnet_does_and_refuses_a_worker_s_role():
+    """``parallel.launch.server`` finds libmxnet where MXNet's import would (``MXNET_LIBRARY_PATH`` first) without
+    importing MXNet's package, and a process without a scheduler's or server's ``DMLC_ROLE`` exits 2 at once."""
+    import mxnet as mx
+    from parallel.launch.server import library_path
+    assert library_path() == mx.libinfo.find_lib_path()[0]
+    code = ("import os, sys; from parallel.launch.server import library_path; "
+            "os.environ['MXNET_LIBRARY_PATH'] = sys.argv[1]; print(library_path(), 'mxnet' in sys.modules)")
+    result = run_process([sys.executable, "-c", code, mx.libinfo.find_lib_path()[0]], timeout=60)
+    assert result.stdout.split() == [mx.libinfo.find_lib_path()[0], "False"], result.stderr
+    env = {name: value for name, value in os.environ.items() if name != "DMLC_ROLE"}
+    for role in ({}, {"DMLC_ROLE": "worker"}):
+        result = run_process([sys.executable, "-m", "parallel.launch.server"], env=dict(env, **role), timeout=60)
+        assert (result.returncode, result.stderr) == (
+            2, "error: DMLC_ROLE must be scheduler or server (the launcher sets it)\n"), result
+
+
 def test_launcher_never_imports_mxnet(mark):
     code = ("import sys; from parallel.launch import main; "
             "status = main(['-n', '1', '-s', '1', sys.executable, '-c', 'print(42)']); "

@@ -39,26 +39,27 @@ where ``i`` is the launch order; ps-lite assigns the ranks (``kv.rank``) itself,
 ``i`` need not have rank ``i``. Workers get ``PYTHONUNBUFFERED=1`` (unless set) so that their lines arrive
 as they are printed.
 
-Local mode (the default) runs everything on 127.0.0.1, the scheduler and the servers as
-``python -c "import mxnet"`` (importing MXNet with ``DMLC_ROLE`` set runs ps-lite's loop until the job ends),
-and, unless ``OMP_NUM_THREADS`` is set, splits the cores between the workers and servers. Each process is
-the leader of its own process group, so the launcher can stop what it spawns.
+Local mode (the default) runs everything on 127.0.0.1, the scheduler and the servers as ``python -m
+parallel.launch.server`` (ps-lite's loop, what ``python -c "import mxnet"`` runs with ``DMLC_ROLE`` set, through
+MXNet's C API without importing its Python package: ``parallel.launch.server``), and, unless ``OMP_NUM_THREADS``
+is set, splits the cores between the workers and servers. Each process is the leader of its own process group,
+so the launcher can stop what it spawns.
 
-ssh mode runs the scheduler here and each worker and server on a host of the hostfile (round robin), as
-``ssh -tt host 'cd <cwd> && exec env DMLC_...=... <command>'``; the hosts need this directory and this
-Python at the same paths (a shared file system or identical images), and only the ``DMLC_*`` variables, the
-``--env`` ones and ``PYTHONUNBUFFERED`` reach them. ``-tt`` gives the remote command a terminal, so that when
-the launcher kills the local ssh the remote side gets SIGHUP and ends too (without it, it would run on); the
-price is that a remote process's stderr arrives merged into its stdout.
+ssh mode runs the scheduler here and each worker and server on a host of the hostfile (round robin), as ``ssh
+-tt host 'cd <cwd> && exec env DMLC_...=... <command>'``; the hosts need this directory and this Python, with
+this package, at the same paths (a shared file system or identical images), and only the ``DMLC_*`` variables,
+the ``--env`` ones and ``PYTHONUNBUFFERED`` reach them. ``-tt`` gives the remote command a terminal, so that
+when the launcher kills the local ssh the remote side gets SIGHUP and ends too (without it, it would run on);
+the price is that a remote process's stderr arrives merged into its stdout.
 
 The launcher itself never imports MXNet, so nothing in it can block in ps-lite.
 
 The package: ``cli`` (the parser, ``check_args``, ``main``), ``hosts`` (hostfile, discovery script, reachable
 hosts, the scheduler's address and port), ``processes`` (the plan of each start, ssh command lines, process
-groups), ``watchdog``, ``job`` (one start of the job, supervised) and ``restarts`` (the restart policy, a pure
-function); ``python -m parallel.launch`` runs ``__main__``. The names re-exported here load their module on
-first use (``parallel.lazy``), as the other packages' do.
-"""
+groups), ``server`` (a scheduler's or server's process), ``watchdog``, ``job`` (one start of the job,
+supervised) and ``restarts`` (the restart policy, a pure function); ``python -m parallel.launch`` runs
+``__main__``. The names re-exported here load their module on first use (``parallel.lazy``), as the other
+packages' do."""
 from ..cli import UsageError
 from ..lazy import lazy_exports
 
