@@ -17,6 +17,11 @@ os.environ["OMP_NUM_THREADS"] = "1"
 # the tests start (which the CLI would give them anyway).
 for _name, _value in (("MXNET_CPU_TEMP_COPY", "64"), ("MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN_BWD", "2")):
     os.environ.setdefault(_name, _value)
+# MXNet's import reads distutils (mxnet.numpy_dispatch_protocol), which setuptools' shim (installed at each
+# interpreter's start, where setuptools is) answers by importing setuptools and pkg_resources: 0.4 s of a core in
+# every process the tests start that imports MXNet, which the standard library's distutils (Python <= 3.11) does
+# not cost. Set for the processes the tests start; this one's shim is already in place.
+os.environ.setdefault("SETUPTOOLS_USE_DISTUTILS", "stdlib")
 import mxnet as mx  # noqa: E402
 if _THREADS is None:
     del os.environ["OMP_NUM_THREADS"]
