@@ -254,6 +254,39 @@ def _zero_rows(args, workers=0):
     return rows
 
 
+_NAMES = {"lenet": "LeNet", "resnet18": "ResNet-18", "vit": "ViT"}
+
+
+def _mib(n):
+    return f"{n / 2**20:.1f} MiB" if n else "0"
+
+
+def _ms(seconds):
+    return f"{seconds * 1e3:.1f} ms" if seconds < 0.1 else f"{seconds * 1e3:.0f} ms"
+
+
+def table_rows(rows):
+    """The Markdown rows (below the header) of the docs' table of each part's ``rows`` (as written to the JSON):
+    the recompute, zero or job table of benchmarks/README.md and docs/memory.md, one line a configuration."""
+    lines = []
+    for row in rows:
+        time = f"{_ms(row['step_seconds'])} | {row['time_ratio']:.2f}x"
+        if row["part"] == "recompute":
+            lines.append(f"| {_NAMES[row['model']]} ({row['batch']}) | {'on' if row['recompute'] else 'off'} | {time} | "
+                         f"{row['peak_rss'] / 2**20:.1f} MiB | {row['activation_bytes'] / 2**20:.1f} MiB |")
+            continue
+        psi, busiest = 4 * parameters(row["model"]), row["busiest"]
+        where = f"{row['workers']} x {row['devices']}" if row["part"] == "job" else f"{row['devices']}"
+        stage = f"{row['zero']}, prefetch" if row["prefetch"] else f"{row['zero']}"
+        if row["part"] == "job":
+            last = f"{row['pushed'] / psi:.2f} Psi"
+        else:
+            last = "" if row["bytes_moved"] is None else f"{row['bytes_moved'] / (row['devices'] * psi):.2f} Psi"
+        lines.append(f"| {where} | {stage} | {time} | {row['bytes_a_parameter']:.2f} B | "
+                     f"{_mib(busiest['gathered_peak'])} | {_mib(busiest['temporary_buffers'])} |" + (f" {last} |" if last else " |"))
+    return lines
+
+
 def main(argv=None):
     args = parse_args(argv)
     if args.worker is not None:

@@ -1,6 +1,7 @@
 """benchmarks/memory.py on a short run: with and without recomputation, and at every ZeRO stage, the runs train the
 same model (the same losses); recomputation keeps fewer activations by its own count, ZeRO-3 fewer bytes."""
 import json
+from pathlib import Path
 
 import pytest
 
@@ -54,3 +55,21 @@ def test_job_benchmark_runs_every_stage_under_the_launcher_and_trains_the_same(t
     assert rows[0]["bytes_a_parameter"] == 16 and rows[3]["bytes_a_parameter"] == rows[4]["bytes_a_parameter"] == 8
     psi = 4 * load_benchmark("memory").parameters("vit")
     assert 2 * psi < rows[3]["pushed"] < 3 * psi and rows[0]["pushed"] == psi
+
+
+#: Each results file of the memory benchmark, and how its table's header begins in the docs.
+_TABLES = {"memory.json": "| model (batch", "memory_zero.json": "| contexts | `--zero` |",
+           "memory_job.json": "| workers x contexts | `--zero` |"}
+
+
+@pytest.mark.parametrize("results", sorted(_TABLES))
+def test_the_docs_tables_are_the_results_files_rows(results):
+    """The tables of recomputation and ZeRO in benchmarks/README.md and docs/memory.md are the committed runs':
+    each table's rows are exactly those ``table_rows`` renders from its results file, in order."""
+    root = Path(__file__).resolve().parent.parent
+    rows = json.loads((root / "benchmarks" / "results" / results).read_text())["rows"]
+    for doc in ("benchmarks/README.md", "docs/memory.md"):
+        lines = (root / doc).read_text().splitlines()
+        (at,) = [i for i, line in enumerate(lines) if line.startswith(_TABLES[results])]
+        end = next(i for i in range(at, len(lines) + 1) if i == len(lines) or not lines[i].startswith("|"))
+        assert lines[at + 2:end] == load_benchmark("memory").table_rows(rows), doc
