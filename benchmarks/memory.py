@@ -26,6 +26,7 @@ Writes ``benchmarks/results/memory.json`` (``memory_job.json`` for the job part;
 configuration.
 """
 import argparse
+import functools
 import os
 import sys
 
@@ -38,6 +39,7 @@ BATCH = {"lenet": 256, "resnet18": 64}
 ZERO_BATCH = {"resnet18": 64, "vit": 64}
 
 
+@functools.lru_cache(maxsize=None)   # built from the model's layout, asked for once a row
 def parameters(model):
     """The trainable parameters of ``model`` (Psi, the model's bytes, is 4 of them each): 11,175,818 for ResNet-18."""
     from parallel.models import MODELS
@@ -228,11 +230,20 @@ def _zero_row(got, model, workers, k, zero, prefetch):
     return row
 
 
+def _in_psi(row):
+    """The bytes a step of ZeRO ``row`` copies between contexts (per context) and pushes to the servers (per
+    worker), in units of Psi, the model's bytes; None where the row has none."""
+    psi = 4 * parameters(row["model"])
+    moved = None if row["bytes_moved"] is None else row["bytes_moved"] / (row["devices"] * psi)
+    return moved, None if row["pushed"] is None else row["pushed"] / psi
+
+
 def _print_zero_row(row, workers):
-    psi, busiest, k = 4 * parameters(row["model"]), row["busiest"], row["devices"]
-    moved = "" if row["bytes_moved"] is None else f"  moved {row['bytes_moved'] / (k * psi):.2f} Psi a context"
+    busiest, k = row["busiest"], row["devices"]
+    moved_psi, pushed_psi = _in_psi(row)
+    moved = "" if moved_psi is None else f"  moved {moved_psi:.2f} Psi a context"
     if workers:
-        moved += f"  pushed {row['pushed'] / psi:.2f} Psi a worker"
+        moved += f"  pushed {pushed_psi:.2f} Psi a worker"
     where = f"W={workers} K={k}" if workers else f"K={k}"
     print(f"{row['model']} {where} zero={row['zero']}{' prefetch' if row['prefetch'] else ''}: step "
           f"{row['step_seconds'] * 1e3:7.1f} ms ({row['time_ratio']:.2f}x)  {row['bytes_a_parameter']:5.2f} B/param + "
@@ -254,9 +265,6 @@ def _zero_rows(args, workers=0):
     return rows
 
 
-_NAMES = {"lenet": "LeNet", "resnet18": "ResNet-18", "vit": "ViT"}
-
-
 def _mib(n):
     return f"{n / 2**20:.1f} MiB" if n else "0"
 
@@ -268,22 +276,22 @@ def _ms(seconds):
 def table_rows(rows):
     """The Markdown rows (below the header) of the docs' table of each part's ``rows`` (as written to the JSON):
     the recompute, zero or job table of benchmarks/README.md and docs/memory.md, one line a configuration."""
+    from parallel.models import MODELS
     lines = []
     for row in rows:
         time = f"{_ms(row['step_seconds'])} | {row['time_ratio']:.2f}x"
         if row["part"] == "recompute":
-            lines.append(f"| {_NAMES[row['model']]} ({row['batch']}) | {'on' if row['recompute'] else 'off'} | {time} | "
-                         f"{row['peak_rss'] / 2**20:.1f} MiB | {row['activation_bytes'] / 2**20:.1f} MiB |")
+            lines.append(f"| {MODELS[row['model']].title} ({row['batch']}) | {'on' if row['recompute'] else 'off'} | "
+                         f"{time} | {row['peak_rss'] / 2**20:.1f} MiB | {row['activation_bytes'] / 2**20:.1f} MiB |")
             continue
-        psi, busiest = 4 * parameters(row["model"]), row["busiest"]
+        moved, pushed = _in_psi(row)
+        last = pushed if row["part"] == "job" else moved
         where = f"{row['workers']} x {row['devices']}" if row["part"] == "job" else f"{row['devices']}"
         stage = f"{row['zero']}, prefetch" if row["prefetch"] else f"{row['zero']}"
-        if row["part"] == "job":
-            last = f"{row['pushed'] / psi:.2f} Psi"
-        else:
-            last = "" if row["bytes_moved"] is None else f"{row['bytes_moved'] / (row['devices'] * psi):.2f} Psi"
+        busiest = row["busiest"]
         lines.append(f"| {where} | {stage} | {time} | {row['bytes_a_parameter']:.2f} B | "
-                     f"{_mib(busiest['gathered_peak'])} | {_mib(busiest['temporary_buffers'])} |" + (f" {last} |" if last else " |"))
+                     f"{_mib(busiest['gathered_peak'])} | {_mib(busiest['temporary_buffers'])} | "
+                     + ("|" if last is None else f"{last:.2f} Psi |"))
     return lines
 
 

@@ -182,11 +182,12 @@ def test_a_server_process_loads_mxnet_s_library_as_mxnet_does_and_refuses_a_work
     importing MXNet's package, and a process without a scheduler's or server's ``DMLC_ROLE`` exits 2 at once."""
     import mxnet as mx
     from parallel.launch.server import library_path
-    assert library_path() == mx.libinfo.find_lib_path()[0]
+    mxnet_s = mx.libinfo.find_lib_path()[0]
+    assert library_path() == mxnet_s
     code = ("import os, sys; from parallel.launch.server import library_path; "
             "os.environ['MXNET_LIBRARY_PATH'] = sys.argv[1]; print(library_path(), 'mxnet' in sys.modules)")
-    result = run_process([sys.executable, "-c", code, mx.libinfo.find_lib_path()[0]], timeout=60)
-    assert result.stdout.split() == [mx.libinfo.find_lib_path()[0], "False"], result.stderr
+    result = run_process([sys.executable, "-c", code, mxnet_s], timeout=60)
+    assert result.stdout.split() == [mxnet_s, "False"], result.stderr
     env = {name: value for name, value in os.environ.items() if name != "DMLC_ROLE"}
     for role in ({}, {"DMLC_ROLE": "worker"}):
         result = run_process([sys.executable, "-m", "parallel.launch.server"], env=dict(env, **role), timeout=60)

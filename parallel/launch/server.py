@@ -40,8 +40,8 @@ def library_path():
 class Server:
     """ps-lite's scheduler or server loop of this process (``DMLC_ROLE``), on libmxnet loaded with ``ctypes``."""
 
-    def __init__(self, lib=None):
-        self.lib = lib if lib is not None else ctypes.CDLL(library_path(), ctypes.RTLD_LOCAL)
+    def __init__(self):
+        self.lib = ctypes.CDLL(library_path(), ctypes.RTLD_LOCAL)
         self.lib.MXGetLastError.restype = ctypes.c_char_p
         self.handle = ctypes.c_void_p()
         self.kvstore = None   # MXNet's KVStore around the handle, once an optimizer arrives
@@ -50,11 +50,6 @@ class Server:
     def _check(self, status):
         if status != 0:
             raise RuntimeError(self.lib.MXGetLastError().decode(errors="replace"))
-
-    def is_worker(self):
-        flag = ctypes.c_int()
-        self._check(self.lib.MXKVStoreIsWorkerNode(ctypes.byref(flag)))
-        return bool(flag.value)
 
     def run(self):
         """Create the ``dist`` kvstore and run its loop until the scheduler ends the job."""
