@@ -104,9 +104,10 @@ def _healing_job(cluster, tmp_path, data_dir, hosts, extra=()):
 @pytest.mark.slow
 def test_a_lost_host_is_healed_from_the_last_checkpoint(make_cluster, tiny, tmp_path):
     """Every process on host 3 SIGKILLed and its link down, discovery no longer naming it: the job starts again
-    on the two hosts left, from its last checkpoint, and finishes."""
+    on the two hosts left, from its last checkpoint, and finishes (noticed within --host-timeout: 10 s here, not
+    the default 60 that the test would wait for)."""
     cluster = make_cluster(3)
-    job, discovery = _healing_job(cluster, tmp_path, tiny[0], 3)
+    job, discovery = _healing_job(cluster, tmp_path, tiny[0], 3, ["--host-timeout", "10"])
     job.wait_for("epoch 2,")
     discovery.write_text("".join(f"{a}\n" for a in cluster.addresses[:2]))
     cluster.kill_host(3)
