@@ -415,7 +415,7 @@ def test_the_cli_trace_of_resnet18_tells_one_bucket_from_small_ones(tmp_path, ca
     allows one in each, and whether the host issues a bucket before a lane's backward has run out depends on the
     machine's load: a CI run with four busy processes on 2 cores saw one lane's first traced step without)."""
     from conftest import easy_dataset, write_idx_files
-    data_dir = write_idx_files(tmp_path, easy_dataset(num_train=160, num_test=16))
+    data_dir = write_idx_files(tmp_path, easy_dataset(num_train=128, num_test=16))   # 4 steps: steps 2-4 traced
     for mb, overlaps in (("1000", False), ("1", True)):
         path = tmp_path / f"t{mb}.json"
         status = main(["--data-dir", str(data_dir), "--model", "resnet18", "--devices", "cpu:2", "--epochs", "1",
