@@ -32,12 +32,14 @@ def test_trainer_quick_run_measures_every_configuration(tmp_path, capsys):
 @pytest.mark.slow
 def test_kvstore_quick_run_compares_the_packages_kvstore_with_device(tmp_path, capsys):
     bench = load_benchmark("trainer")
-    assert bench.main(["--quick", "--kvstores", "fused,ring", "--out", str(tmp_path)]) == 0
+    # LeNet alone: the quick run above runs ResNet-18 through the same benchmark, test_trainer_kvstore.py the
+    # package's kvstore with many buckets
+    assert bench.main(["--quick", "--networks", "lenet", "--kvstores", "fused,ring", "--out", str(tmp_path)]) == 0
     result = json.loads((tmp_path / "trainer_kvstore.json").read_text())
     methods = ("trainer", "trainer/kv=fused", "trainer/kv=ring", "trainer/reduce+update",
                "trainer/kv=fused/reduce+update", "trainer/kv=ring/reduce+update")
     assert {(r["network"], r["method"], r["k"]) for r in result["records"]} == {
-        (network, m, k) for network in ("lenet", "resnet18") for m in methods for k in (1, 2)}
+        ("lenet", m, k) for m in methods for k in (1, 2)}
     for r in result["records"]:
         assert r["reference"] == ("trainer/reduce+update" if r["method"].endswith("reduce+update") else "trainer")
     assert not (tmp_path / "trainer.json").exists()
