@@ -11,7 +11,9 @@ array([1., 1.], dtype=float32)
 """
 
 __all__ = ["structural_params", "mxnet_library", "nd_operator", "sparse_label", "trainer_params",
-           "trainer_kvstore", "trainer_updates_on_kvstore", "trainer_is_distributed", "mark_gradient_fresh"]
+           "trainer_kvstore", "trainer_updates_on_kvstore", "trainer_is_distributed", "mark_gradient_fresh",
+           "import_mxnet_without_scipy_stats"]
+import sys
 
 
 def structural_params(block):
@@ -128,3 +130,25 @@ def mark_gradient_fresh(array):
     without a backward pass before each call, since no public call sets it.
     """
     array._fresh_grad = True
+
+
+
+def import_mxnet_without_scipy_stats():
+    """Import MXNet, as the CLI does, without the ``scipy.stats`` it imports at start-up; returns ``mxnet``.
+
+    MXNet 1.9.1 imports ``scipy.stats`` wherever scipy is installed (``mxnet/contrib/quantization.py``: ``from
+    scipy import stats``, for the entropy calibration of INT8 quantization, which no run of the package does):
+    0.3 s of a core in each process, a seventh of MXNet's import, and no MXNet setting skips it. During the
+    import ``scipy.stats`` is marked absent in ``sys.modules``, so MXNet takes its own path for a machine without
+    scipy (``stats = None``: its entropy calibration then cannot run in this process); afterwards the mark is gone
+    and ``import scipy.stats`` works as ever. If MXNet is already imported, nothing changes.
+    """
+    if "mxnet" not in sys.modules and "scipy.stats" not in sys.modules:
+        sys.modules["scipy.stats"] = None   # what the import system reads as "no such module"
+        try:
+            import mxnet
+        finally:
+            if sys.modules.get("scipy.stats", False) is None:
+                del sys.modules["scipy.stats"]
+    import mxnet
+    return mxnet

@@ -68,6 +68,7 @@ from .config import FLAGS, layout_of_args, optimizer_defaults, run_config
 from .files import LOCK_FILE, DirectoryLock, DirectoryLocked, check_writable, export_files
 from .interrupt import INTERRUPTED_STATUS, end_on_signals, hold_interrupts, stop_between_batches
 from .models import MODELS, model_spec
+from .mxnet_compat import import_mxnet_without_scipy_stats
 from .optim import OPTIMIZERS, SCHEDULES, ZERO_LEVELS, check_hyper
 from .optim.schedules import Step
 from .strategies import DEFAULT_MICRO_BATCHES, DEFAULT_STAGES, PIPELINE_SCHEDULES, STRATEGIES
@@ -480,6 +481,7 @@ def run(args, stack):
     Raises ``UsageError`` for input the user controls (devices, layout, data, output files, divergence).
     """
     with hold_interrupts():   # imports MXNet
+        import_mxnet_without_scipy_stats()
         from . import train_steps as steps
     job = steps.join_job(args)
     if job is not None and job.rank == 0:   # one process alone claimed its outputs before MXNet started

@@ -215,6 +215,29 @@ def test_subprocess_keeps_the_users_thread_setting(data_dir, monkeypatch):
     assert "operator threads: OMP_NUM_THREADS=1\n" in result.stdout
 
 
+_SCIPY_STATS_UNUSED = """
+import sys
+from parallel.train import main
+assert main(["--data-dir", sys.argv[1], "--epochs", "1", "--batch-size", "64", "--no-progress"]) == 0
+import mxnet
+print("imported for the run:", "scipy.stats" in sys.modules, mxnet.contrib.quantization.stats)
+from scipy.stats import norm
+print("then:", norm.cdf(0.0))
+"""
+
+
+def test_a_run_of_the_cli_never_imports_scipy_stats(easy_dir):
+    """MXNet imports scipy.stats at start-up (0.3 s of a core a process) for nothing a run does: the CLI imports
+    MXNet without it (``parallel.mxnet_compat.import_mxnet_without_scipy_stats``), and scipy.stats imports as
+    ever afterwards. In this process MXNet came first: it has its scipy.stats, and the call changes nothing."""
+    pytest.importorskip("scipy")
+    from parallel.mxnet_compat import import_mxnet_without_scipy_stats
+    assert import_mxnet_without_scipy_stats() is mx and mx.contrib.quantization.stats is sys.modules["scipy.stats"]
+    result = run_process([sys.executable, "-c", _SCIPY_STATS_UNUSED, str(easy_dir)], timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[-2:] == ["imported for the run: False None", "then: 0.5"], result.stdout
+
+
 def test_loss_becoming_nan_stops_with_epoch_and_batch(data_dir, capsys):
     # lr 1e10 overflows the weights; the first NaN loss is the third batch's (1e30 would only kill every
     # ReLU and leave a huge but finite loss)
