@@ -71,6 +71,8 @@ def run(args):
     records = []
     for name in args.configurations:
         model, epochs, seeds, flags = CONFIGURATIONS[name]
+        if args.seeds is not None:
+            seeds = list(range(args.seeds))
         if args.quick:
             epochs, seeds = 2, seeds[:1]   # two: a warm-up of one epoch needs a second
         for seed in seeds:
@@ -90,9 +92,13 @@ def main(argv=None):
                         default=list(CONFIGURATIONS),
                         help=f"comma-separated, of {', '.join(CONFIGURATIONS)}; default all")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds one run may take; default 3600")
+    parser.add_argument("--seeds", type=int, default=None, metavar="N",
+                        help="run seeds 0 .. N-1 of each configuration; default: the configuration's own")
     parser.add_argument("--quick", action="store_true", help="smoke test: two epochs of one seed each")
     harness.add_out(parser, "optimizer_accuracy.json")
     args = parser.parse_args(argv)
+    if args.seeds is not None and args.seeds < 1:
+        parser.error(f"--seeds must be at least 1, got {args.seeds}")
     path = harness.results_path(args.out, "optimizer_accuracy.json")
     start = time.perf_counter()
     records = run(args)

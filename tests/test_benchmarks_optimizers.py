@@ -54,6 +54,21 @@ def test_optimizer_accuracy_quick_run_trains_a_configuration_of_each_model(tmp_p
     assert "test acc after each epoch" in capsys.readouterr().out
 
 
+def test_optimizer_accuracy_runs_the_seeds_it_is_given(tmp_path, monkeypatch, capsys):
+    """``--seeds N``: seeds 0 .. N-1 of each configuration chosen, in that order (the runs themselves stubbed: the
+    quick run above trains); ``--seeds 0`` is refused with exit status 2."""
+    bench = load_benchmark("optimizer_accuracy")
+    ran = []
+    monkeypatch.setattr(bench, "run_one", lambda model, epochs, seed, flags, data_dir, timeout: (
+        ran.append((model, seed)) or [{"test_acc": 0.5, "seconds": 1.0}] * epochs))
+    assert bench.main(["--data-dir", str(tmp_path), "--configurations", "vit/adamw,lenet/sgd", "--seeds", "3",
+                       "--out", str(tmp_path)]) == 0
+    assert ran == [("vit", 0), ("vit", 1), ("vit", 2), ("lenet", 0), ("lenet", 1), ("lenet", 2)]
+    with pytest.raises(SystemExit) as exit_info:
+        bench.main(["--data-dir", str(tmp_path), "--seeds", "0"])
+    assert exit_info.value.code == 2 and "--seeds must be at least 1, got 0" in capsys.readouterr().err
+
+
 def test_the_experts_doc_quotes_issue_46_s_accuracy_runs_as_their_results_file_holds_them():
     """docs/experts.md's table of the dense and the mixture-of-experts ViT on 2 contexts is the committed run's."""
     with open(os.path.join(ROOT, "benchmarks", "results", "issue46", "optimizer_accuracy.json")) as f:
