@@ -23,6 +23,8 @@ its own process, its ``--metrics-json`` read back. The configurations (``CONFIGU
 - ``vit-moe/adamw``: the same with a mixture of 4 experts in every other block, spread over the 2 contexts
   (``--experts 4 --expert-parallel 2``): whether the experts learn as well as the dense MLPs (docs/experts.md).
 
+``--seeds N`` runs seeds 0 .. N-1 of each configuration chosen instead of its own (docs/experts.md: 10 of both ViTs).
+
 Writes ``optimizer_accuracy.json`` to ``--out``.
 """
 import argparse
