@@ -9,11 +9,11 @@ this one before MXNet starts (``python -m parallel.train --help`` does not load 
 >>> nd_operator("_copy")(mx.nd.ones(2)).asnumpy()
 array([1., 1.], dtype=float32)
 """
+import sys
 
 __all__ = ["structural_params", "mxnet_library", "nd_operator", "sparse_label", "trainer_params",
            "trainer_kvstore", "trainer_updates_on_kvstore", "trainer_is_distributed", "mark_gradient_fresh",
            "import_mxnet_without_scipy_stats"]
-import sys
 
 
 def structural_params(block):
@@ -130,7 +130,6 @@ def mark_gradient_fresh(array):
     without a backward pass before each call, since no public call sets it.
     """
     array._fresh_grad = True
-
 
 
 def import_mxnet_without_scipy_stats():
