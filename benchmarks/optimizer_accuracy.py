@@ -21,7 +21,9 @@ its own process, its ``--metrics-json`` read back. The configurations (``CONFIGU
 - ``vit/adamw``: the docs' ViT run (docs/gluon.md: AdamW, batch 64, lr 0.003, weight decay 0.05, a cosine with one
   warm-up epoch, 20 epochs) on 2 contexts, seeds 0-2;
 - ``vit-moe/adamw``: the same with a mixture of 4 experts in every other block, spread over the 2 contexts
-  (``--experts 4 --expert-parallel 2``): whether the experts learn as well as the dense MLPs (docs/experts.md).
+  (``--experts 4 --expert-parallel 2``): whether the experts learn as well as the dense MLPs (docs/experts.md);
+- ``vit-moe-gates-x4/adamw``: the same with every gate times 4 (``--gate-scale 4``, E: a near-uniform router's
+  chosen expert weighs about what the dense MLP does).
 
 ``--seeds N`` runs seeds 0 .. N-1 of each configuration chosen instead of its own (docs/experts.md: 10 of both ViTs).
 
@@ -53,6 +55,8 @@ CONFIGURATIONS = {
                                                    "--nesterov", "--lr-schedule", "cosine", "--warmup-epochs", "1"]),
     "vit/adamw": ("vit", 20, [0, 1, 2], VIT_FLAGS),
     "vit-moe/adamw": ("vit", 20, [0, 1, 2], VIT_FLAGS + ["--experts", "4", "--expert-parallel", "2"]),
+    "vit-moe-gates-x4/adamw": ("vit", 20, [0, 1, 2], VIT_FLAGS + ["--experts", "4", "--expert-parallel", "2",
+                                                                  "--gate-scale", "4"]),
 }
 
 

@@ -38,7 +38,8 @@ FLAGS = {"epochs": "--epochs", "num_epochs": "--epochs", "batch_size": "--batch-
          "lr_schedule": "--lr-schedule", "recompute": "--recompute", "tensor": "--tensor", "schedule": "--schedule",
          "virtual_stages": "--virtual-stages", "virtual": "--virtual-stages", "logdir": "--logdir",
          "experts": "--experts", "top_k": "--top-k", "capacity_factor": "--capacity-factor",
-         "z_weight": "--router-z-loss", "aux_weight": "--aux-loss-weight", "context": "--context", "patch": "--patch-size",
+         "z_weight": "--router-z-loss", "gate_scale": "--gate-scale", "aux_weight": "--aux-loss-weight",
+         "context": "--context", "patch": "--patch-size",
          "sequence": "--sequence-parallel", "expert_parallel": "--expert-parallel"}
 
 

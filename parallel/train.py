@@ -202,6 +202,9 @@ def _add_expert_flags(add):
     add("--router-z-loss", type=finite_float, default=0.0, metavar="W",
         help="--experts: add W x the mean squared log-sum-exp of the router's scores (ST-MoE's z-loss, e.g. 0.001); "
              "default 0 (none)")
+    add("--gate-scale", type=positive_float, default=1.0, metavar="S",
+        help="--experts: every gate times S (DeepSeek-V2's routed scaling factor); with --top-k 1 the load-balancing "
+             "loss keeps a gate near 1 / E, and E gives a chosen expert about the dense MLP's weight; default 1")
     add("--expert-parallel", type=int, default=1, metavar="P",
         help="--experts: spread the experts over groups of P devices (E / P each, --devices a multiple of P), "
              "tokens sent to their experts and back by an all-to-all (also across --stages, over --tensor ranks, "
@@ -228,7 +231,8 @@ def check_model_args(args):
                          f"{args.model}")
     _check_expert_args(args)
     options = {"experts": args.experts, "top_k": args.top_k, "capacity_factor": args.capacity_factor,
-               "aux_weight": args.aux_loss_weight, "z_weight": args.router_z_loss, "patch": args.patch_size}
+               "aux_weight": args.aux_loss_weight, "z_weight": args.router_z_loss,
+               "gate_scale": args.gate_scale, "patch": args.patch_size}
     if args.model in _models_with("experts"):
         known = [o for o, _, _ in MODELS[args.model].options]
         args.model = model_spec(args.model, **{o: v for o, v in options.items() if o in known})
@@ -240,6 +244,7 @@ def _check_expert_args(args):
                                                                               1.0),
                                                ("--aux-loss-weight", args.aux_loss_weight, 0.01),
                                                ("--router-z-loss", args.router_z_loss, 0.0),
+                                               ("--gate-scale", args.gate_scale, 1.0),
                                                ("--expert-parallel", args.expert_parallel, 1)) if value != default]
     if not args.experts:
         if given:

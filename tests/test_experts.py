@@ -88,9 +88,9 @@ def _vit_holding(arrays):
     return block
 
 
-def _reference(layer, X):
-    """The layer by its definition, token by token in float64: each chosen expert's MLP weighted by its gate, nothing
-    for a dropped choice (the routing taken from the layer's own)."""
+def _reference(layer, X, gate_scale=1.0):
+    """The layer by its definition, token by token in float64: each chosen expert's MLP weighted by its gate (times
+    ``gate_scale``), nothing for a dropped choice (the routing taken from the layer's own)."""
     p = {name: getattr(layer, name).data().asnumpy().astype(np.float64)
          for name in ("router_weight", "fc1_weight", "fc1_bias", "fc2_weight", "fc2_bias")}
     tokens = X.asnumpy().reshape(-1, X.shape[-1]).astype(np.float64)
@@ -101,7 +101,7 @@ def _reference(layer, X):
     out = np.zeros_like(tokens)
     for t in range(len(tokens)):
         gates = probs[t, routing.choice[t]]
-        gates = gates / gates.sum() if len(gates) > 1 else gates
+        gates = (gates / gates.sum() if len(gates) > 1 else gates) * gate_scale
         for j, e in enumerate(routing.choice[t]):
             if routing.slot[t, j] < 0:
                 continue
@@ -111,15 +111,19 @@ def _reference(layer, X):
     return out.reshape(X.shape), probs
 
 
-@pytest.mark.parametrize("top_k, capacity_factor", [(1, 4.0), (2, 2.0), (1, 0.5), (2, 0.75)])
-def test_the_layer_is_its_definition_and_a_dropped_token_gets_nothing(top_k, capacity_factor):
+@pytest.mark.parametrize("top_k, capacity_factor, gate_scale", [(1, 4.0, 1.0), (2, 2.0, 1.0), (1, 0.5, 1.0),
+                                                                 (2, 0.75, 1.0), (1, 4.0, 4.0), (2, 0.75, 2.5)])
+def test_the_layer_is_its_definition_and_a_dropped_token_gets_nothing(top_k, capacity_factor, gate_scale):
     mx.random.seed(0)
-    layer = MoEFeedForward(dim=6, hidden=8, experts=E, top_k=top_k, capacity_factor=capacity_factor)
+    layer = MoEFeedForward(dim=6, hidden=8, experts=E, top_k=top_k, capacity_factor=capacity_factor,
+                           gate_scale=gate_scale)
     layer.initialize(mx.init.Normal(0.5))
     X = mx.nd.random.normal(shape=(3, 7, 6), dtype="float32")
     out = layer(X)
-    want, probs = _reference(layer, X)
+    want, probs = _reference(layer, X, gate_scale)
     np.testing.assert_allclose(out.asnumpy(), want, rtol=0, atol=1e-5 * np.abs(want).max())
+    if gate_scale != 1:   # the scale is a factor of every output: the unscaled layer's is not the same
+        assert not np.allclose(out.asnumpy(), want / gate_scale, rtol=0, atol=1e-3 * np.abs(want).max())
     stats = layer.last
     assert stats.choices == 21 * top_k and stats.routed.sum() == 21 * top_k
     dropped_tokens = (stats.routing.slot < 0).all(axis=1)
@@ -382,6 +386,8 @@ def test_the_cli_trains_experts_across_pipeline_stages_and_resumes_them_spread(s
     (["--experts", "4", "--expert-parallel", "2", "--devices", "cpu:3"], "cannot group 3"),
     (["--experts", "4", "--export", "out"], "leave --export out with --experts"),
     (["--experts", "4", "--capacity-factor", "nan"], "--capacity-factor"),
+    (["--gate-scale", "4"], "--gate-scale applies to a mixture of experts"),
+    (["--experts", "4", "--gate-scale", "0"], "--gate-scale must be a finite number > 0, got 0.0"),
 ])
 def test_bad_expert_flags_get_one_line_and_status_2(flags, says, easy_dir, capsys):
     status = main(["--model", "vit", "--data-dir", str(easy_dir), "--epochs", "1", "--no-progress", *flags])
@@ -412,13 +418,14 @@ def test_the_moe_vit_learns_the_digits_with_balanced_loads(tmp_path, capsys):
     assert all(load <= 2 for epoch in loads[10:] for load in epoch), loads
 
 
-def test_without_auxiliary_losses_the_experts_train_and_record_their_routing(small_dir, tmp_path):
+def test_without_auxiliary_losses_the_experts_train_and_record_their_routing(small_dir, tmp_path, capsys):
     """``--aux-loss-weight 0`` (and no z-loss): no auxiliary loss for backward to start from, the routing still
-    recorded, and an auxiliary loss of 0."""
+    recorded, and an auxiliary loss of 0; with ``--gate-scale 4``, which the header names."""
     metrics = tmp_path / "m.json"
-    assert main(["--model", "vit", "--experts", "4", "--aux-loss-weight", "0", "--devices", "cpu:2",
-                 "--expert-parallel", "2", "--data-dir", str(small_dir), "--epochs", "1", "--batch-size", "32",
-                 "--no-progress", "--metrics-json", str(metrics)]) == 0
+    assert main(["--model", "vit", "--experts", "4", "--aux-loss-weight", "0", "--gate-scale", "4", "--devices",
+                 "cpu:2", "--expert-parallel", "2", "--data-dir", str(small_dir), "--epochs", "1", "--batch-size",
+                 "32", "--no-progress", "--metrics-json", str(metrics)]) == 0
+    assert "training ViT (4 experts, top-1, gates x 4)" in capsys.readouterr().out
     experts = json.loads(metrics.read_text())[0]["experts"]
     assert experts["aux_loss"] == 0 and np.array(experts["tokens"]).sum() == 2 * 64 * 17
 

@@ -85,12 +85,14 @@ MODELS = {
     "vit": ModelInfo("ViT", "0 patch embedding (7x7 patches, class token, positions), 1-4 its four Transformer "
                             "blocks, 5 head (LayerNorm, dense)", "ViTModel", tensor=4, sequences=True,
                      options=(("experts", int, 0), ("top_k", int, 1), ("capacity_factor", float, 1.0),
-                              ("aux_weight", float, 0.01), ("z_weight", float, 0.0), ("patch", int, 7))),
+                              ("aux_weight", float, 0.01), ("z_weight", float, 0.0), ("gate_scale", float, 1.0),
+                              ("patch", int, 7))),
     "transformer": ModelInfo("Transformer", "0 row embedding (the 28 rows as tokens, positions), 1-2 its two "
                                             "post-norm Transformer blocks, 3 head (mean over the rows, dense)",
                              "TransformerModel", tensor=4, sequences=True,
                              options=(("experts", int, 0), ("top_k", int, 1), ("capacity_factor", float, 1.0),
-                                      ("aux_weight", float, 0.01), ("z_weight", float, 0.0))),
+                                      ("aux_weight", float, 0.01), ("z_weight", float, 0.0),
+                                      ("gate_scale", float, 1.0))),
 }
 
 def model_spec(name, **options):
@@ -142,7 +144,8 @@ def model_info(spec):
     options = dict(chosen)
     title = info.title
     if options.get("experts"):
-        title += f" ({options['experts']} experts, top-{options.get('top_k', 1)})"
+        scale = f", gates x {options['gate_scale']:g}" if options.get("gate_scale", 1.0) != 1.0 else ""
+        title += f" ({options['experts']} experts, top-{options.get('top_k', 1)}{scale})"
     if "patch" in options:
         title += f" ({options['patch']}x{options['patch']} patches)"
     return info._replace(title=title, chosen=tuple(chosen))

@@ -12,7 +12,8 @@ What one forward does, for tokens ``(..., dim)`` (every token of every example: 
    the residual connection around the layer (the layer adds nothing for it).
 3. **Experts.** Each expert is an MLP ``Dense(hidden), GELU, Dense(dim)`` of its own, run on its queue of tokens.
 4. **Combine.** A token's output is its choices' outputs weighted by their gates: with ``top_k`` 1 the chosen
-   expert's probability (Switch), with more the chosen probabilities normalized to sum to 1 (GShard).
+   expert's probability (Switch), with more the chosen probabilities normalized to sum to 1 (GShard); each gate
+   times ``gate_scale`` (DeepSeek-V2's routed scaling factor; 1: none).
 5. **Auxiliary losses.** Switch's load-balancing loss ``aux_weight * E * sum_e f_e P_e`` (``f_e`` the fraction of
    tokens whose first choice is expert ``e``, ``P_e`` the mean probability the router gives it: smallest when both
    are uniform), and optionally the router's z-loss ``z_weight * mean(logsumexp(scores)^2)`` (ST-MoE, Zoph et
@@ -88,25 +89,26 @@ class Experts(NamedTuple):
     ``top_k``, each expert at most ``capacity_factor`` x its even share, the auxiliary losses' weights.
 
     >>> Experts(4, top_k=2)
-    Experts(count=4, top_k=2, capacity_factor=1.0, aux_weight=0.01, z_weight=0.0)
+    Experts(count=4, top_k=2, capacity_factor=1.0, aux_weight=0.01, z_weight=0.0, gate_scale=1.0)
     """
     count: int
     top_k: int = 1
     capacity_factor: float = 1.0
     aux_weight: float = 0.01
     z_weight: float = 0.0
+    gate_scale: float = 1.0
 
     def layer(self, dim, hidden):
         """The ``MoEFeedForward`` of these settings for tokens of ``dim``, experts of ``hidden`` units."""
         return MoEFeedForward(dim, hidden, self.count, self.top_k, self.capacity_factor, self.aux_weight,
-                              self.z_weight)
+                              self.z_weight, self.gate_scale)
 
 
 def as_experts(experts):
     """A model's ``experts`` argument as its ``Experts``: one itself, a count E (0: None), or None.
 
     >>> as_experts(4), as_experts(0), as_experts(Experts(2, top_k=2)).top_k
-    (Experts(count=4, top_k=1, capacity_factor=1.0, aux_weight=0.01, z_weight=0.0), None, 2)
+    (Experts(count=4, top_k=1, capacity_factor=1.0, aux_weight=0.01, z_weight=0.0, gate_scale=1.0), None, 2)
     """
     if isinstance(experts, int) and not isinstance(experts, bool):
         return Experts(experts) if experts else None
@@ -197,6 +199,10 @@ class MoEFeedForward(nn.HybridBlock):
         The load-balancing loss's weight (Switch's 0.01); 0: none.
     z_weight : float
         The router z-loss's weight (ST-MoE's 0.001); 0 (the default): none.
+    gate_scale : float
+        Every gate times this (DeepSeek-V2's ``routed_scaling_factor``); 1 (the default): Switch's and GShard's
+        gates. With top-1 and the load-balancing loss keeping the router near uniform, a gate stays near ``1 / E``;
+        ``E`` gives a chosen expert about the weight the dense MLP has (docs/experts.md).
 
     Attributes
     ----------
@@ -204,13 +210,15 @@ class MoEFeedForward(nn.HybridBlock):
         The last forward's routing.
     """
 
-    def __init__(self, dim, hidden, experts, top_k=1, capacity_factor=1.0, aux_weight=0.01, z_weight=0.0, **kwargs):
+    def __init__(self, dim, hidden, experts, top_k=1, capacity_factor=1.0, aux_weight=0.01, z_weight=0.0,
+                 gate_scale=1.0, **kwargs):
         super().__init__(**kwargs)
         self._dim, self._hidden = check_int(dim, "dim", low=1), check_int(hidden, "hidden", low=1)
         self._experts = check_int(experts, "experts", low=2)
         self._top_k = check_int(top_k, "top_k", low=1, high=self._experts)
         self._capacity_factor = _check_positive(capacity_factor, "capacity_factor")
         self._aux_weight, self._z_weight = _check_weight(aux_weight, "aux_weight"), _check_weight(z_weight, "z_weight")
+        self._gate_scale = _check_positive(gate_scale, "gate_scale")
         self.last = None
         with self.name_scope():
             self.router_weight = self.params.get("router_weight", shape=(experts, dim))
@@ -360,6 +368,8 @@ class MoEFeedForward(nn.HybridBlock):
         if k > 1:
             total = mx.nd.add_n(*gates)
             gates = [g / total for g in gates]
+        if self._gate_scale != 1:
+            gates = [g * self._gate_scale for g in gates]
         out = None
         for i in range(k):
             term = mx.nd.broadcast_mul(mx.nd.take(table, mx.nd.array(row_of[:, i], ctx=ctx)),

@@ -446,7 +446,8 @@ class ResNet18Model(BuiltGluonModel):
 
 class ExpertsVariants(BuiltGluonModel):
     """A model of ``MODELS`` whose variants (``parallel.models.model_spec``) may have a mixture of ``experts``
-    experts in every other block (``top_k``, ``capacity_factor``, ``aux_weight``, ``z_weight``: ``Experts``'s);
+    experts in every other block (``top_k``, ``capacity_factor``, ``aux_weight``, ``z_weight``,
+    ``gate_scale``: ``Experts``'s);
     ``options`` the variant's."""
 
     #: The options that are the model's own sizes, not its experts'.
