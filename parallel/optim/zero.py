@@ -89,12 +89,15 @@ def _check_groups(groups, zero):
 
 def _pieces(replica, regions):
     """``(region, weight, grad)`` of each bucket's non-empty region of a flat replica: views of its parameter
-    buffer and of the bucket's gradient buffer."""
-    pieces = []
+    buffer and of the bucket's gradient buffer (the buffers themselves where a region is all of them: no view made
+    every step)."""
+    pieces, whole = [], replica.data.shape[0]
     for (start, stop), layout, grad in zip(regions, replica.buckets, replica.grads):
         if stop > start:
-            pieces.append(((start, stop), replica.data[start:stop],
-                           grad[start - layout.start:stop - layout.start]))
+            weight = replica.data if (start, stop) == (0, whole) else replica.data[start:stop]
+            grad = grad if (start - layout.start, stop - layout.start) == (0, grad.shape[0]) else \
+                grad[start - layout.start:stop - layout.start]
+            pieces.append(((start, stop), weight, grad))
     return pieces
 
 

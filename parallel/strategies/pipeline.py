@@ -49,7 +49,10 @@ def bubble_fraction(stages, micro_batches):
 
 def micro_batches(shards, m):
     """Each replica's shard cut into ``m`` micro-batches: ``parts[i]``, micro-batch ``i`` of every replica that has
-    an example in it (a prefix of the replicas: the first shards are the largest), possibly none."""
+    an example in it (a prefix of the replicas: the first shards are the largest), possibly none. One
+    micro-batch is each shard itself (no view made every step)."""
+    if m == 1:
+        return [list(shards)]
     parts = [[] for _ in range(m)]
     for shard in shards:
         sizes = shard_sizes(shard.shape[0], min(m, shard.shape[0]))
