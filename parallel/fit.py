@@ -218,13 +218,14 @@ class _Run:
             job = self.strategy.job
             self.tracing = trace(worker_path(self.trace_path, job), None if job is None else job.rank,
                                  self.strategy.ctx_list).__enter__()
-        job, optimizer = self.strategy.job, self.optimizer
-        moved, pushed = copied_bytes(), None if job is None else job.pushed
+        job, optimizer, board = self.strategy.job, self.optimizer, self.board
+        if board is not None:   # the step's bytes, for the board alone
+            moved, pushed = copied_bytes(), None if job is None else job.pushed
         optimizer.grad_norm = None
         out = self.strategy.train_step(X, y, optimizer=optimizer, accumulate=min(self.accumulate, X.shape[0]))
         if self.tracing is not None and self.steps_run == self.trace_first + TRACE_STEPS - 1:
             self.end_trace()
-        if self.board is None:
+        if board is None:
             return (*out, None)
         n, t = X.shape[0], optimizer.num_update   # the step's loss sums this worker's share of the n examples
         return (*out, (t, optimizer.lr_at(t), optimizer.grad_norm, n, n / (1 if job is None else job.num_workers),

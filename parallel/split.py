@@ -84,7 +84,7 @@ def split_and_load(data, ctx_list):
     if isinstance(data, np.ndarray):
         data = mx.nd.array(data, dtype=data.dtype)
     shards, start = [], 0
-    with issued("load", [data]):   # a trace names the copies load (parallel.trace)
+    with issued("load", lambda: [data]):   # a trace names the copies load (parallel.trace)
         for size, ctx in zip(shard_sizes(data.shape[0], len(ctx_list)), ctx_list):
             shards.append(data[start:start + size].as_in_context(ctx))
             start += size

@@ -128,7 +128,8 @@ def loss_and_correct(outputs, y_shards, losses, ctx, count_correct=True):
     devices share on a CPU.
     """
     # named metrics in a trace; its bracket closes on the sums alone (the backward pass reads the losses)
-    with issued("metrics", list(losses) + (list(outputs) if count_correct else []), closes_on_made=True) as made:
+    with issued("metrics", lambda: list(losses) + (list(outputs) if count_correct else []),
+                closes_on_made=True) as made:
         sums = [l.sum() for l in losses]
         loss_sums = [s.as_in_context(ctx) for s in sums]
         if count_correct:
@@ -223,7 +224,7 @@ class Replicas:
         leave it uncalled; the caller then calls it)."""
         if not X_shards:
             return [], [], []
-        with autograd.record(), issued("forward", X_shards + _parameters(self.groups())) as made:   # on each shard
+        with autograd.record(), issued("forward", lambda: X_shards + _parameters(self.groups())) as made:   # each shard
             outputs = self.forward_all(X_shards)
             losses = [loss(out, y_shard) for out, y_shard in zip(outputs, y_shards)]
             made += list(outputs) + list(losses)   # a trace's forward ends with the losses (parallel.trace)
@@ -337,7 +338,7 @@ def _sum_micro(sums):
     pairs = [tuple(s[:2]) for s in sums]
     if len(pairs) == 1:
         return pairs[0]
-    with issued("metrics", [value for pair in pairs for value in pair if value is not None],
+    with issued("metrics", lambda: [value for pair in pairs for value in pair if value is not None],
                 closes_on_made=True) as made:
         result = tuple(mx.nd.add_n(*column) if column[0] is not None else None for column in zip(*pairs))
         made += [value for value in result if value is not None]

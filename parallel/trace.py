@@ -224,7 +224,9 @@ class trace:
 @contextlib.contextmanager
 def issued(kind, arrays, label=None, closes_on_made=False, **details):
     """While a trace records: bracket the operations queued inside the ``with`` block with marks on each context of
-    ``arrays`` (NDArrays, any contexts: those the issued work reads or writes; views count as their arrays), so that
+    ``arrays()`` (a function returning NDArrays, any contexts: those the issued work reads or writes; views count as
+    their arrays; called only while a trace records, as ``label`` and ``details``' values are when they are
+    functions: a step that nothing records builds none of them), so that
     the trace names them by what issued them, ``kind`` (one of ``ISSUED_OPS``). On each context a mark that writes
     that context's arrays is queued before the block and another after it: every operation of the block that
     touches one of them runs between the two (MXNet orders operations by the arrays they read and write), and
@@ -235,13 +237,16 @@ def issued(kind, arrays, label=None, closes_on_made=False, **details):
     ``closes_on_made``: by the closing marks alone (they then hold back nothing queued later on ``arrays``: the
     block's operations must each write one of them or read one of them before a write of one of them). Nothing
     otherwise: no mark, no order beyond MXNet's own."""
+    _check_lazy(arrays, "arrays")
     made = []
     if not _state["recording"]:
         yield made
         return
     from .engine import mark
+    label = label() if callable(label) else label
+    details = {key: value() if callable(value) else value for key, value in details.items()}
     by_context = {}
-    for array in arrays:
+    for array in arrays():
         by_context.setdefault(array.context, []).append(array)
     number = _state["issues"] = _state.get("issues", 0) + 1
     stack = _state.setdefault("stack", [])
@@ -262,6 +267,14 @@ def issued(kind, arrays, label=None, closes_on_made=False, **details):
         mark(f"{END_MARK}{number}", ctx, writes=_distinct(group))
 
 
+def _check_lazy(arrays, name):
+    """``TypeError`` naming ``name`` unless ``arrays`` is a function (of the arrays a trace would mark): a list
+    would be built every step, recorded or not."""
+    if not callable(arrays):
+        raise TypeError(f"{name} must be a function returning the arrays (built only while a trace records), got "
+                        f"{type(arrays).__name__}")
+
+
 def _distinct(arrays):
     """``arrays`` without repeats: MXNet's engine waits forever on an operation that names an array twice."""
     seen, kept = set(), []
@@ -273,18 +286,20 @@ def _distinct(arrays):
 
 
 def collective(kind, arrays):
-    """ZeRO-3's collectives (``"gather"`` or ``"reduce-scatter"``): ``issued(kind, ...)`` over ``arrays``, a list of
-    arrays per context."""
-    return issued(kind, [array for group in arrays for array in group])
+    """ZeRO-3's collectives (``"gather"`` or ``"reduce-scatter"``): ``issued(kind, ...)`` over ``arrays()``, a list
+    of arrays per context (a function, as ``issued`` takes)."""
+    _check_lazy(arrays, "arrays")
+    return issued(kind, lambda: [array for group in arrays() for array in group])
 
 
 def mark_forward_each(arrays):
-    """While a trace records: ``FORWARD_MARK`` on the context of each of ``arrays`` (a forward's inputs) once it is
-    written: that context's work from it to its next mark is a forward (a pipeline's schedule interleaves forwards
-    and backwards on a lane). Nothing otherwise."""
+    """While a trace records: ``FORWARD_MARK`` on the context of each of ``arrays()`` (a function returning a
+    forward's inputs, called only then) once it is written: that context's work from it to its next mark is a
+    forward (a pipeline's schedule interleaves forwards and backwards on a lane). Nothing otherwise."""
+    _check_lazy(arrays, "arrays")
     if _state["recording"]:
         from .engine import mark
-        for array in arrays:
+        for array in arrays():
             mark(FORWARD_MARK, array.context, reads=[array])
 
 
@@ -317,12 +332,13 @@ def backward_heads(heads):
 
 
 def mark_recompute(buffers):
-    """While a trace records: ``RECOMPUTE_MARK`` on the context of each of ``buffers`` (the gathered parameters of a
-    block about to be recomputed) once they are written: the recomputed forward, which reads them, follows it, up to
-    the ``mark_backward_each`` of its outputs. Nothing otherwise."""
+    """While a trace records: ``RECOMPUTE_MARK`` on the context of each of ``buffers()`` (a function returning the
+    gathered parameters of a block about to be recomputed, called only then) once they are written: the recomputed
+    forward, which reads them, follows it, up to the ``mark_backward_each`` of its outputs. Nothing otherwise."""
+    _check_lazy(buffers, "buffers")
     if _state["recording"]:
         from .engine import mark
-        for buffer in buffers:
+        for buffer in buffers():
             mark(RECOMPUTE_MARK, buffer.context, reads=[buffer])
 
 

@@ -122,6 +122,34 @@ def test_one_trace_at_a_time():
             trace().__enter__()
 
 
+def test_a_bracket_builds_nothing_while_no_trace_records():
+    """The trace's brackets and marks take functions of their arrays (and, for a bracket, may take its label and
+    details' values as functions) and call none of them while nothing records, so a step that nothing observes
+    builds none of their arguments; a list is refused, since it would be built every step. (While a trace records
+    they are called: every test above that checks a trace's labels.)"""
+    import mxnet as mx
+    from parallel.trace import collective, issued, mark_forward_each, mark_recompute
+    called = []
+
+    def arrays():
+        called.append("arrays")
+        return [mx.nd.ones((1,))]
+
+    with issued("update", arrays, lambda: called.append("label"), bytes=lambda: called.append("bytes")) as made:
+        made.append(mx.nd.zeros((1,)))
+    with collective("gather", lambda: [arrays()]):
+        pass
+    mark_forward_each(arrays)
+    mark_recompute(arrays)
+    assert called == []
+    for bracket, name in ((lambda: issued("update", [mx.nd.ones((1,))]).__enter__(), "arrays"),
+                          (lambda: collective("gather", [[mx.nd.ones((1,))]]), "arrays"),
+                          (lambda: mark_forward_each([mx.nd.ones((1,))]), "arrays"),
+                          (lambda: mark_recompute([mx.nd.ones((1,))]), "buffers")):
+        with pytest.raises(TypeError, match=f"^{name} must be a function returning the arrays"):
+            bracket()
+
+
 def test_worker_paths():
     class Job:
         rank, num_workers = 1, 2
@@ -289,7 +317,7 @@ import mxnet as mx
 from parallel.trace import issued, trace
 a = mx.nd.ones((2,))
 with trace():
-    with issued("metrics", [a, a]) as made:
+    with issued("metrics", lambda: [a, a]) as made:
         made += [a, a * 2]
 print("done")
 """

@@ -326,8 +326,8 @@ class Reducer:
     def _run_hook(self, bucket, kind, first_bucket):
         """``hook(bucket, comm)``, bracketed for a trace as the work of bucket ``first_bucket + bucket.index``."""
         number, grad = first_bucket + bucket.index, bucket.grads[0]
-        with issued(kind, bucket.grads, f"{kind} bucket {number}", bucket=number,
-                    bytes=grad.size * np.dtype(grad.dtype).itemsize):
+        with issued(kind, lambda: bucket.grads, lambda: f"{kind} bucket {number}", bucket=number,
+                    bytes=lambda: grad.size * np.dtype(grad.dtype).itemsize):
             self.hook(bucket, self._comm(bucket.index, bucket.num_buckets, first_bucket))
 
     def reduce_arrays(self, grads, names=None, first_bucket=0):

@@ -352,7 +352,7 @@ class SegmentTape:
         """Megatron's g on ``xs`` (one partial sum a rank): their sum on every rank forward (new arrays), the
         gradient passed through backward. Queued on the engine; does not block."""
         self.calls["g"] += 1
-        with issued("tensor", list(xs), "tensor g", collective="g") as made:   # named so in a trace
+        with issued("tensor", lambda: list(xs), "tensor g", collective="g") as made:   # named so in a trace
             outputs = [x.detach().copy() for x in xs]
             made += outputs
             self._allreduce(outputs)
@@ -377,7 +377,7 @@ class SegmentTape:
     def _along_sequence(self, kind, collective, xs, axis):
         """``collective`` of ``xs`` along ``axis`` (named so in a trace), recorded as a step of kind ``kind``."""
         self.sequence_calls[kind] += 1
-        with issued("tensor", list(xs), f"tensor {kind.replace('_', '-')}", collective=kind) as made:
+        with issued("tensor", lambda: list(xs), lambda: f"tensor {kind.replace('_', '-')}", collective=kind) as made:
             outputs = self._each_group(collective, [x.detach() for x in xs], axis)
             made += outputs
         if autograd.is_recording():
@@ -477,8 +477,11 @@ class SegmentTape:
         leaves = [self._leaves.get(id(a)) for a in step.outputs]
         if all(leaf is None for leaf in leaves):
             return
-        touched = [leaf.grad for leaf in leaves if leaf is not None] + [s.grad for s in step.sources if s is not None]
-        with issued("tensor", touched, f"tensor {step.kind} backward", collective=step.kind) as made:   # in a trace
+
+        def touched():   # what a trace's bracket names (built only while one records)
+            return [leaf.grad for leaf in leaves if leaf is not None] + [s.grad for s in step.sources if s is not None]
+
+        with issued("tensor", touched, lambda: f"tensor {step.kind} backward", collective=step.kind) as made:
             grads = [mx.nd.zeros_like(a) if leaf is None else leaf.grad for a, leaf in zip(step.outputs, leaves)]
             if step.kind == "f":   # the allreduce of the ranks' gradients
                 grads = [grad.copy() for grad in grads]

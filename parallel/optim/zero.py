@@ -230,7 +230,7 @@ def _update_groups(optimizer, groups, batch_size, reducer):
     t = optimizer.num_update + 1
     lr = optimizer.lr_at(t)
     regions = [owned_regions(group, zero) for group in groups]
-    with issued("update", _updated_arrays(groups)):   # a trace's bracket of the update (parallel.trace)
+    with issued("update", lambda: _updated_arrays(groups)):   # a trace's bracket of the update (parallel.trace)
         if optimizer.clip_norm is not None or optimizer.record_norm:   # ZeRO-3's shards in a job: every worker's
             combine = functools.partial(_every_workers, reducer.job) if zero == 3 and reducer.job is not None else None
             partials = _squared_norms(groups, regions, zero, combine)
@@ -247,8 +247,8 @@ def _update_groups(optimizer, groups, batch_size, reducer):
         if len(group) > 1:
             for b, layout in enumerate(group[0].buckets):
                 pieces = [replica.data[layout.start:layout.end] for replica in group]
-                with issued("gather", pieces, f"gather bucket {b}", bucket=b,
-                            bytes=pieces[0].size * np.dtype(pieces[0].dtype).itemsize):
+                with issued("gather", lambda: pieces, lambda: f"gather bucket {b}", bucket=b,
+                            bytes=lambda: pieces[0].size * np.dtype(pieces[0].dtype).itemsize):
                     all_gather(pieces, gather)
     optimizer.num_update = t
 

@@ -125,7 +125,7 @@ class Chunk:
         """The chunk before's ``outputs`` (one a replica), copied rank by rank to this chunk's contexts: its inputs,
         off the tape, gradients attached (``grad``)."""
         copies = []
-        with issued("send", flat_arrays(outputs), "send forward"):   # named so in a trace (parallel.trace)
+        with issued("send", lambda: flat_arrays(outputs), "send forward"):   # named so in a trace (parallel.trace)
             for d, out in enumerate(outputs):
                 if self.ranks == 1:
                     copies.append(algorithms.copy_to(out.detach(), self.contexts[d][0]))
@@ -140,7 +140,7 @@ class Chunk:
     def send_back(self, inputs, before):
         """The gradients this chunk's ``inputs`` got, copied to the contexts of the chunk ``before`` it."""
         grads = []
-        with issued("send", [a.grad for a in flat_arrays(inputs)], "send backward"):   # named so in a trace
+        with issued("send", lambda: [a.grad for a in flat_arrays(inputs)], "send backward"):   # named so in a trace
             for d, X in enumerate(inputs):
                 arrays = flat_arrays([X])
                 grads += [algorithms.copy_to(a.grad, ctx) for a, ctx in zip(arrays, before.contexts[d])]
@@ -529,7 +529,7 @@ class Hybrid(Strategy, Replicas):
         """Each rank's ``grads`` (one list a rank, the same arrays' parts) replaced by their sum over the ranks: one
         allreduce of their concatenation. ``buffers``: the ranks' gradient buffers they are views of, which the
         trace's bracket names (an engine operation that names one buffer twice never runs: parallel.trace)."""
-        with issued("tensor", buffers, "tensor sequence-parallel sums", collective="allreduce") as made:
+        with issued("tensor", lambda: buffers, "tensor sequence-parallel sums", collective="allreduce") as made:
             flats = [mx.nd.concat(*[g.reshape((-1,)) for g in own], dim=0) for own in grads]
             made += flats
             algorithms.allreduce(flats, self.reducer.algorithm)

@@ -79,8 +79,8 @@ def issue(schedule, chunks, X_parts, y_parts, loss):
         chunk = chunks[c]
         if op.kind == "F":
             X = X_parts[i] if c == 0 else chunk.receive(outputs[(c - 1, i)])
-            mark_forward_each(flat_arrays(X))   # where a trace's forward starts (parallel.trace)
-            with autograd.record(), issued("forward", flat_arrays(X)) as made:
+            mark_forward_each(lambda: flat_arrays(X))   # where a trace's forward starts (parallel.trace)
+            with autograd.record(), issued("forward", lambda: flat_arrays(X)) as made:
                 outputs[(c, i)], pending[(c, i)] = chunk.forward(X)
                 if c == last:   # one a rank of each replica (a tensor group's every rank)
                     losses[i] = [chunk.losses(out, y, loss) for out, y in zip(outputs[(c, i)], y_parts[i])]

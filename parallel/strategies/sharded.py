@@ -224,7 +224,7 @@ class ShardedGroup:
             return
         self._resident[slot] = s
         buffers = [own[slot] for own in self._buffers]
-        with exclusive(), collective("gather", [self._touched(i, b) for i, b in enumerate(buffers)]):
+        with exclusive(), collective("gather", lambda: [self._touched(i, b) for i, b in enumerate(buffers)]):
             if self.reducer.job is None:
                 for chunk, place in self._copies[s]:
                     algorithms.copy_to(chunk, place)
@@ -275,7 +275,7 @@ class ShardedGroup:
         unit, k = self.units[s], len(self.ctx_list)
         if not unit.size:
             return
-        with exclusive(), collective("reduce-scatter", [self._touched(i) for i in range(k)]):
+        with exclusive(), collective("reduce-scatter", lambda: [self._touched(i) for i in range(k)]):
             self.reducer.reduce_scatter(self._sums[s], active, self.keys.buckets + s)
             for out, summed, elsewhere in self._adds[s]:
                 if elsewhere:
@@ -402,7 +402,8 @@ class ShardedHooks(BlockHooks):
         if recompute:
             self._clear(s)
         if recompute:   # a trace names what follows the gathered parameters a recomputation
-            mark_recompute([group.gathered(s, i) for group in self.groups for i in range(len(group.ctx_list))])
+            mark_recompute(lambda: [group.gathered(s, i) for group in self.groups
+                                    for i in range(len(group.ctx_list))])
 
     def before_backward(self, s):
         for group in self.groups:   # another micro-batch's blocks may have taken the buffer meanwhile
