@@ -155,11 +155,11 @@ class _Epoch:
 
     def _finish_oldest(self):
         batch, loss, correct, logged = self.in_flight.popleft()
-        value = float(loss.asscalar())   # waits for the step
+        value = float(loss.asnumpy()[0])   # waits for the step
         if not math.isfinite(value):
             raise NonFiniteLossError.at(value, self.epoch, batch, self.changed)
         self.totals[0] += value
-        self.totals[1] += float(correct.asscalar())
+        self.totals[1] += float(correct.asnumpy()[0])
         self.bar.update(1)
         if logged is not None:
             self._log(value, *logged)

@@ -3,6 +3,7 @@ shards' sizes differing by at most one (``shard_sizes``)."""
 import mxnet as mx
 import numpy as np
 
+from .mxnet_compat import host_array
 from .trace import issued
 
 __all__ = ["split_and_load", "shard_sizes"]
@@ -82,7 +83,7 @@ def split_and_load(data, ctx_list):
         raise ValueError(f"data has shape {tuple(data.shape)}: each example has a 0 in its shape and holds "
                          "no values; split_and_load needs examples with at least one value")
     if isinstance(data, np.ndarray):
-        data = mx.nd.array(data, dtype=data.dtype)
+        data = host_array(data, data.dtype)
     shards, start = [], 0
     with issued("load", lambda: [data]):   # a trace names the copies load (parallel.trace)
         for size, ctx in zip(shard_sizes(data.shape[0], len(ctx_list)), ctx_list):

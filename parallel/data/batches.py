@@ -6,9 +6,9 @@ batches a pass has. ``epoch_seed`` gives the seed of each epoch's shuffle in a s
 >>> num_batches(23, batch_size=5)
 5
 """
-import mxnet as mx
 import numpy as np
 
+from ..mxnet_compat import host_array
 from ..validate import check_int, check_seed
 
 __all__ = ['iterate_batches', 'num_batches', 'epoch_seed']
@@ -46,7 +46,7 @@ def iterate_batches(images, labels, batch_size, shuffle=False, seed=None, start=
 
     Every example appears exactly once per call; the last batch holds the remainder and may be
     smaller (nothing is padded or dropped). Only the current batch is converted to float32, with
-    one numpy slice and one ``mx.nd.array`` copy per batch.
+    one numpy slice and one copy into an NDArray per batch (``parallel.mxnet_compat.host_array``).
 
     Parameters
     ----------
@@ -96,8 +96,7 @@ def _batches(images, labels, batch_size, shuffle, seed, first):
         X = images[sl].astype(np.float32)
         X /= np.float32(255)
         X = X[:, None, :, :]
-        yield (mx.nd.array(X, ctx=mx.cpu(), dtype=np.float32),
-               mx.nd.array(labels[sl], ctx=mx.cpu(), dtype=np.float32))
+        yield host_array(X, np.float32), host_array(labels[sl], np.float32)
 
 
 def epoch_seed(seed, epoch):
