@@ -272,6 +272,7 @@ def _train_epoch(run, epoch, state, stop, on_checkpoint, history):
             here = TrainingState(epoch, b - 1, *queued.finish(), epoch_seed(seed, epoch), history)
             run.checkpoint(on_checkpoint, here)
             raise TrainingStopped(here)
+        run.strategy.count_activations(b == per_epoch)
         queued.queue(b, *run.step(X, y))
         if run.on_step is not None:
             run.on_step(epoch, b)
@@ -535,6 +536,7 @@ def fit(dataset, strategy, optimizer, config, on_epoch=None, on_checkpoint=None,
     run = _Run(strategy, optimizer, dataset, config, seed, steps, on_step)
     history = list(state.history)
     recorded = optimizer.record_norm
+    counting = strategy.count_activations(False)   # each epoch's last step only: what its memory table reads
     try:
         _open_board(run)
         for epoch in range(state.epoch, config.epochs + 1):
@@ -552,4 +554,5 @@ def fit(dataset, strategy, optimizer, config, on_epoch=None, on_checkpoint=None,
     finally:
         run.end_trace()   # a run shorter than the traced steps still writes what it recorded
         _close_board(run, recorded)   # also on an error, a stop or Ctrl-C: what was written stays readable
+        strategy.count_activations(counting)
     return history, strategy.model

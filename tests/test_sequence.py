@@ -52,6 +52,24 @@ def test_with_zero_3_each_block_s_slices_are_summed_before_its_reduce_scatter(mo
     assert max(np.abs(a - b).max() / np.abs(b).max() for a, b in zip(unsummed, want)) > 1e-3
 
 
+def test_fit_counts_the_activations_of_each_epoch_s_last_step_alone():
+    """Counting what a forward keeps costs three calls into MXNet an array, every step: ``fit`` counts only each
+    epoch's last step (the one its memory table reads), and leaves the strategy counting as it found it. Without
+    counting, a step counts nothing."""
+    from parallel import fit
+    from parallel.config import RunConfig
+    strategy = make_strategy(Layout(tensor=2, sequence=True), init_vit(0), contexts(2))
+    seen = []
+    fit(easy_dataset(num_train=24, num_test=8, seed=1), strategy, SGD(0.01), RunConfig(epochs=1, batch_size=8, progress=False),
+        on_step=lambda epoch, batch: seen.append(strategy.activations()))
+    assert [bool(counted) for counted in seen] == [False, False, True]   # 3 steps: the last one counted
+    assert strategy.count_activations(False) is True   # fit left it counting, as made
+    X, y = _batch()
+    strategy.train_step(X, y, optimizer=SGD(0.01))
+    assert strategy.activations() == {}
+    assert strategy.count_activations(True) is False
+
+
 @pytest.mark.parametrize("T", [2, pytest.param(4, marks=pytest.mark.slow)])
 def test_the_replicated_regions_activations_drop_to_each_rank_s_slice(T):
     """Tensor parallelism keeps each block's input, middle and output (the layer norms' inputs, the residual

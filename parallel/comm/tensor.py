@@ -49,7 +49,22 @@ from ..trace import issued
 from ..validate import BadValue
 from . import algorithms
 
-__all__ = ["SegmentTape"]
+__all__ = ["SegmentTape", "KeptBytes"]
+
+
+class KeptBytes(dict):
+    """``{context: {"replicated": bytes, "total": bytes}}``: what forwards of tensor ranks kept for backward, added
+    up by the tapes given it (``SegmentTape(kept=)``) while ``counting``, and not otherwise: a step whose
+    activations nothing reads counts none (three calls into MXNet an array it keeps).
+
+    >>> kept = KeptBytes(counting=False)
+    >>> kept, kept.counting
+    ({}, False)
+    """
+
+    def __init__(self, counting=True):
+        super().__init__()
+        self.counting = bool(counting)
 
 
 def _all_gather(xs, axis):
@@ -140,9 +155,10 @@ class SegmentTape:
         Sequence parallelism (Korthikanti et al. 2022): the layers that read tokens use ``all_gather`` and
         ``reduce_scatter`` along the sequence instead of f and g (``RanksF`` asks), so that what lies between
         them (layer norms, the residual stream) is split over the ranks, not replicated.
-    kept : dict, optional
+    kept : KeptBytes, optional
         Where to add, per context, the bytes a forward keeps for backward: ``{"replicated": the arrays ``note``
-        was given, "total": every array the tape's steps made}`` (a strategy's memory table reads it).
+        was given, "total": every array the tape's steps made}`` (a strategy's memory table reads it), while it is
+        counting; a counting one of its own by default.
     group : int, optional
         The ranks of a tensor-parallel group when one tape records several groups at once, their arrays group after
         group (data replicas in lockstep, ``parallel.models.lockstep``): each collective sums, gathers or splits
@@ -184,7 +200,9 @@ class SegmentTape:
         self.allreduced = 0
         self.calls = {"f": 0, "g": 0}
         self.sequence_calls = {"all_gather": 0, "reduce_scatter": 0, "split": 0}
-        self.kept = {} if kept is None else kept
+        if kept is not None and not isinstance(kept, KeptBytes):
+            raise TypeError(f"kept must be a KeptBytes, got {type(kept).__name__}")
+        self.kept = KeptBytes() if kept is None else kept
         self._clear()
 
     def _clear(self):
@@ -397,7 +415,7 @@ class SegmentTape:
     def note(self, arrays):
         """Count ``arrays`` (one a rank: a layer norm's input, the residual stream) as the replicated regions'
         activations of this forward (``kept``)."""
-        if autograd.is_recording():
+        if self.kept.counting and autograd.is_recording():
             for a in arrays:
                 entry = self.kept.setdefault(a.context, {"replicated": 0, "total": 0})
                 entry["replicated"] += a.size * a.dtype(0).itemsize
@@ -457,7 +475,10 @@ class SegmentTape:
         self._clear()
 
     def _count_kept(self):
-        """Add what this forward kept for backward (every array its segments and collectives made) to ``kept``."""
+        """Add what this forward kept for backward (every array its segments and collectives made) to ``kept``, if it
+        is counting."""
+        if not self.kept.counting:
+            return
         for array, _, _ in self._made.values():
             entry = self.kept.setdefault(array.context, {"replicated": 0, "total": 0})
             entry["total"] += array.size * array.dtype(0).itemsize

@@ -167,7 +167,7 @@ class Blocks:
         the running statistics are in the graph of every micro-batch still pending (a pipeline's).
     sequence : bool
         Sequence parallelism on the tensor-parallel blocks' tapes (``SegmentTape``'s).
-    kept : dict, optional
+    kept : parallel.comm.tensor.KeptBytes, optional
         Where the tapes add the bytes each forward keeps for backward (``SegmentTape``'s).
     """
 

@@ -114,6 +114,11 @@ class Strategy(abc.ABC):
         far as the strategy measures it (tensor ranks': ``Hybrid.activations``); nothing by default."""
         return {}
 
+    def count_activations(self, counting):
+        """Whether the next steps count what ``activations`` reads (a strategy that measures none ignores it);
+        returns the setting before. ``fit`` counts only each epoch's last step, the one its memory table reads."""
+        return False
+
     def epoch_metrics(self):
         """What the strategy measured over the steps since the last call (an epoch's: ``fit`` calls it after each
         epoch and records it in the epoch's metrics, ``--metrics-json``'s): nothing by default; a mixture of

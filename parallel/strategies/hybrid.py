@@ -48,6 +48,7 @@ import mxnet as mx
 from ..comm.reducer import as_reducer
 from ..comm.replica import FlatReplica, block_state, get_params
 from ..comm import algorithms
+from ..comm.tensor import KeptBytes
 from ..evaluate import accuracy
 from ..job import KEYS, broadcast_arrays
 from ..layout import Layout
@@ -229,7 +230,7 @@ class Hybrid(Strategy, Replicas):
         self._host = _host_model(params, self.job)
         self._specs = _tensor_specs(behaviour, params, self._host, self.mesh.shape.tensor)
         self._indices = [_chunk_indices(self._host, self._cut, c) for c in range(len(self.ranges))]
-        self.kept = {}   # what the tensor ranks' forwards of the last step kept for backward, per context
+        self.kept = KeptBytes()   # what the tensor ranks' forwards of the last step kept for backward, per context
         self._summed, self._inside = _sequence_region(self.layout, behaviour, params, self._host, self._indices)
         self._lay_out(behaviour)
         self._places = self._array_places()
@@ -562,8 +563,14 @@ class Hybrid(Strategy, Replicas):
         """What the tensor ranks' forwards of the last step kept for backward, per context: ``{context:
         {"replicated": bytes, "total": bytes}}`` (``SegmentTape.kept``): the layer norms' inputs and the residual
         stream, whole on every rank of a tensor group, or its slice with sequence parallelism; and every array the
-        tapes recorded. ``{}`` without tensor ranks."""
+        tapes recorded. ``{}`` without tensor ranks, or when the step did not count them (``count_activations``)."""
         return {ctx: dict(entry) for ctx, entry in self.kept.items()}
+
+    def count_activations(self, counting):
+        """Whether the next steps count what their forwards keep for backward (``activations``; on when the
+        strategy is made); returns the setting before."""
+        before, self.kept.counting = self.kept.counting, bool(counting)
+        return before
 
     def forward_backward(self, X_shards, y_shards, loss, counted=None):
         """Each replica's shard in micro-batches through the chunks, in the schedule's order (``issue``); the step
