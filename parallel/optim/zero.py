@@ -93,10 +93,10 @@ def _pieces(replica, regions):
     every step)."""
     pieces, whole = [], replica.data.shape[0]
     for (start, stop), layout, grad in zip(regions, replica.buckets, replica.grads):
-        if stop > start:
+        if stop > start:   # a bucket's gradient buffer holds its elements layout.start .. layout.end
             weight = replica.data if (start, stop) == (0, whole) else replica.data[start:stop]
-            grad = grad if (start - layout.start, stop - layout.start) == (0, grad.shape[0]) else \
-                grad[start - layout.start:stop - layout.start]
+            if (start, stop) != (layout.start, layout.end):
+                grad = grad[start - layout.start:stop - layout.start]
             pieces.append(((start, stop), weight, grad))
     return pieces
 
