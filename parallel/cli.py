@@ -19,7 +19,8 @@ import re
 from .validate import BadType, BadValue
 
 __all__ = ["UsageError", "Parser", "flag_message", "users_input", "finite_float", "positive_float",
-           "warning_lines", "RESTART_ENV", "JOB_ENV", "USAGE_STATUS", "restart_count", "launched"]
+           "warning_lines", "RESTART_ENV", "JOB_ENV", "HOSTS_ENV", "USAGE_STATUS", "restart_count", "launched",
+           "job_hosts"]
 
 #: The exit status of a command given input that cannot work. ``python -m parallel.launch --max-restarts`` does
 #: not restart a job whose worker exited with it: the same input would fail the same way again.
@@ -34,6 +35,11 @@ RESTART_ENV = "PARALLEL_RESTART"
 #: from a process of an earlier start of the same job (one cut off on a partitioned host still holds it).
 JOB_ENV = "PARALLEL_JOB"
 
+#: The environment variable ``python -m parallel.launch`` sets for every process of a job: how many distinct hosts
+#: its scheduler, servers and workers run on (1 with ``--launcher local``). ``python -m parallel.train`` sizes its
+#: buckets for a network link when it is 2 or more.
+HOSTS_ENV = "PARALLEL_HOSTS"
+
 
 def restart_count(environ=None):
     """Which restart of its job this process belongs to (``RESTART_ENV``): 0 for a first start or a process no
@@ -45,6 +51,17 @@ def restart_count(environ=None):
     import os
     value = (os.environ if environ is None else environ).get(RESTART_ENV, "").strip()
     return int(value) if value.isdigit() else 0
+
+
+def job_hosts(environ=None):
+    """On how many hosts this process's job runs (``HOSTS_ENV``): 1 for a process no launcher started.
+
+    >>> job_hosts({}), job_hosts({"PARALLEL_HOSTS": "3"}), job_hosts({"PARALLEL_HOSTS": "0"})
+    (1, 3, 1)
+    """
+    import os
+    value = (os.environ if environ is None else environ).get(HOSTS_ENV, "").strip()
+    return max(1, int(value)) if value.isdigit() else 1
 
 
 def launched(environ=None):

@@ -48,6 +48,7 @@ and ``--trace`` refuse those contexts up front (``check_traceable``). The slots'
 first dump of a process, into whatever file the profiler was configured with then, so lanes are named from the
 slot numbers, not from the labels.
 """
+import atexit
 import contextlib
 import json
 import os
@@ -136,7 +137,15 @@ def _profiler_file():
         os.close(handle)
         mx.profiler.set_config(profile_all=True, filename=path, aggregate_stats=False)
         _state["file"] = path
+        atexit.register(_remove_profiler_file, path)
     return _state["file"]
+
+
+def _remove_profiler_file(path):
+    """At exit, the profiler's file (each trace's events were read from it when the trace ended): nothing of a
+    traced run is left in the temporary directory."""
+    with contextlib.suppress(OSError):
+        os.remove(path)
 
 
 def _processors():

@@ -62,7 +62,7 @@ import shlex
 
 from .cli import (JOB_ENV, USAGE_STATUS, Parser, UsageError, finite_float, launched, positive_float, restart_count,
                   users_input, warning_lines)
-from .comm import ALGORITHMS, DEFAULT_ALGORITHM, DEFAULT_BUCKET_MB
+from .comm import ALGORITHMS, DEFAULT_ALGORITHM, DEFAULT_BUCKET_MB, HOSTS_BUCKET_MB
 from .data import DATASETS
 from .config import FLAGS, layout_of_args, optimizer_defaults, run_config
 from .files import LOCK_FILE, DirectoryLock, DirectoryLocked, check_writable, export_files
@@ -280,10 +280,11 @@ def _add_reduction_flags(add):
     """How the gradients are summed: the allreduce, the buckets, the compression."""
     add("--allreduce", choices=list(ALGORITHMS), default=DEFAULT_ALGORITHM,
         help=f"how gradients are summed across devices; default {DEFAULT_ALGORITHM}")
-    add("--bucket-mb", type=positive_float, default=DEFAULT_BUCKET_MB, metavar="MB",
+    add("--bucket-mb", type=positive_float, default=None, metavar="MB",
         help="sum the gradients in buckets of at most MB MiB, the last layers first, each bucket's sum starting "
              f"while the backward pass computes the earlier layers (PyTorch DDP's bucket_cap_mb); default "
-             f"{DEFAULT_BUCKET_MB}")
+             f"{DEFAULT_BUCKET_MB}, or {HOSTS_BUCKET_MB} in a job whose processes span several hosts (the run's "
+             "header says which)")
     add("--compression", default="none", metavar="SPEC",
         help="send the gradients between devices compressed, with error feedback: none, fp16, 2bit (+-t or 0 "
              "an element, t each bucket's mean magnitude, scaled at every step), 2bit:THRESHOLD (MXNet's fixed t; "
@@ -377,7 +378,8 @@ def check_args(args):
     check_optimizer_args(args)
     with users_input(ValueError, TypeError, flags=FLAGS):
         check_lr(args.lr)
-        check_number(args.bucket_mb, "bucket_mb", positive=True)
+        if args.bucket_mb is not None:
+            check_number(args.bucket_mb, "bucket_mb", positive=True)
     if args.data_dir is not None and args.dataset == "synthetic":
         raise UsageError("--data-dir applies to --dataset fashion-mnist, not synthetic")
     if args.data_dir is not None and not os.path.isdir(args.data_dir):   # a typo, not a place to download into

@@ -10,7 +10,8 @@ import sys
 
 from .checkpoint import (CheckpointError, CheckpointWriteError, CheckpointWriter, check_compatible, read_all,
                          check_run_config, dataset_fingerprint, has_checkpoint, load_checkpoint)
-from .cli import UsageError, launched, restart_count, users_input
+from .cli import UsageError, job_hosts, launched, restart_count, users_input
+from .comm import bucket_mb_for
 from .comm.algorithms import free_buffers
 from .comm.reducer import Reducer
 from .config import FLAGS, layout_of_args, run_config
@@ -136,7 +137,10 @@ def lay_out(args, checkpoint, ctx_list, job):
             initial = init_model(args.model, args.seed)   # in a job, replaced by rank 0's in make_strategy
         else:
             initial = init_model(args.model, args.seed, checkpoint.params, checkpoint.aux)
-        reducer = Reducer(args.allreduce, bucket_mb=args.bucket_mb, compression=args.compression, job=job)
+        bucket_mb, why = (args.bucket_mb, "") if args.bucket_mb is not None else bucket_mb_for(job_hosts())
+        why = why and f"{why}; --bucket-mb overrides"
+        reducer = Reducer(args.allreduce, bucket_mb=bucket_mb, compression=args.compression, job=job,
+                          bucket_note=why)
         strategy = make_strategy(layout_of_args(args), initial, ctx_list, reducer=reducer,
                                  batch_size=args.batch_size)   # in a job: rank 0's
     if args.zero and zero_shards(strategy) == 1:

@@ -1,8 +1,10 @@
 """benchmarks/horovod.py: a smoke run on plain loopback writes the JSON and the table, with the Horovod row measured
 (the same loss as the package's, from the same start and data) or skipped with its reason; no timings asserted.
 The table, the skip reasons and the shaped network's command are checked without running a job."""
+import glob
 import json
 import math
+import os
 import re
 
 import pytest
@@ -166,3 +168,17 @@ def test_horovods_venv_is_an_option_beside_the_repository_by_default(bench, tmp_
         assert root not in text and not re.search(r"(?<![\w.])/(work|root|home|shared)/", text), name
     readme = open(os.path.join(root, "benchmarks", "README.md")).read()
     assert "HOROVOD_WITH_MXNET=1" in readme and "python3.11 -m venv ../hvd-venv" in readme
+
+
+def test_the_benchmarks_readme_quotes_issue_47_s_bucket_runs_as_their_results_files_hold_them():
+    """Each table of ``benchmarks/results/issue47/*/horovod.json`` appears row for row in benchmarks/README.md."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with open(os.path.join(root, "benchmarks", "README.md")) as f:
+        readme = f.read()
+    paths = sorted(glob.glob(os.path.join(root, "benchmarks", "results", "issue47", "*", "horovod.json")))
+    assert paths
+    for path in paths:
+        with open(path) as f:
+            table = json.load(f)["table"].split("\n\n")[0]
+        rows = [line for line in table.splitlines() if line.startswith("| hosts-")]
+        assert rows and all(row in readme for row in rows), path

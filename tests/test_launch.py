@@ -489,7 +489,7 @@ def test_ssh_puts_one_server_on_each_host_and_sends_what_a_local_process_inherit
     command = remote[0].argv[-1]
     assert "MXNET_CPU_TEMP_COPY=64" in command and "DMLC_PS_VAN_TYPE=p3" in command
     assert "HOME_SECRET" not in command and "DMLC_NUM_SERVER=2" in command
-    assert f"PARALLEL_JOB={args.job}" in command
+    assert f"PARALLEL_JOB={args.job}" in command and "PARALLEL_HOSTS=2" in command   # the hosts it spans
     # 3 processes a host (a server, two workers): each gets a third of that host's cores, read there
     assert '"OMP_NUM_THREADS=$(( $(nproc) / 3 > 0 ? $(nproc) / 3 : 1 ))"' in command
     assert remote[0].argv[remote[0].argv.index("-o") + 1] == "ServerAliveInterval=15"   # --host-timeout 60
@@ -503,8 +503,20 @@ def test_ssh_keeps_the_users_threads_servers_and_keepalives(tmp_path, monkeypatc
     assert [s.role for s in remote] == ["server", "worker", "worker"]
     command = remote[1].argv[-1]
     assert "OMP_NUM_THREADS=3" in command and "nproc" not in command
+    assert "PARALLEL_HOSTS=2" in command   # a server on h1 alone: the workers' sums still cross a link
     options = [remote[1].argv[i + 1] for i, word in enumerate(remote[1].argv) if word == "-o"]
     assert "ServerAliveInterval=7" in options and not any(o.startswith("ServerAliveCountMax") for o in options)
+
+
+def test_every_process_is_told_how_many_hosts_its_job_spans(tmp_path, monkeypatch):
+    """PARALLEL_HOSTS: 1 for one host by ssh and for the local launcher (the CLI's buckets stay 25 MiB there)."""
+    from parallel.launch.cli import build_parser, check_args
+    from parallel.launch.processes import plan_processes
+    _, specs = _ssh_plan(tmp_path, monkeypatch, "-n", "2", hosts=("h1",))
+    assert all("PARALLEL_HOSTS=1" in s.argv[-1] for s in specs if s.role != "scheduler")
+    args = build_parser().parse_args(["-n", "3", "python", "job.py"])
+    check_args(args)
+    assert {s.env["PARALLEL_HOSTS"] for s in plan_processes(args)} == {"1"}
 
 
 @pytest.mark.parametrize("value", ["-1", "nan", "2e6"])

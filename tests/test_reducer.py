@@ -448,6 +448,29 @@ def test_a_bucket_size_the_cli_cannot_take_is_refused(capsys):
     assert capsys.readouterr().err.startswith("error: --bucket-mb must be a finite number > 0")
 
 
+@pytest.mark.parametrize("hosts, flags, said", [
+    ("2", [], "in buckets of 5 MiB (the default for a job across 2 hosts; --bucket-mb overrides)"),
+    ("2", ["--bucket-mb", "25"], "in buckets of 25 MiB;"),    # the user's size, with no note
+    (None, [], "in buckets of 25 MiB;"),                       # one host (no launcher): DDP's 25
+])
+def test_the_cli_sizes_buckets_for_the_hosts_its_job_spans_and_says_why(hosts, flags, said, tmp_path, capsys,
+                                                                        monkeypatch):
+    """The launcher tells every process how many hosts its job spans (``PARALLEL_HOSTS``; tests/test_launch.py):
+    across hosts the CLI's default buckets are ``HOSTS_BUCKET_MB``, inside one its 25 MiB, and the header says
+    which and why; ``--bucket-mb`` always wins."""
+    from conftest import easy_dataset, write_idx_files
+    if hosts is None:
+        monkeypatch.delenv("PARALLEL_HOSTS", raising=False)
+    else:
+        monkeypatch.setenv("PARALLEL_HOSTS", hosts)
+    data_dir = write_idx_files(tmp_path, easy_dataset(num_train=64, num_test=16))
+    assert main(["--data-dir", str(data_dir), "--devices", "cpu:2", "--epochs", "1", "--batch-size", "32",
+                 "--no-progress", *flags]) == 0
+    out = capsys.readouterr().out
+    assert said in out, out
+    assert ("default for a job across" in out) == (hosts is not None and not flags)
+
+
 def test_the_bucket_size_is_described_in_mib_as_bucket_mb_counts_it():
     """``bucket_mb`` counts MiB (2**20 bytes, as DDP's bucket_cap_mb), and the header says so, not MB."""
     from parallel.comm.replica import bucket_bytes

@@ -33,6 +33,23 @@ DEFAULT_ALGORITHM = "fused"
 #: The most MiB of gradients a bucket of a ``Reducer`` holds unless told otherwise: PyTorch DDP's ``bucket_cap_mb``.
 DEFAULT_BUCKET_MB = 25
 
+#: The bucket size ``python -m parallel.train`` uses by default in a job whose processes span several hosts
+#: (``bucket_mb_for``): across a network link smaller buckets start travelling sooner, so less of the sum is left
+#: to travel after the backward pass ends (benchmarks/README.md, "Buckets across hosts").
+HOSTS_BUCKET_MB = 5
+
+
+def bucket_mb_for(hosts):
+    """The default bucket size for a job across ``hosts`` hosts, and why, in words ("" for one host):
+    ``DEFAULT_BUCKET_MB`` inside one machine, ``HOSTS_BUCKET_MB`` across several.
+
+    >>> bucket_mb_for(1), bucket_mb_for(3)
+    ((25, ''), (5, 'the default for a job across 3 hosts'))
+    """
+    if hosts > 1:
+        return HOSTS_BUCKET_MB, f"the default for a job across {hosts} hosts"
+    return DEFAULT_BUCKET_MB, ""
+
 #: The algorithms that split into a reduce-scatter and an all-gather (``reduce_scatter``, ``all_gather``), which
 #: sharded optimizer state with ``zero=2`` needs.
 SHARDED_ALGORITHMS = ("fused", "ring")
@@ -47,5 +64,6 @@ _SOURCES = {
                 "allreduce_grads", "compressed_allreduce"],
     "tensor": ["SegmentTape"],
 }
-__all__ = ["ALGORITHMS", "DEFAULT_ALGORITHM", "SHARDED_ALGORITHMS", "DEFAULT_BUCKET_MB"] + [name for names in _SOURCES.values() for name in names]
+__all__ = ["ALGORITHMS", "DEFAULT_ALGORITHM", "SHARDED_ALGORITHMS", "DEFAULT_BUCKET_MB", "HOSTS_BUCKET_MB",
+           "bucket_mb_for"] + [name for names in _SOURCES.values() for name in names]
 __getattr__, __dir__ = lazy_exports(__name__, _SOURCES)

@@ -207,18 +207,25 @@ class Reducer:
         ``CompressionHook`` reduces every bucket. Keep the reducer for the run: its residuals carry over.
     job : parallel.job.Job, optional
         The distributed job whose workers sum the gradients too (``parallel.job.join()``).
+    bucket_note : str
+        Why ``bucket_mb`` is what it is, in words, said after it by ``describe`` (``python -m parallel.train``'s
+        choice for a job across hosts, ``parallel.comm.bucket_mb_for``); "" says nothing.
 
     Attributes
     ----------
-    algorithm, bucket_mb, job
+    algorithm, bucket_mb, job, bucket_note
     hook : callable
         ``hook(bucket, comm)``: reduces a ``GradBucket`` in place through ``comm`` (a ``BucketComm``).
     codec : parallel.compress.Codec or None
         The compression hook's codec, when the hook is one.
     """
 
-    def __init__(self, algorithm=DEFAULT_ALGORITHM, bucket_mb=DEFAULT_BUCKET_MB, compression=None, job=None):
+    def __init__(self, algorithm=DEFAULT_ALGORITHM, bucket_mb=DEFAULT_BUCKET_MB, compression=None, job=None,
+                 bucket_note=""):
         self.algorithm = check_choice(algorithm, "algorithm", ALGORITHMS)
+        if not isinstance(bucket_note, str):
+            raise TypeError(f"bucket_note must be a str, got {type(bucket_note).__name__}")
+        self.bucket_note = bucket_note
         bucket_bytes(bucket_mb)   # checks it
         if job is not None and not isinstance(job, Job):
             raise TypeError(f"job must be a parallel.job.Job (parallel.job.join() gives it) or None, got "
@@ -265,6 +272,8 @@ class Reducer:
             line = f"gradients summed with the {self.algorithm} allreduce"
         if self.bucket_mb is not None:
             line += f" in buckets of {self.bucket_mb:g} MiB"
+            if self.bucket_note:
+                line += f" ({self.bucket_note})"
         return line
 
     def buckets(self, group, scatter=False):

@@ -6,7 +6,7 @@ import shlex
 import sys
 import time
 
-from ..cli import JOB_ENV, RESTART_ENV
+from ..cli import HOSTS_ENV, JOB_ENV, RESTART_ENV
 from ..flight import ENV as FLIGHT_ENV
 
 __all__ = ["Spec", "plan_processes", "ssh_argv", "user_wants_ps_log", "kill_group", "wait_group_gone",
@@ -132,9 +132,13 @@ def plan_processes(args):
         Local ones (``host`` None) carry the variables to add to this environment; remote ones carry the
         whole ssh command line in ``argv``.
     """
+    workers = worker_hosts(args.hosts, args.num_workers)
+    places = {"server": server_hosts(workers, args.num_servers), "worker": workers}
+    sharing = collections.Counter(host for role in places for host, _ in places[role])
+    hosts = len(sharing) if args.launcher != "local" else 1   # where the gradients travel: workers and servers
     common = {"DMLC_PS_ROOT_URI": args.scheduler_host, "DMLC_PS_ROOT_PORT": str(args.port),
               "DMLC_NUM_SERVER": str(args.num_servers), "DMLC_NUM_WORKER": str(args.num_workers),
-              RESTART_ENV: str(args.restart), JOB_ENV: args.job}
+              RESTART_ENV: str(args.restart), JOB_ENV: args.job, HOSTS_ENV: str(hosts)}
     extra = _extra_env(args)
     scheduler_env = dict(common, DMLC_ROLE="scheduler", DMLC_NODE_HOST=args.scheduler_host, OMP_NUM_THREADS="1")
     if not user_wants_ps_log():
@@ -143,9 +147,6 @@ def plan_processes(args):
     threads = {} if "OMP_NUM_THREADS" in os.environ or "OMP_NUM_THREADS" in extra else {
         "OMP_NUM_THREADS": str(_omp_threads(args.num_workers + args.num_servers))}
     unbuffered = {} if "PYTHONUNBUFFERED" in os.environ else {"PYTHONUNBUFFERED": "1"}
-    workers = worker_hosts(args.hosts, args.num_workers)
-    places = {"server": server_hosts(workers, args.num_servers), "worker": workers}
-    sharing = collections.Counter(host for role in places for host, _ in places[role])
     forwarded = forwarded_env()
     options = list(args.ssh_option) + keepalive_options(args.host_timeout, args.ssh_option)
     for role, command in (("server", SERVER_COMMAND), ("worker", list(args.command))):
