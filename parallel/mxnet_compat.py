@@ -13,7 +13,7 @@ import sys
 
 __all__ = ["structural_params", "mxnet_library", "nd_operator", "sparse_label", "trainer_params",
            "trainer_kvstore", "trainer_updates_on_kvstore", "trainer_is_distributed", "mark_gradient_fresh",
-           "import_mxnet_without_scipy_stats", "host_array"]
+           "import_mxnet_without_scipy_stats", "host_array", "rows"]
 
 
 def host_array(values, dtype):
@@ -36,6 +36,22 @@ def host_array(values, dtype):
     array = mx.nd.empty(values.shape, ctx=mx.cpu(), dtype=values.dtype)
     array._sync_copyfrom(values)
     return array
+
+
+def rows(array, start, stop):
+    """``array[start:stop]`` along the first axis, a view of the same memory, in about 20 Python calls where the
+    indexing path takes about 46 (``split_and_load`` makes one a shard of every batch).
+
+    Reads ``NDArray._slice``: the view that ``NDArray.__getitem__`` ends with for a basic slice of the first axis,
+    after its general analysis of the key (steps, ellipses, new axes, negative bounds); ``start`` and ``stop`` here
+    are already bounds ``0 <= start < stop <= len(array)``.
+
+    >>> import mxnet as mx
+    >>> rows(mx.nd.arange(6).reshape((3, 2)), 1, 3).asnumpy()
+    array([[2., 3.],
+           [4., 5.]], dtype=float32)
+    """
+    return array._slice(start, stop)
 
 
 def structural_params(block):

@@ -3,7 +3,7 @@ shards' sizes differing by at most one (``shard_sizes``)."""
 import mxnet as mx
 import numpy as np
 
-from .mxnet_compat import host_array
+from .mxnet_compat import host_array, rows
 from .trace import issued
 
 __all__ = ["split_and_load", "shard_sizes"]
@@ -74,19 +74,21 @@ def split_and_load(data, ctx_list):
         raise TypeError(f"data must be an NDArray or numpy array, got {type(data).__name__}")
     # Check the shape before any MXNet call: MXNet's legacy shapes read a 0 as "unknown", so an empty
     # array fails inside MXNet with an unhelpful MXNetError.
-    if data.ndim == 0:
+    shape = tuple(data.shape)   # read once: each read of an NDArray's shape is a call into MXNet
+    if not shape:
         raise ValueError("data is a scalar; split_and_load needs an array with an example axis")
-    if data.shape[0] == 0:
-        raise ValueError(f"cannot split an empty batch: data has shape {tuple(data.shape)}, so 0 examples; "
+    if shape[0] == 0:
+        raise ValueError(f"cannot split an empty batch: data has shape {shape}, so 0 examples; "
                          "give at least one example")
-    if 0 in data.shape:
-        raise ValueError(f"data has shape {tuple(data.shape)}: each example has a 0 in its shape and holds "
+    if 0 in shape:
+        raise ValueError(f"data has shape {shape}: each example has a 0 in its shape and holds "
                          "no values; split_and_load needs examples with at least one value")
     if isinstance(data, np.ndarray):
         data = host_array(data, data.dtype)
-    shards, start = [], 0
+    shards, start, here = [], 0, data.context
     with issued("load", lambda: [data]):   # a trace names the copies load (parallel.trace)
-        for size, ctx in zip(shard_sizes(data.shape[0], len(ctx_list)), ctx_list):
-            shards.append(data[start:start + size].as_in_context(ctx))
+        for size, ctx in zip(shard_sizes(shape[0], len(ctx_list)), ctx_list):
+            shard = data if size == shape[0] else rows(data, start, start + size)
+            shards.append(shard if ctx == here else shard.copyto(ctx))
             start += size
     return shards

@@ -209,7 +209,7 @@ ALLOWED_PRIVATE = {"_replace": None, "_asdict": None, "_fields": None, "_make": 
 #: The one module that reads MXNet's private API, and what it reads there (``parallel.mxnet_compat`` says why).
 COMPAT = os.path.join("parallel", "mxnet_compat.py")
 COMPAT_READS = {"_collect_params_with_prefix", "_LIB", "_internal", "_sparse_label", "_params", "_kvstore",
-                "_update_on_kvstore", "_distributed", "_fresh_grad", "_sync_copyfrom"}
+                "_update_on_kvstore", "_distributed", "_fresh_grad", "_sync_copyfrom", "_slice"}
 
 #: The calls that name an attribute by a string: ``setattr(obj, "_x", v)``, ``monkeypatch.setattr(obj, "_x", v)``,
 #: ``monkeypatch.setattr("module._x", v)``, ``getattr(obj, "_x")``, ...

@@ -266,8 +266,8 @@ def test_accumulated_micro_batches_are_the_whole_batch_at_once(accumulate, k):
 def test_accumulation_reduces_once_per_batch(monkeypatch):
     calls = []
     real = sys.modules["parallel.comm.reducer"].allreduce
-    monkeypatch.setattr(sys.modules["parallel.comm.reducer"], "allreduce", lambda arrays, algorithm: calls.append(1) or
-                        real(arrays, algorithm))
+    monkeypatch.setattr(sys.modules["parallel.comm.reducer"], "allreduce",
+                        lambda arrays, algorithm, **options: calls.append(1) or real(arrays, algorithm, **options))
     package_run(SGD(0.1), 2, batches(3), accumulate=4)
     assert len(calls) == 3
 

@@ -476,3 +476,26 @@ def test_the_bucket_size_is_described_in_mib_as_bucket_mb_counts_it():
     from parallel.comm.replica import bucket_bytes
     assert bucket_bytes(0.1) == int(0.1 * 2 ** 20)
     assert Reducer(bucket_mb=0.1).describe(2) == "gradients summed with the fused allreduce in buckets of 0.1 MiB"
+
+
+def test_a_bucket_is_checked_once_as_it_is_laid_out_and_other_arrays_at_every_sum():
+    """The reducer checks a group's bucket buffers when it lays the buckets out (one shape and dtype, distinct
+    contexts) and then sums those very lists unchecked; any other list a hook hands the transport is checked."""
+    reducer = Reducer("fused", bucket_mb=0.1)
+    ctx = contexts(2)
+    group = reducer.replicate(init_lenet_params(seed=0), ctx)
+    assert all(bucket.checked for bucket in reducer.buckets(group))
+    params = init_lenet_params(seed=0)
+    mismatched = [get_params(params, ctx[0]), get_params([p.astype("float64") for p in params], ctx[1])]
+    with pytest.raises(ValueError, match=r"the group's gradient buffers\[1\] has dtype float64"):
+        reducer.buckets(mismatched)
+    tried = []
+
+    def hook(bucket, comm):   # a hook that sums arrays of its own: of two shapes, refused
+        with pytest.raises(ValueError, match=r"arrays\[1\] has shape"):
+            comm.allreduce_contexts([mx.nd.ones((3,), ctx=ctx[0]), mx.nd.ones((4,), ctx=ctx[1])])
+        tried.append(bucket.index)
+        allreduce_hook(bucket, comm)
+
+    reducer.register_comm_hook(hook).reduce(group)
+    assert tried == [0, 1, 2]

@@ -62,6 +62,10 @@ class GradBucket:
         allreduces satisfies it too.
     """
 
+    #: Whether the reducer checked ``grads`` (one shape and dtype, distinct contexts) when it laid the bucket out:
+    #: then the transport sums this very list without checking it again at every step.
+    checked = False
+
     def __init__(self, index, num_buckets, grads, shapes, first=0, regions=None):
         self.index, self.num_buckets, self.grads, self.shapes, self.first = index, num_buckets, grads, shapes, first
         self.regions = regions
@@ -98,12 +102,16 @@ class BucketComm:
         The allreduce between contexts.
     num_workers, rank : int
         The job's (1 and 0 in one process).
+
+    ``checked``: the bucket's list of buffers when the reducer checked it as it laid the bucket out
+    (``GradBucket.checked``); ``allreduce_contexts`` sums that very list without checking it again.
     """
 
-    def __init__(self, algorithm, job=None, bucket=0, priority=0):
+    def __init__(self, algorithm, job=None, bucket=0, priority=0, checked=None):
         self.algorithm, self.job, self.bucket, self.priority = algorithm, job, bucket, priority
         self.num_workers = 1 if job is None else job.num_workers
         self.rank = 0 if job is None else job.rank
+        self._checked = checked   # the bucket's own list of buffers, checked when the reducer laid it out
 
     def allreduce(self, arrays):
         """Sum ``arrays`` (one a context, one shape and dtype) over the contexts and, in a job, over the workers,
@@ -115,7 +123,7 @@ class BucketComm:
 
     def allreduce_contexts(self, arrays):
         """Sum ``arrays`` over this process's contexts, in place, with the reducer's algorithm."""
-        return allreduce(arrays, self.algorithm)
+        return allreduce(arrays, self.algorithm, check=arrays is not self._checked)
 
     def reduce_scatter_contexts(self, arrays):
         """The first half of the reducer's algorithm (``parallel.comm.reduce_scatter``): ``arrays[i]`` ends with the
@@ -289,14 +297,19 @@ class Reducer:
                               [param.shape for param in first[layout.first:layout.stop]], layout.first,
                               [shard_range(layout.end - layout.start, k, i) for i in range(k)] if scatter else None)
                    for b, layout in enumerate(first.buckets)]
+        for bucket in buckets:   # once: each step then sums these very lists unchecked (BucketComm)
+            check_same_arrays(bucket.grads, "the group's gradient buffers")
+            bucket.checked = True
         if len(self._buckets) >= 1024:   # groups of another layout: forget the oldest
             self._buckets.pop(next(iter(self._buckets)))
         self._buckets[key] = (list(group), buckets)
         return buckets
 
-    def _comm(self, index, num_buckets, first_bucket=0):
+    def _comm(self, bucket, first_bucket=0):
         # the first layers' bucket (reduced last, needed first by the next forward) gets the highest priority
-        return BucketComm(self.algorithm, self.job, first_bucket + index, priority=index - num_buckets + 1)
+        return BucketComm(self.algorithm, self.job, first_bucket + bucket.index,
+                          priority=bucket.index - bucket.num_buckets + 1,
+                          checked=bucket.grads if bucket.checked else None)
 
     def reduce(self, group, active=None, first_bucket=0):
         """Sum the gradients of ``group`` (the replicas of the same parameters, one a context) in place, bucket by
@@ -337,7 +350,7 @@ class Reducer:
         number, grad = first_bucket + bucket.index, bucket.grads[0]
         with issued(kind, lambda: bucket.grads, lambda: f"{kind} bucket {number}", bucket=number,
                     bytes=lambda: grad.size * np.dtype(grad.dtype).itemsize):
-            self.hook(bucket, self._comm(bucket.index, bucket.num_buckets, first_bucket))
+            self.hook(bucket, self._comm(bucket, first_bucket))
 
     def reduce_arrays(self, grads, names=None, first_bucket=0):
         """Sum gradients kept an array a tensor (not in a flat replica's buckets) in place, in this reducer's

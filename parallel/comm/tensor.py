@@ -346,7 +346,7 @@ class SegmentTape:
 
     def _allreduce(self, xs):
         for group in self._groups(xs):
-            algorithms.allreduce(group, self.algorithm)
+            algorithms.allreduce(group, self.algorithm, check=False)   # one layer's outputs, one a rank
 
     def _collective(self, kind, xs, outputs, axis=None):
         sources = [self._source(x) for x in xs]
@@ -437,7 +437,8 @@ class SegmentTape:
             made = self._made.get(key)
             if key in self._leaf_ids or (made is not None and isinstance(made[1], _Collective)):
                 leaf = head if key in self._leaf_ids else self._leaf(head)
-                leaf.grad[:] += grad
+                into = leaf.grad
+                into += grad   # in place: one operator, where ``into[:] += grad`` takes MXNet's indexing path twice
             elif made is not None:
                 extra[key] = grad if key not in extra else extra[key] + grad
             else:
@@ -517,4 +518,5 @@ class SegmentTape:
                 made += grads
             for source, grad in zip(step.sources, grads):   # g: the identity
                 if source is not None:
-                    source.grad[:] += grad
+                    into = source.grad
+                    into += grad   # in place (see _heads)
