@@ -532,6 +532,7 @@ def fit(dataset, strategy, optimizer, config, on_epoch=None, on_checkpoint=None,
     _shared_optimizer_state(strategy.job, optimizer, strategy, None if resume is None else resume.optimizer_state)
     _shared_feedback(strategy, None if resume is None else resume.compression_state)
     optimizer.num_update = (state.epoch - 1) * per_epoch + state.batch   # one optimizer step per batch
+    strategy.reducer.steps = optimizer.num_update   # a compression's warm-up resumes where it was
     steps = max(0, (config.epochs - state.epoch + 1) * per_epoch - state.batch)
     run = _Run(strategy, optimizer, dataset, config, seed, steps, on_step)
     history = list(state.history)

@@ -78,13 +78,24 @@ class Job:
     pushed : int
         The bytes this worker has pushed to the servers so far (every collective's push; it pulls as many back):
         read before and after a step for the step's.
+    p3 : bool
+        Whether the kvstore is MXNet's P3 store (``DMLC_PS_VAN_TYPE=p3``, read when not given): it cuts every
+        key into slices sent with the push's priority, and numbers a slice's server key ``key + n / servers``
+        with ``n`` one counter of every slice the process has made, so two keys of the package (``KEYS``: 0,
+        100 + n, 1000000 + ...) would share server keys, their sums added together ("operands shape mismatch",
+        or silently when the lengths agree). Under P3 the package's keys are numbered 0, 1, 2, ... in the order
+        of their first use, the same on every worker: each key's server keys then start beyond the last one
+        of the key before it, so no two keys ever meet.
     """
 
-    def __init__(self, kv):
+    def __init__(self, kv, p3=None):
+        import os
         self.kv, self.rank, self.num_workers = kv, kv.rank, kv.num_workers
         self._keys = {}   # key -> (shape, dtype) of the keys initialised on the servers
         self.flight = FlightRecorder(self.rank)
         self.pushed = 0
+        self.p3 = os.environ.get("DMLC_PS_VAN_TYPE") == "p3" if p3 is None else bool(p3)
+        self._p3_keys = {}   # under P3: the package's key -> the kvstore's, 0, 1, 2, ... in the order of first use
 
     def __repr__(self):
         return f"Job(rank {self.rank} of {self.num_workers}, {self.kv.type})"
@@ -107,17 +118,18 @@ class Job:
         layout = (tuple(array.shape), array.dtype)
         known = self._keys.get(key)
         nbytes = array.size * array.dtype(0).itemsize
+        store = key if not self.p3 else self._p3_keys.setdefault(key, len(self._p3_keys))
         if known is None:
             self.flight.record("init", key, nbytes)
-            self.kv.init(key, array.zeros_like())
+            self.kv.init(store, array.zeros_like())
             self._keys[key] = layout
         elif known != layout:
             raise ValueError(f"kvstore key {key} holds arrays of shape {known[0]} and dtype {known[1].__name__}, "
                              f"not {layout[0]} {layout[1].__name__}; use another key")
         self.flight.record(kind, key, nbytes)
         self.pushed += nbytes
-        self.kv.push(key, array, priority=priority)
-        self.kv.pull(key, out=array, priority=priority)   # no optimizer on the servers: the sum of the pushes
+        self.kv.push(store, array, priority=priority)
+        self.kv.pull(store, out=array, priority=priority)   # no optimizer on the servers: the sum of the pushes
         return array
 
     def allgather(self, key, array, priority=0):

@@ -14,7 +14,9 @@ reduction starts when its reduction did. The issuers are:
 
 - ``load``: ``split_and_load``'s copies of each shard of the batch (on the context the batch is on);
 - ``forward``: a step's forward pass and loss (each pipeline chunk's of each micro-batch);
-- ``allreduce`` / ``reduce-scatter``: the Reducer's reduction of each bucket (``args``: the bucket, its bytes);
+- ``allreduce`` / ``reduce-scatter``: the Reducer's reduction of each bucket (``args``: the bucket, its bytes, its
+  priority across workers, the first layers' bucket the highest, 0, and ``dense``: summed uncompressed by a
+  compression's warm-up);
 - ``gather``: ZeRO's all-gathers (ZeRO-1 and 2 after the update, ZeRO-3 before each block runs);
 - ``send``: a pipeline's stage-to-stage copies, forward and backward;
 - ``tensor``: tensor parallelism's f and g allreduces, forward and backward;

@@ -73,7 +73,7 @@ from .optim import OPTIMIZERS, SCHEDULES, ZERO_LEVELS, check_hyper
 from .optim.schedules import Step
 from .strategies import DEFAULT_MICRO_BATCHES, DEFAULT_STAGES, PIPELINE_SCHEDULES, STRATEGIES
 from .threads import engine_settings
-from .validate import LR_RANGE, MAX_SEED, check_lr, check_number
+from .validate import LR_RANGE, MAX_SEED, check_int, check_lr, check_number
 
 __all__ = ["main", "main_in_job", "build_parser", "check_args", "run"]
 
@@ -290,6 +290,10 @@ def _add_reduction_flags(add):
              "an element, t each bucket's mean magnitude, scaled at every step), 2bit:THRESHOLD (MXNet's fixed t; "
              "its default is 2bit:0.5), topk:RATIO or powersgd:RANK (every data-parallel sum; not with --zero 3); "
              "default none")
+    add("--compression-warmup", type=int, default=0, metavar="STEPS",
+        help="sum the gradients of the first STEPS optimizer steps uncompressed, then compress (DDP's PowerSGD "
+             "start_powerSGD_iter): a codec that sends a small part of the gradient learns far less in the first "
+             "steps; with --compression; default 0")
 
 
 def _add_optimizer_flags(add):
@@ -380,6 +384,9 @@ def check_args(args):
         check_lr(args.lr)
         if args.bucket_mb is not None:
             check_number(args.bucket_mb, "bucket_mb", positive=True)
+        check_int(args.compression_warmup, "compression_warmup", low=0)
+    if args.compression_warmup and args.compression == "none":
+        raise UsageError("--compression-warmup applies to a --compression; without one every sum is uncompressed")
     if args.data_dir is not None and args.dataset == "synthetic":
         raise UsageError("--data-dir applies to --dataset fashion-mnist, not synthetic")
     if args.data_dir is not None and not os.path.isdir(args.data_dir):   # a typo, not a place to download into

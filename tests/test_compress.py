@@ -242,6 +242,52 @@ def _train(k, compression, steps=20, lr=0.1):
     return [p.asnumpy() for p in device_params[0]], losses
 
 
+def _warm(compression, warmup, steps):
+    """The parameters after each of ``steps`` steps of LeNet on 2 contexts through ``Reducer(compression, warmup)``."""
+    reducer, ctx = Reducer(compression=compression, warmup=warmup), contexts(2)
+    device_params = reducer.replicate(init_lenet_params(seed=3), ctx)
+    after = []
+    for X, y in make_batches([24] * steps, seed=5):
+        train_batch(X, y, device_params, ctx, 0.1, reducer=reducer)
+        after.append([p.asnumpy() for p in device_params[0]])
+    return after, reducer
+
+
+def test_a_warmup_sums_its_first_steps_uncompressed_then_compresses():
+    """``Reducer(warmup=3)``: the first 3 steps are bitwise the uncompressed run's, the 4th departs from it (topk
+    sends 5% of the gradient); without a warm-up the first step departs already."""
+    plain, _ = _warm(None, 0, 4)
+    warm, reducer = _warm("topk:0.05", 3, 4)
+    cold, _ = _warm("topk:0.05", 0, 1)
+    assert reducer.steps == 4
+    assert reducer.describe(2) == ("gradients summed as topk:0.05 payloads with error feedback after 3 uncompressed "
+                                   "step(s) in buckets of 25 MiB")
+    for step in range(3):
+        for got, want in zip(warm[step], plain[step]):
+            np.testing.assert_array_equal(got, want)
+    assert any((got != want).any() for got, want in zip(warm[3], plain[3]))
+    assert any((got != want).any() for got, want in zip(cold[0], plain[0]))
+    with pytest.raises(ValueError, match="warmup must be"):
+        Reducer(compression="fp16", warmup=-1)
+
+
+def test_the_trace_says_which_sums_the_warmup_left_uncompressed():
+    """Each bucket's bracket carries its priority (the first layers' bucket, reduced last, the highest: 0) and
+    whether the warm-up summed it uncompressed: the first 2 steps dense, the next ones not."""
+    from parallel import trace
+    reducer, ctx = Reducer(compression="topk:0.05", warmup=2, bucket_mb=0.1), contexts(2)
+    device_params = reducer.replicate(init_lenet_params(seed=3), ctx)
+    seen = []
+    for X, y in make_batches([24] * 4, seed=5):
+        with trace(None) as recorded:
+            train_batch(X, y, device_params, ctx, 0.1, reducer=reducer).wait_to_read()
+        brackets = sorted({(e["args"]["bucket"], e["args"]["priority"], e["args"]["dense"])
+                           for e in recorded.result.events if e.get("tid") == 1 and e.get("cat") == "allreduce"})
+        seen.append(brackets)
+    assert [b for b, _, _ in seen[0]] == [0, 1, 2] and [p for _, p, _ in seen[0]] == [-2, -1, 0]
+    assert [{d for _, _, d in step} for step in seen] == [{True}, {True}, {False}, {False}]
+
+
 def test_none_trains_bitwise_as_without_compression():
     want, _ = _train(2, "none")
     params = init_lenet_params(seed=3)
@@ -306,6 +352,8 @@ def test_compression_reaches_every_layouts_sums_and_refuses_zero_3():
     (["--compression", "topk"], "--compression 'topk' needs a RATIO"),
     (["--compression", "zip"], "--compression must be one of"),
     (["--compression", "fp16", "--zero", "3"], "the memory --zero 3 shards away"),
+    (["--compression-warmup", "5"], "--compression-warmup applies to a --compression"),
+    (["--compression", "fp16", "--compression-warmup", "-2"], "--compression-warmup must be >= 0, got -2"),
 ])
 def test_bad_compression_flags_exit_2(args, message, capsys):
     assert main(["--dataset", "synthetic", "--epochs", "1"] + args) == 2
@@ -313,13 +361,15 @@ def test_bad_compression_flags_exit_2(args, message, capsys):
     assert line.startswith("error: ") and message in line, line
 
 
-def test_the_cli_trains_with_compression_and_says_so(capsys, tmp_path):
+@pytest.mark.parametrize("warmup", [None, "3"])
+def test_the_cli_trains_with_compression_and_says_so(warmup, capsys, tmp_path):
     data_dir = write_idx_files(tmp_path, easy_dataset(num_train=200, num_test=50, seed=4))
     args = ["--data-dir", str(data_dir), "--epochs", "1", "--devices", "cpu:2", "--batch-size", "32", "--no-progress",
             "--compression", "topk:0.05", "--metrics-json", str(tmp_path / "m.json")]
-    assert main(args) == 0
+    assert main(args + (["--compression-warmup", warmup] if warmup else [])) == 0
     out = capsys.readouterr().out
-    assert "gradients summed as topk:0.05 payloads with error feedback" in out
+    said = "gradients summed as topk:0.05 payloads with error feedback"
+    assert said + (f" after {warmup} uncompressed step(s) in" if warmup else " in") in out, out
     assert (tmp_path / "m.json").exists()
 
 

@@ -22,14 +22,14 @@ DATA = easy_dataset(num_train=200, num_test=50, seed=4)   # 7 batches an epoch
 SPECS = ["fp16", "2bit", "topk:0.05", "powersgd:2"]
 
 
-def _strategy(spec, k=2, params=None):
+def _strategy(spec, k=2, params=None, warmup=0):
     return make_strategy("data", init_lenet_params(seed=5) if params is None else params,
                          [mx.cpu(i) for i in range(k)], batch_size=BATCH,
-                         reducer=Reducer(compression=spec))
+                         reducer=Reducer(compression=spec, warmup=warmup))
 
 
 def _run(spec, k=2, epochs=2, **kwargs):
-    strategy = _strategy(spec, k, kwargs.pop("params", None))
+    strategy = _strategy(spec, k, kwargs.pop("params", None), kwargs.pop("warmup", 0))
     try:
         fit(DATA, strategy, 0.3, RunConfig(epochs=epochs, batch_size=BATCH, seed=5), **kwargs)
     except TrainingStopped:
@@ -71,6 +71,21 @@ def test_a_resumed_run_with_its_residuals_is_bitwise_the_uninterrupted_one(spec,
     # what the residuals carry matters: resumed without them, the run ends elsewhere
     forgetful = _params(_run(spec, params=saved.params, resume=saved._replace(compression_state={})))
     assert any((got != want).any() for got, want in zip(forgetful, uninterrupted))
+
+
+def test_a_run_resumed_in_its_compression_warmup_compresses_where_the_uninterrupted_one_does(tmp_path):
+    """Stopped after 9 of a 12-step warm-up (no residual yet: nothing was compressed), the resumed run counts the
+    9 (``fit`` sets ``Reducer.steps``) and compresses from step 13, bitwise as the run never stopped; the count
+    matters: a run that compresses from its own first step ends elsewhere."""
+    uninterrupted = _params(_run("topk:0.05", warmup=12))
+    _run("topk:0.05", warmup=12, stop=stop_before(10), on_checkpoint=ckpt.CheckpointWriter(tmp_path, {}))
+    saved = ckpt.load_checkpoint(tmp_path)
+    assert saved.state.batch == 2 and not saved.compression_state   # epoch 2's batch 2: step 9, still dense
+    resumed = _params(_run("topk:0.05", warmup=12, params=saved.params, resume=saved))
+    for got, want in zip(resumed, uninterrupted):
+        np.testing.assert_array_equal(got, want)
+    early = _params(_run("topk:0.05", warmup=9, params=saved.params, resume=saved))   # compresses from step 10
+    assert any((got != want).any() for got, want in zip(early, uninterrupted))
 
 
 @pytest.mark.parametrize("spec", ["topk:0.05", "powersgd:2"])

@@ -69,3 +69,42 @@ def test_the_textbook_loop_across_processes_trains_the_same_model_as_one_context
     for rank in range(workers):
         with np.load(f"{out}-{rank}.npz") as got:
             assert_same_parameters([got[f"arr_{i}"] for i in range(8)], [p.asnumpy() for p in want[0]], "float64")
+
+
+P3_WORKER = """
+import sys
+import mxnet as mx
+import numpy as np
+from parallel.job import KEYS, join
+
+job = join()
+job.p3 = sys.argv[1] == "numbered"   # "as-is": the package's own keys handed to P3
+rng = np.random.RandomState(0)   # every worker draws the same numbers; worker r sends them times r + 1
+bad = 0
+for step in range(2):   # a sum of 1 number (key 101), then a big key 0: 300 slices, server keys 0 .. 150 each
+    for key, n in [(KEYS["sums"] + 1, 1), (KEYS["params"], 30000), (KEYS["sums"] + 3, 3)]:
+        mine = rng.rand(n).astype("float32")
+        got = job.allsum(key, mx.nd.array(mine * (job.rank + 1))).asnumpy()
+        bad += not np.array_equal(got, mine * 1 + mine * 2)
+print("wrong sums", bad, flush=True)
+sys.exit(1 if bad else 0)
+"""
+
+
+@pytest.mark.parametrize("keys", ["numbered", "as-is"])
+def test_under_p3_no_two_keys_share_a_server_key(keys, tmp_path):
+    """MXNet's P3 store numbers a slice's server key ``key + n / servers`` (``n``: every slice the process made
+    so far): handed as they are, key 101 (one number, first) and key 0 (300 slices, later) meet on a server key,
+    which adds a slice of one to a number of the other or ends the server ("operands shape mismatch"); numbered
+    0, 1, 2 in the order of first use (``Job.p3``), every sum is right."""
+    script = tmp_path / "p3.py"
+    script.write_text(P3_WORKER)
+    result = run_process([sys.executable, "-m", "parallel.launch", "-n", "2", "--stall-timeout", "60",
+                          "--env", "DMLC_PS_VAN_TYPE:p3", "--env", "MXNET_KVSTORE_SLICE_THRESHOLD:100",
+                          sys.executable, str(script), keys], timeout=300)
+    if keys == "numbered":
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert result.stdout.count("wrong sums 0") == 2, result.stdout
+    else:
+        assert result.returncode != 0 and ("operands shape mismatch" in result.stderr or
+                                           "wrong sums" in result.stdout), result.stdout + result.stderr[-3000:]

@@ -32,7 +32,7 @@ from ..compress import COMPRESSIONS
 from ..compress.registry import as_codec
 from ..job import Job, allreduce_across, bucket_key
 from ..trace import issued
-from ..validate import check_choice
+from ..validate import check_choice, check_int
 from . import ALGORITHMS, DEFAULT_ALGORITHM, DEFAULT_BUCKET_MB, SHARDED_ALGORITHMS
 from .algorithms import allreduce, check_same_arrays, exclusive, receive, reduce_scatter, scratch, shard_range
 from .replica import Bucket, FlatReplica, bucket_bytes, bucket_ranges, get_params, grads_of
@@ -218,10 +218,18 @@ class Reducer:
     bucket_note : str
         Why ``bucket_mb`` is what it is, in words, said after it by ``describe`` (``python -m parallel.train``'s
         choice for a job across hosts, ``parallel.comm.bucket_mb_for``); "" says nothing.
+    warmup : int
+        Optimizer steps whose gradients are summed uncompressed (``allreduce_hook``) before the hook (a codec's, or
+        your own) takes over, as DDP's PowerSGD hook waits for ``start_powerSGD_iter``: a codec that drops most of
+        the gradient learns far less in the first steps, when the gradients change fastest. 0: from the first.
 
     Attributes
     ----------
-    algorithm, bucket_mb, job, bucket_note
+    algorithm, bucket_mb, job, bucket_note, warmup
+    steps : int
+        The optimizer steps this reducer's sums have fed so far: the package's update counts them
+        (``parallel.optim.update_groups``; ``fit`` sets it where a resumed run starts). Below ``warmup``, buckets
+        are summed uncompressed.
     hook : callable
         ``hook(bucket, comm)``: reduces a ``GradBucket`` in place through ``comm`` (a ``BucketComm``).
     codec : parallel.compress.Codec or None
@@ -229,8 +237,9 @@ class Reducer:
     """
 
     def __init__(self, algorithm=DEFAULT_ALGORITHM, bucket_mb=DEFAULT_BUCKET_MB, compression=None, job=None,
-                 bucket_note=""):
+                 bucket_note="", warmup=0):
         self.algorithm = check_choice(algorithm, "algorithm", ALGORITHMS)
+        self.warmup, self.steps = check_int(warmup, "warmup", low=0), 0
         if not isinstance(bucket_note, str):
             raise TypeError(f"bucket_note must be a str, got {type(bucket_note).__name__}")
         self.bucket_note = bucket_note
@@ -278,6 +287,8 @@ class Reducer:
             line = f"gradients summed by the hook {getattr(self.hook, '__name__', type(self.hook).__name__)}"
         else:
             line = f"gradients summed with the {self.algorithm} allreduce"
+        if self.warmup and self.hook is not allreduce_hook:
+            line += f" after {self.warmup} uncompressed step(s)"
         if self.bucket_mb is not None:
             line += f" in buckets of {self.bucket_mb:g} MiB"
             if self.bucket_note:
@@ -306,7 +317,7 @@ class Reducer:
         return buckets
 
     def _comm(self, bucket, first_bucket=0):
-        # the first layers' bucket (reduced last, needed first by the next forward) gets the highest priority
+        # the first layers' bucket (reduced last, needed first by the next forward) gets the highest priority (0)
         return BucketComm(self.algorithm, self.job, first_bucket + bucket.index,
                           priority=bucket.index - bucket.num_buckets + 1,
                           checked=bucket.grads if bucket.checked else None)
@@ -348,9 +359,11 @@ class Reducer:
     def _run_hook(self, bucket, kind, first_bucket):
         """``hook(bucket, comm)``, bracketed for a trace as the work of bucket ``first_bucket + bucket.index``."""
         number, grad = first_bucket + bucket.index, bucket.grads[0]
+        hook = self.hook if self.steps >= self.warmup else allreduce_hook   # warm-up: the plain sums
         with issued(kind, lambda: bucket.grads, lambda: f"{kind} bucket {number}", bucket=number,
+                    priority=bucket.index - bucket.num_buckets + 1, dense=hook is not self.hook,
                     bytes=lambda: grad.size * np.dtype(grad.dtype).itemsize):
-            self.hook(bucket, self._comm(bucket, first_bucket))
+            hook(bucket, self._comm(bucket, first_bucket))
 
     def reduce_arrays(self, grads, names=None, first_bucket=0):
         """Sum gradients kept an array a tensor (not in a flat replica's buckets) in place, in this reducer's

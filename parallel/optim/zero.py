@@ -251,6 +251,7 @@ def _update_groups(optimizer, groups, batch_size, reducer):
                             bytes=lambda: pieces[0].size * np.dtype(pieces[0].dtype).itemsize):
                     all_gather(pieces, gather)
     optimizer.num_update = t
+    reducer.steps += 1   # the steps its sums fed: a compression's warm-up counts them (Reducer.warmup)
 
 
 def _every_workers(job, partials):
