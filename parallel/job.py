@@ -100,6 +100,13 @@ class Job:
     def __repr__(self):
         return f"Job(rank {self.rank} of {self.num_workers}, {self.kv.type})"
 
+    def describe(self):
+        """How the workers' sums travel, in words: ``"the dist_sync kvstore"``, and under P3 how it orders them."""
+        line = f"the {self.kv.type} kvstore"
+        if self.p3:
+            line += " over MXNet's P3 (each key in slices sent by priority, the first layers' first)"
+        return line
+
     def allsum(self, key, array, priority=0, kind="allreduce"):
         """Sum ``array`` over the workers, in place, and return it (one push, one pull).
 

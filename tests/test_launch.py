@@ -519,6 +519,32 @@ def test_every_process_is_told_how_many_hosts_its_job_spans(tmp_path, monkeypatc
     assert {s.env["PARALLEL_HOSTS"] for s in plan_processes(args)} == {"1"}
 
 
+@pytest.mark.parametrize("hosts, flags, command, env, van", [
+    (("h1", "h2"), [], ["python", "-m", "parallel.train"], {}, "p3"),   # auto: the CLI across hosts
+    (("h1",), [], ["python", "-m", "parallel.train"], {}, None),         # one host: ps-lite's own
+    (("h1", "h2"), [], ["python", "job.py"], {}, None),                  # a script of yours: ps-lite's own
+    (("h1", "h2"), ["--van", "zmq"], ["python", "-m", "parallel.train"], {}, "zmq"),
+    (("h1", "h2"), ["--van", "p3"], ["python", "job.py"], {}, "p3"),
+    (("h1", "h2"), [], ["python", "-m", "parallel.train"], {"DMLC_PS_VAN_TYPE": "zmq"}, "zmq"),   # yours wins
+])
+def test_the_van_is_p3_for_the_cli_across_hosts_unless_told(hosts, flags, command, env, van, tmp_path, monkeypatch):
+    from parallel.launch.cli import build_parser, check_args
+    from parallel.launch.processes import plan_processes
+    monkeypatch.delenv("DMLC_PS_VAN_TYPE", raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("".join(f"{h}\n" for h in hosts))
+    args = build_parser().parse_args(["--launcher", "ssh", "-H", str(hostfile), "--scheduler-host", "10.0.0.1",
+                                      "-n", "2", *flags, *command])
+    check_args(args)
+    specs = plan_processes(args)
+    for spec in specs[1:]:   # the servers and workers, on the hosts
+        assert (f"DMLC_PS_VAN_TYPE={van}" in spec.argv[-1]) == (van is not None), (spec.role, spec.argv[-1])
+    scheduler = specs[0].env   # the scheduler runs here: the same van, or ps-lite's default
+    assert scheduler.get("DMLC_PS_VAN_TYPE", env.get("DMLC_PS_VAN_TYPE")) == van
+
+
 @pytest.mark.parametrize("value", ["-1", "nan", "2e6"])
 def test_a_bad_host_timeout_is_one_line(value, capsys):
     assert main(["-n", "1", "--host-timeout", value, "python", "x.py"]) == 2

@@ -36,6 +36,12 @@ def build_parser():
     parser.add_argument("--launcher", choices=["local", "ssh"], default="local",
                         help="local: every process on this machine; ssh: workers and servers on the hostfile's "
                              "hosts; default local")
+    parser.add_argument("--van", choices=["auto", "zmq", "p3"], default="auto",
+                        help="ps-lite's transport: p3 (MXNet's P3: every key cut in slices sent by priority, the "
+                             "first layers' first) or zmq (ps-lite's default); auto: p3 for python -m "
+                             "parallel.train on several hosts, where it was measured faster, zmq otherwise (P3 "
+                             "refuses MXNet's own server-side updates and compression); DMLC_PS_VAN_TYPE in the "
+                             "environment or --env wins; default auto")
     parser.add_argument("-H", "--hostfile", default=None,
                         help="ssh: a file with one host[:ssh port] a line (# comments and blank lines ignored)")
     parser.add_argument("--env", action="append", default=[], metavar="NAME[:VALUE]",
@@ -50,6 +56,19 @@ def build_parser():
                              "host is local, else the address of this machine's host name)")
     parser.add_argument("--port", type=int, default=None,
                         help="the scheduler's port (default: a free port the launcher picks)")
+    _add_watch_flags(parser)
+    parser.add_argument("--host-discovery-script", default=None, metavar="COMMAND",
+                        help="a shell command run at every start that prints the available hosts, one "
+                             "host[:ssh port] a line, one worker each (Horovod's elastic discovery); with "
+                             "--launcher local every host must be this machine")
+    parser.add_argument("command", nargs=argparse.REMAINDER,
+                        help="the command every worker runs, e.g. python my_kvstore_script.py --epochs 5")
+    parser.set_defaults(restart=0)   # which start of the job the arguments plan (plan_start sets it)
+    return parser
+
+
+def _add_watch_flags(parser):
+    """How the launcher watches the job: its timeouts, the grace of a stop, the restarts."""
     parser.add_argument("--start-timeout", type=float, default=60.0, metavar="SEC",
                         help="end the job unless every worker and server has connected to the scheduler within "
                              "SEC seconds (at most 1000000); default 60")
@@ -69,14 +88,6 @@ def build_parser():
                              "times (each worker gets PARALLEL_RESTART=r; python -m parallel.train then resumes "
                              "from its --checkpoint-dir); a worker that exits with status 2 (its input cannot "
                              "work) is not restarted; default 0")
-    parser.add_argument("--host-discovery-script", default=None, metavar="COMMAND",
-                        help="a shell command run at every start that prints the available hosts, one "
-                             "host[:ssh port] a line, one worker each (Horovod's elastic discovery); with "
-                             "--launcher local every host must be this machine")
-    parser.add_argument("command", nargs=argparse.REMAINDER,
-                        help="the command every worker runs, e.g. python my_kvstore_script.py --epochs 5")
-    parser.set_defaults(restart=0)   # which start of the job the arguments plan (plan_start sets it)
-    return parser
 
 
 def check_args(args):

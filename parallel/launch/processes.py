@@ -11,7 +11,7 @@ from ..flight import ENV as FLIGHT_ENV
 
 __all__ = ["Spec", "plan_processes", "ssh_argv", "user_wants_ps_log", "kill_group", "wait_group_gone",
            "GROUP_GONE_SECONDS", "FORWARDED", "forwarded_env", "worker_hosts", "default_servers", "server_hosts",
-           "keepalive_options", "SERVER_COMMAND"]
+           "keepalive_options", "SERVER_COMMAND", "van_type"]
 
 GROUP_GONE_SECONDS = 2.0
 
@@ -123,6 +123,28 @@ def _extra_env(args):
     return env
 
 
+def van_type(args, hosts, extra):
+    """The ``DMLC_PS_VAN_TYPE`` the launcher sets for a job on ``hosts`` hosts (``--van``), or None: the user's own
+    (``DMLC_PS_VAN_TYPE`` in this environment or ``--env``, ``extra``), or ps-lite's default. ``auto``: P3 for
+    ``python -m parallel.train`` across several hosts, whose keys ``parallel.job.Job`` numbers for it.
+
+    >>> from types import SimpleNamespace as Args
+    >>> train = ["python", "-m", "parallel.train"]
+    >>> van_type(Args(van="auto", command=train), 2, {}), van_type(Args(van="auto", command=train), 1, {})
+    ('p3', None)
+    >>> van_type(Args(van="auto", command=["python", "x.py"]), 2, {}), van_type(Args(van="zmq", command=train), 2, {})
+    (None, 'zmq')
+    >>> van_type(Args(van="p3", command=train), 2, {"DMLC_PS_VAN_TYPE": "zmq"})
+    """
+    if "DMLC_PS_VAN_TYPE" in extra or "DMLC_PS_VAN_TYPE" in os.environ:
+        return None
+    if args.van != "auto":
+        return args.van
+    command = list(args.command)
+    train = any(a == "-m" and b == "parallel.train" for a, b in zip(command, command[1:]))
+    return "p3" if hosts > 1 and train else None
+
+
 def plan_processes(args):
     """The scheduler, servers and workers to start for checked ``args``, in that order.
 
@@ -140,6 +162,9 @@ def plan_processes(args):
               "DMLC_NUM_SERVER": str(args.num_servers), "DMLC_NUM_WORKER": str(args.num_workers),
               RESTART_ENV: str(args.restart), JOB_ENV: args.job, HOSTS_ENV: str(hosts)}
     extra = _extra_env(args)
+    van = van_type(args, hosts, extra)
+    if van is not None:   # every process of the job: the scheduler, the servers and the workers use one van
+        common["DMLC_PS_VAN_TYPE"] = van
     scheduler_env = dict(common, DMLC_ROLE="scheduler", DMLC_NODE_HOST=args.scheduler_host, OMP_NUM_THREADS="1")
     if not user_wants_ps_log():
         scheduler_env["PS_VERBOSE"] = "2"   # the start line, and each registration (to name who is missing)

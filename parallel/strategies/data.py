@@ -182,7 +182,7 @@ def describe_replicas(reducer, num_contexts, accumulate=1, batchnorm=None, recom
         line += f", activations recomputed in backward ({recomputed} blocks)"
     job = reducer.job
     if job is not None:
-        line += f", then over {job.num_workers} worker(s) through the {job.kv.type} kvstore"
+        line += f", then over {job.num_workers} worker(s) through {job.describe()}"
         if reducer.codec is not None:
             line += f" as {reducer.codec.spec} payloads"
         if statistics:

@@ -753,7 +753,7 @@ class Hybrid(Strategy, Replicas):
         if summed:
             line += f"; {summed}"
         if self.job is not None:
-            line += f"; over {self.job.num_workers} worker(s) through the {self.job.kv.type} kvstore"
+            line += f"; over {self.job.num_workers} worker(s) through {self.job.describe()}"
         return line
 
 
