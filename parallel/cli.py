@@ -36,7 +36,7 @@ RESTART_ENV = "PARALLEL_RESTART"
 JOB_ENV = "PARALLEL_JOB"
 
 #: The environment variable ``python -m parallel.launch`` sets for every process of a job: how many distinct hosts
-#: its scheduler, servers and workers run on (1 with ``--launcher local``). ``python -m parallel.train`` sizes its
+#: its servers and workers run on, where its gradients travel (1 with ``--launcher local``). ``python -m parallel.train`` sizes its
 #: buckets for a network link when it is 2 or more.
 HOSTS_ENV = "PARALLEL_HOSTS"
 
@@ -48,9 +48,15 @@ def restart_count(environ=None):
     >>> restart_count({}), restart_count({"PARALLEL_RESTART": "2"}), restart_count({"PARALLEL_RESTART": "x"})
     (0, 2, 0)
     """
+    found = _env_count(RESTART_ENV, environ)
+    return 0 if found is None else found
+
+
+def _env_count(name, environ=None):
+    """The whole number the launcher set in ``name`` of ``environ`` (default this process's), or None."""
     import os
-    value = (os.environ if environ is None else environ).get(RESTART_ENV, "").strip()
-    return int(value) if value.isdigit() else 0
+    value = (os.environ if environ is None else environ).get(name, "").strip()
+    return int(value) if value.isdigit() else None
 
 
 def job_hosts(environ=None):
@@ -59,9 +65,8 @@ def job_hosts(environ=None):
     >>> job_hosts({}), job_hosts({"PARALLEL_HOSTS": "3"}), job_hosts({"PARALLEL_HOSTS": "0"})
     (1, 3, 1)
     """
-    import os
-    value = (os.environ if environ is None else environ).get(HOSTS_ENV, "").strip()
-    return max(1, int(value)) if value.isdigit() else 1
+    found = _env_count(HOSTS_ENV, environ)
+    return 1 if found is None else max(1, found)
 
 
 def launched(environ=None):

@@ -70,6 +70,12 @@ class GradBucket:
         self.index, self.num_buckets, self.grads, self.shapes, self.first = index, num_buckets, grads, shapes, first
         self.regions = regions
 
+    @property
+    def priority(self):
+        """Its priority across workers: the first layers' bucket (reduced last, needed first by the next forward)
+        the highest, 0, the others below it in reduction order."""
+        return self.index - self.num_buckets + 1
+
     def __repr__(self):
         kind = "" if self.regions is None else ", reduce-scatter"
         return (f"GradBucket({self.index} of {self.num_buckets}: {len(self.shapes)} tensor(s), "
@@ -317,9 +323,7 @@ class Reducer:
         return buckets
 
     def _comm(self, bucket, first_bucket=0):
-        # the first layers' bucket (reduced last, needed first by the next forward) gets the highest priority (0)
-        return BucketComm(self.algorithm, self.job, first_bucket + bucket.index,
-                          priority=bucket.index - bucket.num_buckets + 1,
+        return BucketComm(self.algorithm, self.job, first_bucket + bucket.index, priority=bucket.priority,
                           checked=bucket.grads if bucket.checked else None)
 
     def reduce(self, group, active=None, first_bucket=0):
@@ -361,7 +365,7 @@ class Reducer:
         number, grad = first_bucket + bucket.index, bucket.grads[0]
         hook = self.hook if self.steps >= self.warmup else allreduce_hook   # warm-up: the plain sums
         with issued(kind, lambda: bucket.grads, lambda: f"{kind} bucket {number}", bucket=number,
-                    priority=bucket.index - bucket.num_buckets + 1, dense=hook is not self.hook,
+                    priority=bucket.priority, dense=hook is not self.hook,
                     bytes=lambda: grad.size * np.dtype(grad.dtype).itemsize):
             hook(bucket, self._comm(bucket, first_bucket))
 

@@ -66,6 +66,11 @@ class KeptBytes(dict):
         super().__init__()
         self.counting = bool(counting)
 
+    def add(self, array, part):
+        """Count ``array``'s bytes on its context under ``part`` (``"replicated"`` or ``"total"``)."""
+        entry = self.setdefault(array.context, {"replicated": 0, "total": 0})
+        entry[part] += array.size * array.dtype(0).itemsize
+
 
 def _all_gather(xs, axis):
     """Every rank's ``xs`` side by side along ``axis``, on every rank (new arrays; ``copy_to`` counts the bytes)."""
@@ -417,8 +422,7 @@ class SegmentTape:
         activations of this forward (``kept``)."""
         if self.kept.counting and autograd.is_recording():
             for a in arrays:
-                entry = self.kept.setdefault(a.context, {"replicated": 0, "total": 0})
-                entry["replicated"] += a.size * a.dtype(0).itemsize
+                self.kept.add(a, "replicated")
 
     # ---- backward --------------------------------------------------------------------------------------------
 
@@ -481,8 +485,7 @@ class SegmentTape:
         if not self.kept.counting:
             return
         for array, _, _ in self._made.values():
-            entry = self.kept.setdefault(array.context, {"replicated": 0, "total": 0})
-            entry["total"] += array.size * array.dtype(0).itemsize
+            self.kept.add(array, "total")
 
     def _segment_backward(self, segment, extra, retain_graph=False):
         arrays, grads = [], []
