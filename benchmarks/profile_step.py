@@ -79,6 +79,7 @@ def profile(network, batch_size, steps):
 
     import parallel
     from parallel.export import lenet_symbol
+    from parallel.files import scratch_file
 
     ctx = mx.cpu(0)
     X, y = harness.random_batch(batch_size)
@@ -94,7 +95,7 @@ def profile(network, batch_size, steps):
         parallel.train_step(X, y, params, [ctx], 0.05, net=net)
     mx.nd.waitall()
     mx.profiler.set_config(profile_all=True, aggregate_stats=True,
-                           filename=os.path.join(os.environ.get("TMPDIR", "/tmp"), "parallel-profile.json"))
+                           filename=scratch_file("parallel-profile-", ".json"))
     mx.profiler.set_state("run")
     start = time.perf_counter()
     for _ in range(steps):
@@ -103,6 +104,7 @@ def profile(network, batch_size, steps):
     wall_ms = (time.perf_counter() - start) * 1000 / steps
     mx.profiler.set_state("stop")
     stats = json.loads(mx.profiler.dumps(reset=True, format="json"))["Time"]["operator"]
+    mx.profiler.dump()   # now, into the scratch file that goes at exit: else MXNet writes it at its teardown
     operators = sorted(({"operator": name, "count": s["Count"] // steps, "ms": s["Total"] / steps}
                         for name, s in stats.items()), key=lambda r: -r["ms"])
     total = sum(r["ms"] for r in operators)

@@ -6,6 +6,7 @@ is a symbolic link is written through, to the file it points to (the link stays 
 regular file (a device such as ``/dev/full``, a FIFO, a socket, ``/dev/stdout``) is refused, since replacing
 it would destroy it and writing it in place would not be atomic.
 """
+import atexit
 import contextlib
 import errno
 import fcntl
@@ -18,7 +19,7 @@ import sys
 import tempfile
 
 __all__ = ["atomic_write", "fsync_directory", "check_writable", "output_target",
-           "remove_temporaries", "DirectoryLock", "DirectoryLocked", "LOCK_FILE", "export_files"]
+           "remove_temporaries", "scratch_file", "DirectoryLock", "DirectoryLocked", "LOCK_FILE", "export_files"]
 
 
 def export_files(prefix):
@@ -32,6 +33,9 @@ def export_files(prefix):
 #: Temporary files being written now (``atomic_write``) and the lock files of the directory
 #: locks held now: what ``remove_temporaries`` removes when the process must end at once.
 _PENDING = set()
+
+#: Scratch files of this process (``scratch_file``): removed at its exit, a normal one or ``os._exit``'s.
+_SCRATCH = set()
 
 _KINDS = {stat.S_ISCHR: "a character device", stat.S_ISBLK: "a block device", stat.S_ISFIFO: "a FIFO (named pipe)",
           stat.S_ISSOCK: "a socket", stat.S_ISDIR: "a directory"}
@@ -70,10 +74,22 @@ def remove_temporaries():
     """Remove the temporary files of the atomic writes in progress, and the lock files of the directory locks
     held: for a process that must end at once (``os._exit``), so that nothing it was writing is left behind.
     Their targets are untouched."""
-    for tmp in list(_PENDING):
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        _PENDING.discard(tmp)
+    for pending in (_PENDING, _SCRATCH):
+        for tmp in list(pending):
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            pending.discard(tmp)
+
+
+def scratch_file(prefix, suffix=""):
+    """A new empty file in the temporary directory, for this process alone: removed when the process ends,
+    normally (``atexit``) or at once (``remove_temporaries`` before ``os._exit``). Its path is returned."""
+    handle, path = tempfile.mkstemp(prefix=prefix, suffix=suffix)
+    os.close(handle)
+    if not _SCRATCH:
+        atexit.register(remove_temporaries)
+    _SCRATCH.add(path)
+    return path
 
 #: How many random temporary names ``atomic_write`` tries before giving up (a clash is already
 #: vanishingly unlikely with 64 random bits; the bound only stops an endless loop).

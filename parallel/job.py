@@ -216,9 +216,12 @@ def _leave_jobs():
 def abandon(status):
     """End this worker now with exit ``status``, skipping ps-lite's shutdown (a barrier of every worker that
     would wait forever for a worker still blocked on this one's push). The launcher then sees the status and
-    stops the job. Standard output and error are flushed first."""
+    stops the job. Standard output and error are flushed first, and the process's temporary files removed
+    (``os._exit`` runs no exit handlers)."""
     import os
     import sys
+    from .files import remove_temporaries
+    remove_temporaries()
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()

@@ -50,16 +50,14 @@ and ``--trace`` refuse those contexts up front (``check_traceable``). The slots'
 first dump of a process, into whatever file the profiler was configured with then, so lanes are named from the
 slot numbers, not from the labels.
 """
-import atexit
 import contextlib
 import json
 import os
 import re
-import tempfile
 import threading
 from collections import namedtuple
 
-from .files import atomic_write
+from .files import atomic_write, scratch_file
 
 __all__ = ["trace", "Trace", "PHASES", "ISSUED_OPS", "BACKWARD_MARK", "issued", "mark_backward_each", "backward_heads",
            "mark_forward_each", "collective",
@@ -135,19 +133,11 @@ _state = {"file": None, "seen": 0, "slots": {}, "recording": False}
 def _profiler_file():
     import mxnet as mx
     if _state["file"] is None:
-        handle, path = tempfile.mkstemp(prefix="parallel-profile-", suffix=".json")
-        os.close(handle)
+        # each trace's events are read from it when the trace ends; it goes when the process does
+        path = scratch_file("parallel-profile-", ".json")
         mx.profiler.set_config(profile_all=True, filename=path, aggregate_stats=False)
         _state["file"] = path
-        atexit.register(_remove_profiler_file, path)
     return _state["file"]
-
-
-def _remove_profiler_file(path):
-    """At exit, the profiler's file (each trace's events were read from it when the trace ended): nothing of a
-    traced run is left in the temporary directory."""
-    with contextlib.suppress(OSError):
-        os.remove(path)
 
 
 def _processors():
