@@ -57,7 +57,7 @@ _SOURCES = {
     "compress.registry": ["make_codec"],
     "compress.codec": ["Codec"],
     "trainer_kvstore": ["AllreduceKVStore"],
-    "trace": ["trace", "plot_timeline", "read_trace"],
+    "trace": ["trace", "plot_timeline", "read_trace", "reduction_order"],
 }
 __all__ = [name for names in _SOURCES.values() for name in names]
 __getattr__, __dir__ = lazy_exports(__name__, _SOURCES)

@@ -62,7 +62,7 @@ from .files import atomic_write, scratch_file
 __all__ = ["trace", "Trace", "PHASES", "ISSUED_OPS", "BACKWARD_MARK", "issued", "mark_backward_each", "backward_heads",
            "mark_forward_each", "collective",
            "mark_recompute",
-           "check_traceable", "plot_timeline", "read_trace", "worker_path"]
+           "check_traceable", "plot_timeline", "read_trace", "reduction_order", "worker_path"]
 
 #: The phases a trace names its operators by: what issued them. The first five happen in this order on every
 #: context; ZeRO-3 adds gather, recompute and reduce-scatter, a pipeline its sends, tensor parallelism its
@@ -537,6 +537,33 @@ def read_trace(path):
         events = json.load(f)["traceEvents"]
     lanes = {e["pid"]: e["args"]["name"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"}
     return Trace(events, [lanes[i] for i in sorted(lanes)], os.fspath(path))
+
+
+def reduction_order(timeline, lane=0):
+    """The order in which each traced step's gradient sums landed on ``lane`` (its number in ``timeline.lanes``):
+    a list a step of its buckets' numbers, sorted by when each bucket's ``allreduce`` (or ``reduce-scatter``)
+    bracket ended. The Reducer queues a step's buckets last layers' first (bucket 0, then 1, ...), so a list in
+    increasing order is the sums landing in the order they were sent (first in, first out: ps-lite's zmq
+    transport); under MXNet's P3 (``python -m parallel.launch --van p3``, the default across hosts) the first
+    layers' bucket, the highest number, was sent with the highest priority, and on a link that queues it lands
+    before buckets queued ahead of it: the next forward's first layers need their sums first.
+
+    >>> t = Trace([{"ph": "X", "pid": 0, "tid": 1, "cat": "allreduce", "ts": ts, "dur": dur,
+    ...             "args": {"bucket": b, "issue": i}} for i, (b, ts, dur) in enumerate(
+    ...           [(0, 0, 5), (1, 1, 9), (2, 2, 2), (0, 20, 5), (1, 21, 6), (2, 22, 7)])], ["cpu(0)"], None)
+    >>> reduction_order(t)
+    [[2, 0, 1], [0, 1, 2]]
+    """
+    brackets = sorted((e for e in timeline.events if e.get("ph") == "X" and e.get("pid") == lane
+                       and e.get("tid") == 1 and e.get("cat") in ("allreduce", "reduce-scatter")),
+                      key=lambda e: e["args"]["issue"])
+    steps = []
+    for bracket in brackets:   # a bucket's number comes again: the next step
+        if not steps or any(b["args"]["bucket"] == bracket["args"]["bucket"] for b in steps[-1]):
+            steps.append([])
+        steps[-1].append(bracket)
+    return [[b["args"]["bucket"] for b in sorted(step, key=lambda b: (b["ts"] + b["dur"], b["args"]["issue"]))]
+            for step in steps]
 
 
 _COLORS = {"load": "#9e9e9e", "forward": "#1f77b4", "backward": "#ff7f0e", "allreduce": "#2ca02c",
