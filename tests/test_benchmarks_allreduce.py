@@ -1,5 +1,6 @@
 """Smoke test of benchmarks/allreduce.py: structure of its output, never its timings."""
 import json
+import os
 
 import mxnet as mx
 import pytest
@@ -7,7 +8,7 @@ import pytest
 from parallel import ALLREDUCE_ALGORITHMS
 from parallel.comm import bytes_moved
 
-from conftest import load_benchmark
+from conftest import ROOT, load_benchmark
 
 
 @pytest.fixture(scope="module")
@@ -118,3 +119,17 @@ def test_out_that_is_a_file_exits_2(bench, tmp_path, capsys):
     target.write_text("x")
     assert bench.main(["--quick", "--out", str(target)]) == 2
     assert "error:" in capsys.readouterr().err
+
+
+def test_the_benchmarks_readme_quotes_issue_47_s_allreduce_run_as_its_results_file_holds_it():
+    """benchmarks/README.md's fractions of the copy bound at 64 MB, measured again for issue 47, from
+    ``benchmarks/results/issue47/allreduce/allreduce.json``."""
+    with open(os.path.join(ROOT, "benchmarks", "results", "issue47", "allreduce", "allreduce.json")) as f:
+        result = json.load(f)
+    with open(os.path.join(ROOT, "benchmarks", "README.md")) as f:
+        readme = f.read()
+    fractions, size = result["fraction_of_bound"], str(64 * 2 ** 20)
+    for k in ("2", "4"):
+        row = f"| {k} | " + " | ".join(f"{fractions[k][m][size]:.2f}" for m in ALLREDUCE_ALGORITHMS) + " |"
+        assert row in readme, row
+    assert f"cpu(0)->cpu(1) {result['memcpy']['mxnet_bytes_per_s'] / 1e9:.2f} GB/s" in readme

@@ -135,3 +135,19 @@ def test_profile_quick_run_times_operators_and_convolution_flops(tmp_path):
     assert lenet["conv_forward_gflop"] == pytest.approx(256 * 2 * (20 * 26 * 26 * 9 + 50 * 9 * 9 * 20 * 25) / 1e9)
     assert resnet["conv_forward_gflop"] / resnet["batch_size"] == pytest.approx(0.91, rel=0.01)
     assert "of the measured peak" in run.stdout
+
+
+def test_the_benchmarks_readme_quotes_issue_47_s_step_run_as_its_results_file_holds_it():
+    """benchmarks/README.md's table of the step against gluon's Trainer, measured again for issue 47, row for row
+    from ``benchmarks/results/issue47/trainer/trainer.json``."""
+    with open(os.path.join(ROOT, "benchmarks", "results", "issue47", "trainer", "trainer.json")) as f:
+        records = {(r["network"], r["method"], r["k"]): r for r in json.load(f)["records"]}
+    with open(os.path.join(ROOT, "benchmarks", "README.md")) as f:
+        readme = f.read()
+    for network, name in (("lenet", "LeNet"), ("resnet18", "ResNet-18")):
+        for k in (1, 2, 4):
+            trainer, ours = records[network, "trainer", k], records[network, "parallel", k]
+            lenet = records.get((network, "parallel/lenet", k))
+            row = (f"| {name} | {k} | {trainer['median_ms']:.1f} | {ours['median_ms']:.1f} ({ours['ratio']:.2f}) | "
+                   + (f"{lenet['median_ms']:.1f} ({lenet['ratio']:.2f})" if lenet else "") + " |")
+            assert row in readme, row
