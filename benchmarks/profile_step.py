@@ -72,14 +72,13 @@ def measured_peak(seconds=1.0):
     return best
 
 
-def profile(network, batch_size, steps):
+def profile(network, batch_size, steps, filename):
     """``steps`` steps of ``network`` on one context under MXNet's profiler: the operators' times, and the
     convolutions' arithmetic and FLOP rate."""
     import mxnet as mx
 
     import parallel
     from parallel.export import lenet_symbol
-    from parallel.files import scratch_file
 
     ctx = mx.cpu(0)
     X, y = harness.random_batch(batch_size)
@@ -95,7 +94,7 @@ def profile(network, batch_size, steps):
         parallel.train_step(X, y, params, [ctx], 0.05, net=net)
     mx.nd.waitall()
     mx.profiler.set_config(profile_all=True, aggregate_stats=True,
-                           filename=scratch_file("parallel-profile-", ".json"))
+                           filename=filename)
     mx.profiler.set_state("run")
     start = time.perf_counter()
     for _ in range(steps):
@@ -104,7 +103,6 @@ def profile(network, batch_size, steps):
     wall_ms = (time.perf_counter() - start) * 1000 / steps
     mx.profiler.set_state("stop")
     stats = json.loads(mx.profiler.dumps(reset=True, format="json"))["Time"]["operator"]
-    mx.profiler.dump()   # now, into the scratch file that goes at exit: else MXNet writes it at its teardown
     operators = sorted(({"operator": name, "count": s["Count"] // steps, "ms": s["Total"] / steps}
                         for name, s in stats.items()), key=lambda r: -r["ms"])
     total = sum(r["ms"] for r in operators)
@@ -130,7 +128,13 @@ def main(argv=None):
         args.steps, args.resnet_batch = 1, 2
     path = harness.results_path(args.out, "profile_step.json")
     peak = measured_peak(0.2 if args.quick else 2.0)
-    results = [profile("lenet", harness.LENET_BATCH, args.steps), profile("resnet18", args.resnet_batch, args.steps)]
+    import mxnet as mx
+
+    from parallel.files import scratch_file
+    profiled = scratch_file("parallel-profile-", ".json")   # MXNet's profiler writes there; it goes at exit
+    results = [profile("lenet", harness.LENET_BATCH, args.steps, profiled),
+               profile("resnet18", args.resnet_batch, args.steps, profiled)]
+    mx.profiler.dump()   # now, into the scratch file that goes at exit: else MXNet writes it at its teardown
     best_peak = max(peak.values())
     settings = {**harness.run_settings(), "MXNET_EXEC_BULK_EXEC_TRAIN": os.environ["MXNET_EXEC_BULK_EXEC_TRAIN"]}
     for r in results:

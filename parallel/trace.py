@@ -41,7 +41,8 @@ backward then waits for the backward of the block before it, and the update of o
 the reductions of all of them.
 
 MXNet's profiler is one per process: ``trace`` configures it once, to a file of its own in the system's temporary
-directory, to which each ``trace`` appends its events; one ``trace`` runs at a time. The profiler files each event
+directory, into which each ``trace`` dumps its events, read and removed when the trace ends; one ``trace`` runs at
+a time. The profiler files each event
 under a numbered slot: ``cpu(i)`` under slot i, one slot for each processor it counts (``omp_get_num_procs``),
 then ``gpu(i)`` (32 slots in a CUDA build, none otherwise), then pinned and shared CPU memory. So it can record
 only CPU contexts numbered below the processor count: ``cpu(N)`` and ``cpu(N+1)`` on N processors land in the
@@ -210,6 +211,8 @@ class trace:
             mx.profiler.dump()
             with open(_state["file"]) as f:
                 text = f.read()
+            with contextlib.suppress(OSError):   # read: the next dump writes it again (a process ended by
+                os.remove(_state["file"])        # os._exit, as pytest-xdist's workers are, leaves nothing)
         finally:
             _lock.release()
         raw = _events(text)
