@@ -519,17 +519,20 @@ def test_every_process_is_told_how_many_hosts_its_job_spans(tmp_path, monkeypatc
     assert {s.env["PARALLEL_HOSTS"] for s in plan_processes(args)} == {"1"}
 
 
-@pytest.mark.parametrize("hosts, flags, command, env, van", [
-    (("h1", "h2"), [], ["python", "-m", "parallel.train"], {}, "p3"),   # auto: the CLI across hosts
-    (("h1",), [], ["python", "-m", "parallel.train"], {}, None),         # one host: ps-lite's own
-    (("h1", "h2"), [], ["python", "job.py"], {}, None),                  # a script of yours: ps-lite's own
-    (("h1", "h2"), ["--van", "zmq"], ["python", "-m", "parallel.train"], {}, "zmq"),
-    (("h1", "h2"), ["--van", "p3"], ["python", "job.py"], {}, "p3"),
-    (("h1", "h2"), [], ["python", "-m", "parallel.train"], {"DMLC_PS_VAN_TYPE": "zmq"}, "zmq"),   # yours wins
+@pytest.mark.parametrize("hosts, flags, command, env, link, van", [
+    (("h1", "h2"), [], ["python", "-m", "parallel.train"], {}, None, "p3"),   # auto: the CLI across hosts
+    (("h1", "h2"), [], ["python", "-m", "parallel.train"], {}, 95.0, "p3"),   # ... on a slow link
+    (("h1", "h2"), [], ["python", "-m", "parallel.train"], {}, 940.0, None),  # a fast one: ps-lite's own
+    (("h1",), [], ["python", "-m", "parallel.train"], {}, None, None),         # one host: ps-lite's own
+    (("h1", "h2"), [], ["python", "job.py"], {}, 95.0, None),                  # a script of yours: ps-lite's own
+    (("h1", "h2"), ["--van", "zmq"], ["python", "-m", "parallel.train"], {}, 95.0, "zmq"),
+    (("h1", "h2"), ["--van", "p3"], ["python", "job.py"], {}, 940.0, "p3"),
+    (("h1", "h2"), [], ["python", "-m", "parallel.train"], {"DMLC_PS_VAN_TYPE": "zmq"}, 95.0, "zmq"),   # yours wins
 ])
-def test_the_van_is_p3_for_the_cli_across_hosts_unless_told(hosts, flags, command, env, van, tmp_path, monkeypatch):
+def test_the_van_is_p3_for_the_cli_across_hosts_on_a_slow_link_unless_told(hosts, flags, command, env, link, van,
+                                                                           tmp_path, monkeypatch):
     from parallel.launch.cli import build_parser, check_args
-    from parallel.launch.processes import plan_processes
+    from parallel.launch.processes import hosts_to_probe, plan_processes
     monkeypatch.delenv("DMLC_PS_VAN_TYPE", raising=False)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
@@ -538,6 +541,10 @@ def test_the_van_is_p3_for_the_cli_across_hosts_unless_told(hosts, flags, comman
     args = build_parser().parse_args(["--launcher", "ssh", "-H", str(hostfile), "--scheduler-host", "10.0.0.1",
                                       "-n", "2", *flags, *command])
     check_args(args)
+    probed = hosts_to_probe(args)   # the links are measured only where auto would choose by them
+    assert probed == ([(h, None) for h in hosts] if len(hosts) > 1 and not flags and not env
+                      and "parallel.train" in command else []), probed
+    args.link_mbit = link
     specs = plan_processes(args)
     for spec in specs[1:]:   # the servers and workers, on the hosts
         assert (f"DMLC_PS_VAN_TYPE={van}" in spec.argv[-1]) == (van is not None), (spec.role, spec.argv[-1])
@@ -568,3 +575,38 @@ def test_the_schedulers_chatter_is_known_also_when_its_threads_mix_their_lines(l
     are (it once let a mixed 'Barrier count' line through), and never hides an error."""
     from parallel.launch.job import is_ps_chatter
     assert is_ps_chatter(line) is chatter
+
+
+def _fake_ssh(tmp_path, monkeypatch, body):
+    """An ``ssh`` first on the PATH that runs ``body`` whatever it is asked (the link probe's)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    ssh = bin_dir / "ssh"
+    ssh.write_text(f"#!/bin/sh\n{body}\n")
+    ssh.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+
+
+@pytest.mark.parametrize("body, says, link", [
+    ("echo && head -c 16000000 /dev/zero", "ps-lite's ZeroMQ van (P3 below 300 Mbit/s", True),
+    ("exit 255", "no link of the job's 2 hosts could be measured over ssh; the job runs on MXNet's P3 van", False),
+])
+def test_auto_measures_each_hosts_link_over_ssh_and_says_what_it_chose(body, says, link, tmp_path, monkeypatch,
+                                                                        capsys):
+    """A pipe on this machine carries far more than 300 Mbit/s: ZeroMQ; hosts that ssh cannot reach: P3, as
+    before, and the start fails where it would have."""
+    from parallel.launch.cli import build_parser, check_args
+    from parallel.launch.job import Job
+    from parallel.launch.processes import plan_processes
+    monkeypatch.delenv("DMLC_PS_VAN_TYPE", raising=False)
+    _fake_ssh(tmp_path, monkeypatch, body)
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("h1\nh2\n")
+    args = build_parser().parse_args(["--launcher", "ssh", "-H", str(hostfile), "--scheduler-host", "10.0.0.1",
+                                      "-n", "2", "python", "-m", "parallel.train"])
+    check_args(args)
+    Job(args, None, None).measure_links()
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("--van auto: ") and says in line, line
+    assert (args.link_mbit is not None and args.link_mbit >= 300) == link
+    assert ("DMLC_PS_VAN_TYPE=p3" in plan_processes(args)[1].argv[-1]) != link

@@ -15,8 +15,8 @@ import time
 
 from ..flight import INTERVAL, STILL, diagnose, format_records, parse_line, positions
 from .hosts import available_slots, free_port
-from .processes import (GROUP_GONE_SECONDS, default_servers, kill_group, plan_processes, user_wants_ps_log,
-                        wait_group_gone)
+from .processes import (GROUP_GONE_SECONDS, P3_BELOW_MBIT, default_servers, hosts_to_probe, kill_group,
+                        link_probe_argv, plan_processes, probe_link, user_wants_ps_log, wait_group_gone)
 from .restarts import (DIVERGED, INTERRUPTED, NOT_STARTED, PROCESS_FAILED, STALL_TIMEOUT, START_TIMEOUT, SUCCESS,
                        TOO_FEW_HOSTS, Ending, Failure)
 
@@ -224,7 +224,29 @@ class Job:
                 return False
         return self.quiet_scheduler and is_ps_chatter(line)
 
+    def measure_links(self):
+        """``--van auto`` across hosts: measure each host's link to here, one host at a time (at once they would
+        share this host's link), and keep the slowest in ``args.link_mbit`` for the plan; say so in one line."""
+        args = self.args
+        args.link_mbit = None
+        hosts = hosts_to_probe(args)
+        if not hosts:
+            return
+        measured = {host: probe_link(link_probe_argv(host, port, args.ssh_option)) for host, port in hosts}
+        known = {host: mbit for host, mbit in measured.items() if mbit is not None}
+        if not known:
+            self.write("stderr", f"--van auto: no link of the job's {len(hosts)} hosts could be measured over ssh; "
+                                 "the job runs on MXNet's P3 van (--van zmq or p3 to choose)")
+            return
+        slowest = min(known, key=known.get)
+        args.link_mbit = known[slowest]
+        van = ("MXNet's P3 van" if args.link_mbit < P3_BELOW_MBIT else "ps-lite's ZeroMQ van")
+        self.write("stderr", f"--van auto: the slowest link, from {slowest}, carried {args.link_mbit:.0f} Mbit/s "
+                             f"here: the job runs on {van} (P3 below {P3_BELOW_MBIT} Mbit/s; --van zmq or p3 to "
+                             "choose)")
+
     def start(self):
+        self.measure_links()
         for spec in plan_processes(self.args):
             try:
                 self.children.append(_Child(spec, self))

@@ -2,7 +2,10 @@
 and ssh command lines, and their process groups (signal one, wait until it is gone)."""
 import collections
 import os
+import select
 import shlex
+import signal
+import subprocess
 import sys
 import time
 
@@ -11,7 +14,8 @@ from ..flight import ENV as FLIGHT_ENV
 
 __all__ = ["Spec", "plan_processes", "ssh_argv", "user_wants_ps_log", "kill_group", "wait_group_gone",
            "GROUP_GONE_SECONDS", "FORWARDED", "forwarded_env", "worker_hosts", "default_servers", "server_hosts",
-           "keepalive_options", "SERVER_COMMAND", "van_type"]
+           "keepalive_options", "SERVER_COMMAND", "van_type", "P3_BELOW_MBIT", "probe_link", "link_probe_argv",
+           "hosts_to_probe"]
 
 GROUP_GONE_SECONDS = 2.0
 
@@ -123,14 +127,27 @@ def _extra_env(args):
     return env
 
 
-def van_type(args, hosts, extra):
+#: ``--van auto`` runs ``python -m parallel.train`` across hosts on MXNet's P3 when the slowest link the launcher
+#: measured at the start carries less than this many Mbit/s, on ps-lite's ZeroMQ van otherwise. On two simulated
+#: hosts (ResNet-18, benchmarks/README.md "P3 across hosts") P3's epoch was 0.72-0.77x ZeroMQ's at 100 Mbit/s and
+#: 1.10-1.13x at 1 Gbit/s; nothing in between was measured, so the threshold sits between the two.
+P3_BELOW_MBIT = 300
+
+#: A link probe reads at most this many bytes from a host, for at most this many seconds once they flow.
+PROBE_BYTES, PROBE_SECONDS = 16 << 20, 1.0
+
+
+def van_type(args, hosts, extra, link_mbit=None):
     """The ``DMLC_PS_VAN_TYPE`` the launcher sets for a job on ``hosts`` hosts (``--van``), or None: the user's own
-    (``DMLC_PS_VAN_TYPE`` in this environment or ``--env``, ``extra``), or ps-lite's default. ``auto``: P3 for
-    ``python -m parallel.train`` across several hosts, whose keys ``parallel.job.Job`` numbers for it.
+    (``DMLC_PS_VAN_TYPE`` in this environment or ``--env``, ``extra``), or ps-lite's default. ``auto``: for
+    ``python -m parallel.train`` across several hosts, whose keys ``parallel.job.Job`` numbers for it, P3 unless
+    ``link_mbit``, the slowest link measured (``probe_link``), is ``P3_BELOW_MBIT`` or more.
 
     >>> from types import SimpleNamespace as Args
     >>> train = ["python", "-m", "parallel.train"]
     >>> van_type(Args(van="auto", command=train), 2, {}), van_type(Args(van="auto", command=train), 1, {})
+    ('p3', None)
+    >>> van_type(Args(van="auto", command=train), 2, {}, 95.0), van_type(Args(van="auto", command=train), 2, {}, 940.0)
     ('p3', None)
     >>> van_type(Args(van="auto", command=["python", "x.py"]), 2, {}), van_type(Args(van="zmq", command=train), 2, {})
     (None, 'zmq')
@@ -142,7 +159,78 @@ def van_type(args, hosts, extra):
         return args.van
     command = list(args.command)
     train = any(a == "-m" and b == "parallel.train" for a, b in zip(command, command[1:]))
-    return "p3" if hosts > 1 and train else None
+    return "p3" if hosts > 1 and train and (link_mbit is None or link_mbit < P3_BELOW_MBIT) else None
+
+
+def _places(args):
+    """Where the job's servers and workers run (``{"server": [(host, ssh_port), ...], "worker": [...]}``), how many
+    of them each host runs, and how many hosts the gradients cross between (1 for the local launcher)."""
+    workers = worker_hosts(args.hosts, args.num_workers)
+    places = {"server": server_hosts(workers, args.num_servers), "worker": workers}
+    sharing = collections.Counter(host for role in places for host, _ in places[role])
+    return places, sharing, (len(sharing) if args.launcher != "local" else 1)
+
+
+def hosts_to_probe(args):
+    """The distinct ``(host, ssh_port)`` whose links decide ``--van auto`` for this start (``van_type``), in order:
+    none unless the job spans hosts and auto would choose by the link."""
+    places, _, hosts = _places(args)
+    if args.van != "auto" or van_type(args, hosts, _extra_env(args)) != "p3":
+        return []
+    return list(dict.fromkeys(places["server"] + places["worker"]))
+
+
+def link_probe_argv(host, port, options=(), nbytes=PROBE_BYTES):
+    """The ssh command line that has ``host`` send a line, then ``nbytes`` zero bytes (no terminal: ``-T``)."""
+    argv = ["ssh", "-T"]
+    for option in list(options) + ["BatchMode=yes", "StrictHostKeyChecking=accept-new", "ConnectTimeout=10"]:
+        argv += ["-o", option]
+    if port is not None:
+        argv += ["-p", str(port)]
+    return argv + [host, f"echo && head -c {int(nbytes)} /dev/zero"]
+
+
+def probe_link(argv, nbytes=PROBE_BYTES, seconds=PROBE_SECONDS, connect_seconds=15.0):
+    """Mbit/s of what ``argv`` (``link_probe_argv``) sends here after its first line: the bytes that came within
+    ``seconds`` of it (at most ``nbytes``) over the time they took, so ssh's handshake is not counted. None when
+    the command cannot start, sends no line within ``connect_seconds``, or nothing after it. The command runs in
+    a process group of its own, killed before this returns.
+
+    >>> import sys
+    >>> sends = ("import sys, time; o = sys.stdout.buffer; o.write(bytes([10])); o.flush(); time.sleep(0.1); "
+    ...          "o.write(bytes(1 << 20))")
+    >>> probe_link([sys.executable, "-c", sends]) > 0
+    True
+    >>> probe_link([sys.executable, "-c", "raise SystemExit(255)"]) is None
+    True
+    """
+    try:
+        process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                   stderr=subprocess.DEVNULL, start_new_session=True)
+    except OSError:
+        return None
+    fd, received, started = process.stdout.fileno(), 0, None
+    try:
+        deadline = time.monotonic() + connect_seconds
+        while received < nbytes:
+            wait = deadline - time.monotonic()
+            if wait <= 0 or not select.select([fd], [], [], wait)[0]:
+                break
+            chunk = os.read(fd, 1 << 20)
+            if not chunk:
+                break
+            if started is None:   # the first line: the bytes come from now on (what came with it is not timed)
+                if b"\n" in chunk:
+                    started = time.monotonic()
+                    deadline = started + seconds
+                continue
+            received += len(chunk)
+        elapsed = time.monotonic() - started if started is not None else 0
+        return received * 8 / elapsed / 1e6 if received and elapsed > 0 else None
+    finally:
+        kill_group(process.pid, signal.SIGKILL)
+        process.stdout.close()
+        process.wait()
 
 
 def plan_processes(args):
@@ -154,15 +242,12 @@ def plan_processes(args):
         Local ones (``host`` None) carry the variables to add to this environment; remote ones carry the
         whole ssh command line in ``argv``.
     """
-    workers = worker_hosts(args.hosts, args.num_workers)
-    places = {"server": server_hosts(workers, args.num_servers), "worker": workers}
-    sharing = collections.Counter(host for role in places for host, _ in places[role])
-    hosts = len(sharing) if args.launcher != "local" else 1   # where the gradients travel: workers and servers
+    places, sharing, hosts = _places(args)   # hosts: where the gradients travel, the workers' and servers'
     common = {"DMLC_PS_ROOT_URI": args.scheduler_host, "DMLC_PS_ROOT_PORT": str(args.port),
               "DMLC_NUM_SERVER": str(args.num_servers), "DMLC_NUM_WORKER": str(args.num_workers),
               RESTART_ENV: str(args.restart), JOB_ENV: args.job, HOSTS_ENV: str(hosts)}
     extra = _extra_env(args)
-    van = van_type(args, hosts, extra)
+    van = van_type(args, hosts, extra, getattr(args, "link_mbit", None))
     if van is not None:   # every process of the job: the scheduler, the servers and the workers use one van
         common["DMLC_PS_VAN_TYPE"] = van
     scheduler_env = dict(common, DMLC_ROLE="scheduler", DMLC_NODE_HOST=args.scheduler_host, OMP_NUM_THREADS="1")
