@@ -66,6 +66,7 @@ def build_parser():
     parser.add_argument("command", nargs=argparse.REMAINDER,
                         help="the command every worker runs, e.g. python my_kvstore_script.py --epochs 5")
     parser.set_defaults(restart=0)   # which start of the job the arguments plan (plan_start sets it)
+    parser.set_defaults(link_mbit=None)   # the slowest link this start measured (Job.measure_links), if any
     return parser
 
 

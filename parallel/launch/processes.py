@@ -247,7 +247,7 @@ def plan_processes(args):
               "DMLC_NUM_SERVER": str(args.num_servers), "DMLC_NUM_WORKER": str(args.num_workers),
               RESTART_ENV: str(args.restart), JOB_ENV: args.job, HOSTS_ENV: str(hosts)}
     extra = _extra_env(args)
-    van = van_type(args, hosts, extra, getattr(args, "link_mbit", None))
+    van = van_type(args, hosts, extra, args.link_mbit)
     if van is not None:   # every process of the job: the scheduler, the servers and the workers use one van
         common["DMLC_PS_VAN_TYPE"] = van
     scheduler_env = dict(common, DMLC_ROLE="scheduler", DMLC_NODE_HOST=args.scheduler_host, OMP_NUM_THREADS="1")
