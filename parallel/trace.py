@@ -41,15 +41,14 @@ backward then waits for the backward of the block before it, and the update of o
 the reductions of all of them.
 
 MXNet's profiler is one per process: ``trace`` configures it once, to a file of its own in the system's temporary
-directory, into which each ``trace`` dumps its events, read and removed when the trace ends; one ``trace`` runs at
-a time. The profiler files each event
-under a numbered slot: ``cpu(i)`` under slot i, one slot for each processor it counts (``omp_get_num_procs``),
-then ``gpu(i)`` (32 slots in a CUDA build, none otherwise), then pinned and shared CPU memory. So it can record
-only CPU contexts numbered below the processor count: ``cpu(N)`` and ``cpu(N+1)`` on N processors land in the
-memory slots, and ``cpu(N+2)`` aborts the process (MXNet checks the slot in its engine). ``trace(contexts=...)``
-and ``--trace`` refuse those contexts up front (``check_traceable``). The slots' labels are written only by the
-first dump of a process, into whatever file the profiler was configured with then, so lanes are named from the
-slot numbers, not from the labels.
+directory, into which each ``trace`` dumps its events, read and removed when the trace ends; one ``trace`` runs at a
+time. The profiler files each event under a numbered slot: ``cpu(i)`` under slot i, one slot for each processor it
+counts (``omp_get_num_procs``), then ``gpu(i)`` (32 slots in a CUDA build, none otherwise), then pinned and shared
+CPU memory. So it can record only CPU contexts numbered below the processor count: ``cpu(N)`` and ``cpu(N+1)`` on N
+processors land in the memory slots, and ``cpu(N+2)`` aborts the process (MXNet checks the slot in its engine).
+``trace(contexts=...)`` and ``--trace`` refuse those contexts up front (``check_traceable``). The slots' labels are
+written only by the first dump of a process, into whatever file the profiler was configured with then, so lanes are
+named from the slot numbers, not from the labels.
 """
 import contextlib
 import json
@@ -134,7 +133,7 @@ _state = {"file": None, "seen": 0, "slots": {}, "recording": False}
 def _profiler_file():
     import mxnet as mx
     if _state["file"] is None:
-        # each trace's events are read from it when the trace ends; it goes when the process does
+        # each trace reads and removes it when it ends; a process that ends mid-trace removes it too
         path = scratch_file("parallel-profile-", ".json")
         mx.profiler.set_config(profile_all=True, filename=path, aggregate_stats=False)
         _state["file"] = path
@@ -547,7 +546,7 @@ def reduction_order(timeline, lane=0):
     a list a step of its buckets' numbers, sorted by when each bucket's ``allreduce`` (or ``reduce-scatter``)
     bracket ended. The Reducer queues a step's buckets last layers' first (bucket 0, then 1, ...), so a list in
     increasing order is the sums landing in the order they were sent (first in, first out: ps-lite's zmq
-    transport); under MXNet's P3 (``python -m parallel.launch --van p3``, the default across hosts) the first
+    transport); under MXNet's P3 (``python -m parallel.launch --van p3``, or ``auto`` on a slow link) the first
     layers' bucket, the highest number, was sent with the highest priority, and on a link that queues it lands
     before buckets queued ahead of it: the next forward's first layers need their sums first.
 

@@ -16,7 +16,7 @@ import time
 from ..flight import INTERVAL, STILL, diagnose, format_records, parse_line, positions
 from .hosts import available_slots, free_port
 from .processes import (GROUP_GONE_SECONDS, P3_BELOW_MBIT, default_servers, hosts_to_probe, kill_group,
-                        link_probe_argv, plan_processes, probe_link, user_wants_ps_log, wait_group_gone)
+                        link_probe_argv, p3_suits, plan_processes, probe_link, user_wants_ps_log, wait_group_gone)
 from .restarts import (DIVERGED, INTERRUPTED, NOT_STARTED, PROCESS_FAILED, STALL_TIMEOUT, START_TIMEOUT, SUCCESS,
                        TOO_FEW_HOSTS, Ending, Failure)
 
@@ -240,7 +240,7 @@ class Job:
             return
         slowest = min(known, key=known.get)
         args.link_mbit = known[slowest]
-        van = ("MXNet's P3 van" if args.link_mbit < P3_BELOW_MBIT else "ps-lite's ZeroMQ van")
+        van = "MXNet's P3 van" if p3_suits(args.link_mbit) else "ps-lite's ZeroMQ van"
         self.write("stderr", f"--van auto: the slowest link, from {slowest}, carried {args.link_mbit:.0f} Mbit/s "
                              f"here: the job runs on {van} (P3 below {P3_BELOW_MBIT} Mbit/s; --van zmq or p3 to "
                              "choose)")

@@ -14,8 +14,8 @@ from ..flight import ENV as FLIGHT_ENV
 
 __all__ = ["Spec", "plan_processes", "ssh_argv", "user_wants_ps_log", "kill_group", "wait_group_gone",
            "GROUP_GONE_SECONDS", "FORWARDED", "forwarded_env", "worker_hosts", "default_servers", "server_hosts",
-           "keepalive_options", "SERVER_COMMAND", "van_type", "P3_BELOW_MBIT", "probe_link", "link_probe_argv",
-           "hosts_to_probe"]
+           "keepalive_options", "SERVER_COMMAND", "van_type", "P3_BELOW_MBIT", "p3_suits", "probe_link",
+           "link_probe_argv", "hosts_to_probe"]
 
 GROUP_GONE_SECONDS = 2.0
 
@@ -159,7 +159,12 @@ def van_type(args, hosts, extra, link_mbit=None):
         return args.van
     command = list(args.command)
     train = any(a == "-m" and b == "parallel.train" for a, b in zip(command, command[1:]))
-    return "p3" if hosts > 1 and train and (link_mbit is None or link_mbit < P3_BELOW_MBIT) else None
+    return "p3" if hosts > 1 and train and p3_suits(link_mbit) else None
+
+
+def p3_suits(link_mbit):
+    """Whether ``--van auto`` takes P3 for a slowest link of ``link_mbit`` Mbit/s (None: not measured, P3)."""
+    return link_mbit is None or link_mbit < P3_BELOW_MBIT
 
 
 def _places(args):
@@ -182,12 +187,8 @@ def hosts_to_probe(args):
 
 def link_probe_argv(host, port, options=(), nbytes=PROBE_BYTES):
     """The ssh command line that has ``host`` send a line, then ``nbytes`` zero bytes (no terminal: ``-T``)."""
-    argv = ["ssh", "-T"]
-    for option in list(options) + ["BatchMode=yes", "StrictHostKeyChecking=accept-new", "ConnectTimeout=10"]:
-        argv += ["-o", option]
-    if port is not None:
-        argv += ["-p", str(port)]
-    return argv + [host, f"echo && head -c {int(nbytes)} /dev/zero"]
+    return ["ssh", "-T", *_ssh_options(port, list(options) + ["ConnectTimeout=10"]), host,
+            f"echo && head -c {int(nbytes)} /dev/zero"]
 
 
 def probe_link(argv, nbytes=PROBE_BYTES, seconds=PROBE_SECONDS, connect_seconds=15.0):
@@ -274,6 +275,15 @@ def plan_processes(args):
     return specs
 
 
+def _ssh_options(port, options=()):
+    """ssh's options for every session the launcher opens: ``options`` (``KEY=VALUE``) first, so they override the
+    defaults ``BatchMode=yes`` (never prompt) and ``StrictHostKeyChecking=accept-new``; then ``-p port``."""
+    argv = []
+    for option in list(options) + ["BatchMode=yes", "StrictHostKeyChecking=accept-new"]:
+        argv += ["-o", option]
+    return argv + (["-p", str(port)] if port is not None else [])
+
+
 def ssh_argv(host, port, env, command, cwd, options=(), share=None):
     """The ssh command line that runs ``command`` in ``cwd`` on ``host`` with ``env``, every word quoted.
 
@@ -288,12 +298,7 @@ def ssh_argv(host, port, env, command, cwd, options=(), share=None):
     >>> ssh_argv("node1", None, {}, ["python"], "job", share=2)[-1]
     'cd job && exec env "OMP_NUM_THREADS=$(( $(nproc) / 2 > 0 ? $(nproc) / 2 : 1 ))" python'
     """
-    argv = ["ssh", "-tt"]
-    for option in options:
-        argv += ["-o", option]
-    argv += ["-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=accept-new"]
-    if port is not None:
-        argv += ["-p", str(port)]
+    argv = ["ssh", "-tt", *_ssh_options(port, options)]
     assignments = [shlex.quote(f"{name}={value}") for name, value in env.items()]
     if share is not None:
         assignments.append(f'"OMP_NUM_THREADS=$(( $(nproc) / {int(share)} > 0 ? $(nproc) / {int(share)} : 1 ))"')
