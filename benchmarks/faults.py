@@ -495,15 +495,5 @@ def main(argv=None):
     return harness.command_status(lambda: check_args(args), lambda path: run(args, path))
 
 
-def _terminated(signum, frame):
-    """SIGTERM ends the command as Ctrl-C does: the jobs are stopped and the clusters closed on the way out."""
-    raise KeyboardInterrupt
-
-
 if __name__ == "__main__":
-    signal.signal(signal.SIGTERM, _terminated)
-    try:
-        sys.exit(main())
-    except KeyboardInterrupt:
-        print("error: interrupted; the jobs were stopped and the simulated hosts removed", file=sys.stderr)
-        sys.exit(130)
+    sys.exit(harness.command(main, "the jobs were stopped and the simulated hosts removed"))

@@ -18,7 +18,8 @@ time or build arrays import it when they are called.
 - results: ``results_path`` (checked before the long work), ``write_json`` and ``save_figure`` (atomic, through
   ``parallel.files.atomic_write``), ``figure`` (matplotlib without pyplot), ``markdown_table``, ``size_label``,
   ``run_settings``;
-- a command's status: ``command_status`` (2 for refused arguments, 1 for a failed job, one ``error:`` line);
+- a command's status: ``command_status`` (2 for refused arguments, 1 for a failed job, one ``error:`` line),
+  ``command`` (SIGTERM ends a script as Ctrl-C does: its children stopped, its temporaries removed, status 130);
 - processes: ``child_env``, ``run_process`` (a session of its own), ``stop_group`` (SIGTERM, then SIGKILL, to the
   whole process group), ``report_result`` / ``read_result`` (one ``RESULT {json}`` line), ``proc_environ`` /
   ``proc_parent`` (a process's environment and parent, read from ``/proc``), ``BenchmarkError``;
@@ -442,6 +443,30 @@ def command_status(check, run):
         print(f"error: {e}", file=sys.stderr)
         return 1
     return 0
+
+
+def _terminated(signum, frame):
+    """SIGTERM as Ctrl-C: a ``KeyboardInterrupt`` in the main thread, so that ``finally`` blocks run."""
+    raise KeyboardInterrupt
+
+
+def command(main, stopped="the runs were stopped"):
+    """Run a benchmark's ``main()`` as a command; its exit status.
+
+    SIGTERM ends it as Ctrl-C does: a ``KeyboardInterrupt`` that unwinds the script, so every child started by
+    ``run_process`` is stopped with its process group and every ``finally`` removes what it made (a worktree, a
+    temporary directory, simulated hosts); then one ``error: interrupted; STOPPED`` line and status 130. Without it
+    SIGTERM ends the interpreter at once and leaves all of that behind. Each script ends with
+    ``sys.exit(harness.command(main))``.
+    """
+    previous = signal.signal(signal.SIGTERM, _terminated)
+    try:
+        return main()
+    except KeyboardInterrupt:
+        print(f"error: interrupted; {stopped}", file=sys.stderr)
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 # ---- child processes -----------------------------------------------------------------------------------------------

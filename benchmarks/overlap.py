@@ -186,4 +186,4 @@ if __name__ == "__main__":
     if WORKER_FLAG in sys.argv:
         _worker_main(sys.argv[1:])
     else:
-        main()
+        sys.exit(harness.command(main))

@@ -2,6 +2,7 @@
 the right reference, the flags refuse bad values with their names, the results are written whole, a child's
 RESULT line is read back and a child that hangs is stopped with its process group."""
 import argparse
+import contextlib
 import doctest
 import json
 import os
@@ -152,6 +153,59 @@ def test_a_failing_or_hanging_child_is_an_error_and_leaves_nothing(harness, tmp_
         time.sleep(0.1)
     assert harness.proc_parent(grandchild) is None   # the whole group went
     assert harness.proc_parent(os.getpid()) == os.getppid() and harness.proc_environ(os.getpid())["PATH"]
+
+
+_INTERRUPTED_SCRIPT = """
+import os, sys, time
+sys.path.append(sys.argv[1])
+import harness
+made, pid_file, wrapped = sys.argv[2], sys.argv[3], sys.argv[4] == "command"
+sleeper = ("import os, time; open(%r, 'w').write(str(os.getpid())); time.sleep(120)" % pid_file)
+
+def main():
+    os.mkdir(made)
+    try:
+        harness.run_process([sys.executable, "-c", sleeper], timeout=300)
+    finally:
+        os.rmdir(made)
+
+sys.exit(harness.command(main) if wrapped else main())
+"""
+
+
+@pytest.mark.slow   # starts and ends child processes
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("wrapped", [True, False], ids=["command", "plain"])
+def test_sigterm_ends_a_script_as_ctrl_c_does_only_under_command(harness, tmp_path, wrapped):
+    """Under ``harness.command`` a SIGTERM stops the script's child with its group and runs its ``finally`` (status
+    130, one line); a script that calls ``main()`` plainly dies at once and leaves both behind."""
+    import signal
+    import subprocess
+    from conftest import start_process
+    made, pid_file = tmp_path / "made", tmp_path / "sleeper.pid"
+    script = start_process([sys.executable, "-c", _INTERRUPTED_SCRIPT, os.path.dirname(harness.__file__),
+                            str(made), str(pid_file), "command" if wrapped else "plain"],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not pid_file.exists() or not pid_file.read_text():
+        assert time.monotonic() < deadline and script.poll() is None, script.communicate()
+        time.sleep(0.1)
+    sleeper = int(pid_file.read_text())
+    try:
+        os.kill(script.pid, signal.SIGTERM)
+        _, err = script.communicate(timeout=60)
+        deadline = time.monotonic() + 10
+        while wrapped and time.monotonic() < deadline and harness.proc_parent(sleeper) is not None:
+            time.sleep(0.1)
+        if wrapped:
+            assert script.returncode == 130 and err == "error: interrupted; the runs were stopped\n", err
+            assert harness.proc_parent(sleeper) is None and not made.exists()
+        else:
+            assert script.returncode == -signal.SIGTERM
+            assert harness.proc_parent(sleeper) is not None and made.exists()
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(sleeper, signal.SIGKILL)
 
 
 def test_recorded_paths_are_a_readers(harness):
