@@ -415,6 +415,10 @@ class ThreadKV:
         out[:] = self.servers.sums[key]
         self.servers.pulls.wait(timeout=60)
 
+    def pushpull(self, key, value, out=None, priority=0):
+        self.push(key, value, priority)
+        self.pull(key, value if out is None else out, priority)
+
 
 def in_threads(num_workers, work):
     """Run ``work(job, rank)`` for every rank at once, each in its own thread with its own Job; their results."""
