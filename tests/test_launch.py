@@ -528,9 +528,10 @@ def test_every_process_is_told_how_many_hosts_its_job_spans(tmp_path, monkeypatc
     (("h1", "h2"), ["--van", "zmq"], ["python", "-m", "parallel.train"], {}, 95.0, "zmq"),
     (("h1", "h2"), ["--van", "p3"], ["python", "job.py"], {}, 940.0, "p3"),
     (("h1", "h2"), [], ["python", "-m", "parallel.train"], {"DMLC_PS_VAN_TYPE": "zmq"}, 95.0, "zmq"),   # yours wins
+    (("h1", "h2"), [], ["python", "job.py"], {"DMLC_PS_VAN_TYPE": "p3"}, None, "p3"),
 ])
-def test_the_van_is_p3_for_the_cli_across_hosts_on_a_slow_link_unless_told(hosts, flags, command, env, link, van,
-                                                                           tmp_path, monkeypatch):
+def test_the_van_is_p3_for_the_cli_across_hosts_on_a_slow_link_unless_told_and_never_the_schedulers(
+        hosts, flags, command, env, link, van, tmp_path, monkeypatch):
     from parallel.launch.cli import build_parser, check_args
     from parallel.launch.processes import hosts_to_probe, plan_processes
     monkeypatch.delenv("DMLC_PS_VAN_TYPE", raising=False)
@@ -548,8 +549,8 @@ def test_the_van_is_p3_for_the_cli_across_hosts_on_a_slow_link_unless_told(hosts
     specs = plan_processes(args)
     for spec in specs[1:]:   # the servers and workers, on the hosts
         assert (f"DMLC_PS_VAN_TYPE={van}" in spec.argv[-1]) == (van is not None), (spec.role, spec.argv[-1])
-    scheduler = specs[0].env   # the scheduler runs here: the same van, or ps-lite's default
-    assert scheduler.get("DMLC_PS_VAN_TYPE", env.get("DMLC_PS_VAN_TYPE")) == van
+    scheduler = specs[0].env   # the scheduler runs here: the same van, ps-lite's default, or ZeroMQ under P3
+    assert scheduler.get("DMLC_PS_VAN_TYPE", env.get("DMLC_PS_VAN_TYPE")) == ("zmq" if van == "p3" else van)
 
 
 @pytest.mark.parametrize("value", ["-1", "nan", "2e6"])

@@ -252,6 +252,14 @@ def plan_processes(args):
     if van is not None:   # every process of the job: the scheduler, the servers and the workers use one van
         common["DMLC_PS_VAN_TYPE"] = van
     scheduler_env = dict(common, DMLC_ROLE="scheduler", DMLC_NODE_HOST=args.scheduler_host, OMP_NUM_THREADS="1")
+    if (van or extra.get("DMLC_PS_VAN_TYPE") or os.environ.get("DMLC_PS_VAN_TYPE")) == "p3":
+        # The scheduler carries no gradients, only the job's control messages, and on P3 it can lose some: P3's
+        # van queues every message for one sending thread, which takes equal priorities in any order (ps-lite's
+        # ThreadsafePQueue compares with <=) and stops at the TERMINATE the scheduler sends itself as it ends, so
+        # replies to the job's last barrier queued behind it are never sent. Seen once in a 100 Mbit/s benchmark:
+        # the scheduler gone, every worker and server waiting in ps-lite's Finalize. P3's van is ZeroMQ's with
+        # that queue in front: the two speak the same messages.
+        scheduler_env["DMLC_PS_VAN_TYPE"] = "zmq"
     if not user_wants_ps_log():
         scheduler_env["PS_VERBOSE"] = "2"   # the start line, and each registration (to name who is missing)
     specs = [Spec("scheduler", 0, None, None, SERVER_COMMAND, scheduler_env)]
