@@ -36,7 +36,8 @@ directions, stricter than a full-duplex 1 Gbit/s link between two hosts. Before 
 ``hosts-100mbit`` run each job on host 1 of a new simulated cluster (``benchmarks/cluster.py``, root: a network
 namespace a host, each host's link shaped to that rate each way, a stand-in ssh over it): ours with ``--launcher
 ssh`` (a worker and a server on each host), Horovod with ``-H ADDR:1,ADDR:1 --network-interface eth0`` over the
-same ssh; each run records the bytes host 1's link carried each way (``link_bytes_host1``). Configurations run in
+same ssh; each run records the bytes host 1's link carried each way (``link_bytes_host1``) and, for ours, the
+launcher's ``--van auto:`` line (``launcher_said``: the link it measured and the transport it chose). Configurations run in
 ``--rounds`` rounds, each round every (network, configuration) pair once in a fresh shuffled order; the table
 gives medians over the rounds. Train loss and accuracy are the last epoch's (the runs are deterministic, so every
 round gives the same).
@@ -411,7 +412,8 @@ def run_config(args, network, config, data_dir, tmp):
               "seconds": last["seconds"], "images_per_second": last["images_per_second"],
               "train_loss": last["train_loss"], "train_acc": last["train_acc"], "test_acc": last["test_acc"],
               "wall_seconds": result["wall_seconds"], "processes": result["processes"],
-              "left_behind": result["left_behind"], "worker_report": extra}
+              "left_behind": result["left_behind"], "worker_report": extra,
+              "launcher_said": [line for line in result["stderr"].splitlines() if line.startswith("--van auto:")]}
     if result["left_behind"]:
         print(f"warning: {config} on {network} left {len(result['left_behind'])} process(es) behind; ended them",
               file=sys.stderr, flush=True)
@@ -607,4 +609,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(harness.command(main))
