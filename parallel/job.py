@@ -95,7 +95,10 @@ class Job:
         copy with the finished operation ("Segmentation fault", or "Check failed: num_pending_reads_ > 0").
         Its pushpull reads them from the store's own table, which lives on. Measured: one key of 4,200 floats
         summed 3,000 times by 2 workers over P3 crashed each of 5 runs with a push and a pull, none of 6 as one
-        pushpull (``tests/test_job.py``).
+        pushpull (``tests/test_job.py``). A key's first sum is still a push and a pull: should the workers' keys
+        disagree, a key only one worker initialised is initialised on the servers by that push, where a pushpull
+        would get an empty answer and abort the worker (ps-lite's "Check failed: msg.data.size() >= 2") before
+        the flight records could name the disagreement.
     """
 
     def __init__(self, kv, p3=None, pushpull=None):
@@ -147,7 +150,7 @@ class Job:
                              f"not {layout[0]} {layout[1].__name__}; use another key")
         self.flight.record(kind, key, nbytes)
         self.pushed += nbytes
-        if self.pushpull:   # one request a key, answered with the sum (no optimizer on the servers)
+        if self.pushpull and known is not None:   # one request, answered with the sum (no optimizer on the servers)
             self.kv.pushpull(store, array, out=array, priority=priority)
         else:
             self.kv.push(store, array, priority=priority)
