@@ -37,9 +37,9 @@ directions, stricter than a full-duplex 1 Gbit/s link between two hosts. Before 
 namespace a host, each host's link shaped to that rate each way, a stand-in ssh over it): ours with ``--launcher
 ssh`` (a worker and a server on each host), Horovod with ``-H ADDR:1,ADDR:1 --network-interface eth0`` over the
 same ssh; each run records the bytes host 1's link carried each way (``link_bytes_host1``) and, for ours, the
-launcher's ``--van auto:`` line (``launcher_said``: the link it measured and the transport it chose). Configurations run in
-``--rounds`` rounds, each round every (network, configuration) pair once in a fresh shuffled order; the table
-gives medians over the rounds. Train loss and accuracy are the last epoch's (the runs are deterministic, so every
+launcher's ``--van auto:`` line (``launcher_said``: the link it measured and the transport it chose).
+Configurations run in ``--rounds`` rounds, each round every (network, configuration) pair once in a fresh shuffled
+order; the table gives medians over the rounds. Train loss and accuracy are the last epoch's (the runs are deterministic, so every
 round gives the same).
 
 Data: ``--data-dir`` (an MNIST-format directory, e.g. ``python benchmarks/digits_dataset.py --out digits``) or
