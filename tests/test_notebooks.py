@@ -49,12 +49,13 @@ def _errors(nb):
 
 
 def _kernel_manager(kernels_dir):
-    """A kernel manager whose only 'python3' kernelspec runs this interpreter (sys.executable)."""
+    """A kernel manager whose only 'python3' kernelspec runs this interpreter (sys.executable), its connection
+    file in ``kernels_dir`` rather than a new file of the system's temporary directory."""
     from ipykernel.kernelspec import write_kernel_spec
     from jupyter_client import AsyncKernelManager
     from jupyter_client.kernelspec import KernelSpecManager
     write_kernel_spec(kernels_dir / "python3")
-    return AsyncKernelManager(kernel_name="python3",
+    return AsyncKernelManager(kernel_name="python3", connection_file=str(kernels_dir / "connection.json"),
                               kernel_spec_manager=KernelSpecManager(kernel_dirs=[str(kernels_dir)]))
 
 
@@ -122,9 +123,15 @@ def test_notebook_executes(path, tmp_path):
     nb.cells.append(nbformat.v4.new_code_cell(_PROBE))
     workdir = tmp_path / "cwd"
     workdir.mkdir()
-    client = NotebookClient(nb, km=_kernel_manager(tmp_path / "kernels"), timeout=CELL_TIMEOUT,
+    km = _kernel_manager(tmp_path / "kernels")
+    client = NotebookClient(nb, km=km, timeout=CELL_TIMEOUT,
                             allow_errors=False, resources={"metadata": {"path": str(workdir)}})
-    client.execute()   # raises CellExecutionError, naming the cell, at the first error
+    # Raises CellExecutionError, naming the cell, at the first error. nbclient shuts down only a kernel whose
+    # manager it made itself unless told: without cleanup_kc the kernel lived until pytest ended, and its
+    # connection file stayed behind.
+    client.execute(cleanup_kc=True)
+    assert not km.has_kernel, "the notebook's kernel is still running after the notebook ran"
+    assert not Path(km.connection_file).exists(), "the kernel's connection file was left behind"
 
     assert not _errors(nb)
     probe = json.loads(nb.cells[-1].outputs[0]["text"])
