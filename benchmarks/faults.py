@@ -7,8 +7,10 @@ network namespace a host, a 1 Gbit/s link each, the stand-in ssh; root only): a 
 scheduler with the launcher on host 1, hosts named by ``--host-discovery-script "cat FILE"``, ``--max-restarts 2``,
 ``--host-timeout``, a checkpoint every 10 steps into a shared ``--checkpoint-dir`` and the model exported at the end.
 First the job uninterrupted (the reference), then once per scenario, the fault injected once the ``epoch 2,`` line
-is printed:
+is printed. The job is elastic (``-n 1:2`` with a discovery script): its workers commit their state in memory at
+every step, and the launcher starts the job again from a live worker's state when a host joins, leaves or fails.
 
+- ``host-joined``: the job started on host 1 alone; discovery names host 2 too;
 - ``host-lost``: discovery no longer names host 2, and every process on it is SIGKILLed, its link down;
 - ``link-outage``: host 2's link down for ``--outage`` seconds (default half of ``--host-timeout``), then up
   again: a job that rides it out (no restart) exports the very model of the uninterrupted run;
@@ -48,7 +50,7 @@ import harness  # noqa: E402
 from harness import BenchmarkError  # noqa: E402
 
 #: The faults, in the order they run.
-SCENARIOS = ("host-lost", "link-outage", "partition", "server-killed", "scheduler-host-lost")
+SCENARIOS = ("host-joined", "host-lost", "link-outage", "partition", "server-killed", "scheduler-host-lost")
 #: The run every scenario is compared with.
 REFERENCE = "uninterrupted"
 #: The training flags of every job (besides ``--data-dir`` and ``--epochs``): batches of 32 (16 a worker), a
@@ -60,7 +62,9 @@ PARAMS = "lenet-0000.params"
 #: The line a fault waits for: epoch 2 ended.
 EPOCH_2 = re.compile(r"\] epoch 2, loss ")
 #: A worker's line that tells where a run resumed.
-RESUMED = re.compile(r"resuming from \S+: epoch (\d+), after (\d+) batch")
+RESUMED = re.compile(r"resuming from [^:]+: epoch (\d+), after (\d+) batch")
+#: The launcher's line when an elastic job's hosts changed (not a restart).
+CHANGED = re.compile(r"^the job's hosts changed: ")
 #: How long the hosts are watched for what is left after a job: three times what the stand-in sshd keeps a
 #: session whose client went silent.
 CLEANUP_SECONDS = 3 * simulated.CLIENT_ALIVE_SECONDS
@@ -192,10 +196,11 @@ def outcome(job, fault):
     uninterrupted run): its status, restarts and their reason, where it resumed, and its seconds."""
     after = fault if fault is not None else job.started
     restarts = [line for at, name, line in job.lines if name == "err" and line.startswith("restart ")]
-    noticed = job.first(r"^(restart |error: )|stopped answering", after, stream="err")
+    changes = [line for at, name, line in job.lines if name == "err" and CHANGED.match(line)]
+    noticed = job.first(r"^(restart |error: )|stopped answering|" + CHANGED.pattern, after, stream="err")
     resumed = job.first(RESUMED.pattern, after)
     record = {"status": job.status, "timed_out": job.status is None, "finished": job.status == 0,
-              "restarts": len(restarts), "restart_lines": restarts,
+              "restarts": len(restarts), "restart_lines": restarts, "changes": changes,
               "error": next((line for _, name, line in job.lines if name == "err" and line.startswith("error: ")),
                             None),
               "job_s": job.ended - job.started, "fault_at_s": None if fault is None else fault - job.started,
@@ -206,14 +211,21 @@ def outcome(job, fault):
         record["noticed_s"], record["noticed_line"] = noticed[0] - fault, noticed[1]
     if resumed is not None:
         epoch, batch = RESUMED.search(resumed[1]).groups()
-        record["resumed_from"] = {"epoch": int(epoch), "batch": int(batch)}
+        record["resumed_from"] = {"epoch": int(epoch), "batch": int(batch),
+                                  "in_memory": "committed in memory" in resumed[1]}
         record["resumed_s"] = resumed[0] - after
     record["timeline"] = [[round(at - job.started, 2), line] for at, _, line in job.lines
-                          if re.search(r"\] epoch \d+, loss|^restart |^error: |resuming from|exported ", line)]
+                          if re.search(r"\] epoch \d+, loss|^restart |^error: |resuming from|exported |"
+                                       r"^took the state|" + CHANGED.pattern, line)]
     return record
 
 
 # ---- the faults: each injects its own into a running job; the fault's time and what it adds to the record -----
+
+def _host_joined(cluster, args, work):
+    write_discovery(os.path.join(work, "discovered-h1"), cluster, [1, 2])
+    return time.monotonic(), {}
+
 
 def _host_lost(cluster, args, work):
     write_discovery(os.path.join(work, "discovered-h1"), cluster, [1])
@@ -254,7 +266,7 @@ def _scheduler_host_lost(cluster, args, work):
 
 
 #: Each scenario: its fault, and the hosts it loses for good (nothing is measured there afterwards).
-FAULTS = {"host-lost": (_host_lost, {2}), "link-outage": (_link_outage, set()), "partition": (_partition, set()),
+FAULTS = {"host-joined": (_host_joined, set()), "host-lost": (_host_lost, {2}), "link-outage": (_link_outage, set()), "partition": (_partition, set()),
           "server-killed": (_server_killed, set()), "scheduler-host-lost": (_scheduler_host_lost, {1})}
 
 
@@ -302,7 +314,7 @@ def measure(args, name, keep):
     ``REFERENCE``); its record. The reference's exported parameters are kept in ``keep``."""
     inject, lost = FAULTS.get(name, (None, set()))
     with tempfile.TemporaryDirectory(prefix="faults-") as work, simulated.Cluster(2, "1gbit") as cluster:
-        job, fault, extra = launch(cluster, args, work, [1, 2]), None, {}
+        job, fault, extra = launch(cluster, args, work, [1] if name == "host-joined" else [1, 2]), None, {}
         try:
             if inject is not None:
                 job.wait_for(EPOCH_2, args.timeout)
@@ -348,14 +360,17 @@ def describe(record):
     if record["scenario"] == "scheduler-host-lost":
         did = f"launcher killed with h1 (exit {record['status']})"
     parts = [did] if "outage_s" not in record else [f"h2's link down {record['outage_s']:g} s", did]
+    if record.get("changes"):
+        parts.append(f"{len(record['changes'])} change(s) of hosts: {_reason(record['changes'][0])}")
     if record["restarts"]:
         parts.append(f"{record['restarts']} restart(s): {_reason(record['restart_lines'][0])}")
-    elif record["scenario"] != REFERENCE and record["scenario"] != "scheduler-host-lost":
+    elif record["scenario"] != REFERENCE and record["scenario"] != "scheduler-host-lost" and not record.get("changes"):
         parts.append("no restart")
     if record.get("error") and not record["finished"]:
         parts.append(_reason(record["error"]))
     if record["resumed_from"]:
-        parts.append("resumed from epoch {epoch}, batch {batch}".format(**record["resumed_from"]))
+        parts.append("resumed from epoch {epoch}, batch {batch}".format(**record["resumed_from"])
+                     + (" (a live worker's state)" if record["resumed_from"].get("in_memory") else ""))
     if "same_model" in record:
         parts.append("model " + ("byte-identical to uninterrupted" if record["same_model"] else
                                  f"differs (max abs {record['max_abs_difference']})"))
@@ -375,7 +390,7 @@ def _noticed(record):
     if record["noticed_s"] is None:
         return "-"
     text = f"{record['noticed_s']:.1f}"
-    if "default_host_timeout_s" in record:
+    if "default_host_timeout_s" in record and "stopped answering" in (record.get("noticed_line") or ""):
         text += f" (--host-timeout {record['host_timeout_s']:g}; the default {record['default_host_timeout_s']:g})"
     return text
 
@@ -417,9 +432,18 @@ def render(result):
     """The lines of the table: one row a run, the uninterrupted one first."""
     records = result["records"]
     reference = next((r for r in records if r["scenario"] == REFERENCE), None)
-    rows = [[r["scenario"], describe(r), _noticed(r), _seconds(r, reference), _left(r)] for r in records]
-    return harness.markdown_table(["scenario", "what the job did", "noticed after (s)",
+    rows = [[r["scenario"], describe(r), _noticed(r), _training_again(r), _seconds(r, reference), _left(r)]
+            for r in records]
+    return harness.markdown_table(["scenario", "what the job did", "noticed after (s)", "training again after (s)",
                                    "job seconds (vs uninterrupted)", "left behind"], rows)
+
+
+def _training_again(record):
+    """The table's "training again after": seconds from the fault to the line of the start that resumed (its
+    first step follows it)."""
+    if record["scenario"] == REFERENCE or record.get("resumed_s") is None or record.get("fault_at_s") is None:
+        return "-"
+    return f"{record['resumed_s']:.1f}"
 
 
 # ---- the command -----------------------------------------------------------------------------------------------

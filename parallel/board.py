@@ -45,7 +45,7 @@ STEP_TAGS = {
 
 #: The scalars written after every epoch, by their tag: the key of ``fit``'s metrics each one is.
 EPOCH_TAGS = {"epoch/train_loss": "train_loss", "epoch/train_acc": "train_acc", "epoch/test_acc": "test_acc",
-              "epoch/examples_per_second": "images_per_second"}
+              "epoch/examples_per_second": "images_per_second", "job/workers": "workers"}
 
 
 def check_logdir(logdir, name="logdir"):

@@ -43,15 +43,17 @@ the host; a worker that does not write the checkpoint calls ``read_all`` to run 
 """
 import contextlib
 import hashlib
+import io
 import json
 import os
+import zipfile
 from typing import List, NamedTuple
 
 import mxnet as mx
 import numpy as np
 
 from .compress.feedback import split_name
-from .export import LazyArrays, array_thunks, save_arrays
+from .export import LazyArrays, array_thunks, save_arrays, write_arrays
 from .files import atomic_write, fsync_directory
 from .models import MODELS, model_info
 from .models.layout import model_layout
@@ -59,8 +61,8 @@ from .validate import BadValue, check_choice, check_int, check_lr, check_number,
 
 __all__ = ["FORMAT", "VERSION", "READABLE_VERSIONS", "MANIFEST", "CheckpointError", "CheckpointMismatch", "TrainingState",
            "Snapshot", "Checkpoint", "CheckpointWriter", "CheckpointWriteError", "LazyArrays", "save_checkpoint",
-           "read_all", "load_checkpoint", "has_checkpoint", "check_compatible", "check_run_config",
-           "dataset_fingerprint", "COMPATIBLE_FIELDS"]
+           "read_all", "load_checkpoint", "checkpoint_bytes", "load_checkpoint_bytes", "has_checkpoint",
+           "check_compatible", "check_run_config", "dataset_fingerprint", "COMPATIBLE_FIELDS"]
 
 FORMAT = "parallel-checkpoint"
 #: Bumped whenever a field changes meaning; a checkpoint of another version is refused, never misread.
@@ -225,9 +227,7 @@ def save_checkpoint(directory, params, state, config, aux=(), model="lenet", opt
         When a write fails (a full disk, a file size limit): the previous checkpoint is left as it was.
     """
     directory = os.fspath(directory)
-    contents = (("params", _model_thunks(model, params, aux)),
-                ("optimizer", _optimizer_thunks(model, optimizer_state or {})),
-                ("compression", _compression_thunks(compression_state or {})))
+    contents = _contents(model, params, aux, optimizer_state, compression_state)
     created = not os.path.isdir(directory)
     os.makedirs(directory, exist_ok=True)
     manifest_path = os.path.join(directory, MANIFEST)
@@ -235,15 +235,8 @@ def save_checkpoint(directory, params, state, config, aux=(), model="lenet", opt
     written = {}
     try:
         _write_files(directory, contents, written)
-        manifest = {"format": FORMAT, "version": VERSION, "model": model, "params_file": written["params"],
-                    "params_sha256": _sha256(os.path.join(directory, written["params"])),
-                    "optimizer_file": written.get("optimizer"),
-                    "optimizer_sha256": _sha256(os.path.join(directory, written["optimizer"]))
-                    if "optimizer" in written else None,
-                    "state": state._asdict(), "config": config}
-        if "compression" in written:   # absent otherwise: a checkpoint without compression reads as before
-            manifest.update(compression_file=written["compression"],
-                            compression_sha256=_sha256(os.path.join(directory, written["compression"])))
+        manifest = _manifest(model, state, config, {kind: (name, _sha256(os.path.join(directory, name)))
+                                                    for kind, name in written.items()})
         with atomic_write(manifest_path, "w") as f:   # the commit point
             json.dump(manifest, f, indent=2)
             f.write("\n")
@@ -260,6 +253,56 @@ def save_checkpoint(directory, params, state, config, aux=(), model="lenet", opt
     if stale:
         fsync_directory(directory)
     return manifest_path
+
+
+def checkpoint_bytes(params, state, config, aux=(), model="lenet", optimizer_state=None, compression_state=None):
+    """The checkpoint ``save_checkpoint`` writes, as the bytes of one zip archive of its files (stored, not
+    compressed): what an elastic job's worker commits in memory and hands a new member over the network
+    (``parallel.elastic``). ``load_checkpoint_bytes`` reads it; unzipped, it is a checkpoint directory that
+    ``load_checkpoint`` reads. Takes ``save_checkpoint``'s arguments, reads each array once in the same order, and
+    raises the same errors for arrays that are not the model's or not finite.
+
+    >>> from parallel.models import init_lenet_params
+    >>> state = TrainingState(epoch=2, batch=1, loss_sum=0.5, correct=3.0, seconds=0.1, shuffle_seed=7,
+    ...                       history=[{"epoch": 1, "train_loss": 0.4, "train_acc": 0.9, "test_acc": 0.8,
+    ...                                 "seconds": 1.0, "images_per_second": 10.0}])
+    >>> loaded = load_checkpoint_bytes(checkpoint_bytes(init_lenet_params(seed=0), state, {"lr": 0.2}))
+    >>> loaded.state == state, len(loaded.params), loaded.config
+    (True, 8, {'lr': 0.2})
+    """
+    contents = _contents(model, params, aux, optimizer_state, compression_state)
+    archive, digests = io.BytesIO(), {}
+    with zipfile.ZipFile(archive, "w", zipfile.ZIP_STORED) as files:
+        for prefix, content in contents:
+            if content:
+                name, buffer = f"{prefix}-000001.params", io.BytesIO()
+                write_arrays(buffer, content)
+                data = buffer.getbuffer()
+                digests[prefix] = (name, hashlib.sha256(data).hexdigest())
+                files.writestr(name, data)
+                del data, buffer
+        files.writestr(MANIFEST, json.dumps(_manifest(model, state, config, digests), indent=2) + "\n")
+    return archive.getvalue()
+
+
+def _contents(model, params, aux, optimizer_state, compression_state):
+    """What a checkpoint's array files hold: ``(prefix, {name: thunk})`` for the model, the optimizer's state and
+    the error feedback, the counts and names checked now."""
+    return (("params", _model_thunks(model, params, aux)),
+            ("optimizer", _optimizer_thunks(model, optimizer_state or {})),
+            ("compression", _compression_thunks(compression_state or {})))
+
+
+def _manifest(model, state, config, files):
+    """The manifest of a checkpoint whose array files are ``files``: ``{prefix: (file name, sha256)}``."""
+    manifest = {"format": FORMAT, "version": VERSION, "model": model, "params_file": files["params"][0],
+                "params_sha256": files["params"][1],
+                "optimizer_file": files["optimizer"][0] if "optimizer" in files else None,
+                "optimizer_sha256": files["optimizer"][1] if "optimizer" in files else None,
+                "state": state._asdict(), "config": config}
+    if "compression" in files:   # absent otherwise: a checkpoint without compression reads as before
+        manifest.update(compression_file=files["compression"][0], compression_sha256=files["compression"][1])
+    return manifest
 
 
 def _write_files(directory, contents, written):
@@ -387,11 +430,82 @@ def load_checkpoint(directory, model=None):
         the model's.
     """
     directory = os.fspath(directory)
-    manifest_path = os.path.join(directory, MANIFEST)
-    if not os.path.isfile(manifest_path):
+    if not os.path.isfile(os.path.join(directory, MANIFEST)):
         raise CheckpointError(f"{directory}: no checkpoint ({MANIFEST} is missing); start a new run there "
                               "instead of resuming, or give the directory that holds the checkpoint")
-    manifest, saved_model = _read_manifest(manifest_path, model)
+    return _load_from(_Directory(directory), model)
+
+
+def load_checkpoint_bytes(data, model=None, label="the checkpoint in memory"):
+    """Read and check a checkpoint ``checkpoint_bytes`` made, as ``load_checkpoint`` reads a directory.
+
+    Parameters
+    ----------
+    data : bytes
+    model : str, optional
+        As ``load_checkpoint``'s.
+    label : str
+        What the messages call the archive (where it came from: ``"the state from 10.0.0.2:4711"``).
+
+    Returns
+    -------
+    Checkpoint
+        Its ``path`` is ``"<label>:checkpoint.json"``.
+
+    Raises
+    ------
+    CheckpointError
+        One line naming ``label``: not a zip archive, no manifest, or any error of ``load_checkpoint``.
+    """
+    try:
+        files = _Archive(zipfile.ZipFile(io.BytesIO(data)), label)
+    except (zipfile.BadZipFile, TypeError, ValueError) as e:
+        raise CheckpointError(f"{label}: not a checkpoint archive ({e}); it was cut short or is not one") from None
+    if not files.has(MANIFEST):
+        raise CheckpointError(f"{label}: no checkpoint ({MANIFEST} is missing from the archive)")
+    return _load_from(files, model)
+
+
+class _Directory:
+    """A checkpoint's files in a directory: ``load_checkpoint``'s."""
+
+    def __init__(self, directory):
+        self.directory = directory
+
+    def path(self, name):
+        return os.path.join(self.directory, name)
+
+    def has(self, name):
+        return os.path.isfile(self.path(name))
+
+    def read(self, name):
+        with open(self.path(name), "rb") as f:
+            return f.read()
+
+
+class _Archive:
+    """A checkpoint's files in a zip archive in memory: ``load_checkpoint_bytes``'s."""
+
+    def __init__(self, archive, label):
+        self.archive, self.label = archive, label
+
+    def path(self, name):
+        return f"{self.label}:{name}"
+
+    def has(self, name):
+        return name in self.archive.namelist()
+
+    def read(self, name):
+        try:
+            return self.archive.read(name)
+        except (zipfile.BadZipFile, OSError, ValueError) as e:   # a CRC that differs: bytes altered on the way
+            raise CheckpointError(f"{self.path(name)}: unreadable ({e}); the archive is corrupt") from None
+
+
+def _load_from(files, model):
+    """``load_checkpoint`` of the checkpoint whose manifest is in ``files`` (a ``_Directory`` or ``_Archive``)."""
+    manifest_path = files.path(MANIFEST)
+    manifest, saved_model = _read_manifest(files, model)
     try:
         state = _read_state(manifest["state"])
         config = manifest["config"]
@@ -400,15 +514,15 @@ def load_checkpoint(directory, model=None):
     except (KeyError, TypeError, ValueError) as e:   # BadType, BadValue: the field and what it holds
         raise _malformed(manifest_path, e) from None
     try:
-        params_path = _verified_file(directory, manifest, "params")
-        optimizer_path = _verified_file(directory, manifest, "optimizer") if manifest.get("optimizer_file") else None
-        compression_path = (_verified_file(directory, manifest, "compression") if manifest.get("compression_file")
+        params_file = _verified_file(files, manifest, "params")
+        optimizer_file = _verified_file(files, manifest, "optimizer") if manifest.get("optimizer_file") else None
+        compression_file = (_verified_file(files, manifest, "compression") if manifest.get("compression_file")
                             else None)
     except (KeyError, TypeError) as e:
         raise _malformed(manifest_path, e) from None
-    params, aux = _read_arrays(params_path, saved_model)
-    optimizer_state = {} if optimizer_path is None else _read_optimizer_arrays(optimizer_path, saved_model)
-    compression_state = {} if compression_path is None else _read_compression_arrays(compression_path)
+    params, aux = _read_arrays(params_file, saved_model)
+    optimizer_state = {} if optimizer_file is None else _read_optimizer_arrays(optimizer_file, saved_model)
+    compression_state = {} if compression_file is None else _read_compression_arrays(compression_file)
     return Checkpoint(params, state, config, manifest_path, aux, saved_model, optimizer_state, compression_state)
 
 
@@ -480,23 +594,27 @@ def _malformed(manifest_path, error):
                            "resumed")
 
 
-def _verified_file(directory, manifest, kind):
-    """The path of the manifest's ``<kind>_file``, checked: a plain name, present, with the manifest's sha256."""
+def _verified_file(files, manifest, kind):
+    """The manifest's ``<kind>_file`` as ``(its path, its bytes)``, checked: a plain name, present, with the
+    manifest's sha256."""
     name, expected_sha = manifest[f"{kind}_file"], manifest[f"{kind}_sha256"]
     if not (isinstance(name, str) and name and os.path.basename(name) == name):
         raise TypeError(f"{kind}_file is not a file name")
-    path = os.path.join(directory, name)
-    if not os.path.isfile(path):
+    path = files.path(name)
+    if not files.has(name):
         raise CheckpointError(f"{path}: missing, but {MANIFEST} names it; the checkpoint is incomplete")
-    if _sha256(path) != expected_sha:
+    data = files.read(name)
+    if hashlib.sha256(data).hexdigest() != expected_sha:
         raise CheckpointError(f"{path}: its sha256 differs from the one in {MANIFEST}; the file is "
                               "truncated, corrupt or from another checkpoint")
-    return path
+    return path, data
 
 
-def _read_optimizer_arrays(path, model):
-    """The optimizer's state from its file: ``{state name: [array per trainable array, in layout order]}``."""
-    loaded = _load(path)
+def _read_optimizer_arrays(file, model):
+    """The optimizer's state from its file (``(path, bytes)``): ``{state name: [array per trainable array, in
+    layout order]}``."""
+    path, _ = file
+    loaded = _load(file)
     layout = model_layout(model)
     names = sorted({key.split(":", 1)[0] for key in loaded}) if isinstance(loaded, dict) else []
     expected = {f"{name}:{param}" for name in names for param in layout.names}
@@ -510,19 +628,21 @@ def _read_optimizer_arrays(path, model):
     return {name: [loaded[f"{name}:{param}"] for param in layout.names] for name in names}
 
 
-def _read_compression_arrays(path):
-    """Error feedback from its file: ``{"w<rank>/<name>": array}``."""
-    loaded = _load(path)
+def _read_compression_arrays(file):
+    """Error feedback from its file (``(path, bytes)``): ``{"w<rank>/<name>": array}``."""
+    path, _ = file
+    loaded = _load(file)
     if not isinstance(loaded, dict) or any(split_name(name) is None for name in loaded):
         raise CheckpointError(f"{path}: does not hold compression residuals named w<rank>/<name>")
     return loaded
 
 
-def _load(path):
-    """The arrays of an MXNet parameter file, each checked finite (a checkpoint never stores a NaN or an
-    infinity: one here was altered after it was written, its digest with it)."""
+def _load(file):
+    """The arrays of an MXNet parameter file (``(path, bytes)``), each checked finite (a checkpoint never stores a
+    NaN or an infinity: one here was altered after it was written, its digest with it)."""
+    path, data = file
     try:
-        loaded = mx.nd.load(path)
+        loaded = mx.nd.load_frombuffer(data)
     except mx.base.MXNetError:
         raise CheckpointError(f"{path}: not an MXNet parameter file") from None
     for key, array in sorted(loaded.items()) if isinstance(loaded, dict) else enumerate(loaded):
@@ -534,11 +654,11 @@ def _load(path):
     return loaded
 
 
-def _read_manifest(manifest_path, model):
-    """The manifest as a dict and the name of the model it holds, checked: format, version, model."""
+def _read_manifest(files, model):
+    """The manifest of ``files`` as a dict and the name of the model it holds, checked: format, version, model."""
+    manifest_path = files.path(MANIFEST)
     try:
-        with open(manifest_path) as f:
-            manifest = json.load(f)
+        manifest = json.loads(files.read(MANIFEST))
     except (OSError, UnicodeDecodeError, ValueError) as e:
         raise CheckpointError(f"{manifest_path}: unreadable or corrupt ({type(e).__name__}: "
                               f"{str(e).splitlines()[0] if str(e) else 'no detail'}); the checkpoint cannot be "
@@ -565,9 +685,11 @@ def _read_manifest(manifest_path, model):
 _LISTED = 8
 
 
-def _read_arrays(params_path, model):
-    """The trainable arrays and the others of ``model`` from its parameter file, checked against its layout."""
-    loaded = _load(params_path)
+def _read_arrays(params_file, model):
+    """The trainable arrays and the others of ``model`` from its parameter file (``(path, bytes)``), checked
+    against its layout."""
+    params_path, _ = params_file
+    loaded = _load(params_file)
     layout = model_layout(model)
     title = model_info(model).title
     expected = layout.names + layout.aux_names

@@ -45,7 +45,7 @@ from .comm.replica import Replica, block_state
 from .models.lenet import LENET_PARAM_NAMES, LENET_SHAPES, lenet
 
 __all__ = ["lenet_symbol", "LazyArrays", "array_thunks", "check_arrays", "lenet_thunks", "check_lenet_params",
-           "save_arrays", "write_array", "export_lenet", "export_gluon", "to_gluon"]
+           "save_arrays", "write_arrays", "write_array", "export_lenet", "export_gluon", "to_gluon"]
 
 #: Floating-point types a LeNet can be exported in (the from-scratch network runs in any of them).
 _FLOAT_DTYPES = (np.float16, np.float32, np.float64)
@@ -278,23 +278,40 @@ def save_arrays(path, arrays):
     >>> {name: (a.shape, a.dtype.__name__) for name, a in loaded.items()}
     {'w': ((2, 3), 'float64'), 'b': ((3,), 'float16')}
     """
+    for name in arrays:
+        if not isinstance(name, str):
+            raise TypeError(f"array names must be strings, got {name!r}")
+    with atomic_write(path, "wb") as f:
+        write_arrays(f, arrays)
+
+
+def write_arrays(f, arrays):
+    """Write what ``save_arrays`` writes into the binary file ``f`` (an open file, or an ``io.BytesIO``: the
+    bytes ``mx.nd.load_frombuffer`` reads), each array produced when its turn comes and dropped once written.
+
+    >>> import io
+    >>> import mxnet as mx, numpy as np
+    >>> buffer = io.BytesIO()
+    >>> write_arrays(buffer, {"w": np.arange(3, dtype="float32")})
+    >>> mx.nd.load_frombuffer(buffer.getvalue())["w"].asnumpy()
+    array([0., 1., 2.], dtype=float32)
+    """
     names = list(arrays)
     for name in names:
         if not isinstance(name, str):
             raise TypeError(f"array names must be strings, got {name!r}")
     magic = _ARRAY_MAGIC_NP if mx.util.is_np_shape() else _ARRAY_MAGIC
-    with atomic_write(path, "wb") as f:
-        f.write(struct.pack("<QQQ", _LIST_MAGIC, 0, len(names)))
-        for name in names:
-            value = arrays[name]
-            array = value() if callable(value) else value
-            write_array(f, array, name, magic)
-            del array, value   # the host holds no array between two entries
-        f.write(struct.pack("<Q", len(names)))
-        for name in names:
-            encoded = name.encode("utf-8")
-            f.write(struct.pack("<Q", len(encoded)))
-            f.write(encoded)
+    f.write(struct.pack("<QQQ", _LIST_MAGIC, 0, len(names)))
+    for name in names:
+        value = arrays[name]
+        array = value() if callable(value) else value
+        write_array(f, array, name, magic)
+        del array, value   # the host holds no array between two entries
+    f.write(struct.pack("<Q", len(names)))
+    for name in names:
+        encoded = name.encode("utf-8")
+        f.write(struct.pack("<Q", len(encoded)))
+        f.write(encoded)
 
 
 def write_array(f, array, name, magic):

@@ -321,7 +321,8 @@ def _epoch_metrics(strategy, dataset, epoch, totals, batch_size):
         totals[:2] = sum_values(strategy.job, totals[:2])
     test_acc = strategy.evaluate(iterate_batches(dataset.test_images, dataset.test_labels, batch_size))
     return {"epoch": epoch, "train_loss": totals[0] / n_train, "train_acc": totals[1] / n_train,
-            "test_acc": test_acc, "seconds": totals[2], "images_per_second": n_train / totals[2]}
+            "test_acc": test_acc, "seconds": totals[2], "images_per_second": n_train / totals[2],
+            "workers": 1 if strategy.job is None else strategy.job.num_workers}
 
 
 def _shared_optimizer_state(job, optimizer, strategy, optimizer_state):

@@ -139,6 +139,10 @@ def build_parser():
     add("--checkpoint-every", type=int, default=None, metavar="N",
         help="also write a checkpoint after every N optimizer steps (batches), so that a run killed mid-epoch "
              "loses at most N; needs --checkpoint-dir")
+    add("--commit-every", type=int, default=1, metavar="N",
+        help="in an elastic job (python -m parallel.launch -n MIN:MAX or --host-discovery-script), commit the "
+             "training state in memory every N optimizer steps, for a new member or a restart after a failure to "
+             "take from a live worker; a change loses at most N steps; default 1")
     add("--resume", action="store_true",
         help="continue from the checkpoint in --checkpoint-dir (any strategy or devices; --epochs may grow)")
     add("--export", metavar="PREFIX", help="write the trained model as MXNet's PREFIX-symbol.json + "
@@ -395,6 +399,8 @@ def check_args(args):
                          "create it first to download Fashion-MNIST there, or leave --data-dir out for the default")
     if args.checkpoint_every is not None and args.checkpoint_dir is None:
         raise UsageError("--checkpoint-every needs --checkpoint-dir, the directory to write the checkpoints in")
+    if args.commit_every < 1:
+        raise UsageError(f"--commit-every must be >= 1, got {args.commit_every}")
     if args.resume and args.checkpoint_dir is None:
         raise UsageError("--resume needs --checkpoint-dir, the directory that holds the checkpoint")
     if args.kvstore is not None and not launched():

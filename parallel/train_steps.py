@@ -4,12 +4,15 @@ Each step takes the checked command-line ``args`` and what the earlier steps gav
 mistakes into one ``UsageError`` line naming the flag. In a distributed job every worker takes every step;
 rank 0 alone reads the checkpoint (and broadcasts it), prints and writes.
 """
+import dataclasses
 import math
 import os
 import sys
+import time
 
 from .checkpoint import (CheckpointError, CheckpointWriteError, CheckpointWriter, check_compatible, read_all,
-                         check_run_config, dataset_fingerprint, has_checkpoint, load_checkpoint)
+                         check_run_config, checkpoint_bytes, dataset_fingerprint, has_checkpoint, load_checkpoint,
+                         load_checkpoint_bytes)
 from .cli import UsageError, job_hosts, launched, restart_count, users_input
 from .comm import bucket_mb_for
 from .comm.algorithms import free_buffers
@@ -24,6 +27,7 @@ from .models import model_info
 from .models.layout import init_model
 from .optim import SGD, Constant, Cosine, Step, make_optimizer
 from .files import export_files
+from .handover import ELASTIC_ENV, STATE_ENV, StateServer, fetch_state, parse_address
 from .report import Report
 from .strategies import make_strategy
 from .trace import check_traceable, worker_path
@@ -42,9 +46,49 @@ def join_job(args):
     return job
 
 
+def elastic():
+    """Whether this worker belongs to an elastic job (``python -m parallel.launch -n MIN:MAX`` or
+    ``--host-discovery-script``): it commits its state in memory and serves it (``parallel.handover``)."""
+    return os.environ.get(ELASTIC_ENV) == "1"
+
+
 def read_checkpoint(args, job):
-    """The checkpoint to resume (rank 0 reads it), or None; refuse a new run over an existing checkpoint."""
-    if args.checkpoint_dir is None or (job is not None and job.rank != 0):
+    """The checkpoint to resume (rank 0 reads it), or None; refuse a new run over an existing checkpoint. In an
+    elastic job started again after a change, the state a live worker committed (``PARALLEL_ELASTIC_STATE``), or
+    the checkpoint in ``--checkpoint-dir`` if that one is further on (``args.handed_over`` says which)."""
+    args.handed_over = False
+    if job is not None and job.rank != 0:
+        return None
+    handed = _handed_over(args)
+    on_disk = _on_disk(args)
+    later = on_disk is not None and (handed is None or (on_disk.state.epoch, on_disk.state.batch) >
+                                     (handed.state.epoch, handed.state.batch))
+    args.handed_over = handed is not None and not later   # announce_start says which
+    return on_disk if later else handed
+
+
+def _handed_over(args):
+    """The state the launcher holds for this start of an elastic job (``STATE_ENV``), or None."""
+    address = os.environ.get(STATE_ENV)
+    if not address:
+        return None
+    host, port = parse_address(address)
+    began = time.monotonic()
+    try:
+        step, data = fetch_state(host, port)
+    except OSError as e:
+        raise RuntimeError(f"cannot fetch the job's state from the launcher at {address}: {e}") from None
+    if step < 0:
+        return None
+    checkpoint = load_checkpoint_bytes(data, model=args.model, label=f"the state committed at step {step}")
+    print(f"took the job's state of step {step} ({len(data) / 2**20:.1f} MiB) from the launcher in "
+          f"{time.monotonic() - began:.2f} s", flush=True)
+    return checkpoint
+
+
+def _on_disk(args):
+    """The checkpoint in ``--checkpoint-dir`` to resume, or None."""
+    if args.checkpoint_dir is None:
         return None
     with users_input(CheckpointError):
         restarted = restart_count() > 0   # a job the launcher restarted continues where it was, if anywhere
@@ -171,9 +215,10 @@ def zero_shards(strategy):
 def checkpoint_record(args, strategy, optimizer, dataset, data_name, job):
     """What a checkpoint of this run records of its configuration (``parallel.checkpoint.COMPATIBLE_FIELDS`` decide
     whether a resume may continue it). The dataset's fingerprint hashes every example: only a run that checkpoints
-    (rank 0) computes it."""
+    (rank 0) computes it, and every worker of an elastic job (each commits its state)."""
     main_rank = job is None or job.rank == 0
-    fingerprint = None if args.checkpoint_dir is None or not main_rank else dataset_fingerprint(dataset)
+    writes = elastic() or args.checkpoint_dir is not None and main_rank
+    fingerprint = dataset_fingerprint(dataset) if writes else None
     codec = strategy.reducer.codec
     return {"model": args.model, "dataset": {"name": data_name, "fingerprint": fingerprint},
             "batch_size": args.batch_size, "lr": args.lr, "seed": args.seed, "epochs": args.epochs,
@@ -231,9 +276,13 @@ def announce_start(args, checkpoint, report):
                                                          f"no checkpoint in {args.checkpoint_dir} yet, starting over"))
     if checkpoint is None:
         return
+    start = checkpoint.state
+    if args.handed_over:
+        report.say(f"restart {restart} of the job: resuming from the state a worker committed in memory: epoch "
+                   f"{start.epoch}, after {start.batch} batch(es)")
+        return
     if restart:
         report.say(f"restart {restart} of the job: resuming from its last checkpoint")
-    start = checkpoint.state
     if start.epoch > args.epochs:
         report.say(f"the checkpoint in {args.checkpoint_dir} has finished all {args.epochs} epochs; nothing to "
                    "train (give a larger --epochs to train further)"
@@ -249,9 +298,42 @@ def train(args, strategy, optimizer, dataset, checkpoint, stop, report, record):
     if args.checkpoint_dir is not None:
         write = (CheckpointWriter(args.checkpoint_dir, record, args.model, args.checkpoint_lock) if report.main_rank
                  else _gathered)
-    with users_input(NonFiniteLossError, CheckpointWriteError, flags=FLAGS):
-        fit(dataset, strategy, optimizer, run_config(args), on_epoch=report.epoch, on_checkpoint=write, stop=stop,
-            resume=checkpoint, on_step=report.step)
+    config = run_config(args)
+    server = StateServer() if elastic() else None
+    try:
+        if server is not None:   # commit every --commit-every steps; the checkpoints stay where they were
+            per_epoch = num_batches(len(dataset.train_labels), args.batch_size)
+            write = _Committer(server, record, args.model, per_epoch, write, args.checkpoint_every, stop)
+            config = dataclasses.replace(config, checkpoint_every=args.commit_every)
+            print(server.announcement(), flush=True)
+        with users_input(NonFiniteLossError, CheckpointWriteError, flags=FLAGS):
+            fit(dataset, strategy, optimizer, config, on_epoch=report.epoch, on_checkpoint=write, stop=stop,
+                resume=checkpoint, on_step=report.step)
+    finally:
+        if server is not None:
+            server.close()
+
+
+class _Committer:
+    """``fit``'s ``on_checkpoint`` in an elastic job: every snapshot committed in memory and served (every worker
+    serves its own: any may be the one that survives), then handed to ``write`` (the checkpoint writer, or None)
+    when a checkpoint is due: at an epoch's end, every ``checkpoint_every`` steps, and when ``stop`` stops the
+    run."""
+
+    def __init__(self, server, record, model, per_epoch, write, checkpoint_every, stop):
+        self.server, self.record, self.model, self.per_epoch = server, record, model, per_epoch
+        self.write, self.checkpoint_every, self.stop = write, checkpoint_every, stop
+
+    def __call__(self, snapshot):
+        state = snapshot.state
+        step = (state.epoch - 1) * self.per_epoch + state.batch
+        self.server.commit(step, checkpoint_bytes(
+            snapshot.params, state, self.record, aux=snapshot.aux, model=self.model,
+            optimizer_state=snapshot.optimizer_state, compression_state=snapshot.compression_state))
+        due = (state.batch == 0 or (self.checkpoint_every and step % self.checkpoint_every == 0)
+               or (self.stop is not None and self.stop()))
+        if self.write is not None and due:
+            self.write(snapshot)
 
 
 def _gathered(snapshot):

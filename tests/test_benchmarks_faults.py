@@ -21,7 +21,7 @@ def data_dir(tmp_path):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--scenarios", "host-lost,meteor"], "error: --scenarios takes host-lost, link-outage, partition, "),
+    (["--scenarios", "host-lost,meteor"], "error: --scenarios takes host-joined, host-lost, link-outage, partition, "),
     (["--scenarios", ""], "error: --scenarios takes at least one value"),
     (["--host-timeout", "0"], "error: --host-timeout must be from 1 to 3600 seconds, got 0"),
     (["--timeout", "-5"], "error: --timeout must be from 1 to 3600 seconds, got -5"),
@@ -75,10 +75,26 @@ def test_the_outcome_reads_the_restart_its_reason_and_where_the_job_resumed():
     record = bench.outcome(job, fault=109.0)
     assert record["finished"] and not record["timed_out"] and record["restarts"] == 1
     assert record["noticed_s"] == pytest.approx(10.5) and record["noticed_line"] == restart
-    assert record["resumed_from"] == {"epoch": 3, "batch": 10} and record["resumed_s"] == pytest.approx(13.1)
+    assert record["resumed_from"] == {"epoch": 3, "batch": 10, "in_memory": False}
+    assert record["resumed_s"] == pytest.approx(13.1) and record["changes"] == []
     assert (record["job_s"], record["fault_at_s"], record["finished_after_fault_s"]) == (30.0, 9.0, 21.0)
     assert [line for _, line in record["timeline"]][2] == restart
     assert bench.outcome(_Job(job.lines[:2], status=-9), fault=None)["noticed_s"] is None
+
+
+def test_the_outcome_reads_a_change_of_hosts_and_a_resume_from_a_live_workers_state():
+    changed = "the job's hosts changed: 10.77.0.3 joined (2 listed, -n 1:2); starting 2 worker(s) again"
+    job = _Job([(108.0, "out", "[worker 0] epoch 2, loss 2.2, train acc 0.2"),
+                (109.6, "err", "took the state of step 21 (1.0 MiB) from worker 0 (pid 7, ssh to 10.77.0.2) in 0.02 s"),
+                (110.0, "err", changed),
+                (113.0, "out", "[worker 0] restart 1 of the job: resuming from the state a worker committed in "
+                               "memory: epoch 3, after 1 batch(es)")])
+    record = bench.outcome(job, fault=109.0)
+    assert record["restarts"] == 0 and record["changes"] == [changed]
+    assert record["noticed_s"] == pytest.approx(1.0) and record["noticed_line"] == changed
+    assert record["resumed_from"] == {"epoch": 3, "batch": 1, "in_memory": True}
+    assert record["resumed_s"] == pytest.approx(4.0)
+    assert [line for _, line in record["timeline"]][1].startswith("took the state of step 21")
 
 
 class _Hosts:
@@ -113,33 +129,39 @@ def _record(scenario, **fields):
 def test_the_table_says_what_each_job_did_when_it_was_noticed_and_what_was_left():
     restart = ("restart 1 of 2: host 10.77.0.2 stopped answering: no reply to ssh's keepalives for 10 s "
                "(--host-timeout); worker 1 there is cut off; starting 1 worker(s) again")
+    joined = "the job's hosts changed: 10.77.0.3 joined (2 listed, -n 1:2); starting 2 worker(s) again"
     left = {"h1": {"at_start": [], "gone_after_s": 0.0},
             "h2": {"at_start": ["python -c import mxnet", "python -m parallel.train"], "gone_after_s": 9.24,
                    "gone_after_fault_s": 31.24}}
     resume = _record("scheduler-host-lost", job_s=12.0, resumed_from={"epoch": 3, "batch": 0})
     records = [_record("uninterrupted"),
                _record("partition", job_s=30.0, restarts=1, restart_lines=[restart], noticed_s=10.44,
-                       resumed_from={"epoch": 3, "batch": 10}, default_host_timeout_s=60.0, left=left,
-                       left_since="the job's end"),
+                       noticed_line=restart, resumed_from={"epoch": 3, "batch": 10, "in_memory": True},
+                       resumed_s=13.06, default_host_timeout_s=60.0, left=left, left_since="the job's end"),
+               _record("host-joined", job_s=24.0, changes=[joined], noticed_s=0.83, noticed_line=joined,
+                       resumed_from={"epoch": 3, "batch": 2, "in_memory": True}, resumed_s=4.26),
                _record("link-outage", job_s=25.0, outage_s=5.0, same_model=True, max_abs_difference=0.0),
                _record("scheduler-host-lost", status=-9, finished=False, job_s=9.0, resume=resume, total_s=50.5,
                        left={"h1": {"lost": True}, "h2": {"at_start": ["python"], "gone_after_s": 30.5}},
                        left_since="the fault")]
     lines = bench.render({"records": records})
-    assert lines[0] == ("| scenario | what the job did | noticed after (s) | job seconds (vs uninterrupted) | "
-                        "left behind |")
-    assert lines[2] == "| uninterrupted | finished | - | 20.0 | h1 none; h2 none |"
+    assert lines[0] == ("| scenario | what the job did | noticed after (s) | training again after (s) | "
+                        "job seconds (vs uninterrupted) | left behind |")
+    assert lines[2] == "| uninterrupted | finished | - | - | 20.0 | h1 none; h2 none |"
     assert lines[3] == ("| partition | finished; 1 restart(s): host 10.77.0.2 stopped answering: no reply to ssh's "
-                        "keepalives for 10 s (--host-timeout); resumed from epoch 3, batch 10 | 10.4 (--host-timeout "
-                        "10; the default 60) | 30.0 (1.50x) | h1 none; h2 2 process(es), gone 9.2 s after the job's "
-                        "end (31.2 s after the fault) |")
-    assert lines[4] == ("| link-outage | h2's link down 5 s; finished; no restart; model byte-identical to "
-                        "uninterrupted | - | "
+                        "keepalives for 10 s (--host-timeout); resumed from epoch 3, batch 10 (a live worker's state) "
+                        "| 10.4 (--host-timeout 10; the default 60) | 13.1 | 30.0 (1.50x) | h1 none; h2 2 process(es), "
+                        "gone 9.2 s after the job's end (31.2 s after the fault) |")
+    assert lines[4] == ("| host-joined | finished; 1 change(s) of hosts: the job's hosts changed: 10.77.0.3 joined (2 "
+                        "listed, -n 1:2); resumed from epoch 3, batch 2 (a live worker's state) | 0.8 | 4.3 | "
+                        "24.0 (1.20x) | h1 none; h2 none |")
+    assert lines[5] == ("| link-outage | h2's link down 5 s; finished; no restart; model byte-identical to "
+                        "uninterrupted | - | - | "
                         "25.0 (1.25x) | h1 none; h2 none |")
-    assert lines[5] == ("| scheduler-host-lost | launcher killed with h1 (exit -9); new launch on h2 with --resume "
-                        "from epoch 3, batch 0: finished | h2 emptied after 30.5 (no launcher) | 50.5 (2.52x): 8.0 to "
-                        "the fault + 30.5 until h2 was empty + 12.0 resumed | h1 lost; h2 1 process(es), gone 30.5 s "
-                        "after the fault |")
+    assert lines[6] == ("| scheduler-host-lost | launcher killed with h1 (exit -9); new launch on h2 with --resume "
+                        "from epoch 3, batch 0: finished | h2 emptied after 30.5 (no launcher) | - | 50.5 (2.52x): 8.0 "
+                        "to the fault + 30.5 until h2 was empty + 12.0 resumed | h1 lost; h2 1 process(es), gone 30.5 "
+                        "s after the fault |")
 
 
 def test_a_reason_is_cut_at_its_first_semicolon_and_a_pipe_never_breaks_the_table():

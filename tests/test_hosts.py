@@ -2,6 +2,9 @@
 (a network namespace a host, a shaped link each, ssh over it). The same model as one process on 2 and 3 hosts
 with one server a host and each host's thread settings; a lost host healed from the last checkpoint; a partition
 noticed within --host-timeout and healed; a slow but healthy host left alone; nothing left on any host."""
+import json
+import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -107,21 +110,84 @@ def _healing_job(cluster, tmp_path, data_dir, hosts, extra=()):
 
 
 @pytest.mark.slow
-def test_a_lost_host_is_healed_from_the_last_checkpoint(make_cluster, tiny, tmp_path):
+def test_a_lost_host_is_healed_from_a_live_workers_state(make_cluster, tiny, tmp_path):
     """Every process on host 3 SIGKILLed and its link down, discovery no longer naming it: the job starts again
-    on the two hosts left, from its last checkpoint, and finishes (noticed within --host-timeout: 10 s here, not
-    the default 60 that the test would wait for)."""
+    on the two hosts left, from the state a live worker committed in memory (newer than the last checkpoint), and
+    finishes. The discovery script is not polled while the job runs here (--discovery-interval 1000), so that the
+    lost worker, not the new list, ends the start."""
     cluster = make_cluster(3)
-    job, discovery = _healing_job(cluster, tmp_path, tiny[0], 3, ["--host-timeout", "10"])
+    job, discovery = _healing_job(cluster, tmp_path, tiny[0], 3, ["--host-timeout", "10",
+                                                                   "--discovery-interval", "1000"])
     job.wait_for("epoch 2,")
     discovery.write_text("".join(f"{a}\n" for a in cluster.addresses[:2]))
     cluster.kill_host(3)
     assert job.finish() == 0, "\n".join(job.err[-30:])
     restarts = [line for line in job.err if line.startswith("restart ")]
     assert len(restarts) == 1 and restarts[0].endswith("starting 2 worker(s) again"), job.err[-30:]
-    assert any("resuming from its last" in line for line in job.out), job.out[-30:]
+    assert any(line.startswith("took the state of step ") for line in job.err), job.err[-30:]
+    assert any("resuming from the state a worker committed in memory" in line for line in job.out), job.out[-30:]
     assert load_checkpoint(tmp_path / "ckpt").state.epoch == 13
     assert _left(cluster, 1) == [] and _left(cluster, 2) == []
+
+
+#: Epochs of the elastic jobs: long enough for a change after the first to land mid-run (an epoch of the tiny set
+#: takes about 0.3 s here, a change about 5 s), short enough that float32 rounding (a batch split over 2 workers
+#: or not) keeps the model within 1e-5 of each array's scale of one process's.
+ELASTIC_EPOCHS = 10
+
+
+def _elastic_job(cluster, tmp_path, data_dir, listed, epochs=ELASTIC_EPOCHS):
+    """A LeNet job with -n 1:2 on the hosts ``listed`` (1-based), no --checkpoint-dir: its state lives only in
+    the workers' memory. Returns the launcher and its discovery file."""
+    discovery = tmp_path / "discovered"
+    discovery.write_text("".join(f"{cluster.host(i).address}\n" for i in listed))
+    return Launched(cluster, ["-n", "1:2", "-s", "1", "--host-discovery-script", f"cat {discovery}",
+                              "--discovery-interval", "0.2", "--max-restarts", "1"],
+                    ["--data-dir", str(data_dir), "--epochs", str(epochs), *TRAIN, "--export", "lenet",
+                     "--metrics-json", "metrics.json"], tmp_path), discovery
+
+
+def _check_elastic_end(cluster, job, tmp_path, dataset, epochs, workers):
+    """The job ended well: every epoch trained once, the first and the last by ``workers`` (two numbers), the
+    model the one a job of constant size trains (one process on one context, the same global batch), nothing left."""
+    assert job.finish(timeout=300) == 0, "\n".join(job.err[-30:])
+    assert any(line.startswith("took the state of step ") for line in job.err), job.err[-30:]
+    assert not (tmp_path / "ckpt").exists()
+    history = json.loads((tmp_path / "metrics.json").read_text())
+    assert [m["epoch"] for m in history] == list(range(1, epochs + 1))
+    assert (history[0]["workers"], history[-1]["workers"]) == workers, [m["workers"] for m in history]
+    _, model = fit(dataset, lenet_strategy([mx.cpu(0)], seed=3), 0.1, RunConfig(epochs=epochs, batch_size=13, seed=3))
+    assert_same_parameters(_exported(tmp_path / "lenet"), [p.asnumpy() for p in model[0]], "float32")
+    for i in (1, 2):
+        assert _left(cluster, i) == [], f"left on h{i}"
+
+
+@pytest.mark.slow
+def test_an_elastic_job_grows_onto_a_host_listed_after_its_first_epoch(make_cluster, tiny, tmp_path):
+    """Started on host 1 alone; host 2 listed once epoch 1 ended: the launcher takes host 1's worker's state
+    from its memory and starts 2 workers from it."""
+    cluster = make_cluster(2)
+    data_dir, dataset = tiny
+    job, discovery = _elastic_job(cluster, tmp_path, data_dir, [1])
+    job.wait_for("epoch 1,")
+    discovery.write_text(f"{cluster.host(1).address}\n{cluster.host(2).address}\n")
+    job.wait_for("connected to 2 workers")
+    assert any(f"the job's hosts changed: {cluster.host(2).address} joined" in line for line in job.err), job.err
+    _check_elastic_end(cluster, job, tmp_path, dataset, ELASTIC_EPOCHS, (1, 2))
+
+
+@pytest.mark.slow
+def test_an_elastic_job_shrinks_off_a_host_removed_and_killed(make_cluster, tiny, tmp_path):
+    """Started on both hosts; after epoch 1 host 2 is no longer listed and its processes are SIGKILLed: the
+    launcher takes the state from a live worker and starts 1 worker from it."""
+    cluster = make_cluster(2)
+    data_dir, dataset = tiny
+    job, discovery = _elastic_job(cluster, tmp_path, data_dir, [1, 2])
+    job.wait_for("epoch 1,")
+    discovery.write_text(f"{cluster.host(1).address}\n")
+    for pid in cluster.processes(2):
+        os.kill(pid, signal.SIGKILL)
+    _check_elastic_end(cluster, job, tmp_path, dataset, ELASTIC_EPOCHS, (2, 1))
 
 
 @pytest.mark.slow
@@ -129,7 +195,8 @@ def test_a_partition_is_noticed_within_the_host_timeout_and_healed(make_cluster,
     """Host 2's link down for good, its processes alive: ssh's keepalives go unanswered, the launcher ends the
     stalled start within --host-timeout with one line naming the host, and starts again on host 1 alone."""
     cluster = make_cluster(2)
-    job, discovery = _healing_job(cluster, tmp_path, tiny[0], 2, ["--host-timeout", "4"])
+    job, discovery = _healing_job(cluster, tmp_path, tiny[0], 2, ["--host-timeout", "4",
+                                                                   "--discovery-interval", "1000"])
     job.wait_for("epoch 2,")
     discovery.write_text(f"{cluster.host(1).address}\n")
     cluster.cut(2)

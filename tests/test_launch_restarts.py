@@ -13,8 +13,10 @@ import sys
 import pytest
 
 import parallel.launch.cli as launch_cli
-from parallel.launch.restarts import (BAD_DISCOVERY, INTERRUPTED, NOT_STARTED, PROCESS_FAILED, STALL_TIMEOUT,
-                                      START_TIMEOUT, SUCCESS, TOO_FEW_HOSTS, Decision, Ending, Failure, decide)
+from parallel.handover import fetch_state
+from parallel.launch.restarts import (BAD_DISCOVERY, HOSTS_CHANGED, INTERRUPTED, NOT_STARTED, PROCESS_FAILED,
+                                      STALL_TIMEOUT, START_TIMEOUT, SUCCESS, TOO_FEW_HOSTS, Decision, Ending, Failure,
+                                      decide)
 from conftest import start_process, stop_process
 from test_launch import assert_nothing_left, dmlc_processes, error_lines, launcher, mark, run_launcher, \
     wait_for_pids, write_script, LOOPING_SCRIPT  # noqa: F401 (mark is a fixture)
@@ -98,14 +100,20 @@ def test_an_unknown_ending_is_a_bug():
         decide(Ending("crashed", "?"), 0, 3)
 
 
-def _main_with(endings, monkeypatch, *flags):
+def _main_with(endings, monkeypatch, *flags, states=()):
     """``main`` with fake jobs (no process started) whose starts end as ``endings`` says, in turn; returns the
-    exit status and each start's restart number."""
-    starts = []
+    exit status and each start's restart number. In an elastic job, a start that ends badly hands over the next
+    of ``states`` (``(step, bytes)`` or None), and ``handed`` records what each start was pointed at."""
+    starts, states = [], list(states)
 
     class FakeJob:
         def __init__(self, start, signals, watchdog):
             starts.append(start)
+            handed.append(None if start.state_address is None else
+                          fetch_state(*start.state_address.rsplit(":", 1)))
+
+        def hand_over(self):
+            return states.pop(0)
 
         def run(self):
             ending = endings[len(starts) - 1]
@@ -123,10 +131,29 @@ def _main_with(endings, monkeypatch, *flags):
         def close(self):
             pass
 
+    handed = []
     monkeypatch.setattr(launch_cli, "Job", FakeJob)
     monkeypatch.setattr(launch_cli, "Watchdog", FakeWatchdog)
     status = launch_cli.main([*map(str, flags), "python", "x.py"])
+    _main_with.handed = handed
     return status, [start.restart for start in starts]
+
+
+def test_a_change_of_hosts_starts_again_from_the_state_taken_and_is_not_a_restart(monkeypatch, capsys):
+    """The elastic loop: a change of hosts starts the job again without counting a restart (none allowed here);
+    each start after one is pointed at the state taken from the start before, kept when a start gives none."""
+    changed = Ending(HOSTS_CHANGED, "the job's hosts changed: 127.0.0.1 joined (2 listed, -n 1:2)")
+    status, starts = _main_with([changed, changed, Ending(SUCCESS)], monkeypatch, "-n", "1:2",
+                                states=[(7, b"seven"), None])
+    assert (status, starts) == (0, [0, 1, 2])
+    assert _main_with.handed == [None, (7, b"seven"), (7, b"seven")]
+    assert capsys.readouterr().err.splitlines() == [f"{changed.message}; starting 2 worker(s) again"] * 2
+
+
+def test_a_job_that_is_not_elastic_takes_no_state(monkeypatch, capsys):
+    status, starts = _main_with([KILLED, Ending(SUCCESS)], monkeypatch, "-n", 2, "--max-restarts", 1,
+                                states=[(3, b"never taken")])
+    assert (status, starts, _main_with.handed) == (0, [0, 1], [None, None])
 
 
 def test_the_launcher_restarts_a_failed_start_as_the_policy_says(monkeypatch, capsys):
@@ -236,7 +263,8 @@ def test_the_number_of_workers_follows_the_discovery_script(tmp_path, mark):
     result = run_launcher(mark, "-n", "1:4", "--max-restarts", 2, "--grace", 2, "--host-discovery-script",
                           f"cat {slots}", sys.executable, script, tmp_path, timeout=240)
     assert result.returncode == 0, result.stderr
-    restarts = [line for line in result.stderr.splitlines() if line.startswith("restart ")]
+    # the launcher sees the death or the new list first: a restart, or a change of hosts
+    restarts = [line for line in result.stderr.splitlines() if line.endswith("worker(s) again")]
     assert [line.rsplit("; ", 1)[1] for line in restarts] == ["starting 1 worker(s) again",
                                                               "starting 3 worker(s) again"], result.stderr
     assert sorted(set(_lines(result.stdout))) == ["restart 0: 2 workers", "restart 1: 1 workers",
@@ -290,6 +318,8 @@ def test_a_job_that_ends_well_leaves_nothing_when_the_launcher_returns(tmp_path,
     (["-n", "1", "--max-restarts", "-1"], "--max-restarts must be >= 0"),
     (["-n", "1", "--host-discovery-script", ""], "--host-discovery-script needs a command"),
     (["-n", "1", "--launcher", "ssh", "--host-discovery-script", "true"], "needs --scheduler-host"),
+    (["-n", "1:2", "--discovery-interval", "0"], "--discovery-interval must be > 0 seconds"),
+    (["-n", "1:2", "--discovery-interval", "inf"], "--discovery-interval must be at most 1000000 seconds"),
 ])
 def test_bad_restart_and_elastic_flags_exit_2(args, message, capsys):
     from parallel.launch import main

@@ -108,7 +108,7 @@ def test_a_submodule_never_hides_the_function_of_the_same_name():
 #: module (``name.registry``, where names become objects) are nodes of their own.
 LAYERS = [
     ["mxnet_compat"],
-    ["lazy", "validate", "files", "engine", "flight"],
+    ["lazy", "validate", "files", "engine", "flight", "handover"],
     ["cli"],
     ["trace", "mesh"],
     ["split"],

@@ -16,7 +16,7 @@ from parallel.train import main
 from parallel.fit import IN_FLIGHT, NonFiniteLossError, fit
 from conftest import easy_dataset, run_process, start_process, write_idx_files
 
-KEYS = {"epoch", "train_loss", "train_acc", "test_acc", "seconds", "images_per_second"}
+KEYS = {"epoch", "train_loss", "train_acc", "test_acc", "seconds", "images_per_second", "workers"}
 
 
 @pytest.fixture(scope="module")
@@ -54,6 +54,7 @@ def test_trains_above_chance_and_writes_outputs(epochs, data, tmp_path, capsys, 
     assert [m["epoch"] for m in history] == list(range(1, epochs + 1))
     for m in history:
         assert set(m) == KEYS | {"memory"}
+        assert m["workers"] == 1   # one process: --metrics-json records each epoch's number of workers
         assert all(isinstance(m[k], (int, float)) and math.isfinite(m[k]) for k in KEYS)
         assert [row["context"] for row in m["memory"]] == ["cpu(0)", "cpu(1)"]
         for row in m["memory"]:   # LeNet's 129068 float32 parameters, their gradient; plain SGD keeps no state

@@ -2,6 +2,7 @@
 ``python -m parallel.train`` under ``python -m parallel.launch --max-restarts`` resuming by itself after a worker
 is SIGKILLed at any point, ending bitwise equal to the job never interrupted; with ``-n MIN:MAX`` the job goes on
 with another number of workers and ends with the same model to float32 rounding."""
+import json
 import os
 import sys
 
@@ -12,6 +13,7 @@ import pytest
 from parallel import RunConfig, Snapshot, fit, make_strategy
 from parallel.checkpoint import load_checkpoint
 from parallel.cli import RESTART_ENV
+from parallel.models import LENET_PARAM_NAMES
 from parallel.optim import make_optimizer
 from parallel.train import main
 from conftest import assert_same_parameters, easy_dataset, lenet_strategy, run_process, write_idx_files
@@ -62,6 +64,7 @@ def test_a_run_refuses_a_bad_checkpoint_every(value):
     (["--checkpoint-every", "5"], "--checkpoint-every needs --checkpoint-dir"),
     (["--checkpoint-every", "0", "--checkpoint-dir", "c"], "--checkpoint-every must be >= 1"),
     (["--checkpoint-every", "x", "--checkpoint-dir", "c"], "invalid int value"),
+    (["--commit-every", "0"], "--commit-every must be >= 1"),
 ])
 def test_bad_checkpoint_every_exits_2(args, message, capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
@@ -98,7 +101,8 @@ def test_a_restarted_run_resumes_by_itself_and_a_first_start_does_not(tiny, tmp_
 
 # Runs python -m parallel.train, SIGKILLing itself where argv[1] says: "none", or plans joined by "+", each
 # "START/step:N:R" (once its N-th training step of that start of the job is queued, before any checkpoint after it,
-# on rank R) or "START/write:N"
+# on rank R), "START/grow:N:R" (the same step, writing the discovery file and pausing 5 s instead of dying: an
+# elastic launcher sees the hosts change while the job waits) or "START/write:N"
 # (inside rank 0's N-th checkpoint write of that start, after the arrays, before the manifest that commits them),
 # optionally with "/HOST,HOST" to write into the discovery file argv[2] first. Other starts train normally.
 WRAPPER = """
@@ -108,23 +112,31 @@ sys.argv = [sys.argv[0]] + sys.argv[3:]
 restart = int(os.environ["PARALLEL_RESTART"])
 plan = [p.split("/") for p in plans.split("+") if p != "none" and int(p.split("/")[0]) == restart]
 
-def die(hosts):
+def list_hosts(hosts):
     if hosts:
         with open(hosts_file, "w") as f:
             f.write(hosts.replace(",", "\\n") + "\\n")
+
+def die(hosts):
+    list_hosts(hosts)
     os.kill(os.getpid(), signal.SIGKILL)
+
+def grow(hosts):
+    import time
+    list_hosts(hosts)
+    time.sleep(5)
 
 import parallel.checkpoint, parallel.report
 if plan:
     _, where, *hosts = plan[0]
     kind, n, *rank = where.split(":")
     count = [0]
-    if kind == "step":   # fit's on_step (the report's) runs once a step is queued, before its checkpoint
+    if kind in ("step", "grow"):   # fit's on_step (the report's) runs once a step is queued, before its checkpoint
         step = parallel.report.Report.step
         def counted(self, epoch, batch):
             count[0] += 1
             if count[0] == int(n) and self.strategy.job.rank == int(rank[0]):
-                die(hosts and hosts[0])
+                (die if kind == "step" else grow)(hosts and hosts[0])
             return step(self, epoch, batch)
         parallel.report.Report.step = counted
     else:   # the manifest, the commit point, is written through atomic_write once the arrays are
@@ -143,9 +155,9 @@ TRAIN = ["--batch-size", "13", "--lr", "0.1", "--seed", "3", "--no-progress", "-
          "3", "--momentum", "0.9", "--checkpoint-dir", "ckpt", "--checkpoint-every", "4"]
 
 
-def run_job(tmp_path, data_dir, plans, workers="2", discovery=None, timeout=400, train=TRAIN):
+def run_job(tmp_path, data_dir, plans, workers="2", discovery=None, timeout=400, train=TRAIN, launcher=()):
     (tmp_path / "wrapper.py").write_text(WRAPPER)
-    discover = [] if discovery is None else ["--host-discovery-script", f"cat {discovery}"]
+    discover = [] if discovery is None else ["--host-discovery-script", f"cat {discovery}", *launcher]
     env = dict(os.environ, OMP_NUM_THREADS="1")   # every process, whatever the number of workers: equal rounding
     return run_process([sys.executable, "-m", "parallel.launch", "-n", workers, "-s", "1", "--max-restarts", "2",
                         "--grace", "2", "--stall-timeout", "120", *discover, sys.executable,
@@ -194,7 +206,7 @@ def test_a_job_goes_from_2_workers_to_1_to_3_and_trains_the_same_model(tiny, str
     hosts = tmp_path / "hosts"
     hosts.write_text("localhost\nlocalhost\n")
     result = run_job(tmp_path, tiny, "0/step:7:1/localhost+1/step:6:0/localhost,localhost,localhost",
-                     workers="1:3", discovery=hosts)
+                     workers="1:3", discovery=hosts, launcher=["--discovery-interval", "1000"])
     assert result.returncode == 0, result.stderr[-3000:]
     counts = [line.rsplit("; ", 1)[1] for line in result.stderr.splitlines() if line.startswith("restart ")]
     assert counts == ["starting 1 worker(s) again", "starting 3 worker(s) again"], result.stderr[-3000:]
@@ -231,3 +243,49 @@ def test_a_compressed_job_killed_mid_epoch_resumes_its_residuals_bitwise(spec, t
     assert sorted(got.compression_state) == sorted(want.compression_state)
     for name, value in want.compression_state.items():
         np.testing.assert_array_equal(got.compression_state[name].asnumpy(), value.asnumpy())
+
+
+@pytest.mark.slow
+def test_an_elastic_job_grows_and_shrinks_with_its_state_in_memory_and_trains_the_same_model(tiny, straight,
+                                                                                             tmp_path):
+    """No --checkpoint-dir: the first start's one worker lists a second host at its 4th step and waits; the
+    launcher sees it, takes the state the worker committed in memory and starts 2 workers from it. The second
+    start's rank 1 lists one host and is SIGKILLed at its 9th step: the launcher takes the survivor's last commit
+    (rank 0 waits in the step's sum, its server thread answers) and starts 1 worker from it. Every epoch is trained
+    once, each records its number of workers, and the model is the one of the job that ran 2 workers throughout."""
+    hosts = tmp_path / "hosts"
+    hosts.write_text("localhost\n")
+    train = [arg for arg in TRAIN[:-4]] + ["--export", "m", "--metrics-json", "metrics.json"]
+    assert "--checkpoint-dir" not in train
+    result = run_job(tmp_path, tiny, "0/grow:4:0/localhost,localhost+1/step:9:1/localhost", workers="1:2",
+                     discovery=hosts, train=train, launcher=["--discovery-interval", "0.2"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "the job's hosts changed: 127.0.0.1 joined (2 listed, -n 1:2); starting 2 worker(s) again" in \
+        result.stderr, result.stderr[-3000:]
+    taken = [line for line in result.stderr.splitlines() if line.startswith("took the state of step ")]
+    assert len(taken) == 2, result.stderr[-3000:]
+    layouts = [line.rsplit(" on ", 1)[1] for line in result.stdout.splitlines() if "] training LeNet" in line]
+    assert layouts == ["1 worker(s) x 1 context(s)", "2 worker(s) x 1 context(s)", "1 worker(s) x 1 context(s)"], \
+        result.stdout[-3000:]
+    resumed = [line for line in result.stdout.splitlines() if "resuming from the state a worker committed" in line]
+    assert len(resumed) == 2 and not (tmp_path / "ckpt").exists(), result.stdout[-3000:]
+    history = json.loads((tmp_path / "metrics.json").read_text())
+    assert [m["epoch"] for m in history] == [1, 2, 3] and history[-1]["workers"] == 1
+    assert {m["workers"] for m in history} <= {1, 2} and 2 in [m["workers"] for m in history], history
+    exported = mx.nd.load(str(tmp_path / "m-0000.params"))
+    assert_same_parameters([exported[f"arg:{name}"].asnumpy() for name in LENET_PARAM_NAMES],
+                           [p.asnumpy() for p in straight.params], "float32")
+
+
+@pytest.mark.slow
+def test_an_elastic_job_whose_hosts_stay_the_same_is_never_started_again(tiny, tmp_path):
+    """Where it must be false: the discovery script lists the same hosts at every poll (in another order), and the
+    job runs once to its end, with nothing taken and no restart."""
+    hosts = tmp_path / "hosts"
+    hosts.write_text("localhost\n127.0.0.1\n")
+    train = [arg for arg in TRAIN[:-4]]
+    result = run_job(tmp_path, tiny, "0/grow:4:0/127.0.0.1,localhost", workers="1:2", discovery=hosts, train=train,
+                     launcher=["--discovery-interval", "0.2"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "took the state" not in result.stderr and "restart" not in result.stderr, result.stderr[-3000:]
+    assert result.stdout.count("] training LeNet") == 1

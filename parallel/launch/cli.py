@@ -7,10 +7,11 @@ import sys
 import uuid
 
 from ..cli import USAGE_STATUS, Parser, UsageError
+from ..handover import StateServer
 from .hosts import check_port, default_scheduler_host, free_port, parse_hostfile
 from .job import Job, Signals, plan_start, write_line
 from .processes import default_servers
-from .restarts import Failure, decide
+from .restarts import HOSTS_CHANGED, SUCCESS, Failure, decide
 from .watchdog import Watchdog
 
 __all__ = ["main", "build_parser", "check_args", "MAX_SECONDS"]
@@ -60,13 +61,18 @@ def build_parser():
                         help="the scheduler's port (default: a free port the launcher picks)")
     _add_watch_flags(parser)
     parser.add_argument("--host-discovery-script", default=None, metavar="COMMAND",
-                        help="a shell command run at every start that prints the available hosts, one "
-                             "host[:ssh port] a line, one worker each (Horovod's elastic discovery); with "
-                             "--launcher local every host must be this machine")
+                        help="a shell command that prints the available hosts, one host[:ssh port] a line, one "
+                             "worker each (Horovod's elastic discovery): run at every start and every "
+                             "--discovery-interval seconds while the job runs; a host that joins (within -n "
+                             "MIN:MAX) or leaves starts the job again on the hosts listed, from the state a live "
+                             "worker committed in memory; with --launcher local every host must be this machine")
+    parser.add_argument("--discovery-interval", type=float, default=1.0, metavar="SEC",
+                        help="how often the --host-discovery-script runs while the job runs; default 1")
     parser.add_argument("command", nargs=argparse.REMAINDER,
                         help="the command every worker runs, e.g. python my_kvstore_script.py --epochs 5")
     parser.set_defaults(restart=0)   # which start of the job the arguments plan (plan_start sets it)
     parser.set_defaults(link_mbit=None)   # the slowest link this start measured (Job.measure_links), if any
+    parser.set_defaults(state_address=None)   # an elastic job: where the launcher serves the state taken last
     return parser
 
 
@@ -163,10 +169,13 @@ def _check_seconds(args):
         raise UsageError(f"--stall-timeout must be >= 0 seconds (0 turns it off), got {args.stall_timeout}")
     if not args.host_timeout >= 0:
         raise UsageError(f"--host-timeout must be >= 0 seconds (0 turns it off), got {args.host_timeout}")
+    if not args.discovery_interval > 0:
+        raise UsageError(f"--discovery-interval must be > 0 seconds, got {args.discovery_interval}")
     if not args.grace >= 0:
         raise UsageError(f"--grace must be >= 0 seconds, got {args.grace}")
     for flag, seconds in (("--start-timeout", args.start_timeout), ("--stall-timeout", args.stall_timeout),
-                          ("--host-timeout", args.host_timeout), ("--grace", args.grace)):
+                          ("--host-timeout", args.host_timeout), ("--grace", args.grace),
+                          ("--discovery-interval", args.discovery_interval)):
         if not seconds <= MAX_SECONDS:
             raise UsageError(f"{flag} must be at most {MAX_SECONDS:.0f} seconds (11 days), got {seconds}")
 
@@ -212,22 +221,27 @@ def main(argv=None):
         for job in jobs:
             job.kill_now()
     atexit.register(kill_now)
+    relay = StateServer() if args.elastic else None   # the state taken from a live worker, for the next start
     try:
         with Signals() as signals:
-            return _run(args, signals, watchdog, jobs)
+            return _run(args, signals, watchdog, jobs, relay)
     finally:
         atexit.unregister(kill_now)
         watchdog.close()
+        if relay is not None:
+            relay.close()
 
 
-def _run(args, signals, watchdog, jobs):
+def _run(args, signals, watchdog, jobs, relay=None):
     """Start the job, and again after each start that ``restarts.decide`` restarts; returns the exit status.
-    Every start is stopped before the next line is printed, so that an error is the last line."""
-    restarts, decision = 0, None
+    Every start is stopped before the next line is printed, so that an error is the last line. In an elastic job
+    (``relay``, a ``StateServer``), the newest state a live worker committed is taken before a start that did not
+    succeed is stopped, and the next start resumes from it."""
+    starts, restarts, decision = 0, 0, None
     while True:
-        job = None
+        job, ending = None, None
         try:
-            start = plan_start(args, restarts, signals)
+            start = plan_start(args, starts, signals)
             if decision is not None:
                 write_line("stderr", decision.restart_line(start.num_workers))
             job = Job(start, signals, watchdog)
@@ -237,10 +251,22 @@ def _run(args, signals, watchdog, jobs):
             ending = e.ending
         finally:
             if job is not None:
+                if relay is not None and ending is not None and ending.kind != SUCCESS and signals.signum is None:
+                    _keep_state(job, relay, args)
                 job.stop()   # also when the launcher itself fails; a no-op when everything is stopped
         decision = decide(ending, restarts, args.max_restarts, interrupted=signals.signum is not None)
         if not decision.restart:
             if decision.line is not None:
                 write_line("stderr", decision.line)
             return decision.status
-        restarts += 1
+        starts += 1
+        restarts += ending.kind != HOSTS_CHANGED   # a change of hosts is the job working, not a failure
+
+
+def _keep_state(job, relay, args):
+    """Take the newest state a live worker of ``job`` committed into ``relay``, and point the next starts at it
+    (``args.state_address``); keep the one taken before if no worker gives one."""
+    taken = job.hand_over()
+    if taken is not None:
+        relay.commit(*taken)
+        args.state_address = f"{args.scheduler_host}:{relay.port}"

@@ -104,13 +104,20 @@ def _local_names():
 
 def _discover(args):
     """The hosts the ``--host-discovery-script`` prints now, one worker slot a line; ``[]`` if it fails."""
+    return listed_slots(args) or []
+
+
+def listed_slots(args):
+    """The hosts the ``--host-discovery-script`` prints now, one worker slot a line; None when the script fails
+    (exits with another status than 0, or runs over a minute): nothing is known then. Raises ``Failure``
+    (``BAD_DISCOVERY``) for a bad line, or another host than this machine's with ``--launcher local``."""
     try:
         result = subprocess.run(args.host_discovery_script, shell=True, stdin=subprocess.DEVNULL,
                                 capture_output=True, text=True, timeout=_DISCOVERY_TIMEOUT, start_new_session=True)
     except subprocess.TimeoutExpired:
-        return []
+        return None
     if result.returncode != 0:
-        return []
+        return None
     try:
         hosts = _parse_host_lines(result.stdout.splitlines())
     except ValueError as e:

@@ -14,11 +14,12 @@ import threading
 import time
 
 from ..flight import INTERVAL, STILL, diagnose, format_records, parse_line, positions
-from .hosts import available_slots, free_port
+from ..handover import fetch_state, parse_announcement
+from .hosts import available_slots, free_port, listed_slots
 from .processes import (GROUP_GONE_SECONDS, P3_BELOW_MBIT, default_servers, hosts_to_probe, kill_group,
                         link_probe_argv, p3_suits, plan_processes, probe_link, user_wants_ps_log, wait_group_gone)
-from .restarts import (DIVERGED, INTERRUPTED, NOT_STARTED, PROCESS_FAILED, STALL_TIMEOUT, START_TIMEOUT, SUCCESS,
-                       TOO_FEW_HOSTS, Ending, Failure)
+from .restarts import (DIVERGED, HOSTS_CHANGED, INTERRUPTED, NOT_STARTED, PROCESS_FAILED, STALL_TIMEOUT,
+                       START_TIMEOUT, SUCCESS, TOO_FEW_HOSTS, Ending, Failure)
 
 __all__ = ["START_LINE", "Job", "Signals", "plan_start", "write_line", "describe_status", "is_ps_chatter"]
 
@@ -48,6 +49,20 @@ _READER_JOIN_SECONDS = 2.0
 _STACK_WAIT_SECONDS = STILL + 2.0
 # When a process fails, how long the launcher waits for the workers' latest records (published every INTERVAL).
 _FAILURE_RECORD_SECONDS = 5 * INTERVAL
+# How long taking an elastic job's state from a live worker may wait for a byte before trying the next worker.
+_FETCH_SECONDS = 15.0
+
+
+def _difference(hosts, others):
+    """The names of ``hosts`` (``(host, ssh port)`` pairs) not in ``others``, counted as a multiset."""
+    left = collections.Counter(others)
+    names = []
+    for host, port in hosts:
+        if left[host, port]:
+            left[host, port] -= 1
+        else:
+            names.append(host if port is None else f"{host}:{port}")
+    return names
 
 
 def _host_not_responding(child):
@@ -101,6 +116,7 @@ class _Child:
         self.tail = collections.deque(maxlen=_TAIL_LINES)
         self.done = threading.Event()
         self.returncode = None
+        self.state_port = None   # an elastic job's worker: where it serves its commits (parallel.handover)
         env = None if spec.host is not None else dict(os.environ, **spec.env)
         self.process = subprocess.Popen(spec.argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                         stderr=subprocess.PIPE, start_new_session=True)
@@ -126,6 +142,10 @@ class _Child:
             if self.spec.host is not None and _SSH_CLOSED.match(line):
                 continue
             if self.spec.role == "worker":
+                port = parse_announcement(line)
+                if port is not None:
+                    self.state_port = port
+                    continue
                 line, snapshot = parse_line(line)
                 if snapshot is not None:
                     self.job.note_flight(self, snapshot)
@@ -175,6 +195,8 @@ class Job:
         self.flights = {}   # worker child -> the latest flight record it published
         self.flight_changed = threading.Event()
         self.divergence = None   # (the diagnosis line, when it was found)
+        self.listed = None   # an elastic job: the hosts its discovery script listed last (None: not known)
+        self.ended = threading.Event()
 
     def note_flight(self, child, snapshot):
         """Keep the latest flight record ``child`` published (``parallel.flight``)."""
@@ -261,6 +283,8 @@ class Job:
         started = time.monotonic()
         self.start()
         workers = [c for c in self.children if c.spec.role == "worker"]
+        if args.elastic and args.host_discovery_script is not None:
+            threading.Thread(target=self._poll_discovery, daemon=True).start()
         while True:
             try:
                 child = self.exits.get(timeout=0.1)
@@ -273,6 +297,7 @@ class Job:
             if child is not None and child.returncode != 0:
                 raise self._child_failure(child)
             self._check_flights()
+            self._check_hosts()
             if all(w.done.is_set() for w in workers):
                 return self._wind_down()
             now = time.monotonic()
@@ -284,6 +309,58 @@ class Job:
                 raise Failure(STALL_TIMEOUT, f"no worker printed a line for {args.stall_timeout:g} s "
                                              "(--stall-timeout); the job is stuck or silent (a worker waiting for "
                                              f"a dead or hung peer never returns){where}")
+
+    def _poll_discovery(self):
+        """Run the discovery script every ``--discovery-interval`` seconds while the start runs (a thread); keep
+        what it lists in ``listed``, or the ``Failure`` of a bad line."""
+        while not self.ended.wait(self.args.discovery_interval):
+            try:
+                listed = listed_slots(self.args)
+            except Failure as e:
+                listed = e
+            if listed is not None:
+                self.listed = listed
+
+    def _check_hosts(self):
+        """Raise ``Failure(HOSTS_CHANGED)`` once the discovery script lists other hosts than the start's (the
+        first ``MAX`` of them: a host joined, or one of the start's left); the failure of a bad line as it is."""
+        listed = self.listed
+        if listed is None:
+            return
+        if isinstance(listed, Failure):
+            raise listed
+        args = self.args
+        wanted = listed[:min(args.max_workers, len(listed))]
+        if sorted(wanted) == sorted(args.hosts):
+            return
+        joined, left = _difference(wanted, args.hosts), _difference(args.hosts, wanted)
+        what = [f"{', '.join(joined)} joined" if joined else "", f"{', '.join(left)} left" if left else ""]
+        raise Failure(HOSTS_CHANGED, f"the job's hosts changed: {' and '.join(w for w in what if w)} "
+                                     f"({len(listed)} listed, -n {args.min_workers}:{args.max_workers})")
+
+    def hand_over(self):
+        """Fetch the newest state an elastic job's live workers committed (``parallel.handover``), from the first
+        that answers; returns ``(step, bytes)``, or None when none could give one (say so in one line)."""
+        began = time.monotonic()
+        if not any(c.state_port is not None for c in self.children):   # a command that commits nothing
+            return None
+        live = [c for c in self.children if c.spec.role == "worker" and not c.done.is_set()
+                and c.state_port is not None]
+        errors = []
+        for child in live:
+            try:
+                step, data = fetch_state(child.spec.host or "127.0.0.1", child.state_port, timeout=_FETCH_SECONDS)
+            except OSError as e:
+                errors.append(f"{child.spec.name}: {e}")
+                continue
+            if step >= 0:
+                self.write("stderr", f"took the state of step {step} ({len(data) / 2**20:.1f} MiB) from "
+                                     f"{child.describe()} in {time.monotonic() - began:.2f} s")
+                return step, data
+        why = "; ".join(errors) if errors else "no live worker had committed a state"
+        self.write("stderr", f"no worker's state could be taken ({why}): the next start resumes from the last "
+                             "state taken, or a checkpoint")
+        return None
 
     def _wind_down(self):
         """Every worker exited with 0: the servers and scheduler get ``--grace`` seconds to exit by themselves
@@ -342,6 +419,7 @@ class Job:
 
     def stop(self):
         """SIGTERM every process group still running, SIGKILL after ``--grace`` seconds; wait until reaped."""
+        self.ended.set()
         running = [c for c in self.children if not c.done.is_set()]
         for child in running:
             kill_group(child.pid, signal.SIGTERM)

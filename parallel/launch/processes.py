@@ -11,6 +11,7 @@ import time
 
 from ..cli import HOSTS_ENV, JOB_ENV, RESTART_ENV
 from ..flight import ENV as FLIGHT_ENV
+from ..handover import ELASTIC_ENV, STATE_ENV
 
 __all__ = ["Spec", "plan_processes", "ssh_argv", "user_wants_ps_log", "kill_group", "wait_group_gone",
            "GROUP_GONE_SECONDS", "FORWARDED", "forwarded_env", "worker_hosts", "default_servers", "server_hosts",
@@ -247,6 +248,10 @@ def plan_processes(args):
     common = {"DMLC_PS_ROOT_URI": args.scheduler_host, "DMLC_PS_ROOT_PORT": str(args.port),
               "DMLC_NUM_SERVER": str(args.num_servers), "DMLC_NUM_WORKER": str(args.num_workers),
               RESTART_ENV: str(args.restart), JOB_ENV: args.job, HOSTS_ENV: str(hosts)}
+    if args.elastic:   # every worker commits in memory and serves its commits; a start after a change resumes
+        common[ELASTIC_ENV] = "1"
+        if args.state_address is not None:
+            common[STATE_ENV] = args.state_address
     extra = _extra_env(args)
     van = van_type(args, hosts, extra, args.link_mbit)
     if van is not None:   # every process of the job: the scheduler, the servers and the workers use one van

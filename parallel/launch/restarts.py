@@ -11,6 +11,9 @@ A start of the job ends in one of these ways, its ``Ending.kind``:
 - ``INTERRUPTED``: the launcher itself got SIGINT or SIGTERM (``signum``);
 - ``TOO_FEW_HOSTS``: with ``-n MIN:MAX``, fewer than MIN hosts were available within ``--start-timeout``;
 - ``BAD_DISCOVERY``: the ``--host-discovery-script`` printed a bad line, or another host with ``--launcher local``;
+- ``HOSTS_CHANGED``: in an elastic job, the ``--host-discovery-script`` lists other hosts than the start's (a host
+  joined, within ``-n MIN:MAX``, or one of the start's left). Always started again, on the hosts listed then, and
+  not counted as a restart: a change is the job working as asked.
 - ``DIVERGED``: the workers' flight records prove they disagree (``parallel.flight.diagnose``): one waits in a
   collective another will never issue. Not restarted: the same program on the same data diverges again.
 
@@ -26,7 +29,8 @@ from typing import NamedTuple, Optional
 from ..cli import USAGE_STATUS
 
 __all__ = ["SUCCESS", "PROCESS_FAILED", "NOT_STARTED", "START_TIMEOUT", "STALL_TIMEOUT", "INTERRUPTED",
-           "TOO_FEW_HOSTS", "BAD_DISCOVERY", "DIVERGED", "KINDS", "Ending", "Failure", "Decision", "decide"]
+           "TOO_FEW_HOSTS", "BAD_DISCOVERY", "DIVERGED", "HOSTS_CHANGED", "KINDS", "Ending", "Failure", "Decision",
+           "decide"]
 
 SUCCESS = "success"
 PROCESS_FAILED = "process failed"
@@ -37,9 +41,10 @@ INTERRUPTED = "interrupted"
 TOO_FEW_HOSTS = "too few hosts"
 BAD_DISCOVERY = "bad discovery"
 DIVERGED = "diverged"
+HOSTS_CHANGED = "hosts changed"
 #: Every way a start of the job can end.
 KINDS = (SUCCESS, PROCESS_FAILED, NOT_STARTED, START_TIMEOUT, STALL_TIMEOUT, INTERRUPTED, TOO_FEW_HOSTS,
-         BAD_DISCOVERY, DIVERGED)
+         BAD_DISCOVERY, DIVERGED, HOSTS_CHANGED)
 
 
 class Ending(NamedTuple):
@@ -130,11 +135,15 @@ def decide(ending, restarts, max_restarts, interrupted=False):
     >>> decide(Ending(PROCESS_FAILED, "worker 0 (pid 8) exited with status 2; its last output: error: --lr ...", 2),
     ...        0, 3).status   # a worker that refused its input: the launcher's status says so too
     2
+    >>> decide(Ending(HOSTS_CHANGED, "the hosts changed: 10.0.0.3 joined"), 0, 0).restart_line(3)
+    'the hosts changed: 10.0.0.3 joined; starting 3 worker(s) again'
     """
     if ending.kind not in KINDS:
         raise ValueError(f"ending.kind must be one of {', '.join(KINDS)}, got {ending.kind!r}")
     if ending.kind == SUCCESS:
         return Decision(False, 0, None)
+    if ending.kind == HOSTS_CHANGED and not interrupted:
+        return Decision(True, None, ending.message)
     if _restartable(ending) and restarts < max_restarts and not interrupted:
         return Decision(True, None, f"restart {restarts + 1} of {max_restarts}: {ending.message}")
     refused = ending.kind == PROCESS_FAILED and ending.returncode == USAGE_STATUS   # bad input, not a crash
