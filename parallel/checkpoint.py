@@ -61,7 +61,7 @@ from .validate import BadValue, check_choice, check_int, check_lr, check_number,
 
 __all__ = ["FORMAT", "VERSION", "READABLE_VERSIONS", "MANIFEST", "CheckpointError", "CheckpointMismatch", "TrainingState",
            "Snapshot", "Checkpoint", "CheckpointWriter", "CheckpointWriteError", "LazyArrays", "save_checkpoint",
-           "read_all", "load_checkpoint", "checkpoint_bytes", "load_checkpoint_bytes", "has_checkpoint",
+           "read_all", "load_checkpoint", "checkpoint_bytes", "load_checkpoint_bytes", "packer", "has_checkpoint",
            "check_compatible", "check_run_config", "dataset_fingerprint", "COMPATIBLE_FIELDS"]
 
 FORMAT = "parallel-checkpoint"
@@ -283,6 +283,30 @@ def checkpoint_bytes(params, state, config, aux=(), model="lenet", optimizer_sta
                 del data, buffer
         files.writestr(MANIFEST, json.dumps(_manifest(model, state, config, digests), indent=2) + "\n")
     return archive.getvalue()
+
+
+def packer(snapshot, config, model="lenet"):
+    """What an elastic job's worker commits: host copies of a ``Snapshot``'s arrays, queued on MXNet's engine
+    behind the step's updates and not waited for (a ``LazyArrays``'s items, a sharded model's, are gathered now,
+    in order, as on every worker), and a function of no argument that packs them as ``checkpoint_bytes`` (with
+    ``config`` and ``model``) when called, waiting for the copies then. The snapshot's arrays may change after.
+
+    >>> import mxnet as mx
+    >>> from parallel.models import init_lenet_params
+    >>> params = init_lenet_params(seed=0)
+    >>> pack = packer(Snapshot(TrainingState(1, 2, 0.5, 1.0, 0.1, 7, []), params, [], {}, {}), {"lr": 0.1})
+    >>> params[0][:] = 0   # the training goes on; the commit keeps what it had
+    >>> load_checkpoint_bytes(pack()).params[0].abs().sum().asscalar() > 0
+    True
+    """
+    def copies(arrays):
+        return [arrays[i].copyto(mx.cpu()) for i in range(len(arrays))]
+    params, aux = copies(snapshot.params), copies(snapshot.aux)
+    optimizer_state = {name: copies(arrays) for name, arrays in (snapshot.optimizer_state or {}).items()}
+    feedback = {name: value.copyto(mx.cpu()) for name, value in (snapshot.compression_state or {}).items()}
+    state = snapshot.state
+    return lambda: checkpoint_bytes(params, state, config, aux=aux, model=model, optimizer_state=optimizer_state,
+                                    compression_state=feedback)
 
 
 def _contents(model, params, aux, optimizer_state, compression_state):

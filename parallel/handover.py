@@ -8,14 +8,18 @@ the launcher reads from its output. When the job's hosts change or a process fai
 newest commit from a worker that is still alive (``fetch_state``), serves it with a ``StateServer`` of its own,
 and starts the next workers with ``PARALLEL_ELASTIC_STATE=host:port``: rank 0 fetches it and resumes from it.
 
-The protocol: a client connects and reads a header (the commit's optimizer step, -1 when nothing is committed
-yet, and its length in bytes), then the bytes. Standard library only: the launcher, which never imports MXNet,
-uses it too.
+A commit is cheap: a worker hands ``commit`` a function that packs the state (its host copies, taken with
+MXNet's asynchronous copies), and the server calls it once, on the first request for that commit.
+
+The protocol: a client connects and sends one byte, ``L`` for the latest commit or ``N`` for the next one (the
+first commit after the request: a worker that is still training loses no step to the change), then reads a
+header (the commit's optimizer step, -1 when nothing is committed yet, and its length in bytes) and the bytes.
+Standard library only: the launcher, which never imports MXNet, uses it too.
 
 >>> server = StateServer("127.0.0.1")
 >>> fetch_state("127.0.0.1", server.port)
 (-1, b'')
->>> server.commit(12, b"state")
+>>> server.commit(12, lambda: b"state")
 >>> fetch_state("127.0.0.1", server.port)
 (12, b'state')
 >>> parse_announcement(server.announcement()) == server.port
@@ -36,9 +40,12 @@ ELASTIC_ENV = "PARALLEL_ELASTIC"
 STATE_ENV = "PARALLEL_ELASTIC_STATE"
 
 _HEADER = struct.Struct("<qQ")   # the commit's step (-1: none yet), its length in bytes
+_LATEST, _NEXT = b"L", b"N"
 _ANNOUNCEMENT = "parallel-elastic: commits served on port {port}"
 _ANNOUNCED = re.compile(r"^parallel-elastic: commits served on port (\d+)$")
 _CHUNK = 1 << 20
+#: How long a request for the next commit waits for one before it takes the latest.
+_NEXT_SECONDS = 60.0
 
 
 class StateServer:
@@ -51,14 +58,18 @@ class StateServer:
     """
 
     def __init__(self, host=""):
-        self._lock = threading.Lock()
+        self._changed = threading.Condition()
         self._latest = (-1, b"")
+        self._packing = threading.Lock()   # one packing of a commit at a time
         outer = self
 
         class Handler(socketserver.BaseRequestHandler):
             def handle(self):
-                step, data = outer.latest()
                 try:
+                    wanted = self.request.recv(1)
+                    if wanted == _NEXT:
+                        outer.wait_for_next(outer.latest_step(), _NEXT_SECONDS)
+                    step, data = outer.latest()
                     self.request.sendall(_HEADER.pack(step, len(data)))
                     self.request.sendall(memoryview(data))
                 except OSError:   # the client went away: its fetch fails, not this server
@@ -75,14 +86,33 @@ class StateServer:
         self._thread.start()
 
     def commit(self, step, data):
-        """Serve ``data`` (bytes), the state after optimizer step ``step``, from now on."""
-        with self._lock:
-            self._latest = (int(step), bytes(data) if not isinstance(data, bytes) else data)
+        """Serve the state after optimizer step ``step`` from now on: ``data``, bytes or a function of no argument
+        that returns them (called once, when the commit is first asked for, in the server's thread)."""
+        with self._changed:
+            self._latest = (int(step), data)
+            self._changed.notify_all()
+
+    def latest_step(self):
+        """The step of the latest commit; -1 before the first."""
+        with self._changed:
+            return self._latest[0]
+
+    def wait_for_next(self, step, timeout):
+        """Wait up to ``timeout`` seconds for a commit after step ``step``; whether one came."""
+        with self._changed:
+            return self._changed.wait_for(lambda: self._latest[0] > step, timeout)
 
     def latest(self):
-        """``(step, data)`` of the latest commit; ``(-1, b"")`` before the first."""
-        with self._lock:
-            return self._latest
+        """``(step, bytes)`` of the latest commit, packed now if it was not yet; ``(-1, b"")`` before the first."""
+        with self._packing:
+            with self._changed:
+                step, data = self._latest
+            if callable(data):
+                data = data()
+                with self._changed:
+                    if self._latest[0] == step:   # keep the bytes unless a newer commit came meanwhile
+                        self._latest = (step, data)
+            return step, data
 
     def announcement(self):
         """The line that tells the launcher where this server listens."""
@@ -113,12 +143,16 @@ def parse_address(text):
     return host, int(port)
 
 
-def fetch_state(host, port, timeout=60.0):
-    """The latest commit of the ``StateServer`` at ``host``:``port``, as ``(step, bytes)``.
+def fetch_state(host, port, timeout=60.0, next_commit=False):
+    """The latest commit of the ``StateServer`` at ``host``:``port``, as ``(step, bytes)``; with ``next_commit``,
+    the first commit after this request (the latest if none comes within a minute).
 
     Raises ``OSError`` (``ConnectionError`` when the server closes before the whole commit arrived, ``TimeoutError``
-    when nothing arrives for ``timeout`` seconds)."""
+    when nothing arrives for ``timeout`` seconds, which a wait for the next commit adds to)."""
     with socket.create_connection((host, port), timeout=timeout) as connection:
+        connection.sendall(_NEXT if next_commit else _LATEST)
+        if next_commit:
+            connection.settimeout(timeout + _NEXT_SECONDS)
         step, length = _HEADER.unpack(_read(connection, _HEADER.size))
         return step, _read(connection, length)
 

@@ -11,8 +11,8 @@ import sys
 import time
 
 from .checkpoint import (CheckpointError, CheckpointWriteError, CheckpointWriter, check_compatible, read_all,
-                         check_run_config, checkpoint_bytes, dataset_fingerprint, has_checkpoint, load_checkpoint,
-                         load_checkpoint_bytes)
+                         check_run_config, dataset_fingerprint, has_checkpoint, load_checkpoint,
+                         load_checkpoint_bytes, packer)
 from .cli import UsageError, job_hosts, launched, restart_count, users_input
 from .comm import bucket_mb_for
 from .comm.algorithms import free_buffers
@@ -327,9 +327,7 @@ class _Committer:
     def __call__(self, snapshot):
         state = snapshot.state
         step = (state.epoch - 1) * self.per_epoch + state.batch
-        self.server.commit(step, checkpoint_bytes(
-            snapshot.params, state, self.record, aux=snapshot.aux, model=self.model,
-            optimizer_state=snapshot.optimizer_state, compression_state=snapshot.compression_state))
+        self.server.commit(step, packer(snapshot, self.record, self.model))
         due = (state.batch == 0 or (self.checkpoint_every and step % self.checkpoint_every == 0)
                or (self.stop is not None and self.stop()))
         if self.write is not None and due:

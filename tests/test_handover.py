@@ -57,6 +57,8 @@ def test_a_checkpoint_of_another_model_is_refused():
 
 
 def test_every_fetch_gets_one_whole_commit_while_they_change():
+    """Commits made as functions (what a worker hands over: its state packed when first asked for), fetched by
+    three clients while they change: every fetch gets one commit whole, packed by its own function."""
     server = StateServer("127.0.0.1")
     commits = {step: bytes([step]) * (1 << 18) * (1 + step % 3) for step in range(20)}
     got, errors = [], []
@@ -72,7 +74,7 @@ def test_every_fetch_gets_one_whole_commit_while_they_change():
         for reader in readers:
             reader.start()
         for step, data in commits.items():
-            server.commit(step, data)
+            server.commit(step, lambda data=data: data)
         for reader in readers:
             reader.join(30)
     finally:
@@ -89,6 +91,7 @@ def test_a_transfer_cut_short_is_an_error():
     def send_half():
         connection, _ = listener.accept()
         with connection:
+            assert connection.recv(1) == b"L"   # the latest commit, please
             connection.sendall((5).to_bytes(8, "little") + (100).to_bytes(8, "little") + b"x" * 40)
     sender = threading.Thread(target=send_half)
     sender.start()
@@ -104,3 +107,22 @@ def test_a_transfer_cut_short_is_an_error():
 def test_a_bad_state_address_is_refused_naming_the_variable(text):
     with pytest.raises(ValueError, match="PARALLEL_ELASTIC_STATE must be host:port"):
         parse_address(text)
+
+
+def test_a_request_for_the_next_commit_waits_for_it():
+    """What the launcher asks a worker for when a host joined: the commit after its request, so that the steps
+    trained meanwhile are not lost; the latest one is sent at once."""
+    server = StateServer("127.0.0.1")
+    try:
+        server.commit(3, b"three")
+        got = []
+        waiting = threading.Thread(target=lambda: got.append(fetch_state("127.0.0.1", server.port, next_commit=True)))
+        waiting.start()
+        assert fetch_state("127.0.0.1", server.port) == (3, b"three")
+        waiting.join(0.5)
+        assert waiting.is_alive() and got == []   # still waiting for a newer commit
+        server.commit(4, lambda: b"four")
+        waiting.join(10)
+        assert got == [(4, b"four")]
+    finally:
+        server.close()

@@ -196,6 +196,7 @@ class Job:
         self.flight_changed = threading.Event()
         self.divergence = None   # (the diagnosis line, when it was found)
         self.listed = None   # an elastic job: the hosts its discovery script listed last (None: not known)
+        self.grown = False   # the start ended because hosts joined, and none of its own left
         self.ended = threading.Event()
 
     def note_flight(self, child, snapshot):
@@ -334,13 +335,15 @@ class Job:
         if sorted(wanted) == sorted(args.hosts):
             return
         joined, left = _difference(wanted, args.hosts), _difference(args.hosts, wanted)
+        self.grown = not left
         what = [f"{', '.join(joined)} joined" if joined else "", f"{', '.join(left)} left" if left else ""]
         raise Failure(HOSTS_CHANGED, f"the job's hosts changed: {' and '.join(w for w in what if w)} "
                                      f"({len(listed)} listed, -n {args.min_workers}:{args.max_workers})")
 
     def hand_over(self):
         """Fetch the newest state an elastic job's live workers committed (``parallel.handover``), from the first
-        that answers; returns ``(step, bytes)``, or None when none could give one (say so in one line)."""
+        that answers; returns ``(step, bytes)``, or None when none could give one (say so in one line). When hosts
+        only joined, every worker still trains: take the next commit, so that no step is lost to the change."""
         began = time.monotonic()
         if not any(c.state_port is not None for c in self.children):   # a command that commits nothing
             return None
@@ -349,7 +352,8 @@ class Job:
         errors = []
         for child in live:
             try:
-                step, data = fetch_state(child.spec.host or "127.0.0.1", child.state_port, timeout=_FETCH_SECONDS)
+                step, data = fetch_state(child.spec.host or "127.0.0.1", child.state_port, timeout=_FETCH_SECONDS,
+                                         next_commit=self.grown)
             except OSError as e:
                 errors.append(f"{child.spec.name}: {e}")
                 continue
