@@ -361,7 +361,8 @@ def describe(record):
         did = f"launcher killed with h1 (exit {record['status']})"
     parts = [did] if "outage_s" not in record else [f"h2's link down {record['outage_s']:g} s", did]
     if record.get("changes"):
-        parts.append(f"{len(record['changes'])} change(s) of hosts: {_reason(record['changes'][0])}")
+        parts.append(f"{len(record['changes'])} change(s) of hosts: "
+                     + CHANGED.sub("", _reason(record["changes"][0])))
     if record["restarts"]:
         parts.append(f"{record['restarts']} restart(s): {_reason(record['restart_lines'][0])}")
     elif record["scenario"] != REFERENCE and record["scenario"] != "scheduler-host-lost" and not record.get("changes"):

@@ -140,10 +140,8 @@ def build_parser():
         help="also write a checkpoint after every N optimizer steps (batches), so that a run killed mid-epoch "
              "loses at most N; needs --checkpoint-dir")
     add("--commit-every", type=int, default=10, metavar="N",
-        help="in an elastic job (python -m parallel.launch -n MIN:MAX or --host-discovery-script), commit the "
-             "training state in memory every N optimizer steps and at every epoch's end, for a new member or a "
-             "restart after a failure to take from a live worker: a failure trains at most N steps again; "
-             "default 10 (every step cost 1.3-1.4x LeNet's and ResNet-18's epoch here, every 10 1.0x)")
+        help="in an elastic job (launch -n MIN:MAX or --host-discovery-script), commit the state in memory every N "
+             "steps for a restart to take from a live worker (a failure trains at most N again); default 10")
     add("--resume", action="store_true",
         help="continue from the checkpoint in --checkpoint-dir (any strategy or devices; --epochs may grow)")
     add("--export", metavar="PREFIX", help="write the trained model as MXNet's PREFIX-symbol.json + "

@@ -152,7 +152,7 @@ def test_the_table_says_what_each_job_did_when_it_was_noticed_and_what_was_left(
                         "keepalives for 10 s (--host-timeout); resumed from epoch 3, batch 10 (a live worker's state) "
                         "| 10.4 (--host-timeout 10; the default 60) | 13.1 | 30.0 (1.50x) | h1 none; h2 2 process(es), "
                         "gone 9.2 s after the job's end (31.2 s after the fault) |")
-    assert lines[4] == ("| host-joined | finished; 1 change(s) of hosts: the job's hosts changed: 10.77.0.3 joined (2 "
+    assert lines[4] == ("| host-joined | finished; 1 change(s) of hosts: 10.77.0.3 joined (2 "
                         "listed, -n 1:2); resumed from epoch 3, batch 2 (a live worker's state) | 0.8 | 4.3 | "
                         "24.0 (1.20x) | h1 none; h2 none |")
     assert lines[5] == ("| link-outage | h2's link down 5 s; finished; no restart; model byte-identical to "
@@ -207,3 +207,14 @@ def test_a_short_run_of_two_scenarios_records_what_the_job_did(make_cluster, tmp
     for record in records.values():
         assert all(found["gone_after_s"] is not None for found in record["left"].values()), record["left"]
     assert "| server-killed | finished; 1 restart(s): server " in out
+
+
+def test_the_readme_table_is_the_one_the_results_file_renders():
+    """benchmarks/README.md and docs/distributed.md show the table benchmarks/results/faults.json renders."""
+    with open(f"{ROOT}/benchmarks/results/faults.json") as f:
+        lines = bench.render(json.load(f))
+    for doc in ("benchmarks/README.md", "docs/distributed.md"):
+        with open(f"{ROOT}/{doc}") as f:
+            text = f.read()
+        missing = [line for line in lines if line not in text]
+        assert not missing, f"{doc} lacks these lines of faults.json's table: {missing}"
