@@ -13,7 +13,7 @@ tiny run on two CPU contexts:
 >>> history, device_params = fit(synthetic_dataset(num_train=512, num_test=128), strategy, 0.2,
 ...                              RunConfig(epochs=2, batch_size=64))
 >>> [sorted(m) for m in history][0]
-['epoch', 'images_per_second', 'seconds', 'test_acc', 'train_acc', 'train_loss']
+['epoch', 'images_per_second', 'seconds', 'test_acc', 'train_acc', 'train_loss', 'workers']
 >>> [m["epoch"] for m in history], len(device_params)
 ([1, 2], 2)
 """

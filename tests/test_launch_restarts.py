@@ -150,6 +150,44 @@ def test_a_change_of_hosts_starts_again_from_the_state_taken_and_is_not_a_restar
     assert capsys.readouterr().err.splitlines() == [f"{changed.message}; starting 2 worker(s) again"] * 2
 
 
+def test_the_reset_limit_ends_a_job_whose_hosts_keep_changing(monkeypatch, capsys):
+    changed = Ending(HOSTS_CHANGED, "the job's hosts changed: 127.0.0.1 left (1 listed, -n 1:2)")
+    status, starts = _main_with([changed] * 3, monkeypatch, "-n", "1:2", "--reset-limit", 2, states=[None] * 3)
+    assert (status, starts) == (1, [0, 1, 2])
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[-1] == f"error: {changed.message}; the job has changed hosts 2 times, --reset-limit 2", lines
+    assert len(lines) == 3
+
+
+def test_a_host_that_fails_twice_is_left_out_for_a_cooldown(monkeypatch, capsys):
+    """Each failure on host h2 counts (on this machine none does); the second leaves h2 out, in one line."""
+    on_h2 = Ending(PROCESS_FAILED, "worker 1 (pid 7, ssh to h2) was killed by SIGKILL; it printed nothing", -9,
+                   host="h2")
+    local = Ending(PROCESS_FAILED, "worker 1 (pid 7) was killed by SIGKILL; it printed nothing", -9)
+    status, _ = _main_with([on_h2, local, on_h2, Ending(SUCCESS)], monkeypatch, "-n", 2, "--max-restarts", 3)
+    assert status == 0
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[2] == "host h2 failed 2 times: left out of the job for 60 s (--host-cooldown)", lines
+    assert len(lines) == 4
+
+
+def test_a_host_left_out_is_not_planned_and_too_few_hosts_say_why(tmp_path):
+    from parallel.launch.cli import build_parser, check_args
+    from parallel.launch.job import Signals, plan_start
+    args = build_parser().parse_args(["--launcher", "ssh", "--scheduler-host", "10.0.0.1", "-n", "1:2",
+                                      "--host-discovery-script", "echo h1; echo h2", "--start-timeout", "0.1",
+                                      "python", "x.py"])
+    check_args(args)
+    assert plan_start(args, 0, Signals()).hosts == [("h1", None), ("h2", None)]
+    args.cooldowns.failed("h2")
+    args.cooldowns.failed("h2")
+    assert plan_start(args, 1, Signals()).hosts == [("h1", None)]
+    args.min_workers = 2
+    with pytest.raises(Failure, match=r"only 1 host\(s\) available, 1 left out after failing \(h2: "
+                                      r"--host-cooldown\), -n asks for at least 2"):
+        plan_start(args, 2, Signals())
+
+
 def test_a_job_that_is_not_elastic_takes_no_state(monkeypatch, capsys):
     status, starts = _main_with([KILLED, Ending(SUCCESS)], monkeypatch, "-n", 2, "--max-restarts", 1,
                                 states=[(3, b"never taken")])
@@ -320,6 +358,8 @@ def test_a_job_that_ends_well_leaves_nothing_when_the_launcher_returns(tmp_path,
     (["-n", "1", "--launcher", "ssh", "--host-discovery-script", "true"], "needs --scheduler-host"),
     (["-n", "1:2", "--discovery-interval", "0"], "--discovery-interval must be > 0 seconds"),
     (["-n", "1:2", "--discovery-interval", "inf"], "--discovery-interval must be at most 1000000 seconds"),
+    (["-n", "1:2", "--host-cooldown", "-1"], "--host-cooldown must be >= 0 seconds"),
+    (["-n", "1:2", "--reset-limit", "-1"], "--reset-limit must be >= 0"),
 ])
 def test_bad_restart_and_elastic_flags_exit_2(args, message, capsys):
     from parallel.launch import main

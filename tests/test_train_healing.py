@@ -102,7 +102,8 @@ def test_a_restarted_run_resumes_by_itself_and_a_first_start_does_not(tiny, tmp_
 # Runs python -m parallel.train, SIGKILLing itself where argv[1] says: "none", or plans joined by "+", each
 # "START/step:N:R" (once its N-th training step of that start of the job is queued, before any checkpoint after it,
 # on rank R), "START/grow:N:R" (the same step, writing the discovery file and pausing 5 s instead of dying: an
-# elastic launcher sees the hosts change while the job waits) or "START/write:N"
+# elastic launcher sees the hosts change while the job waits), "START/raise:N:R" (the same step, raising an
+# exception instead: a worker that fails with a traceback) or "START/write:N"
 # (inside rank 0's N-th checkpoint write of that start, after the arrays, before the manifest that commits them),
 # optionally with "/HOST,HOST" to write into the discovery file argv[2] first. Other starts train normally.
 WRAPPER = """
@@ -131,11 +132,13 @@ if plan:
     _, where, *hosts = plan[0]
     kind, n, *rank = where.split(":")
     count = [0]
-    if kind in ("step", "grow"):   # fit's on_step (the report's) runs once a step is queued, before its checkpoint
+    if kind in ("step", "grow", "raise"):   # fit's on_step (the report's) runs once a step is queued
         step = parallel.report.Report.step
         def counted(self, epoch, batch):
             count[0] += 1
             if count[0] == int(n) and self.strategy.job.rank == int(rank[0]):
+                if kind == "raise":
+                    raise RuntimeError(f"a failure planned at step {n}")
                 (die if kind == "step" else grow)(hosts and hosts[0])
             return step(self, epoch, batch)
         parallel.report.Report.step = counted
@@ -275,6 +278,25 @@ def test_an_elastic_job_grows_and_shrinks_with_its_state_in_memory_and_trains_th
     exported = mx.nd.load(str(tmp_path / "m-0000.params"))
     assert_same_parameters([exported[f"arg:{name}"].asnumpy() for name in LENET_PARAM_NAMES],
                            [p.asnumpy() for p in straight.params], "float32")
+
+
+@pytest.mark.slow
+def test_an_elastic_worker_that_raises_is_restarted_from_a_live_workers_state(tiny, straight, tmp_path):
+    """Horovod's scenario of a rank failing by an exception at a scheduled step (the 9th, on rank 1), with no
+    --checkpoint-dir: the launcher takes rank 0's last commit (step 8, --commit-every 4) and starts both again; the
+    model is the straight job's, bitwise (the same layout, the same sums)."""
+    hosts = tmp_path / "hosts"
+    hosts.write_text("localhost\nlocalhost\n")
+    train = [arg for arg in TRAIN[:-4]] + ["--commit-every", "4", "--export", "m"]
+    result = run_job(tmp_path, tiny, "0/raise:9:1", workers="1:2", discovery=hosts, train=train)
+    assert result.returncode == 0, result.stderr[-3000:]
+    restarts = [line for line in result.stderr.splitlines() if line.startswith("restart ")]
+    assert len(restarts) == 1 and "RuntimeError: a failure planned at step 9" in restarts[0], result.stderr[-3000:]
+    assert "took the state of step 8 " in result.stderr, result.stderr[-3000:]
+    assert "resuming from the state a worker committed in memory: epoch 2, after 2 batch(es)" in result.stdout
+    exported = mx.nd.load(str(tmp_path / "m-0000.params"))
+    for name, want in zip(LENET_PARAM_NAMES, straight.params):
+        np.testing.assert_array_equal(exported[f"arg:{name}"].asnumpy(), want.asnumpy())
 
 
 @pytest.mark.slow

@@ -11,7 +11,7 @@ from ..handover import StateServer
 from .hosts import check_port, default_scheduler_host, free_port, parse_hostfile
 from .job import Job, Signals, plan_start, write_line
 from .processes import default_servers
-from .restarts import HOSTS_CHANGED, SUCCESS, Failure, decide
+from .restarts import HOSTS_CHANGED, PROCESS_FAILED, SUCCESS, Cooldowns, Failure, decide
 from .watchdog import Watchdog
 
 __all__ = ["main", "build_parser", "check_args", "MAX_SECONDS"]
@@ -97,6 +97,13 @@ def _add_watch_flags(parser):
                              "times (each worker gets PARALLEL_RESTART=r; python -m parallel.train then resumes "
                              "from its --checkpoint-dir); a worker that exits with status 2 (its input cannot "
                              "work) is not restarted; default 0")
+    parser.add_argument("--host-cooldown", type=float, default=60.0, metavar="SEC",
+                        help="ssh: a host whose processes failed twice is left out of the job for SEC seconds, "
+                             "twice as long each time again (Horovod's blacklist cooldown); 0 never leaves a host "
+                             "out; default 60")
+    parser.add_argument("--reset-limit", type=int, default=None, metavar="N",
+                        help="end an elastic job once its hosts changed N times (Horovod's --reset-limit); "
+                             "default no limit")
 
 
 def check_args(args):
@@ -118,6 +125,8 @@ def check_args(args):
         args.num_servers = args.num_workers
     if args.max_restarts < 0:
         raise UsageError(f"--max-restarts must be >= 0, got {args.max_restarts}")
+    if args.reset_limit is not None and args.reset_limit < 0:
+        raise UsageError(f"--reset-limit must be >= 0, got {args.reset_limit}")
     if args.host_discovery_script is not None and args.hostfile is not None:
         raise UsageError("give -H/--hostfile or --host-discovery-script, not both: the script names the hosts")
     if args.host_discovery_script is not None and not args.host_discovery_script.strip():
@@ -154,6 +163,7 @@ def check_args(args):
                 raise UsageError(f"{flag} applies to --launcher ssh; add --launcher ssh to run on other hosts")
         args.hosts, args.scheduler_host = [("127.0.0.1", None)], "127.0.0.1"
     args.job = uuid.uuid4().hex[:16]   # the same at every start (JOB_ENV)
+    args.cooldowns = Cooldowns(args.host_cooldown)   # hosts left out after failing, shared by every start
     args.fresh_port = args.port is None   # a restarted job gets a fresh port too
     if args.port is None:
         args.port = free_port()
@@ -171,11 +181,13 @@ def _check_seconds(args):
         raise UsageError(f"--host-timeout must be >= 0 seconds (0 turns it off), got {args.host_timeout}")
     if not args.discovery_interval > 0:
         raise UsageError(f"--discovery-interval must be > 0 seconds, got {args.discovery_interval}")
+    if not args.host_cooldown >= 0:
+        raise UsageError(f"--host-cooldown must be >= 0 seconds (0 never leaves a host out), got {args.host_cooldown}")
     if not args.grace >= 0:
         raise UsageError(f"--grace must be >= 0 seconds, got {args.grace}")
     for flag, seconds in (("--start-timeout", args.start_timeout), ("--stall-timeout", args.stall_timeout),
                           ("--host-timeout", args.host_timeout), ("--grace", args.grace),
-                          ("--discovery-interval", args.discovery_interval)):
+                          ("--discovery-interval", args.discovery_interval), ("--host-cooldown", args.host_cooldown)):
         if not seconds <= MAX_SECONDS:
             raise UsageError(f"{flag} must be at most {MAX_SECONDS:.0f} seconds (11 days), got {seconds}")
 
@@ -237,7 +249,7 @@ def _run(args, signals, watchdog, jobs, relay=None):
     Every start is stopped before the next line is printed, so that an error is the last line. In an elastic job
     (``relay``, a ``StateServer``), the newest state a live worker committed is taken before a start that did not
     succeed is stopped, and the next start resumes from it."""
-    starts, restarts, decision = 0, 0, None
+    starts, restarts, changes, decision = 0, 0, 0, None
     while True:
         job, ending = None, None
         try:
@@ -254,12 +266,17 @@ def _run(args, signals, watchdog, jobs, relay=None):
                 if relay is not None and ending is not None and ending.kind != SUCCESS and signals.signum is None:
                     _keep_state(job, relay, args)
                 job.stop()   # also when the launcher itself fails; a no-op when everything is stopped
-        decision = decide(ending, restarts, args.max_restarts, interrupted=signals.signum is not None)
+        decision = decide(ending, restarts, args.max_restarts, interrupted=signals.signum is not None,
+                          changes=changes, reset_limit=args.reset_limit)
+        left_out = args.cooldowns.failed(ending.host) if ending.kind == PROCESS_FAILED else None
+        if left_out is not None and decision.restart:
+            write_line("stderr", left_out)
         if not decision.restart:
             if decision.line is not None:
                 write_line("stderr", decision.line)
             return decision.status
         starts += 1
+        changes += ending.kind == HOSTS_CHANGED
         restarts += ending.kind != HOSTS_CHANGED   # a change of hosts is the job working, not a failure
 
 

@@ -331,6 +331,7 @@ class Job:
         if isinstance(listed, Failure):
             raise listed
         args = self.args
+        listed = args.cooldowns.usable(listed)   # a host left out after failing has not joined
         wanted = listed[:min(args.max_workers, len(listed))]
         if sorted(wanted) == sorted(args.hosts):
             return
@@ -393,7 +394,7 @@ class Job:
             if time.monotonic() >= deadline:
                 break
             time.sleep(0.05)
-        return Failure(PROCESS_FAILED, message, returncode=child.returncode)
+        return Failure(PROCESS_FAILED, message, returncode=child.returncode, host=child.spec.host)
 
     def _failure_message(self, child):
         lost = _host_not_responding(child)
@@ -474,10 +475,14 @@ def plan_start(args, restart, signals):
     deadline = time.monotonic() + args.start_timeout
     while True:
         slots = available_slots(args)
+        if slots is not None:
+            slots = args.cooldowns.usable(slots)
         if slots is None or len(slots) >= args.min_workers:
             break
         if time.monotonic() > deadline or signals.signum is not None:
-            raise Failure(TOO_FEW_HOSTS, f"only {len(slots)} host(s) available, -n asks for at least "
+            out = args.cooldowns.left_out()
+            why = f", {len(out)} left out after failing ({', '.join(out)}: --host-cooldown)" if out else ""
+            raise Failure(TOO_FEW_HOSTS, f"only {len(slots)} host(s) available{why}, -n asks for at least "
                                          f"{args.min_workers} (waited {args.start_timeout:g} s, --start-timeout)")
         time.sleep(1.0)
     if slots is not None:
