@@ -303,8 +303,11 @@ def train(args, strategy, optimizer, dataset, checkpoint, stop, report, record):
     try:
         if server is not None:   # commit every --commit-every steps; the checkpoints stay where they were
             per_epoch = num_batches(len(dataset.train_labels), args.batch_size)
-            write = _Committer(server, record, args.model, per_epoch, write, args.checkpoint_every, stop)
-            config = dataclasses.replace(config, checkpoint_every=args.commit_every)
+            write = _Committer(server, record, args.model, per_epoch, write, args.commit_every,
+                               args.checkpoint_every if args.checkpoint_dir is not None else None, stop)
+            every = args.commit_every if write.checkpoint_every is None else math.gcd(args.commit_every,
+                                                                                      args.checkpoint_every)
+            config = dataclasses.replace(config, checkpoint_every=every)   # fit's snapshots: both cadences
             print(server.announcement(), flush=True)
         with users_input(NonFiniteLossError, CheckpointWriteError, flags=FLAGS):
             fit(dataset, strategy, optimizer, config, on_epoch=report.epoch, on_checkpoint=write, stop=stop,
@@ -315,22 +318,22 @@ def train(args, strategy, optimizer, dataset, checkpoint, stop, report, record):
 
 
 class _Committer:
-    """``fit``'s ``on_checkpoint`` in an elastic job: every snapshot committed in memory and served (every worker
-    serves its own: any may be the one that survives), then handed to ``write`` (the checkpoint writer, or None)
-    when a checkpoint is due: at an epoch's end, every ``checkpoint_every`` steps, and when ``stop`` stops the
-    run."""
+    """``fit``'s ``on_checkpoint`` in an elastic job (``fit`` snapshots at both cadences): a snapshot is committed
+    in memory and served (every worker serves its own: any may be the one that survives) every ``commit_every``
+    steps, and handed to ``write`` (the checkpoint writer, or None) every ``checkpoint_every`` steps (None: at the
+    epoch's end only); both at an epoch's end and when ``stop`` stops the run."""
 
-    def __init__(self, server, record, model, per_epoch, write, checkpoint_every, stop):
+    def __init__(self, server, record, model, per_epoch, write, commit_every, checkpoint_every, stop):
         self.server, self.record, self.model, self.per_epoch = server, record, model, per_epoch
-        self.write, self.checkpoint_every, self.stop = write, checkpoint_every, stop
+        self.write, self.commit_every, self.checkpoint_every, self.stop = write, commit_every, checkpoint_every, stop
 
     def __call__(self, snapshot):
         state = snapshot.state
         step = (state.epoch - 1) * self.per_epoch + state.batch
-        self.server.commit(step, packer(snapshot, self.record, self.model))
-        due = (state.batch == 0 or (self.checkpoint_every and step % self.checkpoint_every == 0)
-               or (self.stop is not None and self.stop()))
-        if self.write is not None and due:
+        always = state.batch == 0 or (self.stop is not None and self.stop())
+        if always or step % self.commit_every == 0:
+            self.server.commit(step, packer(snapshot, self.record, self.model))
+        if self.write is not None and (always or self.checkpoint_every and step % self.checkpoint_every == 0):
             self.write(snapshot)
 
 

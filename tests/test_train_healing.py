@@ -300,6 +300,26 @@ def test_an_elastic_worker_that_raises_is_restarted_from_a_live_workers_state(ti
 
 
 @pytest.mark.slow
+def test_an_elastic_job_with_its_model_sharded_across_the_workers_resumes_from_a_commit(tiny, tmp_path):
+    """--zero 3 shards the parameters and the optimizer's state over both workers: each commit gathers them whole
+    (every worker, in the same order) and the restart lays them out again. Rank 1 raises at its 9th step; the
+    job ends bitwise equal to the same job never interrupted."""
+    hosts = tmp_path / "hosts"
+    hosts.write_text("localhost\nlocalhost\n")
+    train = [arg for arg in TRAIN[:-4]] + ["--zero", "3", "--commit-every", "4", "--export", "m"]
+    models = {}
+    for plan in ("none", "0/raise:9:1"):
+        (tmp_path / plan.replace("/", "_")).mkdir()
+        result = run_job(tmp_path / plan.replace("/", "_"), tiny, plan, workers="1:2", discovery=hosts, train=train)
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert ("took the state of step 8 " in result.stderr) == (plan != "none"), result.stderr[-3000:]
+        models[plan] = mx.nd.load(str(tmp_path / plan.replace("/", "_") / "m-0000.params"))
+    for name in LENET_PARAM_NAMES:
+        np.testing.assert_array_equal(models["0/raise:9:1"][f"arg:{name}"].asnumpy(),
+                                      models["none"][f"arg:{name}"].asnumpy())
+
+
+@pytest.mark.slow
 def test_an_elastic_job_whose_hosts_stay_the_same_is_never_started_again(tiny, tmp_path):
     """Where it must be false: the discovery script lists the same hosts at every poll (in another order), and the
     job runs once to its end, with nothing taken and no restart."""

@@ -72,7 +72,7 @@ def test_the_cli_offers_the_registrys_models():
 def test_a_two_context_run_prints_checkpoints_and_writes_metrics(straight, capsys):
     history = json.loads((straight / "m.json").read_text())
     assert [sorted(m) for m in history] == [['epoch', 'images_per_second', 'memory', 'seconds', 'test_acc',
-                                             'train_acc', 'train_loss']] * 2
+                                             'train_acc', 'train_loss', 'workers']] * 2
     for row in history[-1]["memory"]:   # 11,175,818 float32 parameters and their gradient on each context
         assert (row["parameters"], row["gradients"], row["gathered_peak"]) == (4 * 11175818, 4 * 11175818, 0)
     assert all(np.isfinite(m["train_loss"]) for m in history)
