@@ -257,8 +257,8 @@ def save_checkpoint(directory, params, state, config, aux=(), model="lenet", opt
 
 def checkpoint_bytes(params, state, config, aux=(), model="lenet", optimizer_state=None, compression_state=None):
     """The checkpoint ``save_checkpoint`` writes, as the bytes of one zip archive of its files (stored, not
-    compressed): what an elastic job's worker commits in memory and hands a new member over the network
-    (``parallel.elastic``). ``load_checkpoint_bytes`` reads it; unzipped, it is a checkpoint directory that
+    compressed): what an elastic job's worker packs from its commit (``packer``) when the launcher asks for it
+    over the network (``parallel.handover``). ``load_checkpoint_bytes`` reads it; unzipped, it is a checkpoint directory that
     ``load_checkpoint`` reads. Takes ``save_checkpoint``'s arguments, reads each array once in the same order, and
     raises the same errors for arrays that are not the model's or not finite.
 

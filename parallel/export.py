@@ -278,7 +278,7 @@ def save_arrays(path, arrays):
     >>> {name: (a.shape, a.dtype.__name__) for name, a in loaded.items()}
     {'w': ((2, 3), 'float64'), 'b': ((3,), 'float16')}
     """
-    for name in arrays:
+    for name in arrays:   # before any file is touched (write_arrays checks them too, for its own callers)
         if not isinstance(name, str):
             raise TypeError(f"array names must be strings, got {name!r}")
     with atomic_write(path, "wb") as f:

@@ -1,7 +1,7 @@
 """An elastic job's committed state handed from one process to another over TCP, with no file between them.
 
 Each worker of an elastic job (``PARALLEL_ELASTIC=1``, set by ``python -m parallel.launch`` for ``-n MIN:MAX`` or
-a ``--host-discovery-script``) commits its training state in memory (``parallel.checkpoint.checkpoint_bytes``)
+a ``--host-discovery-script``) commits its training state in memory (``parallel.checkpoint.packer``)
 and serves the latest commit with a ``StateServer``, a thread that answers while the worker's main thread waits in
 a collective (MXNet's calls release the interpreter's lock). It says where in one line (``announcement``), which
 the launcher reads from its output. When the job's hosts change or a process fails, the launcher fetches the
