@@ -260,6 +260,62 @@ def make_cluster():
         cluster.close()
 
 
+# Runs python -m parallel.train, SIGKILLing itself where argv[1] says: "none", or plans joined by "+", each
+# "START/step:N:R" (once its N-th training step of that start of the job is queued, before any checkpoint after it,
+# on rank R), "START/grow:N:R" (the same step, writing the discovery file and pausing 5 s instead of dying: an
+# elastic launcher sees the hosts change while the job waits), "START/raise:N:R" (the same step, raising an
+# exception instead: a worker that fails with a traceback) or "START/write:N"
+# (inside rank 0's N-th checkpoint write of that start, after the arrays, before the manifest that commits them),
+# optionally with "/HOST,HOST" to write into the discovery file argv[2] first. Other starts train normally.
+FAULT_WRAPPER = """
+import os, signal, sys
+plans, hosts_file = sys.argv[1], sys.argv[2]
+sys.argv = [sys.argv[0]] + sys.argv[3:]
+restart = int(os.environ["PARALLEL_RESTART"])
+plan = [p.split("/") for p in plans.split("+") if p != "none" and int(p.split("/")[0]) == restart]
+
+def list_hosts(hosts):
+    if hosts:
+        with open(hosts_file, "w") as f:
+            f.write(hosts.replace(",", "\\n") + "\\n")
+
+def die(hosts):
+    list_hosts(hosts)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+def grow(hosts):
+    import time
+    list_hosts(hosts)
+    time.sleep(5)
+
+import parallel.checkpoint, parallel.report
+if plan:
+    _, where, *hosts = plan[0]
+    kind, n, *rank = where.split(":")
+    count = [0]
+    if kind in ("step", "grow", "raise"):   # fit's on_step (the report's) runs once a step is queued
+        step = parallel.report.Report.step
+        def counted(self, epoch, batch):
+            count[0] += 1
+            if count[0] == int(n) and self.strategy.job.rank == int(rank[0]):
+                if kind == "raise":
+                    raise RuntimeError(f"a failure planned at step {n}")
+                (die if kind == "step" else grow)(hosts and hosts[0])
+            return step(self, epoch, batch)
+        parallel.report.Report.step = counted
+    else:   # the manifest, the commit point, is written through atomic_write once the arrays are
+        atomic_write = parallel.checkpoint.atomic_write
+        def counted(path, mode):
+            count[0] += 1
+            if count[0] == int(n):
+                die(hosts and hosts[0])
+            return atomic_write(path, mode)
+        parallel.checkpoint.atomic_write = counted
+from parallel.train import main_in_job
+sys.exit(main_in_job())
+"""
+
+
 def write_idx_files(directory, dataset):
     """Write ``dataset`` as the four raw IDX files of an MNIST-format directory; return the directory."""
     from parallel import write_idx

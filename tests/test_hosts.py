@@ -1,7 +1,9 @@
 """Jobs on many hosts: python -m parallel.launch --launcher ssh on the simulated cluster of benchmarks/cluster.py
 (a network namespace a host, a shaped link each, ssh over it). The same model as one process on 2 and 3 hosts
-with one server a host and each host's thread settings; a lost host healed from the last checkpoint; a partition
-noticed within --host-timeout and healed; a slow but healthy host left alone; nothing left on any host."""
+with one server a host and each host's thread settings; a lost host healed from a live worker's state; elastic
+jobs (no --checkpoint-dir) that grow, shrink, lose a rank at a planned step, leave out hosts that keep failing
+and stop at a reset limit; a partition noticed within --host-timeout and healed; a slow but healthy host left
+alone; P3's order across the link; nothing left on any host."""
 import json
 import os
 import signal
@@ -17,7 +19,7 @@ import pytest
 from parallel import RunConfig, fit, read_trace, reduction_order
 from parallel.checkpoint import load_checkpoint
 from parallel.models import LENET_PARAM_NAMES
-from conftest import assert_same_parameters, easy_dataset, lenet_strategy, write_idx_files
+from conftest import FAULT_WRAPPER, assert_same_parameters, easy_dataset, lenet_strategy, write_idx_files
 
 TRAIN = ["--batch-size", "13", "--lr", "0.1", "--seed", "3", "--no-progress", "--devices", "cpu:1"]
 
@@ -32,10 +34,10 @@ def tiny(tmp_path_factory):
 class Launched:
     """The launcher started on host 1 of ``cluster``: its output lines as they come, and ``wait_for(text)``."""
 
-    def __init__(self, cluster, launcher_flags, train_args, cwd):
+    def __init__(self, cluster, launcher_flags, train_args, cwd, program=("-m", "parallel.train")):
         argv = [sys.executable, "-m", "parallel.launch", "--launcher", "ssh", "--scheduler-host",
                 cluster.host(1).address, "--grace", "2", "--stall-timeout", "300", *launcher_flags,
-                sys.executable, "-m", "parallel.train", *train_args]
+                sys.executable, *program, *train_args]
         self.process = cluster.popen(argv, host=1, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      text=True)
         self.out, self.err, self.changed = [], [], threading.Condition()
@@ -136,15 +138,23 @@ def test_a_lost_host_is_healed_from_a_live_workers_state(make_cluster, tiny, tmp
 ELASTIC_EPOCHS = 10
 
 
-def _elastic_job(cluster, tmp_path, data_dir, listed, epochs=ELASTIC_EPOCHS):
+def _elastic_job(cluster, tmp_path, data_dir, listed, epochs=ELASTIC_EPOCHS, launcher=(), plans=None, train=(),
+                 hostfile=False):
     """A LeNet job with -n 1:2 on the hosts ``listed`` (1-based), no --checkpoint-dir: its state lives only in
-    the workers' memory. Returns the launcher and its discovery file."""
+    the workers' memory. The hosts are a discovery script's (``cat`` of a file), or with ``hostfile`` that file's
+    as -H. With ``plans``, each worker runs under conftest's FAULT_WRAPPER, failing as they say. Returns the
+    launcher and the file that lists the hosts."""
     discovery = tmp_path / "discovered"
     discovery.write_text("".join(f"{cluster.host(i).address}\n" for i in listed))
-    return Launched(cluster, ["-n", "1:2", "-s", "1", "--host-discovery-script", f"cat {discovery}",
-                              "--discovery-interval", "0.2", "--max-restarts", "1"],
+    program = ("-m", "parallel.train")
+    if plans is not None:
+        (tmp_path / "wrapper.py").write_text(FAULT_WRAPPER)
+        program = (str(tmp_path / "wrapper.py"), plans, str(discovery))
+    watch = ["-H", str(discovery)] if hostfile else ["--host-discovery-script", f"cat {discovery}"]
+    return Launched(cluster, ["-n", "1:2", "-s", "1", *watch, "--discovery-interval", "0.2", "--max-restarts", "1",
+                              *launcher],
                     ["--data-dir", str(data_dir), "--epochs", str(epochs), *TRAIN, "--export", "lenet",
-                     "--metrics-json", "metrics.json"], tmp_path), discovery
+                     "--metrics-json", "metrics.json", *train], tmp_path, program), discovery
 
 
 def _check_elastic_end(cluster, job, tmp_path, dataset, epochs, workers):
@@ -163,12 +173,13 @@ def _check_elastic_end(cluster, job, tmp_path, dataset, epochs, workers):
 
 
 @pytest.mark.slow
-def test_an_elastic_job_grows_onto_a_host_listed_after_its_first_epoch(make_cluster, tiny, tmp_path):
-    """Started on host 1 alone; host 2 listed once epoch 1 ended: the launcher takes host 1's worker's state
-    from its memory and starts 2 workers from it."""
+@pytest.mark.parametrize("hostfile", [False, True], ids=["discovery-script", "hostfile"])
+def test_an_elastic_job_grows_onto_a_host_listed_after_its_first_epoch(hostfile, make_cluster, tiny, tmp_path):
+    """Started on host 1 alone; host 2 listed once epoch 1 ended (by the discovery script, or added to the
+    hostfile): the launcher takes host 1's worker's state from its memory and starts 2 workers from it."""
     cluster = make_cluster(2)
     data_dir, dataset = tiny
-    job, discovery = _elastic_job(cluster, tmp_path, data_dir, [1])
+    job, discovery = _elastic_job(cluster, tmp_path, data_dir, [1], hostfile=hostfile)
     job.wait_for("epoch 1,")
     discovery.write_text(f"{cluster.host(1).address}\n{cluster.host(2).address}\n")
     job.wait_for("connected to 2 workers")
@@ -188,6 +199,63 @@ def test_an_elastic_job_shrinks_off_a_host_removed_and_killed(make_cluster, tiny
     for pid in cluster.processes(2):
         os.kill(pid, signal.SIGKILL)
     _check_elastic_end(cluster, job, tmp_path, dataset, ELASTIC_EPOCHS, (2, 1))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind, says", [("raise", "RuntimeError: a failure planned at step 9"),
+                                        ("step", "exited with status 255 (ssh: killed by a signal there")])
+def test_a_rank_failing_at_a_scheduled_step_restarts_from_a_live_workers_commit(kind, says, make_cluster, tiny,
+                                                                                tmp_path):
+    """Horovod's scenario of a rank failing at a scheduled (epoch, batch): rank 1 fails at its 9th step (epoch 2,
+    batch 3), by an exception or by SIGKILL (which ssh reports as status 255), in a job on both hosts with no
+    --checkpoint-dir. The launcher takes the state rank 0 committed at step 8 (--commit-every 4) from its memory and
+    starts both again from it; one failure leaves no host out."""
+    cluster = make_cluster(2)
+    data_dir, dataset = tiny
+    job, _ = _elastic_job(cluster, tmp_path, data_dir, [1, 2], epochs=3, plans=f"0/{kind}:9:1",
+                          train=["--commit-every", "4"])
+    _check_elastic_end(cluster, job, tmp_path, dataset, 3, (2, 2))
+    restarts = [line for line in job.err if line.startswith("restart ")]
+    assert len(restarts) == 1 and says in restarts[0] and restarts[0].endswith("starting 2 worker(s) again"), \
+        job.err[-30:]
+    assert any(line.startswith("took the state of step 8 ") for line in job.err), job.err[-30:]
+    assert not any("left out" in line for line in job.err), job.err[-30:]
+
+
+@pytest.mark.slow
+def test_hosts_that_keep_failing_are_left_out_until_too_few_are_left_and_the_job_ends_saying_why(make_cluster,
+                                                                                                tiny, tmp_path):
+    """Rank 0 raises at its first step in every start: each host it ran on twice is left out for --host-cooldown
+    (one line each), the next start runs on the host left, and once both are out the job waits --start-timeout for
+    its minimum of one host and ends with status 1 and one line naming both; nothing is left on either host."""
+    cluster = make_cluster(2)
+    job, _ = _elastic_job(cluster, tmp_path, tiny[0], [1, 2], plans="+".join(f"{s}/raise:1:0" for s in range(4)),
+                          launcher=["--max-restarts", "9", "--host-cooldown", "600", "--start-timeout", "10"])
+    assert job.finish() == 1, "\n".join(job.err[-30:])
+    restarts = [line for line in job.err if line.startswith("restart ")]
+    assert len(restarts) == 4 and restarts[-1].endswith("a failure planned at step 1; too few hosts to start again")
+    left = [line for line in job.err if "left out of the job for 600 s (--host-cooldown)" in line]
+    assert sorted(line.split()[1] for line in left) == sorted(cluster.addresses[:2]), job.err[-30:]
+    assert job.err[-1] == (f"error: only 0 host(s) available, 2 left out after failing "
+                           f"({', '.join(sorted(cluster.addresses[:2]))}: --host-cooldown), -n asks for at least 1 "
+                           "(waited 10 s, --start-timeout)"), job.err[-30:]
+    assert _left(cluster, 1) == [] and _left(cluster, 2) == []
+
+
+@pytest.mark.slow
+def test_a_job_whose_hosts_keep_changing_ends_at_the_reset_limit(make_cluster, tiny, tmp_path):
+    """--reset-limit 1: the job grows onto host 2 (one change), then host 2 is no longer listed (a second change):
+    the launcher ends the job with status 1 and one line saying why, and nothing is left on either host."""
+    cluster = make_cluster(2)
+    job, discovery = _elastic_job(cluster, tmp_path, tiny[0], [1], epochs=200, launcher=["--reset-limit", "1"])
+    job.wait_for("epoch 1,")
+    discovery.write_text(f"{cluster.host(1).address}\n{cluster.host(2).address}\n")
+    job.wait_for("connected to 2 workers")
+    discovery.write_text(f"{cluster.host(1).address}\n")
+    assert job.finish() == 1, "\n".join(job.err[-30:])
+    assert job.err[-1].startswith(f"error: the job's hosts changed: {cluster.host(2).address} left"), job.err[-30:]
+    assert job.err[-1].endswith("the job has changed hosts 1 time, --reset-limit 1"), job.err[-30:]
+    assert _left(cluster, 1) == [] and _left(cluster, 2) == []
 
 
 @pytest.mark.slow

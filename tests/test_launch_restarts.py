@@ -6,6 +6,7 @@ The restart policy (``parallel.launch.restarts.decide``, a pure function) is tes
 then the launcher's loop with fake jobs (no process started), both in the fast tier: a launcher that never
 restarts, or restarts what it must not, fails there.
 """
+import argparse
 import signal
 import subprocess
 import sys
@@ -171,6 +172,22 @@ def test_a_host_that_fails_twice_is_left_out_for_a_cooldown(monkeypatch, capsys)
     assert len(lines) == 4
 
 
+def test_a_failure_that_leaves_too_few_hosts_is_still_said_before_the_job_ends(monkeypatch, capsys):
+    """The second failure on h2, the only host, leaves it out: the line that says what ended that start comes
+    before the one that ends the job (no start of 0 workers is announced)."""
+    on_h2 = Ending(PROCESS_FAILED, "worker 0 (pid 7, ssh to h2) exited with status 1", 1, host="h2")
+    status, starts = _main_with([on_h2, on_h2], monkeypatch, "--launcher", "ssh", "--scheduler-host", "10.0.0.1",
+                                "-n", "1:1", "--host-discovery-script", "echo h2", "--start-timeout", "0.1",
+                                "--max-restarts", 5, states=[None, None])
+    assert (status, starts) == (1, [0, 1])
+    lines = [line for line in capsys.readouterr().err.splitlines() if not line.startswith("no worker's state")]
+    assert lines == [f"restart 1 of 5: {on_h2.message}; starting 1 worker(s) again",
+                     "host h2 failed 2 times: left out of the job for 60 s (--host-cooldown)",
+                     f"restart 2 of 5: {on_h2.message}; too few hosts to start again",
+                     "error: only 0 host(s) available, 1 left out after failing (h2: --host-cooldown), -n asks for at "
+                     "least 1 (waited 0.1 s, --start-timeout)"]
+
+
 def test_a_host_left_out_is_not_planned_and_too_few_hosts_say_why(tmp_path):
     from parallel.launch.cli import build_parser, check_args
     from parallel.launch.job import Signals, plan_start
@@ -186,6 +203,38 @@ def test_a_host_left_out_is_not_planned_and_too_few_hosts_say_why(tmp_path):
     with pytest.raises(Failure, match=r"only 1 host\(s\) available, 1 left out after failing \(h2: "
                                       r"--host-cooldown\), -n asks for at least 2"):
         plan_start(args, 2, Signals())
+
+
+@pytest.mark.parametrize("now, changed", [
+    (["h1", "h2"], None),                    # the file as the start found it
+    (["h2", "h1", "h2"], None),              # h2 twice: a slot the job has no room for (-n 1:2, 2 running)
+    (["h1", "h3"], "h3 joined and h2 left"),  # one of the start's hosts replaced
+    (["h1", "h2", "h9"], None),              # added, but the job runs its maximum already
+])
+def test_an_elastic_job_on_a_hostfile_restarts_when_the_file_changes_what_it_can_use(now, changed, tmp_path):
+    """-H with -n MIN:MAX: the hostfile is read at every --discovery-interval; a change the job can use (a host
+    removed that it runs on, or one added while it has room) ends the start; anything else leaves it running."""
+    from parallel.launch.cli import build_parser, check_args
+    from parallel.launch.job import Job, Signals, plan_start
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("h1\nh2\n")
+    args = build_parser().parse_args(["--launcher", "ssh", "--scheduler-host", "10.0.0.1", "-n", "1:2",
+                                      "-H", str(hostfile), "python", "x.py"])
+    check_args(args)
+    start = argparse.Namespace(**{**vars(args), "hosts": [("h1", None), ("h2", None)], "restart": 0})
+    job = Job(start, Signals(), None)
+    job.file_at_start = [("h1", None), ("h2", None)]
+    job.listed = [(host, None) for host in now]
+    if changed is None:
+        job.check_hosts()
+    else:
+        with pytest.raises(Failure, match=f"the job's hosts changed: {changed}"):
+            job.check_hosts()
+    start.hosts = [("h1", None)]   # room for one more: a host added joins
+    job.listed = [("h1", None), ("h2", None), ("h3", None)]
+    with pytest.raises(Failure, match="the job's hosts changed: h3 joined"):
+        job.check_hosts()
+    assert job.grown
 
 
 def test_a_job_that_is_not_elastic_takes_no_state(monkeypatch, capsys):

@@ -16,7 +16,8 @@ from parallel.cli import RESTART_ENV
 from parallel.models import LENET_PARAM_NAMES
 from parallel.optim import make_optimizer
 from parallel.train import main
-from conftest import assert_same_parameters, easy_dataset, lenet_strategy, run_process, write_idx_files
+from conftest import (FAULT_WRAPPER, assert_same_parameters, easy_dataset, lenet_strategy, run_process,
+                      write_idx_files)
 
 
 def _snapshot(record):
@@ -99,67 +100,12 @@ def test_a_restarted_run_resumes_by_itself_and_a_first_start_does_not(tiny, tmp_
     assert load_checkpoint("ckpt").state.epoch == 4 and set(whole) == set(mx.nd.load("m-0000.params"))
 
 
-# Runs python -m parallel.train, SIGKILLing itself where argv[1] says: "none", or plans joined by "+", each
-# "START/step:N:R" (once its N-th training step of that start of the job is queued, before any checkpoint after it,
-# on rank R), "START/grow:N:R" (the same step, writing the discovery file and pausing 5 s instead of dying: an
-# elastic launcher sees the hosts change while the job waits), "START/raise:N:R" (the same step, raising an
-# exception instead: a worker that fails with a traceback) or "START/write:N"
-# (inside rank 0's N-th checkpoint write of that start, after the arrays, before the manifest that commits them),
-# optionally with "/HOST,HOST" to write into the discovery file argv[2] first. Other starts train normally.
-WRAPPER = """
-import os, signal, sys
-plans, hosts_file = sys.argv[1], sys.argv[2]
-sys.argv = [sys.argv[0]] + sys.argv[3:]
-restart = int(os.environ["PARALLEL_RESTART"])
-plan = [p.split("/") for p in plans.split("+") if p != "none" and int(p.split("/")[0]) == restart]
-
-def list_hosts(hosts):
-    if hosts:
-        with open(hosts_file, "w") as f:
-            f.write(hosts.replace(",", "\\n") + "\\n")
-
-def die(hosts):
-    list_hosts(hosts)
-    os.kill(os.getpid(), signal.SIGKILL)
-
-def grow(hosts):
-    import time
-    list_hosts(hosts)
-    time.sleep(5)
-
-import parallel.checkpoint, parallel.report
-if plan:
-    _, where, *hosts = plan[0]
-    kind, n, *rank = where.split(":")
-    count = [0]
-    if kind in ("step", "grow", "raise"):   # fit's on_step (the report's) runs once a step is queued
-        step = parallel.report.Report.step
-        def counted(self, epoch, batch):
-            count[0] += 1
-            if count[0] == int(n) and self.strategy.job.rank == int(rank[0]):
-                if kind == "raise":
-                    raise RuntimeError(f"a failure planned at step {n}")
-                (die if kind == "step" else grow)(hosts and hosts[0])
-            return step(self, epoch, batch)
-        parallel.report.Report.step = counted
-    else:   # the manifest, the commit point, is written through atomic_write once the arrays are
-        atomic_write = parallel.checkpoint.atomic_write
-        def counted(path, mode):
-            count[0] += 1
-            if count[0] == int(n):
-                die(hosts and hosts[0])
-            return atomic_write(path, mode)
-        parallel.checkpoint.atomic_write = counted
-from parallel.train import main_in_job
-sys.exit(main_in_job())
-"""
-
 TRAIN = ["--batch-size", "13", "--lr", "0.1", "--seed", "3", "--no-progress", "--devices", "cpu:1", "--epochs",
          "3", "--momentum", "0.9", "--checkpoint-dir", "ckpt", "--checkpoint-every", "4"]
 
 
 def run_job(tmp_path, data_dir, plans, workers="2", discovery=None, timeout=400, train=TRAIN, launcher=()):
-    (tmp_path / "wrapper.py").write_text(WRAPPER)
+    (tmp_path / "wrapper.py").write_text(FAULT_WRAPPER)
     discover = [] if discovery is None else ["--host-discovery-script", f"cat {discovery}", *launcher]
     env = dict(os.environ, OMP_NUM_THREADS="1")   # every process, whatever the number of workers: equal rounding
     return run_process([sys.executable, "-m", "parallel.launch", "-n", workers, "-s", "1", "--max-restarts", "2",

@@ -46,7 +46,9 @@ def build_parser():
                              "updates and compression); DMLC_PS_VAN_TYPE in the environment or --env wins; "
                              "default auto")
     parser.add_argument("-H", "--hostfile", default=None,
-                        help="ssh: a file with one host[:ssh port] a line (# comments and blank lines ignored)")
+                        help="ssh: a file with one host[:ssh port] a line (# comments and blank lines ignored); "
+                             "with -n MIN:MAX it is read again every --discovery-interval seconds while the job "
+                             "runs, and a host added (within MAX) or removed starts the job again")
     parser.add_argument("--env", action="append", default=[], metavar="NAME[:VALUE]",
                         help="set NAME to VALUE for every worker and server, or pass NAME's value from this "
                              "environment (with ssh, for a variable not sent by itself: only MXNET_*, OMP_*, "
@@ -67,7 +69,8 @@ def build_parser():
                              "MIN:MAX) or leaves starts the job again on the hosts listed, from the state a live "
                              "worker committed in memory; with --launcher local every host must be this machine")
     parser.add_argument("--discovery-interval", type=float, default=1.0, metavar="SEC",
-                        help="how often the --host-discovery-script runs while the job runs; default 1")
+                        help="how often the --host-discovery-script runs (or an elastic job's hostfile is read) "
+                             "while the job runs; default 1")
     parser.add_argument("command", nargs=argparse.REMAINDER,
                         help="the command every worker runs, e.g. python my_kvstore_script.py --epochs 5")
     parser.set_defaults(restart=0)   # which start of the job the arguments plan (plan_start sets it)
@@ -253,7 +256,12 @@ def _run(args, signals, watchdog, jobs, relay=None):
     while True:
         job, ending = None, None
         try:
-            start = plan_start(args, starts, signals)
+            try:
+                start = plan_start(args, starts, signals)
+            except Failure:
+                if decision is not None:   # what ended the last start, before the line that ends the job
+                    write_line("stderr", f"{decision.line}; too few hosts to start again")
+                raise
             if decision is not None:
                 write_line("stderr", decision.restart_line(start.num_workers))
             job = Job(start, signals, watchdog)

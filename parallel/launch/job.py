@@ -14,8 +14,9 @@ import threading
 import time
 
 from ..flight import INTERVAL, STILL, diagnose, format_records, parse_line, positions
+from ..cli import UsageError
 from ..handover import fetch_state, parse_announcement
-from .hosts import available_slots, free_port, listed_slots
+from .hosts import available_slots, free_port, listed_slots, parse_hostfile
 from .processes import (GROUP_GONE_SECONDS, P3_BELOW_MBIT, default_servers, hosts_to_probe, kill_group,
                         link_probe_argv, p3_suits, plan_processes, probe_link, user_wants_ps_log, wait_group_gone)
 from .restarts import (DIVERGED, HOSTS_CHANGED, INTERRUPTED, NOT_STARTED, PROCESS_FAILED, STALL_TIMEOUT,
@@ -51,6 +52,15 @@ _STACK_WAIT_SECONDS = STILL + 2.0
 _FAILURE_RECORD_SECONDS = 5 * INTERVAL
 # How long taking an elastic job's state from a live worker may wait for a byte before trying the next worker.
 _FETCH_SECONDS = 15.0
+
+
+def _read_hostfile(path):
+    """The hostfile's hosts now (``(host, ssh port)`` pairs), or None while it cannot be read or parsed (a file
+    being rewritten): nothing is known then."""
+    try:
+        return parse_hostfile(path)
+    except UsageError:
+        return None
 
 
 def _difference(hosts, others):
@@ -197,6 +207,7 @@ class Job:
         self.divergence = None   # (the diagnosis line, when it was found)
         self.listed = None   # an elastic job: the hosts its discovery script listed last (None: not known)
         self.grown = False   # the start ended because hosts joined, and none of its own left
+        self.file_at_start = None   # an elastic job on a hostfile: the hosts it named when the start began
         self.ended = threading.Event()
 
     def note_flight(self, child, snapshot):
@@ -286,6 +297,9 @@ class Job:
         workers = [c for c in self.children if c.spec.role == "worker"]
         if args.elastic and args.host_discovery_script is not None:
             threading.Thread(target=self._poll_discovery, daemon=True).start()
+        elif args.elastic and args.launcher == "ssh":   # -H with -n MIN:MAX: the hostfile is watched instead
+            self.file_at_start = _read_hostfile(args.hostfile) or []
+            threading.Thread(target=self._poll_discovery, daemon=True).start()
         while True:
             try:
                 child = self.exits.get(timeout=0.1)
@@ -298,7 +312,7 @@ class Job:
             if child is not None and child.returncode != 0:
                 raise self._child_failure(child)
             self._check_flights()
-            self._check_hosts()
+            self.check_hosts()
             if all(w.done.is_set() for w in workers):
                 return self._wind_down()
             now = time.monotonic()
@@ -312,19 +326,21 @@ class Job:
                                              f"a dead or hung peer never returns){where}")
 
     def _poll_discovery(self):
-        """Run the discovery script every ``--discovery-interval`` seconds while the start runs (a thread); keep
-        what it lists in ``listed``, or the ``Failure`` of a bad line."""
+        """Run the discovery script (or read the hostfile) every ``--discovery-interval`` seconds while the start
+        runs (a thread); keep what it lists in ``listed``, or the ``Failure`` of a bad line."""
         while not self.ended.wait(self.args.discovery_interval):
             try:
-                listed = listed_slots(self.args)
+                listed = (listed_slots(self.args) if self.args.host_discovery_script is not None
+                          else _read_hostfile(self.args.hostfile))
             except Failure as e:
                 listed = e
             if listed is not None:
                 self.listed = listed
 
-    def _check_hosts(self):
+    def check_hosts(self):
         """Raise ``Failure(HOSTS_CHANGED)`` once the discovery script lists other hosts than the start's (the
-        first ``MAX`` of them: a host joined, or one of the start's left); the failure of a bad line as it is."""
+        first ``MAX`` of them: a host joined, or one of the start's left), or the hostfile changed so (a host the
+        job had room for added, or one of the start's removed); the failure of a bad line as it is."""
         listed = self.listed
         if listed is None:
             return
@@ -332,10 +348,16 @@ class Job:
             raise listed
         args = self.args
         listed = args.cooldowns.usable(listed)   # a host left out after failing has not joined
-        wanted = listed[:min(args.max_workers, len(listed))]
-        if sorted(wanted) == sorted(args.hosts):
-            return
-        joined, left = _difference(wanted, args.hosts), _difference(args.hosts, wanted)
+        if args.host_discovery_script is None:   # a hostfile: a change of the file, and only what the job can use
+            joined = _difference(listed, args.cooldowns.usable(self.file_at_start))
+            left = _difference(args.hosts, listed)
+            if not left and not (joined and len(args.hosts) < args.max_workers):
+                return
+        else:
+            wanted = listed[:min(args.max_workers, len(listed))]
+            if sorted(wanted) == sorted(args.hosts):
+                return
+            joined, left = _difference(wanted, args.hosts), _difference(args.hosts, wanted)
         self.grown = not left
         what = [f"{', '.join(joined)} joined" if joined else "", f"{', '.join(left)} left" if left else ""]
         raise Failure(HOSTS_CHANGED, f"the job's hosts changed: {' and '.join(w for w in what if w)} "

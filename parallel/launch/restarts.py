@@ -154,7 +154,8 @@ def decide(ending, restarts, max_restarts, interrupted=False, changes=0, reset_l
         return Decision(False, 0, None)
     if ending.kind == HOSTS_CHANGED and not interrupted:
         if reset_limit is not None and changes >= reset_limit:
-            return Decision(False, 1, f"error: {ending.message}; the job has changed hosts {changes} times, "
+            times = "1 time" if changes == 1 else f"{changes} times"
+            return Decision(False, 1, f"error: {ending.message}; the job has changed hosts {times}, "
                                       f"--reset-limit {reset_limit}")
         return Decision(True, None, ending.message)
     if _restartable(ending) and restarts < max_restarts and not interrupted:
