@@ -23,6 +23,7 @@ must (the norm of ZeRO-3's shards is a collective) and write nothing. Nothing he
 | epochs | 2 |
 | strategy | data |
 """
+import logging
 import os
 import re
 
@@ -106,6 +107,9 @@ class Board:
 
     def __init__(self, logdir):
         from tensorboardX import SummaryWriter   # protobuf's import: a moment, paid by a run that asks for it
+        # A loss that diverged is written as it is (TensorBoard shows where); the run's own line says so, not
+        # tensorboardX's "NaN or Inf found in input tensor." a tag
+        logging.getLogger("tensorboardX.x2num").setLevel(logging.ERROR)
         self.logdir = check_logdir(logdir)
         # tensorboardX names a file by the second and the host: the process id keeps two runs' files apart
         self.writer = SummaryWriter(logdir=self.logdir, flush_secs=10, filename_suffix=f".{os.getpid()}")

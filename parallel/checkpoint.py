@@ -54,7 +54,7 @@ import numpy as np
 
 from .compress.feedback import split_name
 from .export import LazyArrays, array_thunks, save_arrays, write_arrays
-from .files import atomic_write, fsync_directory
+from .files import MANIFEST, atomic_write, fsync_directory
 from .models import MODELS, model_info
 from .models.layout import model_layout
 from .validate import BadValue, check_choice, check_int, check_lr, check_number, check_seed
@@ -69,8 +69,6 @@ FORMAT = "parallel-checkpoint"
 VERSION = 2
 #: The versions this package reads: 1 has no optimizer state (its runs trained with plain SGD).
 READABLE_VERSIONS = (1, 2)
-#: The file that makes a checkpoint exist: written last, it names the parameter file.
-MANIFEST = "checkpoint.json"
 
 #: Configuration fields that decide the computation: a resume that changes one is refused. The layout
 #: (strategy, devices, allreduce, stages) may change, and the number of epochs may grow.

@@ -20,7 +20,11 @@ from typing import Optional
 from .board import check_logdir
 from .layout import Layout
 from .optim import OPTIMIZERS
-from .validate import check_bool, check_choice, check_int, check_path, check_seed
+from .validate import BadValue, check_bool, check_choice, check_int, check_path, check_seed
+
+#: The most optimizer steps a run takes: up to 2**53 a step's number is an exact integer in float64, the
+#: arithmetic of the learning-rate schedules
+MAX_STEPS = 2 ** 53
 
 __all__ = ["RunConfig", "run_config", "layout_of_args", "FLAGS", "optimizer_defaults"]
 
@@ -78,6 +82,7 @@ class RunConfig:
 
     def __post_init__(self):
         check_int(self.epochs, "epochs", low=1)
+        check_int(self.epochs, "epochs", high=MAX_STEPS)   # apart: "must be >= 1" for what is too small
         check_int(self.batch_size, "batch_size", low=1)
         check_seed(self.seed)
         check_int(self.accumulate, "accumulate", low=1, high=self.batch_size)
@@ -88,6 +93,26 @@ class RunConfig:
         check_bool(self.progress, "progress")
         if self.logdir is not None:
             object.__setattr__(self, "logdir", check_logdir(self.logdir))
+
+    def check_fits(self, num_train):
+        """Refuse a run that does not fit a training set of ``num_train`` examples: a global batch larger than the
+        set (every epoch would be one batch of it all, whatever ``batch_size`` said), or more optimizer steps than
+        ``MAX_STEPS``. ``BadValue`` naming ``batch_size`` or ``epochs``.
+
+        >>> RunConfig(epochs=2, batch_size=64).check_fits(100)   # two batches an epoch, the last of 36
+        >>> RunConfig(epochs=2, batch_size=128).check_fits(100)
+        Traceback (most recent call last):
+        ...
+        parallel.validate.BadValue: batch_size 128 is more than the 100 examples of the training set: every epoch would be one batch of them all
+        """
+        if self.batch_size > num_train:
+            raise BadValue("batch_size", f"{{batch_size}} {self.batch_size} is more than the {num_train} examples of "
+                                         "the training set: every epoch would be one batch of them all")
+        per_epoch = -(-num_train // self.batch_size)
+        if self.epochs * per_epoch > MAX_STEPS:
+            raise BadValue("epochs", f"{{epochs}} {self.epochs} makes {self.epochs * per_epoch:.3g} optimizer steps "
+                                     f"({per_epoch} an epoch), more than 2**53, past which a step's number is not "
+                                     "exact in float64 (the rate schedules count in it)")
 
 
 def run_config(args):

@@ -18,8 +18,9 @@ import stat
 import sys
 import tempfile
 
-__all__ = ["atomic_write", "fsync_directory", "check_writable", "output_target",
-           "remove_temporaries", "scratch_file", "DirectoryLock", "DirectoryLocked", "LOCK_FILE", "export_files"]
+__all__ = ["atomic_write", "fsync_directory", "check_writable", "output_target", "remove_temporaries",
+           "remove_if_empty_at_exit", "scratch_file", "DirectoryLock", "DirectoryLocked", "LOCK_FILE", "MANIFEST",
+           "export_files"]
 
 
 def export_files(prefix):
@@ -36,6 +37,9 @@ _PENDING = set()
 
 #: Scratch files of this process (``scratch_file``): removed at its exit, a normal one or ``os._exit``'s.
 _SCRATCH = set()
+
+#: Directories made for this run (``remove_if_empty_at_exit``): removed by ``remove_temporaries`` if they are empty.
+_MADE = set()
 
 _KINDS = {stat.S_ISCHR: "a character device", stat.S_ISBLK: "a block device", stat.S_ISFIFO: "a FIFO (named pipe)",
           stat.S_ISSOCK: "a socket", stat.S_ISDIR: "a directory"}
@@ -71,14 +75,24 @@ def output_target(path):
 
 
 def remove_temporaries():
-    """Remove the temporary files of the atomic writes in progress, and the lock files of the directory locks
-    held: for a process that must end at once (``os._exit``), so that nothing it was writing is left behind.
-    Their targets are untouched."""
+    """Remove the temporary files of the atomic writes in progress, the lock files of the directory locks held,
+    and the directories made for the run that are still empty: for a process that must end at once
+    (``os._exit``), so that nothing it was writing is left behind. Their targets are untouched."""
     for pending in (_PENDING, _SCRATCH):
         for tmp in list(pending):
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
             pending.discard(tmp)
+    for directory in list(_MADE):
+        with contextlib.suppress(OSError):
+            os.rmdir(directory)   # fails, as it should, on a directory that holds anything
+        _MADE.discard(directory)
+
+
+def remove_if_empty_at_exit(directory):
+    """Have ``remove_temporaries`` remove ``directory``, made for this run, if it is still empty then: a run that
+    ends at once before writing anything there leaves no empty directory."""
+    _MADE.add(os.path.abspath(directory))
 
 
 def scratch_file(prefix, suffix=""):
@@ -219,6 +233,9 @@ def check_writable(path, what="output"):
 
 #: The lock file a run keeps in the directory it owns (its checkpoint directory).
 LOCK_FILE = ".lock"
+
+#: The file that makes a checkpoint exist (``parallel.checkpoint``): written last, it names the parameter file.
+MANIFEST = "checkpoint.json"
 
 
 class DirectoryLocked(RuntimeError):

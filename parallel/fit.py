@@ -526,6 +526,7 @@ def fit(dataset, strategy, optimizer, config, on_epoch=None, on_checkpoint=None,
     if resume is not None and not isinstance(resume, (Snapshot, Checkpoint)):
         raise BadType("resume", f"{{resume}} must be a parallel.checkpoint.Snapshot (on_checkpoint's) or a loaded "
                                 f"Checkpoint, got {type(resume).__name__}")
+    config.check_fits(len(dataset.train_labels))
     per_epoch = num_batches(len(dataset.train_labels), config.batch_size)
     state = TrainingState(1, 0, 0.0, 0.0, 0.0, epoch_seed(config.seed, 1), []) if resume is None else resume.state
     check_start(state, config.seed, per_epoch)

@@ -11,7 +11,8 @@ thread is blocked.
   status 130 and ``error: interrupted``, from the watching thread, whatever the main thread is doing (the
   temporary files of atomic writes in progress are removed first, so the last complete files stay).
 - ``hold_interrupts``: around MXNet's import, a Ctrl-C is held and raised as ``KeyboardInterrupt`` afterwards.
-- ``end_on_signals``: for a worker of a distributed job, SIGINT and SIGTERM end the process at once.
+- ``end_on_signals``: for a worker of a distributed job, SIGINT and SIGTERM end the process at once, leaving
+  nothing it was writing behind.
 """
 import contextlib
 import os
@@ -43,18 +44,21 @@ class StopRequest:
         return self.signum is not None
 
 
-def _exit_at_once():
-    """End the process now, from any thread: remove the temporaries of unfinished atomic writes, say so on
-    stderr, and ``os._exit`` (no cleanup that could block, as the main thread may be stuck inside MXNet)."""
+def _exit_at_once(signum=signal.SIGINT, say=True):
+    """End the process now, from any thread, with status 128 + ``signum``: remove the temporaries of unfinished
+    atomic writes, the lock files of the directory locks held and the directories made for the run that are still
+    empty (``remove_temporaries``), say so on stderr if ``say``, and ``os._exit`` (no cleanup that could block, as
+    the main thread may be stuck inside MXNet)."""
     remove_temporaries()
-    try:
-        os.write(sys.stderr.fileno(), b"error: interrupted\n")
-    except (OSError, ValueError):
-        pass
-    os._exit(INTERRUPTED_STATUS)
+    if say:
+        try:
+            os.write(sys.stderr.fileno(), b"error: interrupted\n")
+        except (OSError, ValueError):
+            pass
+    os._exit(128 + signum)
 
 
-def _watch(read_fd, limit):
+def _watch(read_fd, limit, say):
     """Count the stop signals written to ``read_fd``; end the process at the ``limit``-th one. Returns when
     the pipe's write end is closed."""
     seen = 0
@@ -65,19 +69,22 @@ def _watch(read_fd, limit):
             return
         if not data:
             return
-        seen += sum(byte in _STOP_SIGNALS for byte in data)
+        stops = [byte for byte in data if byte in _STOP_SIGNALS]
+        seen += len(stops)
         if seen >= limit:
-            _exit_at_once()
+            _exit_at_once(signal.SIGINT if say else stops[-1], say)
 
 
 @contextlib.contextmanager
-def _watched(limit):
+def _watched(limit, say=True):
     """While active, the ``limit``-th SIGINT/SIGTERM ends the process from a watching thread, even when the
-    main thread is blocked in native code. The caller installs Python-level handlers for the signals."""
+    main thread is blocked in native code (with ``error: interrupted`` and status 130 if ``say``, else silently
+    with 128 + the signal). The caller installs Python-level handlers for the signals."""
     read_fd, write_fd = os.pipe()
     os.set_blocking(write_fd, False)
     previous_fd = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
-    watcher = threading.Thread(target=_watch, args=(read_fd, limit), name="parallel-signal-watcher", daemon=True)
+    watcher = threading.Thread(target=_watch, args=(read_fd, limit, say), name="parallel-signal-watcher",
+                               daemon=True)
     watcher.start()
     try:
         yield
@@ -135,16 +142,20 @@ def hold_interrupts():
 
 @contextlib.contextmanager
 def end_on_signals():
-    """For a worker of a distributed job: during the block, SIGINT and SIGTERM end the process at once (their
-    default action). A worker spends its time blocked inside ps-lite, where no Python handler can run, so a
-    stop at the next batch boundary would only hold up the launcher's grace period; the job resumes from its
-    last checkpoint instead."""
+    """For a worker of a distributed job: during the block, SIGINT and SIGTERM end the process at once, with
+    status 128 + the signal and no line (the launcher says why the job stopped), from the watching thread while
+    the main thread waits inside ps-lite, where no Python handler can run. A stop at the next batch boundary would
+    only hold up the launcher's grace period; the job resumes from its last checkpoint instead. What the run was
+    writing goes first (``remove_temporaries``): no temporary file, no lock file in ``--checkpoint-dir``, and no
+    directory made for a run that wrote nothing there."""
     if not _in_main_thread():
         yield
         return
-    previous = {sig: signal.signal(sig, signal.SIG_DFL) for sig in _STOP_SIGNALS}
+    previous = {sig: signal.signal(sig, lambda signum, frame: _exit_at_once(signum, say=False))
+                for sig in _STOP_SIGNALS}
     try:
-        yield
+        with _watched(limit=1, say=False):
+            yield
     finally:
         for sig, old in previous.items():
             signal.signal(sig, old)

@@ -65,7 +65,7 @@ from .cli import (JOB_ENV, USAGE_STATUS, Parser, UsageError, finite_float, launc
 from .comm import ALGORITHMS, DEFAULT_ALGORITHM, DEFAULT_BUCKET_MB, HOSTS_BUCKET_MB
 from .data import DATASETS
 from .config import FLAGS, layout_of_args, optimizer_defaults, run_config
-from .files import LOCK_FILE, DirectoryLock, DirectoryLocked, check_writable, export_files
+from .files import LOCK_FILE, DirectoryLock, DirectoryLocked, check_writable, export_files, remove_if_empty_at_exit
 from .interrupt import INTERRUPTED_STATUS, end_on_signals, hold_interrupts, stop_between_batches
 from .models import MODELS, model_spec
 from .mxnet_compat import import_mxnet_without_scipy_stats
@@ -425,6 +425,7 @@ def claim_outputs(args, stack):
             raise UsageError(f"--checkpoint-dir {directory!r} is a file, not a directory")
         if not os.path.exists(directory):   # a run that ends before its first checkpoint leaves no empty directory
             stack.callback(_remove_if_empty, directory)
+            remove_if_empty_at_exit(directory)   # also when it must end at once (a signal, in a job)
         try:
             os.makedirs(directory, exist_ok=True)
             os.close(os.open(os.path.join(directory, LOCK_FILE), os.O_WRONLY | os.O_CREAT, 0o666))   # writable?
@@ -503,6 +504,8 @@ def run(args, stack):
         import_mxnet_without_scipy_stats()
         from . import train_steps as steps
     job = steps.join_job(args)
+    if job is not None:   # a signal ends a worker at once, leaving nothing it was writing (no lock file)
+        stack.enter_context(end_on_signals())
     if job is not None and job.rank == 0:   # one process alone claimed its outputs before MXNet started
         claim_outputs(args, stack)
     checkpoint = steps.read_checkpoint(args, job)
@@ -515,7 +518,7 @@ def run(args, stack):
     steps.check_resume(checkpoint, record, dataset)
     report = steps.open_report(args, strategy, optimizer, dataset, data_name, job)
     steps.announce_start(args, checkpoint, report)
-    with (stop_between_batches() if job is None else end_on_signals()) as stop:
+    with (stop_between_batches() if job is None else contextlib.nullcontext()) as stop:
         try:
             steps.train(args, strategy, optimizer, dataset, checkpoint, stop, report, record)
         except steps.TrainingStopped as e:

@@ -163,7 +163,10 @@ def schedule_of(args, per_epoch):
 
 
 def optimizer_of(args, dataset):
-    """The optimizer the flags describe, its schedule counted in the steps of this dataset's epochs."""
+    """The optimizer the flags describe, its schedule counted in the steps of this dataset's epochs (once the run
+    is known to fit the dataset: ``RunConfig.check_fits``)."""
+    with users_input(ValueError, flags=FLAGS):
+        run_config(args).check_fits(len(dataset.train_labels))
     options = {"wd": args.wd, "clip_norm": args.clip_norm, "zero": args.zero,
                "schedule": schedule_of(args, num_batches(len(dataset.train_labels), args.batch_size))}
     if args.optimizer == "sgd":
@@ -187,6 +190,7 @@ def lay_out(args, checkpoint, ctx_list, job):
                           bucket_note=why, warmup=args.compression_warmup)
         strategy = make_strategy(layout_of_args(args), initial, ctx_list, reducer=reducer,
                                  batch_size=args.batch_size)   # in a job: rank 0's
+    _warn_idle_replicas(args, strategy, job)
     if args.zero and zero_shards(strategy) == 1:
         what = ("it only adds its gathers and a recomputed forward, and holds more than --zero 0 (docs/memory.md); "
                 "ZeRO-3 shards over the data replicas of --devices and the workers of a job" if args.zero == 3 else
@@ -202,6 +206,19 @@ def lay_out(args, checkpoint, ctx_list, job):
               "sends no gradient; it applies between several --devices or the workers of a job", file=sys.stderr,
               flush=True)
     return initial, strategy
+
+
+def _warn_idle_replicas(args, strategy, job):
+    """One line when the global batch has fewer examples than the data replicas it is split over (each worker's
+    data and expert replicas): those past it get no example and idle every step."""
+    shape = strategy.layout.place(len(strategy.ctx_list)).shape
+    workers = 1 if job is None else job.num_workers
+    replicas = workers * shape.data * shape.expert
+    if args.batch_size < replicas:
+        where = f"{workers} workers x {replicas // workers}" if workers > 1 else f"{replicas}"
+        print(f"warning: --batch-size {args.batch_size} is split over {where} data replicas (--devices "
+              f"{args.devices}): {replicas - args.batch_size} of them get no example and stay idle; give a --batch-size "
+              f"of at least {replicas}, or fewer --devices", file=sys.stderr, flush=True)
 
 
 def zero_shards(strategy):

@@ -237,6 +237,19 @@ def test_an_elastic_job_on_a_hostfile_restarts_when_the_file_changes_what_it_can
     assert job.grown
 
 
+def test_an_env_name_that_is_not_set_here_is_said_once(monkeypatch, capsys):
+    """--env NAME passes NAME's value from here: one unset passed nothing and said nothing. NAME:VALUE and a NAME
+    that is set pass as they are, with no line."""
+    monkeypatch.delenv("NOPE_NOT_SET", raising=False)
+    monkeypatch.setenv("SET_HERE", "1")
+    status, _ = _main_with([Ending(SUCCESS)], monkeypatch, "-n", 1, "--env", "NOPE_NOT_SET", "--env", "SET_HERE",
+                           "--env", "GIVEN:2")
+    assert status == 0
+    assert capsys.readouterr().err.splitlines() == [
+        "warning: --env NOPE_NOT_SET: NOPE_NOT_SET is not set here, so nothing is passed; give NOPE_NOT_SET:VALUE to "
+        "set it"]
+
+
 def test_a_job_that_is_not_elastic_takes_no_state(monkeypatch, capsys):
     status, starts = _main_with([KILLED, Ending(SUCCESS)], monkeypatch, "-n", 2, "--max-restarts", 1,
                                 states=[(3, b"never taken")])

@@ -160,6 +160,17 @@ def test_schedules_give_mxnets_rates_at_every_step():
             assert ours(t, base) == pytest.approx(mxnets(t), rel=1e-12, abs=1e-15), (ours, t)
 
 
+def test_a_long_cosines_last_steps_keep_a_rate_above_final_lr():
+    """(1 + cos) / 2 rounded a long cosine's last step to 0 exactly (from about 2e8 steps on), and the check of
+    the rates refused a rate that is not 0: the steps left keep it positive, as it is, up to 2**53 steps."""
+    for total in (10 ** 9, 10 ** 12, 2 ** 53):
+        cosine = Cosine(total)
+        last = cosine(total - 1, 0.2)
+        assert last == pytest.approx(0.2 * math.sin(math.pi / 2 / total) ** 2, rel=1e-12), total
+        SGD(0.2, schedule=cosine)   # its rates all float32's: no refusal
+        assert cosine(total, 0.2) == 0.0
+
+
 def test_the_schedule_counts_optimizer_steps_not_contexts_or_micro_batches():
     data = batches(6)
     for k, accumulate in ((1, 1), (3, 1), (2, 3)):

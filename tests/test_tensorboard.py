@@ -198,3 +198,15 @@ def test_the_cli_refuses_a_bad_logdir_in_one_line(tmp_path):
             result.stderr)
         assert not re.search(r"Traceback", result.stderr)
     assert afile.read_text() == "" and not event_files(tmp_path)
+
+
+def test_a_loss_that_diverged_is_written_without_tensorboardxs_warning(tmp_path, caplog):
+    """--lr 1e30 --logdir DIR printed tensorboardX's "NaN or Inf found in input tensor." three times before the
+    run's one error line; the value is still written, as it is."""
+    from parallel.board import Board
+    board = Board(tmp_path)
+    with caplog.at_level("WARNING"):
+        board.scalars({"train/loss": float("nan"), "train/acc": float("inf")}, 1)
+    board.writer.close()
+    assert not [r for r in caplog.records if r.name.startswith("tensorboardX")], caplog.records
+    assert list(tmp_path.glob("events.out.tfevents.*"))

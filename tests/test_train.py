@@ -10,11 +10,11 @@ import pytest
 
 import mxnet as mx
 
-from parallel import RunConfig, read_idx, write_idx
+from parallel import RunConfig, init_model, make_strategy, read_idx, write_idx
 from parallel.data import FILES
 from parallel.train import main
 from parallel.fit import IN_FLIGHT, NonFiniteLossError, fit
-from conftest import easy_dataset, run_process, start_process, write_idx_files
+from conftest import assert_refused, easy_dataset, run_process, start_process, write_idx_files
 
 KEYS = {"epoch", "train_loss", "train_acc", "test_acc", "seconds", "images_per_second", "workers"}
 
@@ -451,6 +451,43 @@ def test_values_mxnets_operators_refuse_exit_2_before_a_step(args, message, easy
     assert err.startswith("error: ") and message in err and len(err.splitlines()) == 1, err
 
 
+@pytest.mark.parametrize("args, message", [
+    (["--batch-size", "99999999999999999999999"], "--batch-size 99999999999999999999999 is more than the 256 "
+                                                  "examples of the training set: every epoch would be one batch"),
+    (["--batch-size", "257"], "--batch-size 257 is more than the 256 examples"),
+    (["--epochs", "99999999999999999999999", "--lr-schedule", "cosine"], "--epochs must be <= 9007199254740992"),
+    (["--epochs", str(2 ** 53 // 8 + 1), "--batch-size", "32"], f"--epochs {2 ** 53 // 8 + 1} makes 9.01e+15 "
+                                                                "optimizer steps (8 an epoch), more than 2**53"),
+])
+def test_a_run_that_does_not_fit_its_data_exits_2_naming_the_flag(args, message, easy_dir, capsys):
+    """A batch larger than the training set trained one batch of all of it an epoch (exit 0); more steps than
+    float64 counts exactly failed in the cosine's check of its rates, never naming --epochs."""
+    assert_refused(main(["--data-dir", str(easy_dir), "--no-progress", *args]), capsys, message)
+
+
+def test_the_api_refuses_a_batch_larger_than_the_training_set():
+    dataset = easy_dataset(num_train=20, num_test=5)
+    strategy = make_strategy("data", init_model("lenet", 0), [mx.cpu(0)])
+    with pytest.raises(ValueError, match="^batch_size 21 is more than the 20 examples of the training set"):
+        fit(dataset, strategy, 0.1, RunConfig(epochs=1, batch_size=21))
+
+
+@pytest.mark.parametrize("devices, batch, idle", [("cpu:4", 2, 2), ("cpu:4", 4, 0), ("cpu:1", 1, 0)])
+def test_a_batch_smaller_than_the_data_replicas_warns_of_the_idle_ones(devices, batch, idle, easy_dir, capsys):
+    """--devices cpu:64 --batch-size 8 left 56 contexts idle without a word. (The run then stops at --epochs,
+    too many for float64's step count: the warning comes once the layout is known, before any step.)"""
+    status = main(["--data-dir", str(easy_dir), "--no-progress", "--devices", devices, "--batch-size", str(batch),
+                   "--epochs", str(2 ** 53)])
+    err = capsys.readouterr().err.splitlines()
+    assert status == 2 and err[-1].startswith("error: --epochs"), err
+    warned = [line for line in err if "stay idle" in line]
+    assert len(warned) == (idle > 0) and len(err) == 1 + (idle > 0), err
+    if idle:
+        assert warned[0] == (f"warning: --batch-size {batch} is split over 4 data replicas (--devices {devices}): "
+                             f"{idle} of them get no example and stay idle; give a --batch-size of at least 4, or "
+                             "fewer --devices")
+
+
 @pytest.mark.parametrize("text", ["", " "])
 def test_an_empty_list_of_decay_epochs_is_refused(text):
     """--lr-decay-epochs "" once ran a step schedule that never decays (checked without training: check_args)."""
@@ -639,7 +676,7 @@ def test_plot_is_written_in_the_format_its_suffix_names(data_dir, tmp_path):
 
 
 def test_header_names_the_data_it_trains_on(easy_dir, capsys):
-    assert main(["--devices", "cpu:1", "--epochs", "1", "--batch-size", "500", "--data-dir", str(easy_dir),
+    assert main(["--devices", "cpu:1", "--epochs", "1", "--batch-size", "256", "--data-dir", str(easy_dir),
                  "--no-progress"]) == 0
     header = capsys.readouterr().out.splitlines()[0]
     assert header.startswith(f"training LeNet on the MNIST-format files in {easy_dir}: 256 train / 64 test")
@@ -647,7 +684,7 @@ def test_header_names_the_data_it_trains_on(easy_dir, capsys):
 
 
 def test_a_strategy_that_leaves_contexts_idle_says_so(easy_dir, capsys):
-    assert main(["--devices", "cpu:4", "--strategy", "model", "--epochs", "1", "--batch-size", "500",
+    assert main(["--devices", "cpu:4", "--strategy", "model", "--epochs", "1", "--batch-size", "256",
                  "--data-dir", str(easy_dir), "--no-progress"]) == 0
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["warning: --strategy model uses 2 of the 4 contexts of --devices cpu:4 (one per stage); "
@@ -741,7 +778,7 @@ def test_outputs_are_written_through_symbolic_links(easy_dir, tmp_path):
     target.parent.mkdir()
     target.write_text("old")
     (tmp_path / "link.json").symlink_to(target)
-    assert main(["--devices", "cpu:1", "--epochs", "1", "--batch-size", "500", "--data-dir", str(easy_dir),
+    assert main(["--devices", "cpu:1", "--epochs", "1", "--batch-size", "256", "--data-dir", str(easy_dir),
                  "--metrics-json", str(tmp_path / "link.json"), "--no-progress"]) == 0
     assert (tmp_path / "link.json").is_symlink() and [m["epoch"] for m in json.loads(target.read_text())] == [1]
 

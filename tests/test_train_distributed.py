@@ -150,6 +150,42 @@ def test_a_killed_worker_ends_the_job_and_resume_finishes_the_same_run(tmp_path)
     assert_same_parameters(exported(killed / "lenet"), exported(straight / "lenet"), "float32")
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("when", ["before the first checkpoint", "after a checkpoint"])
+def test_ctrl_c_on_a_launched_job_leaves_no_lock_and_says_how_to_resume(when, tmp_path):
+    """The launcher's SIGINT SIGTERMs the workers, which end at once from their signal-watching thread (the main
+    thread waits inside ps-lite) after removing what they were writing: no .lock in --checkpoint-dir, and no
+    directory at all before its first checkpoint. The launcher's one line says how to go on when a checkpoint
+    exists. (It left the .lock and said nothing.)"""
+    data_dir = write_idx_files(tmp_path, easy_dataset(num_train=2000, num_test=60, seed=7))
+    mark = uuid.uuid4().hex
+    every = ["--checkpoint-every", "1"] if when == "after a checkpoint" else []
+    process = launch(2, tmp_path, "--data-dir", str(data_dir), "--batch-size", "4", "--devices", "cpu:1",
+                     "--epochs", "1000", "--no-progress", "--checkpoint-dir", "ckpt", *every, mark=mark)
+    ckpt = tmp_path / "ckpt"
+    target = ckpt / ("checkpoint.json" if every else ".lock")
+    deadline = time.monotonic() + 120
+    while not target.exists() and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert target.exists(), process.poll()
+    process.send_signal(signal.SIGINT)
+    out, err = finish(process, timeout=120)
+    assert process.returncode == 130, err[-3000:]
+    lines = err.strip().splitlines()
+    assert lines[-1].startswith("error: interrupted by SIGINT; stopped the "), lines[-5:]
+    hint = "; the checkpoint in ckpt goes on from where it stopped: add --resume to the training command"
+    assert lines[-1].endswith(hint) == bool(every), lines[-1]
+    assert not [line for line in lines if "error: interrupted" in line and line.startswith("[worker")], lines
+    if every:
+        assert sorted(p.name for p in ckpt.iterdir() if p.name.startswith(".")) == [], list(ckpt.iterdir())
+    else:
+        assert not ckpt.exists(), list(ckpt.iterdir())
+    deadline = time.monotonic() + 5
+    while job_processes(MARK, mark) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert job_processes(MARK, mark) == []
+
+
 def test_distributed_flags_outside_a_job(capsys):
     """Every layout trains across processes (tests/test_layouts.py); the kvstore's flag needs a job."""
     assert main(["--kvstore", "dist_sync", "--dataset", "synthetic"]) == 2

@@ -2,16 +2,18 @@
 and ``main``, which starts the job and starts it again for as long as ``restarts.decide`` says."""
 import argparse
 import atexit
+import os
 import re
 import sys
 import uuid
 
 from ..cli import USAGE_STATUS, Parser, UsageError
+from ..files import MANIFEST as CHECKPOINT_MANIFEST
 from ..handover import StateServer
 from .hosts import check_port, default_scheduler_host, free_port, parse_hostfile
 from .job import Job, Signals, plan_start, write_line
 from .processes import default_servers
-from .restarts import HOSTS_CHANGED, PROCESS_FAILED, SUCCESS, Cooldowns, Failure, decide
+from .restarts import HOSTS_CHANGED, INTERRUPTED, PROCESS_FAILED, SUCCESS, Cooldowns, Failure, decide
 from .watchdog import Watchdog
 
 __all__ = ["main", "build_parser", "check_args", "MAX_SECONDS"]
@@ -145,6 +147,9 @@ def check_args(args):
         name = item.split(":", 1)[0]
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
             raise UsageError(f"--env {item!r}: {name!r} is not an environment variable name")
+        if ":" not in item and name not in os.environ:   # passes nothing: most likely a typo or a missing export
+            print(f"warning: --env {name}: {name} is not set here, so nothing is passed; give {name}:VALUE to set "
+                  "it", file=sys.stderr, flush=True)
     for option in args.ssh_option:
         if not re.fullmatch(r"[A-Za-z]+=.*", option):
             raise UsageError(f"--ssh-option {option!r} is not KEY=VALUE, e.g. IdentityFile=~/.ssh/id_job")
@@ -281,11 +286,36 @@ def _run(args, signals, watchdog, jobs, relay=None):
             write_line("stderr", left_out)
         if not decision.restart:
             if decision.line is not None:
-                write_line("stderr", decision.line)
+                hint = resume_hint(args.command) if ending.kind == INTERRUPTED else None
+                write_line("stderr", decision.line + (f"; {hint}" if hint else ""))
             return decision.status
         starts += 1
         changes += ending.kind == HOSTS_CHANGED
         restarts += ending.kind != HOSTS_CHANGED   # a change of hosts is the job working, not a failure
+
+
+def resume_hint(command):
+    """For ``python -m parallel.train`` with a ``--checkpoint-dir`` that holds a checkpoint (seen from here), how
+    to go on from it; None for any other command.
+
+    >>> resume_hint(["python", "-m", "parallel.train", "--checkpoint-dir", "/nonexistent"]) is None
+    True
+    """
+    try:
+        if command[command.index("-m") + 1] != "parallel.train":
+            return None
+    except (ValueError, IndexError):   # no -m, or nothing after it
+        return None
+    directory = None
+    for i, word in enumerate(command):
+        if word == "--checkpoint-dir" and i + 1 < len(command):
+            directory = command[i + 1]
+        elif word.startswith("--checkpoint-dir="):
+            directory = word.split("=", 1)[1]
+    if directory is None or not os.path.isfile(os.path.join(directory, CHECKPOINT_MANIFEST)):
+        return None
+    how = "run the same command again" if "--resume" in command else "add --resume to the training command"
+    return f"the checkpoint in {directory} goes on from where it stopped: {how}"
 
 
 def _keep_state(job, relay, args):

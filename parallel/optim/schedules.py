@@ -162,8 +162,10 @@ class Cosine(Schedule):
     def after_warmup(self, t, base_lr):
         if t > self.total_steps:
             return self.final_lr
-        progress = (t - self.warmup_steps) / (self.total_steps - self.warmup_steps)
-        return self.final_lr + (base_lr - self.final_lr) * (1 + math.cos(math.pi * progress)) / 2
+        # (1 + cos(pi p)) / 2 as sin(pi (1 - p) / 2)^2, 1 - p from the steps left (an exact integer): the same
+        # rate, without the cancellation that rounds a long cosine's last steps to final_lr exactly
+        left = (self.total_steps - t) / (self.total_steps - self.warmup_steps)
+        return self.final_lr + (base_lr - self.final_lr) * math.sin(math.pi / 2 * left) ** 2
 
     def bounds(self, base_lr):
         rates = super().bounds(base_lr)
