@@ -19,7 +19,7 @@ import re
 from .validate import BadType, BadValue
 
 __all__ = ["UsageError", "Parser", "flag_message", "users_input", "finite_float", "positive_float",
-           "warning_lines", "RESTART_ENV", "JOB_ENV", "HOSTS_ENV", "USAGE_STATUS", "restart_count", "launched",
+           "warning_lines", "RESTART_ENV", "JOB_ENV", "HOSTS_ENV", "PROGRESS_ENV", "shows_progress", "USAGE_STATUS", "restart_count", "launched",
            "job_hosts"]
 
 #: The exit status of a command given input that cannot work. ``python -m parallel.launch --max-restarts`` does
@@ -39,6 +39,24 @@ JOB_ENV = "PARALLEL_JOB"
 #: its servers and workers run on, where its gradients travel (1 with ``--launcher local``). ``python -m parallel.train`` sizes its
 #: buckets for a network link when it is 2 or more.
 HOSTS_ENV = "PARALLEL_HOSTS"
+
+#: The environment variable ``python -m parallel.launch`` sets for every process of a job: 1 when its own stderr
+#: is a terminal, where it draws the job's one progress display (rank 0's bar), else 0: no worker draws one.
+PROGRESS_ENV = "PARALLEL_PROGRESS"
+
+
+def shows_progress(no_progress, main_rank):
+    """Whether this process draws progress bars: unless ``--no-progress``; in a job rank 0 alone (``main_rank``),
+    and only when the launcher's output is a terminal (``PROGRESS_ENV``).
+
+    >>> import os
+    >>> shows_progress(False, True) == (not launched() or os.environ.get(PROGRESS_ENV) == "1")
+    True
+    >>> shows_progress(True, True), shows_progress(False, False)
+    (False, False)
+    """
+    import os
+    return not no_progress and main_rank and (not launched() or os.environ.get(PROGRESS_ENV) == "1")
 
 
 def restart_count(environ=None):

@@ -367,7 +367,7 @@ def _lane_names(raw, fresh, worker, contexts):
         pids = sorted(pid for pid in {e.get("pid") for e in fresh if e.get("ph") in ("B", "E")}
                       if isinstance(pid, int) and pid < cpus + gpus)   # not pinned or shared memory
     names = {pid: f"cpu({pid})" if pid < cpus else f"gpu({pid - cpus})" for pid in pids}
-    return {pid: name if worker is None else f"worker {worker} {name}" for pid, name in names.items()}
+    return {pid: name if worker is None else f"rank {worker} {name}" for pid, name in names.items()}
 
 
 #: Operators autograd may issue itself without a ``_backward`` name (gradient sums of an array used twice, zero
@@ -523,14 +523,14 @@ def _timeline(raw, fresh, worker, path, contexts):
 
 
 def worker_path(path, job, rank=None):
-    """Where worker ``rank`` (default ``job.rank``) of a job of several workers writes the trace ``path``:
-    ``.workerR`` inserted before the extension (``step.json`` -> ``step.worker1.json``); ``path`` itself with no
-    job or one worker."""
+    """Where the worker of ``rank`` (default ``job.rank``) of a job of several workers writes the trace ``path``:
+    ``.rankR`` inserted before the extension (``step.json`` -> ``step.rank1.json``), as the launcher labels its
+    lines ``[rank R]``; ``path`` itself with no job or one worker."""
     path = os.fspath(path)
     if job is None or job.num_workers == 1:
         return path
     stem, ext = os.path.splitext(path)
-    return f"{stem}.worker{job.rank if rank is None else rank}{ext}"
+    return f"{stem}.rank{job.rank if rank is None else rank}{ext}"
 
 
 def read_trace(path):

@@ -13,7 +13,7 @@ import time
 from .checkpoint import (CheckpointError, CheckpointWriteError, CheckpointWriter, check_compatible, read_all,
                          check_run_config, dataset_fingerprint, has_checkpoint, load_checkpoint,
                          load_checkpoint_bytes, packer)
-from .cli import UsageError, job_hosts, launched, restart_count, users_input
+from .cli import UsageError, job_hosts, launched, restart_count, shows_progress, users_input
 from .comm import bucket_mb_for
 from .comm.algorithms import free_buffers
 from .comm.reducer import Reducer
@@ -141,7 +141,7 @@ def load_dataset(args, job):
     try:
         if not main_rank:   # one download at a time: rank 0 fetches, then the others read
             sum_values(job, [0])
-        dataset = load_data(args.dataset, args.data_dir, progress=not args.no_progress and main_rank)
+        dataset = load_data(args.dataset, args.data_dir, progress=shows_progress(args.no_progress, main_rank))
         if job is not None and main_rank:
             sum_values(job, [0])
     except DataError as e:   # the library's advice, in the command's terms
@@ -315,7 +315,7 @@ def train(args, strategy, optimizer, dataset, checkpoint, stop, report, record):
     if args.checkpoint_dir is not None:
         write = (CheckpointWriter(args.checkpoint_dir, record, args.model, args.checkpoint_lock) if report.main_rank
                  else _gathered)
-    config = run_config(args)
+    config = dataclasses.replace(run_config(args), progress=shows_progress(args.no_progress, report.main_rank))
     server = StateServer() if elastic() else None
     try:
         if server is not None:   # commit every --commit-every steps; the checkpoints stay where they were

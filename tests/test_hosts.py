@@ -323,7 +323,7 @@ def test_across_the_link_the_first_layers_sums_land_first_under_p3_and_not_witho
     assert len(measured) == (van == "auto") and all("runs on MXNet's P3 van" in line for line in measured), job.err
     joined = [line for line in job.out + job.err if line.startswith("[worker 1] joined the job as rank ")]
     assert len(joined) == 1, job.out + job.err   # the launcher's worker 1 runs on host 2, across the link
-    steps = reduction_order(read_trace(tmp_path / f"t.worker{joined[0].split()[7]}.json"))
+    steps = reduction_order(read_trace(tmp_path / f"t.rank{joined[0].split()[7]}.json"))
     buckets = len(steps[0])
     assert len(steps) == 3 and buckets >= 8 and all(sorted(step) == list(range(buckets)) for step in steps), steps
     middle = [[b for b in step if 2 <= b <= buckets - 2] for step in steps]   # queued while the link is busy

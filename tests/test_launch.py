@@ -3,7 +3,9 @@
 Each test marks the processes it starts with a unique environment variable and checks at the end that no
 process with ``DMLC_ROLE`` and that mark is left (other jobs on the machine are not ours to judge).
 """
+import io
 import os
+import pty
 import shutil
 import signal
 import socket
@@ -611,3 +613,88 @@ def test_auto_measures_each_hosts_link_over_ssh_and_says_what_it_chose(body, say
     assert line.startswith("--van auto: ") and says in line, line
     assert (args.link_mbit is not None and args.link_mbit >= 300) == link
     assert ("DMLC_PS_VAN_TYPE=p3" in plan_processes(args)[1].argv[-1]) != link
+
+
+class _Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_a_progress_bar_is_drawn_in_place_on_a_terminal_and_lines_go_above_it(monkeypatch):
+    """The job's one progress display: a worker's refresh (a text a lone carriage return ends) redraws one line
+    of the launcher's terminal; a line printed meanwhile clears it, goes above it, and the bar is drawn again."""
+    from parallel.launch import job as launch_job
+    terminal = _Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    bar, other = object(), object()   # the workers that print
+    launch_job.write_progress("stderr", "[rank 0]  10%|#", source=bar)
+    launch_job.write_progress("stderr", "[rank 0]  20%|##", source=bar)
+    launch_job.write_line("stderr", "[rank 1] a line", source=other)
+    launch_job.write_line("stderr", "[rank 0] 100%|###", source=bar)   # its last state: the bar is done
+    launch_job.write_line("stderr", "[rank 1] another", source=other)
+    assert terminal.getvalue() == ("\r[rank 0]  10%|#\x1b[K" "\r[rank 0]  20%|##\x1b[K"
+                                   "\r\x1b[K[rank 1] a line\n\r[rank 0]  20%|##\x1b[K"
+                                   "\r\x1b[K[rank 0] 100%|###\n[rank 1] another\n")
+    launch_job.write_progress("stderr", "[rank 0]  10%|#", source=bar)
+    launch_job.end_progress()   # the job ended with the bar drawn: cleared, and not drawn again
+    launch_job.write_line("stderr", "error: ...")
+    assert terminal.getvalue().endswith("\r[rank 0]  10%|#\x1b[K\r\x1b[Kerror: ...\n")
+
+
+def test_a_progress_bar_is_dropped_where_the_output_is_not_a_terminal(monkeypatch):
+    from parallel.launch import job as launch_job
+    log = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", log)
+    launch_job.write_progress("stderr", "[rank 0]  10%|#")
+    launch_job.write_line("stderr", "[rank 0] the bar's last state, as a line")
+    assert log.getvalue() == "[rank 0] the bar's last state, as a line\n"
+
+
+PROGRESS_SCRIPT = """
+import os, sys, time
+print("progress", os.environ["PARALLEL_PROGRESS"], flush=True)
+for pct in (10, 50, 100):
+    sys.stderr.write(f"\\r {pct}%")
+    sys.stderr.flush()
+    time.sleep(0.05)
+sys.stderr.write("\\n")
+print("joined the job as rank 0 of 1 (dist_sync)", flush=True)
+print("after", flush=True)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("terminal", [True, False])
+def test_the_launcher_draws_a_workers_bar_only_on_a_terminal_and_labels_it_by_rank_once_known(terminal, tmp_path,
+                                                                                               mark):
+    """Through the launcher, on a pseudo-terminal and on a pipe: the worker is told which (PARALLEL_PROGRESS); its
+    refreshes are drawn in place on the terminal and dropped on the pipe, its bar's last state is a line either
+    way; once it said its rank, its lines carry it. (Every refresh came as a line of its own.)"""
+    script = write_script(tmp_path, "bar.py", PROGRESS_SCRIPT)
+    argv, env = launcher(mark, "-n", 1, "-s", 1, sys.executable, script)
+    if terminal:
+        leader, follower = pty.openpty()
+        process = start_process(argv, env=env, stdout=subprocess.PIPE, stderr=follower)
+        os.close(follower)
+        chunks = []
+        while True:
+            try:
+                chunk = os.read(leader, 65536)
+            except OSError:   # EIO: the launcher, the last writer, has exited
+                break
+            if not chunk:
+                break
+            chunks.append(chunk)
+        os.close(leader)
+        err = b"".join(chunks).decode().replace("\r\n", "\n")
+        out = process.stdout.read().decode()
+        assert process.wait(timeout=120) == 0, err
+    else:
+        result = run_process(argv, env=env, timeout=120)
+        assert result.returncode == 0, result.stderr
+        out, err = result.stdout, result.stderr
+    assert f"[worker 0] progress {int(terminal)}" in out.splitlines(), out
+    assert ("\r[worker 0]  10%\x1b[K" in err and "\r[worker 0]  50%\x1b[K" in err) == terminal, repr(err)
+    assert "[worker 0]  100%" in err.replace("\r\x1b[K", "\n").splitlines(), repr(err)
+    assert out.splitlines()[-2:] == ["[worker 0] joined the job as rank 0 of 1 (dist_sync)", "[rank 0] after"], out
+    assert_nothing_left(mark)

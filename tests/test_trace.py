@@ -153,7 +153,7 @@ def test_a_bracket_builds_nothing_while_no_trace_records():
 def test_worker_paths():
     class Job:
         rank, num_workers = 1, 2
-    assert worker_path("run/step.json", Job()) == "run/step.worker1.json"
+    assert worker_path("run/step.json", Job()) == "run/step.rank1.json"
     assert worker_path("step.json", None) == "step.json"
 
 
@@ -219,8 +219,8 @@ def test_each_worker_of_a_job_writes_its_lanes(tmp_path):
                           "--no-progress", "--compression", "fp16", "--trace", "steps.json"], timeout=300, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     for rank in (0, 1):
-        _phases_in_order(read_trace(tmp_path / f"steps.worker{rank}.json"),
-                         [f"worker {rank} cpu(0)", f"worker {rank} cpu(1)"])
+        _phases_in_order(read_trace(tmp_path / f"steps.rank{rank}.json"),
+                         [f"rank {rank} cpu(0)", f"rank {rank} cpu(1)"])
 
 
 @pytest.mark.slow   # the matrix's timeline column runs ZeRO-3 with recomputation in the fast tier

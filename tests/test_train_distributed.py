@@ -186,6 +186,24 @@ def test_ctrl_c_on_a_launched_job_leaves_no_lock_and_says_how_to_resume(when, tm
     assert job_processes(MARK, mark) == []
 
 
+@pytest.mark.slow
+def test_a_launched_job_into_a_log_shows_no_progress_bar_and_labels_its_lines_by_rank(tiny, tmp_path):
+    """No --no-progress, output to pipes (a log): no worker draws a bar (each refresh arrived as a line, from
+    every worker); once a worker said its rank its lines carry it, and its trace file is named the same way."""
+    process = launch(2, tmp_path, "--data-dir", str(tiny[0]), "--batch-size", "13", "--devices", "cpu:1",
+                     "--epochs", "2", "--trace", "t.json")
+    out, err = finish(process)
+    assert process.returncode == 0, err[-3000:]
+    assert not [line for line in (out + err).splitlines() if "%|" in line or "it/s" in line], err[-3000:]
+    joined = {line.split()[1].rstrip("]"): line.split()[7] for line in out.splitlines()
+              if line.startswith("[worker ") and " joined the job as rank " in line}
+    assert sorted(joined.values()) == ["0", "1"], out
+    epochs = [line for line in out.splitlines() if " epoch " in line and ", loss " in line]
+    assert len(epochs) == 2 and all(line.startswith("[rank 0] epoch ") for line in epochs), out
+    assert out.splitlines()[-1].startswith("[rank 0] trace written to t.rank0.json .. t.rank1.json"), out
+    assert (tmp_path / "t.rank0.json").exists() and (tmp_path / "t.rank1.json").exists()
+
+
 def test_distributed_flags_outside_a_job(capsys):
     """Every layout trains across processes (tests/test_layouts.py); the kvstore's flag needs a job."""
     assert main(["--kvstore", "dist_sync", "--dataset", "synthetic"]) == 2

@@ -36,7 +36,11 @@ exits with status 2 and one ``error:`` line.
 
 Each line a process prints is forwarded with its name: ``[scheduler] ``, ``[server i] ``, ``[worker i] ``,
 where ``i`` is the launch order; ps-lite assigns the ranks (``kv.rank``) itself, by host and port, so worker
-``i`` need not have rank ``i``. Workers get ``PYTHONUNBUFFERED=1`` (unless set) so that their lines arrive
+``i`` need not have rank ``i``. Once a worker prints ``joined the job as rank R of W`` (``python -m
+parallel.train`` does), its lines are ``[rank R] `` instead. A text a worker ends with a lone carriage return
+(a progress bar redrawn) is drawn in place when the launcher's output is a terminal, and dropped otherwise;
+workers get ``PARALLEL_PROGRESS=1`` or ``0`` to say which, and ``python -m parallel.train`` draws rank 0's bar
+alone, only when it is 1. Workers get ``PYTHONUNBUFFERED=1`` (unless set) so that their lines arrive
 as they are printed.
 
 Local mode (the default) runs everything on 127.0.0.1, the scheduler and the servers as ``python -m

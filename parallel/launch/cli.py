@@ -147,9 +147,7 @@ def check_args(args):
         name = item.split(":", 1)[0]
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
             raise UsageError(f"--env {item!r}: {name!r} is not an environment variable name")
-        if ":" not in item and name not in os.environ:   # passes nothing: most likely a typo or a missing export
-            print(f"warning: --env {name}: {name} is not set here, so nothing is passed; give {name}:VALUE to set "
-                  "it", file=sys.stderr, flush=True)
+        _warn_if_unset(item)
     for option in args.ssh_option:
         if not re.fullmatch(r"[A-Za-z]+=.*", option):
             raise UsageError(f"--ssh-option {option!r} is not KEY=VALUE, e.g. IdentityFile=~/.ssh/id_job")
@@ -292,6 +290,13 @@ def _run(args, signals, watchdog, jobs, relay=None):
         starts += 1
         changes += ending.kind == HOSTS_CHANGED
         restarts += ending.kind != HOSTS_CHANGED   # a change of hosts is the job working, not a failure
+
+
+def _warn_if_unset(item):
+    """One line for ``--env NAME`` where NAME is not set here: it passes nothing (a typo, or a missing export)."""
+    if ":" not in item and item not in os.environ:
+        print(f"warning: --env {item}: {item} is not set here, so nothing is passed; give {item}:VALUE to set it",
+              file=sys.stderr, flush=True)
 
 
 def resume_hint(command):

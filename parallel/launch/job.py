@@ -4,6 +4,7 @@ start and stall timeouts, SIGINT or SIGTERM to the launcher end it), and stoppin
 as a ``restarts.Failure``."""
 import argparse
 import collections
+import contextlib
 import os
 import queue
 import re
@@ -17,8 +18,8 @@ from ..flight import INTERVAL, STILL, diagnose, format_records, parse_line, posi
 from ..cli import UsageError
 from ..handover import fetch_state, parse_announcement
 from .hosts import available_slots, free_port, listed_slots, parse_hostfile
-from .processes import (GROUP_GONE_SECONDS, P3_BELOW_MBIT, default_servers, hosts_to_probe, kill_group,
-                        link_probe_argv, p3_suits, plan_processes, probe_link, user_wants_ps_log, wait_group_gone)
+from .processes import (GROUP_GONE_SECONDS, P3_BELOW_MBIT, default_servers, hosts_to_probe, is_terminal,
+                        kill_group, link_probe_argv, p3_suits, plan_processes, probe_link, user_wants_ps_log, wait_group_gone)
 from .restarts import (DIVERGED, HOSTS_CHANGED, INTERRUPTED, NOT_STARTED, PROCESS_FAILED, STALL_TIMEOUT,
                        START_TIMEOUT, SUCCESS, TOO_FEW_HOSTS, Ending, Failure)
 
@@ -127,6 +128,8 @@ class _Child:
         self.done = threading.Event()
         self.returncode = None
         self.state_port = None   # an elastic job's worker: where it serves its commits (parallel.handover)
+        self.rank = None   # a worker's rank, once it said it ("joined the job as rank R of W")
+        self.label = spec.name   # what its lines are prefixed with: its rank once known
         env = None if spec.host is not None else dict(os.environ, **spec.env)
         self.process = subprocess.Popen(spec.argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                         stderr=subprocess.PIPE, start_new_session=True)
@@ -140,13 +143,17 @@ class _Child:
 
     def describe(self):
         where = f", ssh to {self.spec.host}" if self.spec.host is not None else ""
+        if self.rank is not None:
+            return f"rank {self.rank} ({self.spec.name}, pid {self.pid}{where})"
         return f"{self.spec.name} (pid {self.pid}{where})"
 
     def _forward(self, pipe, out):
-        prefix = f"[{self.spec.name}] "
         is_scheduler = self.spec.role == "scheduler"
-        for raw in iter(pipe.readline, b""):
-            line = raw.decode("utf-8", "replace").rstrip("\r\n")
+        for raw, refresh in segments(pipe):
+            line = raw.decode("utf-8", "replace")
+            if refresh:   # a progress bar redrawn in place: the terminal's one display, else dropped
+                write_progress(out, f"[{self.label}] {line}", source=self)
+                continue
             if is_scheduler and self.job.watch_line(line):
                 continue
             if self.spec.host is not None and _SSH_CLOSED.match(line):
@@ -163,7 +170,12 @@ class _Child:
                         continue
                 self.job.last_worker_line = time.monotonic()
             self.tail.append(line)
-            self.job.write(out, prefix + line)
+            self.job.write(out, f"[{self.label}] {line}", source=self)
+            if self.spec.role == "worker" and self.rank is None:
+                joined = _JOINED.match(line)
+                if joined:   # from now on its lines carry its rank, as its files' names do
+                    self.rank = int(joined.group(1))
+                    self.label = f"rank {self.rank}"
         pipe.close()
 
     def _reap(self):
@@ -179,16 +191,104 @@ class _Child:
 
 _WRITE_LOCK = threading.Lock()
 
+#: The progress bar drawn on a terminal now: its stream, text and source, or None (``write_progress``).
+_PROGRESS = [None]
 
-def write_line(out, line):
-    """One line to stdout or stderr (``out``), whole (the reader threads write at once)."""
+#: The line ``python -m parallel.train`` prints once it knows its rank.
+_JOINED = re.compile(r"joined the job as rank (\d+) of \d+")
+
+
+def _stream(out):
+    return sys.stdout if out == "stdout" else sys.stderr
+
+
+def write_line(out, line, source=None):
+    """One line to stdout or stderr (``out``), whole (the reader threads write at once). A progress bar drawn on
+    the terminal (``write_progress``) is cleared first: a line from the bar's own ``source`` and stream (its last
+    state, the bar done) takes its place; any other line goes above it, and the bar is drawn again below."""
     with _WRITE_LOCK:
-        stream = sys.stdout if out == "stdout" else sys.stderr
+        stream = _stream(out)
         try:
+            drawn = _PROGRESS[0]
+            if drawn is not None:
+                drawn[0].write("\r\x1b[K")
+                drawn[0].flush()
+                if (drawn[0], drawn[2]) == (stream, source) and source is not None:
+                    drawn = _PROGRESS[0] = None
             stream.write(line + "\n")
             stream.flush()
+            if drawn is not None:
+                drawn[0].write(drawn[1])
+                drawn[0].flush()
         except (OSError, ValueError):   # our output is gone (a closed pipe): keep draining the children
             pass
+
+
+def write_progress(out, text, source=None):
+    """Draw ``text``, a progress bar's state from ``source``, in place on ``out``'s line when it is a terminal:
+    one display for the job, the latest bar replacing the one before. On anything else a bar's intermediate
+    states are dropped (its last state arrives as a line)."""
+    with _WRITE_LOCK:
+        stream = _stream(out)
+        if not is_terminal(stream):
+            return
+        try:
+            stream.write("\r" + text + "\x1b[K")
+            stream.flush()
+            _PROGRESS[0] = (stream, "\r" + text + "\x1b[K", source)
+        except (OSError, ValueError):
+            pass
+
+
+def end_progress():
+    """Clear the progress bar drawn on the terminal, if any, and forget it: the job that drew it has ended."""
+    with _WRITE_LOCK:
+        drawn, _PROGRESS[0] = _PROGRESS[0], None
+        if drawn is not None:
+            with contextlib.suppress(OSError, ValueError):
+                drawn[0].write("\r\x1b[K")
+                drawn[0].flush()
+
+
+def segments(pipe, size=65536):
+    r"""The output of ``pipe`` (a binary file), as ``(bytes, refresh)`` pairs: each line without its end (``\n``,
+    or ssh's ``\r\n``), and with ``refresh`` True, each text a lone ``\r`` ends, which a terminal would draw over
+    (a progress bar's state). Empty refreshes are skipped; what is left when the pipe ends is a line.
+
+    >>> read, write = os.pipe()
+    >>> os.write(write, b"a\r\n\r 10%\r 20%\r 30%\nb"), os.close(write)
+    (20, None)
+    >>> list(segments(os.fdopen(read, "rb"), size=3))
+    [(b'a', False), (b' 10%', True), (b' 20%', True), (b' 30%', False), (b'b', False)]
+    """
+    fd = pipe.fileno()   # read as it comes, not a buffer's worth
+    pending = b""
+    while True:
+        chunk = os.read(fd, size)
+        if not chunk:
+            break
+        pending += chunk
+        start = 0
+        while True:
+            cut = min((i for i in (pending.find(b"\n", start), pending.find(b"\r", start)) if i >= 0), default=-1)
+            if cut < 0:
+                break
+            if pending[cut:cut + 1] == b"\r":
+                if cut + 1 == len(pending):   # a \r\n split across reads: wait for the next byte
+                    break
+                if pending[cut + 1:cut + 2] == b"\n":
+                    yield pending[start:cut], False
+                    start = cut + 2
+                    continue
+                if cut > start:
+                    yield pending[start:cut], True
+                start = cut + 1
+                continue
+            yield pending[start:cut], False
+            start = cut + 1
+        pending = pending[start:]
+    if pending.rstrip(b"\r"):
+        yield pending.rstrip(b"\r"), False
 
 
 class Job:
@@ -231,7 +331,7 @@ class Job:
         if time.monotonic() - found < _STACK_WAIT_SECONDS and not all("stack" in s for _, s in snapshots):
             return
         for child, snapshot in sorted(snapshots, key=lambda item: item[1]["rank"]):
-            prefix = f"[{child.spec.name}] "
+            prefix = f"[{child.label}] "
             self.write("stderr", f"{prefix}flight recorder of rank {snapshot['rank']} ({snapshot['seq']} "
                                  f"collectives, step {snapshot['step']}), last ones:")
             for record in format_records(snapshot):
@@ -244,8 +344,8 @@ class Job:
                                 "the same order (a worker with fewer batches: see parallel.Join in "
                                 "docs/distributed.md)")
 
-    def write(self, out, line):
-        write_line(out, line)
+    def write(self, out, line, source=None):
+        write_line(out, line, source)
 
     def watch_line(self, line):
         """Note what the scheduler's log says; True if the line is ps-lite chatter not to forward."""
@@ -378,7 +478,7 @@ class Job:
                 step, data = fetch_state(child.spec.host or "127.0.0.1", child.state_port, timeout=_FETCH_SECONDS,
                                          next_commit=self.grown)
             except OSError as e:
-                errors.append(f"{child.spec.name}: {e}")
+                errors.append(f"{child.label}: {e}")
                 continue
             if step >= 0:
                 self.write("stderr", f"took the state of step {step} ({len(data) / 2**20:.1f} MiB) from "
@@ -458,6 +558,7 @@ class Job:
                 kill_group(child.pid, signal.SIGKILL)
         for child in running:
             child.done.wait(_READER_JOIN_SECONDS + GROUP_GONE_SECONDS + 5)
+        end_progress()   # a bar its workers left drawn is not redrawn under the launcher's next lines
 
     def kill_now(self):
         """``atexit`` backstop: SIGKILL whatever is still running (the launcher is going away)."""

@@ -9,11 +9,11 @@ import subprocess
 import sys
 import time
 
-from ..cli import HOSTS_ENV, JOB_ENV, RESTART_ENV
+from ..cli import HOSTS_ENV, JOB_ENV, PROGRESS_ENV, RESTART_ENV
 from ..flight import ENV as FLIGHT_ENV
 from ..handover import ELASTIC_ENV, STATE_ENV
 
-__all__ = ["Spec", "plan_processes", "ssh_argv", "user_wants_ps_log", "kill_group", "wait_group_gone",
+__all__ = ["Spec", "is_terminal", "plan_processes", "ssh_argv", "user_wants_ps_log", "kill_group", "wait_group_gone",
            "GROUP_GONE_SECONDS", "FORWARDED", "forwarded_env", "worker_hosts", "default_servers", "server_hosts",
            "keepalive_options", "SERVER_COMMAND", "van_type", "P3_BELOW_MBIT", "p3_suits", "probe_link",
            "link_probe_argv", "hosts_to_probe"]
@@ -235,6 +235,14 @@ def probe_link(argv, nbytes=PROBE_BYTES, seconds=PROBE_SECONDS, connect_seconds=
         process.wait()
 
 
+def is_terminal(stream):
+    """Whether ``stream`` is a terminal (False for one replaced by an object without ``isatty``, or closed)."""
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):   # replaced or closed
+        return False
+
+
 def plan_processes(args):
     """The scheduler, servers and workers to start for checked ``args``, in that order.
 
@@ -247,7 +255,8 @@ def plan_processes(args):
     places, sharing, hosts = _places(args)   # hosts: where the gradients travel, the workers' and servers'
     common = {"DMLC_PS_ROOT_URI": args.scheduler_host, "DMLC_PS_ROOT_PORT": str(args.port),
               "DMLC_NUM_SERVER": str(args.num_servers), "DMLC_NUM_WORKER": str(args.num_workers),
-              RESTART_ENV: str(args.restart), JOB_ENV: args.job, HOSTS_ENV: str(hosts)}
+              RESTART_ENV: str(args.restart), JOB_ENV: args.job, HOSTS_ENV: str(hosts),
+              PROGRESS_ENV: "1" if is_terminal(sys.stderr) else "0"}   # rank 0's bar, relayed to a terminal
     if args.elastic:   # every worker commits in memory and serves its commits; a start after a change resumes
         common[ELASTIC_ENV] = "1"
         if args.state_address is not None:
