@@ -199,8 +199,8 @@ def part_job(args):
 
 def parse_args(argv=None):
     """The benchmark's arguments: ``--specs`` with ``none`` first, ``--epochs`` the model's by default."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--data-dir", default=None, help="MNIST-format data (digits); default: synthetic")
+    parser = harness.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--data-dir", type=harness.mnist_dir, default=None, help="MNIST-format data (digits); default: synthetic")
     parser.add_argument("--part", choices=["process", "job", "both"], default="both")
     parser.add_argument("--model", choices=list(SETTINGS), default="lenet")
     parser.add_argument("--epochs", type=int, default=None, help="default: 20 for LeNet, 4 for ResNet-18")

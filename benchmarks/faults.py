@@ -32,7 +32,6 @@ root, as root (about 4 minutes)::
 
 It writes ``faults.json`` to ``--out`` (default ``benchmarks/results``) and prints the table.
 """
-import argparse
 import os
 import re
 import shlex
@@ -486,15 +485,8 @@ def check_args(args):
         raise ValueError(f"--outage must be more than 0 and less than --host-timeout ({args.host_timeout:g} s), got "
                          f"{args.outage:g}")
     harness.check_minimum([("--epochs", args.epochs)], 3)   # the faults come after epoch 2
-    if args.data_dir is None:
-        raise ValueError("give --data-dir DIR, an MNIST-format directory "
-                         "(python benchmarks/digits_dataset.py --out DIR makes one)")
-    from parallel.data import FILES
-    missing = [name for name in FILES.values() if not any(os.path.isfile(os.path.join(args.data_dir, name + gz))
-                                                          for gz in ("", ".gz"))]
-    if missing:
-        raise ValueError(f"--data-dir {args.data_dir} has no {missing[0]} (an MNIST-format directory: "
-                         "python benchmarks/digits_dataset.py --out DIR makes one)")
+    if args.data_dir is None:   # a given one was checked as it was parsed (harness.mnist_dir)
+        raise ValueError(f"give --data-dir DIR, an MNIST-format directory ({harness.DIGITS_COMMAND} DIR makes one)")
     reason = simulated.unavailable()
     if reason:
         raise ValueError(f"simulated hosts {reason}")
@@ -503,8 +495,8 @@ def check_args(args):
 
 def main(argv=None):
     """The command (see the module's docstring); its exit status."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data-dir", default=None, help="an MNIST-format directory (digits_dataset.py's)")
+    parser = harness.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data-dir", type=harness.mnist_dir, default=None, help="an MNIST-format directory (digits_dataset.py's)")
     parser.add_argument("--scenarios", default=",".join(SCENARIOS),
                         help=f"comma-separated, of {', '.join(SCENARIOS)}; default all")
     parser.add_argument("--host-timeout", type=float, default=10.0,

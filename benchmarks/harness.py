@@ -13,8 +13,9 @@ time or build arrays import it when they are called.
   or fixed order), ``timed`` (waits for MXNet's engine before and after, no garbage collection inside:
   ``no_gc``), ``warm_up``, ``time_interleaved``;
 - numbers: ``median``, ``medians``, ``add_ratios`` (each record against its group's reference);
-- flags: ``CommaList`` (``--ks 1,2,4``, ``--networks lenet``: ``parse_list``, refused with the flag's name),
-  ``check_minimum``, ``add_out``;
+- flags: ``ArgumentParser`` (one-line errors), ``CommaList`` (``--ks 1,2,4``, ``--networks lenet``:
+  ``parse_list``, refused with the flag's name), ``mnist_dir`` (``--data-dir``, refused with the command that
+  makes it), ``check_minimum``, ``add_out``;
 - results: ``results_path`` (checked before the long work), ``write_json`` and ``save_figure`` (atomic, through
   ``parallel.files.atomic_write``), ``figure`` (matplotlib without pyplot), ``markdown_table``, ``size_label``,
   ``run_settings``;
@@ -312,6 +313,42 @@ class CommaList(argparse.Action):
             setattr(namespace, self.dest, parse_list(values, self.item, self.names, self.minimum))
         except ValueError as e:
             parser.error(f"{option_string} {e}")
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """``argparse`` with one-line errors: ``error: ...`` on stderr and status 2, no usage dump (``-h`` shows it).
+
+    >>> parser = ArgumentParser(prog="x.py")
+    >>> _ = parser.add_argument("--n", type=int)
+    >>> try:
+    ...     parser.parse_args(["--n", "two"])
+    ... except SystemExit as e:
+    ...     print("status", e.code)
+    status 2
+    """
+
+    def error(self, message):
+        print(f"error: {message}", file=sys.stderr)
+        raise SystemExit(2)
+
+
+#: The command that makes the digits, an MNIST-format directory (``digits_dataset.py``; sklearn, no network).
+DIGITS_COMMAND = "python benchmarks/digits_dataset.py --out"
+
+
+def mnist_dir(text):
+    """An argparse ``type`` for ``--data-dir``: an MNIST-format directory (the four IDX files, raw or gzipped).
+    A missing or incomplete one is refused at once, with the command that makes the digits there."""
+    from parallel.data import FILES   # names only: no MXNet
+    if not os.path.isdir(text):
+        raise argparse.ArgumentTypeError(f"{text} is not a directory; make the digits there with: "
+                                         f"{DIGITS_COMMAND} {text}")
+    missing = [name for name in FILES.values()
+               if not any(os.path.isfile(os.path.join(text, name + gz)) for gz in ("", ".gz"))]
+    if missing:
+        raise argparse.ArgumentTypeError(f"{text} has no {missing[0]} (an MNIST-format directory); make the "
+                                         f"digits there with: {DIGITS_COMMAND} {text}")
+    return text
 
 
 def check_minimum(values, minimum=1):

@@ -19,7 +19,6 @@ Two parts, one after the other:
 
 Writes ``healing.json`` to ``--out``.
 """
-import argparse
 import os
 import signal
 import subprocess
@@ -43,6 +42,9 @@ def measure_cost(args):
     models = {"lenet": (64, 20 if args.quick else 100), "resnet18": (32, 2 if args.quick else 100)}
     everys = [None, 10, 50] if not args.quick else [None, 1]
     samples = {(model, every): [] for model in models for every in everys}
+    print(f"cost: {args.repeats} round(s) of {len(samples)} timed epochs, then the job part: 2 jobs of "
+          f"{args.epochs} epochs ({'about a minute' if args.quick else 'about 20 minutes on 2 cores'})",
+          file=sys.stderr, flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         def saver(model, directory):
             return CheckpointWriter(directory, {}, model)
@@ -56,7 +58,9 @@ def measure_cost(args):
                                  RunConfig(epochs=1, batch_size=batch, checkpoint_every=every),
                                  on_checkpoint=saver(model, directory))
                 samples[model, every].append(history[0]["seconds"])
-            print(f"cost: repeat {repeat + 1}/{args.repeats} done", file=sys.stderr, flush=True)
+                print(f"cost: round {repeat + 1}/{args.repeats}, {model} with a checkpoint "
+                      f"{'at the epoch end only' if every is None else f'every {every} steps'}: "
+                      f"{history[0]['seconds']:.2f} s", file=sys.stderr, flush=True)
     rows = [{"model": model, "checkpoint_every": every, "steps": models[model][1], "batch_size": models[model][0],
              "seconds": samples[model, every], "median_seconds": harness.median(samples[model, every])}
             for model in models for every in everys]
@@ -124,8 +128,8 @@ def measure_job(args):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--data-dir", default=None, help="MNIST-format data for the job part (digits); "
+    parser = harness.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--data-dir", type=harness.mnist_dir, default=None, help="MNIST-format data for the job part (digits); "
                                                          "default: synthetic data written to a temporary directory")
     parser.add_argument("--repeats", type=int, default=5, help="interleaved rounds of the cost part; default 5")
     parser.add_argument("--epochs", type=int, default=3, help="epochs of the job part; default 3")

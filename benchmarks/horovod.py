@@ -502,9 +502,9 @@ def _ours(text):
 
 def parse_args(argv=None):
     """The benchmark's arguments (``--ours`` become ``{name: (env, flags)}``, default ``{"default": ({}, [])}``)."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = harness.ArgumentParser(description=__doc__.split("\n")[0])
     data = parser.add_mutually_exclusive_group()
-    data.add_argument("--data-dir", help="an MNIST-format directory, e.g. the digits (benchmarks/digits_dataset.py)")
+    data.add_argument("--data-dir", type=harness.mnist_dir, help="an MNIST-format directory, e.g. the digits (benchmarks/digits_dataset.py)")
     data.add_argument("--dataset", choices=["synthetic"], help="parallel.data.synthetic_dataset(seed=0)")
     size = parser.add_mutually_exclusive_group()
     size.add_argument("--train-size", type=int, default=None, metavar="N", help="keep the first N training examples")

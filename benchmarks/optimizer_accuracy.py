@@ -29,7 +29,6 @@ its own process, its ``--metrics-json`` read back. The configurations (``CONFIGU
 
 Writes ``optimizer_accuracy.json`` to ``--out``.
 """
-import argparse
 import json
 import os
 import sys
@@ -92,8 +91,8 @@ def run(args):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--data-dir", required=True, help="an MNIST-format directory (benchmarks/digits_dataset.py)")
+    parser = harness.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--data-dir", type=harness.mnist_dir, required=True, help="an MNIST-format directory (benchmarks/digits_dataset.py)")
     parser.add_argument("--configurations", action=harness.CommaList, names=list(CONFIGURATIONS),
                         default=list(CONFIGURATIONS),
                         help=f"comma-separated, of {', '.join(CONFIGURATIONS)}; default all")

@@ -31,8 +31,8 @@ CONFIGURATIONS = {"lenet-data": ["--model", "lenet"], "vit-tensor2": ["--model",
 
 
 def build_parser():
-    parser = argparse.ArgumentParser(prog="python benchmarks/python_calls.py", description=__doc__.splitlines()[0])
-    parser.add_argument("--data-dir", help="an MNIST-format directory (python benchmarks/digits_dataset.py --out "
+    parser = harness.ArgumentParser(prog="python benchmarks/python_calls.py", description=__doc__.splitlines()[0])
+    parser.add_argument("--data-dir", type=harness.mnist_dir, help="an MNIST-format directory (python benchmarks/digits_dataset.py --out "
                                            "digits); default: synthetic data")
     parser.add_argument("--configurations", action=harness.CommaList, names=list(CONFIGURATIONS),
                         default=list(CONFIGURATIONS), help="which to count; default all")

@@ -22,7 +22,6 @@ data-parallel groups) against the ViT on one context, with momentum SGD and Adam
 
 Writes ``benchmarks/results/rounding.json`` (``--out``) and prints one line a step count.
 """
-import argparse
 import os
 import sys
 
@@ -45,8 +44,8 @@ COMPARISONS = {
 
 def parse_args(argv=None):
     """The script's arguments."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data-dir", default=None, help="an MNIST-format directory (default: --dataset synthetic)")
+    parser = harness.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data-dir", type=harness.mnist_dir, default=None, help="an MNIST-format directory (default: --dataset synthetic)")
     parser.add_argument("--dataset", choices=["synthetic"], default="synthetic")
     parser.add_argument("--num-train", type=int, default=1500, help="synthetic: training examples")
     parser.add_argument("--batch-size", type=int, default=64)

@@ -17,4 +17,10 @@ def test_healing_quick_run_measures_the_cost_and_the_killed_job(tmp_path, capsys
     job = result["job"]
     assert job["uninterrupted"]["restarts"] == 0 and job["killed"]["restarts"] == 1
     assert 0 < job["killed"]["resumed"] < job["killed"]["total"]
-    assert "job: uninterrupted" in capsys.readouterr().out
+    captured = capsys.readouterr()
+    assert "job: uninterrupted" in captured.out
+    # a long benchmark shows progress: what it will run, first, then a line a timed epoch (it was silent for a
+    # minute, a line a round)
+    err = [line for line in captured.err.splitlines() if line.startswith("cost: ")]
+    assert err[0].startswith("cost: 1 round(s) of 4 timed epochs, then the job part: 2 jobs of 3 epochs"), err
+    assert sum(line.startswith("cost: round 1/1, ") for line in err) == 4, err

@@ -83,15 +83,15 @@ def test_a_missing_horovod_is_a_reason_to_skip(bench, tmp_path):
     assert bench.horovod_problem(bench.parse_args(["--dataset", "synthetic", "--no-horovod"])) == "--no-horovod"
 
 
-def test_rows_of_ours_and_the_shaped_network(bench, capsys):
-    args = bench.parse_args(["--data-dir", "d", "--ours", "default=", "--ours", "psgd=--compression powersgd:32",
+def test_rows_of_ours_and_the_shaped_network(bench, capsys, easy_dir):
+    args = bench.parse_args(["--data-dir", str(easy_dir), "--ours", "default=", "--ours", "psgd=--compression powersgd:32",
                              "--ours", "p3=DMLC_PS_VAN_TYPE=p3 A_B=1 --bucket-mb 5 --x=Y=2"])
     assert args.ours == {"default": ({}, []), "psgd": ({}, ["--compression", "powersgd:32"]),
                          "p3": ({"DMLC_PS_VAN_TYPE": "p3", "A_B": "1"}, ["--bucket-mb", "5", "--x=Y=2"])}
     command = bench.ours_command(args, "/data", args.ours["psgd"][1], "/m.json")
     assert command[-2:] == ["--compression", "powersgd:32"] and "--metrics-json" in command
     assert bench.horovod_command(args, "/data")[-2:] == ["--compression", "none"]
-    fp16 = bench.parse_args(["--data-dir", "d", "--horovod-compression", "fp16"])
+    fp16 = bench.parse_args(["--data-dir", str(easy_dir), "--horovod-compression", "fp16"])
     assert bench.horovod_command(fp16, "/data")[-2:] == ["--compression", "fp16"]
     assert bench.wrap("plain", ["a", "b"]) == ["a", "b"]
     shaped = bench.wrap("1gbit", ["a", "b"])
@@ -100,7 +100,7 @@ def test_rows_of_ours_and_the_shaped_network(bench, capsys):
     for bad in (["--ours", "horovod=--x"], ["--ours", "noequals"], ["--ours", "a=", "--ours", "a=--x"],
                 ["--networks", "10gbit"], ["--horovod-compression", "int8"]):
         with pytest.raises(SystemExit):
-            bench.parse_args(["--data-dir", "d", *bad])
+            bench.parse_args(["--data-dir", str(easy_dir), *bad])
     capsys.readouterr()
 
 

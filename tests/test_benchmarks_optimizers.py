@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from conftest import ROOT, load_benchmark
+from conftest import ROOT, easy_dataset, load_benchmark, write_idx_files
 
 
 @pytest.mark.slow
@@ -61,11 +61,12 @@ def test_optimizer_accuracy_runs_the_seeds_it_is_given(tmp_path, monkeypatch, ca
     ran = []
     monkeypatch.setattr(bench, "run_one", lambda model, epochs, seed, flags, data_dir, timeout: (
         ran.append((model, seed)) or [{"test_acc": 0.5, "seconds": 1.0}] * epochs))
-    assert bench.main(["--data-dir", str(tmp_path), "--configurations", "vit/adamw,lenet/sgd", "--seeds", "3",
+    digits = str(write_idx_files(tmp_path, easy_dataset(num_train=20, num_test=5)))
+    assert bench.main(["--data-dir", digits, "--configurations", "vit/adamw,lenet/sgd", "--seeds", "3",
                        "--out", str(tmp_path)]) == 0
     assert ran == [("vit", 0), ("vit", 1), ("vit", 2), ("lenet", 0), ("lenet", 1), ("lenet", 2)]
     with pytest.raises(SystemExit) as exit_info:
-        bench.main(["--data-dir", str(tmp_path), "--seeds", "0"])
+        bench.main(["--data-dir", digits, "--seeds", "0"])
     assert exit_info.value.code == 2 and "--seeds must be at least 1, got 0" in capsys.readouterr().err
 
 
