@@ -109,12 +109,7 @@ def build_parser():
     add("--batch-size", type=int, default=256, help="global batch size, split across the devices (>= 1); default 256")
     add("--lr", type=positive_float, default=None,
         help=f"learning rate (> 0, at most {LR_RANGE[1]:.2e}); default 0.2 for sgd, 0.001 for adam and adamw")
-    add("--dataset", choices=list(DATASETS), default="fashion-mnist",
-        help="default fashion-mnist (downloaded when missing)")
-    add("--data-dir", default=None, help="an existing directory of the four IDX files of an MNIST-format dataset, "
-                                         "raw or .gz (Fashion-MNIST is downloaded into it when it is empty; default "
-                                         "$MXNET_HOME/datasets/fashion-mnist, i.e. ~/.mxnet/..., created when "
-                                         "missing)")
+    _add_data_flags(add)
     _add_reduction_flags(add)
     _add_layout_flags(add)
     _add_expert_flags(add)
@@ -151,6 +146,17 @@ def build_parser():
              "default dist_sync (dist_device_sync for GPUs)")
     add("--no-progress", action="store_true", help="hide the progress bars")
     return parser
+
+
+def _add_data_flags(add):
+    add("--dataset", choices=list(DATASETS), default="fashion-mnist",
+        help="default fashion-mnist (downloaded when missing)")
+    add("--data-dir", default=None, help="an existing directory of the four IDX files of an MNIST-format dataset, "
+                                         "raw or .gz (Fashion-MNIST is downloaded into it when it is empty; default "
+                                         "$MXNET_HOME/datasets/fashion-mnist, i.e. ~/.mxnet/..., created when "
+                                         "missing)")
+    add("--train-size", type=int, default=None, metavar="N",
+        help="train on the first N examples of the training set (>= 1; the test set stays whole); default all")
 
 
 def _add_layout_flags(add):
@@ -396,6 +402,8 @@ def check_args(args):
         what = "is not a directory" if os.path.exists(args.data_dir) else "does not exist"
         raise UsageError(f"--data-dir {args.data_dir!r} {what}; give the directory that holds the four IDX files, "
                          "create it first to download Fashion-MNIST there, or leave --data-dir out for the default")
+    if args.train_size is not None and args.train_size < 1:
+        raise UsageError(f"--train-size must be >= 1, got {args.train_size}")
     if args.checkpoint_every is not None and args.checkpoint_dir is None:
         raise UsageError("--checkpoint-every needs --checkpoint-dir, the directory to write the checkpoints in")
     if args.commit_every < 1:

@@ -149,6 +149,12 @@ def load_dataset(args, job):
         for api, flag in _DATA_ADVICE:
             message = message.replace(api, flag)
         raise UsageError(message) from None
+    if args.train_size is not None:   # its first N examples: a quick run, the test set whole
+        if args.train_size > len(dataset.train_labels):
+            raise UsageError(f"--train-size {args.train_size} is more than the {len(dataset.train_labels)} examples "
+                             "of the training set")
+        dataset = dataset._replace(train_images=dataset.train_images[:args.train_size],
+                                   train_labels=dataset.train_labels[:args.train_size])
     return dataset, describe_data(args)
 
 

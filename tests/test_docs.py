@@ -142,6 +142,10 @@ def _classify(command):
         return "jupyter"
     if words[:2] == ["tensorboard", "--logdir"]:
         return "tensorboard"
+    if re.fullmatch(r"python3(\.\d+)?", words[0] if words else "") and words[1:3] == ["-m", "venv"]:
+        return "venv"
+    if len(words) == 2 and words[0] in (".", "source") and words[1].endswith("/bin/activate"):
+        return "activate"
     return "unknown"
 
 
@@ -343,13 +347,18 @@ def tiny_mxnet_home(tmp_path_factory):
 
 
 def _on_the_tiny_set(words):
-    """``words`` without ``--dataset synthetic``: the command trains the tiny set of ``tiny_mxnet_home`` rather than
-    60,000 synthetic examples (its flags are what is checked here; the recorded runs, ```console blocks, train the
-    synthetic set as written)."""
-    for i in range(len(words) - 1):
-        if words[i:i + 2] == ["--dataset", "synthetic"]:
-            return words[:i] + words[i + 2:]
-    return [word for word in words if word != "--dataset=synthetic"]
+    """``words`` without ``--dataset synthetic`` and ``--train-size N``: the command trains the tiny set of
+    ``tiny_mxnet_home`` rather than 60,000 synthetic examples, or N of them (its flags are what is checked here;
+    the recorded runs, ```console blocks, and the README's quickstart train the synthetic set as written)."""
+    kept, skip = [], 0
+    for i, word in enumerate(words):
+        if skip:
+            skip -= 1
+        elif words[i:i + 2] == ["--dataset", "synthetic"] or word == "--train-size":
+            skip = 1
+        elif word != "--dataset=synthetic" and not word.startswith("--train-size="):
+            kept.append(word)
+    return kept
 
 
 def _run_launched_train_command(words, home, tmp_path):
@@ -389,6 +398,7 @@ def test_a_recorded_command_is_run_once_and_others_train_the_tiny_set():
     assert _on_the_tiny_set(["--dataset", "synthetic", "--epochs", "2"]) == ["--epochs", "2"]
     assert _on_the_tiny_set(["--dataset=synthetic", "--epochs", "2"]) == ["--epochs", "2"]
     assert _on_the_tiny_set(["--dataset", "fashion-mnist"]) == ["--dataset", "fashion-mnist"]
+    assert _on_the_tiny_set(["--train-size", "4000", "--epochs", "2", "--train-size=9"]) == ["--epochs", "2"]
 
 
 @pytest.mark.slow
@@ -440,20 +450,24 @@ def _unpinned_installs(command):
     return unpinned
 
 
-def _ci_line(program):
-    """(line number, command) of the README line .ci/run extracts: its first ``    $ <program> ...`` line."""
+def _ci_line(program, holding=""):
+    """(line number, command) of the README line .ci/run extracts: its first ``    $ <program> ...`` line (that
+    holds ``holding``)."""
     for number, line in enumerate(_read(README).splitlines(), 1):
-        match = re.match(rf"^    \$ ({re.escape(program)} .*)$", line)
+        match = re.match(rf"^    \$ ({re.escape(program)} .*{re.escape(holding)}.*)$", line)
         if match:
             return number, match.group(1)
     return None
 
 
 def test_ci_runs_the_readme_install_and_test_commands():
+    """CI installs as a developer does (the README's first install with the test extra; the quickstart's before
+    it is a user's), then runs the README's two tiers."""
     ci = _read(os.path.join(".ci", "run"))
-    assert r"s/^    \$ \(pip install .*\)$/\1/p" in ci and r"s/^    \$ \(python -m pytest.*\)$/\1/p" in ci, (
-        ".ci/run no longer extracts the README's commands the way this test reads them")
-    install = _ci_line("pip install")
+    assert r"s/^    \$ \(pip install .*\[test\].*\)$/\1/p" in ci and \
+        r"s/^    \$ \(python -m pytest.*\)$/\1/p" in ci, ".ci/run no longer extracts the README's commands the way " \
+                                                      "this test reads them"
+    install = _ci_line("pip install", "[test]")
     assert install and install[1] == "pip install -e '.[test]'", install
     tiers = [command for _, command in commands("README.md") if command.startswith("python -m pytest")]
     assert tiers == ["python -m pytest -q -n 2",
@@ -520,6 +534,15 @@ def test_command_runs(path, line, command, tmp_path):
                 assert os.path.isdir(os.path.join(ROOT, word)), f"{where}: no directory {word}"
         result = run_process([sys.executable, "-m", "jupyterlab", "--version"], timeout=120)
         assert result.returncode == 0, f"{where}: JupyterLab is not installed: {result.stderr[-500:]}"
+    elif kind == "venv":   # not made here (a fresh venv is CI's): a Python setup.cfg's python_requires allows
+        version = shlex.split(command)[0][len("python"):]
+        bounds = re.search(r"^python_requires = (.*)$", _read("setup.cfg"), re.M).group(1)
+        if version.startswith("3."):
+            from packaging.specifiers import SpecifierSet
+            assert version in SpecifierSet(bounds), f"{where}: python_requires is {bounds}"
+    elif kind == "activate":   # the environment a venv line of the same file made
+        made = [shlex.split(c)[3] for _, c in commands(path) if _classify(c) == "venv"]
+        assert shlex.split(command)[1] in [f"{d}/bin/activate" for d in made], f"{where}: no venv {made} made it"
     elif kind == "tensorboard":   # TensorBoard's server is not started: it is installed (the test extra) and takes it
         result = run_process([sys.executable, "-m", "tensorboard.main", "--help"], timeout=120)
         assert result.returncode == 0 and "--logdir" in result.stdout, f"{where}: {result.stderr[-500:]}"
@@ -675,3 +698,51 @@ def test_checkpoints_page_quotes_the_refusal_of_another_models_checkpoint(tmp_pa
     with open(os.path.join(ROOT, "docs", "checkpoints.md")) as f:
         page = " ".join(f.read().split())
     assert f"`error: ... {printed}`" in page, printed
+
+
+# ----------------------------------------------------------------------------------------------
+# The README's quickstart, as a new user follows it
+# ----------------------------------------------------------------------------------------------
+
+def _quickstart():
+    """The ``$`` commands of the README's Quickstart section, in order."""
+    text = _read("README.md")
+    section = text[text.index("\n## Quickstart\n"):]
+    section = section[:section.index("\n## ", 1)]
+    return [re.sub(r"^\s*\$ ", "", line).strip() for line in section.splitlines() if re.match(r"^\s*\$ ", line)]
+
+
+def test_the_quickstart_makes_a_venv_installs_the_package_alone_then_trains():
+    """A venv first, the package without the test extra (a user's install), a run that needs no download, then
+    the main job; the developers' install comes after it."""
+    commands_ = _quickstart()
+    assert [_classify(c) for c in commands_] == ["venv", "activate", "install", "train", "train"], commands_
+    assert commands_[2] == "pip install -e ."
+    assert "--dataset synthetic" in commands_[3] and "--dataset" not in commands_[4], commands_
+
+
+@pytest.mark.slow
+def test_the_quickstart_runs_as_written_on_a_machine_with_no_internet(tmp_path):
+    """Everything after the network step (the install, which CI's fresh venv runs from the README) as written, in
+    this environment, with no network: the first run trains (its test accuracy above 0.6 after the second epoch,
+    as the README says), and the main job ends in one line saying where Fashion-MNIST's files go, with the
+    directory to make and the mirror variable, leaving no directory behind."""
+    commands_ = _quickstart()
+    env = _env(MXNET_HOME=str(tmp_path / "mxnet"), PARALLEL_FASHION_MNIST_MIRRORS="http://127.0.0.1:9/")
+    first, main_job = ([sys.executable if w == "python" else w for w in shlex.split(c)] for c in commands_[3:])
+    result = run_process(first, timeout=300, cwd=tmp_path, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    epochs = [line for line in result.stdout.splitlines() if line.startswith("epoch ")]
+    assert len(epochs) == 2 and float(re.search(r"test acc ([\d.]+)", epochs[1]).group(1)) > 0.6, epochs
+    result = run_process(main_job, timeout=300, cwd=tmp_path, env=env)
+    target = tmp_path / "mxnet" / "datasets" / "fashion-mnist"
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+    assert f"mkdir -p {target}" in result.stderr and "PARALLEL_FASHION_MNIST_MIRRORS" in result.stderr
+    assert not (tmp_path / "mxnet").exists()
+
+
+def test_no_readme_table_cell_runs_past_60_words():
+    """Some cells ran past 100 words: a table row says what a flag does, its detail is in docs/."""
+    long = [(number, len(cell.split())) for number, line in enumerate(_read("README.md").splitlines(), 1)
+            if line.startswith("|") for cell in line.strip("|").split(" | ") if len(cell.split()) > 60]
+    assert not long, f"README.md (line, words): {long}"

@@ -465,6 +465,25 @@ def test_a_run_that_does_not_fit_its_data_exits_2_naming_the_flag(args, message,
     assert_refused(main(["--data-dir", str(easy_dir), "--no-progress", *args]), capsys, message)
 
 
+@pytest.mark.parametrize("args, message", [
+    (["--train-size", "0"], "--train-size must be >= 1, got 0"),
+    (["--train-size", "300"], "--train-size 300 is more than the 256 examples of the training set"),
+    (["--train-size", "100", "--batch-size", "101"], "--batch-size 101 is more than the 100 examples"),
+])
+def test_a_train_size_the_data_cannot_give_exits_2(args, message, easy_dir, capsys):
+    assert_refused(main(["--data-dir", str(easy_dir), "--no-progress", *args]), capsys, message)
+
+
+def test_a_train_size_trains_the_first_examples_and_tests_on_the_whole_test_set(easy_dir, tmp_path, capsys):
+    """The quickstart's quick run: the first N examples, every test example."""
+    metrics = tmp_path / "m.json"
+    assert main(["--data-dir", str(easy_dir), "--no-progress", "--train-size", "100", "--batch-size", "50",
+                 "--epochs", "1", "--metrics-json", str(metrics)]) == 0
+    out = capsys.readouterr().out
+    assert ": 100 train / 64 test examples, batch 50," in out.splitlines()[0], out
+    assert json.loads(metrics.read_text())[0]["images_per_second"] > 0
+
+
 def test_the_api_refuses_a_batch_larger_than_the_training_set():
     dataset = easy_dataset(num_train=20, num_test=5)
     strategy = make_strategy("data", init_model("lenet", 0), [mx.cpu(0)])
@@ -537,6 +556,18 @@ def test_offline_download_names_missing_files_and_directory(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and err.startswith("error: could not download")
     assert "train-images-idx3-ubyte.gz" in err and str(target) in err and "use --dataset synthetic" in err
+
+
+def test_offline_the_default_directory_is_named_with_how_to_make_it(tmp_path, capsys, monkeypatch):
+    """The main command offline named ~/.mxnet/datasets/fashion-mnist as the place for the files, a directory it
+    had just removed again: the line says to make it, and names the mirror variable."""
+    monkeypatch.setenv("MXNET_HOME", str(tmp_path / "mxnet"))
+    assert main(["--epochs", "1", "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip()
+    target = tmp_path / "mxnet" / "datasets" / "fashion-mnist"
+    assert len(err.splitlines()) == 1 and f"put the files there (mkdir -p {target}: the directory made for the " \
+        "download is removed again), set PARALLEL_FASHION_MNIST_MIRRORS to a mirror you can reach" in err, err
+    assert not (tmp_path / "mxnet").exists()
 
 
 @pytest.mark.parametrize("kind", ["missing", "file"])

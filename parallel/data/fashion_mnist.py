@@ -245,8 +245,11 @@ def download_fashion_mnist(data_dir, mirrors=None, progress=True):
                     break
             if reason is not None:
                 # Stop at the first file no mirror can serve: offline, the rest would fail the same way.
-                raise DataError('could not download %s into %s (last error: %s); put the files there by hand '
-                                'or use the synthetic dataset' % (', '.join(todo[i:]), data_dir, reason))
+                made = ' (mkdir -p %s: the directory made for the download is removed again)' % data_dir \
+                    if created else ''
+                raise DataError('could not download %s into %s (last error: %s); put the files there%s, set '
+                                'PARALLEL_FASHION_MNIST_MIRRORS to a mirror you can reach (docs/data.md), or use '
+                                'the synthetic dataset' % (', '.join(todo[i:]), data_dir, reason, made))
             downloaded.append(path)
     except BaseException:
         _remove_empty_dirs(created)
