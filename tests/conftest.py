@@ -41,6 +41,67 @@ settings.register_profile("full", max_examples=100, deadline=None, derandomize=T
 settings.load_profile("default")
 
 
+# ---- tests that need something of the machine: reported by every run, required where CI says so --------------
+#
+# A test that needs root (a simulated cluster: network namespaces, tc), a private sshd (ssh mode) or Horovod (a
+# peer, never a dependency) is marked ``needs_root``, ``needs_sshd`` or ``needs_horovod`` (by the fixture it uses,
+# or by hand) and skips, with the reason, where the machine lacks it. Each run ends with a line saying how many of
+# each ran and how many skipped; ``PARALLEL_MUST_RUN`` (comma-separated: root, sshd, horovod), which .ci/run sets
+# for what its machine has, makes a skip of one of those fail the run, so that a skip cannot hide a regression.
+
+NEEDS = ("root", "sshd", "horovod")
+_NEEDED_BY_FIXTURE = {"make_cluster": "root", "sshd": "sshd"}
+_NEEDS_SEEN = {need: {"ran": 0, "skipped": []} for need in NEEDS}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        for fixture, need in _NEEDED_BY_FIXTURE.items():
+            if isinstance(item, pytest.Function) and fixture in item.fixturenames:
+                item.add_marker(getattr(pytest.mark, f"needs_{need}"))
+
+
+def pytest_runtest_logreport(report):
+    """Count each marked test once: skipped (at setup or in its body: against the need its reason names, ``needs
+    root: ...``, or every need it is marked with) or ran (its body passed or failed). Runs in the controller of
+    ``-n 2`` too, which gets every worker's reports."""
+    marked = [need for need in NEEDS if f"needs_{need}" in report.keywords]
+    if report.skipped and report.when in ("setup", "call") and marked:
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        named = [need for need in marked if f"needs {need}" in reason]
+        for need in named or marked:
+            _NEEDS_SEEN[need]["skipped"].append(report.nodeid)
+    elif report.when == "call":
+        for need in marked:
+            _NEEDS_SEEN[need]["ran"] += 1
+
+
+def _must_run():
+    return [need for need in os.environ.get("PARALLEL_MUST_RUN", "").split(",") if need.strip()]
+
+
+def pytest_terminal_summary(terminalreporter):
+    if os.environ.get("PYTEST_XDIST_WORKER"):   # an xdist worker: the controller says it
+        return
+    parts = [f"{need}: {seen['ran']} ran, {len(seen['skipped'])} skipped" for need, seen in _NEEDS_SEEN.items()]
+    terminalreporter.write_line("tests that need root, sshd or Horovod: " + "; ".join(parts) +
+                                (f" (PARALLEL_MUST_RUN={','.join(_must_run())})" if _must_run() else ""))
+    for need in _must_run():
+        if need not in NEEDS:
+            terminalreporter.write_line(f"error: PARALLEL_MUST_RUN names {need!r}; the needs are {', '.join(NEEDS)}")
+            continue
+        for nodeid in _NEEDS_SEEN[need]["skipped"]:
+            terminalreporter.write_line(f"error: {nodeid} needs {need}, which this machine has "
+                                        "(PARALLEL_MUST_RUN), and was skipped")
+
+
+def pytest_sessionfinish(session, exitstatus):
+    unknown = [need for need in _must_run() if need not in NEEDS]
+    skipped = [nodeid for need in _must_run() if need in NEEDS for nodeid in _NEEDS_SEEN[need]["skipped"]]
+    if (unknown or skipped) and session.exitstatus == 0:
+        session.exitstatus = 1   # a test this machine can run was skipped: it may hide a regression
+
+
 def contexts(k):
     """K distinct CPU contexts: each gets its own worker thread in MXNet's engine."""
     return [mx.cpu(i) for i in range(k)]
@@ -247,7 +308,7 @@ def make_cluster():
     module = load_benchmark("cluster")
     reason = module.unavailable()
     if reason:
-        pytest.skip(f"a simulated cluster {reason}")
+        pytest.skip(f"needs root: a simulated cluster {reason}")
     made = []
 
     def make(hosts=2, rate="1gbit"):

@@ -18,6 +18,7 @@ def bench():
 
 
 @pytest.mark.slow
+@pytest.mark.needs_horovod
 @pytest.mark.timeout(900)
 def test_smoke_run_measures_ours_and_measures_or_skips_horovod(bench, tmp_path, capsys):
     assert bench.main(["--dataset", "synthetic", "--train-size", "64", "--test-size", "32", "--batch-size", "32",
@@ -47,6 +48,8 @@ def test_smoke_run_measures_ours_and_measures_or_skips_horovod(bench, tmp_path, 
         workers = [p for p in run["processes"] if p["role"] == "worker" or p["role"].startswith("horovod rank")]
         assert all(p["OMP_NUM_THREADS"] == "1" for p in workers)
     assert "| link (measured) | configuration | s/epoch (median of 1) |" in out and "| plain (" in out
+    if result["horovod_skipped"]:   # ours was checked; Horovod's half did not run: reported, not passed
+        pytest.skip(f"needs horovod: {result['horovod_skipped']}")
 
 
 def _result(horovod_skipped, runs):
@@ -125,6 +128,7 @@ def test_on_simulated_hosts_each_tool_runs_one_worker_a_host_over_ssh(bench):
 
 
 @pytest.mark.slow
+@pytest.mark.needs_horovod
 @pytest.mark.timeout(900)
 def test_smoke_run_on_two_simulated_hosts_counts_the_link(bench, make_cluster, tmp_path):
     """Both tools on two simulated hosts (skipped, with the reason, where they cannot be made): the same loss, and
@@ -138,8 +142,9 @@ def test_smoke_run_on_two_simulated_hosts_counts_the_link(bench, make_cluster, t
         assert run["link_bytes_host1"]["sent"] > 0 and run["link_bytes_host1"]["received"] > 0
         assert not run["left_behind"]
     losses = {run["config"]: run["train_loss"] for run in result["runs"]}
-    if "horovod" in losses:
-        assert losses["horovod"] == pytest.approx(losses["default"], rel=1e-5)
+    if "horovod" not in losses:   # ours was checked on the hosts; Horovod's half did not run
+        pytest.skip(f"needs horovod: {result['horovod_skipped']}")
+    assert losses["horovod"] == pytest.approx(losses["default"], rel=1e-5)
 
 
 def test_horovods_venv_is_an_option_beside_the_repository_by_default(bench, tmp_path, monkeypatch, capsys):

@@ -351,7 +351,8 @@ def test_user_error_in_a_subprocess_is_one_line():
 def sshd(tmp_path):
     """An sshd on a free loopback port that lets root in with a fresh key; yields the launcher's ssh flags."""
     if not os.path.exists("/usr/sbin/sshd") or os.geteuid() != 0:
-        pytest.skip("ssh mode needs /usr/sbin/sshd and root (to start a private sshd that accepts root's key); "
+        pytest.skip("needs sshd: ssh mode needs /usr/sbin/sshd and root (to start a private sshd that accepts "
+                    "root's key); "
                     "install openssh-server")
     directory = tmp_path / "sshd"
     directory.mkdir()
