@@ -65,6 +65,7 @@ from .cli import (JOB_ENV, USAGE_STATUS, Parser, UsageError, finite_float, launc
 from .comm import ALGORITHMS, DEFAULT_ALGORITHM, DEFAULT_BUCKET_MB, HOSTS_BUCKET_MB
 from .data import DATASETS
 from .config import FLAGS, layout_of_args, optimizer_defaults, run_config
+from .handover import ELASTIC_ENV
 from .files import LOCK_FILE, DirectoryLock, DirectoryLocked, check_writable, export_files, remove_if_empty_at_exit
 from .interrupt import INTERRUPTED_STATUS, end_on_signals, hold_interrupts, stop_between_batches
 from .models import MODELS, model_spec
@@ -151,7 +152,8 @@ def build_parser():
 def _add_data_flags(add):
     add("--dataset", choices=list(DATASETS), default="fashion-mnist",
         help="default fashion-mnist (downloaded when missing)")
-    add("--data-dir", default=None, help="an existing directory of the four IDX files of an MNIST-format dataset, "
+    add("--data-dir", default=None, help="with --dataset fashion-mnist (the default): an existing directory of the "
+                                         "four IDX files of an MNIST-format dataset, "
                                          "raw or .gz (Fashion-MNIST is downloaded into it when it is empty; default "
                                          "$MXNET_HOME/datasets/fashion-mnist, i.e. ~/.mxnet/..., created when "
                                          "missing)")
@@ -218,6 +220,83 @@ def _add_expert_flags(add):
         help="--experts: spread the experts over groups of P devices (E / P each, --devices a multiple of P), "
              "tokens sent to their experts and back by an all-to-all (also across --stages, over --tensor ranks, "
              "with --zero 3); default 1 (every device holds every expert)")
+
+
+class Scope:
+    """Where a flag of the command does something: ``where``, the words its ``--help`` text and its README row say
+    it with; ``out``, arguments that give it where it does nothing (refused, one line naming it); ``within``,
+    arguments where it applies (accepted). For a scope no other check covers, ``applies(args)`` says whether the
+    flag does something, and ``refusal`` (a text, or a function of ``args``) what ``check_scopes`` says when not."""
+
+    def __init__(self, where, out, within, refusal=None, applies=None):
+        self.where, self.out, self.within, self.refusal, self.applies = where, out, within, refusal, applies
+
+
+def _feeds_micro_batches(args):
+    """Whether the run's pipeline is fed more than one micro-batch a batch: a schedule has something to order."""
+    if args.strategy in ("data", "model"):
+        return False
+    default = DEFAULT_MICRO_BATCHES if args.strategy == "pipeline" else 1
+    return (default if args.micro_batches is None else args.micro_batches) > 1
+
+
+def _orders(args):
+    """Why a --schedule or --virtual-stages does nothing here."""
+    if args.strategy in ("data", "model"):
+        return (f"orders the micro-batches a pipeline is fed; the {args.strategy} --strategy feeds it one: use the "
+                "pipeline or hybrid --strategy")
+    return ("orders the micro-batches a pipeline is fed; --micro-batches 1 leaves nothing to order: give "
+            "--micro-batches 2 or more")
+
+
+#: Every flag that applies in some runs only, in one place: what --help and the README say of it, and what the
+#: checks refuse (tests/test_train.py holds the three to it). The others apply to every run.
+SCOPES = {
+    "--data-dir": Scope("--dataset fashion-mnist", "--dataset synthetic --data-dir .", "--data-dir ."),
+    "--stages": Scope("model/pipeline/hybrid", "--stages 2", "--strategy model --stages 2"),
+    "--boundaries": Scope("model/pipeline/hybrid", "--boundaries 2", "--strategy model --boundaries 2"),
+    "--micro-batches": Scope("pipeline and hybrid", "--strategy model --micro-batches 2",
+                             "--strategy pipeline --micro-batches 2"),
+    "--schedule": Scope("pipeline and hybrid", "--strategy model --schedule 1f1b",
+                        "--strategy pipeline --schedule 1f1b", refusal=_orders, applies=_feeds_micro_batches),
+    "--virtual-stages": Scope("with --schedule 1f1b", "--strategy pipeline --virtual-stages 2",
+                              "--strategy pipeline --schedule 1f1b --virtual-stages 2", refusal=_orders,
+                              applies=_feeds_micro_batches),
+    "--tensor": Scope("--model vit or transformer", "--tensor 2 --devices cpu:2",
+                      "--model vit --tensor 2 --devices cpu:2"),
+    "--patch-size": Scope("--model vit", "--patch-size 4", "--model vit --patch-size 4"),
+    "--context": Scope("--model vit or transformer", "--context 2 --devices cpu:2",
+                       "--model vit --context 2 --devices cpu:2"),
+    "--experts": Scope("--model vit or transformer", "--experts 4", "--model vit --experts 4"),
+    **{flag: Scope("--experts", f"--model vit {flag} {value}", f"--model vit --experts 4 {flag} {value}")
+       for flag, value in (("--top-k", 2), ("--capacity-factor", 2), ("--aux-loss-weight", 0.1),
+                           ("--router-z-loss", 0.001), ("--gate-scale", 2), ("--expert-parallel", 2))},
+    "--sequence-parallel": Scope("with --tensor", "--model vit --sequence-parallel",
+                                 "--model vit --tensor 2 --devices cpu:2 --sequence-parallel"),
+    "--compression-warmup": Scope("--compression", "--compression-warmup 5",
+                                  "--compression fp16 --compression-warmup 5"),
+    "--momentum": Scope("sgd", "--optimizer adam --momentum 0.9", "--momentum 0.9"),
+    "--nesterov": Scope("--momentum", "--nesterov", "--momentum 0.9 --nesterov"),
+    "--lr-decay-epochs": Scope("step schedule", "--lr-decay-epochs 5", "--lr-schedule step --lr-decay-epochs 5"),
+    "--lr-decay": Scope("step schedule", "--lr-decay 0.5", "--lr-schedule step --lr-decay 0.5"),
+    "--checkpoint-every": Scope("--checkpoint-dir", "--checkpoint-every 5", "--checkpoint-dir c --checkpoint-every 5"),
+    "--resume": Scope("--checkpoint-dir", "--resume", "--checkpoint-dir c --resume"),
+    "--commit-every": Scope("elastic job", "--commit-every 5", None,
+                            refusal="applies to an elastic job (python -m parallel.launch -n MIN:MAX or "
+                                    "--host-discovery-script), whose workers commit their state in memory",
+                            applies=lambda args: os.environ.get(ELASTIC_ENV) == "1"),
+    "--kvstore": Scope("python -m parallel.launch", "--kvstore dist_sync", None),
+}
+
+
+def check_scopes(args):
+    """Refuse, in one line naming it, a flag given another value than its default where it does nothing, for the
+    scopes of ``SCOPES`` no other check covers."""
+    parser = build_parser()
+    for flag, scope in SCOPES.items():
+        dest = flag[2:].replace("-", "_")
+        if scope.refusal is not None and getattr(args, dest) != parser.get_default(dest) and not scope.applies(args):
+            raise UsageError(f"{flag} {scope.refusal if isinstance(scope.refusal, str) else scope.refusal(args)}")
 
 
 def _models_with(option):
@@ -385,6 +464,9 @@ def check_args(args):
         if value == "":
             raise UsageError(f"{flag} needs a path, got an empty string")
     check_model_args(args)
+    if args.commit_every < 1:   # a bad value is refused as one wherever it is given
+        raise UsageError(f"--commit-every must be >= 1, got {args.commit_every}")
+    check_scopes(args)   # before the layout's checks: their advice assumes each flag applies
     with users_input(ValueError, TypeError, flags=FLAGS):
         run_config(args)
         layout_of_args(args).check(model=args.model, batch_size=args.batch_size)
@@ -406,8 +488,6 @@ def check_args(args):
         raise UsageError(f"--train-size must be >= 1, got {args.train_size}")
     if args.checkpoint_every is not None and args.checkpoint_dir is None:
         raise UsageError("--checkpoint-every needs --checkpoint-dir, the directory to write the checkpoints in")
-    if args.commit_every < 1:
-        raise UsageError(f"--commit-every must be >= 1, got {args.commit_every}")
     if args.resume and args.checkpoint_dir is None:
         raise UsageError("--resume needs --checkpoint-dir, the directory that holds the checkpoint")
     if args.kvstore is not None and not launched():

@@ -167,7 +167,11 @@ def test_the_docs_give_the_unit_of_the_stash_the_metrics_record():
 
 
 @pytest.mark.parametrize("extra, says", [
-    (["--schedule", "1f1b"], "--schedule and --virtual-stages order a pipeline's micro-batches"),
+    (["--schedule", "1f1b"], "--schedule orders the micro-batches a pipeline is fed; the data --strategy feeds it "
+                             "one: use the pipeline or hybrid --strategy"),
+    (["--strategy", "model", "--virtual-stages", "2", "--schedule", "1f1b"],   # not "--micro-batches 1 must be a
+     "--schedule orders the micro-batches a pipeline is fed; the model --strategy feeds it one"),   # multiple of 2"
+    (["--strategy", "hybrid", "--schedule", "1f1b"], "--micro-batches 1 leaves nothing to order"),
     (["--strategy", "pipeline", "--virtual-stages", "2"], "--virtual-stages 2 interleaves 1F1B; use --schedule 1f1b"),
     (["--strategy", "pipeline", "--schedule", "1f1b", "--virtual-stages", "2", "--micro-batches", "3"],
      "--micro-batches 3 must be a multiple of 2"),

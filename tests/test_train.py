@@ -2,6 +2,7 @@
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 
@@ -12,7 +13,8 @@ import mxnet as mx
 
 from parallel import RunConfig, init_model, make_strategy, read_idx, write_idx
 from parallel.data import FILES
-from parallel.train import main
+from parallel.cli import UsageError
+from parallel.train import SCOPES, main
 from parallel.fit import IN_FLIGHT, NonFiniteLossError, fit
 from conftest import assert_refused, easy_dataset, run_process, start_process, write_idx_files
 
@@ -964,3 +966,54 @@ def test_parameters_that_became_infinite_stop_the_run_though_the_loss_stays_fini
             SGD(1e30, zero=layout.get("zero", 0)), RunConfig(epochs=2, batch_size=10, checkpoint_every=2),
             on_checkpoint=snapshots.append)
     assert snapshots == []
+
+
+def _readme_rows():
+    """README.md's flag rows: the first cell's flag, the row's text without backticks, spaces collapsed."""
+    rows = {}
+    with open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")) as f:
+        for line in f:
+            found = re.match(r"^\| `(--[a-z0-9-]+)", line)
+            if found:
+                rows.setdefault(found.group(1), " ".join(line.replace("`", "").split()))
+    return rows
+
+
+@pytest.mark.parametrize("flag", sorted(SCOPES))
+def test_a_scoped_flag_says_where_it_applies_and_is_refused_elsewhere(flag, monkeypatch):
+    """parallel.train.SCOPES, the one place that says where each flag applies: its --help text and its README row
+    say it in the same words, a run that gives it where it does nothing is refused with one line naming it, and
+    a run where it applies is not. (`--strategy model --schedule 1f1b` was silently ignored, and `--strategy model
+    --virtual-stages 2 --schedule 1f1b` sent the user round a circle of advice.)"""
+    from parallel.train import build_parser, check_args
+    monkeypatch.delenv("PARALLEL_ELASTIC", raising=False)
+    scope = SCOPES[flag]
+    helps = {action.option_strings[-1]: " ".join((action.help or "").split()) for action in build_parser().options}
+    assert scope.where in helps[flag], helps[flag]
+    assert scope.where in _readme_rows()[flag], _readme_rows()[flag]
+    with pytest.raises(UsageError) as refused:
+        args = build_parser().parse_args(scope.out.split())
+        check_args(args)
+    assert flag in str(refused.value) and "\n" not in str(refused.value), str(refused.value)
+    if scope.within is not None:
+        check_args(build_parser().parse_args(scope.within.split()))
+
+
+def test_every_flag_of_the_command_has_a_readme_row():
+    from parallel.train import build_parser
+    flags = [action.option_strings[-1] for action in build_parser().options if action.option_strings[-1] != "--help"]
+    assert sorted(set(flags) - set(_readme_rows())) == []
+
+
+def test_what_the_readme_and_help_say_a_flag_does_not_go_with_is_refused():
+    """The README said --expert-parallel works "not with --zero 3", --help said "with --zero 3", and the run
+    worked: every "not with --X V" a flag's README row or --help text says is a combination the checks refuse."""
+    from parallel.train import build_parser, check_args
+    helps = {action.option_strings[-1]: " ".join((action.help or "").split()) for action in build_parser().options}
+    said = {(flag, found) for flag, text in list(_readme_rows().items()) + list(helps.items())
+            for found in re.findall(r"not with (--[a-z-]+(?: [0-9a-z]+)?)", text)}
+    assert said == {("--compression", "--zero 3")}, said   # the one there is: each new one needs an example here
+    examples = {("--compression", "--zero 3"): "--compression fp16 --zero 3"}
+    for (flag, other), argv in examples.items():
+        with pytest.raises(UsageError, match=re.escape(flag)):
+            check_args(build_parser().parse_args(argv.split()))
