@@ -775,6 +775,11 @@ def test_the_readmes_benchmark_figures_are_those_of_the_results_files():
             f"uninterrupted job ({job['killed']['total']:.1f} s against {job['uninterrupted']['total']:.1f} s)") \
         in readme
     horovod = {(row["network"], row["config"]): row["vs_horovod"] for row in _result("horovod.json")["rows"]}
+    hosts = {(name, row["config"]): row["vs_horovod"] for name in ("pushpull_1gbit", "p3_100mbit")
+             for row in _result(f"issue47/{name}/horovod.json")["rows"]}
+    assert (f"the epoch is {hosts['pushpull_1gbit', 'default']:.2f}x Horovod's at 1 Gbit/s and "
+            f"{hosts['p3_100mbit', 'p3']:.2f}x at 100 Mbit/s, uncompressed (the ZeroMQ van at 100 Mbit/s: "
+            f"{hosts['p3_100mbit', 'default']:.2f}x)") in readme
     assert (f"on one machine the epoch is {horovod['plain', 'default']:.2f}x Horovod's on loopback, but "
             f"{horovod['1gbit', 'default']:.2f}x ({horovod['1gbit', 'buckets-5MB']:.2f}x with 5 MB buckets) on one "
             "loopback shaped to 1 Gbit/s") in readme

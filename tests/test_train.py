@@ -999,12 +999,6 @@ def test_a_scoped_flag_says_where_it_applies_and_is_refused_elsewhere(flag, monk
         check_args(build_parser().parse_args(scope.within.split()))
 
 
-def test_every_flag_of_the_command_has_a_readme_row():
-    from parallel.train import build_parser
-    flags = [action.option_strings[-1] for action in build_parser().options if action.option_strings[-1] != "--help"]
-    assert sorted(set(flags) - set(_readme_rows())) == []
-
-
 def test_what_the_readme_and_help_say_a_flag_does_not_go_with_is_refused():
     """The README said --expert-parallel works "not with --zero 3", --help said "with --zero 3", and the run
     worked: every "not with --X V" a flag's README row or --help text says is a combination the checks refuse."""
