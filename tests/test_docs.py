@@ -343,7 +343,7 @@ def tiny_mxnet_home(tmp_path_factory):
     home = tmp_path_factory.mktemp("mxnet_home")
     directory = home / "datasets" / "fashion-mnist"
     directory.mkdir(parents=True)
-    write_idx_files(directory, easy_dataset(num_train=64, num_test=32, seed=2))
+    write_idx_files(directory, easy_dataset(num_train=256, num_test=32, seed=2))
     return home
 
 
