@@ -808,6 +808,13 @@ def test_the_readmes_ranges_are_those_of_the_results_files():
     small = {method: [row["median_s"] * 1e3 for row in rows if row["nbytes"] <= 65536 and row["method"] == method]
              for method in ("fused", "kvstore")}
     bound = [row["fraction_of_bound"] for row in rows if row["nbytes"] == 64 * 2 ** 20 and row["method"] != "kvstore"]
+    convolutions = [sum(op["fraction"] for op in result["operators"] if "Convolution" in op["operator"]) * 100
+                    for result in _result("profile_step.json")["results"]]
+    assert f"convolutions are {_span(convolutions, 0)}% of a step" in readme
+    zero = {row["zero"]: row for row in _result("memory_zero.json")["rows"] if row["devices"] == 4 and
+            row["workers"] == 1 and not row["prefetch"]}
+    gathered = zero[3]["busiest"]["gathered_peak"] / zero[0]["busiest"]["parameters"]
+    assert f"gathers at most {gathered:.0%} of the model at once" in readme
     assert (f"{_span(small['fused'])} ms per call from Python with the default fused allreduce, where MXNet's C++ "
             f"kvstore takes {_span(small['kvstore'])} ms; 64 MB messages reach {_span(bound)} of the memory-copy "
             "bound") in readme
