@@ -770,6 +770,9 @@ def test_the_readmes_benchmark_figures_are_those_of_the_results_files():
             f"{zero[0, False]['bytes_a_parameter']:.0f}") in readme
     assert (f"{total[3, False]:.1f} MiB a context in all against {total[0, False]:.1f}, for "
             f"{zero[3, False]['time_ratio']:.2f}x the step time here") in readme
+    for doc in ("docs/memory.md", "benchmarks/README.md"):   # the same figure, said there (71.1: rounded parts summed)
+        assert (f"{total[3, False]:.1f} MiB a context in all, against {total[0, False]:.1f} MiB"
+                in " ".join(_read(doc).split())), doc
     job = _result("healing.json")["job"]
     assert (f"was resuming {job['killed']['resumed']:.1f} s after the kill and took {job['total_ratio']:.2f}x the "
             f"uninterrupted job ({job['killed']['total']:.1f} s against {job['uninterrupted']['total']:.1f} s)") \
