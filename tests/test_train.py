@@ -1011,3 +1011,25 @@ def test_what_the_readme_and_help_say_a_flag_does_not_go_with_is_refused():
     for (flag, other), argv in examples.items():
         with pytest.raises(UsageError, match=re.escape(flag)):
             check_args(build_parser().parse_args(argv.split()))
+
+
+def test_the_readme_gives_each_flag_the_default_argparse_has():
+    """A flag whose default is a value (not None, not a switch) shows that value in its README row's default
+    column; the others (None: the run decides, e.g. 0.2 for sgd) say it in words there and in --help."""
+    from parallel.train import build_parser
+    cells = {}
+    with open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")) as f:
+        for line in f:
+            found = re.match(r"^\| `(--[a-z0-9-]+)[^|]*\| ([^|]*) \|", line)
+            if found:
+                cells.setdefault(found.group(1), found.group(2).replace("`", "").strip())
+    checked = []
+    for action in build_parser().options:
+        default = action.default
+        if default is None or isinstance(default, bool) or action.option_strings[-1] == "--help":
+            continue
+        flag = action.option_strings[-1]
+        want = f"{default:g}" if isinstance(default, float) else str(default)
+        assert cells[flag] == want, (flag, cells[flag], want)
+        checked.append(flag)
+    assert len(checked) >= 25, checked
