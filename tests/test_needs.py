@@ -46,7 +46,8 @@ def test_needs_nothing():
 def _inner(tmp_path, must_run):
     (tmp_path / "conftest.py").write_text(INNER_CONFTEST)
     (tmp_path / "test_inner.py").write_text(textwrap.dedent(INNER_TESTS))
-    env = dict(os.environ, PARALLEL_MUST_RUN=must_run)
+    env = {name: value for name, value in os.environ.items() if not name.startswith("PYTEST_XDIST")}
+    env["PARALLEL_MUST_RUN"] = must_run   # and not an xdist worker's variables: the inner run is a session of its own
     return run_process([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
                         "-W", "ignore::pytest.PytestUnknownMarkWarning", str(tmp_path)], timeout=300,
                        cwd=tmp_path, env=env)
