@@ -339,12 +339,11 @@ DIGITS_COMMAND = "python benchmarks/digits_dataset.py --out"
 def mnist_dir(text):
     """An argparse ``type`` for ``--data-dir``: an MNIST-format directory (the four IDX files, raw or gzipped).
     A missing or incomplete one is refused at once, with the command that makes the digits there."""
-    from parallel.data import FILES   # names only: no MXNet
+    from parallel.data.folder import missing_files   # numpy, no MXNet
     if not os.path.isdir(text):
         raise argparse.ArgumentTypeError(f"{text} is not a directory; make the digits there with: "
                                          f"{DIGITS_COMMAND} {text}")
-    missing = [name for name in FILES.values()
-               if not any(os.path.isfile(os.path.join(text, name + gz)) for gz in ("", ".gz"))]
+    missing = missing_files(text)
     if missing:
         raise argparse.ArgumentTypeError(f"{text} has no {missing[0]} (an MNIST-format directory); make the "
                                          f"digits there with: {DIGITS_COMMAND} {text}")

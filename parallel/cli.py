@@ -19,8 +19,8 @@ import re
 from .validate import BadType, BadValue
 
 __all__ = ["UsageError", "Parser", "flag_message", "users_input", "finite_float", "positive_float",
-           "warning_lines", "RESTART_ENV", "JOB_ENV", "HOSTS_ENV", "PROGRESS_ENV", "shows_progress", "USAGE_STATUS", "restart_count", "launched",
-           "job_hosts"]
+           "warning_lines", "RESTART_ENV", "JOB_ENV", "HOSTS_ENV", "PROGRESS_ENV", "shows_progress", "USAGE_STATUS",
+           "restart_count", "launched", "job_hosts"]
 
 #: The exit status of a command given input that cannot work. ``python -m parallel.launch --max-restarts`` does
 #: not restart a job whose worker exited with it: the same input would fail the same way again.

@@ -43,7 +43,7 @@ from .optim import ZERO_LEVELS
 from .strategies import DEFAULT_MICRO_BATCHES, DEFAULT_STAGES, PIPELINE_SCHEDULES, STRATEGIES
 from .validate import BadType, BadValue, check_bool, check_choice, check_int
 
-__all__ = ["Layout", "PRESETS"]
+__all__ = ["Layout", "PRESETS", "preset_micro_batches"]
 
 #: What each strategy's name fixes (a value a user may not change) and its defaults (``None``: no fixed value).
 PRESETS = {
@@ -52,6 +52,13 @@ PRESETS = {
     "pipeline": {"fixed": {"data": 1}, "defaults": {"stages": DEFAULT_STAGES, "micro_batches": DEFAULT_MICRO_BATCHES}},
     "hybrid": {"fixed": {}, "defaults": {"stages": DEFAULT_STAGES, "micro_batches": 1}},
 }
+
+def preset_micro_batches(strategy):
+    """The micro-batches a pipeline of the preset ``strategy`` is fed when none are given: its fixed value, else its
+    default, else 1."""
+    preset = PRESETS[strategy]
+    return preset["fixed"].get("micro_batches", preset["defaults"].get("micro_batches", 1))
+
 
 #: How each fixed axis reads in a refusal: what the preset is, and what to use instead.
 _FIXED = {
@@ -186,10 +193,7 @@ class Layout:
     @property
     def micro(self):
         """Micro-batches a replica's pipeline is fed per batch (the preset's when not given)."""
-        preset = PRESETS[self.strategy]
-        if self.micro_batches is not None:
-            return self.micro_batches
-        return preset["fixed"].get("micro_batches", preset["defaults"].get("micro_batches", 1))
+        return self.micro_batches if self.micro_batches is not None else preset_micro_batches(self.strategy)
 
     @property
     def pipelined(self):

@@ -65,9 +65,10 @@ from .cli import (JOB_ENV, USAGE_STATUS, Parser, UsageError, finite_float, launc
 from .comm import ALGORITHMS, DEFAULT_ALGORITHM, DEFAULT_BUCKET_MB, HOSTS_BUCKET_MB
 from .data import DATASETS
 from .config import FLAGS, layout_of_args, optimizer_defaults, run_config
-from .handover import ELASTIC_ENV
 from .files import LOCK_FILE, DirectoryLock, DirectoryLocked, check_writable, export_files, remove_if_empty_at_exit
+from .handover import ELASTIC_ENV
 from .interrupt import INTERRUPTED_STATUS, end_on_signals, hold_interrupts, stop_between_batches
+from .layout import PRESETS, preset_micro_batches
 from .models import MODELS, model_spec
 from .mxnet_compat import import_mxnet_without_scipy_stats
 from .optim import OPTIMIZERS, SCHEDULES, ZERO_LEVELS, check_hyper
@@ -232,17 +233,22 @@ class Scope:
         self.where, self.out, self.within, self.refusal, self.applies = where, out, within, refusal, applies
 
 
+def _fixes_micro_batches(strategy):
+    """Whether the preset ``strategy`` feeds its pipeline one micro-batch whatever is given (data, model)."""
+    return "micro_batches" in PRESETS[strategy]["fixed"]
+
+
 def _feeds_micro_batches(args):
     """Whether the run's pipeline is fed more than one micro-batch a batch: a schedule has something to order."""
-    if args.strategy in ("data", "model"):
+    if _fixes_micro_batches(args.strategy):
         return False
-    default = DEFAULT_MICRO_BATCHES if args.strategy == "pipeline" else 1
-    return (default if args.micro_batches is None else args.micro_batches) > 1
+    given = args.micro_batches
+    return (preset_micro_batches(args.strategy) if given is None else given) > 1
 
 
 def _orders(args):
     """Why a --schedule or --virtual-stages does nothing here."""
-    if args.strategy in ("data", "model"):
+    if _fixes_micro_batches(args.strategy):
         return (f"orders the micro-batches a pipeline is fed; the {args.strategy} --strategy feeds it one: use the "
                 "pipeline or hybrid --strategy")
     return ("orders the micro-batches a pipeline is fed; --micro-batches 1 leaves nothing to order: give "

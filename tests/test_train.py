@@ -969,14 +969,21 @@ def test_parameters_that_became_infinite_stop_the_run_though_the_loss_stays_fini
 
 
 def _readme_rows():
-    """README.md's flag rows: the first cell's flag, the row's text without backticks, spaces collapsed."""
+    """README.md's flag rows: the first cell's flag, the row's cells without backticks, spaces collapsed."""
     rows = {}
     with open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")) as f:
         for line in f:
             found = re.match(r"^\| `(--[a-z0-9-]+)", line)
             if found:
-                rows.setdefault(found.group(1), " ".join(line.replace("`", "").split()))
+                cells = [" ".join(cell.replace("`", "").split()) for cell in line.strip().strip("|").split(" | ")]
+                rows.setdefault(found.group(1), cells)
     return rows
+
+
+def _helps():
+    """Each flag of the command and its --help text, spaces collapsed."""
+    from parallel.train import build_parser
+    return {action.option_strings[-1]: " ".join((action.help or "").split()) for action in build_parser().options}
 
 
 @pytest.mark.parametrize("flag", sorted(SCOPES))
@@ -988,9 +995,8 @@ def test_a_scoped_flag_says_where_it_applies_and_is_refused_elsewhere(flag, monk
     from parallel.train import build_parser, check_args
     monkeypatch.delenv("PARALLEL_ELASTIC", raising=False)
     scope = SCOPES[flag]
-    helps = {action.option_strings[-1]: " ".join((action.help or "").split()) for action in build_parser().options}
-    assert scope.where in helps[flag], helps[flag]
-    assert scope.where in _readme_rows()[flag], _readme_rows()[flag]
+    assert scope.where in _helps()[flag], _helps()[flag]
+    assert scope.where in " | ".join(_readme_rows()[flag]), _readme_rows()[flag]
     with pytest.raises(UsageError) as refused:
         args = build_parser().parse_args(scope.out.split())
         check_args(args)
@@ -1003,8 +1009,8 @@ def test_what_the_readme_and_help_say_a_flag_does_not_go_with_is_refused():
     """The README said --expert-parallel works "not with --zero 3", --help said "with --zero 3", and the run
     worked: every "not with --X V" a flag's README row or --help text says is a combination the checks refuse."""
     from parallel.train import build_parser, check_args
-    helps = {action.option_strings[-1]: " ".join((action.help or "").split()) for action in build_parser().options}
-    said = {(flag, found) for flag, text in list(_readme_rows().items()) + list(helps.items())
+    texts = [(flag, " | ".join(cells)) for flag, cells in _readme_rows().items()] + list(_helps().items())
+    said = {(flag, found) for flag, text in texts
             for found in re.findall(r"not with (--[a-z-]+(?: [0-9a-z]+)?)", text)}
     assert said == {("--compression", "--zero 3")}, said   # the one there is: each new one needs an example here
     examples = {("--compression", "--zero 3"): "--compression fp16 --zero 3"}
@@ -1017,12 +1023,7 @@ def test_the_readme_gives_each_flag_the_default_argparse_has():
     """A flag whose default is a value (not None, not a switch) shows that value in its README row's default
     column; the others (None: the run decides, e.g. 0.2 for sgd) say it in words there and in --help."""
     from parallel.train import build_parser
-    cells = {}
-    with open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")) as f:
-        for line in f:
-            found = re.match(r"^\| `(--[a-z0-9-]+)[^|]*\| ([^|]*) \|", line)
-            if found:
-                cells.setdefault(found.group(1), found.group(2).replace("`", "").strip())
+    cells = {flag: row[1] for flag, row in _readme_rows().items()}   # the default column
     checked = []
     for action in build_parser().options:
         default = action.default

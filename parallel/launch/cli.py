@@ -311,7 +311,7 @@ def resume_hint(command):
             return None
     except (ValueError, IndexError):   # no -m, or nothing after it
         return None
-    directory = None
+    directory = None   # read by hand: the launcher sits below parallel.train and may not import its parser
     for i, word in enumerate(command):
         if word == "--checkpoint-dir" and i + 1 < len(command):
             directory = command[i + 1]

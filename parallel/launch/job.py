@@ -19,7 +19,8 @@ from ..cli import UsageError
 from ..handover import fetch_state, parse_announcement
 from .hosts import available_slots, free_port, listed_slots, parse_hostfile
 from .processes import (GROUP_GONE_SECONDS, P3_BELOW_MBIT, default_servers, hosts_to_probe, is_terminal,
-                        kill_group, link_probe_argv, p3_suits, plan_processes, probe_link, user_wants_ps_log, wait_group_gone)
+                        kill_group, link_probe_argv, p3_suits, plan_processes, probe_link, user_wants_ps_log,
+                        wait_group_gone)
 from .restarts import (DIVERGED, HOSTS_CHANGED, INTERRUPTED, NOT_STARTED, PROCESS_FAILED, STALL_TIMEOUT,
                        START_TIMEOUT, SUCCESS, TOO_FEW_HOSTS, Ending, Failure)
 
@@ -287,8 +288,9 @@ def segments(pipe, size=65536):
             yield pending[start:cut], False
             start = cut + 1
         pending = pending[start:]
-    if pending.rstrip(b"\r"):
-        yield pending.rstrip(b"\r"), False
+    pending = pending.rstrip(b"\r")
+    if pending:
+        yield pending, False
 
 
 class Job:
@@ -395,10 +397,9 @@ class Job:
         started = time.monotonic()
         self.start()
         workers = [c for c in self.children if c.spec.role == "worker"]
-        if args.elastic and args.host_discovery_script is not None:
-            threading.Thread(target=self._poll_discovery, daemon=True).start()
-        elif args.elastic and args.launcher == "ssh":   # -H with -n MIN:MAX: the hostfile is watched instead
-            self.file_at_start = _read_hostfile(args.hostfile) or []
+        if args.elastic and (args.host_discovery_script is not None or args.launcher == "ssh"):
+            if args.host_discovery_script is None:   # -H with -n MIN:MAX: the hostfile is watched instead
+                self.file_at_start = _read_hostfile(args.hostfile) or []
             threading.Thread(target=self._poll_discovery, daemon=True).start()
         while True:
             try:

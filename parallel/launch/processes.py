@@ -13,8 +13,8 @@ from ..cli import HOSTS_ENV, JOB_ENV, PROGRESS_ENV, RESTART_ENV
 from ..flight import ENV as FLIGHT_ENV
 from ..handover import ELASTIC_ENV, STATE_ENV
 
-__all__ = ["Spec", "is_terminal", "plan_processes", "ssh_argv", "user_wants_ps_log", "kill_group", "wait_group_gone",
-           "GROUP_GONE_SECONDS", "FORWARDED", "forwarded_env", "worker_hosts", "default_servers", "server_hosts",
+__all__ = ["Spec", "is_terminal", "plan_processes", "ssh_argv", "user_wants_ps_log", "kill_group",
+           "wait_group_gone", "GROUP_GONE_SECONDS", "FORWARDED", "forwarded_env", "worker_hosts", "default_servers", "server_hosts",
            "keepalive_options", "SERVER_COMMAND", "van_type", "P3_BELOW_MBIT", "p3_suits", "probe_link",
            "link_probe_argv", "hosts_to_probe"]
 
