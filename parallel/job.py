@@ -10,8 +10,10 @@ NCCL do it). W workers of K contexts then train the same model as one context.
 >>> [worker_slice(13, 2, rank, 3) for rank in range(3)]   # 13 examples over 3 workers x 2 contexts
 [(0, 5), (5, 9), (9, 13)]
 """
+import contextlib
 import json
 import math
+import threading
 
 from .flight import FlightRecorder, publishing
 from .split import shard_sizes
@@ -30,6 +32,8 @@ KEYS = {
     "state": 4,       # the optimizer's state buffers (4, 5: momentum, or Adam's mean and variance): rank 0's
     "sums": 100,      # small sums of n numbers use key 100 + n (n < 900)
     "chunks": 1000,   # the pieces of a broadcast object use keys 1000 .. 9999 (objects up to 36 MB)
+    "statistics": 10000,  # BatchNorm's statistics gathered over the workers: 10000 + n for the n-th key, two each gather
+                          # of a step (the forward's and the backward's; Job.key_for, n < 20000)
     "feedback": 30000,    # every worker's error-feedback state, gathered for a checkpoint (30000), or rank 0's
                           # checkpoint of it, broadcast on resume (30001)
     "sharded": 40000,     # zero=3: block s's piece j of k gathered over the workers, key 40000 + the group's
@@ -110,6 +114,16 @@ class Job:
         self.pushed = 0
         self.p3 = os.environ.get("DMLC_PS_VAN_TYPE") == "p3" if p3 is None else bool(p3)
         self._p3_keys = {}   # under P3: the package's key -> the kvstore's, 0, 1, 2, ... in the order of first use
+        self._named = {}     # key_for's: kind -> name -> its key
+        #: BatchNorm's statistics: ``"job"``, over every worker's slice of the batch (the default: the job trains
+        #: one device's model), or ``"worker"``, over this worker's alone (``parallel.comm.statistics``)
+        self.statistics = "job"
+        # allsum's calls come from the thread issuing the step and from MXNet's custom-operator thread (BatchNorm's
+        # backward, parallel.comm.statistics): the job's records one at a time, and the calls into MXNet's
+        # distributed kvstore too (its front end fills maps of its buffers without a lock; every call returns at
+        # once but a key's first, a barrier of the workers); a kvstore of another type says itself what it allows
+        self._lock = threading.Lock()
+        self._front = threading.Lock() if str(kv.type).startswith("dist") else contextlib.nullcontext()
 
     def __repr__(self):
         return f"Job(rank {self.rank} of {self.num_workers}, {self.kv.type})"
@@ -121,7 +135,42 @@ class Job:
             line += " over MXNet's P3 (each key in slices sent by priority, the first layers' first)"
         return line
 
-    def allsum(self, key, array, priority=0, kind="allreduce"):
+    def key_for(self, name, kind="statistics", limit=20000):
+        """The key of ``name`` (anything hashable) among ``KEYS[kind] .. KEYS[kind] + limit - 1``: numbered in the
+        order of first use, which is the same on every worker when every worker runs the same model."""
+        named = self._named.setdefault(kind, {})
+        if name not in named:
+            if len(named) >= limit:
+                raise ValueError(f"more than {limit} keys of kind {kind!r}; the job cannot number another")
+            named[name] = KEYS[kind] + len(named)
+        return named[name]
+
+    def declare(self, key, array):
+        """Initialise ``key`` on the servers for arrays of ``array``'s shape and dtype, now, unless it is already: a
+        collective call (a barrier of the workers). For a key whose first sum comes from another thread (BatchNorm's
+        backward, from MXNet's custom-operator thread), whose order no worker fixes: declared from the thread that
+        issues the step, every worker numbers and initialises it in the same place."""
+        with self._lock:
+            known, store = self._book(key, array)
+        if known is None:
+            with self._front:
+                self.kv.init(store, _zeros(array))
+
+    def _book(self, key, array):
+        """``(the layout known of key, or None, its kvstore key)``; a first use's layout kept and its initialisation
+        recorded. Called with the job's records held (``_lock``)."""
+        layout = (tuple(array.shape), array.dtype)
+        known = self._keys.get(key)
+        store = key if not self.p3 else self._p3_keys.setdefault(key, len(self._p3_keys))
+        if known is None:
+            self.flight.record("init", key, array.size * array.dtype(0).itemsize)
+            self._keys[key] = layout
+        elif known != layout:
+            raise ValueError(f"kvstore key {key} holds arrays of shape {known[0]} and dtype {known[1].__name__}, "
+                             f"not {layout[0]} {layout[1].__name__}; use another key")
+        return known, store
+
+    def allsum(self, key, array, priority=0, kind="allreduce", recorded=True):
         """Sum ``array`` over the workers, in place, and return it (one ``pushpull``; see ``Job.pushpull``).
 
         Every worker must make the same calls, with the same keys, shapes and dtypes, in the same order: each
@@ -130,31 +179,32 @@ class Job:
         the device: the push starts once ``array`` is computed, and reading the result (``asnumpy``) waits for
         the sum. ``priority``: MXNet's engine runs higher priorities first among sums ready at once, and P3 sends
         higher priorities' slices first.
-        ``kind``: what the flight recorder calls this collective (``allreduce``, ``broadcast``, ``allgather``).
+        ``kind``: what the flight recorder calls this collective (``allreduce``, ``broadcast``, ``allgather``);
+        ``recorded=False`` leaves it out of the flight records, which number one ordered stream of collectives: a
+        sum issued from another thread in an order no worker fixes (BatchNorm's backward rounds, from MXNet's
+        custom-operator thread as the engine reaches them) would make the workers' records disagree.
 
         Calls under one key with *different* arrays must wait for the earlier result (``wait_to_read``) unless a
         data dependency orders them: MXNet's kvstore pushes a CPU array without copying it, so nothing in its
         engine orders a push of another array after this sum, and a worker's next round can reach the servers
         first (measured: wrong sums under the launcher, not in threads). The same array again is ordered.
         """
-        layout = (tuple(array.shape), array.dtype)
-        known = self._keys.get(key)
         nbytes = array.size * array.dtype(0).itemsize
-        store = key if not self.p3 else self._p3_keys.setdefault(key, len(self._p3_keys))
-        if known is None:
-            self.flight.record("init", key, nbytes)
-            self.kv.init(store, array.zeros_like())
-            self._keys[key] = layout
-        elif known != layout:
-            raise ValueError(f"kvstore key {key} holds arrays of shape {known[0]} and dtype {known[1].__name__}, "
-                             f"not {layout[0]} {layout[1].__name__}; use another key")
-        self.flight.record(kind, key, nbytes)
-        self.pushed += nbytes
-        if self.pushpull and known is not None:   # one request, answered with the sum (no optimizer on the servers)
-            self.kv.pushpull(store, array, out=array, priority=priority)
-        else:
-            self.kv.push(store, array, priority=priority)
-            self.kv.pull(store, out=array, priority=priority)
+        with self._lock:   # the job's records
+            known, store = self._book(key, array)
+            if recorded:
+                self.flight.record(kind, key, nbytes)
+            self.pushed += nbytes
+        with self._front:
+            if known is None:
+                # zeros of their own: ``zeros_like`` would read ``array``, and wait, holding the front end, for
+                # what computes it (a backward pass whose BatchNorm sums need the front end: a deadlock)
+                self.kv.init(store, _zeros(array))
+            if self.pushpull and known is not None:   # one request, answered with the sum (no optimizer on servers)
+                self.kv.pushpull(store, array, out=array, priority=priority)
+            else:
+                self.kv.push(store, array, priority=priority)
+                self.kv.pull(store, out=array, priority=priority)
         return array
 
     def allgather(self, key, array, priority=0):
@@ -174,6 +224,12 @@ class Job:
         if self.rank != 0:
             array[:] = 0
         return self.allsum(key, array, kind="broadcast")
+
+
+def _zeros(array):
+    """Zeros of ``array``'s shape, dtype and context, depending on nothing."""
+    import mxnet as mx
+    return mx.nd.zeros(array.shape, ctx=array.context, dtype=array.dtype)
 
 
 def join(kvstore="dist_sync"):

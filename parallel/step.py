@@ -37,6 +37,7 @@ from mxnet import autograd, gluon
 from .comm.reducer import as_reducer
 from .engine import fence
 from .comm.replica import FlatReplica, aux_of, data_of, grads_of
+from .comm.statistics import Gathers, across_workers, workers
 from .job import worker_slice
 from .models.gluon import GluonNet, as_net
 from .models.lenet import CachedNet, lenet_cached, softmax_cross_entropy
@@ -50,7 +51,7 @@ from .validate import check_contexts, check_int
 
 __all__ = ["check_labels", "check_batch", "sgd", "update_replicas", "loss_and_correct", "step_replicas", "idle_step",
            "worker_step", "DeviceReplicas", "train_step", "train_batch", "may_skip_parameters", "zero_grads",
-           "adding_gradients", "fence_statistics"]
+           "adding_gradients", "fence_statistics", "statistics_job"]
 
 
 def check_labels(y, num_classes, loss=softmax_cross_entropy):
@@ -403,6 +404,9 @@ def idle_step(replicas, batch_size, optimizer, count_correct=True, accumulate=1,
         with adding_gradients(replicas.groups()):
             for _ in range(accumulate):
                 replicas.forward_backward([], [], loss)
+    elif workers() is not None:   # BatchNorm's statistics over the workers: its gathers, once a micro-batch
+        for _ in range(accumulate):
+            replicas.forward_backward([], [], loss)
     optimizer_step(optimizer, replicas.groups(), batch_size, replicas.reducer, 0)
     zero = mx.nd.zeros((1,), ctx=replicas.in_ctx_list[0])
     return zero, zero.copy() if count_correct else None
@@ -420,6 +424,18 @@ class DeviceReplicas(Replicas):
 
     def forward_all(self, X_shards):
         return run_net(self.net, X_shards, self.device_params[:len(X_shards)])
+
+    def forward_backward(self, X_shards, y_shards, loss, counted=None):
+        """``Replicas.forward_backward``; with no shard, in a job's step whose BatchNorm spans the workers
+        (``parallel.comm.statistics``), the net's gathers without an example (``run_net``), and the running
+        statistics every replica takes from them."""
+        if X_shards or workers() is None:
+            return super().forward_backward(X_shards, y_shards, loss, counted)
+        statistics = Gathers()
+        with autograd.record(), statistics.collecting():
+            run_net(self.net, [], self.device_params)
+        statistics.settle()
+        return [], [], []
 
     def aux(self, r):
         return aux_of(self.device_params[r])
@@ -499,13 +515,20 @@ def worker_step(replicas, X, y, loss, optimizer, accumulate=1, job=None, count_c
     worker without an example, ``idle_step`` (it adds a zero gradient and takes the same step); divided by the
     global batch size."""
     n = X.shape[0]
-    if job is not None:
-        start, stop = worker_slice(n, len(replicas.in_ctx_list), job.rank, job.num_workers)
-        if start == stop:
-            return idle_step(replicas, n, optimizer, count_correct, accumulate, loss)
-        X, y = X[start:stop], y[start:stop]   # fewer examples than micro-batches: the rest run empty
-    return step_replicas(replicas, X, y, loss=loss, batch_size=n, optimizer=optimizer, accumulate=accumulate,
-                         count_correct=count_correct)
+    with across_workers(statistics_job(job)):
+        if job is not None:
+            start, stop = worker_slice(n, len(replicas.in_ctx_list), job.rank, job.num_workers)
+            if start == stop:
+                return idle_step(replicas, n, optimizer, count_correct, accumulate, loss)
+            X, y = X[start:stop], y[start:stop]   # fewer examples than micro-batches: the rest run empty
+        return step_replicas(replicas, X, y, loss=loss, batch_size=n, optimizer=optimizer, accumulate=accumulate,
+                             count_correct=count_correct)
+
+
+def statistics_job(job):
+    """The job whose workers' statistics BatchNorm combines in a step of ``job`` (``job.statistics``): ``job``
+    itself, or None for statistics per worker (and out of a job)."""
+    return job if job is not None and job.statistics == "job" else None
 
 
 def train_batch(X, y, device_params, ctx_list, lr=None, net=lenet_cached, loss=softmax_cross_entropy, reducer=None,

@@ -69,7 +69,7 @@ from .files import LOCK_FILE, DirectoryLock, DirectoryLocked, check_writable, ex
 from .handover import ELASTIC_ENV
 from .interrupt import INTERRUPTED_STATUS, end_on_signals, hold_interrupts, stop_between_batches
 from .layout import PRESETS, preset_micro_batches
-from .models import MODELS, model_spec
+from .models import MODELS, model_info, model_spec
 from .mxnet_compat import import_mxnet_without_scipy_stats
 from .optim import OPTIMIZERS, SCHEDULES, ZERO_LEVELS, check_hyper
 from .optim.schedules import Step
@@ -146,6 +146,11 @@ def build_parser():
     add("--kvstore", choices=["dist_sync", "dist_device_sync"], default=None,
         help="under python -m parallel.launch: the distributed kvstore that sums the workers' gradients; "
              "default dist_sync (dist_device_sync for GPUs)")
+    add("--batchnorm-stats", choices=["job", "worker"], default="job",
+        help="for a BatchNorm network in a job (--model resnet18 under python -m parallel.launch): normalise over "
+             "the whole global batch, every worker's slice (job: the one-device model, two small sums a BatchNorm "
+             "a step through the job) or over each worker's slice alone (worker: no sum, another model); default "
+             "job")
     add("--no-progress", action="store_true", help="hide the progress bars")
     return parser
 
@@ -292,6 +297,10 @@ SCOPES = {
                                     "--host-discovery-script), whose workers commit their state in memory",
                             applies=lambda args: os.environ.get(ELASTIC_ENV) == "1"),
     "--kvstore": Scope("python -m parallel.launch", "--kvstore dist_sync", None),
+    "--batchnorm-stats": Scope("BatchNorm network in a job", "--model resnet18 --batchnorm-stats worker", None,
+                               refusal="applies to a BatchNorm network (--model resnet18) in a job (python -m "
+                                       "parallel.launch): what each worker's BatchNorm normalises over",
+                               applies=lambda args: launched() and model_info(args.model).batchnorm),
 }
 
 

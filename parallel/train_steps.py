@@ -42,6 +42,7 @@ def join_job(args):
     if not launched():
         return None
     job = join(args.kvstore or "dist_sync")
+    job.statistics = args.batchnorm_stats
     print(f"joined the job as rank {job.rank} of {job.num_workers} ({job.kv.type})", flush=True)
     return job
 

@@ -24,7 +24,8 @@ from .job import sum_values
 from .models.lenet import lenet_cached, softmax_cross_entropy
 from .optim.zero import as_optimizer
 from .comm.reducer import as_reducer
-from .step import DeviceReplicas, idle_step, step_replicas
+from .comm.statistics import across_workers
+from .step import DeviceReplicas, idle_step, statistics_job, step_replicas
 
 __all__ = ["Join"]
 
@@ -79,8 +80,9 @@ class Join:
         reached this step (the count of the step's examples)."""
         _, examples = self._counts(X.shape[0])
         self.steps += 1
-        return step_replicas(self.replicas, X, y, loss=self.loss, batch_size=examples, optimizer=self.optimizer,
-                             count_correct=False)[0]
+        with across_workers(statistics_job(self.reducer.job)):
+            return step_replicas(self.replicas, X, y, loss=self.loss, batch_size=examples, optimizer=self.optimizer,
+                                 count_correct=False)[0]
 
     def __enter__(self):
         return self
@@ -94,5 +96,6 @@ class Join:
             workers, examples = self._counts(0)
             if workers == 0:
                 return False
-            idle_step(self.replicas, examples, self.optimizer, count_correct=False)
+            with across_workers(statistics_job(self.reducer.job)):
+                idle_step(self.replicas, examples, self.optimizer, count_correct=False)
             self.idle_steps += 1

@@ -501,15 +501,49 @@ def stop_before(call):
 
 
 # A distributed job in threads: each thread a worker with its own parallel.job.Job over ThreadKV, a kvstore whose
-# "servers" sum the pushes in numpy (in the pushed dtype) as ps-lite's do, behind barriers.
+# "servers" sum the pushes in numpy (in the pushed dtype) as ps-lite's do, key by key.
 class ThreadServers:
-    """What ps-lite's servers do for a synchronous job: each key's pushes summed (in the pushed dtype), every
-    worker's pull after every push; the bytes each push carries are recorded."""
+    """What ps-lite's servers do for a synchronous job: each key's pushes summed (in the pushed dtype) round by round
+    (a worker's n-th push of a key joins the key's n-th round; its n-th pull waits until every worker pushed to that
+    round), the keys independent of each other; the bytes each push carries are recorded. ``abort()`` releases every
+    waiting pull with ``threading.BrokenBarrierError``."""
 
-    def __init__(self, num_workers):
-        self.sums, self.pushed, self.lock = {}, [], threading.Lock()
-        self.pushes = threading.Barrier(num_workers)
-        self.pulls = threading.Barrier(num_workers, action=self.sums.clear)
+    def __init__(self, num_workers, timeout=60):
+        self.num_workers, self.timeout = num_workers, timeout
+        self.pushed, self.cond, self.aborted = [], threading.Condition(), False
+        self.rounds = {}   # (key, n) -> [sum, pushes, pulls]
+        self.counts = {}   # (key, rank, "push" or "pull") -> how many so far
+
+    def _next(self, key, rank, kind):
+        n = self.counts.get((key, rank, kind), 0)
+        self.counts[(key, rank, kind)] = n + 1
+        return n
+
+    def abort(self):
+        with self.cond:
+            self.aborted = True
+            self.cond.notify_all()
+
+    def push(self, key, rank, value):
+        with self.cond:
+            entry = self.rounds.setdefault((key, self._next(key, rank, "push")), [None, 0, 0])
+            entry[0] = value if entry[0] is None else entry[0] + value
+            entry[1] += 1
+            self.pushed.append((key, value.nbytes))
+            self.cond.notify_all()
+
+    def pull(self, key, rank):
+        with self.cond:
+            where = (key, self._next(key, rank, "pull"))
+            summed = self.cond.wait_for(lambda: self.aborted or self.rounds[where][1] == self.num_workers,
+                                        self.timeout)
+            if self.aborted or not summed:
+                raise threading.BrokenBarrierError(f"key {key}'s round {where[1]} was not summed")
+            entry = self.rounds[where]
+            entry[2] += 1
+            if entry[2] == self.num_workers:
+                del self.rounds[where]
+            return entry[0]
 
 
 class ThreadKV:
@@ -522,15 +556,10 @@ class ThreadKV:
         pass
 
     def push(self, key, array, priority=0):
-        value = array.asnumpy()
-        with self.servers.lock:
-            self.servers.sums[key] = self.servers.sums[key] + value if key in self.servers.sums else value
-            self.servers.pushed.append((key, value.nbytes))
-        self.servers.pushes.wait(timeout=60)
+        self.servers.push(key, self.rank, array.asnumpy())
 
     def pull(self, key, out, priority=0):
-        out[:] = self.servers.sums[key]
-        self.servers.pulls.wait(timeout=60)
+        out[:] = self.servers.pull(key, self.rank)
 
     def pushpull(self, key, value, out=None, priority=0):
         self.push(key, value, priority)
@@ -547,8 +576,7 @@ def in_threads(num_workers, work):
             results[rank] = work(Job(ThreadKV(servers, rank, num_workers)), rank)
         except BaseException as error:   # reported below, with the others released
             errors.append(error)
-            servers.pushes.abort()
-            servers.pulls.abort()
+            servers.abort()
     threads = [threading.Thread(target=run, args=(rank,)) for rank in range(num_workers)]
     for thread in threads:
         thread.start()
@@ -562,7 +590,7 @@ def in_threads(num_workers, work):
 @pytest.fixture
 def threads_reduce_at_once(monkeypatch):
     """Workers in threads (``in_threads``) that reduce through a Reducer, each on contexts of its own: let them queue
-    their reductions at once (one thread holding the process's reduction lock while it waits in ThreadKV's barrier
+    their reductions at once (one thread holding the process's reduction lock while it waits in ThreadKV's pull
     would stop the other)."""
     import contextlib
     from parallel.comm import algorithms

@@ -32,7 +32,7 @@ from parallel.strategies import make_strategy
 from parallel.strategies.hybrid import Hybrid
 from parallel.train import main
 from conftest import (assert_close_to_scale, assert_same_arrays, contexts, fast_only, in_threads, labels_hold,
-                      load_benchmark, start_process, stop_before, stop_process, write_idx_files)
+                      load_benchmark, small_resnet, start_process, stop_before, stop_process, write_idx_files)
 
 #: The fifteen layouts: the eleven once refused (the tenth compresses: it trains, not the same sums), the two of the
 #: eleventh that name a job, and the four accepted before. Each: the layout and how many contexts it takes.
@@ -582,3 +582,88 @@ def test_too_many_interleaved_chunks_are_refused_naming_the_flags_given_and_the_
         make_strategy(layout, init_lenet_params(seed=0), ctx)
     followed = layout.replace(**advice, schedule="1f1b" if advice["virtual"] > 1 else "gpipe")
     assert make_strategy(followed, init_lenet_params(seed=0), ctx).layout.chunks <= 4
+
+
+# ---- BatchNorm across the workers of a job (issue 50) ---------------------------------------------------------------
+#: Layouts whose replicas span a job's workers, with a BatchNorm network (a small ResNet: a stem and two residual
+#: blocks): each worker the layout on contexts of its own, and the one-process layout it must equal (its replicas the
+#: workers' together). GPipe's micro-batches normalise each on its own, so a pipeline's job equals the process whose
+#: data replicas are the workers and whose micro-batches are theirs; accumulation's micro-batches are every worker's
+#: i-th part together (one context fed them so: ``_regrouped``). (layout, contexts a worker, workers, the reference
+#: layout and its contexts)
+BATCHNORM_JOBS = {
+    "data, 2 workers x 1 context": (Layout("data"), 1, 2, Layout("data"), 1),
+    "data, 3 workers x 2 contexts": (Layout("data"), 2, 3, Layout("data"), 1),
+    "data x recomputation, 2 workers x 2 contexts": (Layout("data", recompute=True), 2, 2, Layout("data"), 1),
+    "ZeRO-2, 3 workers": (Layout("data", zero=2), 1, 3, Layout("data"), 1),
+    "ZeRO-3 x recomputation, 2 workers x 2 contexts": (Layout("data", zero=3, recompute=True), 2, 2, Layout("data"), 1),
+    "model, 2 workers x 2 stages": (Layout("model", stages=2), 2, 2, Layout("data"), 1),
+    "data x recomputation x accumulation, 2 workers": (Layout("data", recompute=True, accumulate=2), 1, 2,
+                                                       Layout("data", accumulate=2), 1),
+    "pipeline x 1F1B x recomputation, 2 workers": (
+        Layout("pipeline", stages=2, micro_batches=2, schedule="1f1b", recompute=True), 2, 2,
+        Layout("hybrid", stages=2, micro_batches=2), 4),
+}
+#: Batches that leave a worker without an example (1 over 2 or 3 workers) and shards unequal.
+BATCHNORM_SIZES = (12, 1, 7, 5)
+
+
+def _resnet_state(strategy, layout, batches):
+    """The small ResNet's trained arrays and running statistics after ``batches`` (momentum SGD)."""
+    params = _train(strategy, layout, batches)
+    return params, [a.asnumpy() for a in strategy.aux()]
+
+
+def _batchnorm_job(name, statistics="job"):
+    """Every worker's (arrays, running statistics, the pushes of BatchNorm's keys) after the job ``name`` of
+    ``BATCHNORM_JOBS`` trains the small ResNet in float64, in threads."""
+    layout, k, workers, _, _ = BATCHNORM_JOBS[name]
+
+    def work(job, rank):
+        job.statistics = statistics
+        net = small_resnet()
+        net.cast("float64")
+        strategy = make_strategy(layout, net, [mx.cpu(k * rank + i) for i in range(k)], reducer=Reducer(job=job))
+        return _resnet_state(strategy, layout, _batches("float64", BATCHNORM_SIZES))
+    results, servers = in_threads(workers, work)
+    return results, [key for key, _ in servers.pushed if 10000 <= key < 30000]
+
+
+def _close(got, want, rtol):
+    """Each array within ``rtol`` of its want's scale, a scale at least 1e-3 (a bias right before BatchNorm has no
+    gradient and stays at 0 up to rounding)."""
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=0, atol=rtol * max(np.abs(w).max(), 1e-3))
+
+
+@pytest.mark.parametrize("name", sorted(BATCHNORM_JOBS))
+def test_batchnorm_over_a_job_s_workers_trains_the_one_process_model(name, threads_reduce_at_once):
+    """Every worker ends with the one-process model's parameters and running statistics (float64, within 1e-12 of
+    each array's scale; MXNet's own BatchNorm, which a process runs on a shard alone, keeps its running statistics
+    to float32's precision),
+    the same bits on every worker; each BatchNorm is summed over the workers once forward and once backward a
+    (micro-)batch, recomputed or not (a recomputation takes the forward's sums again), under keys of their own."""
+    layout, k, workers, reference, contexts_of_reference = BATCHNORM_JOBS[name]
+    net = small_resnet()
+    net.cast("float64")
+    batches = _regrouped(_batches("float64", BATCHNORM_SIZES), workers * k, layout.accumulate)
+    want = _resnet_state(make_strategy(reference, net, contexts(contexts_of_reference)), reference, batches)
+    results, keys = _batchnorm_job(name)
+    for params, aux in results:
+        assert_same_arrays([params, aux], results[0])
+        _close(params, want[0], 1e-12)
+        _close(aux, want[1], 1e-6)   # a shard alone in a process runs MXNet's BatchNorm: float32's statistics
+    gathers = [layout.micro * min(layout.accumulate, n) for n in BATCHNORM_SIZES]   # a step's forwards a BatchNorm
+    assert len(set(keys)) == 5 * 2 * max(gathers)   # the stem's, two in each residual block; forward and backward
+    assert len(keys) == workers * 5 * 2 * sum(gathers)
+
+
+def test_batchnorm_statistics_per_worker_are_another_model(threads_reduce_at_once):
+    """Where it must be false: with ``job.statistics = "worker"`` each worker normalises its own slice, nothing of
+    BatchNorm is summed, and the model parts from the one-process model (by far more than rounding)."""
+    name = "data, 2 workers x 1 context"
+    results, keys = _batchnorm_job(name, statistics="worker")
+    synced, _ = _batchnorm_job(name)
+    assert keys == []
+    with pytest.raises(AssertionError):
+        _close(results[0][0], synced[0][0], 1e-3)

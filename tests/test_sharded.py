@@ -215,7 +215,7 @@ def test_a_sharded_job_with_momentum_is_one_context_to_rounding(threads_reduce_a
 
 @pytest.mark.slow   # seconds the fast tier's 150 s budget cannot spare (docs/testing.md)
 def test_a_sharded_job_with_batchnorm_and_micro_batches(threads_reduce_at_once):
-    """BatchNorm's statistics per worker (as zero=0 in a job); micro-batches in a job: zero=0's to rounding."""
+    """BatchNorm's statistics over the workers (as zero=0 in a job); micro-batches in a job: zero=0's to rounding."""
     got = _train_in_job(3, "momentum", model=small_resnet, rank_seed=False, sizes=(12, 7), accumulate=2)
     want = _train_in_job(0, "momentum", model=small_resnet, rank_seed=False, sizes=(12, 7), accumulate=2)
     for (params, aux, _), (want_params, want_aux, _) in zip(got, want):

@@ -212,7 +212,7 @@ def test_distributed_flags_outside_a_job(capsys):
 
 @pytest.mark.slow
 def test_resnet18_trains_in_a_job_and_rank_0_exports_it(tmp_path):
-    """ResNet-18 (BatchNorm: statistics per worker, so not the one-context model) runs under the launcher from
+    """ResNet-18 (BatchNorm over every worker's slice, the default) runs under the launcher from
     rank 0's parameters and running statistics; rank 0 alone writes, and the export loads back in gluon."""
     (tmp_path / "idx").mkdir()
     data_dir = write_idx_files(tmp_path / "idx", easy_dataset(num_train=6, num_test=3, seed=4))
@@ -294,3 +294,126 @@ def test_a_sharded_job_is_zero_0_and_its_checkpoint_resumes_on_any_layout(tiny, 
         else:
             gap = max(np.abs(a - b).max() for a, b in zip(resumed, runs[name]))
             assert gap <= 2 * max(apart, 1e-7 * scale), (name, gap, apart)   # the same order: float32 rounding
+
+
+BATCHNORM_WORKER = """
+import sys
+sys.path.insert(0, {tests!r})
+import mxnet as mx
+import numpy as np
+from mxnet import autograd
+from conftest import small_resnet
+from parallel import Layout, Reducer, get_params, make_strategy, split_and_load
+from parallel.comm.statistics import across_workers
+from parallel.job import join, worker_slice
+from parallel.models.gluon import GluonNet
+from parallel.optim import SGD
+
+job, k = join(), {k}
+ctx_list = [mx.cpu(i) for i in range(k)]
+X = mx.nd.array(np.load({data!r})["X"], dtype="float64")
+net = small_resnet()
+net.cast("float64")
+start, stop = worker_slice(13, k, job.rank, job.num_workers)   # one forward and backward of 13 examples
+replicas = [get_params(net, ctx) for ctx in ctx_list]
+shards = split_and_load(X[start:stop], ctx_list)
+with across_workers(job), autograd.record():
+    outputs = GluonNet(net).forward_all(shards, replicas[:len(shards)])
+    losses = [(out * out).sum() for out in outputs]
+autograd.backward(losses)
+grads = [job.allsum(1000 + i, mx.nd.add_n(*[r[i].grad.as_in_context(mx.cpu()) for r in replicas]))
+         for i in range(len(replicas[0]))]
+layout = {layout}
+strategy = make_strategy(layout, net, ctx_list, reducer=Reducer(job=job))
+optimizer = SGD(0.05, momentum=0.9, zero=layout.zero)
+for n in (12, 1, 7, 5):   # a batch of 1 leaves workers without an example
+    strategy.train_step(X[13:13 + n], mx.nd.arange(n) % 10, optimizer=optimizer)
+np.savez({out!r} + str(job.rank), start=start,
+         outputs=np.concatenate([o.asnumpy() for o in outputs]) if outputs else np.zeros((0, 10)),
+         **{{f"grad{{i}}": g.asnumpy() for i, g in enumerate(grads)}},
+         **{{f"param{{i}}": p.asnumpy() for i, p in enumerate(strategy.params())}},
+         **{{f"aux{{i}}": a.asnumpy() for i, a in enumerate(strategy.aux())}})
+"""
+
+
+def _one_context_batchnorm(X):
+    """The small ResNet in float64 on one context: the outputs and gradients of one forward and backward of
+    ``X[:13]``, then its arrays and running statistics after the batches the workers train."""
+    from mxnet import autograd
+    from parallel import Layout, get_params, make_strategy
+    from parallel.models.gluon import GluonNet
+    from parallel.optim import SGD
+    from conftest import small_resnet
+    net = small_resnet()
+    net.cast("float64")
+    replica = get_params(net, mx.cpu(0))
+    with autograd.record():
+        out = GluonNet(net)(X[:13], replica)
+        loss = (out * out).sum()
+    loss.backward()
+    want = {"outputs": out.asnumpy(), **{f"grad{i}": p.grad.asnumpy() for i, p in enumerate(replica)}}
+    strategy = make_strategy(Layout("data"), net, [mx.cpu(0)])
+    optimizer = SGD(0.05, momentum=0.9)
+    for n in (12, 1, 7, 5):
+        strategy.train_step(X[13:13 + n], mx.nd.arange(n) % 10, optimizer=optimizer)
+    want.update({f"param{i}": p.asnumpy() for i, p in enumerate(strategy.params())})
+    want.update({f"aux{i}": a.asnumpy() for i, a in enumerate(strategy.aux())})
+    return want
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workers, k, layout", [(2, 1, 'Layout("data")'), (3, 2, 'Layout("data")'),
+                                                (2, 2, 'Layout("data", zero=3, recompute=True)')])
+def test_batchnorm_over_the_workers_is_one_context_s_through_the_launcher(workers, k, layout, tmp_path):
+    """Issue 50's measure: W workers x K contexts with unequal shards, real ps-lite servers, train a BatchNorm network
+    (the small ResNet, float64) within 1e-9 of one context: the outputs and gradients of one forward and backward
+    (the gradients summed over the workers), then the parameters and running statistics after four steps that
+    leave a worker without an example; every worker ends with the same bits."""
+    rng = np.random.RandomState(5)
+    np.savez(tmp_path / "data.npz", X=rng.uniform(size=(38, 1, 28, 28)))
+    script = tmp_path / "worker.py"
+    script.write_text(BATCHNORM_WORKER.format(tests=os.path.dirname(os.path.abspath(__file__)), k=k, layout=layout,
+                                              data=str(tmp_path / "data.npz"), out=str(tmp_path / "rank")))
+    process = start_process([sys.executable, "-m", "parallel.launch", "-n", str(workers), "-s", "2",
+                             "--stall-timeout", "120", sys.executable, str(script)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _, err = finish(process)
+    assert process.returncode == 0, err[-3000:]
+    ranks = [dict(np.load(tmp_path / f"rank{r}.npz")) for r in range(workers)]
+    want = _one_context_batchnorm(mx.nd.array(np.load(tmp_path / "data.npz")["X"], dtype="float64"))
+    outputs = np.concatenate([got.pop("outputs") for got in sorted(ranks, key=lambda got: int(got.pop("start")))])
+    np.testing.assert_allclose(outputs, want.pop("outputs"), rtol=0, atol=1e-9 * np.abs(outputs).max())
+    for got in ranks:
+        assert sorted(got) == sorted(want)
+        for name, value in want.items():   # a bias right before BatchNorm stays 0 up to rounding: scale 1e-3 at least
+            scale = max(np.abs(value).max(), 1e-3)
+            tolerance = 1e-6 if name.startswith("aux") else 1e-9   # MXNet's BatchNorm on one context: float32's
+            np.testing.assert_allclose(got[name], value, rtol=0, atol=tolerance * scale, err_msg=name)
+            np.testing.assert_array_equal(got[name], ranks[0][name], err_msg=name)
+
+
+@pytest.mark.slow
+def test_a_resnet18_job_resumes_its_batchnorm_statistics_and_the_flag_keeps_them_per_worker(tmp_path):
+    """ResNet-18 in a job of 2 workers (BatchNorm over every worker's slice, the default, as the header says): one
+    epoch, then --resume --epochs 2, ends with the bits of two epochs straight, running statistics included
+    (saved once, the same on every worker; read back by rank 0 and broadcast). ``--batchnorm-stats worker`` runs and
+    says so, and trains another model."""
+    (tmp_path / "idx").mkdir()
+    data_dir = write_idx_files(tmp_path / "idx", easy_dataset(num_train=8, num_test=4, seed=4))
+    args = ["--model", "resnet18", "--data-dir", str(data_dir), "--devices", "cpu:1", "--batch-size", "3", "--lr",
+            "0.05", "--momentum", "0.9", "--no-progress", "--checkpoint-dir", "ckpt"]
+    runs = {}
+    for name, extra in (("straight", ["--epochs", "2"]), ("resumed", ["--epochs", "1"]),
+                        ("resumed", ["--epochs", "2", "--resume"]),
+                        ("worker", ["--epochs", "2", "--batchnorm-stats", "worker"])):
+        (tmp_path / name).mkdir(exist_ok=True)
+        out, err = finish(launch(2, tmp_path / name, *args, *extra, servers=1))
+        assert " epoch " in out, err[-3000:]
+        runs[name] = load_checkpoint(str(tmp_path / name / "ckpt"))
+        says = "per worker" if name == "worker" else "BatchNorm over every worker's slice of the batch"
+        assert says in out, out
+    assert_same_arrays([[p.asnumpy() for p in runs["resumed"].params], [a.asnumpy() for a in runs["resumed"].aux]],
+                       [[p.asnumpy() for p in runs["straight"].params], [a.asnumpy() for a in runs["straight"].aux]])
+    apart = max(float(np.abs(a.asnumpy() - b.asnumpy()).max()) for a, b in zip(runs["worker"].aux,
+                                                                                 runs["straight"].aux))
+    assert apart > 1e-4

@@ -60,6 +60,9 @@ class ModelInfo(NamedTuple):
     #: Whether its tokens split along the sequence (its embedding cuts them, its head gathers them, its attention
     #: runs round a ring): sequence parallelism (``--sequence-parallel``) and context parallelism (``--context``).
     sequences: bool = False
+    #: Whether it normalises with BatchNorm (running statistics besides its parameters): in a job, over every
+    #: worker's batch unless ``--batchnorm-stats worker``.
+    batchnorm: bool = False
     #: The options of its variants (``model_spec``), each with its type and default.
     options: tuple = ()
     #: A variant's options, as ``model_spec`` gave them (``model_info``); ``()`` for the model itself.
@@ -81,7 +84,8 @@ def _behaviour(source, title, chosen):
 MODELS = {
     "lenet": ModelInfo("LeNet", "0 conv1, 1 conv2, 2 dense1, 3 dense2", "LeNetModel"),
     "resnet18": ModelInfo("ResNet-18", "0 stem (conv, BatchNorm, ReLU), 1-4 its four stages of residual blocks "
-                                       "(64, 128, 256, 512 channels), 5 pooling, 6 dense", "ResNet18Model"),
+                                       "(64, 128, 256, 512 channels), 5 pooling, 6 dense", "ResNet18Model",
+                         batchnorm=True),
     "vit": ModelInfo("ViT", "0 patch embedding (7x7 patches, class token, positions), 1-4 its four Transformer "
                             "blocks, 5 head (LayerNorm, dense)", "ViTModel", tensor=4, sequences=True,
                      options=(("experts", int, 0), ("top_k", int, 1), ("capacity_factor", float, 1.0),

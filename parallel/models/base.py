@@ -67,6 +67,11 @@ class Net:
         mixture of experts' auxiliary losses); by default nothing."""
         return (), ()
 
+    def idle_all(self, parts):
+        """What the net makes in a forward where none of the replicas ``parts`` has an example (a job's worker
+        without one, an empty micro-batch): nothing by default; a ``GluonNet`` in a job's step gathers each
+        BatchNorm's statistics with the other workers and updates the running statistics with them."""
+
 
 class Cuttable:
     """A gluon block that says how ``GluonModel.units`` cuts it (a mixin beside its gluon base class).

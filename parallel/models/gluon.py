@@ -18,6 +18,7 @@ context. MXNet's ``contrib.nn.SyncBatchNorm`` is not used: it averages the conte
 weights, which is wrong for shards of unequal size (a batch of 10 over 4 contexts), and it synchronises
 inside the engine with a barrier keyed by a global name.
 """
+import functools
 import json
 import weakref
 
@@ -25,6 +26,7 @@ import mxnet as mx
 from mxnet import autograd, gluon
 
 from ..comm.replica import Replica, aux_names_of, aux_of, block_state, names_of
+from ..comm.statistics import combine, idle, workers
 from ..mxnet_compat import nd_operator
 from ..validate import check_bool, check_int
 from .base import Net
@@ -106,7 +108,7 @@ class GluonNet(Net):
         check_int(max_shapes, "max_shapes", low=1)
         self.static = check_bool(static, "static")
         check_int(num_inputs, "num_inputs", low=1)
-        self.names, _, self.aux_names, _ = block_state(block)
+        self.names, trained, self.aux_names, others = block_state(block)
         self.data_names = ("data",) + tuple(f"data{i}" for i in range(1, num_inputs))
         out = block(*[mx.sym.var(name) for name in self.data_names])
         if isinstance(out, (list, tuple)) and all(isinstance(o, mx.sym.Symbol) for o in out):
@@ -125,6 +127,12 @@ class GluonNet(Net):
         graph = json.loads(self.symbol.tojson())
         self._nodes, self._heads = graph["nodes"], graph["heads"]
         self.has_batchnorm = any(node["op"] in ("BatchNorm", "_contrib_SyncBatchNorm") for node in self._nodes)
+        arrays = dict(zip(self.names + self.aux_names, trained + others))   # a fixed gamma is not trained
+        #: every BatchNorm that normalises by the batch in training: (node index, channels, dtype), in graph order
+        self._batchnorms = [(index, arrays[self._nodes[node["inputs"][1][0]]["name"]].shape[0],
+                             arrays[self._nodes[node["inputs"][1][0]]["name"]].dtype)
+                            for index, node in enumerate(self._nodes)
+                            if node["op"] == "BatchNorm" and not _global_stats(node.get("attrs", {}))]
         self.sync_batchnorm = sync_batchnorm
         self.max_shapes = int(max_shapes)
         self._graphs = GraphCache(self.max_shapes)   # per context, by (shape, training) and the bound arrays
@@ -186,13 +194,17 @@ class GluonNet(Net):
     def forward_all(self, X_shards, device_params):
         """The outputs of every shard on its replica's context, in one forward of the whole batch.
 
-        With BatchNorm, ``sync_batchnorm`` and more than one shard, in training: the graph is run on all
-        contexts in lockstep, operator by operator, and each BatchNorm normalises over the whole batch
-        (see the module's docstring). Otherwise ``[self(X, params) for ...]``.
+        With BatchNorm, ``sync_batchnorm`` and more than one shard, or inside a job's step
+        (``parallel.comm.statistics.across_workers``), in training: the graph is run on all contexts in lockstep,
+        operator by operator, and each BatchNorm normalises over the whole batch, of every worker in a job (see the
+        module's docstring). A job's worker without an example still makes each BatchNorm's collectives. Otherwise
+        ``[self(X, params) for ...]``.
         """
         if len(X_shards) != len(device_params):
             raise ValueError(f"{len(X_shards)} shards but {len(device_params)} replicas")
-        if not (self.has_batchnorm and self.sync_batchnorm and len(X_shards) > 1 and autograd.is_training()):
+        synced = self.has_batchnorm and self.sync_batchnorm and autograd.is_training()
+        job = workers() if synced else None
+        if not synced or (len(X_shards) == 1 and job is None):
             return [self(X, params) for X, params in zip(X_shards, device_params)]
         values = [self._arrays(X, params) for X, params in zip(X_shards, device_params)]
         outputs = {}   # node index -> list over contexts of the node's outputs (a list each)
@@ -202,11 +214,34 @@ class GluonNet(Net):
                 continue
             attrs = {key: value for key, value in node.get("attrs", {}).items() if not key.startswith("__")}
             inputs = [[outputs[i][k][j] for i, j, _ in node["inputs"]] for k in range(len(values))]
-            if node["op"] == "BatchNorm" and attrs.get("use_global_stats", "False") not in ("True", "1", "true"):
-                outputs[index] = [[out] for out in _sync_batchnorm(inputs, attrs)]
+            if node["op"] == "BatchNorm" and not _global_stats(attrs):
+                gather = None if job is None else functools.partial(combine, job, (id(self), index))
+                outputs[index] = [[out] for out in _sync_batchnorm(inputs, attrs, gather)]
             else:
                 outputs[index] = [_invoke(node["op"], args, attrs) for args in inputs]
         return [self._result([outputs[i][k][j] for i, j, _ in self._heads]) for k in range(len(values))]
+
+    def idle_all(self, parts):
+        """In a job's step (``across_workers``), in training: each BatchNorm's gathers with the other workers
+        without an example (``parallel.comm.statistics.idle``), and the running statistics of every replica of
+        ``parts`` updated with what they give, as the workers with examples update theirs."""
+        job = workers() if self.has_batchnorm and self.sync_batchnorm and autograd.is_training() else None
+        for index, channels, dtype in self._batchnorms if job is not None else ():
+            moments = idle(job, (id(self), index), channels, dtype)
+            if moments is None:   # no worker had an example: the running statistics stay
+                continue
+            mean, var = moments
+            attrs = self._nodes[index].get("attrs", {})
+            momentum = float(attrs.get("momentum", 0.9))
+            inputs = [self._nodes[i]["name"] for i, _, _ in self._nodes[index]["inputs"]]
+            for part in parts:
+                by_name = dict(zip(self.aux_names, aux_of(part)))
+                _update_running(by_name[inputs[3]], by_name[inputs[4]], mean, var, momentum)
+
+
+def _global_stats(attrs):
+    """Whether a BatchNorm node normalises by its running statistics, in training too."""
+    return attrs.get("use_global_stats", "False") in ("True", "1", "true")
 
 
 def _invoke(op, args, attrs):
@@ -250,12 +285,14 @@ def _channel_sums(x, axis):
     return x.sum(axis=tuple(a for a in range(x.ndim) if a != axis))
 
 
-def _sync_batchnorm(inputs, attrs):
+def _sync_batchnorm(inputs, attrs, gather=None):
     """BatchNorm in training over the union of the shards; ``inputs[k]`` = (x, gamma, beta, mean, var).
 
     Two passes over each shard, as MXNet's own BatchNorm: the per-channel sums give the batch's mean, the
     sums of squared deviations from it its (biased) variance; the sums are added across contexts with
-    recorded copies, so the backward pass flows through the same reduction.
+    recorded copies, so the backward pass flows through the same reduction. ``gather(count, sums, squares)``
+    (``parallel.comm.statistics.combine`` over a job's workers): the mean and variance of every worker's batch from
+    this worker's count, sums and sums of squared deviations from its own mean, on the first context.
     """
     xs = [args[0] for args in inputs]
     ndim = xs[0].ndim
@@ -263,19 +300,33 @@ def _sync_batchnorm(inputs, attrs):
     eps, momentum = float(attrs.get("eps", 1e-3)), float(attrs.get("momentum", 0.9))
     fix_gamma = attrs.get("fix_gamma", "True") in ("True", "1", "true")
     count = sum(x.size // x.shape[axis] for x in xs)
-    means = [total / count for total in _sum_everywhere([_channel_sums(x, axis) for x in xs])]
+    sums = _sum_everywhere([_channel_sums(x, axis) for x in xs])
+    means = [total / count for total in sums]
     centered = [_affine(x, mx.nd.ones_like(mean), -mean, axis) for x, mean in zip(xs, means)]
-    variances = [total / count for total in _sum_everywhere([_channel_sums(c * c, axis) for c in centered])]
+    squares = _sum_everywhere([_channel_sums(c * c, axis) for c in centered])
+    variances = [total / count for total in squares]
+    if gather is not None:   # this worker's count, sums and squared deviations, combined with the other workers'
+        mean, var = gather(count, sums[0], squares[0])
+        means = [mean.as_in_context(x.context) for x in xs]
+        variances = [var.as_in_context(x.context) for x in xs]
     outputs = []
     for (x, gamma, beta, running_mean, running_var), c, mean, var in zip(inputs, centered, means, variances):
         scale = (var + eps).rsqrt()
         if not fix_gamma:
             scale = scale * gamma
-        outputs.append(_affine(c, scale, beta, axis))
-        with autograd.pause():   # what MXNet's BatchNorm does to its running statistics (biased variance)
-            running_mean[:] = running_mean * momentum + mean * (1 - momentum)
-            running_var[:] = running_var * momentum + var * (1 - momentum)
+        if gather is None:
+            outputs.append(_affine(c, scale, beta, axis))
+        else:   # centered on the whole batch's mean in the same pass: x scale + (beta - mean scale)
+            outputs.append(_affine(x, scale, beta - mean * scale, axis))
+        _update_running(running_mean, running_var, mean, var, momentum)
     return outputs
+
+
+def _update_running(running_mean, running_var, mean, var, momentum):
+    """What MXNet's BatchNorm does to its running statistics (the batch's biased variance), in place, unrecorded."""
+    with autograd.pause():
+        running_mean[:] = running_mean * momentum + mean.as_in_context(running_mean.context) * (1 - momentum)
+        running_var[:] = running_var * momentum + var.as_in_context(running_var.context) * (1 - momentum)
 
 
 #: Each gluon block's ``GluonNet`` (``as_net``), kept beside the block rather than on it (the block is the user's:

@@ -38,6 +38,7 @@ import mxnet as mx
 from mxnet import autograd
 
 from ..comm.replica import Replica, aux_of, names_of
+from ..comm.statistics import Gathers
 from ..comm.tensor import SegmentTape
 from ..trace import mark_backward_each
 from .base import Net
@@ -69,9 +70,13 @@ class Part(Replica):
 def run_net(net, X_shards, parts, tape=None):
     """``net`` on each replica's input (an array, a tuple of arrays for a block of several inputs, or a tensor-parallel
     group's ``Ranks``), all replicas at once where the net takes them so (``forward_all``: BatchNorm synchronized,
-    a tensor-parallel block recording on ``tape``)."""
+    a tensor-parallel block recording on ``tape``). With no input, what the net makes without an example on the
+    replicas ``parts`` (``Net.idle_all``: a job's BatchNorm gathers); returns ``[]``."""
     if not isinstance(net, Net):   # a plain function net(X, params)
         return [net(X, part) for X, part in zip(X_shards, parts)]
+    if not X_shards and not net.ranked:
+        net.idle_all(parts)
+        return []
     if net.ranked:   # tensor groups: on the tape
         return net.forward_all(X_shards, parts, tape)
     return net.forward_all(X_shards, parts)
@@ -147,6 +152,10 @@ class Pending(NamedTuple):
     #: More heads of the backward and their gradients (``Blocks.extra_heads``): what the recorded blocks added to
     #: the loss (a mixture of experts' auxiliary losses).
     extra: tuple = ((), ())
+    #: What each block's forward gathered over a job's workers (BatchNorm's statistics), one
+    #: ``parallel.comm.statistics.Gathers`` a block: kept for the recomputation of the blocks run off the tape, and
+    #: the backward rounds a forward without an example owes.
+    statistics: tuple = ()
 
 
 class Blocks:
@@ -202,7 +211,9 @@ class Blocks:
             tape.backward(heads, head_grads, self.retain_graph)
 
     def _run(self, s, X_shards, parts, tape=None):
-        return run_net(self.segments[s].net, X_shards, parts, tape)
+        """Block ``s`` on the replicas that have an input (the first ones), or, with none, on every replica of
+        ``parts`` (``run_net``: what a block makes without an example)."""
+        return run_net(self.segments[s].net, X_shards, parts[:len(X_shards)] if X_shards else parts, tape)
 
     def extra_heads(self, s):
         """What the last recorded run of block ``s`` added to the loss besides its outputs, ``(heads, gradients)``:
@@ -229,7 +240,7 @@ class Blocks:
         hidden = list(X_shards)
         for s in range(len(self.segments)):
             self.hooks.before_forward(s, self._next(s))
-            hidden = self._run(s, hidden, parts[s][:len(hidden)], self._tape())
+            hidden = self._run(s, hidden, parts[s], self._tape())
         return hidden
 
     def forward(self, X_shards, parts, scratch=None):
@@ -238,43 +249,51 @@ class Blocks:
         ``scratch`` the same with copies of the running statistics, for the blocks run off the tape (default
         ``parts``). Several forwards may be pending at once (a pipeline's micro-batches)."""
         hidden, n = list(X_shards), len(self.segments)
+        statistics = [Gathers() for _ in range(n)]   # what each block gathers over a job's workers
         if not self.recompute:
             tape, more, grads = self._tape(), [], []
             for s in range(n):
                 self.hooks.before_forward(s, self._next(s))
-                hidden = self._run(s, hidden, parts[s][:len(hidden)], tape)
+                with statistics[s].collecting():
+                    hidden = self._run(s, hidden, parts[s], tape)
                 extra = self.extra_heads(s)
                 more += extra[0]
                 grads += extra[1]
-            return hidden, Pending(tape, [], [], len(X_shards), (more, grads))
+            return hidden, Pending(tape, [], [], len(X_shards), (more, grads), statistics)
         scratch = parts if scratch is None else scratch
         kept = []
         with autograd.pause(train_mode=True):   # BatchNorm by the batch, its running statistics into scratch copies
             for s in range(n - 1):
                 self.hooks.before_forward(s, self._next(s))
                 kept.append(hidden)
-                hidden = self._run(s, hidden, scratch[s][:len(hidden)], self._tape())
+                with statistics[s].collecting():   # kept for the recomputation
+                    hidden = self._run(s, hidden, scratch[s], self._tape())
         if n > 1:
             hidden = detached(hidden)
         self.hooks.before_forward(n - 1, None)
         tape = self._tape()
-        out = self._run(n - 1, hidden, parts[n - 1][:len(hidden)], tape)
-        return out, Pending(tape, kept, hidden, len(X_shards), self.extra_heads(n - 1))
+        with statistics[n - 1].collecting():
+            out = self._run(n - 1, hidden, parts[n - 1], tape)
+        return out, Pending(tape, kept, hidden, len(X_shards), self.extra_heads(n - 1), statistics)
 
     def backward(self, pending, heads, head_grads=None, parts=None):
         """The backward pass of a recorded forward: ``heads`` (arrays computed from its outputs, the losses; or its
         outputs' arrays with ``head_grads``) through the last block, then each earlier block recomputed (on
         ``parts``, ``forward``'s) and differentiated, last first, each followed by its hook. A kept input that is
-        the forward's own input keeps its gradient where the caller attached it. Nothing waits."""
+        the forward's own input keeps its gradient where the caller attached it. Nothing waits. An empty
+        micro-batch computed nothing: its hooks still run, and each block's backward rounds owed to a job's
+        workers are made in its place (``parallel.comm.statistics.Gathers.settle``)."""
         n = len(self.segments)
         for s in reversed(range(len(pending.kept), n)):   # the blocks recorded in the forward
             self.hooks.before_backward(s)
-        if len(heads):   # an empty micro-batch computed nothing; its hooks still run
+        if len(heads):
             self._backward(pending.tape, *self._with(heads, head_grads, pending.extra))
         if not self.recompute:
             for s in reversed(range(n)):
+                pending.statistics[s].settle()
                 self.hooks.after_backward(s, pending.active)
             return
+        pending.statistics[n - 1].settle()
         self.hooks.after_backward(n - 1, pending.active)
         hidden = pending.hidden
         for s in reversed(range(len(pending.kept))):
@@ -284,13 +303,14 @@ class Blocks:
                 inputs = detached(inputs)
             self.hooks.before_forward(s, s - 1 if s else None, recompute=True)
             tape = self._tape()
-            with autograd.record(train_mode=True):
-                outputs = self._run(s, inputs, parts[s][:len(inputs)], tape)
+            with autograd.record(train_mode=True), pending.statistics[s].reusing():   # gathered in the forward
+                outputs = self._run(s, inputs, parts[s], tape)
             extra = self.extra_heads(s)
             if grads:
                 heads = flat_arrays(outputs)
                 mark_backward_each(heads)   # a trace's recomputed forward ends here, its backward follows
                 self._backward(tape, *self._with(heads, grads, extra))
+            pending.statistics[s].settle()
             self.hooks.after_backward(s, pending.active)
             hidden = inputs
 
@@ -361,6 +381,18 @@ class Recompute(Net):
         outputs, pending = self.blocks.forward(X_shards, parts, scratch)
         self._pending = (pending, parts)
         return outputs
+
+    def idle_all(self, device_params):
+        """In training, a forward and backward of no example through the blocks (each block's ``idle_all``, a job's
+        BatchNorm gathers, and the running statistics they give, once: in the recomputation, as with examples)."""
+        if not autograd.is_training():
+            return
+        per_replica = [self._parts_of(replica) for replica in device_params]
+        parts = [[own[s] for own, _ in per_replica] for s in range(len(self.segments))]
+        scratch = [[spare[s] for _, spare in per_replica] for s in range(len(self.segments))]
+        with autograd.record():
+            _, pending = self.blocks.forward([], parts, scratch)
+        self.blocks.backward(pending, [], None, parts)
 
     def backward(self, heads, head_grads=None):
         """The backward pass of the last recorded forward: ``autograd.backward(heads, head_grads)`` through the

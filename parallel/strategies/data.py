@@ -52,7 +52,8 @@ from ..step import may_skip_parameters, train_step, zero_grads
 from ..validate import check_contexts
 from .base import ArrayPlace, Strategy
 
-__all__ = ["DataParallel", "data_parallel", "replicate", "parallel_apply", "gather", "describe_replicas"]
+__all__ = ["DataParallel", "data_parallel", "replicate", "parallel_apply", "gather", "describe_replicas",
+           "batchnorm_across"]
 
 
 def replicate(params, ctx_list, bucket_mb=None):
@@ -171,7 +172,7 @@ def describe_replicas(reducer, num_contexts, accumulate=1, batchnorm=None, recom
     the data preset): how the ``num_contexts`` replicas are summed (``reducer``, and its job's workers), what
     BatchNorm normalises over when each batch runs as ``accumulate`` micro-batches (``batchnorm``: None without
     BatchNorm, else whether its statistics are synchronized over the contexts), how many blocks are recomputed
-    (``recomputed``, None: none), and whether running ``statistics`` stay per worker in a job."""
+    (``recomputed``, None: none), and whether the model has running ``statistics`` (in a job: ``batchnorm_across``)."""
     summed = reducer.describe(num_contexts)
     line = "one replica per context" + (f", {summed}" if summed else "")
     if batchnorm is not None and (num_contexts > 1 or accumulate > 1):
@@ -186,8 +187,16 @@ def describe_replicas(reducer, num_contexts, accumulate=1, batchnorm=None, recom
         if reducer.codec is not None:
             line += f" as {reducer.codec.spec} payloads"
         if statistics:
-            line += " (BatchNorm statistics per worker)"
+            line += f" ({batchnorm_across(job)})"
     return line
+
+
+def batchnorm_across(job):
+    """What BatchNorm normalises over in a step of ``job``, in words for a run's header (``job.statistics``)."""
+    if job.statistics == "job":
+        return ("BatchNorm over every worker's slice of the batch: each BatchNorm's statistics gathered through the "
+                "job, one sum forward and one backward")
+    return "BatchNorm statistics per worker: each over its own slice (--batchnorm-stats worker), not one model"
 
 
 class _BlockFunction:
@@ -224,7 +233,8 @@ class DataParallel(Strategy):
         a job, train as one worker of a distributed job (a function module only): every worker's replicas get
         rank 0's parameters and running statistics (a collective call: every worker must make it), each step
         trains this worker's slice of the global batch and sums the gradients over the workers, evaluation
-        combines the workers' counts. BatchNorm is synchronized across a worker's contexts, not across workers.
+        combines the workers' counts. BatchNorm normalises over the whole global batch, every worker's slice
+        (``parallel.comm.statistics``; per worker when ``job.statistics == "worker"``).
         A gluon Block's gradients, an array a parameter, are summed in the reducer's buckets too (packed into flat
         buffers it keeps: ``Reducer.reduce_arrays``), through its hook or codec, in one process.
 

@@ -64,7 +64,7 @@ from ..step import Replicas, worker_step
 from ..trace import issued
 from ..validate import BadType, BadValue, check_bool, check_contexts
 from .base import ArrayPlace, Strategy
-from .data import describe_replicas
+from .data import batchnorm_across, describe_replicas
 from .model import stage_ranges
 from .pipeline import issue, micro_batches
 from .schedules import pipeline_schedule
@@ -754,6 +754,8 @@ class Hybrid(Strategy, Replicas):
             line += f"; {summed}"
         if self.job is not None:
             line += f"; over {self.job.num_workers} worker(s) through {self.job.describe()}"
+            if self.aux():
+                line += f" ({batchnorm_across(self.job)})"
         return line
 
 

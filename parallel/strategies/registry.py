@@ -56,9 +56,9 @@ def make_strategy(name, params, ctx_list, stages=None, reducer=None, recompute=F
     reducer : parallel.Reducer or str, optional
         How every data-parallel sum of gradients is taken (``parallel.comm.Reducer``: algorithm, buckets, hook or
         compression, job; an algorithm's name for ``Reducer(name)``). A reducer with a job trains as one worker of
-        a distributed job (a collective call): BatchNorm normalises over the worker's slice, synchronized across
-        its contexts but not across the workers, so a job with BatchNorm is not the same computation as one
-        context.
+        a distributed job (a collective call): BatchNorm normalises over every worker's slice of the batch, so a
+        job with BatchNorm trains the one-context model (``parallel.comm.statistics``), or over each worker's slice
+        alone with ``job.statistics = "worker"``.
     recompute : bool
         Activation recomputation (``parallel.models.recompute``).
     zero : int
