@@ -22,7 +22,6 @@ the forward pass and one in the backward pass, whatever the number of contexts (
 - ``combine(job, key, where, count, sums, squares)``: the mean and variance of the job's batch; ``idle(job, key,
   channels, dtype)``: the two rounds a forward without an example still makes at a BatchNorm.
 """
-import sys
 import threading
 from contextlib import contextmanager
 
@@ -35,11 +34,6 @@ __all__ = ["across_workers", "workers", "Gathers", "WorkerSum", "combine", "idle
 #: The priority of BatchNorm's sums: above every bucket of gradients (the first layers' is 0), whose bytes would
 #: otherwise go first where the transport orders by priority (P3); the pass waits for these, not for the buckets.
 PRIORITY = 1
-
-#: Seconds the interpreter lets a thread run before it hands its lock to another that waits, in a process whose
-#: BatchNorm spans the workers (Python's default is 0.005): each BatchNorm's backward sum starts from a Python call on
-#: MXNet's custom-operator thread, which waits for the lock while the step's thread issues the next operators.
-SWITCH_INTERVAL = 0.0005
 
 
 class _Local(threading.local):
@@ -59,8 +53,6 @@ def across_workers(job):
     worker's contexts alone). A worker's step enters it on the thread that issues the step."""
     before = _LOCAL.job, _LOCAL.uses
     _LOCAL.job, _LOCAL.uses = job, {}
-    if job is not None and sys.getswitchinterval() > SWITCH_INTERVAL:
-        sys.setswitchinterval(SWITCH_INTERVAL)
     try:
         yield
     finally:

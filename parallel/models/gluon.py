@@ -202,7 +202,7 @@ class GluonNet(Net):
         """
         if len(X_shards) != len(device_params):
             raise ValueError(f"{len(X_shards)} shards but {len(device_params)} replicas")
-        synced = self.has_batchnorm and self.sync_batchnorm and autograd.is_training()
+        synced = self._synced()
         job = workers() if synced else None
         if not synced or (len(X_shards) == 1 and job is None):
             return [self(X, params) for X, params in zip(X_shards, device_params)]
@@ -221,11 +221,15 @@ class GluonNet(Net):
                 outputs[index] = [_invoke(node["op"], args, attrs) for args in inputs]
         return [self._result([outputs[i][k][j] for i, j, _ in self._heads]) for k in range(len(values))]
 
+    def _synced(self):
+        """Whether this forward normalises over more than a shard: BatchNorm, ``sync_batchnorm``, training."""
+        return self.has_batchnorm and self.sync_batchnorm and autograd.is_training()
+
     def idle_all(self, parts):
         """In a job's step (``across_workers``), in training: each BatchNorm's gathers with the other workers
         without an example (``parallel.comm.statistics.idle``), and the running statistics of every replica of
         ``parts`` updated with what they give, as the workers with examples update theirs."""
-        job = workers() if self.has_batchnorm and self.sync_batchnorm and autograd.is_training() else None
+        job = workers() if self._synced() else None
         for index, channels, dtype in self._batchnorms if job is not None else ():
             moments = idle(job, (id(self), index), channels, dtype)
             if moments is None:   # no worker had an example: the running statistics stay
