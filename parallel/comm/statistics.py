@@ -28,7 +28,7 @@ from contextlib import contextmanager
 import mxnet as mx
 from mxnet import autograd
 
-__all__ = ["across_workers", "workers", "Gathers", "WorkerSum", "combine", "idle", "gathering"]
+__all__ = ["across_workers", "workers", "Gathers", "WorkerSum", "combine", "idle", "gathering", "pooled"]
 
 
 #: The priority of BatchNorm's sums: above every bucket of gradients (the first layers' is 0), whose bytes would
@@ -190,19 +190,28 @@ def combine(job, where, count, sums, squares):
     return _moments(_gathered(job, where, _slots(job, mine)), job.num_workers, channels)
 
 
+def pooled(rows):
+    """``(count, sums, squares)`` of the union of the batches whose rows ``rows`` holds, shape ``(R, 2 C + 1)``: each
+    row a batch's count, per-channel sums and sums of squared deviations from its own mean; the union's count
+    ``(1,)``, sums and sums of squared deviations from its mean ``(C,)``. Chan et al.'s pairwise update, in row order
+    (recorded). A row of count 0 adds nothing."""
+    channels = (rows.shape[1] - 1) // 2
+    counts = mx.nd.slice_axis(rows, axis=1, begin=0, end=1)                        # (R, 1)
+    row_sums = mx.nd.slice_axis(rows, axis=1, begin=1, end=channels + 1)           # (R, C)
+    row_squares = mx.nd.slice_axis(rows, axis=1, begin=channels + 1, end=None)     # (R, C)
+    total = counts.sum(axis=0)                                                     # (1,)
+    sums = row_sums.sum(axis=0)
+    mean = mx.nd.broadcast_div(sums, total)
+    row_means = mx.nd.broadcast_div(row_sums, mx.nd.maximum(counts, 1))           # an empty row's: 0
+    spread = mx.nd.broadcast_mul(counts, mx.nd.square(mx.nd.broadcast_sub(row_means, mean.reshape((1, -1)))))
+    return total, sums, row_squares.sum(axis=0) + spread.sum(axis=0)
+
+
 def _moments(gathered, num_workers, channels):
     """The mean and variance of the whole batch from every worker's slot (count, sums, squared deviations from its
-    own mean) in ``gathered``: Chan et al.'s pairwise update, in the same order on every worker (recorded)."""
-    gathered = gathered.reshape((num_workers, 2 * channels + 1))
-    counts = mx.nd.slice_axis(gathered, axis=1, begin=0, end=1)                        # (W, 1)
-    worker_sums = mx.nd.slice_axis(gathered, axis=1, begin=1, end=channels + 1)        # (W, C)
-    worker_squares = mx.nd.slice_axis(gathered, axis=1, begin=channels + 1, end=None)  # (W, C)
-    total = counts.sum(axis=0)                                                        # (1,)
-    mean = mx.nd.broadcast_div(worker_sums.sum(axis=0), total)
-    worker_means = mx.nd.broadcast_div(worker_sums, mx.nd.maximum(counts, 1))         # an idle worker's: 0
-    spread = mx.nd.broadcast_mul(counts, mx.nd.square(mx.nd.broadcast_sub(worker_means, mean.reshape((1, -1)))))
-    variance = mx.nd.broadcast_div(worker_squares.sum(axis=0) + spread.sum(axis=0), total)
-    return mean, variance
+    own mean) in ``gathered`` (``pooled``), in the same order on every worker (recorded)."""
+    total, sums, squares = pooled(gathered.reshape((num_workers, 2 * channels + 1)))
+    return mx.nd.broadcast_div(sums, total), mx.nd.broadcast_div(squares, total)
 
 
 def idle(job, where, channels, dtype):

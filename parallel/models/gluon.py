@@ -26,7 +26,7 @@ import mxnet as mx
 from mxnet import autograd, gluon
 
 from ..comm.replica import Replica, aux_names_of, aux_of, block_state, names_of
-from ..comm.statistics import combine, idle, workers
+from ..comm.statistics import combine, idle, pooled, workers
 from ..mxnet_compat import nd_operator
 from ..validate import check_bool, check_int
 from .base import Net
@@ -254,11 +254,6 @@ def _invoke(op, args, attrs):
     return result if isinstance(result, list) else [result]
 
 
-def _sum_everywhere(arrays):
-    """On every array's context, the sum of all ``arrays`` (recorded: gradients flow back to each)."""
-    return [mx.nd.add_n(*[array.as_in_context(target.context) for array in arrays]) for target in arrays]
-
-
 #: Exactly representable in every float type, and summing to 1 in each: a BatchNorm given these as its
 #: variance and eps divides by sqrt(1) = 1 exactly (see ``_affine``).
 _UNIT_EPS = 2.0 ** -10
@@ -292,38 +287,67 @@ def _channel_sums(x, axis):
 def _sync_batchnorm(inputs, attrs, gather=None):
     """BatchNorm in training over the union of the shards; ``inputs[k]`` = (x, gamma, beta, mean, var).
 
-    Two passes over each shard, as MXNet's own BatchNorm: the per-channel sums give the batch's mean, the
-    sums of squared deviations from it its (biased) variance; the sums are added across contexts with
-    recorded copies, so the backward pass flows through the same reduction. ``gather(count, sums, squares)``
-    (``parallel.comm.statistics.combine`` over a job's workers): the mean and variance of every worker's batch from
-    this worker's count, sums and sums of squared deviations from its own mean, on the first context.
+    Two passes over each shard, as MXNet's own BatchNorm (``_Moments``): its per-channel sums and sums of squared
+    deviations from its own mean, pooled over the contexts on the first (``pooled``: Chan et al.'s update, recorded
+    copies, so the backward pass flows through the same reduction) into the batch's mean and (biased) variance.
+    ``gather(count, sums, squares)`` (``parallel.comm.statistics.combine`` over a job's workers): the mean and
+    variance of every worker's batch from this worker's count, sums and sums of squared deviations from its mean.
+    Each shard is then normalised in one fused pass, ``x scale + (beta - mean scale)`` (``_affine``).
     """
     xs = [args[0] for args in inputs]
-    ndim = xs[0].ndim
-    axis = int(attrs.get("axis", 1)) % ndim
+    axis = int(attrs.get("axis", 1)) % xs[0].ndim
     eps, momentum = float(attrs.get("eps", 1e-3)), float(attrs.get("momentum", 0.9))
     fix_gamma = attrs.get("fix_gamma", "True") in ("True", "1", "true")
-    count = sum(x.size // x.shape[axis] for x in xs)
-    sums = _sum_everywhere([_channel_sums(x, axis) for x in xs])
-    means = [total / count for total in sums]
-    centered = [_affine(x, mx.nd.ones_like(mean), -mean, axis) for x, mean in zip(xs, means)]
-    squares = _sum_everywhere([_channel_sums(c * c, axis) for c in centered])
-    variances = [total / count for total in squares]
+    counts = [x.size // x.shape[axis] for x in xs]
+    moments = [_Moments(axis)(x) for x in xs]
+    if len(xs) == 1:
+        sums, squares = moments[0]
+    else:   # one row a context, (count, sums, squared deviations), pooled on the first context
+        first, dtype = xs[0].context, xs[0].dtype
+        rows = [mx.nd.concat(mx.nd.full((1,), n, ctx=first, dtype=dtype), s.as_in_context(first),
+                             q.as_in_context(first), dim=0) for n, (s, q) in zip(counts, moments)]
+        _, sums, squares = pooled(mx.nd.stack(*rows, axis=0))
     if gather is not None:   # this worker's count, sums and squared deviations, combined with the other workers'
-        mean, var = gather(count, sums[0], squares[0])
-        means = [mean.as_in_context(x.context) for x in xs]
-        variances = [var.as_in_context(x.context) for x in xs]
+        mean, var = gather(sum(counts), sums, squares)
+    else:
+        mean, var = sums / sum(counts), squares / sum(counts)
     outputs = []
-    for (x, gamma, beta, running_mean, running_var), c, mean, var in zip(inputs, centered, means, variances):
-        scale = (var + eps).rsqrt()
+    for x, gamma, beta, running_mean, running_var in inputs:
+        here, there = mean.as_in_context(x.context), var.as_in_context(x.context)
+        scale = (there + eps).rsqrt()
         if not fix_gamma:
             scale = scale * gamma
-        if gather is None:
-            outputs.append(_affine(c, scale, beta, axis))
-        else:   # centered on the whole batch's mean in the same pass: x scale + (beta - mean scale)
-            outputs.append(_affine(x, scale, beta - mean * scale, axis))
-        _update_running(running_mean, running_var, mean, var, momentum)
+        outputs.append(_affine(x, scale, beta - here * scale, axis))   # centred on the batch's mean in the same pass
+        _update_running(running_mean, running_var, here, there, momentum)
     return outputs
+
+
+class _Moments(autograd.Function):
+    """``x``'s per-channel sums and sums of squared deviations from its own per-channel mean, along ``axis``, with a
+    backward pass of one fused operator: ``d/dx = dsums + 2 (x - mean) dsquares`` (the mean's own derivative adds
+    nothing: the deviations sum to zero), where recording the forward's five operators would take as many backward
+    passes over ``x``."""
+
+    def __init__(self, axis):
+        super().__init__()
+        self.axis = axis
+
+    def forward(self, x):
+        count = max(x.size // x.shape[self.axis], 1)
+        sums = _channel_sums(x, self.axis)
+        mean = sums / count
+        centered = _affine(x, mx.nd.ones_like(mean), -mean, self.axis)
+        self.save_for_backward(x, mean)
+        return sums, _channel_sums(mx.nd.square(centered), self.axis)
+
+    def backward(self, dsums, dsquares):
+        # MXNet hands a custom function its gradients, and takes back its result, in arrays labelled with the device
+        # type and number of the engine's run (``c_api_function.cc``, ``Backward``): x's own device on a GPU, but
+        # cpu(0) for every CPU context, where x's memory is the same memory. So the result goes back under that label.
+        x, mean = self.saved_tensors
+        label, ctx = dsums.context, x.context
+        scale = 2 * dsquares.as_in_context(ctx)
+        return _affine(x, scale, dsums.as_in_context(ctx) - mean * scale, self.axis).as_in_context(label)
 
 
 def _update_running(running_mean, running_var, mean, var, momentum):
