@@ -667,3 +667,16 @@ def test_batchnorm_statistics_per_worker_are_another_model(threads_reduce_at_onc
     assert keys == []
     with pytest.raises(AssertionError):
         _close(results[0][0], synced[0][0], 1e-3)
+
+
+def test_only_a_forward_that_is_recomputed_keeps_what_batchnorm_gathered():
+    """A block off the tape keeps each gather for its recomputation, which takes them in order; a block on the tape,
+    never run again, keeps nothing (its buffers would live until the pending forward is dropped)."""
+    from parallel.comm.statistics import Gathers
+    recomputed, once = Gathers(), Gathers(recomputed=False)
+    for gathers in (recomputed, once):
+        gathers.keep("bn", ("first", (10000, 10001)))
+        gathers.keep("bn", ("second", (10002, 10003)))
+    assert [recomputed.take("bn"), recomputed.take("bn"), recomputed.take("bn")] == \
+        [("first", (10000, 10001)), ("second", (10002, 10003)), None]
+    assert once.take("bn") is None

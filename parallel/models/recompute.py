@@ -249,7 +249,8 @@ class Blocks:
         ``scratch`` the same with copies of the running statistics, for the blocks run off the tape (default
         ``parts``). Several forwards may be pending at once (a pipeline's micro-batches)."""
         hidden, n = list(X_shards), len(self.segments)
-        statistics = [Gathers() for _ in range(n)]   # what each block gathers over a job's workers
+        # what each block gathers over a job's workers, kept for the blocks recomputed (all but the last)
+        statistics = [Gathers(recomputed=self.recompute and s < n - 1) for s in range(n)]
         if not self.recompute:
             tape, more, grads = self._tape(), [], []
             for s in range(n):
