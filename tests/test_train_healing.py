@@ -169,6 +169,49 @@ def test_a_job_goes_from_2_workers_to_1_to_3_and_trains_the_same_model(tiny, str
 
 
 @pytest.mark.slow
+def test_an_elastic_batchnorm_job_goes_from_2_workers_to_1_to_2_and_carries_its_statistics_exactly(tmp_path):
+    """ResNet-18 (17 BatchNorm layers, each normalising over every worker's slice), batches of 6, 4 a epoch,
+    a checkpoint each: rank 1 dies at its 6th step and lists one host, the single worker then dies at its 6th and
+    lists two. The job ends with the bits, running statistics included, of the same sizes run by hand: 2 workers
+    for epoch 1, then ``--resume`` on 1 for epoch 2 and on 2 for epoch 3. So a change of size carries the
+    parameters, the optimizer's state and the running statistics exactly, and the new job's BatchNorm sums work
+    at its new size; that any size trains the one-device model is proven in float64 (tests/test_layouts.py, and
+    tests/test_train_distributed.py through the launcher), since in float32 this initialization amplifies
+    rounding (docs/gluon.md). Where it must be false: the job that ran 2 workers throughout has other bits."""
+    (tmp_path / "idx").mkdir()
+    data_dir = write_idx_files(tmp_path / "idx", easy_dataset(num_train=24, num_test=4, seed=6))
+    train = ["--model", "resnet18", "--batch-size", "6", "--lr", "0.05", "--momentum", "0.9", "--seed", "3",
+             "--no-progress", "--devices", "cpu:1", "--checkpoint-dir", "ckpt", "--checkpoint-every", "4"]
+    models = {}
+    for name, runs in (("by hand", [("2", "1", []), ("1", "2", ["--resume"]), ("2", "3", ["--resume"])]),
+                       ("straight", [("2", "3", [])])):
+        (tmp_path / name).mkdir()
+        for workers, epochs, extra in runs:
+            result = run_job(tmp_path / name, data_dir, "none", workers=workers,
+                             train=train + ["--epochs", epochs, *extra])
+            assert result.returncode == 0, result.stderr[-3000:]
+        models[name] = load_checkpoint(tmp_path / name / "ckpt")
+    hosts = tmp_path / "hosts"
+    hosts.write_text("localhost\nlocalhost\n")
+    result = run_job(tmp_path, data_dir, "0/step:6:1/localhost+1/step:6:0/localhost,localhost", workers="1:2",
+                     discovery=hosts, train=train + ["--epochs", "3"], launcher=["--discovery-interval", "1000"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    layouts = [line.rsplit(" on ", 1)[1] for line in result.stdout.splitlines() if "] training ResNet-18" in line]
+    assert layouts == ["2 worker(s) x 1 context(s)", "1 worker(s) x 1 context(s)", "2 worker(s) x 1 context(s)"], \
+        result.stdout[-3000:]
+    assert "BatchNorm over every worker's slice of the batch" in result.stdout, result.stdout[-3000:]
+    got = load_checkpoint(tmp_path / "ckpt")
+    assert got.state.epoch == models["by hand"].state.epoch == 4
+    want = models["by hand"]
+    assert len(got.aux) == len(want.aux) == 34   # each BatchNorm's running mean and variance
+    for g, w in zip(got.params + got.aux + got.optimizer_state["momentum"],
+                    want.params + want.aux + want.optimizer_state["momentum"]):
+        np.testing.assert_array_equal(g.asnumpy(), w.asnumpy())
+    assert any(not np.array_equal(g.asnumpy(), w.asnumpy())
+               for g, w in zip(got.params + got.aux, models["straight"].params + models["straight"].aux))
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("spec", ["powersgd:2"])
 def test_a_compressed_job_killed_mid_epoch_resumes_its_residuals_bitwise(spec, tiny, tmp_path):
     """2 workers x 2 contexts: residuals between the contexts and across the workers, and PowerSGD's Q matrices,
