@@ -6,9 +6,11 @@ Two parts, each a table and a results file:
   lr 0.05, 3 epochs, one operator thread: one process on 2 contexts (statistics over the whole batch: the model the
   job must equal), a 2-worker job of one context each with the statistics over every worker's slice (the default,
   ``--batchnorm-stats job``), and the same job with each worker's own (``--batchnorm-stats worker``, the way before).
-  Each epoch's train loss and test accuracy, from the runs' ``--metrics-json``. One process on 1 context is the
+  Each epoch's train loss and test accuracy, from the runs' ``--metrics-json``, for each of ``--seeds`` (the
+  initialization and the order of the examples), and their means over the seeds. One process on 1 context is the
   same model as on 2 in exact arithmetic: how far the two part in float32 is the yardstick of rounding (this
-  initialization amplifies it) that the job's distance from one process is read against.
+  initialization amplifies it) that the job's distance from one process is read against; the last epoch's test
+  accuracy moves by several points from one seed to the next, so the distances are read between the means.
 - ``cost``: the same 2-worker job on two simulated hosts (``benchmarks/cluster.py``: network namespaces, each link
   shaped each way) at each ``--rates``, ``--steps`` steps of ResNet-18 a epoch on the digits, 2 epochs, the
   second timed (the first builds the graphs and initialises the keys); ``job`` against ``worker`` statistics,
@@ -18,7 +20,7 @@ Two parts, each a table and a results file:
 Run from the repository root::
 
     python benchmarks/digits_dataset.py --out digits
-    python benchmarks/batchnorm.py --data-dir digits                 # both parts: about 15 minutes
+    python benchmarks/batchnorm.py --data-dir digits                 # both parts: about an hour and a half
     python benchmarks/batchnorm.py --data-dir digits --part accuracy --quick    # smoke test
 
 Writes ``batchnorm_accuracy.json`` and ``batchnorm_cost.json`` to ``--out`` and prints the tables.
@@ -55,16 +57,21 @@ def _train(args, workers, flags, cwd, launch=()):
 
 
 def accuracy(args):
-    """Each run of ``RUNS``: its epochs' train loss and test accuracy."""
+    """Each run of ``RUNS`` with each seed: its epochs' train loss and test accuracy; and by epoch their means over
+    the seeds."""
     rows = {}
     for name, (workers, flags) in RUNS.items():
-        print(f"accuracy: {name} ...", flush=True)
-        with tempfile.TemporaryDirectory() as cwd:
-            metrics = _train(args, workers, ["--data-dir", os.path.abspath(args.data_dir), "--epochs",
-                                             str(args.epochs), *flags], cwd)
-        rows[name] = {"train_loss": [m["train_loss"] for m in metrics], "test_acc": [m["test_acc"] for m in metrics],
-                      "seconds": [m["seconds"] for m in metrics]}
-    return {"epochs": args.epochs, "batch_size": args.batch_size, "rows": rows}
+        seeds = {}
+        for seed in args.seeds:
+            print(f"accuracy: {name}, seed {seed} ...", flush=True)
+            with tempfile.TemporaryDirectory() as cwd:
+                metrics = _train(args, workers, ["--data-dir", os.path.abspath(args.data_dir), "--epochs",
+                                                 str(args.epochs), "--seed", str(seed), *flags], cwd)
+            seeds[str(seed)] = {key: [m[key] for m in metrics] for key in ("train_loss", "test_acc", "seconds")}
+        rows[name] = {"seeds": seeds, **{key: [sum(epoch) / len(epoch) for epoch in zip(*[run[key] for run in
+                                                                                           seeds.values()])]
+                                         for key in ("train_loss", "test_acc")}}
+    return {"epochs": args.epochs, "batch_size": args.batch_size, "seeds": args.seeds, "rows": rows}
 
 
 def _step_seconds(args, cluster, statistics, cwd):
@@ -98,9 +105,12 @@ def cost(args):
 
 
 def render_accuracy(result):
-    rows = [[name, ", ".join(f"{v:.3f}" for v in row["train_loss"]), ", ".join(f"{v:.3f}" for v in row["test_acc"])]
+    rows = [[name, ", ".join(f"{v:.3f}" for v in row["train_loss"]), ", ".join(f"{v:.3f}" for v in row["test_acc"]),
+             ", ".join(f"{run['test_acc'][-1]:.3f}" for run in row["seeds"].values())]
             for name, row in result["rows"].items()]
-    return harness.markdown_table(["run", "train loss by epoch", "test accuracy by epoch"], rows)
+    seeds = ", ".join(map(str, result["seeds"]))
+    return harness.markdown_table(["run", f"train loss by epoch, mean of seeds {seeds}", "test accuracy by epoch, mean",
+                                   "last test accuracy, each seed"], rows)
 
 
 def render_cost(result):
@@ -127,17 +137,20 @@ def main(argv=None):
     parser.add_argument("--part", choices=["accuracy", "cost", "both"], default="both", help="default both")
     parser.add_argument("--epochs", type=int, default=3, help="the accuracy part's epochs; default 3")
     parser.add_argument("--batch-size", type=int, default=64, help="default 64")
+    parser.add_argument("--seeds", action=harness.CommaList, item=int, minimum=0, default=[0, 1, 2],
+                        help="the accuracy part's seeds, comma-separated; default 0,1,2")
     parser.add_argument("--rates", action=harness.CommaList, default=["1gbit", "100mbit"],
                         help="the cost part's link rates (tc's), comma-separated; default 1gbit,100mbit")
     parser.add_argument("--steps", type=int, default=5, help="the cost part's steps a epoch; default 5")
     parser.add_argument("--repeats", type=int, default=3, help="the cost part's rounds; default 3")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds a run may take; default 1800")
-    parser.add_argument("--quick", action="store_true", help="1 epoch, batch 16, 1 round of 2 steps at 1gbit")
+    parser.add_argument("--quick", action="store_true", help="1 epoch of seed 0, batch 16, 1 round of 2 steps at "
+                                                             "1gbit")
     harness.add_out(parser, "batchnorm_*.json")
     args = parser.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
     if args.quick:
-        args.epochs, args.batch_size, args.rates, args.steps, args.repeats = 1, 16, ["1gbit"], 2, 1
+        args.epochs, args.batch_size, args.rates, args.steps, args.repeats, args.seeds = 1, 16, ["1gbit"], 2, 1, [0]
 
     def check():
         harness.check_minimum([("--epochs", args.epochs), ("--batch-size", args.batch_size),

@@ -42,20 +42,31 @@ def test_the_docs_tables_are_the_ones_the_results_files_render(doc):
 
 
 def test_the_job_trains_the_one_device_model_within_float32_s_rounding():
-    """Issue 50's measure, on the committed run, read against the yardstick of float32's rounding (one process on 1
-    context and on 2 are the same model in exact arithmetic, and part in float32: this initialization amplifies
-    rounding): each epoch's train loss within 10% of either one-process run's, and the last test accuracy within
-    0.03 of one context's; what docs/gluon.md says of the distances is what the file holds."""
-    rows = _result("accuracy")["rows"]
+    """Issue 50's measure, on the committed runs (the means over their seeds, which the file's means are), read
+    against the yardstick of float32's rounding (one process on 1 context and on 2 are the same model in exact
+    arithmetic, and part in float32: this initialization amplifies rounding): the last test accuracy within 0.03 of
+    each one-process run's; each epoch's train loss within 10% of the nearer one-process run's, or within the two
+    one-process runs' distance where that is more than 10% (then no run can be held to 10%, not even the same
+    model's); what docs/gluon.md says of the distances is what the file holds."""
+    result = _result("accuracy")
+    rows = result["rows"]
+    assert len(result["seeds"]) >= 3
+    for row in rows.values():
+        assert sorted(row["seeds"]) == sorted(map(str, result["seeds"]))
+        for key in ("train_loss", "test_acc"):
+            runs = [run[key] for run in row["seeds"].values()]
+            assert row[key] == pytest.approx([sum(epoch) / len(epoch) for epoch in zip(*runs)], rel=1e-12)
     one, two = rows["one process, 1 context"], rows["one process, 2 contexts"]
     job = rows["2 workers, statistics of the job"]
     assert len(one["train_loss"]) == len(two["train_loss"]) == len(job["train_loss"]) == 3
+    for got, a, b in zip(job["train_loss"], one["train_loss"], two["train_loss"]):
+        nearer = min((a, b), key=lambda want: abs(got - want))
+        assert abs(got - nearer) <= max(0.10 * nearer, abs(a - b))
+    assert abs(job["train_loss"][0] - one["train_loss"][0]) <= 0.10 * one["train_loss"][0]
+    assert abs(job["train_loss"][0] - two["train_loss"][0]) <= 0.10 * two["train_loss"][0]
     for reference in (one, two):
-        for got, want in zip(job["train_loss"], reference["train_loss"]):
-            assert abs(got - want) <= 0.10 * want
-    assert abs(job["test_acc"][-1] - one["test_acc"][-1]) <= 0.03
+        assert abs(job["test_acc"][-1] - reference["test_acc"][-1]) <= 0.03
     with open(f"{ROOT}/docs/gluon.md") as f:
         text = " ".join(f.read().split())
-    assert (f"It is {abs(job['test_acc'][-1] - two['test_acc'][-1]):.3f} from the run on 2 contexts, which the issue "
-            f"compared with, and which is itself {abs(two['test_acc'][-1] - one['test_acc'][-1]):.3f} from one "
-            "context's") in text
+    a, b = one["train_loss"][-1], two["train_loss"][-1]
+    assert f"({abs(a - b) / min(a, b):.0%} in the third epoch: {a:.3f} against {b:.3f})" in text

@@ -10,9 +10,9 @@ BatchNorm. A network with BatchNorm normalises each context's shard by that shar
 variance, so K contexts do not train the same model as one (whose statistics cover the whole batch).
 ``GluonNet(block, sync_batchnorm=True)`` (the default) restores the invariant: in training, its
 ``forward_all`` runs the graph on every context in lockstep, one operator at a time, and at every
-BatchNorm sums the per-channel sums of all contexts (then the sums of squared deviations) through
-copies that autograd records, so the backward pass flows through the same reduction and every
-gradient is the one-context gradient. The running statistics are then computed from the same bits
+BatchNorm pools each context's per-channel sums and sums of squared deviations (``_Moments``, whose
+backward is one fused pass) through copies that autograd records, so the backward pass flows through
+the same reduction and every gradient is the one-context gradient. The running statistics are then computed from the same bits
 on every context, so every replica keeps identical running statistics and evaluation agrees on any
 context. MXNet's ``contrib.nn.SyncBatchNorm`` is not used: it averages the contexts' means with equal
 weights, which is wrong for shards of unequal size (a batch of 10 over 4 contexts), and it synchronises
