@@ -18,8 +18,9 @@ the same data, in the same order, with the same global batch, SGD learning rate,
 - a row per ``--ours NAME=FLAGS`` (default ``default=``; FLAGS' leading ``VAR=VALUE`` words, as in a shell, set
   that row's environment, e.g. ``"p3=DMLC_PS_VAN_TYPE=p3 --bucket-mb 5"``): ``python -m parallel.launch -n W
   python -m parallel.train --model resnet18 --devices cpu:1 --data-dir DIR --epochs E --batch-size B --lr ..
-  --momentum .. --wd .. --no-progress --metrics-json PATH FLAGS`` (W workers and, the launcher's default, W
-  servers); the
+  --momentum .. --wd .. --batchnorm-stats worker --no-progress --metrics-json PATH FLAGS`` (W workers and, the
+  launcher's default, W servers; each worker's own BatchNorm statistics, as Horovod's, which has no SyncBatchNorm
+  for MXNet); the
   epoch's seconds and images/s are those of rank 0's epoch line (``--metrics-json``);
 - ``horovod``: ``horovodrun -np W --gloo -H localhost:W --network-interface lo PYTHON
   benchmarks/horovod_worker.py ... --compression C`` (``--horovod-venv``, or ``--horovodrun`` and
@@ -335,9 +336,12 @@ def ours_command(args, data_dir, flags, metrics, where=None):
     simulated hosts (``where``) with ``--launcher ssh``, a worker and a server on each host."""
     hosts = [] if where is None or where.hosts is None else [
         "--launcher", "ssh", "-H", where.hostfile, "--scheduler-host", where.hosts[0]]
+    # each worker's own BatchNorm statistics, as Horovod's MXNet trainer has (it has no SyncBatchNorm for MXNet): the
+    # same model on both sides; what the job's statistics cost is benchmarks/batchnorm.py's (a row may pass
+    # --batchnorm-stats job, which comes later and wins)
     return [sys.executable, "-m", "parallel.launch", "-n", str(args.workers), *hosts, sys.executable, "-m",
             "parallel.train", "--model", "resnet18", "--devices", "cpu:1", *_training_flags(args, data_dir),
-            "--no-progress", "--metrics-json", metrics, *flags]
+            "--batchnorm-stats", "worker", "--no-progress", "--metrics-json", metrics, *flags]
 
 
 def horovod_command(args, data_dir, where=None):

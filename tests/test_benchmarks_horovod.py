@@ -93,6 +93,9 @@ def test_rows_of_ours_and_the_shaped_network(bench, capsys, easy_dir):
                          "p3": ({"DMLC_PS_VAN_TYPE": "p3", "A_B": "1"}, ["--bucket-mb", "5", "--x=Y=2"])}
     command = bench.ours_command(args, "/data", args.ours["psgd"][1], "/m.json")
     assert command[-2:] == ["--compression", "powersgd:32"] and "--metrics-json" in command
+    # the model Horovod trains: each worker's own BatchNorm statistics, before the row's flags (which may change it)
+    assert command.index("--batchnorm-stats") < command.index("--compression")
+    assert command[command.index("--batchnorm-stats") + 1] == "worker"
     assert bench.horovod_command(args, "/data")[-2:] == ["--compression", "none"]
     fp16 = bench.parse_args(["--data-dir", str(easy_dir), "--horovod-compression", "fp16"])
     assert bench.horovod_command(fp16, "/data")[-2:] == ["--compression", "fp16"]
