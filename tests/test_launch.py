@@ -467,6 +467,36 @@ def test_workers_that_disagree_end_the_job_with_a_diagnosis(case, tmp_path, mark
     assert_nothing_left(mark)
 
 
+STALLING_SCRIPT = """
+import time
+import mxnet as mx
+from parallel.job import join
+job = join()
+print(f"rank {job.rank} joined", flush=True)
+if job.rank == 0:   # a sum rank 1 never makes: rank 0 waits in it, silent
+    job.allsum(1000, mx.nd.ones((4,))).asnumpy()
+else:
+    time.sleep(300)
+"""
+
+
+@pytest.mark.slow
+def test_a_stalled_job_ends_with_where_each_worker_waits(tmp_path, mark):
+    """A hang that proves no divergence (a worker still on its way, as far as the records tell) ends at
+    ``--stall-timeout`` with each worker's last collectives and its main thread's Python stack, what the hang is
+    read from; nothing is left running."""
+    script = write_script(tmp_path, "stall.py", STALLING_SCRIPT)
+    result = run_launcher(mark, "-n", 2, "--stall-timeout", 5, sys.executable, script, timeout=120)
+    assert result.returncode == 1, result.stderr
+    (line,) = error_lines(result.stderr)
+    assert "no worker printed a line for 5 s (--stall-timeout)" in line, line
+    assert "rank 0 waits in allreduce #2 (step 0, key 1000, 16 B); rank 1 issued no collective yet" in line, line
+    assert "flight recorder of rank 0 (2 collectives, step 0), last ones:" in result.stderr, result.stderr
+    stack = result.stderr[result.stderr.index("Python stack of its main thread"):]
+    assert "job.allsum(1000, mx.nd.ones((4,))).asnumpy()" in stack, result.stderr
+    assert_nothing_left(mark)
+
+
 # ssh mode's plan: what each remote process gets (no ssh run here).
 
 def _ssh_plan(tmp_path, monkeypatch, *flags, hosts=("h1", "h2")):

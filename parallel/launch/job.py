@@ -332,7 +332,15 @@ class Job:
         snapshots = list(self.flights.items())
         if time.monotonic() - found < _STACK_WAIT_SECONDS and not all("stack" in s for _, s in snapshots):
             return
-        for child, snapshot in sorted(snapshots, key=lambda item: item[1]["rank"]):
+        self._write_flights()
+        raise Failure(DIVERGED, f"the workers disagree: {line}; every worker must issue the same collectives in "
+                                "the same order (a worker with fewer batches: see parallel.Join in "
+                                "docs/distributed.md)")
+
+    def _write_flights(self):
+        """Print each worker's last records and, when it sent one, its main thread's stack (what a divergence or a
+        stall is read from)."""
+        for child, snapshot in sorted(self.flights.items(), key=lambda item: item[1]["rank"]):
             prefix = f"[{child.label}] "
             self.write("stderr", f"{prefix}flight recorder of rank {snapshot['rank']} ({snapshot['seq']} "
                                  f"collectives, step {snapshot['step']}), last ones:")
@@ -342,9 +350,6 @@ class Job:
                 self.write("stderr", f"{prefix}Python stack of its main thread (most recent call last):")
                 for stack_line in snapshot["stack"]:
                     self.write("stderr", prefix + stack_line)
-        raise Failure(DIVERGED, f"the workers disagree: {line}; every worker must issue the same collectives in "
-                                "the same order (a worker with fewer batches: see parallel.Join in "
-                                "docs/distributed.md)")
 
     def write(self, out, line, source=None):
         write_line(out, line, source)
@@ -420,6 +425,7 @@ class Job:
             if not self.connected.is_set() and now - started > args.start_timeout:
                 raise Failure(START_TIMEOUT, self._start_timeout_message())
             if args.stall_timeout and now - self.last_worker_line > args.stall_timeout:
+                self._write_flights()   # where each worker's main thread waits: what a hang is read from
                 where = (f"; the workers' last collectives: {positions(list(self.flights.values()))}"
                          if self.flights else "")
                 raise Failure(STALL_TIMEOUT, f"no worker printed a line for {args.stall_timeout:g} s "
