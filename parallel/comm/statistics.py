@@ -28,7 +28,7 @@ from contextlib import contextmanager
 import mxnet as mx
 from mxnet import autograd
 
-__all__ = ["across_workers", "workers", "Gathers", "WorkerSum", "combine", "idle", "gathering", "pooled"]
+__all__ = ["across_workers", "workers", "Gathers", "WorkerSum", "combine", "idle", "gathering", "pooled", "row"]
 
 
 #: The priority of BatchNorm's sums: above every bucket of gradients (the first layers' is 0), whose bytes would
@@ -187,9 +187,13 @@ def combine(job, where, count, sums, squares):
     sums; ``squares``: its per-channel sums of squared deviations from its own mean ``sums / count``. ``where``:
     the BatchNorm (its net and node), which names its keys. A collective call: every worker calls it (one without
     an example calls ``idle``)."""
-    channels, ctx, dtype = sums.size, sums.context, sums.dtype
-    mine = mx.nd.concat(mx.nd.full((1,), count, ctx=ctx, dtype=dtype), sums, squares, dim=0)
-    return _moments(_gathered(job, where, _slots(job, mine)), job.num_workers, channels)
+    return _moments(_gathered(job, where, _slots(job, row(count, sums, squares))), job.num_workers, sums.size)
+
+
+def row(count, sums, squares):
+    """One batch's ``count``, per-channel ``sums`` and sums of squared deviations from its mean (``squares``) as one
+    row of ``pooled``'s (a worker's slot, a context's row), on ``sums``' context (recorded)."""
+    return mx.nd.concat(mx.nd.full((1,), count, ctx=sums.context, dtype=sums.dtype), sums, squares, dim=0)
 
 
 def pooled(rows):

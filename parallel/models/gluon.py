@@ -26,7 +26,7 @@ import mxnet as mx
 from mxnet import autograd, gluon
 
 from ..comm.replica import Replica, aux_names_of, aux_of, block_state, names_of
-from ..comm.statistics import combine, idle, pooled, workers
+from ..comm.statistics import combine, idle, pooled, row, workers
 from ..mxnet_compat import nd_operator
 from ..validate import check_bool, check_int
 from .base import Net
@@ -303,9 +303,8 @@ def _sync_batchnorm(inputs, attrs, gather=None):
     if len(xs) == 1:
         sums, squares = moments[0]
     else:   # one row a context, (count, sums, squared deviations), pooled on the first context
-        first, dtype = xs[0].context, xs[0].dtype
-        rows = [mx.nd.concat(mx.nd.full((1,), n, ctx=first, dtype=dtype), s.as_in_context(first),
-                             q.as_in_context(first), dim=0) for n, (s, q) in zip(counts, moments)]
+        first = xs[0].context
+        rows = [row(n, s.as_in_context(first), q.as_in_context(first)) for n, (s, q) in zip(counts, moments)]
         _, sums, squares = pooled(mx.nd.stack(*rows, axis=0))
     if gather is not None:   # this worker's count, sums and squared deviations, combined with the other workers'
         mean, var = gather(sum(counts), sums, squares)
