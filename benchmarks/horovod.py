@@ -38,7 +38,9 @@ directions, stricter than a full-duplex 1 Gbit/s link between two hosts. Before 
 namespace a host, each host's link shaped to that rate each way, a stand-in ssh over it): ours with ``--launcher
 ssh`` (a worker and a server on each host), Horovod with ``-H ADDR:1,ADDR:1 --network-interface eth0`` over the
 same ssh; each run records the bytes host 1's link carried each way (``link_bytes_host1``) and, for ours, the
-launcher's ``--van auto:`` line (``launcher_said``: the link it measured and the transport it chose).
+launcher's ``--van auto:`` line (``launcher_said``: the link it measured and the transport it chose). On simulated
+hosts the table gives each row's *link floor* (``link_floor``): the least seconds the timed epoch needs on a link of
+that rate for the bytes every allreduce of that row's wire format must move, so that no schedule can beat it.
 Configurations run in ``--rounds`` rounds, each round every (network, configuration) pair once in a fresh shuffled
 order; the table gives medians over the rounds. Train loss and accuracy are the last epoch's (the runs are deterministic, so every
 round gives the same).
@@ -59,6 +61,7 @@ run, atomically) to ``--out`` and prints a markdown table. Measures nothing itse
 import argparse
 import contextlib
 import json
+import math
 import os
 import platform
 import re
@@ -84,6 +87,14 @@ HOROVOD_VENV = os.path.join(os.pardir, "hvd-venv")
 LOOPBACKS = {"plain": None, "1gbit": "tbf rate 1gbit burst 128kb latency 200ms"}
 #: Networks of simulated hosts (``benchmarks/cluster.py``): one host a worker, each link shaped to this rate each way.
 HOSTS = {"hosts-1gbit": "1gbit", "hosts-100mbit": "100mbit"}
+#: The same rates in bits a second, for the link floor (``link_floor``).
+HOST_BITS = {"hosts-1gbit": 1e9, "hosts-100mbit": 1e8}
+#: The most of a link's bytes that can be payload: TCP over IPv4 in the simulated hosts' 1500-byte-MTU Ethernet
+#: frames carries at most 1460 bytes a 1514-byte frame (no TCP options; Linux's timestamps leave 1448), and tc counts
+#: the whole frame against the rate.
+PAYLOAD_SHARE = 1460 / 1514
+#: Bytes on the wire per byte of float32 gradient, by compression (None, or another codec: not known here).
+WIRE_SHARE = {"none": 1.0, "fp16": 0.5}
 NETWORKS = [*LOOPBACKS, *HOSTS]
 HOROVOD = "horovod"
 MARK = "PARALLEL_HOROVOD_BENCH_RUN"   # the environment variable that marks every process of one run
@@ -442,7 +453,7 @@ def summarize(result):
                 continue
             seconds = harness.median(run["seconds"] for run in runs)
             rows.append({"network": network, "config": config, "runs": len(runs), "seconds": seconds,
-                         "images_per_second": n_train / seconds,
+                         "images_per_second": n_train / seconds, "link_floor": link_floor(result, network, config),
                          **{key: harness.median(run[key] for run in runs)
                             for key in ("train_loss", "train_acc", "test_acc")}})
     harness.add_ratios([row for row in rows if "seconds" in row], group=lambda row: row["network"],
@@ -450,20 +461,53 @@ def summarize(result):
     return rows
 
 
+def _wire_share(result, config):
+    """What share of the float32 gradients ``config`` sends (``WIRE_SHARE``), or None where its codec's bytes
+    depend on more than the codec (top-k, PowerSGD, a warm-up before compressing)."""
+    if config == HOROVOD:
+        return WIRE_SHARE.get(result["settings"].get("horovod_compression", "none"))
+    flags = result["settings"]["ours"][config][1]
+    codec = flags[flags.index("--compression") + 1] if "--compression" in flags else "none"
+    return None if "--compression-warmup" in flags and codec != "none" else WIRE_SHARE.get(codec)
+
+
+def link_floor(result, network, config):
+    """The least seconds host 1's link needs to carry the timed epoch's sums one way, or None: for each sum every
+    worker must send, and receive, 2 (W - 1) / W of the gradients' bytes (a bandwidth-optimal allreduce's share: a
+    ring's, or a parameter server's with one server a host), at the link's shaped rate (``HOST_BITS``) of which at
+    most ``PAYLOAD_SHARE`` is payload. The epoch, timed as ``parallel.fit`` times it (and the Horovod worker as
+    fit), ends when its last step's loss is read, before that step's gradients are summed: it holds one sum fewer
+    than steps, each needed before the next step's forward. No schedule of the same bytes can end it sooner. The
+    gradients' bytes are read from a row of ours (``--metrics-json``'s memory), the same model as every row's; None
+    off simulated hosts, or for a codec whose bytes are not known here (``_wire_share``)."""
+    share = _wire_share(result, config) if network in HOST_BITS else None
+    if share is None:
+        return None
+    sizes = [run["epochs"][-1]["memory"][0]["parameters"] for run in result["runs"]
+             if run["network"] == network and run["config"] != HOROVOD and run["epochs"][-1].get("memory")]
+    if not sizes:
+        return None
+    workers, settings = result["settings"]["workers"], result["settings"]
+    steps = math.ceil(result["data"]["train_examples"] / settings["batch_size"])
+    return (steps - 1) * 2 * (workers - 1) / workers * sizes[0] * share * 8 / (HOST_BITS[network] * PAYLOAD_SHARE)
+
+
 def format_table(result):
     """The markdown table of ``result["rows"]``, with the links' measured rates and the threads seen."""
     rounds = result["settings"]["rounds"]
     lines = [f"| link (measured) | configuration | s/epoch (median of {rounds}) | images/s | time vs Horovod | "
-             f"train loss | train acc | test acc |", "|---|---|---|---|---|---|---|---|"]
+             f"link floor, s | train loss | train acc | test acc |", "|---|---|---|---|---|---|---|---|---|"]
     for row in result["rows"]:
         link = result["links"][row["network"]]
         where = row["network"] + (f" ({link['gbit_per_s']:.2f} Gbit/s)" if "gbit_per_s" in link else "")
         if "skipped" in row:
-            lines.append(f"| {where} | {row['config']} | skipped: {row['skipped']} | | | | | |")
+            lines.append(f"| {where} | {row['config']} | skipped: {row['skipped']} | | | | | | |")
             continue
         ratio = f"{row['vs_horovod']:.2f}x" if "vs_horovod" in row else "n/a"
+        floor = "n/a" if row.get("link_floor") is None else f"{row['link_floor']:.2f}"
         lines.append(f"| {where} | {row['config']} | {row['seconds']:.2f} | {row['images_per_second']:.1f} | "
-                     f"{ratio} | {row['train_loss']:.3f} | {row['train_acc']:.3f} | {row['test_acc']:.3f} |")
+                     f"{ratio} | {floor} | {row['train_loss']:.3f} | {row['train_acc']:.3f} | "
+                     f"{row['test_acc']:.3f} |")
     threads = {}
     for run in result["runs"]:
         for process in run["processes"]:
@@ -474,7 +518,11 @@ def format_table(result):
     lines.append("")
     lines.append(f"{result['settings']['workers']} workers, ResNet-18, {data['train_examples']} training examples "
                  f"({data['source']}), global batch {result['settings']['batch_size']}, {result['settings']['epochs']}"
-                 f" epoch(s); time vs Horovod: s/epoch over Horovod's on the same link (below 1: faster); "
+                 f" epoch(s); time vs Horovod: s/epoch over Horovod's on the same link (below 1: faster); link "
+                 f"floor: the least s/epoch any schedule of the row's bytes needs on the link (2 (W-1)/W of the "
+                 f"gradients each way for each sum the epoch waits for, one fewer than its steps, at the shaped "
+                 f"rate, at most 1460 bytes of each 1514-byte frame; n/a off simulated hosts or for a codec whose "
+                 f"bytes vary); "
                  f"OMP_NUM_THREADS seen in the workers: {seen or 'none recorded'}; Horovod's compression: "
                  f"{result['settings'].get('horovod_compression', 'none')}")
     return "\n".join(lines)

@@ -68,7 +68,7 @@ def test_the_table_gives_medians_ratios_and_why_a_row_was_skipped(bench):
     result = _result(None, [_run("default", 3.0), _run("default", 5.0), _run("horovod", 2.0), _run("horovod", 2.0)])
     result["rows"] = bench.summarize(result)
     table = bench.format_table(result)
-    assert "| plain (20.00 Gbit/s) | default | 4.00 | 16.0 | 2.00x | 2.300 | 0.100 | 0.100 |" in table
+    assert "| plain (20.00 Gbit/s) | default | 4.00 | 16.0 | 2.00x | n/a | 2.300 | 0.100 | 0.100 |" in table
     assert "| plain (20.00 Gbit/s) | horovod | 2.00 | 32.0 | 1.00x |" in table
     assert "| 1gbit | every configuration | skipped: needs root (unshare -n, tc) |" in table
 
@@ -77,6 +77,35 @@ def test_the_table_gives_medians_ratios_and_why_a_row_was_skipped(bench):
     table = bench.format_table(result)
     assert "| plain (20.00 Gbit/s) | default | 3.00 | 21.3 | n/a |" in table
     assert "| plain (20.00 Gbit/s) | horovod | skipped: /nowhere/horovodrun not found (--horovodrun)" in table
+
+
+def test_the_link_floor_is_the_bytes_every_allreduce_moves_at_the_links_rate(bench):
+    """On simulated hosts each row's floor is 2 (W - 1) / W of the gradients' bytes for each sum the timed epoch
+    waits for (one fewer than its steps) at the shaped rate, in the frames' payload; half for fp16 on either side;
+    none where the bytes are not the codec's alone (top-k,
+    a warm-up) or the network is not two hosts' links."""
+    result = _result(None, [])
+    result["settings"].update(networks=["hosts-100mbit"], horovod_compression="fp16", ours={
+        "default": [{}, []], "half": [{}, ["--compression", "fp16"]], "topk": [{}, ["--compression", "topk:0.01"]],
+        "warm": [{}, ["--compression", "fp16", "--compression-warmup", "3"]], "plain": [{}, ["--compression", "none"]]})
+    result["configs"] = ["default", "half", "topk", "warm", "plain", "horovod"]
+    result["links"] = {"hosts-100mbit": {}}
+    memory = [{"epoch": 2, "seconds": 1.0, "memory": [{"parameters": 10 ** 6}]}]
+    result["runs"] = [{**_run(config, 1.0), "network": "hosts-100mbit", "epochs": memory}
+                      for config in result["configs"]]
+    result["data"]["train_examples"] = 80   # batches of 32: 3 steps, whose epoch waits for 2 sums (not the last)
+    full = 2 * 10 ** 6 * 8 / (1e8 * 1460 / 1514)   # 2 sums of 10**6 bytes each way
+    floors = {config: bench.link_floor(result, "hosts-100mbit", config) for config in result["configs"]}
+    assert floors == {"default": pytest.approx(full), "plain": pytest.approx(full), "half": pytest.approx(full / 2),
+                      "horovod": pytest.approx(full / 2), "topk": None, "warm": None}
+    assert bench.link_floor(result, "plain", "default") is None   # one machine's loopback: no link to fill
+    result["settings"]["workers"] = 3                              # each host sends 2/3 of the bytes, not 1/2
+    assert bench.link_floor(result, "hosts-100mbit", "default") == pytest.approx(full * 4 / 3)
+    result["settings"]["workers"] = 2
+    result["rows"] = bench.summarize(result)
+    table = bench.format_table(result)
+    assert f"| hosts-100mbit | default | 1.00 | 80.0 | 1.00x | {full:.2f} | 2.300 |" in table
+    assert "| hosts-100mbit | topk | 1.00 | 80.0 | 1.00x | n/a | 2.300 |" in table
 
 
 def test_a_missing_horovod_is_a_reason_to_skip(bench, tmp_path):
@@ -190,3 +219,50 @@ def test_the_benchmarks_readme_quotes_issue_47_s_bucket_runs_as_their_results_fi
             table = json.load(f)["table"].split("\n\n")[0]
         rows = [line for line in table.splitlines()[2:] if "skipped" not in line]   # its measured rows
         assert rows and all(row in readme for row in rows), path
+
+
+
+def _floor_figures():
+    """benchmarks/README.md's sentences on issue 47's link floor runs, rebuilt from their results files."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    rows, rounds = {}, {}
+    for name in ("floor_links", "floor_fp16"):
+        with open(os.path.join(root, "benchmarks", "results", "issue47", name, "horovod.json")) as f:
+            result = json.load(f)
+        sums = math.ceil(result["data"]["train_examples"] / result["settings"]["batch_size"]) - 1
+        for row in result["rows"]:
+            rows[name, row["network"], row["config"]] = {**row, "sums": sums}
+        for run in result["runs"]:
+            rounds.setdefault((run["network"], run["config"]), {})[run["round"]] = run["seconds"]
+
+    def over(name, network, config, aim=None):   # the epoch (or ``aim`` x Horovod's) over the floor, and per sum
+        row, horovod = rows[name, network, config], rows[name, network, "horovod"]
+        seconds = row["seconds"] if aim is None else aim * horovod["seconds"]
+        return seconds / row["link_floor"], (seconds - row["link_floor"]) / row["sums"]
+
+    fast = rounds["hosts-1gbit", "default"], rounds["hosts-1gbit", "horovod"]
+    by_round = [f"{fast[0][n] / fast[1][n]:.2f}x" for n in sorted(fast[0])]
+    slow, horovod = over("floor_links", "hosts-100mbit", "default"), over("floor_links", "hosts-100mbit", "horovod")
+    fp16, horovod16 = over("floor_fp16", "hosts-100mbit", "fp16"), over("floor_fp16", "hosts-100mbit", "horovod")
+    aim, aim16 = over("floor_links", "hosts-100mbit", "default", 0.9), over("floor_fp16", "hosts-100mbit", "fp16", 0.85)
+    return [f"**1 Gbit/s**: our epoch is {over('floor_links', 'hosts-1gbit', 'default')[0]:.2f}x the floor",
+            f"Horovod's epoch: {rows['floor_links', 'hosts-1gbit', 'default']['vs_horovod']:.2f}x here "
+            f"({', '.join(by_round[:-1])} and {by_round[-1]} round by round), not reached",
+            f"{rows['floor_links', 'hosts-100mbit', 'default']['vs_horovod']:.2f}x Horovod's epoch; our epoch is "
+            f"{slow[0]:.2f}x the floor, Horovod's {horovod[0]:.2f}x",
+            f"epoch would be {aim[0]:.2f}x the floor: {aim[1]:.2f} s a sum above the link's time, where our epoch "
+            f"spends {slow[1]:.2f} s",
+            f"{rows['floor_fp16', 'hosts-100mbit', 'fp16']['vs_horovod']:.2f}x Horovod's epoch; our epoch is "
+            f"{fp16[0]:.2f}x the floor, Horovod's {horovod16[0]:.2f}x",
+            f"0.85x would be {aim16[0]:.2f}x the floor: {aim16[1]:.2f} s a sum above the link's time, where ours "
+            f"spends {fp16[1]:.2f} s"]
+
+
+def test_the_benchmarks_readme_reads_the_link_floor_runs_as_their_results_files_hold_them():
+    """What benchmarks/README.md ("The link floor") says of issue 47's aims on two hosts: each figure rebuilt from
+    the two runs' rows and rounds."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with open(os.path.join(root, "benchmarks", "README.md")) as f:
+        readme = " ".join(f.read().split())
+    missing = [figure for figure in _floor_figures() if figure not in readme]
+    assert not missing, "benchmarks/README.md does not say what the floor runs hold:\n" + "\n".join(missing)

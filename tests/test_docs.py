@@ -981,6 +981,8 @@ def _distributed_doc_figures():
     p3, p3_fast = _configs("issue47/p3_100mbit/horovod.json"), _configs("issue47/p3_1gbit/horovod.json")
     fp16, three = _configs("issue47/fp16_100mbit/horovod.json"), _configs("issue47/hosts3_1gbit/horovod.json")
     three_rounds = _rounds("issue47/hosts3_1gbit/horovod.json", "default", "horovod")
+    floor, = [row for row in _result("issue47/floor_links/horovod.json")["rows"]
+              if row["network"] == "hosts-100mbit" and row["config"] == "default"]
     return [f"LeNet at {ratios['b/a']:.2f}x the images/s of one process using both cores, and MXNet's own "
             f"`gluon.Trainer(kvstore='dist_sync')` at {ratios['c/a']:.2f}x; one push and pull of LeNet's flat "
             f"gradient was {across['lenet_reduction']['fraction']:.1%} of a step",
@@ -993,7 +995,10 @@ def _distributed_doc_figures():
             f"With fp16 on both sides at 100 Mbit/s the epoch was {fp16['fp16']['vs_horovod']:.2f}x Horovod's",
             f"on three hosts at 1 Gbit/s, on P3, {three['default']['vs_horovod']:.2f}x ({three_rounds[0]:.2f}x and "
             f"{three_rounds[1]:.2f}x in its two rounds)",
-            f"({p3['p3']['vs_horovod']:.2f}x Horovod's epoch with the push and pull)"] + _healing_and_hosts()
+            f"({p3['p3']['vs_horovod']:.2f}x Horovod's epoch with the push and pull, in epochs of 24)",
+            f"P3 at 100 Mbit/s took {floor['vs_horovod']:.2f}x Horovod's epoch",
+            f"and {floor['seconds'] / floor['link_floor']:.2f}x the least any schedule of its bytes needs"] + \
+        _healing_and_hosts()
 
 
 def _apart(a, b):
