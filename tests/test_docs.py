@@ -981,6 +981,7 @@ def _distributed_doc_figures():
     p3, p3_fast = _configs("issue47/p3_100mbit/horovod.json"), _configs("issue47/p3_1gbit/horovod.json")
     fp16, three = _configs("issue47/fp16_100mbit/horovod.json"), _configs("issue47/hosts3_1gbit/horovod.json")
     three_rounds = _rounds("issue47/hosts3_1gbit/horovod.json", "default", "horovod")
+    three_auto = _configs("issue47/hosts3_auto/horovod.json")
     floor, = [row for row in _result("issue47/floor_links/horovod.json")["rows"]
               if row["network"] == "hosts-100mbit" and row["config"] == "default"]
     return [f"LeNet at {ratios['b/a']:.2f}x the images/s of one process using both cores, and MXNet's own "
@@ -997,6 +998,7 @@ def _distributed_doc_figures():
             f"{three_rounds[1]:.2f}x in its two rounds)",
             f"({p3['p3']['vs_horovod']:.2f}x Horovod's epoch with the push and pull, in epochs of 24)",
             f"P3 at 100 Mbit/s took {floor['vs_horovod']:.2f}x Horovod's epoch",
+            f"takes the ZeroMQ van on that link, {three_auto['default']['vs_horovod']:.2f}x",
             f"and {floor['seconds'] / floor['link_floor']:.2f}x the least any schedule of its bytes needs"] + \
         _healing_and_hosts()
 
