@@ -227,7 +227,7 @@ def _floor_figures():
     results files."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     rows, rounds = {}, {}
-    for name in ("floor_links", "floor_fp16", "hosts3_auto"):
+    for name in ("floor_links", "floor_fp16", "hosts3_auto", "floor_order"):
         with open(os.path.join(root, "benchmarks", "results", "issue47", name, "horovod.json")) as f:
             result = json.load(f)
         sums = math.ceil(result["data"]["train_examples"] / result["settings"]["batch_size"]) - 1
@@ -241,13 +241,15 @@ def _floor_figures():
         seconds = row["seconds"] if aim is None else aim * horovod["seconds"]
         return seconds / row["link_floor"], (seconds - row["link_floor"]) / row["sums"]
 
-    def by_round(name):   # "0.78x, 0.82x and 0.90x": ours over Horovod's epoch in each round at 1 Gbit/s
-        ours, horovod = rounds[name, "hosts-1gbit", "default"], rounds[name, "hosts-1gbit", "horovod"]
-        ratios = [f"{ours[n] / horovod[n]:.2f}x" for n in sorted(ours)]
+    def by_round(name, network="hosts-1gbit", config="default", against="horovod"):   # "0.78x, 0.82x and 0.90x"
+        ours, theirs = rounds[name, network, config], rounds[name, network, against]
+        ratios = [f"{ours[n] / theirs[n]:.2f}x" for n in sorted(ours)]
         return f"{', '.join(ratios[:-1])} and {ratios[-1]} round by round"
 
     slow, horovod = over("floor_links", "hosts-100mbit", "default"), over("floor_links", "hosts-100mbit", "horovod")
     fp16, horovod16 = over("floor_fp16", "hosts-100mbit", "fp16"), over("floor_fp16", "hosts-100mbit", "horovod")
+    ordered = rows["floor_order", "hosts-100mbit", "pushthenpull"]["seconds"] / rows[
+        "floor_order", "hosts-100mbit", "default"]["seconds"]
     aim, aim16 = over("floor_links", "hosts-100mbit", "default", 0.9), over("floor_fp16", "hosts-100mbit", "fp16", 0.85)
     return [f"**1 Gbit/s**: our epoch is {over('floor_links', 'hosts-1gbit', 'default')[0]:.2f}x the floor",
             f"Horovod's epoch: {rows['floor_links', 'hosts-1gbit', 'default']['vs_horovod']:.2f}x here "
@@ -260,6 +262,8 @@ def _floor_figures():
             f"spends {slow[1]:.2f} s",
             f"{rows['floor_fp16', 'hosts-100mbit', 'fp16']['vs_horovod']:.2f}x Horovod's epoch; our epoch is "
             f"{fp16[0]:.2f}x the floor, Horovod's {horovod16[0]:.2f}x",
+            f"The push and pull took {ordered:.2f}x the pushpull's epoch "
+            f"({by_round('floor_order', 'hosts-100mbit', 'pushthenpull', 'default')})",
             f"0.85x would be {aim16[0]:.2f}x the floor: {aim16[1]:.2f} s a sum above the link's time, where ours "
             f"spends {fp16[1]:.2f} s"]
 
