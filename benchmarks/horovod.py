@@ -487,8 +487,8 @@ def link_floor(result, network, config):
              if run["network"] == network and run["config"] != HOROVOD and run["epochs"][-1].get("memory")]
     if not sizes:
         return None
-    workers, settings = result["settings"]["workers"], result["settings"]
-    steps = math.ceil(result["data"]["train_examples"] / settings["batch_size"])
+    settings = result["settings"]
+    workers, steps = settings["workers"], math.ceil(result["data"]["train_examples"] / settings["batch_size"])
     return (steps - 1) * 2 * (workers - 1) / workers * sizes[0] * share * 8 / (HOST_BITS[network] * PAYLOAD_SHARE)
 
 

@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from conftest import load_benchmark
+from conftest import ROOT, load_benchmark
 
 
 @pytest.fixture(scope="module")
@@ -82,8 +82,7 @@ def test_the_table_gives_medians_ratios_and_why_a_row_was_skipped(bench):
 def test_the_link_floor_is_the_bytes_every_allreduce_moves_at_the_links_rate(bench):
     """On simulated hosts each row's floor is 2 (W - 1) / W of the gradients' bytes for each sum the timed epoch
     waits for (one fewer than its steps) at the shaped rate, in the frames' payload; half for fp16 on either side;
-    none where the bytes are not the codec's alone (top-k,
-    a warm-up) or the network is not two hosts' links."""
+    none where the bytes are not the codec's alone (top-k, a warm-up) or the network is not simulated hosts'."""
     result = _result(None, [])
     result["settings"].update(networks=["hosts-100mbit"], horovod_compression="fp16", ours={
         "default": [{}, []], "half": [{}, ["--compression", "fp16"]], "topk": [{}, ["--compression", "topk:0.01"]],
@@ -209,10 +208,9 @@ def test_horovods_venv_is_an_option_beside_the_repository_by_default(bench, tmp_
 
 def test_the_benchmarks_readme_quotes_issue_47_s_bucket_runs_as_their_results_files_hold_them():
     """Each table of ``benchmarks/results/issue47/*/horovod.json`` appears row for row in benchmarks/README.md."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    with open(os.path.join(root, "benchmarks", "README.md")) as f:
+    with open(os.path.join(ROOT, "benchmarks", "README.md")) as f:
         readme = f.read()
-    paths = sorted(glob.glob(os.path.join(root, "benchmarks", "results", "issue47", "*", "horovod.json")))
+    paths = sorted(glob.glob(os.path.join(ROOT, "benchmarks", "results", "issue47", "*", "horovod.json")))
     assert paths
     for path in paths:
         with open(path) as f:
@@ -221,14 +219,12 @@ def test_the_benchmarks_readme_quotes_issue_47_s_bucket_runs_as_their_results_fi
         assert rows and all(row in readme for row in rows), path
 
 
-
 def _floor_figures():
     """benchmarks/README.md's sentences on issue 47's link floor runs (two hosts, and three), rebuilt from their
     results files."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     rows, rounds = {}, {}
     for name in ("floor_links", "floor_fp16", "hosts3_auto", "floor_order"):
-        with open(os.path.join(root, "benchmarks", "results", "issue47", name, "horovod.json")) as f:
+        with open(os.path.join(ROOT, "benchmarks", "results", "issue47", name, "horovod.json")) as f:
             result = json.load(f)
         sums = math.ceil(result["data"]["train_examples"] / result["settings"]["batch_size"]) - 1
         for row in result["rows"]:
@@ -269,10 +265,9 @@ def _floor_figures():
 
 
 def test_the_benchmarks_readme_reads_the_link_floor_runs_as_their_results_files_hold_them():
-    """What benchmarks/README.md ("The link floor") says of issue 47's aims on two hosts: each figure rebuilt from
-    the two runs' rows and rounds."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    with open(os.path.join(root, "benchmarks", "README.md")) as f:
+    """What benchmarks/README.md says of issue 47's link floor runs (two hosts with and without fp16, three hosts, the
+    order alone): each figure rebuilt from the runs' rows and rounds."""
+    with open(os.path.join(ROOT, "benchmarks", "README.md")) as f:
         readme = " ".join(f.read().split())
     missing = [figure for figure in _floor_figures() if figure not in readme]
     assert not missing, "benchmarks/README.md does not say what the floor runs hold:\n" + "\n".join(missing)
