@@ -220,10 +220,10 @@ def test_the_benchmarks_readme_quotes_issue_47_s_bucket_runs_as_their_results_fi
 
 
 def _floor_figures():
-    """benchmarks/README.md's sentences on issue 47's link floor runs (two hosts, and three), rebuilt from their
-    results files."""
+    """benchmarks/README.md's sentences on issue 47's link floor runs (two hosts, and three) and on the cross barrier's
+    prototype, rebuilt from their results files."""
     rows, rounds = {}, {}
-    for name in ("floor_links", "floor_fp16", "hosts3_auto", "floor_order"):
+    for name in ("floor_links", "floor_fp16", "hosts3_auto", "floor_order", "cross_prototype", "cross_prototype_fp16"):
         with open(os.path.join(ROOT, "benchmarks", "results", "issue47", name, "horovod.json")) as f:
             result = json.load(f)
         sums = math.ceil(result["data"]["train_examples"] / result["settings"]["batch_size"]) - 1
@@ -247,6 +247,8 @@ def _floor_figures():
     ordered = rows["floor_order", "hosts-100mbit", "pushthenpull"]["seconds"] / rows[
         "floor_order", "hosts-100mbit", "default"]["seconds"]
     aim, aim16 = over("floor_links", "hosts-100mbit", "default", 0.9), over("floor_fp16", "hosts-100mbit", "fp16", 0.85)
+    cross, plain = rows["cross_prototype", "hosts-100mbit", "cross"], rows["cross_prototype", "hosts-100mbit", "default"]
+    cross16, plain16 = (rows["cross_prototype_fp16", "hosts-100mbit", config] for config in ("crossfp16", "fp16"))
     return [f"**1 Gbit/s**: our epoch is {over('floor_links', 'hosts-1gbit', 'default')[0]:.2f}x the floor",
             f"Horovod's epoch: {rows['floor_links', 'hosts-1gbit', 'default']['vs_horovod']:.2f}x here "
             f"({by_round('floor_links')}), not reached",
@@ -261,12 +263,20 @@ def _floor_figures():
             f"The push and pull took {ordered:.2f}x the pushpull's epoch "
             f"({by_round('floor_order', 'hosts-100mbit', 'pushthenpull', 'default')})",
             f"0.85x would be {aim16[0]:.2f}x the floor: {aim16[1]:.2f} s a sum above the link's time, where ours "
-            f"spends {fp16[1]:.2f} s"]
+            f"spends {fp16[1]:.2f} s",
+            f"the prototype took {cross['seconds'] / plain['seconds']:.2f}x the default's epoch "
+            f"({by_round('cross_prototype', 'hosts-100mbit', 'cross', 'default')}), {cross['vs_horovod']:.2f}x "
+            f"Horovod's; {over('cross_prototype', 'hosts-100mbit', 'cross')[0]:.2f}x the floor, "
+            f"{over('cross_prototype', 'hosts-100mbit', 'cross')[1]:.2f} s a sum above the link's time where the "
+            f"default spends {over('cross_prototype', 'hosts-100mbit', 'default')[1]:.2f} s",
+            f"**fp16**: {cross16['seconds'] / plain16['seconds']:.2f}x the default's epoch "
+            f"({by_round('cross_prototype_fp16', 'hosts-100mbit', 'crossfp16', 'fp16')}): nothing gained. In this run "
+            f"the default spent {over('cross_prototype_fp16', 'hosts-100mbit', 'fp16')[1]:.2f} s a sum"]
 
 
 def test_the_benchmarks_readme_reads_the_link_floor_runs_as_their_results_files_hold_them():
     """What benchmarks/README.md says of issue 47's link floor runs (two hosts with and without fp16, three hosts, the
-    order alone): each figure rebuilt from the runs' rows and rounds."""
+    order alone, the cross barrier's prototype): each figure rebuilt from the runs' rows and rounds."""
     with open(os.path.join(ROOT, "benchmarks", "README.md")) as f:
         readme = " ".join(f.read().split())
     missing = [figure for figure in _floor_figures() if figure not in readme]
