@@ -669,6 +669,36 @@ def test_batchnorm_statistics_per_worker_are_another_model(threads_reduce_at_onc
         _close(results[0][0], synced[0][0], 1e-3)
 
 
+def test_a_net_made_where_a_freed_net_lay_gathers_under_keys_of_its_own():
+    """BatchNorm's gathers are named by their net: a ``GluonNet`` made at a freed one's address (CPython reuses it,
+    the same ``id``) gets keys of its own. Named by ``id``, it took the freed net's keys where the allocator reused
+    the address and not elsewhere: a 3-worker job under the launcher hung in its first step, one worker summing
+    under the keys of the net it had freed, the others under new ones."""
+    from mxnet import autograd
+    from parallel import GluonNet, get_params
+    from parallel.comm.statistics import across_workers
+
+    def work(job, rank):
+        net = small_resnet()
+        params, X = get_params(net, mx.cpu(rank)), mx.nd.ones((2, 1, 28, 28), ctx=mx.cpu(rank))
+        made, addresses = [], set()
+        for _ in range(30):
+            gluon_net = GluonNet(net)
+            repeated = id(gluon_net) in addresses
+            addresses.add(id(gluon_net))
+            before = set(job._named.get("statistics", {}).values())
+            with across_workers(job), autograd.record():
+                gluon_net.forward_all([X], [params])[0].wait_to_read()
+            made.append(set(job._named["statistics"].values()) - before)
+            del gluon_net
+            if repeated:
+                return made
+        raise AssertionError("no net was made at a freed net's address: the case is not tested")
+
+    made = in_threads(1, work)[0][0]
+    assert [len(keys) for keys in made] == [10] * len(made)   # 5 BatchNorms, forward and backward: new keys each
+
+
 def test_only_a_forward_that_is_recomputed_keeps_what_batchnorm_gathered():
     """A block off the tape keeps each gather for its recomputation, which takes them in order; a block on the tape,
     never run again, keeps nothing (its buffers would live until the pending forward is dropped)."""

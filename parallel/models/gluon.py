@@ -19,6 +19,7 @@ weights, which is wrong for shards of unequal size (a batch of 10 over 4 context
 inside the engine with a barrier keyed by a global name.
 """
 import functools
+import itertools
 import json
 import weakref
 
@@ -134,6 +135,11 @@ class GluonNet(Net):
                             for index, node in enumerate(self._nodes)
                             if node["op"] == "BatchNorm" and not _global_stats(node.get("attrs", {}))]
         self.sync_batchnorm = sync_batchnorm
+        # what names this net's BatchNorm gathers in a job (with the node's index): a number no other net of the
+        # process ever has. Not ``id(self)``: a net made where a freed one lay has its id, so it took over the freed
+        # net's keys on the worker whose allocator reused the address while the others numbered new ones, and the
+        # job hung (its first step's sums under keys the others never pushed)
+        self._gathers_as = next(_NUMBERS)
         self.max_shapes = int(max_shapes)
         self._graphs = GraphCache(self.max_shapes)   # per context, by (shape, training) and the bound arrays
 
@@ -215,7 +221,7 @@ class GluonNet(Net):
             attrs = {key: value for key, value in node.get("attrs", {}).items() if not key.startswith("__")}
             inputs = [[outputs[i][k][j] for i, j, _ in node["inputs"]] for k in range(len(values))]
             if node["op"] == "BatchNorm" and not _global_stats(attrs):
-                gather = None if job is None else functools.partial(combine, job, (id(self), index))
+                gather = None if job is None else functools.partial(combine, job, (self._gathers_as, index))
                 outputs[index] = [[out] for out in _sync_batchnorm(inputs, attrs, gather)]
             else:
                 outputs[index] = [_invoke(node["op"], args, attrs) for args in inputs]
@@ -231,7 +237,7 @@ class GluonNet(Net):
         ``parts`` updated with what they give, as the workers with examples update theirs."""
         job = workers() if self._synced() else None
         for index, channels, dtype in self._batchnorms if job is not None else ():
-            moments = idle(job, (id(self), index), channels, dtype)
+            moments = idle(job, (self._gathers_as, index), channels, dtype)
             if moments is None:   # no worker had an example: the running statistics stay
                 continue
             mean, var = moments
@@ -355,6 +361,9 @@ def _update_running(running_mean, running_var, mean, var, momentum):
         running_mean[:] = running_mean * momentum + mean.as_in_context(running_mean.context) * (1 - momentum)
         running_var[:] = running_var * momentum + var.as_in_context(running_var.context) * (1 - momentum)
 
+
+#: Where ``GluonNet._gathers_as`` comes from: one number a net made in this process.
+_NUMBERS = itertools.count()
 
 #: Each gluon block's ``GluonNet`` (``as_net``), kept beside the block rather than on it (the block is the user's:
 #: nothing is written onto it), for as long as the block lives (a ``GluonNet`` holds no reference to its block).
