@@ -15,6 +15,7 @@ import json
 import math
 import threading
 
+from .engine import fence
 from .flight import FlightRecorder, publishing
 from .split import shard_sizes
 
@@ -124,6 +125,7 @@ class Job:
         # once but a key's first, a barrier of the workers); a kvstore of another type says itself what it allows
         self._lock = threading.Lock()
         self._front = threading.Lock() if str(kv.type).startswith("dist") else contextlib.nullcontext()
+        self._last = {}   # key -> the array of this worker's latest round of it (``after_last_round``)
 
     def __repr__(self):
         return f"Job(rank {self.rank} of {self.num_workers}, {self.kv.type})"
@@ -187,7 +189,8 @@ class Job:
         Calls under one key with *different* arrays must wait for the earlier result (``wait_to_read``) unless a
         data dependency orders them: MXNet's kvstore pushes a CPU array without copying it, so nothing in its
         engine orders a push of another array after this sum, and a worker's next round can reach the servers
-        first (measured: wrong sums under the launcher, not in threads). The same array again is ordered.
+        first, where it is summed with the other workers' earlier round (measured: wrong sums under the launcher,
+        not in threads; a job that hung). The same array again is ordered; ``after_last_round`` orders a new one.
         """
         nbytes = array.size * array.dtype(0).itemsize
         with self._lock:   # the job's records
@@ -195,6 +198,7 @@ class Job:
             if recorded:
                 self.flight.record(kind, key, nbytes)
             self.pushed += nbytes
+            self._last[key] = array
         with self._front:
             if known is None:
                 # zeros of their own: ``zeros_like`` would read ``array``, and wait, holding the front end, for
@@ -206,6 +210,17 @@ class Job:
                 self.kv.push(store, array, priority=priority)
                 self.kv.pull(store, out=array, priority=priority)
         return array
+
+    def after_last_round(self, key, array):
+        """Make the next round of ``key`` on ``array`` (an array of its own, not a view of another round's) leave
+        after this worker's last round of the key: in MXNet's engine, ``array`` is written only once that round's
+        sum is (``parallel.engine.fence``; nothing waits here). For an array that is ready at once, such as the
+        zeros of a worker without an example, whose earlier round may still wait for its own array. A round another
+        thread has not made yet is not ordered."""
+        with self._lock:
+            before = self._last.get(key)
+        if before is not None and before is not array:
+            fence([before], [array])
 
     def allgather(self, key, array, priority=0):
         """Every worker's ``array`` (1-D, one shape on every worker), as a list in rank order: one sum of a buffer

@@ -1,6 +1,7 @@
 """Training across processes: W workers x K contexts, launched by parallel.launch, train the same model as one
 context (rtol 1e-5 of each array's scale), for batch sizes that leave some workers without an example."""
 import os
+import re
 import sys
 
 import numpy as np
@@ -134,6 +135,56 @@ def test_under_p3_thousands_of_small_sums_neither_crash_nor_go_wrong(tmp_path):
                           sys.executable, str(script), "3000"], timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.count("last sum 6001 6001") == 2, result.stdout
+
+
+ROUNDS_ORDER_WORKER = """
+import sys
+import threading
+import mxnet as mx
+from parallel.engine import ENGINE_SYNC_FUNC, push_sync
+from parallel.job import join
+
+job = join()
+job.allsum(10, mx.nd.zeros((4,))).wait_to_read()   # the key's first sum: a push and a pull; then pushpulls
+if job.rank == 0:   # a round of ones, and once it is summed a round of twos
+    first = job.allsum(10, mx.nd.ones((4,))).asnumpy()
+    second = job.allsum(10, mx.nd.full((4,), 2.0)).asnumpy()
+else:   # a round of tens that waits in the engine behind a gate, then a round of zeros ready at once
+    gate = threading.Event()
+    wait = ENGINE_SYNC_FUNC(lambda run_context, param: gate.wait())
+    shut = mx.nd.zeros((1,), ctx=mx.cpu(1))
+    push_sync(wait, mx.cpu(1), writes=[shut])   # cpu(1)'s engine thread waits for the gate
+    first = job.allsum(10, mx.nd.full((4,), 10.0) + shut.as_in_context(mx.cpu(0)))
+    zeros = mx.nd.zeros((4,))
+    ordered = sys.argv[1] == "ordered"
+    if ordered:
+        job.after_last_round(10, zeros)
+    second = job.allsum(10, zeros)
+    if not ordered:   # the zeros are summed while the tens still wait behind the gate
+        second.wait_to_read()
+    gate.set()
+    first, second = first.asnumpy(), second.asnumpy()
+print("rank", job.rank, "sums", first[0], second[0], flush=True)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("order", ["ordered", "unordered"])
+def test_a_round_of_zeros_leaves_after_the_round_before_it(order, tmp_path):
+    """A worker's second round of a key, on zeros ready at once, while its first still waits for its array in the
+    engine: MXNet's kvstore sends the zeros first and the servers sum them with the other worker's first round
+    (where it must be false: rank 0's first sum is 1 + 0); after ``Job.after_last_round`` the rounds leave in
+    order and every sum is right (a BatchNorm without an example did this, and a job hung: ``idle``)."""
+    script = tmp_path / "order.py"
+    script.write_text(ROUNDS_ORDER_WORKER)
+    result = run_process([sys.executable, "-m", "parallel.launch", "-n", "2", "--stall-timeout", "60",
+                          sys.executable, str(script), order], timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    sums = sorted(re.findall(r"rank \d sums \S+ \S+", result.stdout))
+    if order == "ordered":   # 1 + 10, then 2 + 0
+        assert sums == ["rank 0 sums 11.0 2.0", "rank 1 sums 11.0 2.0"], result.stdout
+    else:   # the zeros with the ones, the tens with the twos
+        assert sums == ["rank 0 sums 1.0 12.0", "rank 1 sums 12.0 1.0"], result.stdout
 
 
 @pytest.mark.parametrize("pushpull", [True, False], ids=["pushpull", "push-then-pull"])

@@ -369,11 +369,43 @@ def test_batchnorm_over_the_workers_is_one_context_s_through_the_launcher(worker
     (the small ResNet, float64) within 1e-9 of one context: the outputs and gradients of one forward and backward
     (the gradients summed over the workers), then the parameters and running statistics after four steps that
     leave a worker without an example; every worker ends with the same bits."""
+    _batchnorm_through_the_launcher(workers, k, layout, tmp_path)
+
+
+#: Rank 1's first BatchNorm gather of the first training step waits behind a long computation, while its next step
+#: (a batch of 1: rank 1 has no example) makes its rounds of the same keys at once.
+LATE_GATHER = """
+from parallel.comm import statistics
+_forward = statistics.WorkerSum.forward
+def _late(self, buffer):
+    if job.rank == 1 and not getattr(job, "late", False):
+        job.late = True
+        big = mx.nd.ones((800, 800), ctx=buffer.context, dtype=buffer.dtype)
+        for _ in range(6):
+            big = mx.nd.dot(big, big) / 800
+        buffer = buffer + 0 * big[0, 0]
+    return _forward(self, buffer)
+statistics.WorkerSum.forward = _late
+"""
+
+
+@pytest.mark.slow
+def test_a_worker_without_an_example_sums_after_its_late_rounds_of_the_step_before(tmp_path):
+    """A worker whose gather of one step still waits for its array when its next step, without an example, makes
+    the same BatchNorm's rounds: they leave after it (``Job.after_last_round``; the backward's once the forward's
+    is summed, ``statistics.idle``) and the job trains the one-context model. Before, the zeros left first, the
+    servers paired them with the other workers' earlier round, and the job hung in that step (CI, stop 65)."""
+    _batchnorm_through_the_launcher(3, 2, 'Layout("data")', tmp_path, prelude=LATE_GATHER)
+
+
+def _batchnorm_through_the_launcher(workers, k, layout, tmp_path, prelude=""):
+    """``BATCHNORM_WORKER`` under the launcher (``prelude`` run before its training steps) against one context."""
     rng = np.random.RandomState(5)
     np.savez(tmp_path / "data.npz", X=rng.uniform(size=(38, 1, 28, 28)))
     script = tmp_path / "worker.py"
-    script.write_text(BATCHNORM_WORKER.format(tests=os.path.dirname(os.path.abspath(__file__)), k=k, layout=layout,
-                                              data=str(tmp_path / "data.npz"), out=str(tmp_path / "rank")))
+    text = BATCHNORM_WORKER.format(tests=os.path.dirname(os.path.abspath(__file__)), k=k, layout=layout,
+                                   data=str(tmp_path / "data.npz"), out=str(tmp_path / "rank"))
+    script.write_text(text.replace("for n in (12, 1, 7, 5):", prelude + "for n in (12, 1, 7, 5):", 1))
     process = start_process([sys.executable, "-m", "parallel.launch", "-n", str(workers), "-s", "2",
                              "--stall-timeout", "120", sys.executable, str(script)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

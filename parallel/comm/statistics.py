@@ -114,7 +114,14 @@ class Gathers:
         """Make the backward rounds owed, last BatchNorm first (the order of a backward pass), as zero gradients."""
         owed, self._owed = self._owed, []
         for job, key, width, dtype in reversed(owed):   # unrecorded, as the backward rounds they stand for
-            job.allsum(key, mx.nd.zeros((width,), dtype=dtype), PRIORITY, recorded=False)
+            _zero_round(job, key, width, dtype)
+
+
+def _zero_round(job, key, width, dtype):
+    """A worker's round of zeros under BatchNorm's backward ``key``, after its last round of the key."""
+    zeros = mx.nd.zeros((width,), dtype=dtype)
+    job.after_last_round(key, zeros)
+    job.allsum(key, zeros, PRIORITY, recorded=False)
 
 
 def gathering():
@@ -128,7 +135,8 @@ class WorkerSum(autograd.Function):
     workers under ``keys[1]`` (each worker's output is the sum of every worker's input). Given ``value`` (what a
     forward off the tape gathered), the forward returns a copy of it and sums nothing. The backward runs on
     MXNet's custom-operator thread when the engine reaches it, in an order nothing fixes against the step's other
-    sums: its key is used once a step, so the servers pair every worker's round whatever the order."""
+    sums: its key is used once a step, so the servers pair every worker's round whatever the order (a worker
+    without an example the next step makes its round of the key only once this one is made: ``idle``)."""
 
     def __init__(self, job, keys, value=None):
         super().__init__()
@@ -225,22 +233,32 @@ def idle(job, where, channels, dtype):
     then a zero gradient in the backward's: owed to the ``Gathers`` collecting (``Gathers.settle``), else made at
     once. In a recomputation (``Gathers.reusing``) nothing: what the first run gathered is taken again. Returns the
     mean and variance of the other workers' batch, as ``combine`` (unrecorded), or None when no worker had an
-    example (an empty micro-batch everywhere: nothing to normalise). Blocks until the forward's round is summed."""
+    example (an empty micro-batch everywhere: nothing to normalise, and no backward round, which every worker
+    knows from the forward's). Blocks until the forward's round is summed.
+
+    The backward's round is made only then: the last round of its key, a step before, may be this worker's own
+    backward, made by MXNet's custom-operator thread once its engine reaches it, and a round made here first
+    would leave first (``Job.after_last_round`` orders it after rounds already made). Once the forward's round is
+    summed, it has: another worker's example in this round was computed with the parameters that this worker's
+    last backward pass updated."""
     gathers, reuse = gathering()
     width = job.num_workers * (2 * channels + 1)
     kept = gathers.take(where) if gathers is not None and reuse else None
     if kept is None:
         zeros = mx.nd.zeros((width,), dtype=dtype)
         keys = _keys(job, where, zeros)
+        job.after_last_round(keys[0], zeros)   # zeros are ready at once; the last round may still wait for its slot
         gathered = job.allsum(keys[0], zeros, PRIORITY)
-        if gathers is None:
-            job.allsum(keys[1], mx.nd.zeros((width,), dtype=dtype), PRIORITY, recorded=False)
-        else:
+        if gathers is not None:
             gathers.keep(where, (gathered, keys))
-            gathers.owe(job, keys[1], width, dtype)
     else:
         gathered = kept[0]
     counts = gathered.reshape((job.num_workers, 2 * channels + 1))[:, 0]
     if not counts.sum().asscalar():
         return None
+    if kept is None:
+        if gathers is None:
+            _zero_round(job, keys[1], width, dtype)
+        else:
+            gathers.owe(job, keys[1], width, dtype)
     return _moments(gathered, job.num_workers, channels)
