@@ -642,7 +642,8 @@ def test_batchnorm_over_a_job_s_workers_trains_the_one_process_model(name, threa
     each array's scale; MXNet's own BatchNorm, which a process runs on a shard alone, keeps its running statistics
     to float32's precision),
     the same bits on every worker; each BatchNorm is summed over the workers once forward and once backward a
-    (micro-)batch (no backward for a micro-batch empty on every worker), recomputed or not (a recomputation takes the forward's sums again), under keys of their own."""
+    (micro-)batch (no backward for a micro-batch empty on every worker), recomputed or not (a recomputation takes
+    the forward's sums again), under keys of their own."""
     layout, k, workers, reference, contexts_of_reference = BATCHNORM_JOBS[name]
     net = small_resnet()
     net.cast("float64")
