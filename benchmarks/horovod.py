@@ -26,7 +26,11 @@ the same data, in the same order, with the same global batch, SGD learning rate,
   benchmarks/horovod_worker.py ... --compression C`` (``--horovod-venv``, or ``--horovodrun`` and
   ``--horovod-python``; ``--horovod-compression``), which trains the same model with
   ``horovod.mxnet.DistributedTrainer`` and counts the epoch the way ``parallel.fit`` does (its docstring says how
-  each piece is matched).
+  each piece is matched);
+- ``alone`` (``--alone``): the compute floor, ``--workers`` one-worker ``python -m parallel.train`` jobs at once
+  (no launcher, no kvstore), each on its consecutive W-th of the training examples with batch B/W: what each
+  worker of a data-parallel job computes, with nothing summed; its time is the slowest job's epoch, and it has no
+  loss or accuracy (each job trains a model of its own).
 
 Each ``--networks`` entry runs every configuration: ``plain`` on this machine's loopback; ``1gbit`` with the whole
 job (launcher, scheduler, servers and workers, or horovodrun and its workers) inside a private network namespace
@@ -54,7 +58,9 @@ Every job runs in a process group of its own, with ``--timeout`` seconds, and ca
 environment (inherited by everything it starts, also the processes horovodrun starts in sessions of their own):
 on a timeout or an error the group is stopped (SIGTERM, SIGKILL after 10 s) and every process still carrying the
 marker is SIGKILLed by its pid; after every run the driver gives the job's processes 10 s to be gone and SIGKILLs
-any still there (recorded as ``left_behind``). While a job runs, the driver records every process of it with its ``DMLC_ROLE`` and ``OMP_NUM_THREADS``.
+any still there (recorded as ``left_behind``). While a job runs, the driver records every process of it with its ``DMLC_ROLE`` and ``OMP_NUM_THREADS``,
+and, read every ``POLL_SECONDS``, the CPU seconds they used by kind of role (``cpu_seconds``) and the machine's
+over the run (``machine_cpu_seconds``, from ``/proc/stat``).
 A job that fails ends the benchmark with status 1 and an ``error:`` line. Writes ``horovod.json`` (after every
 run, atomically) to ``--out`` and prints a markdown table. Measures nothing itself and never imports MXNet.
 """
@@ -97,9 +103,17 @@ PAYLOAD_SHARE = 1460 / 1514
 WIRE_SHARE = {"none": 1.0, "fp16": 0.5}
 NETWORKS = [*LOOPBACKS, *HOSTS]
 HOROVOD = "horovod"
+#: The ``--alone`` row's name: each worker's compute with nothing summed (``alone_command``).
+ALONE = "alone"
+#: The environment variable that numbers an ``--alone`` job (the driver's record of its processes reads it).
+ALONE_JOB = "PARALLEL_HOROVOD_BENCH_ALONE"
 MARK = "PARALLEL_HOROVOD_BENCH_RUN"   # the environment variable that marks every process of one run
 LINK_BYTES = 100 * 1000 * 1000
-POLL_SECONDS = 5.0
+POLL_SECONDS = 0.5
+#: Clock ticks a second, the unit of /proc's CPU times.
+TICKS = os.sysconf("SC_CLK_TCK")
+#: The fields of /proc/stat's ``cpu`` line the runs record (``machine_cpu``).
+MACHINE_FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
 GRACE_SECONDS = 10.0
 
 
@@ -113,21 +127,63 @@ def _command(pid):
         return ""
 
 
-def marked_processes(mark):
+def marked_processes(mark, known=None):
     """``{pid: {"role", "OMP_NUM_THREADS", "command"}}`` of the live processes whose environment holds
     ``MARK=mark`` (only this driver's runs set it): the launcher's scheduler, servers and workers carry their
-    ``DMLC_ROLE``, Horovod's workers their ``HOROVOD_RANK``."""
+    ``DMLC_ROLE``, Horovod's workers their ``HOROVOD_RANK``, ``--alone``'s jobs their number. ``known`` (a dict,
+    updated): what an earlier call found of each pid (None: not marked), not read again."""
+    known = {} if known is None else known
     found = {}
     for name in os.listdir("/proc"):
         if not name.isdigit() or int(name) == os.getpid():
             continue
-        env = harness.proc_environ(name)
-        if env is None or env.get(MARK) != mark:
-            continue
-        role = env.get("DMLC_ROLE") or ("horovod rank " + env["HOROVOD_RANK"] if "HOROVOD_RANK" in env else "other")
-        found[int(name)] = {"role": role, "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", "unset"),
-                            "command": _command(name)[:200]}
+        if int(name) not in known:
+            env = harness.proc_environ(name)
+            if env is None:
+                continue
+            role = env.get("DMLC_ROLE") or ("horovod rank " + env["HOROVOD_RANK"] if "HOROVOD_RANK" in env else
+                                            "alone job " + env[ALONE_JOB] if ALONE_JOB in env else "other")
+            known[int(name)] = None if env.get(MARK) != mark else {
+                "role": role, "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", "unset"), "command": _command(name)[:200]}
+        if known[int(name)] is not None:
+            found[int(name)] = known[int(name)]
     return found
+
+
+def cpu_seconds(pid):
+    """``(user, system)``: the CPU seconds process ``pid`` has used so far (``/proc/PID/stat``), or None when it is
+    gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return int(fields[11]) / TICKS, int(fields[12]) / TICKS
+
+
+def machine_cpu():
+    """The CPU seconds this machine's cores have spent so far in each of ``MACHINE_FIELDS`` (``/proc/stat``)."""
+    with open("/proc/stat") as f:
+        values = f.readline().split()[1:1 + len(MACHINE_FIELDS)]
+    return {field: int(value) / TICKS for field, value in zip(MACHINE_FIELDS, values)}
+
+
+def _role_kind(role):
+    """A process's role without its number: ``horovod rank 1`` -> ``horovod rank``."""
+    return role.rstrip("0123456789").rstrip()
+
+
+def cpu_by_role(processes, used):
+    """``{role kind: {"user", "system", "processes"}}``: the CPU seconds ``used`` (``{pid: (user, system)}``) summed
+    over the ``processes`` (``{pid: {"role", ...}}``) of each kind of role."""
+    kinds = {}
+    for pid, (user, system) in used.items():
+        kind = kinds.setdefault(_role_kind(processes[pid]["role"]), {"user": 0.0, "system": 0.0, "processes": 0})
+        kind["user"] += user
+        kind["system"] += system
+        kind["processes"] += 1
+    return {role: dict(kind, user=round(kind["user"], 2), system=round(kind["system"], 2))
+            for role, kind in kinds.items()}
 
 
 def _kill_marked(mark, wait=0.0):
@@ -158,12 +214,15 @@ def stop(process, mark):
 
 def run_job(argv, env, cwd, timeout):
     """Run ``argv`` in a process group of its own with a fresh marker; returns its status, output, wall seconds,
-    the processes seen while it ran and any left behind (ended). Raises ``BenchmarkError`` on a timeout."""
+    the processes seen while it ran and any left behind (ended), the CPU seconds its processes used by kind of role
+    (``cpu_seconds``: each marked process's last reading, taken every ``POLL_SECONDS``, so a process's last
+    fraction of a second is missed) and the machine's CPU seconds over the run by ``MACHINE_FIELDS``
+    (``machine_cpu_seconds``: idle is what no process used). Raises ``BenchmarkError`` on a timeout."""
     mark = uuid.uuid4().hex
     env = dict(env, **{MARK: mark})
-    seen = {}
+    seen, known, used = {}, {}, {}
     with open(os.path.join(cwd, "stdout.txt"), "w+") as out, open(os.path.join(cwd, "stderr.txt"), "w+") as err:
-        started = time.monotonic()
+        started, machine = time.monotonic(), machine_cpu()
         process = subprocess.Popen(argv, cwd=cwd, env=env, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
                                    start_new_session=True)
         try:
@@ -172,7 +231,11 @@ def run_job(argv, env, cwd, timeout):
                     process.wait(timeout=POLL_SECONDS)
                     break
                 except subprocess.TimeoutExpired:
-                    seen.update(marked_processes(mark))
+                    seen.update(marked_processes(mark, known))
+                    for pid in seen:
+                        reading = cpu_seconds(pid)
+                        if reading is not None:
+                            used[pid] = reading
                     if time.monotonic() - started > timeout:
                         left = stop(process, mark)
                         raise BenchmarkError(f"{shlex.join(argv[:8])} ... timed out after {timeout:g} s (stopped its "
@@ -182,10 +245,12 @@ def run_job(argv, env, cwd, timeout):
             stop(process, mark)
             raise
         wall = time.monotonic() - started
+        machine = {field: round(seconds - machine[field], 2) for field, seconds in machine_cpu().items()}
         left = _kill_marked(mark, wait=GRACE_SECONDS)
         out.seek(0)
         err.seek(0)
         return {"returncode": process.returncode, "stdout": out.read(), "stderr": err.read(), "wall_seconds": wall,
+                "cpu_seconds": cpu_by_role(seen, used), "machine_cpu_seconds": machine,
                 "processes": sorted(seen.values(), key=lambda p: p["role"]), "left_behind": list(left.values())}
 
 
@@ -335,6 +400,22 @@ def prepare_data(args, tmp):
     return directory, len(dataset.train_labels), len(dataset.test_labels)
 
 
+def prepare_shards(args, data_dir, tmp):
+    """The ``--alone`` jobs' directories: the training examples cut into ``--workers`` equal runs of consecutive
+    examples (the last ``N mod W`` left out), each with the whole test set."""
+    from parallel.data import Dataset, load_idx_dataset
+    full, directories = load_idx_dataset(data_dir), []
+    share = len(full.train_labels) // args.workers
+    if not share:
+        raise BenchmarkError(f"--alone: {len(full.train_labels)} training examples leave none to each of "
+                             f"{args.workers} workers")
+    for worker in range(args.workers):
+        part = slice(worker * share, (worker + 1) * share)
+        directories.append(harness.write_dataset(os.path.join(tmp, f"alone-{worker}"), Dataset(
+            full.train_images[part], full.train_labels[part], full.test_images, full.test_labels)))
+    return directories
+
+
 # ---- the two tools' jobs ------------------------------------------------------------------------------------------
 
 def _training_flags(args, data_dir):
@@ -353,6 +434,27 @@ def ours_command(args, data_dir, flags, metrics, where=None):
     return [sys.executable, "-m", "parallel.launch", "-n", str(args.workers), *hosts, sys.executable, "-m",
             "parallel.train", "--model", "resnet18", "--devices", "cpu:1", *_training_flags(args, data_dir),
             "--batchnorm-stats", "worker", "--no-progress", "--metrics-json", metrics, *flags]
+
+
+#: The ``--alone`` row's driver: ``python -c ALONE_DRIVER ARGVS_JSON`` starts every argv at once (each numbered in
+#: ``ALONE_JOB``), waits for them all and exits with the first nonzero status.
+ALONE_DRIVER = ("import json, os, subprocess, sys; "
+                "jobs = [subprocess.Popen(argv, env=dict(os.environ, " + ALONE_JOB + "=str(n))) "
+                "for n, argv in enumerate(json.loads(sys.argv[1]))]; "
+                "codes = [job.wait() for job in jobs]; sys.exit(next((c for c in codes if c), 0))")
+
+
+def alone_command(args, shards, metrics):
+    """The ``--alone`` row's job: ``--workers`` single-worker ``parallel.train`` jobs at once (no launcher, no
+    kvstore), job ``w`` on ``shards[w]`` with batch ``--batch-size / --workers`` and ``--metrics-json
+    metrics[w]``: each does what one worker of a data-parallel job computes (its share of every global batch,
+    forward, backward and the whole update), with nothing summed."""
+    flags = _training_flags(args, "DATA")
+    flags[flags.index("--batch-size") + 1] = str(args.batch_size // args.workers)
+    argvs = [[sys.executable, "-m", "parallel.train", "--model", "resnet18", "--devices", "cpu:1",
+              *[shard if flag == "DATA" else flag for flag in flags], "--no-progress", "--metrics-json", path]
+             for shard, path in zip(shards, metrics)]
+    return [sys.executable, "-c", ALONE_DRIVER, json.dumps(argvs)]
 
 
 def horovod_command(args, data_dir, where=None):
@@ -393,7 +495,21 @@ def job_env(args):
 
 
 def _epochs_of(config, result, metrics):
-    """The job's per-epoch metrics: rank 0's ``--metrics-json`` (ours) or its ``RESULT`` line (Horovod)."""
+    """The job's per-epoch metrics: rank 0's ``--metrics-json`` (ours) or its ``RESULT`` line (Horovod); for
+    ``--alone``, every epoch of the slowest job's seconds, with no loss or accuracy (each job trains a model of its
+    own), and each job's epochs."""
+    if config == ALONE:
+        if result["returncode"] != 0 or not all(os.path.exists(path) for path in metrics):
+            return None, {}
+        jobs = []
+        for path in metrics:
+            with open(path) as f:
+                jobs.append(json.load(f))
+        epochs = [{"epoch": rows[0]["epoch"], "seconds": max(row["seconds"] for row in rows),
+                   "train_loss": None, "train_acc": None, "test_acc": None} for rows in zip(*jobs)]
+        for epoch in epochs:
+            epoch["images_per_second"] = None
+        return epochs, {"jobs": jobs}
     if config != HOROVOD:
         if result["returncode"] == 0 and os.path.exists(metrics):
             with open(metrics) as f:
@@ -410,10 +526,16 @@ def run_config(args, network, config, data_dir, tmp):
     """One job of ``config`` in ``network``; its record. ``BenchmarkError`` when it fails."""
     cwd = tempfile.mkdtemp(prefix=f"{network}-{config}-", dir=tmp)
     metrics = os.path.join(cwd, "metrics.json")
+    if config == ALONE:
+        metrics = [os.path.join(cwd, f"metrics-{worker}.json") for worker in range(args.workers)]
     with place(network, args.workers) as where:
-        argv = horovod_command(args, data_dir, where) if config == HOROVOD else \
-            ours_command(args, data_dir, args.ours[config][1], metrics, where)
-        env = {**job_env(args), **(args.ours[config][0] if config != HOROVOD else {})}
+        if config == HOROVOD:
+            argv = horovod_command(args, data_dir, where)
+        elif config == ALONE:   # on host 1 of simulated hosts too: the jobs use no link
+            argv = alone_command(args, args.shards, metrics)
+        else:
+            argv = ours_command(args, data_dir, args.ours[config][1], metrics, where)
+        env = {**job_env(args), **(args.ours[config][0] if config in args.ours else {})}
         before = where.link_bytes()
         result = run_job(where.wrap(argv), where.env(env), cwd, args.timeout)
         after = where.link_bytes()
@@ -426,7 +548,8 @@ def run_config(args, network, config, data_dir, tmp):
     record = {"network": network, "config": config, "argv": argv, "link_bytes_host1": link, "epochs": epochs,
               "seconds": last["seconds"], "images_per_second": last["images_per_second"],
               "train_loss": last["train_loss"], "train_acc": last["train_acc"], "test_acc": last["test_acc"],
-              "wall_seconds": result["wall_seconds"], "processes": result["processes"],
+              "wall_seconds": result["wall_seconds"], "cpu_seconds": result["cpu_seconds"],
+              "machine_cpu_seconds": result["machine_cpu_seconds"], "processes": result["processes"],
               "left_behind": result["left_behind"], "worker_report": extra,
               "launcher_said": [line for line in result["stderr"].splitlines() if line.startswith("--van auto:")]}
     if result["left_behind"]:
@@ -454,7 +577,7 @@ def summarize(result):
             seconds = harness.median(run["seconds"] for run in runs)
             rows.append({"network": network, "config": config, "runs": len(runs), "seconds": seconds,
                          "images_per_second": n_train / seconds, "link_floor": link_floor(result, network, config),
-                         **{key: harness.median(run[key] for run in runs)
+                         **{key: None if config == ALONE else harness.median(run[key] for run in runs)
                             for key in ("train_loss", "train_acc", "test_acc")}})
     harness.add_ratios([row for row in rows if "seconds" in row], group=lambda row: row["network"],
                        reference=lambda row: row["config"] == HOROVOD, value="seconds", field="vs_horovod")
@@ -480,11 +603,11 @@ def link_floor(result, network, config):
     than steps, each needed before the next step's forward. No schedule of the same bytes can end it sooner. The
     gradients' bytes are read from a row of ours (``--metrics-json``'s memory), the same model as every row's; None
     off simulated hosts, or for a codec whose bytes are not known here (``_wire_share``)."""
-    share = _wire_share(result, config) if network in HOST_BITS else None
+    share = _wire_share(result, config) if network in HOST_BITS and config != ALONE else None
     if share is None:
         return None
     sizes = [run["epochs"][-1]["memory"][0]["parameters"] for run in result["runs"]
-             if run["network"] == network and run["config"] != HOROVOD and run["epochs"][-1].get("memory")]
+             if run["network"] == network and run["config"] not in (HOROVOD, ALONE) and run["epochs"][-1].get("memory")]
     if not sizes:
         return None
     settings = result["settings"]
@@ -505,13 +628,14 @@ def format_table(result):
             continue
         ratio = f"{row['vs_horovod']:.2f}x" if "vs_horovod" in row else "n/a"
         floor = "n/a" if row.get("link_floor") is None else f"{row['link_floor']:.2f}"
+        model = " | ".join("n/a" if row[key] is None else f"{row[key]:.3f}"
+                           for key in ("train_loss", "train_acc", "test_acc"))
         lines.append(f"| {where} | {row['config']} | {row['seconds']:.2f} | {row['images_per_second']:.1f} | "
-                     f"{ratio} | {floor} | {row['train_loss']:.3f} | {row['train_acc']:.3f} | "
-                     f"{row['test_acc']:.3f} |")
+                     f"{ratio} | {floor} | {model} |")
     threads = {}
     for run in result["runs"]:
         for process in run["processes"]:
-            if process["role"] == "worker" or process["role"].startswith("horovod rank"):
+            if process["role"] == "worker" or process["role"].startswith(("horovod rank", "alone job")):
                 threads.setdefault(run["config"], set()).add(process["OMP_NUM_THREADS"])
     seen = "; ".join(f"{config}: {', '.join(sorted(values))}" for config, values in threads.items())
     data = result["data"]
@@ -523,6 +647,9 @@ def format_table(result):
                  f"gradients each way for each sum the epoch waits for, one fewer than its steps, at the shaped "
                  f"rate, at most 1460 bytes of each 1514-byte frame; n/a off simulated hosts or for a codec whose "
                  f"bytes vary); "
+                 + (f"{ALONE}: {result['settings']['workers']} one-worker jobs at once, each on its share of the "
+                    f"examples and of each batch, nothing summed (the slowest job's epoch; each trains a model of its "
+                    f"own); " if ALONE in result["configs"] else "") +
                  f"OMP_NUM_THREADS seen in the workers: {seen or 'none recorded'}; Horovod's compression: "
                  f"{result['settings'].get('horovod_compression', 'none')}")
     return "\n".join(lines)
@@ -542,8 +669,8 @@ def _ours(text):
     """``NAME=FLAGS`` as ``(name, (env, flags))``: FLAGS' leading ``VAR=VALUE`` words (as a shell reads them)
     set the job's environment, the rest are ``parallel.train`` flags."""
     name, sep, flags = text.partition("=")
-    if not sep or not name.strip() or name.strip() == HOROVOD:
-        raise argparse.ArgumentTypeError(f"expected NAME=FLAGS with a NAME other than {HOROVOD!r}, e.g. "
+    if not sep or not name.strip() or name.strip() in (HOROVOD, ALONE):
+        raise argparse.ArgumentTypeError(f"expected NAME=FLAGS with a NAME other than {HOROVOD!r} and {ALONE!r}, e.g. "
                                          f"'powersgd32=--compression powersgd:32', got {text!r}")
     words, env = shlex.split(flags), {}
     while words and _ENV_WORD.match(words[0]):
@@ -583,6 +710,10 @@ def parse_args(argv=None):
     parser.add_argument("--horovodrun", default=None, help="default: bin/horovodrun in --horovod-venv")
     parser.add_argument("--horovod-python", default=None, help="default: python beside --horovodrun")
     parser.add_argument("--no-horovod", action="store_true", help="skip the Horovod row")
+    parser.add_argument("--alone", action="store_true",
+                        help=f"add a row {ALONE!r}: --workers one-worker jobs at once, each on its share of the "
+                             "examples and of each batch, nothing summed: the compute every data-parallel schedule "
+                             "does on this machine")
     parser.add_argument("--horovod-compression", choices=["none", "fp16"], default="none",
                         help="the Horovod row's gradient compression (hvd.Compression; default none): fp16 to set "
                              "it against an --ours row with --compression fp16")
@@ -603,6 +734,8 @@ def _check_args(parser, args):
             parser.error(f"--{flag.replace('_', '-')} must be >= 1")
     if min(args.batch_size, args.epochs, args.workers, args.rounds) < 1 or args.threads < 0 or args.timeout <= 0:
         parser.error("--batch-size, --epochs, --workers and --rounds must be >= 1, --threads >= 0, --timeout > 0")
+    if args.alone and args.batch_size % args.workers:
+        parser.error(f"--alone: --batch-size {args.batch_size} must be a multiple of --workers {args.workers}")
     ours = args.ours or [("default", ({}, []))]
     if len({name for name, _ in ours}) != len(ours):
         parser.error("every --ours needs a name of its own")
@@ -623,8 +756,9 @@ def run_rounds(args, result, data_dir, tmp):
             record = run_config(args, network, config, data_dir, tmp)
             result["runs"].append(dict(record, round=number))
             write_json(result, args.out)
-            print(f"round {number}/{args.rounds}: {config} on {network}: {record['seconds']:.2f} s/epoch, "
-                  f"loss {record['train_loss']:.3f}", file=sys.stderr, flush=True)
+            loss = "" if record["train_loss"] is None else f", loss {record['train_loss']:.3f}"
+            print(f"round {number}/{args.rounds}: {config} on {network}: {record['seconds']:.2f} s/epoch{loss}",
+                  file=sys.stderr, flush=True)
 
 
 def main(argv=None):
@@ -637,11 +771,12 @@ def main(argv=None):
               "settings": {key: value for key, value in vars(args).items() if key != "link_test"},
               "machine": {"cores": os.cpu_count(), "platform": platform.platform(), "python": sys.version.split()[0],
                           "mxnet": version("mxnet")},
-              "configs": list(args.ours) + [HOROVOD], "links": {}, "order": [], "runs": [],
+              "configs": list(args.ours) + [ALONE] * args.alone + [HOROVOD], "links": {}, "order": [], "runs": [],
               "horovod_skipped": harness.portable(horovod_problem(args))}   # the table shows a reader's path
     try:
         with tempfile.TemporaryDirectory(prefix="horovod-bench-") as tmp:
             data_dir, n_train, n_test = prepare_data(args, tmp)
+            args.shards = prepare_shards(args, data_dir, tmp) if args.alone else []
             result["data"] = {"source": args.data_dir or args.dataset, "train_examples": n_train,
                               "test_examples": n_test}
             for network in args.networks:

@@ -6,6 +6,7 @@ import json
 import math
 import os
 import re
+import statistics
 
 import pytest
 
@@ -22,10 +23,14 @@ def bench():
 @pytest.mark.timeout(900)
 def test_smoke_run_measures_ours_and_measures_or_skips_horovod(bench, tmp_path, capsys):
     assert bench.main(["--dataset", "synthetic", "--train-size", "64", "--test-size", "32", "--batch-size", "32",
-                       "--networks", "plain", "--rounds", "1", "--timeout", "600", "--out", str(tmp_path)]) == 0
+                       "--networks", "plain", "--rounds", "1", "--alone", "--timeout", "600",
+                       "--out", str(tmp_path)]) == 0
     result = json.loads((tmp_path / "horovod.json").read_text())
     out = capsys.readouterr().out
-    assert result["configs"] == ["default", "horovod"] and "error" not in result
+    assert result["configs"] == ["default", "alone", "horovod"] and "error" not in result
+    alone = next(run for run in result["runs"] if run["config"] == "alone")
+    jobs = alone["worker_report"]["jobs"]   # two one-worker jobs, each its own epoch line; the row's is the slower
+    assert len(jobs) == 2 and alone["seconds"] == max(job[-1]["seconds"] for job in jobs) > 0
     assert result["data"] == {"source": "synthetic", "train_examples": 64, "test_examples": 32}
     assert result["links"]["plain"]["gbit_per_s"] > 0
     rows = {row["config"]: row for row in result["rows"]}
@@ -136,6 +141,73 @@ def test_rows_of_ours_and_the_shaped_network(bench, capsys, easy_dir):
         with pytest.raises(SystemExit):
             bench.parse_args(["--data-dir", str(easy_dir), *bad])
     capsys.readouterr()
+
+
+def test_the_alone_row_computes_each_workers_share_with_nothing_summed(bench, easy_dir, tmp_path, capsys):
+    """``--alone``: W one-worker jobs, no launcher, each on its own consecutive W-th of the training examples (the
+    whole test set) with batch B/W, so as many steps as the job's; the driver runs them at once, numbers each and
+    fails with the first failure; the row has a time against Horovod's but no model figures and no link floor."""
+    args = bench.parse_args(["--data-dir", str(easy_dir), "--alone", "--workers", "3", "--batch-size", "48"])
+    shards = bench.prepare_shards(args, str(easy_dir), str(tmp_path))
+    from parallel.data import load_idx_dataset
+    full = load_idx_dataset(str(easy_dir))
+    parts = [load_idx_dataset(shard) for shard in shards]
+    assert [len(part.train_labels) for part in parts] == [85, 85, 85]            # 256 // 3; the last one left out
+    assert (parts[1].train_images == full.train_images[85:170]).all()
+    assert all((part.test_labels == full.test_labels).all() for part in parts)
+    command = bench.alone_command(args, shards, ["/m0.json", "/m1.json", "/m2.json"])
+    assert command[1] == "-c" and command[2] == bench.ALONE_DRIVER
+    jobs = json.loads(command[3])
+    assert len(jobs) == 3 and not any("parallel.launch" in job for job in jobs)
+    for job, shard, path in zip(jobs, shards, ["/m0.json", "/m1.json", "/m2.json"]):
+        assert job[job.index("--batch-size") + 1] == "16" and job[job.index("--data-dir") + 1] == shard
+        assert job[job.index("--metrics-json") + 1] == path and job[job.index("--devices") + 1] == "cpu:1"
+
+    import subprocess
+    import sys
+    script = "import os, sys; print(os.environ['{}']); sys.exit(int(sys.argv[1]))".format(bench.ALONE_JOB)
+    ran = subprocess.run([sys.executable, "-c", bench.ALONE_DRIVER, json.dumps(
+        [[sys.executable, "-c", script, code] for code in ("0", "3", "0")])], capture_output=True, text=True,
+        timeout=60)
+    assert ran.returncode == 3 and sorted(ran.stdout.split()) == ["0", "1", "2"]
+
+    for bad in (["--alone", "--batch-size", "63"], ["--ours", "alone=--x"]):
+        with pytest.raises(SystemExit):
+            bench.parse_args(["--data-dir", str(easy_dir), *bad])
+    capsys.readouterr()
+
+    result = _result(None, [_run("default", 3.0), _run("horovod", 4.0),
+                            dict(_run("alone", 2.0), train_loss=None, train_acc=None, test_acc=None)])
+    result["configs"] = ["default", "alone", "horovod"]
+    result["rows"] = bench.summarize(result)
+    table = bench.format_table(result)
+    assert "| plain (20.00 Gbit/s) | alone | 2.00 | 32.0 | 0.50x | n/a | n/a | n/a | n/a |" in table
+    assert "alone: 2 one-worker jobs at once" in table
+
+
+def test_a_run_records_the_cpu_seconds_of_its_processes_by_role_and_the_machines(bench, tmp_path):
+    """``run_job`` reads each marked process's CPU seconds while the job runs and sums them by kind of role: a job
+    whose two numbered processes each burn 1 s of CPU and then sleep past several readings shows most of that
+    (the kernel counts CPU time in ticks, not exactly); the driver, which only waits, shows little; the machine's
+    seconds over the run cover the job's."""
+    import sys
+    burn = ("import os, sys, time\n"
+            "while time.process_time() < 1.0: pass\n"
+            "time.sleep(3 * {poll})\n").format(poll=bench.POLL_SECONDS)
+    driver = bench.ALONE_DRIVER
+    result = bench.run_job([sys.executable, "-c", driver, json.dumps([[sys.executable, "-c", burn]] * 2)],
+                           dict(os.environ), str(tmp_path), timeout=120)
+    assert result["returncode"] == 0 and result["left_behind"] == []
+    jobs = result["cpu_seconds"]["alone job"]
+    assert jobs["processes"] == 2 and jobs["user"] + jobs["system"] >= 1.2
+    assert result["cpu_seconds"]["other"]["processes"] == 1     # the driver, which only waits
+    assert result["cpu_seconds"]["other"]["user"] < 0.5
+    machine = result["machine_cpu_seconds"]
+    assert set(machine) == set(bench.MACHINE_FIELDS) and machine["user"] + machine["system"] >= 1.2
+    assert bench.cpu_by_role({1: {"role": "horovod rank 0"}, 2: {"role": "horovod rank 1"}, 3: {"role": "server"}},
+                             {1: (1.0, 0.5), 2: (2.0, 0.25), 3: (0.5, 0.5)}) == {
+        "horovod rank": {"user": 3.0, "system": 0.75, "processes": 2},
+        "server": {"user": 0.5, "system": 0.5, "processes": 1}}
 
 
 def test_the_horovod_worker_keeps_as_many_steps_in_flight_as_fit():
@@ -281,3 +353,60 @@ def test_the_benchmarks_readme_reads_the_link_floor_runs_as_their_results_files_
         readme = " ".join(f.read().split())
     missing = [figure for figure in _floor_figures() if figure not in readme]
     assert not missing, "benchmarks/README.md does not say what the floor runs hold:\n" + "\n".join(missing)
+
+
+def _compute_floor_figures():
+    """benchmarks/README.md's sentences on issue 47's compute floor runs at 1 Gbit/s, rebuilt from their results
+    files: the alone jobs' epoch and ours against Horovod's, ours against the alone jobs', and (second run) the
+    runs' CPU seconds, medians over the rounds."""
+    runs = {}
+    for name in ("compute_floor_1gbit", "compute_floor_1gbit_cpu"):
+        with open(os.path.join(ROOT, "benchmarks", "results", "issue47", name, "horovod.json")) as f:
+            result = json.load(f)
+        rows = {row["config"]: row for row in result["rows"]}
+        rounds = {}
+        for run in result["runs"]:
+            rounds.setdefault(run["config"], {})[run["round"]] = run
+        runs[name] = rows, rounds
+
+    def by_round(name, config, against):
+        ours, theirs = runs[name][1][config], runs[name][1][against]
+        ratios = [f"{ours[n]['seconds'] / theirs[n]['seconds']:.2f}x" for n in sorted(ours)]
+        return f"{', '.join(ratios[:-1])} and {ratios[-1]} round by round"
+
+    def median(config, read):   # of the second run's rounds
+        return statistics.median(read(run) for run in runs["compute_floor_1gbit_cpu"][1][config].values())
+
+    def used(role):
+        return lambda run: run["cpu_seconds"][role]["user"] + run["cpu_seconds"][role]["system"]
+
+    def machine(field=None):
+        return lambda run: sum(seconds for key, seconds in run["machine_cpu_seconds"].items()
+                               if (key == field if field else key != "idle"))
+
+    figures = []
+    for name, which in (("compute_floor_1gbit", "first"), ("compute_floor_1gbit_cpu", "second")):
+        rows = runs[name][0]
+        alone, ours = rows["alone"]["vs_horovod"], rows["default"]["vs_horovod"]
+        figures += [f"the {which} run {alone:.2f}x Horovod's epoch ({by_round(name, 'alone', 'horovod')})",
+                    f"ours {ours:.2f}x ({by_round(name, 'default', 'horovod')}), "
+                    f"{rows['default']['seconds'] / rows['alone']['seconds']:.2f}x the alone jobs' epoch",
+                    f"at most {0.75 / alone - 1:.2f} of the compute in the {which} run, where they cost "
+                    f"{rows['default']['seconds'] / rows['alone']['seconds'] - 1:.2f}"]
+    figures += [f"idle for {median('default', machine('idle')):.1f} CPU seconds of our job, "
+                f"{median('alone', machine('idle')):.1f} of the alone jobs and "
+                f"{median('horovod', machine('idle')):.1f} of Horovod's",
+                f"our job kept them busy for {median('default', machine()):.1f} CPU seconds where the alone jobs did "
+                f"for {median('alone', machine()):.1f}: the workers used {median('default', used('worker')):.1f} "
+                f"against the alone jobs' {median('alone', used('alone job')):.1f}, the servers "
+                f"{median('default', used('server')):.1f}, and the kernel's softirq work "
+                f"{median('default', machine('softirq')):.1f}"]
+    return figures
+
+
+def test_the_benchmarks_readme_reads_the_compute_floor_runs_as_their_results_files_hold_them():
+    """What benchmarks/README.md says of issue 47's compute floor runs: each figure rebuilt from the runs."""
+    with open(os.path.join(ROOT, "benchmarks", "README.md")) as f:
+        readme = " ".join(f.read().split())
+    missing = [figure for figure in _compute_floor_figures() if figure not in readme]
+    assert not missing, "benchmarks/README.md does not say what the compute floor runs hold:\n" + "\n".join(missing)
