@@ -410,3 +410,20 @@ def test_the_benchmarks_readme_reads_the_compute_floor_runs_as_their_results_fil
         readme = " ".join(f.read().split())
     missing = [figure for figure in _compute_floor_figures() if figure not in readme]
     assert not missing, "benchmarks/README.md does not say what the compute floor runs hold:\n" + "\n".join(missing)
+
+
+def test_the_benchmarks_readme_reads_the_fp16_van_runs_as_their_results_file_holds_them():
+    """benchmarks/README.md on fp16 over either van at 100 Mbit/s: the ZeroMQ van's epoch over P3's, round by
+    round, and the cores idle for at least a third of every run's CPU seconds."""
+    with open(os.path.join(ROOT, "benchmarks", "README.md")) as f:
+        readme = " ".join(f.read().split())
+    with open(os.path.join(ROOT, "benchmarks", "results", "issue47", "fp16_vans", "horovod.json")) as f:
+        result = json.load(f)
+    rounds = {}
+    for run in result["runs"]:
+        rounds.setdefault(run["config"], {})[run["round"]] = run
+    ratios = [f"{rounds['fp16zmq'][n]['seconds'] / rounds['fp16'][n]['seconds']:.2f}x" for n in sorted(rounds["fp16"])]
+    assert f"The ZeroMQ van took {' and '.join(ratios)} P3's epoch round by round" in readme
+    assert "idle for at least a third of every run's CPU seconds" in readme
+    assert all(3 * run["machine_cpu_seconds"]["idle"] >= sum(run["machine_cpu_seconds"].values())
+               for run in result["runs"])
