@@ -58,9 +58,9 @@ Every job runs in a process group of its own, with ``--timeout`` seconds, and ca
 environment (inherited by everything it starts, also the processes horovodrun starts in sessions of their own):
 on a timeout or an error the group is stopped (SIGTERM, SIGKILL after 10 s) and every process still carrying the
 marker is SIGKILLed by its pid; after every run the driver gives the job's processes 10 s to be gone and SIGKILLs
-any still there (recorded as ``left_behind``). While a job runs, the driver records every process of it with its ``DMLC_ROLE`` and ``OMP_NUM_THREADS``,
-and, read every ``POLL_SECONDS``, the CPU seconds they used by kind of role (``cpu_seconds``) and the machine's
-over the run (``machine_cpu_seconds``, from ``/proc/stat``).
+any still there (recorded as ``left_behind``). While a job runs, the driver records every process of it with its
+``DMLC_ROLE`` and ``OMP_NUM_THREADS``, and, read every ``POLL_SECONDS``, the CPU seconds they used by kind of role
+(``cpu_seconds``) and the machine's over the run (``machine_cpu_seconds``, from ``/proc/stat``).
 A job that fails ends the benchmark with status 1 and an ``error:`` line. Writes ``horovod.json`` (after every
 run, atomically) to ``--out`` and prints a markdown table. Measures nothing itself and never imports MXNet.
 """
@@ -506,9 +506,8 @@ def _epochs_of(config, result, metrics):
             with open(path) as f:
                 jobs.append(json.load(f))
         epochs = [{"epoch": rows[0]["epoch"], "seconds": max(row["seconds"] for row in rows),
-                   "train_loss": None, "train_acc": None, "test_acc": None} for rows in zip(*jobs)]
-        for epoch in epochs:
-            epoch["images_per_second"] = None
+                   "images_per_second": None, "train_loss": None, "train_acc": None, "test_acc": None}
+                  for rows in zip(*jobs)]
         return epochs, {"jobs": jobs}
     if config != HOROVOD:
         if result["returncode"] == 0 and os.path.exists(metrics):
@@ -607,7 +606,7 @@ def link_floor(result, network, config):
     if share is None:
         return None
     sizes = [run["epochs"][-1]["memory"][0]["parameters"] for run in result["runs"]
-             if run["network"] == network and run["config"] not in (HOROVOD, ALONE) and run["epochs"][-1].get("memory")]
+             if run["network"] == network and run["config"] != HOROVOD and run["epochs"][-1].get("memory")]
     if not sizes:
         return None
     settings = result["settings"]

@@ -7,6 +7,8 @@ import math
 import os
 import re
 import statistics
+import subprocess
+import sys
 
 import pytest
 
@@ -163,8 +165,6 @@ def test_the_alone_row_computes_each_workers_share_with_nothing_summed(bench, ea
         assert job[job.index("--batch-size") + 1] == "16" and job[job.index("--data-dir") + 1] == shard
         assert job[job.index("--metrics-json") + 1] == path and job[job.index("--devices") + 1] == "cpu:1"
 
-    import subprocess
-    import sys
     script = "import os, sys; print(os.environ['{}']); sys.exit(int(sys.argv[1]))".format(bench.ALONE_JOB)
     ran = subprocess.run([sys.executable, "-c", bench.ALONE_DRIVER, json.dumps(
         [[sys.executable, "-c", script, code] for code in ("0", "3", "0")])], capture_output=True, text=True,
@@ -190,12 +190,10 @@ def test_a_run_records_the_cpu_seconds_of_its_processes_by_role_and_the_machines
     whose two numbered processes each burn 1 s of CPU and then sleep past several readings shows most of that
     (the kernel counts CPU time in ticks, not exactly); the driver, which only waits, shows little; the machine's
     seconds over the run cover the job's."""
-    import sys
     burn = ("import os, sys, time\n"
             "while time.process_time() < 1.0: pass\n"
             "time.sleep(3 * {poll})\n").format(poll=bench.POLL_SECONDS)
-    driver = bench.ALONE_DRIVER
-    result = bench.run_job([sys.executable, "-c", driver, json.dumps([[sys.executable, "-c", burn]] * 2)],
+    result = bench.run_job([sys.executable, "-c", bench.ALONE_DRIVER, json.dumps([[sys.executable, "-c", burn]] * 2)],
                            dict(os.environ), str(tmp_path), timeout=120)
     assert result["returncode"] == 0 and result["left_behind"] == []
     jobs = result["cpu_seconds"]["alone job"]
@@ -291,6 +289,22 @@ def test_the_benchmarks_readme_quotes_issue_47_s_bucket_runs_as_their_results_fi
         assert rows and all(row in readme for row in rows), path
 
 
+def _readme_words():
+    """benchmarks/README.md with every run of white space one space, as its wrapped sentences read."""
+    with open(os.path.join(ROOT, "benchmarks", "README.md")) as f:
+        return " ".join(f.read().split())
+
+
+def _issue47_runs(name):
+    """``benchmarks/results/issue47/NAME/horovod.json`` and its runs as ``{config: {round: run}}``."""
+    with open(os.path.join(ROOT, "benchmarks", "results", "issue47", name, "horovod.json")) as f:
+        result = json.load(f)
+    rounds = {}
+    for run in result["runs"]:
+        rounds.setdefault(run["config"], {})[run["round"]] = run
+    return result, rounds
+
+
 def _floor_figures():
     """benchmarks/README.md's sentences on issue 47's link floor runs (two hosts, and three) and on the cross barrier's
     prototype, rebuilt from their results files."""
@@ -349,8 +363,7 @@ def _floor_figures():
 def test_the_benchmarks_readme_reads_the_link_floor_runs_as_their_results_files_hold_them():
     """What benchmarks/README.md says of issue 47's link floor runs (two hosts with and without fp16, three hosts, the
     order alone, the cross barrier's prototype): each figure rebuilt from the runs' rows and rounds."""
-    with open(os.path.join(ROOT, "benchmarks", "README.md")) as f:
-        readme = " ".join(f.read().split())
+    readme = _readme_words()
     missing = [figure for figure in _floor_figures() if figure not in readme]
     assert not missing, "benchmarks/README.md does not say what the floor runs hold:\n" + "\n".join(missing)
 
@@ -361,13 +374,8 @@ def _compute_floor_figures():
     runs' CPU seconds, medians over the rounds."""
     runs = {}
     for name in ("compute_floor_1gbit", "compute_floor_1gbit_cpu"):
-        with open(os.path.join(ROOT, "benchmarks", "results", "issue47", name, "horovod.json")) as f:
-            result = json.load(f)
-        rows = {row["config"]: row for row in result["rows"]}
-        rounds = {}
-        for run in result["runs"]:
-            rounds.setdefault(run["config"], {})[run["round"]] = run
-        runs[name] = rows, rounds
+        result, rounds = _issue47_runs(name)
+        runs[name] = {row["config"]: row for row in result["rows"]}, rounds
 
     def by_round(name, config, against):
         ours, theirs = runs[name][1][config], runs[name][1][against]
@@ -406,8 +414,7 @@ def _compute_floor_figures():
 
 def test_the_benchmarks_readme_reads_the_compute_floor_runs_as_their_results_files_hold_them():
     """What benchmarks/README.md says of issue 47's compute floor runs: each figure rebuilt from the runs."""
-    with open(os.path.join(ROOT, "benchmarks", "README.md")) as f:
-        readme = " ".join(f.read().split())
+    readme = _readme_words()
     missing = [figure for figure in _compute_floor_figures() if figure not in readme]
     assert not missing, "benchmarks/README.md does not say what the compute floor runs hold:\n" + "\n".join(missing)
 
@@ -415,13 +422,8 @@ def test_the_benchmarks_readme_reads_the_compute_floor_runs_as_their_results_fil
 def test_the_benchmarks_readme_reads_the_fp16_van_runs_as_their_results_file_holds_them():
     """benchmarks/README.md on fp16 over either van at 100 Mbit/s: the ZeroMQ van's epoch over P3's, round by
     round, and the cores idle for at least a third of every run's CPU seconds."""
-    with open(os.path.join(ROOT, "benchmarks", "README.md")) as f:
-        readme = " ".join(f.read().split())
-    with open(os.path.join(ROOT, "benchmarks", "results", "issue47", "fp16_vans", "horovod.json")) as f:
-        result = json.load(f)
-    rounds = {}
-    for run in result["runs"]:
-        rounds.setdefault(run["config"], {})[run["round"]] = run
+    readme = _readme_words()
+    result, rounds = _issue47_runs("fp16_vans")
     ratios = [f"{rounds['fp16zmq'][n]['seconds'] / rounds['fp16'][n]['seconds']:.2f}x" for n in sorted(rounds["fp16"])]
     assert f"The ZeroMQ van took {' and '.join(ratios)} P3's epoch round by round" in readme
     assert "idle for at least a third of every run's CPU seconds" in readme
