@@ -131,22 +131,25 @@ def marked_processes(mark, known=None):
     """``{pid: {"role", "OMP_NUM_THREADS", "command"}}`` of the live processes whose environment holds
     ``MARK=mark`` (only this driver's runs set it): the launcher's scheduler, servers and workers carry their
     ``DMLC_ROLE``, Horovod's workers their ``HOROVOD_RANK``, ``--alone``'s jobs their number. ``known`` (a dict,
-    updated): what an earlier call found of each pid (None: not marked), not read again."""
+    updated): what an earlier call found of each pid (None: not marked) with its command line then, not read
+    again while the command line stays the same (a process that ``exec``s, as the stand-in ssh's remote shell
+    does into a worker, gets the environment and role of what it became)."""
     known = {} if known is None else known
     found = {}
     for name in os.listdir("/proc"):
         if not name.isdigit() or int(name) == os.getpid():
             continue
-        if int(name) not in known:
+        pid, command = int(name), _command(name)
+        if pid not in known or known[pid][0] != command:
             env = harness.proc_environ(name)
             if env is None:
                 continue
             role = env.get("DMLC_ROLE") or ("horovod rank " + env["HOROVOD_RANK"] if "HOROVOD_RANK" in env else
                                             "alone job " + env[ALONE_JOB] if ALONE_JOB in env else "other")
-            known[int(name)] = None if env.get(MARK) != mark else {
-                "role": role, "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", "unset"), "command": _command(name)[:200]}
-        if known[int(name)] is not None:
-            found[int(name)] = known[int(name)]
+            known[pid] = command, None if env.get(MARK) != mark else {
+                "role": role, "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", "unset"), "command": command[:200]}
+        if known[pid][1] is not None:
+            found[pid] = known[pid][1]
     return found
 
 

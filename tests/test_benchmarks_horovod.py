@@ -6,9 +6,12 @@ import json
 import math
 import os
 import re
+import signal
 import statistics
 import subprocess
 import sys
+import time
+import uuid
 
 import pytest
 
@@ -206,6 +209,28 @@ def test_a_run_records_the_cpu_seconds_of_its_processes_by_role_and_the_machines
                              {1: (1.0, 0.5), 2: (2.0, 0.25), 3: (0.5, 0.5)}) == {
         "horovod rank": {"user": 3.0, "system": 0.75, "processes": 2},
         "server": {"user": 0.5, "system": 0.5, "processes": 1}}
+
+
+def test_a_process_that_execs_into_a_marked_one_is_found_with_its_new_role(bench):
+    """The stand-in ssh's remote shell ``exec``s into the worker: the pid read before the ``exec`` (not marked, or
+    not yet a worker) must be read again once its command line changes, or the worker's CPU seconds go uncounted
+    (``cpu_seconds`` once showed 1 worker of 2)."""
+    mark = uuid.uuid4().hex
+    env = {k: v for k, v in os.environ.items() if k != bench.MARK}
+    child = subprocess.Popen(["sh", "-c", f"read line; exec env {bench.MARK}={mark} DMLC_ROLE=worker sleep 30"],
+                             env=env, stdin=subprocess.PIPE, start_new_session=True)
+    try:
+        known = {}
+        assert child.pid not in bench.marked_processes(mark, known) and child.pid in known
+        child.stdin.write(b"go\n")
+        child.stdin.close()
+        deadline = time.monotonic() + 10
+        while not bench._command(child.pid).startswith("sleep") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert bench.marked_processes(mark, known)[child.pid]["role"] == "worker"
+    finally:
+        os.killpg(child.pid, signal.SIGKILL)
+        child.wait(timeout=10)
 
 
 def test_the_horovod_worker_keeps_as_many_steps_in_flight_as_fit():
