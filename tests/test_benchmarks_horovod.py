@@ -168,7 +168,8 @@ def test_the_alone_row_computes_each_workers_share_with_nothing_summed(bench, ea
         assert job[job.index("--batch-size") + 1] == "16" and job[job.index("--data-dir") + 1] == shard
         assert job[job.index("--metrics-json") + 1] == path and job[job.index("--devices") + 1] == "cpu:1"
 
-    script = "import os, sys; print(os.environ['{}']); sys.exit(int(sys.argv[1]))".format(bench.ALONE_JOB)
+    script = ("import os, sys; os.write(1, (os.environ['{}'] + '\\n').encode()); sys.exit(int(sys.argv[1]))"
+              .format(bench.ALONE_JOB))   # one write each, which a pipe keeps whole (print's could interleave)
     ran = subprocess.run([sys.executable, "-c", bench.ALONE_DRIVER, json.dumps(
         [[sys.executable, "-c", script, code] for code in ("0", "3", "0")])], capture_output=True, text=True,
         timeout=60)
@@ -393,6 +394,24 @@ def test_the_benchmarks_readme_reads_the_link_floor_runs_as_their_results_files_
     assert not missing, "benchmarks/README.md does not say what the floor runs hold:\n" + "\n".join(missing)
 
 
+def _by_round(rounds, config, against):
+    """``rounds``' (``_issue47_runs``) epoch of ``config`` over ``against``'s, round by round: "0.78x, 0.82x and 0.90x
+    round by round"."""
+    ratios = [f"{rounds[config][n]['seconds'] / rounds[against][n]['seconds']:.2f}x" for n in sorted(rounds[config])]
+    return f"{', '.join(ratios[:-1])} and {ratios[-1]} round by round"
+
+
+def _cpu_median(rounds, config, role=None, field=None):
+    """The median over ``rounds``' runs of ``config`` of the CPU seconds (user and system) its processes of ``role``
+    used, or else of the machine's ``field`` (idle, softirq), or else of every field of the machine's but idle."""
+    def read(run):
+        if role:
+            return run["cpu_seconds"][role]["user"] + run["cpu_seconds"][role]["system"]
+        return sum(seconds for key, seconds in run["machine_cpu_seconds"].items()
+                   if (key == field if field else key != "idle"))
+    return statistics.median(read(run) for run in rounds[config].values())
+
+
 def _compute_floor_figures():
     """benchmarks/README.md's sentences on issue 47's compute floor runs at 1 Gbit/s, rebuilt from their results
     files: the alone jobs' epoch and ours against Horovod's, ours against the alone jobs', and (second run) the
@@ -401,39 +420,24 @@ def _compute_floor_figures():
     for name in ("compute_floor_1gbit", "compute_floor_1gbit_cpu"):
         result, rounds = _issue47_runs(name)
         runs[name] = {row["config"]: row for row in result["rows"]}, rounds
-
-    def by_round(name, config, against):
-        ours, theirs = runs[name][1][config], runs[name][1][against]
-        ratios = [f"{ours[n]['seconds'] / theirs[n]['seconds']:.2f}x" for n in sorted(ours)]
-        return f"{', '.join(ratios[:-1])} and {ratios[-1]} round by round"
-
-    def median(config, read):   # of the second run's rounds
-        return statistics.median(read(run) for run in runs["compute_floor_1gbit_cpu"][1][config].values())
-
-    def used(role):
-        return lambda run: run["cpu_seconds"][role]["user"] + run["cpu_seconds"][role]["system"]
-
-    def machine(field=None):
-        return lambda run: sum(seconds for key, seconds in run["machine_cpu_seconds"].items()
-                               if (key == field if field else key != "idle"))
-
+    cpu = runs["compute_floor_1gbit_cpu"][1]
     figures = []
     for name, which in (("compute_floor_1gbit", "first"), ("compute_floor_1gbit_cpu", "second")):
-        rows = runs[name][0]
+        rows, rounds = runs[name]
         alone, ours = rows["alone"]["vs_horovod"], rows["default"]["vs_horovod"]
-        figures += [f"the {which} run {alone:.2f}x Horovod's epoch ({by_round(name, 'alone', 'horovod')})",
-                    f"ours {ours:.2f}x ({by_round(name, 'default', 'horovod')}), "
+        figures += [f"the {which} run {alone:.2f}x Horovod's epoch ({_by_round(rounds, 'alone', 'horovod')})",
+                    f"ours {ours:.2f}x ({_by_round(rounds, 'default', 'horovod')}), "
                     f"{rows['default']['seconds'] / rows['alone']['seconds']:.2f}x the alone jobs' epoch",
                     f"at most {0.75 / alone - 1:.2f} of the compute in the {which} run, where they cost "
                     f"{rows['default']['seconds'] / rows['alone']['seconds'] - 1:.2f}"]
-    figures += [f"idle for {median('default', machine('idle')):.1f} CPU seconds of our job, "
-                f"{median('alone', machine('idle')):.1f} of the alone jobs and "
-                f"{median('horovod', machine('idle')):.1f} of Horovod's",
-                f"our job kept them busy for {median('default', machine()):.1f} CPU seconds where the alone jobs did "
-                f"for {median('alone', machine()):.1f}: the workers used {median('default', used('worker')):.1f} "
-                f"against the alone jobs' {median('alone', used('alone job')):.1f}, the servers "
-                f"{median('default', used('server')):.1f}, and the kernel's softirq work "
-                f"{median('default', machine('softirq')):.1f}"]
+    figures += [f"idle for {_cpu_median(cpu, 'default', field='idle'):.1f} CPU seconds of our job, "
+                f"{_cpu_median(cpu, 'alone', field='idle'):.1f} of the alone jobs and "
+                f"{_cpu_median(cpu, 'horovod', field='idle'):.1f} of Horovod's",
+                f"our job kept them busy for {_cpu_median(cpu, 'default'):.1f} CPU seconds where the alone jobs did "
+                f"for {_cpu_median(cpu, 'alone'):.1f}: the workers used {_cpu_median(cpu, 'default', 'worker'):.1f} "
+                f"against the alone jobs' {_cpu_median(cpu, 'alone', 'alone job'):.1f}, the servers "
+                f"{_cpu_median(cpu, 'default', 'server'):.1f}, and the kernel's softirq work "
+                f"{_cpu_median(cpu, 'default', field='softirq'):.1f}"]
     return figures
 
 
@@ -442,6 +446,54 @@ def test_the_benchmarks_readme_reads_the_compute_floor_runs_as_their_results_fil
     readme = _readme_words()
     missing = [figure for figure in _compute_floor_figures() if figure not in readme]
     assert not missing, "benchmarks/README.md does not say what the compute floor runs hold:\n" + "\n".join(missing)
+
+
+def _compute_floor_again_figures():
+    """benchmarks/README.md's sentences on issue 47's compute floor runs measured again (two hosts and three at 1
+    Gbit/s, two at 100 Mbit/s), rebuilt from their results files, CPU seconds as medians over the rounds."""
+    figures = []
+    for name in ("compute_floor_again_1gbit", "compute_floor_hosts3", "compute_floor_100mbit"):
+        result, rounds = _issue47_runs(name)
+        rows = {row["config"]: row for row in result["rows"]}
+        ours, alone, horovod = rows["default"], rows["alone"], rows["horovod"]
+
+        def system(config, role):
+            return statistics.median(run["cpu_seconds"][role]["system"] for run in rounds[config].values())
+
+        figures += [f"ours {ours['vs_horovod']:.2f}x Horovod's epoch ({_by_round(rounds, 'default', 'horovod')}), "
+                    f"{ours['seconds'] / alone['seconds']:.2f}x the alone jobs' epoch, which took "
+                    f"{alone['vs_horovod']:.2f}x Horovod's ({_by_round(rounds, 'alone', 'horovod')})",
+                    f"busy for {_cpu_median(rounds, 'default'):.1f} CPU seconds in our job, "
+                    f"{_cpu_median(rounds, 'alone'):.1f} in the alone jobs and {_cpu_median(rounds, 'horovod'):.1f} "
+                    f"in Horovod's, idle for {_cpu_median(rounds, 'default', field='idle'):.1f}, "
+                    f"{_cpu_median(rounds, 'alone', field='idle'):.1f} and "
+                    f"{_cpu_median(rounds, 'horovod', field='idle'):.1f}",
+                    f"our workers used {_cpu_median(rounds, 'default', 'worker'):.1f} ({system('default', 'worker'):.1f} "
+                    f"in the kernel) against the alone jobs' {_cpu_median(rounds, 'alone', 'alone job'):.1f} "
+                    f"({system('alone', 'alone job'):.1f}), the servers {_cpu_median(rounds, 'default', 'server'):.1f}, "
+                    f"the kernel's softirq work {_cpu_median(rounds, 'default', field='softirq'):.1f}; Horovod's "
+                    f"ranks {_cpu_median(rounds, 'horovod', 'horovod rank'):.1f} "
+                    f"({system('horovod', 'horovod rank'):.1f} in the kernel)"]
+        if result["settings"]["networks"] == ["hosts-1gbit"]:
+            figures.append(f"would leave the sums at most {0.75 / alone['vs_horovod'] - 1:.2f} of the compute; they "
+                           f"cost {ours['seconds'] / alone['seconds'] - 1:.2f}")
+        else:
+            figures.append(f"our epoch {ours['seconds'] / ours['link_floor']:.2f}x its link floor, Horovod's "
+                           f"{horovod['seconds'] / horovod['link_floor']:.2f}x")
+    return figures
+
+
+def test_the_benchmarks_readme_reads_the_compute_floor_runs_measured_again_as_their_results_files_hold_them():
+    """What benchmarks/README.md says of the compute floor measured again: each figure rebuilt from the runs."""
+    readme = _readme_words()
+    missing = [figure for figure in _compute_floor_again_figures() if figure not in readme]
+    assert not missing, "benchmarks/README.md does not say what the runs hold:\n" + "\n".join(missing)
+    costs = []
+    for name in ("compute_floor_again_1gbit", "compute_floor_hosts3"):
+        rows = {row["config"]: row for row in _issue47_runs(name)[0]["rows"]}
+        costs.append(f"{rows['default']['seconds'] / rows['alone']['seconds'] - 1:.2f}")
+    with open(os.path.join(ROOT, "docs", "distributed.md")) as f:
+        assert f"the sums cost {costs[0]} and {costs[1]} of the compute" in " ".join(f.read().split())
 
 
 def test_the_benchmarks_readme_reads_the_fp16_van_runs_as_their_results_file_holds_them():
