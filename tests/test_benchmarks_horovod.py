@@ -212,6 +212,11 @@ def test_a_run_records_the_cpu_seconds_of_its_processes_by_role_and_the_machines
         "server": {"user": 0.5, "system": 0.5, "processes": 1}}
 
 
+def _cmdline(pid):
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        return f.read()
+
+
 def test_a_process_that_execs_into_a_marked_one_is_found_with_its_new_role(bench):
     """The stand-in ssh's remote shell ``exec``s into the worker: the pid read before the ``exec`` (not marked, or
     not yet a worker) must be read again once its command line changes, or the worker's CPU seconds go uncounted
@@ -226,7 +231,7 @@ def test_a_process_that_execs_into_a_marked_one_is_found_with_its_new_role(bench
         child.stdin.write(b"go\n")
         child.stdin.close()
         deadline = time.monotonic() + 10
-        while not bench._command(child.pid).startswith("sleep") and time.monotonic() < deadline:
+        while not _cmdline(child.pid).startswith(b"sleep") and time.monotonic() < deadline:
             time.sleep(0.05)
         assert bench.marked_processes(mark, known)[child.pid]["role"] == "worker"
     finally:
