@@ -327,13 +327,19 @@ def _readme_words():
 
 
 def _issue47_runs(name):
-    """``benchmarks/results/issue47/NAME/horovod.json`` and its runs as ``{config: {round: run}}``."""
+    """``benchmarks/results/issue47/NAME/horovod.json``, its table's rows as ``{config: row}`` and its runs as
+    ``{config: {round: run}}``."""
     with open(os.path.join(ROOT, "benchmarks", "results", "issue47", name, "horovod.json")) as f:
         result = json.load(f)
     rounds = {}
     for run in result["runs"]:
         rounds.setdefault(run["config"], {})[run["round"]] = run
-    return result, rounds
+    return result, {row["config"]: row for row in result["rows"]}, rounds
+
+
+def _sums_cost(rows):
+    """What the sums add to the compute: our epoch over the alone jobs', less 1."""
+    return rows["default"]["seconds"] / rows["alone"]["seconds"] - 1
 
 
 def _floor_figures():
@@ -406,12 +412,13 @@ def _by_round(rounds, config, against):
     return f"{', '.join(ratios[:-1])} and {ratios[-1]} round by round"
 
 
-def _cpu_median(rounds, config, role=None, field=None):
-    """The median over ``rounds``' runs of ``config`` of the CPU seconds (user and system) its processes of ``role``
-    used, or else of the machine's ``field`` (idle, softirq), or else of every field of the machine's but idle."""
+def _cpu_median(rounds, config, role=None, field=None, times=("user", "system")):
+    """The median over ``rounds``' runs of ``config`` of the CPU seconds (``times``: user and system, or one of them)
+    its processes of ``role`` used, or else of the machine's ``field`` (idle, softirq), or else of every field of the
+    machine's but idle."""
     def read(run):
         if role:
-            return run["cpu_seconds"][role]["user"] + run["cpu_seconds"][role]["system"]
+            return sum(run["cpu_seconds"][role][time] for time in times)
         return sum(seconds for key, seconds in run["machine_cpu_seconds"].items()
                    if (key == field if field else key != "idle"))
     return statistics.median(read(run) for run in rounds[config].values())
@@ -423,8 +430,7 @@ def _compute_floor_figures():
     runs' CPU seconds, medians over the rounds."""
     runs = {}
     for name in ("compute_floor_1gbit", "compute_floor_1gbit_cpu"):
-        result, rounds = _issue47_runs(name)
-        runs[name] = {row["config"]: row for row in result["rows"]}, rounds
+        runs[name] = _issue47_runs(name)[1:]
     cpu = runs["compute_floor_1gbit_cpu"][1]
     figures = []
     for name, which in (("compute_floor_1gbit", "first"), ("compute_floor_1gbit_cpu", "second")):
@@ -432,9 +438,9 @@ def _compute_floor_figures():
         alone, ours = rows["alone"]["vs_horovod"], rows["default"]["vs_horovod"]
         figures += [f"the {which} run {alone:.2f}x Horovod's epoch ({_by_round(rounds, 'alone', 'horovod')})",
                     f"ours {ours:.2f}x ({_by_round(rounds, 'default', 'horovod')}), "
-                    f"{rows['default']['seconds'] / rows['alone']['seconds']:.2f}x the alone jobs' epoch",
+                    f"{_sums_cost(rows) + 1:.2f}x the alone jobs' epoch",
                     f"at most {0.75 / alone - 1:.2f} of the compute in the {which} run, where they cost "
-                    f"{rows['default']['seconds'] / rows['alone']['seconds'] - 1:.2f}"]
+                    f"{_sums_cost(rows):.2f}"]
     figures += [f"idle for {_cpu_median(cpu, 'default', field='idle'):.1f} CPU seconds of our job, "
                 f"{_cpu_median(cpu, 'alone', field='idle'):.1f} of the alone jobs and "
                 f"{_cpu_median(cpu, 'horovod', field='idle'):.1f} of Horovod's",
@@ -458,30 +464,30 @@ def _compute_floor_again_figures():
     Gbit/s, two at 100 Mbit/s), rebuilt from their results files, CPU seconds as medians over the rounds."""
     figures = []
     for name in ("compute_floor_again_1gbit", "compute_floor_hosts3", "compute_floor_100mbit"):
-        result, rounds = _issue47_runs(name)
-        rows = {row["config"]: row for row in result["rows"]}
+        result, rows, rounds = _issue47_runs(name)
         ours, alone, horovod = rows["default"], rows["alone"], rows["horovod"]
 
         def system(config, role):
-            return statistics.median(run["cpu_seconds"][role]["system"] for run in rounds[config].values())
+            return _cpu_median(rounds, config, role, times=("system",))
 
         figures += [f"ours {ours['vs_horovod']:.2f}x Horovod's epoch ({_by_round(rounds, 'default', 'horovod')}), "
-                    f"{ours['seconds'] / alone['seconds']:.2f}x the alone jobs' epoch, which took "
+                    f"{_sums_cost(rows) + 1:.2f}x the alone jobs' epoch, which took "
                     f"{alone['vs_horovod']:.2f}x Horovod's ({_by_round(rounds, 'alone', 'horovod')})",
                     f"busy for {_cpu_median(rounds, 'default'):.1f} CPU seconds in our job, "
                     f"{_cpu_median(rounds, 'alone'):.1f} in the alone jobs and {_cpu_median(rounds, 'horovod'):.1f} "
                     f"in Horovod's, idle for {_cpu_median(rounds, 'default', field='idle'):.1f}, "
                     f"{_cpu_median(rounds, 'alone', field='idle'):.1f} and "
                     f"{_cpu_median(rounds, 'horovod', field='idle'):.1f}",
-                    f"our workers used {_cpu_median(rounds, 'default', 'worker'):.1f} ({system('default', 'worker'):.1f} "
-                    f"in the kernel) against the alone jobs' {_cpu_median(rounds, 'alone', 'alone job'):.1f} "
-                    f"({system('alone', 'alone job'):.1f}), the servers {_cpu_median(rounds, 'default', 'server'):.1f}, "
+                    f"our workers used {_cpu_median(rounds, 'default', 'worker'):.1f} "
+                    f"({system('default', 'worker'):.1f} in the kernel) against the alone jobs' "
+                    f"{_cpu_median(rounds, 'alone', 'alone job'):.1f} ({system('alone', 'alone job'):.1f}), the "
+                    f"servers {_cpu_median(rounds, 'default', 'server'):.1f}, "
                     f"the kernel's softirq work {_cpu_median(rounds, 'default', field='softirq'):.1f}; Horovod's "
                     f"ranks {_cpu_median(rounds, 'horovod', 'horovod rank'):.1f} "
                     f"({system('horovod', 'horovod rank'):.1f} in the kernel)"]
         if result["settings"]["networks"] == ["hosts-1gbit"]:
             figures.append(f"would leave the sums at most {0.75 / alone['vs_horovod'] - 1:.2f} of the compute; they "
-                           f"cost {ours['seconds'] / alone['seconds'] - 1:.2f}")
+                           f"cost {_sums_cost(rows):.2f}")
         else:
             figures.append(f"our epoch {ours['seconds'] / ours['link_floor']:.2f}x its link floor, Horovod's "
                            f"{horovod['seconds'] / horovod['link_floor']:.2f}x")
@@ -493,10 +499,8 @@ def test_the_benchmarks_readme_reads_the_compute_floor_runs_measured_again_as_th
     readme = _readme_words()
     missing = [figure for figure in _compute_floor_again_figures() if figure not in readme]
     assert not missing, "benchmarks/README.md does not say what the runs hold:\n" + "\n".join(missing)
-    costs = []
-    for name in ("compute_floor_again_1gbit", "compute_floor_hosts3"):
-        rows = {row["config"]: row for row in _issue47_runs(name)[0]["rows"]}
-        costs.append(f"{rows['default']['seconds'] / rows['alone']['seconds'] - 1:.2f}")
+    costs = [f"{_sums_cost(_issue47_runs(name)[1]):.2f}"
+             for name in ("compute_floor_again_1gbit", "compute_floor_hosts3")]
     with open(os.path.join(ROOT, "docs", "distributed.md")) as f:
         assert f"the sums cost {costs[0]} and {costs[1]} of the compute" in " ".join(f.read().split())
 
@@ -505,7 +509,7 @@ def test_the_benchmarks_readme_reads_the_fp16_van_runs_as_their_results_file_hol
     """benchmarks/README.md on fp16 over either van at 100 Mbit/s: the ZeroMQ van's epoch over P3's, round by
     round, and the cores idle for at least a third of every run's CPU seconds."""
     readme = _readme_words()
-    result, rounds = _issue47_runs("fp16_vans")
+    result, _, rounds = _issue47_runs("fp16_vans")
     ratios = [f"{rounds['fp16zmq'][n]['seconds'] / rounds['fp16'][n]['seconds']:.2f}x" for n in sorted(rounds["fp16"])]
     assert f"The ZeroMQ van took {' and '.join(ratios)} P3's epoch round by round" in readme
     assert "idle for at least a third of every run's CPU seconds" in readme
