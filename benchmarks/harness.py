@@ -404,10 +404,11 @@ SIBLINGS = ("hvd-venv", "shared")
 def portable(value):
     """``value`` (JSON's types) with this machine's paths in its strings written as a reader types them: this
     Python as ``python``, the repository's root as ``.``, what stands beside it (``SIBLINGS``) as ``../NAME``, the
-    temporary directory (``tempfile.gettempdir()``, where a run's scratch files went) as ``$TMPDIR``."""
+    temporary directory (``tempfile.gettempdir()``, where a run's scratch files went) as ``$TMPDIR``. A tuple
+    comes back a list, as JSON writes it."""
     if isinstance(value, dict):
         return {key: portable(item) for key, item in value.items()}
-    if isinstance(value, list):
+    if isinstance(value, (list, tuple)):
         return [portable(item) for item in value]
     if not isinstance(value, str):
         return value

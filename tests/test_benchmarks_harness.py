@@ -216,9 +216,11 @@ def test_recorded_paths_are_a_readers(harness):
     root, tmp = harness.ROOT, tempfile.gettempdir()
     recorded = harness.portable({"command": f"{sys.executable} {root}/benchmarks/x.py --out {tmp}/r/m.json",
                                  "runs": [os.path.join(os.path.dirname(root), "shared", "peers"), root, 3],
+                                 "ours": {"tr": ({}, ["--trace", f"{tmp}/r/t.json"])},   # settings hold tuples
                                  "note": "/elsewhere/file"})
     assert recorded == {"command": "python benchmarks/x.py --out $TMPDIR/r/m.json",
-                        "runs": [os.path.join(os.pardir, "shared", "peers"), ".", 3], "note": "/elsewhere/file"}
+                        "runs": [os.path.join(os.pardir, "shared", "peers"), ".", 3],
+                        "ours": {"tr": [{}, ["--trace", "$TMPDIR/r/t.json"]]}, "note": "/elsewhere/file"}
 
 
 @pytest.mark.parametrize("name", ["compression", "faults", "healing", "horovod", "optimizer_accuracy",
