@@ -429,8 +429,11 @@ def _training_flags(args, data_dir):
 def ours_command(args, data_dir, flags, metrics, where=None):
     """The package's job: the launcher with ``--workers`` workers, each ``parallel.train`` on one CPU context; on
     simulated hosts (``where``) with ``--launcher ssh``, a worker and a server on each host."""
+    # over ssh the launcher sends only its own variables (parallel.launch.processes.FORWARDED): --env PYTHONPATH
+    # makes each host's worker and server import this work tree's package (harness.child_env), not the one the
+    # venv installed, which a checkout of other code (a worktree, a patch applied there) would silently leave out
     hosts = [] if where is None or where.hosts is None else [
-        "--launcher", "ssh", "-H", where.hostfile, "--scheduler-host", where.hosts[0]]
+        "--launcher", "ssh", "-H", where.hostfile, "--scheduler-host", where.hosts[0], "--env", "PYTHONPATH"]
     # each worker's own BatchNorm statistics, as Horovod's MXNet trainer has (it has no SyncBatchNorm for MXNet): the
     # same model on both sides; what the job's statistics cost is benchmarks/batchnorm.py's (a row may pass
     # --batchnorm-stats job, which comes later and wins)

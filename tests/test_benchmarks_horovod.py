@@ -251,8 +251,9 @@ def test_on_simulated_hosts_each_tool_runs_one_worker_a_host_over_ssh(bench):
     class Where:
         hosts, hostfile = ["10.77.0.1", "10.77.0.2"], "/h.txt"
     ours = bench.ours_command(args, "/data", [], "/m.json", Where())
-    assert ours[ours.index("--launcher"):ours.index("--launcher") + 6] == [
-        "--launcher", "ssh", "-H", "/h.txt", "--scheduler-host", "10.77.0.1"]
+    assert ours[ours.index("--launcher"):ours.index("--launcher") + 8] == [
+        "--launcher", "ssh", "-H", "/h.txt", "--scheduler-host", "10.77.0.1", "--env", "PYTHONPATH"]
+    assert ours.index("--env") < ours.index("parallel.train")   # the launcher's flag: each host imports this tree
     horovod = bench.horovod_command(args, "/data", Where())
     assert horovod[horovod.index("-H") + 1] == "10.77.0.1:1,10.77.0.2:1"
     assert horovod[horovod.index("--network-interface") + 1] == "eth0"
