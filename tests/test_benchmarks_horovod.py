@@ -516,3 +516,66 @@ def test_the_benchmarks_readme_reads_the_fp16_van_runs_as_their_results_file_hol
     assert "idle for at least a third of every run's CPU seconds" in readme
     assert all(3 * run["machine_cpu_seconds"]["idle"] >= sum(run["machine_cpu_seconds"].values())
                for run in result["runs"])
+
+
+def _sums_of_steps(path):
+    """The traced steps' sums in a trace ``parallel.train --trace`` wrote: each step's ``(first bracket's start,
+    last bracket's end)`` in ms, in order (``parallel.trace.reduction_order``'s steps: a bucket number that comes
+    again starts the next step)."""
+    with open(path) as f:
+        brackets = sorted((e for e in json.load(f)["traceEvents"]
+                           if e.get("ph") == "X" and e.get("cat") == "allreduce" and e.get("tid") == 1),
+                          key=lambda e: e["args"]["issue"])
+    steps = []
+    for bracket in brackets:
+        if not steps or any(b["args"]["bucket"] == bracket["args"]["bucket"] for b in steps[-1]):
+            steps.append([])
+        steps[-1].append(bracket)
+    return [(min(b["ts"] for b in step) / 1000, max(b["ts"] + b["dur"] for b in step) / 1000) for step in steps]
+
+
+def _trace_figures(name):
+    """What a traced 100 Mbit/s run (``benchmarks/results/issue47/NAME``) shows of the link on rank 0: the order its
+    sums landed in, the link's idle time from a step's last sum landing to the next step's first bucket leaving, and
+    each step's sums (first bucket leaving to last sum landing) over the link floor's time a sum."""
+    from parallel.trace import read_trace, reduction_order
+    folder = os.path.join(ROOT, "benchmarks", "results", "issue47", name)
+    result, rows, _ = _issue47_runs(name)
+    per_sum = rows["tr"]["link_floor"] / (math.ceil(result["data"]["train_examples"] /
+                                                    result["settings"]["batch_size"]) - 1)
+    steps = _sums_of_steps(os.path.join(folder, "trace.rank0.json"))
+    orders = "; ".join(", ".join(map(str, order)) for order in
+                       reduction_order(read_trace(os.path.join(folder, "trace.rank0.json"))))
+    gaps = " and ".join(f"{later[0] - earlier[1]:.0f} ms" for earlier, later in zip(steps, steps[1:]))
+    spans = [(end - start) / 1000 for start, end in steps]
+    return orders, gaps, (" and ".join(f"{span:.2f} s" for span in spans) + ", " +
+                          " and ".join(f"{span / per_sum:.2f}x" for span in spans) +
+                          f" the link floor's time a sum ({per_sum:.2f} s)")
+
+
+def _cross_again_figures():
+    """benchmarks/README.md's sentences on the cross barrier's prototype measured again and on the traces of the
+    default and of the prototype at 100 Mbit/s, rebuilt from their results files."""
+    _, rows, rounds = _issue47_runs("cross_again")
+    ratio = lambda config: rows[config]["seconds"] / rows["default"]["seconds"]   # noqa: E731
+    floor = rows["default"]["link_floor"]
+    default, held = _trace_figures("trace_100mbit"), _trace_figures("trace_100mbit_hold")
+    return [f"`hold` took {ratio('hold'):.2f}x the default's epoch ({_by_round(rounds, 'hold', 'default')}), "
+            f"{rows['hold']['seconds'] / floor:.2f}x the link floor where the default took "
+            f"{rows['default']['seconds'] / floor:.2f}x",
+            f"`sched22` took {ratio('sched22'):.2f}x ({_by_round(rounds, 'sched22', 'default')})",
+            f"`holdzmq` took {ratio('holdzmq'):.2f}x ({_by_round(rounds, 'holdzmq', 'default')})",
+            f"the default's sums landed in the order {default[0]}",
+            f"the prototype's in the order {held[0]}",
+            f"the link carried no sum for {default[1]} in the default's steps and for {held[1]} in the "
+            f"prototype's",
+            f"a step's sums took {default[2]} in the default",
+            f"and {held[2]} in the prototype"]
+
+
+def test_the_benchmarks_readme_reads_the_cross_barrier_measured_again_as_its_results_files_hold_them():
+    """What benchmarks/README.md says of the cross barrier's prototype measured again (both vans, the held orders)
+    and of the default's 100 Mbit/s trace (the link's idle time between steps): each figure rebuilt from the files."""
+    readme = _readme_words()
+    missing = [figure for figure in _cross_again_figures() if figure not in readme]
+    assert not missing, "benchmarks/README.md does not say what the runs hold:\n" + "\n".join(missing)
