@@ -518,20 +518,32 @@ def test_the_benchmarks_readme_reads_the_fp16_van_runs_as_their_results_file_hol
                for run in result["runs"])
 
 
-def _sums_of_steps(path):
-    """The traced steps' sums in a trace ``parallel.train --trace`` wrote: each step's ``(first bracket's start,
-    last bracket's end)`` in ms, in order (``parallel.trace.reduction_order``'s steps: a bucket number that comes
-    again starts the next step)."""
+def _steps_of(path):
+    """A trace's (``parallel.train --trace``) events and its traced steps' sums: each step's ``allreduce`` brackets, in
+    order (``parallel.trace.reduction_order``'s steps: a bucket number that comes again starts the next step)."""
     with open(path) as f:
-        brackets = sorted((e for e in json.load(f)["traceEvents"]
-                           if e.get("ph") == "X" and e.get("cat") == "allreduce" and e.get("tid") == 1),
-                          key=lambda e: e["args"]["issue"])
+        events = json.load(f)["traceEvents"]
+    brackets = sorted((e for e in events if e.get("ph") == "X" and e.get("cat") == "allreduce" and e.get("tid") == 1),
+                      key=lambda e: e["args"]["issue"])
     steps = []
     for bracket in brackets:
         if not steps or any(b["args"]["bucket"] == bracket["args"]["bucket"] for b in steps[-1]):
             steps.append([])
         steps[-1].append(bracket)
-    return [(min(b["ts"] for b in step) / 1000, max(b["ts"] + b["dur"] for b in step) / 1000) for step in steps]
+    return events, steps
+
+
+def _forward_leads(events, steps):
+    """For each traced step but the last, in ms, how long before its last sum landed the next forward pass began
+    (negative: after): the first forward operator after the first layers' bucket (the highest number, the last
+    backward fills) was queued."""
+    forwards = sorted(e["ts"] for e in events if e.get("ph") == "X" and e.get("cat") == "forward" and e.get("tid") == 0)
+    leads = []
+    for step in steps[:-1]:
+        first_layers = max(step, key=lambda b: b["args"]["bucket"])
+        start = next(ts for ts in forwards if ts > first_layers["ts"])
+        leads.append((max(b["ts"] + b["dur"] for b in step) - start) / 1000)
+    return leads
 
 
 def _trace_figures(name):
@@ -543,14 +555,17 @@ def _trace_figures(name):
     result, rows, _ = _issue47_runs(name)
     per_sum = rows["tr"]["link_floor"] / (math.ceil(result["data"]["train_examples"] /
                                                     result["settings"]["batch_size"]) - 1)
-    steps = _sums_of_steps(os.path.join(folder, "trace.rank0.json"))
+    events, brackets = _steps_of(os.path.join(folder, "trace.rank0.json"))
+    steps = [(min(b["ts"] for b in step) / 1000, max(b["ts"] + b["dur"] for b in step) / 1000) for step in brackets]
     orders = "; ".join(", ".join(map(str, order)) for order in
                        reduction_order(read_trace(os.path.join(folder, "trace.rank0.json"))))
     gaps = " and ".join(f"{later[0] - earlier[1]:.0f} ms" for earlier, later in zip(steps, steps[1:]))
     spans = [(end - start) / 1000 for start, end in steps]
+    leads = " and ".join(f"{abs(lead):.0f} ms {'before' if lead > 0 else 'after'}"
+                         for lead in _forward_leads(events, brackets))
     return orders, gaps, (" and ".join(f"{span:.2f} s" for span in spans) + ", " +
                           " and ".join(f"{span / per_sum:.2f}x" for span in spans) +
-                          f" the link floor's time a sum ({per_sum:.2f} s)")
+                          f" the link floor's time a sum ({per_sum:.2f} s)"), leads
 
 
 def _cross_again_figures():
@@ -570,7 +585,9 @@ def _cross_again_figures():
             f"the link carried no sum for {default[1]} in the default's steps and for {held[1]} in the "
             f"prototype's",
             f"a step's sums took {default[2]} in the default",
-            f"and {held[2]} in the prototype"]
+            f"and {held[2]} in the prototype",
+            f"the next forward pass began {default[3]} the step's last sum landed in the default, {held[3]} it "
+            f"in the prototype"]
 
 
 def test_the_benchmarks_readme_reads_the_cross_barrier_measured_again_as_its_results_files_hold_them():
