@@ -62,7 +62,7 @@ from .files import atomic_write, scratch_file
 __all__ = ["trace", "Trace", "PHASES", "ISSUED_OPS", "BACKWARD_MARK", "issued", "mark_backward_each", "backward_heads",
            "mark_forward_each", "collective",
            "mark_recompute",
-           "check_traceable", "plot_timeline", "read_trace", "reduction_order", "worker_path"]
+           "check_traceable", "plot_timeline", "read_trace", "reduction_order", "traced_sums", "worker_path"]
 
 #: The phases a trace names its operators by: what issued them. The first five happen in this order on every
 #: context; ZeRO-3 adds gather, recompute and reduce-scatter, a pipeline its sends, tensor parallelism its
@@ -556,6 +556,14 @@ def reduction_order(timeline, lane=0):
     >>> reduction_order(t)
     [[2, 0, 1], [0, 1, 2]]
     """
+    return [[b["args"]["bucket"] for b in sorted(step, key=lambda b: (b["ts"] + b["dur"], b["args"]["issue"]))]
+            for step in traced_sums(timeline, lane)]
+
+
+def traced_sums(timeline, lane=0):
+    """Each traced step's gradient sums on ``lane`` of a ``Trace``: a list a step of its buckets' ``allreduce`` (or
+    ``reduce-scatter``) bracket events, in the order they were issued; a bucket's number that comes again starts the
+    next step (``reduction_order`` sorts each by when it ended)."""
     brackets = sorted((e for e in timeline.events if e.get("ph") == "X" and e.get("pid") == lane
                        and e.get("tid") == 1 and e.get("cat") in ("allreduce", "reduce-scatter")),
                       key=lambda e: e["args"]["issue"])
@@ -564,8 +572,7 @@ def reduction_order(timeline, lane=0):
         if not steps or any(b["args"]["bucket"] == bracket["args"]["bucket"] for b in steps[-1]):
             steps.append([])
         steps[-1].append(bracket)
-    return [[b["args"]["bucket"] for b in sorted(step, key=lambda b: (b["ts"] + b["dur"], b["args"]["issue"]))]
-            for step in steps]
+    return steps
 
 
 _COLORS = {"load": "#9e9e9e", "forward": "#1f77b4", "backward": "#ff7f0e", "allreduce": "#2ca02c",

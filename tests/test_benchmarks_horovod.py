@@ -343,6 +343,11 @@ def _sums_cost(rows):
     return rows["default"]["seconds"] / rows["alone"]["seconds"] - 1
 
 
+def _sums_an_epoch(result):
+    """The sums a results file's epoch waits for: one fewer than its steps (as its link floor counts them)."""
+    return math.ceil(result["data"]["train_examples"] / result["settings"]["batch_size"]) - 1
+
+
 def _floor_figures():
     """benchmarks/README.md's sentences on issue 47's link floor runs (two hosts, and three) and on the cross barrier's
     prototype, rebuilt from their results files."""
@@ -350,7 +355,7 @@ def _floor_figures():
     for name in ("floor_links", "floor_fp16", "hosts3_auto", "floor_order", "cross_prototype", "cross_prototype_fp16"):
         with open(os.path.join(ROOT, "benchmarks", "results", "issue47", name, "horovod.json")) as f:
             result = json.load(f)
-        sums = math.ceil(result["data"]["train_examples"] / result["settings"]["batch_size"]) - 1
+        sums = _sums_an_epoch(result)
         for row in result["rows"]:
             rows[name, row["network"], row["config"]] = {**row, "sums": sums}
         for run in result["runs"]:
@@ -518,26 +523,12 @@ def test_the_benchmarks_readme_reads_the_fp16_van_runs_as_their_results_file_hol
                for run in result["runs"])
 
 
-def _steps_of(path):
-    """A trace's (``parallel.train --trace``) events and its traced steps' sums: each step's ``allreduce`` brackets, in
-    order (``parallel.trace.reduction_order``'s steps: a bucket number that comes again starts the next step)."""
-    with open(path) as f:
-        events = json.load(f)["traceEvents"]
-    brackets = sorted((e for e in events if e.get("ph") == "X" and e.get("cat") == "allreduce" and e.get("tid") == 1),
-                      key=lambda e: e["args"]["issue"])
-    steps = []
-    for bracket in brackets:
-        if not steps or any(b["args"]["bucket"] == bracket["args"]["bucket"] for b in steps[-1]):
-            steps.append([])
-        steps[-1].append(bracket)
-    return events, steps
-
-
-def _forward_leads(events, steps):
-    """For each traced step but the last, in ms, how long before its last sum landed the next forward pass began
-    (negative: after): the first forward operator after the first layers' bucket (the highest number, the last
-    backward fills) was queued."""
-    forwards = sorted(e["ts"] for e in events if e.get("ph") == "X" and e.get("cat") == "forward" and e.get("tid") == 0)
+def _forward_leads(timeline, steps):
+    """For each of ``steps`` (``parallel.trace.traced_sums``) but the last, in ms, how long before its last sum landed
+    the next forward pass began (negative: after): the first forward operator of lane 0 after the first layers'
+    bucket (the highest number, the last backward fills) was queued."""
+    forwards = sorted(e["ts"] for e in timeline.events
+                      if e.get("ph") == "X" and e.get("cat") == "forward" and e.get("tid") == 0 and e.get("pid") == 0)
     leads = []
     for step in steps[:-1]:
         first_layers = max(step, key=lambda b: b["args"]["bucket"])
@@ -550,19 +541,17 @@ def _trace_figures(name):
     """What a traced 100 Mbit/s run (``benchmarks/results/issue47/NAME``) shows of the link on rank 0: the order its
     sums landed in, the link's idle time from a step's last sum landing to the next step's first bucket leaving, and
     each step's sums (first bucket leaving to last sum landing) over the link floor's time a sum."""
-    from parallel.trace import read_trace, reduction_order
-    folder = os.path.join(ROOT, "benchmarks", "results", "issue47", name)
+    from parallel.trace import read_trace, reduction_order, traced_sums
     result, rows, _ = _issue47_runs(name)
-    per_sum = rows["tr"]["link_floor"] / (math.ceil(result["data"]["train_examples"] /
-                                                    result["settings"]["batch_size"]) - 1)
-    events, brackets = _steps_of(os.path.join(folder, "trace.rank0.json"))
+    per_sum = rows["tr"]["link_floor"] / _sums_an_epoch(result)
+    timeline = read_trace(os.path.join(ROOT, "benchmarks", "results", "issue47", name, "trace.rank0.json"))
+    brackets = traced_sums(timeline)
     steps = [(min(b["ts"] for b in step) / 1000, max(b["ts"] + b["dur"] for b in step) / 1000) for step in brackets]
-    orders = "; ".join(", ".join(map(str, order)) for order in
-                       reduction_order(read_trace(os.path.join(folder, "trace.rank0.json"))))
+    orders = "; ".join(", ".join(map(str, order)) for order in reduction_order(timeline))
     gaps = " and ".join(f"{later[0] - earlier[1]:.0f} ms" for earlier, later in zip(steps, steps[1:]))
     spans = [(end - start) / 1000 for start, end in steps]
     leads = " and ".join(f"{abs(lead):.0f} ms {'before' if lead > 0 else 'after'}"
-                         for lead in _forward_leads(events, brackets))
+                         for lead in _forward_leads(timeline, brackets))
     return orders, gaps, (" and ".join(f"{span:.2f} s" for span in spans) + ", " +
                           " and ".join(f"{span / per_sum:.2f}x" for span in spans) +
                           f" the link floor's time a sum ({per_sum:.2f} s)"), leads
