@@ -606,12 +606,13 @@ def link_floor(result, network, config):
     most ``PAYLOAD_SHARE`` is payload. The epoch, timed as ``parallel.fit`` times it (and the Horovod worker as
     fit), ends when its last step's loss is read, before that step's gradients are summed: it holds one sum fewer
     than steps, each needed before the next step's forward. No schedule of the same bytes can end it sooner. The
-    gradients' bytes are read from a row of ours (``--metrics-json``'s memory), the same model as every row's; None
+    gradients' bytes are read from a row of ours (``--metrics-json``'s memory: its gradients, which a cross barrier's
+    split parameters do not double), the same model as every row's; None
     off simulated hosts, or for a codec whose bytes are not known here (``_wire_share``)."""
     share = _wire_share(result, config) if network in HOST_BITS and config != ALONE else None
     if share is None:
         return None
-    sizes = [run["epochs"][-1]["memory"][0]["parameters"] for run in result["runs"]
+    sizes = [run["epochs"][-1]["memory"][0]["gradients"] for run in result["runs"]
              if run["network"] == network and run["config"] != HOROVOD and run["epochs"][-1].get("memory")]
     if not sizes:
         return None
