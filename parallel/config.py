@@ -37,7 +37,7 @@ FLAGS = {"epochs": "--epochs", "num_epochs": "--epochs", "batch_size": "--batch-
          "optimizer": "--optimizer", "momentum": "--momentum", "nesterov": "--nesterov", "wd": "--wd",
          "clip_norm": "--clip-norm", "accumulate": "--accumulate", "zero": "--zero", "warmup_epochs": "--warmup-epochs",
          "checkpoint_every": "--checkpoint-every", "compression": "--compression", "trace": "--trace",
-         "compression_warmup": "--compression-warmup",
+         "compression_warmup": "--compression-warmup", "cross_barrier": "--cross-barrier",
          "bucket_mb": "--bucket-mb", "lr_decay_epochs": "--lr-decay-epochs", "lr_decay": "--lr-decay",
          "factor": "--lr-decay", "milestones": "--lr-decay-epochs",
          "lr_schedule": "--lr-schedule", "recompute": "--recompute", "tensor": "--tensor", "schedule": "--schedule",

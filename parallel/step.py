@@ -253,8 +253,9 @@ def _parameters(groups):
     what a trace's forward bracket starts after (the update before it)."""
     arrays = []
     for group in groups:
-        for replica in group:
-            arrays += data_of(replica)
+        for replica in group:   # a split replica's forward reads its first layers' piece first (a cross barrier)
+            split = isinstance(replica, FlatReplica) and replica.pieces is not None
+            arrays += replica.pieces[-1:] if split else data_of(replica)
     return [array for array in arrays if isinstance(array, mx.nd.NDArray)]
 
 
@@ -281,15 +282,20 @@ def zero_grads(groups):
                 grad[:] = 0
 
 
-def fence_statistics(replicas):
+def fence_statistics(replicas, first_layers=False):
     """Order every later read of a replica's running statistics after its backward pass, which writes them without
     telling MXNet's engine (BatchNorm on CPU contexts: ``parallel.engine``); ``replicas`` has ``groups()``. The
-    fence reads every gradient buffer: queued after a step's reductions, it holds none of them back."""
+    fence reads every gradient buffer: queued after a step's reductions, it holds none of them back, but the next
+    forward's first BatchNorm then waits for every sum. ``first_layers`` (a cross barrier's): a flat replica's fence
+    reads its first layers' gradient buffer alone (its last bucket: the last that backward writes, once every
+    BatchNorm's backward has run on that context's engine thread), queued before the reductions, where it holds back
+    that bucket's sum alone, and only until backward ends."""
     for group in replicas.groups():
         for replica in group:
             aux = aux_of(replica)
             if aux:
-                fence(grads_of(replica), aux)
+                grads = grads_of(replica)
+                fence(grads[-1:] if first_layers and isinstance(replica, FlatReplica) else grads, aux)
 
 
 def _trained_arrays(groups):
@@ -389,9 +395,13 @@ def step_replicas(replicas, X, y, lr=None, loss=softmax_cross_entropy, batch_siz
     else:   # every gradient buffer was zeroed first: a replica idle in some micro-batch adds nothing stale
         (loss_sum, correct), active = _accumulate(replicas, X, y, loss, accumulate, count_correct), None
     replicas.finish_backward()
-    optimizer_step(optimizer, replicas.groups(), X.shape[0] if batch_size is None else batch_size, replicas.reducer,
-                   active)
-    fence_statistics(replicas)   # after the reductions: each bucket's starts as soon as backward has written it
+    reducer = as_reducer(replicas.reducer)
+    cross = reducer.cross_barrier   # the next forward's BatchNorms wait for the first layers' sum alone
+    if cross:
+        fence_statistics(replicas, first_layers=True)
+    optimizer_step(optimizer, replicas.groups(), X.shape[0] if batch_size is None else batch_size, reducer, active)
+    if not cross:
+        fence_statistics(replicas)   # after the reductions: each bucket's starts as soon as backward has written it
     return loss_sum, correct
 
 

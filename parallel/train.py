@@ -284,6 +284,10 @@ SCOPES = {
                            ("--router-z-loss", 0.001), ("--gate-scale", 2), ("--expert-parallel", 2))},
     "--sequence-parallel": Scope("with --tensor", "--model vit --sequence-parallel",
                                  "--model vit --tensor 2 --devices cpu:2 --sequence-parallel"),
+    "--cross-barrier": Scope("--zero 0", "--zero 1 --cross-barrier", "--cross-barrier",
+                             refusal="splits the parameters into one buffer a bucket, which --zero's shards do not "
+                                     "support: use --zero 0",
+                             applies=lambda args: args.zero == 0),
     "--compression-warmup": Scope("--compression", "--compression-warmup 5",
                                   "--compression fp16 --compression-warmup 5"),
     "--momentum": Scope("sgd", "--optimizer adam --momentum 0.9", "--momentum 0.9"),
@@ -393,6 +397,10 @@ def _add_reduction_flags(add):
              "an element, t each bucket's mean magnitude, scaled at every step), 2bit:THRESHOLD (MXNet's fixed t; "
              "its default is 2bit:0.5), topk:RATIO or powersgd:RANK (every data-parallel sum; not with --zero 3); "
              "default none")
+    add("--cross-barrier", action="store_true",
+        help="let each layer's next forward wait only for its own bucket's update (BytePS's cross barrier): the "
+             "parameters in one buffer a bucket, each updated as its sum lands, first layers first, and in a job the "
+             "first layers' sums sent first once backward ends; for slow links; the same model; with --zero 0")
     add("--compression-warmup", type=int, default=0, metavar="STEPS",
         help="sum the gradients of the first STEPS optimizer steps uncompressed, then compress (DDP's PowerSGD "
              "start_powerSGD_iter): a codec that sends a small part of the gradient learns far less in the first "

@@ -194,7 +194,7 @@ def lay_out(args, checkpoint, ctx_list, job):
         bucket_mb, why = (args.bucket_mb, "") if args.bucket_mb is not None else bucket_mb_for(job_hosts())
         why = why and f"{why}; --bucket-mb overrides"
         reducer = Reducer(args.allreduce, bucket_mb=bucket_mb, compression=args.compression, job=job,
-                          bucket_note=why, warmup=args.compression_warmup)
+                          bucket_note=why, warmup=args.compression_warmup, cross_barrier=args.cross_barrier)
         strategy = make_strategy(layout_of_args(args), initial, ctx_list, reducer=reducer,
                                  batch_size=args.batch_size)   # in a job: rank 0's
     _warn_idle_replicas(args, strategy, job)

@@ -444,6 +444,55 @@ def test_the_job_layouts_train_the_one_context_vit_in_threads(name, one_context,
     assert_close_to_scale(first, one_context, 1e-12)
 
 
+#: The cross barrier (``Reducer(cross_barrier=True)``: each bucket's parameters a buffer of their own, updated first
+#: layers first; in a job the first layers' sums sent first once backward ends): pipeline stages over data replicas
+#: in one process, and data replicas in a job of two workers (threads). Each: the layout, contexts a worker, workers.
+CROSS = {"data x pipeline, cross barrier": (Layout("hybrid", stages=2), 4, 1),
+         "data, cross barrier, in a job": (Layout("data"), 2, 2)}
+
+
+@pytest.mark.parametrize("name", sorted(CROSS))
+def test_a_cross_barrier_trains_bitwise_the_layout_s_model_without_it(name, one_context, threads_reduce_at_once):
+    """The same sums and updates in another order: bitwise the run without a cross barrier, and the one-context
+    model within 1e-12; every replica's parameters split, in enough buckets that a job holds some back."""
+    from parallel.comm.reducer import CROSS_HOLD
+    layout, k, workers = CROSS[name]
+
+    def run(cross):
+        def work(job, rank):
+            reducer = Reducer(bucket_mb=0.02, job=job, cross_barrier=cross)
+            strategy = make_strategy(layout, init_vit(0 if rank == 0 else 5, dtype="float64"),
+                                     [mx.cpu(k * rank + i) for i in range(k)], reducer=reducer)
+            replicas = [replica for group in strategy.groups() for replica in group]
+            assert all((replica.pieces is not None) == cross and len(replica.buckets) > CROSS_HOLD + 1
+                       for replica in replicas)
+            return _train(strategy, layout, _batches("float64"))
+        return work(None, 0) if workers == 1 else in_threads(workers, work)[0][0]
+    got = run(True)
+    assert_same_arrays([got], [run(False)])
+    assert_close_to_scale(got, one_context, 1e-12)
+
+
+def test_a_cross_barrier_resumes_bitwise(tmp_path):
+    """The resume column's cell for a cross barrier: stopped before its second step and checkpointed, resumed into
+    a new strategy (which splits the checkpoint's parameters again), bitwise the run never stopped."""
+    layout, k, _ = CROSS["data x pipeline, cross barrier"]
+
+    def run(checkpoint=None, stop=None, on_checkpoint=None):
+        model = init_model("vit", 0, *(() if checkpoint is None else (checkpoint.params, checkpoint.aux)))
+        strategy = make_strategy(layout, model, contexts(k), reducer=Reducer(bucket_mb=0.02, cross_barrier=True))
+        try:
+            fit(_IMAGES, strategy, SGD(0.05, momentum=0.9), RunConfig(epochs=2, batch_size=12, seed=1), stop=stop,
+                on_checkpoint=on_checkpoint, resume=checkpoint)
+        except TrainingStopped:
+            return None
+        return [p.asnumpy() for p in strategy.params()]
+    assert run(stop=stop_before(2), on_checkpoint=ckpt.CheckpointWriter(tmp_path, {}, "vit")) is None
+    saved = ckpt.load_checkpoint(tmp_path)
+    assert (saved.state.epoch, saved.state.batch) == (1, 1)
+    assert_same_arrays([run(checkpoint=saved)], [run()])
+
+
 @pytest.mark.parametrize("layout, model, error, says", [
     (Layout(tensor=2), "lenet", ValueError, "LeNet has none"),
     (Layout(tensor=8), "vit", ValueError, "cannot split ViT's 4 attention heads"),

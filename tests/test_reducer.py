@@ -2,8 +2,10 @@
 queued while the backward pass runs. Bucketing changes when bytes move, never what is summed: every bucket size
 trains bitwise the same model; the trace shows the sums overlapping the backward pass on every context's lane;
 a communication hook of the user's own reduces each bucket; a codec's error feedback is the same whatever the
-buckets."""
+buckets; a cross barrier lets each layer wait for its own bucket's update alone and sends the first layers' sums
+first, bitwise the same model."""
 import json
+import threading
 
 import mxnet as mx
 import numpy as np
@@ -17,7 +19,7 @@ from parallel.models.lenet import LENET_SHAPES
 from parallel.optim import SGD, Adam
 from parallel.strategies import DataParallel
 from parallel.train import main
-from conftest import contexts, fast_only, make_batches, small_cnn
+from conftest import contexts, fast_only, in_threads, labels_hold, make_batches, small_cnn
 
 #: Bucket sizes in MiB: one bucket (None, and 25 for LeNet's 0.5 MiB), three, a parameter a bucket.
 BUCKET_SIZES = [None, 25, 0.1, 1e-6]
@@ -499,3 +501,113 @@ def test_a_bucket_is_checked_once_as_it_is_laid_out_and_other_arrays_at_every_su
 
     reducer.register_comm_hook(hook).reduce(group)
     assert tried == [0, 1, 2]
+
+
+# ---- a cross barrier: each layer's next forward waits for its own bucket's update alone ---------------------------
+
+@pytest.mark.parametrize("cross", [True, False])
+def test_with_a_cross_barrier_a_layer_waits_for_its_own_bucket_s_update_alone(cross):
+    """LeNet on one context, its gradients in buckets; the last layers' bucket (backward's first) is held back by an
+    engine operation on another context that writes its gradient buffer until released. With a cross barrier the
+    first layers' weights (their own piece) are updated and readable while it is held: what the next forward reads
+    first. Without one every weight is a view of one buffer, one array to MXNet's engine, and cannot be read before
+    the held bucket's update: the reader stays blocked until the release."""
+    from parallel.engine import ENGINE_SYNC_FUNC, push_sync
+    from parallel.optim.zero import update_groups
+    ctx = [mx.cpu(0)]
+    reducer = Reducer("fused", 0.004, cross_barrier=cross)
+    replica = reducer.replicate(init_lenet_params(seed=1), ctx)[0]
+    assert (replica.pieces is not None) == cross and len(replica.buckets) >= 2
+    optimizer = SGD(0.05, momentum=0.9)
+    X, y = make_batches([64], seed=2)[0]
+    train_batch(X, y, [replica], ctx, optimizer=optimizer, reducer=reducer)
+    mx.nd.waitall()
+    before = replica[0].asnumpy()
+    release, read = threading.Event(), threading.Event()
+
+    def hold(run_context, param):   # in cpu(5)'s engine thread: the held bucket's sum, not landed yet
+        release.wait(120)
+    held = ENGINE_SYNC_FUNC(hold)
+    push_sync(held, mx.cpu(5), writes=[replica.grads[0]])
+    update_groups(optimizer, [[replica]], 64, reducer)
+    reader = threading.Thread(target=lambda: (replica[0].wait_to_read(), read.set()))
+    reader.start()
+    try:
+        # with a cross barrier this waits for conv1's update alone; without, it cannot end before the release
+        assert read.wait(60 if cross else 1) == cross
+    finally:
+        release.set()
+        reader.join(120)
+        mx.nd.waitall()
+    assert read.is_set() and not np.array_equal(replica[0].asnumpy(), before)   # updated, in both
+    for b, layout in enumerate(replica.buckets if cross else ()):   # the flat buffer kept equal to the pieces
+        np.testing.assert_array_equal(replica.data[layout.start:layout.end].asnumpy(), replica.pieces[b].asnumpy())
+
+
+def test_in_a_job_a_cross_barrier_sends_the_first_layers_sums_first_once_backward_ends(threads_reduce_at_once):
+    """Two workers in threads, LeNet in 7 buckets: with a cross barrier a step's sums leave in the order the next
+    forward needs them once backward has ended (the first CROSS_HOLD buckets in backward's order as soon as they are
+    written, then the first layers' first); without, in backward's order. The same model either way, bitwise: the
+    same sums, updated bucket by bucket in place of all at once."""
+    from parallel.comm.reducer import CROSS_HOLD
+    from parallel.job import bucket_key
+
+    def run(cross):
+        def work(job, rank):
+            ctx = [mx.cpu(rank)]
+            reducer = Reducer("fused", 0.002, job=job, cross_barrier=cross)
+            params = reducer.replicate(init_lenet_params(seed=1), ctx)
+            optimizer = SGD(0.05, momentum=0.9)
+            for X, y in make_batches([32, 32], seed=2):
+                train_batch(X, y, params, ctx, optimizer=optimizer, reducer=reducer)
+            return len(params[0].buckets), [p.asnumpy() for p in params[0]]
+        results, servers = in_threads(2, work)
+        n = results[0][0]
+        keys = {bucket_key(b): b for b in range(n)}
+        pushed = [keys[key] for key, _ in servers.pushed if key in keys]   # both workers', as they pushed
+        orders = [list(dict.fromkeys(step)) for step in (pushed[:2 * n], pushed[2 * n:])]   # first push of each
+        for a, b in zip(results[0][1], results[1][1]):
+            np.testing.assert_array_equal(a, b)
+        return n, orders, results[0][1]
+    n, crossed, got = run(True)
+    m, plain, want = run(False)
+    assert n == m == 7, (n, m)
+    assert crossed == [[0, 1, 6, 5, 4, 3, 2]] * 2 and plain == [list(range(7))] * 2, (crossed, plain)
+    assert CROSS_HOLD == 2   # the first two leave as backward writes them
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
+
+
+def test_a_cross_barrier_s_timeline_labels_hold_and_its_updates_are_bracketed_a_bucket_each():
+    """A traced step of LeNet on 2 contexts with a cross barrier: every label holds (``labels_hold``), and each
+    lane has one update bracket a bucket, named after it."""
+    ctx = contexts(2)
+    reducer = Reducer("fused", 0.004, cross_barrier=True)
+    device_params = reducer.replicate(init_lenet_params(seed=1), ctx)
+    optimizer = SGD(0.05, momentum=0.9)
+    X, y = make_batches([64], seed=2)[0]
+    train_batch(X, y, device_params, ctx, optimizer=optimizer, reducer=reducer)
+    with trace(contexts=ctx) as recorded:
+        train_batch(X, y, device_params, ctx, optimizer=optimizer, reducer=reducer)
+    labels_hold(recorded.result)
+    n = len(device_params[0].buckets)
+    names = sorted(e["name"] for e in recorded.result.events if e.get("cat") == "update" and e["name"].startswith(
+        "update bucket"))
+    assert names == sorted(f"update bucket {b}" for b in range(n) for _ in ctx), names
+
+
+def test_a_cross_barrier_is_refused_with_zero_s_shards_and_needs_a_bool(capsys):
+    reducer = Reducer("fused", 0.004, cross_barrier=True)
+    group = reducer.replicate(init_lenet_params(seed=1), contexts(2))
+    with pytest.raises(ValueError, match="zero=1 shards the flat buffer.*cross_barrier"):
+        train_batch(*make_batches([8], seed=2)[0], group, contexts(2), optimizer=SGD(0.05, zero=1), reducer=reducer)
+    from parallel import Layout, init_model, make_strategy
+    for zero in (1, 3):   # a layout that shards: refused as it is laid out
+        with pytest.raises(ValueError, match=rf"zero={zero}.*shards the flat buffers.*cross barrier"):
+            make_strategy(Layout("data", zero=zero), init_model("lenet", 0), contexts(2), reducer=reducer)
+    with pytest.raises(TypeError, match="cross_barrier must be a bool"):
+        Reducer(cross_barrier=1)
+    assert "a cross barrier" in reducer.describe(2) and "cross barrier" not in Reducer().describe(2)
+    assert main(["--dataset", "synthetic", "--train-size", "64", "--batch-size", "32", "--epochs", "1",
+                 "--devices", "cpu:2", "--bucket-mb", "0.004", "--cross-barrier", "--no-progress"]) == 0
+    assert "a cross barrier" in capsys.readouterr().out

@@ -54,12 +54,15 @@ def exported(prefix):
 
 
 @pytest.mark.slow
-# two and three workers (three: the server sums in arrival order), one context a worker and two
-@pytest.mark.parametrize("workers, k", [(2, 1), (2, 2), (3, 2)])
-def test_workers_times_contexts_train_the_same_model_as_one_context_through_the_cli(workers, k, tiny, tmp_path):
+# two and three workers (three: the server sums in arrival order), one context a worker and two; and a cross
+# barrier through the dist kvstore (LeNet in buckets enough that some are held until backward ends)
+@pytest.mark.parametrize("workers, k, flags", [(2, 1, ()), (2, 2, ()), (3, 2, ()),
+                                               (2, 1, ("--cross-barrier", "--bucket-mb", "0.02"))])
+def test_workers_times_contexts_train_the_same_model_as_one_context_through_the_cli(workers, k, flags, tiny,
+                                                                                      tmp_path):
     data_dir, dataset = tiny
     process = launch(workers, tmp_path, "--data-dir", str(data_dir), "--devices", f"cpu:{k}", "--epochs", "2",
-                     *TRAIN, "--export", "lenet", "--metrics-json", "m.json", servers=min(workers, 2))
+                     *TRAIN, *flags, "--export", "lenet", "--metrics-json", "m.json", servers=min(workers, 2))
     out, err = finish(process)
     assert process.returncode == 0, err[-3000:]
     history, device_params = fit(dataset, lenet_strategy([mx.cpu(0)], seed=3), 0.1,
@@ -73,6 +76,7 @@ def test_workers_times_contexts_train_the_same_model_as_one_context_through_the_
         np.testing.assert_allclose([g["train_loss"], g["train_acc"]], [w["train_loss"], w["train_acc"]], rtol=1e-5)
         assert abs(g["test_acc"] - w["test_acc"]) <= 1 / 23 + 1e-9
     assert sorted(os.listdir(tmp_path)) == ["lenet-0000.params", "lenet-symbol.json", "m.json"]
+    assert ("a cross barrier" in out) == bool(flags), out
 
 
 API_WORKER = """

@@ -30,6 +30,7 @@ import numpy as np
 
 from ..compress import COMPRESSIONS
 from ..compress.registry import as_codec
+from ..engine import fence
 from ..job import Job, allreduce_across, bucket_key
 from ..trace import issued
 from ..validate import check_choice, check_int
@@ -38,7 +39,13 @@ from .algorithms import allreduce, check_same_arrays, exclusive, receive, reduce
 from .replica import Bucket, FlatReplica, bucket_bytes, bucket_ranges, get_params, grads_of
 
 __all__ = ["Reducer", "GradBucket", "BucketComm", "allreduce_hook", "CompressionHook", "as_reducer",
-           "allreduce_grads", "compressed_allreduce"]
+           "allreduce_grads", "compressed_allreduce", "CROSS_HOLD"]
+
+#: With a cross barrier in a job, the buckets that leave as soon as backward writes them (the first in backward's
+#: order: the last layers'); the others wait for the end of backward, then leave first layers first, so that the
+#: sums the next forward needs first land first. 2 kept a 100 Mbit/s link busy through a ResNet-18 backward pass in
+#: the prototype's runs (benchmarks/README.md, "The cross barrier").
+CROSS_HOLD = 2
 
 
 class GradBucket:
@@ -228,10 +235,17 @@ class Reducer:
         Optimizer steps whose gradients are summed uncompressed (``allreduce_hook``) before the hook (a codec's, or
         your own) takes over, as DDP's PowerSGD hook waits for ``start_powerSGD_iter``: a codec that drops most of
         the gradient learns far less in the first steps, when the gradients change fastest. 0: from the first.
+    cross_barrier : bool
+        Let each layer's next forward wait only for its own bucket's update (BytePS's *cross barrier*): strategies
+        built with this reducer split their flat replicas' parameters into one buffer a bucket
+        (``FlatReplica.split_parameters``), the update writes them bucket by bucket, first layers first, and, in a
+        job, the buckets travel in the order the next forward needs them (``CROSS_HOLD``). Worth it where the link
+        is slow (the sums take longer than the compute); it costs a copy of the parameters a step and their memory
+        twice. The same sums and updates: the same model. False by default.
 
     Attributes
     ----------
-    algorithm, bucket_mb, job, bucket_note, warmup
+    algorithm, bucket_mb, job, bucket_note, warmup, cross_barrier
     steps : int
         The optimizer steps this reducer's sums have fed so far: the package's update counts them
         (``parallel.optim.update_groups``; ``fit`` sets it where a resumed run starts). Below ``warmup``, buckets
@@ -243,8 +257,11 @@ class Reducer:
     """
 
     def __init__(self, algorithm=DEFAULT_ALGORITHM, bucket_mb=DEFAULT_BUCKET_MB, compression=None, job=None,
-                 bucket_note="", warmup=0):
+                 bucket_note="", warmup=0, cross_barrier=False):
         self.algorithm = check_choice(algorithm, "algorithm", ALGORITHMS)
+        if not isinstance(cross_barrier, bool):
+            raise TypeError(f"cross_barrier must be a bool, got {type(cross_barrier).__name__}")
+        self.cross_barrier = cross_barrier
         self.warmup, self.steps = check_int(warmup, "warmup", low=0), 0
         if not isinstance(bucket_note, str):
             raise TypeError(f"bucket_note must be a str, got {type(bucket_note).__name__}")
@@ -279,8 +296,13 @@ class Reducer:
         return self
 
     def replicate(self, params, ctx_list):
-        """One replica of ``params`` per context (``get_params``), its gradients in this reducer's buckets."""
-        return [get_params(params, ctx, self.bucket_mb) for ctx in ctx_list]
+        """One replica of ``params`` per context (``get_params``), its gradients in this reducer's buckets; with a
+        cross barrier, its parameters split into one buffer a bucket (``FlatReplica.split_parameters``)."""
+        replicas = [get_params(params, ctx, self.bucket_mb) for ctx in ctx_list]
+        for replica in replicas if self.cross_barrier else ():
+            if isinstance(replica, FlatReplica):
+                replica.split_parameters()
+        return replicas
 
     def describe(self, num_contexts=2):
         """How a group of ``num_contexts`` replicas is summed, in words ("" when there is nothing to sum)."""
@@ -299,6 +321,8 @@ class Reducer:
             line += f" in buckets of {self.bucket_mb:g} MiB"
             if self.bucket_note:
                 line += f" ({self.bucket_note})"
+        if self.cross_barrier:
+            line += "; a cross barrier: each bucket's parameters updated as its sum lands, first layers first"
         return line
 
     def buckets(self, group, scatter=False):
@@ -356,9 +380,17 @@ class Reducer:
             self.reduce_arrays(*_tensor_grads(group), first_bucket=first_bucket)
             return
         buckets = self.buckets(group, scatter)
+        kind = "reduce-scatter" if scatter else "allreduce"
         with exclusive():
+            if self.cross_barrier and self.job is not None and len(buckets) > CROSS_HOLD + 1:
+                free, held = buckets[:CROSS_HOLD], buckets[CROSS_HOLD:]
+                for bucket in free:
+                    self._run_hook(bucket, kind, first_bucket)
+                # the rest leave once backward has written the first layers' gradients (its last), first layers first
+                fence(held[-1].grads, [grad for bucket in held[:-1] for grad in bucket.grads])
+                buckets = held[::-1]
             for bucket in buckets:
-                self._run_hook(bucket, "reduce-scatter" if scatter else "allreduce", first_bucket)
+                self._run_hook(bucket, kind, first_bucket)
 
     def _run_hook(self, bucket, kind, first_bucket):
         """``hook(bucket, comm)``, bracketed for a trace as the work of bucket ``first_bucket + bucket.index``."""

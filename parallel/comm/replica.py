@@ -113,6 +113,10 @@ class FlatReplica(Replica, FlatParams):
         The same as element ranges of ``data`` (sorted): what a norm over shards of the buffer leaves out (ZeRO-2
         and 3). Empty by default.
 
+    pieces : list of NDArray or None
+        After ``split_parameters()``: one parameter buffer a bucket, the members views into them (a cross
+        barrier's); ``data`` is then a copy the update keeps equal to them. None before.
+
     Calling ``attach_grad()`` on a member would give it a separate gradient and break the link.
     """
 
@@ -122,6 +126,29 @@ class FlatReplica(Replica, FlatParams):
         self.grads = list(grads)
         self.buckets = list(buckets)
         self.copies, self.uncounted = set(), []
+        self.pieces = None
+
+    def split_parameters(self):
+        """Give each bucket's parameters a buffer of their own (``pieces``), with the values ``data`` holds, and make
+        the members views into them: MXNet orders operations by the arrays they read and write, and every view of
+        ``data`` is one array to it, so a forward pass reading the first layers would wait for every bucket's update;
+        reading its bucket's piece, it waits for that bucket's alone (a *cross barrier*, BytePS's). ``data`` stays
+        the copy that checkpoints, broadcasts and norms read: the update (``parallel.optim``) writes each piece,
+        then copies it into ``data``. Call it before anything keeps the members (a strategy's blocks); a second
+        call does nothing."""
+        if self.pieces is not None:   # split already
+            return
+        pieces = [self.data[layout.start:layout.end].copy() for layout in self.buckets]
+        views, grads = list(self), [param.grad for param in self]
+        for layout, piece in zip(self.buckets, pieces):
+            offset = 0
+            for i in range(layout.first, layout.stop):
+                size = views[i].size
+                views[i] = piece[offset:offset + size].reshape(views[i].shape)
+                offset += size
+        autograd.mark_variables(views, grads)
+        self[:] = views
+        self.pieces = pieces
 
     @property
     def grad(self):

@@ -26,6 +26,7 @@ Across processes (the reducer's ``job``), each worker's contexts reduce first, t
 through the kvstore (``parallel.job.allreduce_across``): with ``zero=2``, each context's shard alone. The state is
 sharded over a worker's contexts and replicated over the workers (what PyTorch's FSDP calls hybrid sharding).
 """
+import contextlib
 import functools
 from typing import NamedTuple
 
@@ -82,9 +83,17 @@ def _check_groups(groups, zero):
         if zero and not flat:   # the replicas' type, as every check of "needs flat replicas": a TypeError
             raise BadType("zero", "{zero} > 0 shards flat buffers: build the replicas with get_params from parameters "
                                   "of one dtype, or use {zero=0}")
+        if zero and any(_split(replica) for replica in group):
+            raise ValueError(f"zero={zero} shards the flat buffer, and groups[{g}]'s parameters are split into one "
+                             "buffer a bucket (Reducer(cross_barrier=True)): use zero=0 with a cross barrier")
         if zero == 3 and len(group) > 1:
             raise ValueError(f"groups[{g}] holds {len(group)} replicas; with zero=3 each group is one context's "
                              "shard, its gradient already reduced (parallel.strategies.sharded)")
+
+
+def _split(replica):
+    """Whether ``replica``'s parameters lie in one buffer a bucket (``FlatReplica.split_parameters``)."""
+    return isinstance(replica, FlatReplica) and replica.pieces is not None
 
 
 def _pieces(replica, regions):
@@ -162,9 +171,25 @@ def _update(optimizer, replica, regions, lr, rescale, t):
         for param in replica:
             optimizer.update(param, param.grad, optimizer.state_for(param, (id(param), None), param), lr, rescale, t)
         return
+    if replica.pieces is not None:   # split (a cross barrier): each bucket's piece, first layers first
+        for b in reversed(range(len(replica.buckets))):
+            _update_piece(optimizer, replica, b, lr, rescale, t)
+        return
     for region, weight, grad in _pieces(replica, regions):
         optimizer.update(weight, grad, optimizer.state_for(replica.data, (id(replica.data), region), weight), lr,
                          rescale, t)
+
+
+def _update_piece(optimizer, replica, b, lr, rescale, t):
+    """Update bucket ``b`` of a split ``FlatReplica`` (``zero=0``): its parameter piece, then its copy in ``data``,
+    bracketed on their own for a trace (the next forward's layers wait for their piece alone). The state is the
+    bucket's region's, as without the split."""
+    layout, piece, grad = replica.buckets[b], replica.pieces[b], replica.grads[b]
+    region = (layout.start, layout.end)
+    with issued("update", lambda: [piece, replica.data, grad], lambda: f"update bucket {b}", bucket=b):
+        optimizer.update(piece, grad, optimizer.state_for(replica.data, (id(replica.data), region), piece), lr,
+                         rescale, t)
+        piece.copyto(replica.data[layout.start:layout.end])
 
 
 def _updated_arrays(groups):
@@ -230,7 +255,10 @@ def _update_groups(optimizer, groups, batch_size, reducer):
     t = optimizer.num_update + 1
     lr = optimizer.lr_at(t)
     regions = [owned_regions(group, zero) for group in groups]
-    with issued("update", lambda: _updated_arrays(groups)):   # a trace's bracket of the update (parallel.trace)
+    split = any(_split(replica) for group in groups for replica in group)
+    # a trace's bracket of the update (parallel.trace); split replicas bracket each bucket's update instead (one
+    # bracket over them all would hold every bucket's update back until every sum had landed)
+    with contextlib.nullcontext() if split else issued("update", lambda: _updated_arrays(groups)):
         if optimizer.clip_norm is not None or optimizer.record_norm:   # ZeRO-3's shards in a job: every worker's
             combine = functools.partial(_every_workers, reducer.job) if zero == 3 and reducer.job is not None else None
             partials = _squared_norms(groups, regions, zero, combine)
@@ -386,11 +414,11 @@ class MemoryUse(NamedTuple):
 def memory_per_context(optimizer, groups):
     """What each context holds, measured on the arrays: ``{context: MemoryUse}``. The gradient buffers are
     whole on every context whatever ``zero`` (MXNet's backward writes the whole gradient); the state is what
-    ``optimizer`` holds (after its first step)."""
+    ``optimizer`` holds (after its first step). A split replica's parameters count twice: its pieces and ``data``."""
     use = {}
     for group in groups:
         for replica in group:
-            arrays = data_of(replica)
+            arrays = data_of(replica) + (replica.pieces if _split(replica) else [])
             ctx = arrays[0].context
             nbytes = sum(a.size * a.dtype(0).itemsize for a in arrays)
             grad_bytes = sum(g.size * g.dtype(0).itemsize for g in grads_of(replica))

@@ -213,6 +213,10 @@ class Hybrid(Strategy, Replicas):
         # zeroes the gradients first and adds into them; else each backward writes them, as one context's step
         self.adds_gradients = layout.micro > 1 or layout.zero == 3
         self.name, self.reducer = self.layout.strategy, as_reducer(reducer)
+        if self.reducer.cross_barrier and layout.zero:
+            raise BadValue("zero", f"{{zero={layout.zero}}} shards the flat buffers, and a cross barrier "
+                                   "(Reducer(cross_barrier=True)) splits them into one buffer a bucket; use {zero=0} "
+                                   "with a cross barrier")
         self.prefetch = check_bool(prefetch, "prefetch")
         ctx_list = check_contexts(ctx_list)
         behaviour = behaviour_of(params)
@@ -340,6 +344,8 @@ class Hybrid(Strategy, Replicas):
                     continue
                 self.replicas[d][c][t] = self.views[d][c][t] = _replica(local, names, aux, aux_names, contexts[d][t],
                                                                          self.reducer.bucket_mb)
+                if self.reducer.cross_barrier:   # before the blocks keep its members
+                    self.replicas[d][c][t].split_parameters()
                 if t:   # a global norm (clipping) counts the arrays every rank holds once
                     _mark_copies(self.replicas[d][c][t], specs)
         own = [[parts_of(segments, self.views[d][c][t]) for t in range(p.shape.tensor)] for d in range(p.replicas)]
