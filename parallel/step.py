@@ -36,7 +36,7 @@ from mxnet import autograd, gluon
 
 from .comm.reducer import as_reducer
 from .engine import fence
-from .comm.replica import FlatReplica, aux_of, data_of, grads_of
+from .comm.replica import FlatReplica, aux_of, data_of, grads_of, is_split
 from .comm.statistics import Gathers, across_workers, workers
 from .job import worker_slice
 from .models.gluon import GluonNet, as_net
@@ -254,8 +254,7 @@ def _parameters(groups):
     arrays = []
     for group in groups:
         for replica in group:   # a split replica's forward reads its first layers' piece first (a cross barrier)
-            split = isinstance(replica, FlatReplica) and replica.pieces is not None
-            arrays += replica.pieces[-1:] if split else data_of(replica)
+            arrays += replica.pieces[-1:] if is_split(replica) else data_of(replica)
     return [array for array in arrays if isinstance(array, mx.nd.NDArray)]
 
 

@@ -22,7 +22,7 @@ from ..job import FlatParams
 from ..validate import check_number
 
 __all__ = ["Replica", "FlatReplica", "Bucket", "get_params", "bucket_ranges", "bucket_bytes", "block_state", "data_of",
-           "grads_of", "names_of", "aux_of", "aux_names_of"]
+           "is_split", "grads_of", "names_of", "aux_of", "aux_names_of"]
 
 
 def bucket_bytes(bucket_mb, name="bucket_mb"):
@@ -251,6 +251,12 @@ def data_of(params):
     """A replica's parameter arrays: ``[params.data]`` for a ``FlatReplica`` (its one flat buffer), else each
     array."""
     return [params.data] if isinstance(params, FlatReplica) else list(params)
+
+
+def is_split(params):
+    """Whether a replica's parameters lie in one buffer a bucket (``FlatReplica.split_parameters``, a cross
+    barrier's): its ``pieces``, besides the flat ``data`` the update keeps equal to them."""
+    return isinstance(params, FlatReplica) and params.pieces is not None
 
 
 def grads_of(params):

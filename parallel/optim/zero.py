@@ -35,7 +35,7 @@ import numpy as np
 
 from ..comm.algorithms import all_gather, shard_range
 from ..comm.reducer import as_reducer
-from ..comm.replica import FlatReplica, data_of, grads_of
+from ..comm.replica import FlatReplica, data_of, grads_of, is_split
 from ..job import KEYS
 from ..trace import issued
 from ..validate import BadType, check_int
@@ -83,17 +83,12 @@ def _check_groups(groups, zero):
         if zero and not flat:   # the replicas' type, as every check of "needs flat replicas": a TypeError
             raise BadType("zero", "{zero} > 0 shards flat buffers: build the replicas with get_params from parameters "
                                   "of one dtype, or use {zero=0}")
-        if zero and any(_split(replica) for replica in group):
+        if zero and any(is_split(replica) for replica in group):
             raise ValueError(f"zero={zero} shards the flat buffer, and groups[{g}]'s parameters are split into one "
                              "buffer a bucket (Reducer(cross_barrier=True)): use zero=0 with a cross barrier")
         if zero == 3 and len(group) > 1:
             raise ValueError(f"groups[{g}] holds {len(group)} replicas; with zero=3 each group is one context's "
                              "shard, its gradient already reduced (parallel.strategies.sharded)")
-
-
-def _split(replica):
-    """Whether ``replica``'s parameters lie in one buffer a bucket (``FlatReplica.split_parameters``)."""
-    return isinstance(replica, FlatReplica) and replica.pieces is not None
 
 
 def _pieces(replica, regions):
@@ -255,7 +250,7 @@ def _update_groups(optimizer, groups, batch_size, reducer):
     t = optimizer.num_update + 1
     lr = optimizer.lr_at(t)
     regions = [owned_regions(group, zero) for group in groups]
-    split = any(_split(replica) for group in groups for replica in group)
+    split = any(is_split(replica) for group in groups for replica in group)
     # a trace's bracket of the update (parallel.trace); split replicas bracket each bucket's update instead (one
     # bracket over them all would hold every bucket's update back until every sum had landed)
     with contextlib.nullcontext() if split else issued("update", lambda: _updated_arrays(groups)):
@@ -418,7 +413,7 @@ def memory_per_context(optimizer, groups):
     use = {}
     for group in groups:
         for replica in group:
-            arrays = data_of(replica) + (replica.pieces if _split(replica) else [])
+            arrays = data_of(replica) + (replica.pieces if is_split(replica) else [])
             ctx = arrays[0].context
             nbytes = sum(a.size * a.dtype(0).itemsize for a in arrays)
             grad_bytes = sum(g.size * g.dtype(0).itemsize for g in grads_of(replica))
